@@ -1,0 +1,96 @@
+"""A KV cache with the smear state, laid out like upstream nanochat's `KVCache`.
+
+k and v: (n_layer, B, max_len, n_kv_head, head_dim); `seqlens`: (B,) int32, all rows at the same
+position; `prev_embedding`: the pre-smear normed embedding of the last token seen, (B, 1, C), or
+None before the first step.
+
+A step is transactional: the model writes the new keys/values beyond the current position (where
+nothing reads them yet) and only `commit()`s the new position and `prev_embedding` after every layer
+has succeeded, so a step that raises leaves the cache exactly as it was.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+
+class CacheFullError(RuntimeError):
+    """A step would write past the cache's capacity."""
+
+
+class KVCache:
+    def __init__(self, batch_size: int, n_kv_head: int, head_dim: int, n_layer: int,
+                 max_len: int, device=None, dtype=torch.float32):
+        shape = (n_layer, batch_size, max_len, n_kv_head, head_dim)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.seqlens = torch.zeros(batch_size, dtype=torch.int32, device=device)
+        self._pos = 0  # mirrors seqlens[0] without a device sync per step
+        self.prev_embedding: Optional[Tensor] = None
+
+    @classmethod
+    def for_model(cls, config, batch_size: int, max_len: int, device=None, dtype=torch.float32):
+        return cls(batch_size, config.n_kv_head, config.head_dim, config.n_layer, max_len,
+                   device=device, dtype=dtype)
+
+    @property
+    def batch_size(self) -> int:
+        return self.k.size(1)
+
+    @property
+    def max_len(self) -> int:
+        return self.k.size(2)
+
+    @property
+    def n_layer(self) -> int:
+        return self.k.size(0)
+
+    def get_pos(self) -> int:
+        return self._pos
+
+    def reset(self) -> None:
+        self.seqlens.zero_()
+        self._pos = 0
+        self.prev_embedding = None
+
+    def check_room(self, T: int) -> None:
+        if self._pos + T > self.max_len:
+            raise CacheFullError(f"cache full: position {self._pos} + {T} new tokens > capacity {self.max_len}")
+
+    def write(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Store a step's k, v (B, T, Hkv, D) at [pos, pos+T); return all keys/values so far."""
+        T = k.size(1)
+        end = self._pos + T
+        self.k[layer, :, self._pos:end] = k
+        self.v[layer, :, self._pos:end] = v
+        return self.k[layer, :, :end], self.v[layer, :, :end]
+
+    def commit(self, T: int, last_embedding: Tensor) -> None:
+        """Advance by T tokens and remember the step's last pre-smear embedding (B, 1, C)."""
+        self.seqlens += T
+        self._pos += T
+        self.prev_embedding = last_embedding
+
+    def expand_from(self, other: "KVCache") -> None:
+        """Engine-style batch expansion: copy a batch-1 cache into every row of this empty one.
+
+        `prev_embedding` is copied too: without it the first decoded token of every sample would
+        lose its smear predecessor, the same class of bug as #756."""
+        if self._pos != 0:
+            raise ValueError("can only expand into an empty cache")
+        if other.batch_size != 1:
+            raise ValueError("expand_from takes a batch-1 cache")
+        if other.k.shape[0] != self.k.shape[0] or other.k.shape[3:] != self.k.shape[3:]:
+            raise ValueError("caches belong to different model shapes")
+        n = other.get_pos()
+        if n > self.max_len:
+            raise CacheFullError(f"cannot expand {n} cached tokens into capacity {self.max_len}")
+        self.k[:, :, :n] = other.k[:, :, :n]
+        self.v[:, :, :n] = other.v[:, :, :n]
+        self.seqlens.fill_(n)
+        self._pos = n
+        if other.prev_embedding is not None:
+            self.prev_embedding = other.prev_embedding.expand(self.batch_size, -1, -1).clone()

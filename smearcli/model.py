@@ -1,0 +1,235 @@
+"""The nanochat GPT, reimplemented from the architecture facts (shared/spec), number for number.
+
+Parameter names and shapes match upstream, so a nanochat state dict loads with strict=True.
+Shapes in comments: B batch, T tokens in this step, C n_embd, H query heads, Hkv kv heads,
+D head_dim, V padded vocab.
+
+The one deliberate departure from upstream's structure: smearing is not written inline but taken
+from `smearcli.smear.LOGICS`, so the same weights can run under the old (buggy) and the fixed logic.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch import Tensor
+
+from .cache import KVCache
+from .config import GPTConfig
+from .smear import get_logic
+
+ROTARY_BASE = 100000
+SOFTCAP = 15.0
+QK_SCALE = 1.2  # applied to q and k after QK-norm: sharper attention
+VE_GATE_CHANNELS = 12
+
+
+def rms_norm(x: Tensor) -> Tensor:
+    # no learnable weight, default eps, over the last dim
+    return F.rms_norm(x, (x.size(-1),))
+
+
+class Linear(nn.Linear):
+    """A bias-free linear layer whose weight is cast to the activation dtype at use, as upstream
+    does instead of autocast: master weights stay fp32, the matmul runs in the compute dtype."""
+
+    def __init__(self, in_features: int, out_features: int):
+        super().__init__(in_features, out_features, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.linear(x, self.weight.to(dtype=x.dtype))
+
+
+def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate the two halves of each head by -theta (upstream's convention). x: (B, T, H, D)."""
+    d = x.size(3) // 2
+    x1, x2 = x[..., :d], x[..., d:]
+    return torch.cat([x1 * cos + x2 * sin, x1 * (-sin) + x2 * cos], dim=3)
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, window: int) -> Tensor:
+    """Causal attention of Tq queries on the last Tq of Tk keys, with a left window.
+
+    q: (B, H, Tq, D), k and v: (B, Hkv, Tk, D). A query at absolute position i sees keys
+    i-window..i. The three branches follow upstream's SDPA path so results agree bit for bit:
+    a plain causal kernel when the window covers everything, key slicing for one query,
+    and an explicit mask aligned to the cache position otherwise."""
+    Tq, Tk = q.size(2), k.size(2)
+    gqa = q.size(1) != k.size(1)
+    if Tq == Tk and window >= Tq:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
+    if Tq == 1:
+        if window < Tk:
+            start = max(0, Tk - (window + 1))
+            k, v = k[:, :, start:], v[:, :, start:]
+        return F.scaled_dot_product_attention(q, k, v, is_causal=False, enable_gqa=gqa)
+    rows = (Tk - Tq) + torch.arange(Tq, device=q.device).unsqueeze(1)  # absolute query positions
+    cols = torch.arange(Tk, device=q.device).unsqueeze(0)
+    mask = cols <= rows
+    if window < Tk:
+        mask = mask & ((rows - cols) <= window)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config: GPTConfig, layer: int):
+        super().__init__()
+        self.layer = layer
+        self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.n_kv_head, config.head_dim
+        C = config.n_embd
+        self.c_q = Linear(C, self.n_head * self.head_dim)
+        self.c_k = Linear(C, self.n_kv_head * self.head_dim)
+        self.c_v = Linear(C, self.n_kv_head * self.head_dim)
+        self.c_proj = Linear(C, C)
+        # value-embedding gate: per kv head, from the first 12 channels of the block input
+        self.ve_gate = Linear(VE_GATE_CHANNELS, self.n_kv_head) if config.has_ve(layer) else None
+
+    def forward(self, x: Tensor, ve: Optional[Tensor], cos: Tensor, sin: Tensor, window: int,
+                cache: Optional[KVCache]) -> Tensor:
+        B, T, C = x.shape
+        q = self.c_q(x).view(B, T, self.n_head, self.head_dim)
+        k = self.c_k(x).view(B, T, self.n_kv_head, self.head_dim)
+        v = self.c_v(x).view(B, T, self.n_kv_head, self.head_dim)
+        if ve is not None:
+            # value residual: add the token's value embedding, gated per kv head in (0, 3)
+            ve = ve.view(B, T, self.n_kv_head, self.head_dim)
+            gate = 3 * torch.sigmoid(self.ve_gate(x[..., :VE_GATE_CHANNELS]))  # (B, T, Hkv)
+            v = v + gate.unsqueeze(-1) * ve
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        q, k = rms_norm(q) * QK_SCALE, rms_norm(k) * QK_SCALE
+        if cache is not None:
+            k, v = cache.write(self.layer, k, v)  # (B, pos+T, Hkv, D): everything seen so far
+        y = attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), window)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        return self.c_proj(y)
+
+
+class MLP(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.c_fc = Linear(config.n_embd, 4 * config.n_embd)
+        self.c_proj = Linear(4 * config.n_embd, config.n_embd)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.c_proj(F.relu(self.c_fc(x)).square())  # relu^2
+
+
+class Block(nn.Module):
+    def __init__(self, config: GPTConfig, layer: int):
+        super().__init__()
+        self.attn = CausalSelfAttention(config, layer)
+        self.mlp = MLP(config)
+
+    def forward(self, x, ve, cos, sin, window, cache):
+        x = x + self.attn(rms_norm(x), ve, cos, sin, window, cache)
+        return x + self.mlp(rms_norm(x))
+
+
+class GPT(nn.Module):
+    """nanochat's GPT. `smear` picks the smear logic ("old" or "fixed") used by forward."""
+
+    def __init__(self, config: GPTConfig, dtype: torch.dtype = torch.float32, smear: str = "fixed"):
+        super().__init__()
+        self.config = config
+        self.dtype = dtype  # the compute dtype of activations
+        self.smear = smear
+        V, C = config.padded_vocab_size, config.n_embd
+        kv_dim = config.n_kv_head * config.head_dim
+        self.transformer = nn.ModuleDict({
+            "wte": nn.Embedding(V, C),
+            "h": nn.ModuleList([Block(config, i) for i in range(config.n_layer)]),
+        })
+        self.lm_head = Linear(C, V)
+        self.resid_lambdas = nn.Parameter(torch.ones(config.n_layer))
+        self.x0_lambdas = nn.Parameter(torch.zeros(config.n_layer))
+        self.smear_gate = Linear(24, 1)
+        self.smear_lambda = nn.Parameter(torch.zeros(1))
+        self.backout_lambda = nn.Parameter(torch.full((1,), 0.2))
+        self.value_embeds = nn.ModuleDict({
+            str(i): nn.Embedding(V, kv_dim) for i in range(config.n_layer) if config.has_ve(i)
+        })
+        self.windows = config.window_sizes
+        self._rotary_device = None
+        self.cos: Tensor
+        self.sin: Tensor
+
+    # -- rotary table ---------------------------------------------------------------------------
+    def _rotary(self) -> tuple[Tensor, Tensor]:
+        """(1, rotary_len, 1, D/2) cos and sin in the compute dtype, built once per device."""
+        dev = self.transformer.wte.weight.device
+        if self._rotary_device != (dev, self.dtype):
+            D = self.config.head_dim
+            inv_freq = 1.0 / (ROTARY_BASE ** (torch.arange(0, D, 2, dtype=torch.float32, device=dev) / D))
+            t = torch.arange(self.config.rotary_len, dtype=torch.float32, device=dev)
+            freqs = torch.outer(t, inv_freq)
+            self.cos = freqs.cos().to(self.dtype)[None, :, None, :]
+            self.sin = freqs.sin().to(self.dtype)[None, :, None, :]
+            self._rotary_device = (dev, self.dtype)
+        return self.cos, self.sin
+
+    def set_dtype(self, dtype: torch.dtype) -> "GPT":
+        """Store embeddings in the compute dtype (fp32 for fp16, as upstream), the rest in fp32."""
+        self.dtype = dtype
+        emb_dtype = torch.float32 if dtype == torch.float16 else dtype
+        self.float()
+        self.transformer.wte.to(emb_dtype)
+        for ve in self.value_embeds.values():
+            ve.to(emb_dtype)
+        self._rotary_device = None
+        return self
+
+    @property
+    def device(self) -> torch.device:
+        return self.transformer.wte.weight.device
+
+    def new_cache(self, batch_size: int, max_len: int) -> KVCache:
+        return KVCache.for_model(self.config, batch_size, max_len, device=self.device, dtype=self.dtype)
+
+    # -- forward --------------------------------------------------------------------------------
+    def forward(self, idx: Tensor, cache: Optional[KVCache] = None, smear: Optional[str] = None,
+                capture: Optional[list] = None) -> Tensor:
+        """idx: (B, T) token ids -> logits (B, T, vocab_size) in fp32.
+
+        With a cache, the tokens sit at positions [pos, pos+T) and the cache advances by T once
+        the step has succeeded. `capture`, if a list, receives fp32 copies of the post-smear
+        embedding and every block's output, each (B, T, C)."""
+        B, T = idx.shape
+        cfg = self.config
+        pos = 0 if cache is None else cache.get_pos()
+        if pos + T > cfg.rotary_len:
+            raise ValueError(f"positions up to {pos + T} exceed the rotary table ({cfg.rotary_len})")
+        if cache is not None:
+            cache.check_room(T)
+        cos, sin = self._rotary()
+        cos, sin = cos[:, pos:pos + T], sin[:, pos:pos + T]
+
+        x = rms_norm(self.transformer.wte(idx).to(self.dtype))  # (B, T, C), pre-smear
+        prev = None if cache is None else cache.prev_embedding
+        smear_fn = get_logic(smear or self.smear)
+        x_pre = x
+        x = smear_fn(x, self.smear_gate.weight, self.smear_lambda, prev, cache is not None)
+        if capture is not None:
+            capture.append(x.float())
+
+        x0 = x  # the smeared embedding is blended back into every layer
+        x_backout = None
+        for i, block in enumerate(self.transformer.h):
+            x = self.resid_lambdas[i] * x + self.x0_lambdas[i] * x0
+            ve = self.value_embeds[str(i)](idx).to(x.dtype) if str(i) in self.value_embeds else None
+            x = block(x, ve, cos, sin, self.windows[i], cache)
+            if capture is not None:
+                capture.append(x.float())
+            if i == cfg.backout_layer:
+                x_backout = x
+        if x_backout is not None:
+            # backout: remove the mid-depth residual to drop low-level features before the head
+            x = x - self.backout_lambda.to(x.dtype) * x_backout
+        logits = self.lm_head(rms_norm(x))[..., :cfg.vocab_size].float()
+        logits = SOFTCAP * torch.tanh(logits / SOFTCAP)
+
+        if cache is not None:
+            cache.commit(T, x_pre[:, -1:, :])
+        return logits

@@ -1,0 +1,80 @@
+"""Token smearing, in its two variants: the one source of truth for both.
+
+Smearing mixes a gated copy of the previous token's (normed, pre-smear) embedding into the
+current token, a cheap bigram feature:
+
+    gate_t = smear_lambda * sigmoid(x_t[:24] . smear_gate)
+    x_t   <- x_t + gate_t * x_{t-1}
+
+Three code paths exist upstream: no cache (training / full forward), a cached step with T > 1
+tokens and a cached step with T == 1. `old` reproduces upstream exactly, bug included: a cached
+T > 1 step assumes it starts the sequence, so the first token of a later chunk loses its
+predecessor even though the cache holds it in `prev_embedding` (nanochat issue #756).
+`fixed` uses `prev_embedding` as that predecessor whenever it is set.
+
+Both functions take x of shape (B, T, C), the pre-smear embedding, and return the post-smear
+embedding of the same shape. `prev` is the cache's `prev_embedding` (B, 1, C) or None; `cached`
+says whether we run under a KV cache. Neither touches the cache: the caller stores the new
+`prev_embedding` (x[:, -1:]), so a failed step can leave the cache untouched.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+from torch import Tensor
+
+GATE_CHANNELS = 24  # the smear gate reads the first 24 channels of the current token
+
+
+def smear_gate(x: Tensor, gate_weight: Tensor, smear_lambda: Tensor) -> Tensor:
+    """gate for every token of x: (B, T, C) -> (B, T, 1)."""
+    g = torch.nn.functional.linear(x[..., :GATE_CHANNELS], gate_weight.to(x.dtype))
+    return smear_lambda.to(x.dtype) * torch.sigmoid(g)
+
+
+def _smear_within(x: Tensor, gate_weight: Tensor, smear_lambda: Tensor) -> Tensor:
+    """Smear positions 1.. from their in-chunk predecessors; position 0 is left alone."""
+    gate = smear_gate(x[:, 1:], gate_weight, smear_lambda)  # (B, T-1, 1)
+    return torch.cat([x[:, :1], x[:, 1:] + gate * x[:, :-1]], dim=1)
+
+
+def smear_old(x: Tensor, gate_weight: Tensor, smear_lambda: Tensor,
+              prev: Optional[Tensor], cached: bool) -> Tensor:
+    """Upstream nanochat's smear (commit 92d63d4), bug included."""
+    T = x.size(1)
+    if not cached:
+        return _smear_within(x, gate_weight, smear_lambda)
+    if T > 1:
+        # treated as "start of sequence" even when the cache already holds tokens: the bug
+        return _smear_within(x, gate_weight, smear_lambda)
+    if prev is not None:
+        return x + smear_gate(x, gate_weight, smear_lambda) * prev
+    return x
+
+
+def smear_fixed(x: Tensor, gate_weight: Tensor, smear_lambda: Tensor,
+                prev: Optional[Tensor], cached: bool) -> Tensor:
+    """The fix proposed in issue #756: the chunk's first token takes `prev` when it is set."""
+    if not cached or prev is None:
+        # a true start of sequence: the first token has no predecessor
+        if x.size(1) == 1:
+            return x
+        return _smear_within(x, gate_weight, smear_lambda)
+    gate = smear_gate(x, gate_weight, smear_lambda)  # (B, T, 1)
+    predecessors = torch.cat([prev.to(x.dtype), x[:, :-1]], dim=1)  # (B, T, C)
+    return x + gate * predecessors
+
+
+SmearFn = Callable[[Tensor, Tensor, Tensor, Optional[Tensor], bool], Tensor]
+
+# The registry every caller (model, CLI, notebooks, tests) picks a logic from, in display order.
+LOGICS: dict[str, SmearFn] = {"old": smear_old, "fixed": smear_fixed}
+
+
+def get_logic(name: str) -> SmearFn:
+    try:
+        return LOGICS[name]
+    except KeyError:
+        raise ValueError(f"unknown smear logic {name!r}; choose from {', '.join(LOGICS)}") from None
