@@ -89,7 +89,7 @@ def compare(model: GPT, tokens: Tensor, schedules: Sequence[str] = DEFAULT_SCHED
 
 
 def _fmt(x: float) -> str:
-    return f"{x:.2g}"
+    return f"{x:.3g}"
 
 
 def verdict(c: Comparison) -> str:
@@ -104,7 +104,7 @@ def verdict(c: Comparison) -> str:
     names = ", ".join(f"{m.schedule}/{m.logic}" for m in bad)
     where = f" at chunk starts {', '.join(map(str, worst.chunk_starts[:4]))}" if worst.chunk_starts else ""
     msg = (f"BUG: {names} diverge from the full forward pass: max |dlogit| "
-           f"{_fmt(worst.max_abs_logits)} = {_fmt(worst.logits_multiple)}x noise{where}")
+           f"{_fmt(worst.max_abs_logits)} ({_fmt(worst.logits_multiple)}x noise){where}")
     good = sorted({m.logic for m in c.metrics} - set(logics))
     if good:
         msg += f"; the {'/'.join(good)} logic matches every schedule"
@@ -133,6 +133,7 @@ def to_json(c: Comparison, model_info: Optional[dict] = None) -> dict:
             "noise_multiple_per_layer": _floats(m.multiple_of_noise),
             "chunk_start_share": None if m.chunk_start_share is None else float(f"{m.chunk_start_share:.6g}"),
             "first_departure": None if fd is None else {"layer": c.layers[fd[0]], "position": fd[1]},
+            "positions_above_noise": m.positions_above_noise,
             "kl_max": float(f"{m.kl_max:.6g}"),
             "kl_mean": float(f"{m.kl_mean:.6g}"),
             "top1_agreement": float(f"{m.top1_agreement:.6g}"),

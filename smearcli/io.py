@@ -25,3 +25,20 @@ def atomic_write(path, mode: str = "w", **kwargs):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def check_output_path(path, suffixes: tuple[str, ...]) -> None:
+    """Refuse, before any work, an output path we could not write: wrong suffix, missing or
+    read-only directory."""
+    from .errors import UserError
+
+    path = Path(path)
+    if path.suffix.lower() not in suffixes:
+        raise UserError(f"{path}: unknown suffix {path.suffix or '(none)'}; use {', '.join(suffixes)}")
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise UserError(f"{path}: directory {parent} does not exist")
+    if not os.access(parent, os.W_OK):
+        raise UserError(f"{path}: directory {parent} is not writable")
+    if path.is_dir():
+        raise UserError(f"{path}: is a directory")

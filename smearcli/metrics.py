@@ -126,6 +126,12 @@ class RunMetrics:
         return layer, pos
 
     @property
+    def positions_above_noise(self) -> int:
+        """How many positions' logits are off by more than NOISE_MARGIN x the floor: how far the
+        error born at chunk starts has spread through attention."""
+        return int((self.abs_err[-1] > NOISE_MARGIN * self.noise.per_layer[-1]).sum())
+
+    @property
     def kl_max(self) -> float:
         return float(self.kl.max())
 

@@ -20,10 +20,22 @@ from .config import ConfigError, GPTConfig
 from .errors import UserError
 from .model import GPT
 
-# The default random model: small enough for a CPU run in seconds, shaped like a real one
-# (GQA-free d4 with a short window smaller than the default sequence, so windows matter).
-DEFAULT_RANDOM_CONFIG = dict(sequence_len=512, vocab_size=256, n_layer=4, n_head=2, n_kv_head=2,
-                             n_embd=128, window_pattern="SSSL")
+
+
+def random_config(depth: int = 4, sequence_len: int = 512, vocab_size: int = 256,
+                  window_pattern: str = "SSSL") -> GPTConfig:
+    """nanochat's sizing rule: width 64 x depth, heads of 128 dims (d4: 256 wide, 2 heads).
+
+    The default (d4, byte vocabulary, context 512 so the short window is 128 tokens) runs in
+    seconds on a CPU and has the fixture checkpoint's shape."""
+    if depth < 1:
+        raise ConfigError(f"depth must be >= 1, got {depth}")
+    n_embd = 64 * depth
+    n_head = -(-n_embd // 128)
+    while n_embd % n_head:
+        n_head += 1
+    return GPTConfig(sequence_len=sequence_len, vocab_size=vocab_size, n_layer=depth, n_head=n_head,
+                     n_kv_head=n_head, n_embd=n_embd, window_pattern=window_pattern)
 
 _MODEL_RE = re.compile(r"^model_(\d+)\.pt$")
 
@@ -87,10 +99,10 @@ def init_random(model: GPT, seed: int = 0) -> GPT:
 
 def random_model(config: Optional[GPTConfig] = None, seed: int = 0, device="cpu",
                  dtype: torch.dtype = torch.float32) -> LoadedModel:
-    config = config or GPTConfig(**DEFAULT_RANDOM_CONFIG)
+    config = config or random_config()
     model = GPT(config)
     init_random(model, seed)
-    model.set_dtype(dtype).to(device).eval()
+    model.set_dtype(dtype).to(device).eval().requires_grad_(False)
     return LoadedModel(model, "random", meta={"seed": seed, "model_config": config.to_dict()})
 
 
@@ -175,7 +187,7 @@ def load_checkpoint(ckpt_dir, step: Optional[int] = None, device="cpu",
             raise UserError(f"{model_path.name}: {k} contains NaN or Inf; refusing to run on it")
     # bf16 tensors (GPU-trained embeddings) are widened here; set_dtype picks the compute dtype
     model.load_state_dict({k: v.float() for k, v in sd.items()}, strict=True)
-    model.set_dtype(dtype).to(device).eval()
+    model.set_dtype(dtype).to(device).eval().requires_grad_(False)
     return LoadedModel(model, str(ckpt_dir), step=step, meta=meta)
 
 

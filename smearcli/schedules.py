@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from .model import GPT
+from .names import REFERENCE, SCHEDULE_NAMES
 
 
 @dataclass(frozen=True)
@@ -175,7 +176,7 @@ SCHEDULES: dict[str, Schedule] = {s.name: s for s in [
     Schedule("engine", "batch-1 prefill, cache copied to --samples rows, then decode --gen-len tokens", _engine),
     Schedule("speculative", "prefill, then verify steps of --draft tokens over the last --gen-len", _stepped(_speculative_plan)),
 ]}
-REFERENCE = "full"
+assert tuple(SCHEDULES) == SCHEDULE_NAMES
 
 
 def run_schedule(model: GPT, tokens: Tensor, schedule: str, logic: str,

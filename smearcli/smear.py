@@ -25,6 +25,8 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor
 
+from .names import LOGIC_NAMES
+
 GATE_CHANNELS = 24  # the smear gate reads the first 24 channels of the current token
 
 
@@ -71,6 +73,7 @@ SmearFn = Callable[[Tensor, Tensor, Tensor, Optional[Tensor], bool], Tensor]
 
 # The registry every caller (model, CLI, notebooks, tests) picks a logic from, in display order.
 LOGICS: dict[str, SmearFn] = {"old": smear_old, "fixed": smear_fixed}
+assert tuple(LOGICS) == LOGIC_NAMES
 
 
 def get_logic(name: str) -> SmearFn:

@@ -1,0 +1,1 @@
+"""One module per CLI command: each parses options, calls the library, renders."""

@@ -1,0 +1,63 @@
+"""`smearcli compare`: every schedule under the old and the fixed smear, against the full forward."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from ..errors import CheckFailed, UserError
+from ..options import RunSpec, shared_options
+
+
+@shared_options
+def compare(
+    spec: RunSpec,
+    json_out: Annotated[bool, typer.Option("--json", "--no-json", help="Print the results as JSON (schema "
+                        "smearcli.compare/1) instead of the table.")] = False,
+    save: Annotated[Optional[Path], typer.Option("--save", help="Write every run's logits and "
+                    "metadata to this .pt file (load with torch.load(..., weights_only=True)).")] = None,
+    check: Annotated[bool, typer.Option("--check", help="Exit 1 if any run of the chosen --logic "
+                     "leaves the tolerance: a CI gate for a fork's fix (use with --logic fixed).")] = False,
+    tolerance: Annotated[float, typer.Option("--tolerance", help="Allowed max |Δlogit| as a multiple "
+                         "of the measured noise floor.")] = 10.0,
+) -> None:
+    """Run each schedule with the old and the fixed smear logic and measure it against the full
+    forward pass: per position, per layer, logits, KL, top-1, and a one-line verdict."""
+    from .. import compare as lib
+    from ..io import atomic_write
+    from ..progress import progress_bar
+    from ..report import console, print_comparison
+
+    if tolerance <= 0:
+        raise UserError(f"--tolerance must be positive, got {tolerance}")
+    if save is not None:
+        from ..io import check_output_path
+        check_output_path(save, (".pt",))
+    setup = spec.build()
+    n_runs = 1 + len(setup.schedules) * len(setup.logics) + ("decode" not in setup.schedules)
+    with progress_bar("compare", n_runs) as advance:
+        result = lib.compare(setup.model, setup.tokens, setup.schedules, setup.logics, setup.options,
+                             tolerance=tolerance, progress=advance)
+    info = {"name": setup.loaded.name, "source": setup.loaded.source, "step": setup.loaded.step}
+    if json_out:
+        sys.stdout.write(json.dumps(lib.to_json(result, info), indent=1) + "\n")
+    else:
+        cfg = setup.model.config
+        title = (f"{setup.loaded.name}: d{cfg.n_layer} n_embd {cfg.n_embd}, "
+                 f"{str(setup.model.dtype).removeprefix('torch.')} on {setup.model.device}, "
+                 f"{setup.tokens.size(0)} x {setup.tokens.size(1)} tokens")
+        print_comparison(result, console(), title)
+    if save is not None:
+        import torch
+        payload = {"meta": lib.to_json(result, info), "tokens": result.tokens.cpu(),
+                   "logits_full": result.reference.logits.cpu()}
+        for r in result.runs:
+            payload[f"logits_{r.schedule}_{r.logic}"] = r.logits.cpu()
+        with atomic_write(save, "wb") as f:
+            torch.save(payload, f)
+    if check and result.failures:
+        raise CheckFailed(result.verdict)

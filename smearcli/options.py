@@ -1,0 +1,156 @@
+"""Options shared by every command (model, device, input, schedules), defined once.
+
+`shared_options` adds these parameters to a command's signature, so Typer shows them in every
+command's --help, and hands the command one `RunSpec` instead of fifteen arguments. `RunSpec`
+is plain data: building the model and tokens (`RunSpec.build`) is where torch gets imported,
+so `--help` stays fast.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import typing
+from dataclasses import dataclass, fields
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from .errors import UserError, guarded
+from .names import LOGIC_NAMES, REFERENCE, SCHEDULE_NAMES
+
+
+
+class ModelKind(str, Enum):
+    random = "random"
+
+
+class Device(str, Enum):
+    auto = "auto"
+    cpu = "cpu"
+    cuda = "cuda"
+    mps = "mps"
+
+
+class DType(str, Enum):
+    auto = "auto"
+    float32 = "float32"
+    bfloat16 = "bfloat16"
+    float16 = "float16"
+
+
+class Logic(str, Enum):
+    old = "old"
+    fixed = "fixed"
+    both = "both"
+
+
+M = "Model"
+I = "Input"
+S = "Schedules"
+
+
+@dataclass
+class RunSpec:
+    model: ModelKind = ModelKind.random
+    checkpoint: Optional[Path] = None
+    step: Optional[int] = None
+    depth: int = 4
+    seed: int = 0
+    device: Device = Device.auto
+    dtype: DType = DType.auto
+    seq_len: int = 256
+    batch: int = 1
+    tokens: Optional[Path] = None
+    schedules: str = ",".join(n for n in SCHEDULE_NAMES if n != REFERENCE)
+    logic: Logic = Logic.both
+    chunks: int = 4
+    chunk_sizes: Optional[str] = None
+    samples: int = 2
+    gen_len: int = 32
+    draft: int = 4
+
+    # -- parsing that needs no torch --------------------------------------------------------------
+    def schedule_list(self, allow_reference: bool = False) -> list[str]:
+        names = [s.strip() for s in self.schedules.split(",") if s.strip()]
+        if not names:
+            raise UserError("--schedules is empty; choose from " + ", ".join(SCHEDULE_NAMES))
+        for n in names:
+            if n not in SCHEDULE_NAMES:
+                raise UserError(f"--schedules: unknown schedule {n!r}; choose from {', '.join(SCHEDULE_NAMES)}")
+            if n == REFERENCE and not allow_reference:
+                raise UserError(f"--schedules: '{REFERENCE}' is the reference every run is compared with; leave it out")
+        return list(dict.fromkeys(names))
+
+    def logic_list(self) -> list[str]:
+        return list(LOGIC_NAMES) if self.logic == Logic.both else [self.logic.value]
+
+    def chunk_size_tuple(self) -> Optional[tuple[int, ...]]:
+        if self.chunk_sizes is None:
+            return None
+        try:
+            sizes = tuple(int(s) for s in self.chunk_sizes.split(","))
+        except ValueError:
+            raise UserError(f"--chunk-sizes: expected comma-separated integers like 100,60,1,159, "
+                            f"got {self.chunk_sizes!r}") from None
+        return sizes
+
+    # -- the heavy part -------------------------------------------------------------------------
+    def build(self):
+        """Load or build the model and the input tokens; returns a `Setup`."""
+        from .setup import build_setup
+        return build_setup(self)
+
+
+# One Annotated type per shared option: the single definition of its flag, help and panel.
+SHARED = {
+    "model": (ModelKind, typer.Option("--model", help="Built-in model to run when no --checkpoint is given. "
+              "'random': seeded random weights with non-zero smear (see --depth, --seed).", rich_help_panel=M)),
+    "checkpoint": (Optional[Path], typer.Option("--checkpoint", help="A nanochat checkpoint directory "
+                   "(model_XXXXXX.pt + meta_XXXXXX.json). Loaded with weights_only=True.", rich_help_panel=M)),
+    "step": (Optional[int], typer.Option("--step", help="Checkpoint step to load (default: the newest).", rich_help_panel=M)),
+    "depth": (int, typer.Option("--depth", help="Layers of the random model; width is 64 x depth, "
+              "heads of 128 dims, as nanochat sizes its models.", rich_help_panel=M)),
+    "seed": (int, typer.Option("--seed", help="Seed for the random model's weights and the random input.", rich_help_panel=M)),
+    "device": (Device, typer.Option("--device", help="Where to run; auto picks cuda, then mps, then cpu.", rich_help_panel=M)),
+    "dtype": (DType, typer.Option("--dtype", help="Compute dtype; auto is bfloat16 on CUDA (as nanochat) "
+              "and float32 elsewhere.", rich_help_panel=M)),
+    "seq_len": (int, typer.Option("--seq-len", help="Tokens per row of random input.", rich_help_panel=I)),
+    "batch": (int, typer.Option("--batch", help="Rows of random input.", rich_help_panel=I)),
+    "tokens": (Optional[Path], typer.Option("--tokens", help="Input ids instead of random ones: a JSON list "
+               "of ids (or one list per row), or a tensor saved with torch.save.", rich_help_panel=I)),
+    "schedules": (str, typer.Option("--schedules", help="Comma-separated schedules to run against the full "
+                  "forward pass: " + ", ".join(SCHEDULE_NAMES[1:]) + ".", rich_help_panel=S)),
+    "logic": (Logic, typer.Option("--logic", help="Smear logic: old (upstream, with the #756 bug), fixed, or both.", rich_help_panel=S)),
+    "chunks": (int, typer.Option("--chunks", help="chunked: split the sequence into N near-equal chunks.", rich_help_panel=S)),
+    "chunk_sizes": (Optional[str], typer.Option("--chunk-sizes", help="chunked: explicit sizes, e.g. "
+                    "100,60,1,159 (must sum to the sequence length; overrides --chunks).", rich_help_panel=S)),
+    "samples": (int, typer.Option("--samples", help="engine: rows the batch-1 prefill is expanded to.", rich_help_panel=S)),
+    "gen_len": (int, typer.Option("--gen-len", help="engine, speculative: tokens after the prompt "
+                "(decoded one by one, or verified --draft at a time).", rich_help_panel=S)),
+    "draft": (int, typer.Option("--draft", help="speculative: tokens per verify step.", rich_help_panel=S)),
+}
+_DEFAULTS = RunSpec()
+assert set(SHARED) == {f.name for f in fields(RunSpec)}
+
+
+def shared_options(fn):
+    """Give `fn(spec: RunSpec, ...own options)` every shared option on the command line."""
+    sig = inspect.signature(fn)
+    hints = typing.get_type_hints(fn, include_extras=True)  # resolve string annotations
+    own = [p.replace(annotation=hints.get(name, p.annotation), kind=inspect.Parameter.KEYWORD_ONLY)
+           for name, p in sig.parameters.items() if name != "spec"]
+    extra = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY,
+                               default=getattr(_DEFAULTS, name), annotation=Annotated[tp, opt])
+             for name, (tp, opt) in SHARED.items()]
+
+    @functools.wraps(fn)
+    @guarded
+    def wrapper(**kwargs):
+        spec = RunSpec(**{k: kwargs.pop(k) for k in SHARED})
+        return fn(spec, **kwargs)
+
+    wrapper.__signature__ = sig.replace(parameters=extra + own, return_annotation=None)
+    return wrapper

@@ -1,0 +1,59 @@
+"""Rendering a `Comparison` for people: a rich table, the analytic check and the verdict."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich import box
+from rich.table import Table
+
+from .compare import Comparison
+from .metrics import NOISE_MARGIN
+
+
+def _sci(x: float) -> str:
+    return "0" if x == 0 else f"{x:.1e}"
+
+
+def comparison_table(c: Comparison, title: str = "") -> Table:
+    """One row per (schedule, logic). Relative errors and per-position arrays are in --json."""
+    t = Table(title=title or None, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    for name, justify in [("schedule", "left"), ("logic", "left"), ("steps", "right"),
+                          ("max|Δlogit|", "right"), ("×noise", "right"), ("KL max", "right"),
+                          ("top-1", "right"), ("@starts", "right"), ("born at", "left"), ("spread", "right"), ("", "left")]:
+        t.add_column(name, justify=justify, no_wrap=True)
+    for m in c.metrics:
+        fd = m.first_departure
+        share = m.chunk_start_share
+        t.add_row(
+            m.schedule, m.logic, str(len(m.steps)), _sci(m.max_abs_logits), f"{m.logits_multiple:.2g}",
+            _sci(m.kl_max), f"{100 * m.top1_agreement:.1f}%",
+            "-" if share is None else f"{100 * share:.0f}%",
+            "-" if fd is None else f"{c.layers[fd[0]]}@{fd[1]}",
+            f"{m.positions_above_noise}/{m.abs_err.size(1)}",
+            "[green]ok[/]" if m.passed else "[bold red]BUG[/]",
+        )
+    return t
+
+
+def print_comparison(c: Comparison, console: Console, title: str = "") -> None:
+    console.print(comparison_table(c, title))
+    console.print(f"noise floor (logits): {_sci(c.noise.per_layer[-1])} ({c.noise.source}); "
+                  f"a run passes within {c.tolerance:g}x. @starts: share of the embedding error on "
+                  f"chunk starts; born at: first layer@position above {NOISE_MARGIN:g}x noise; spread: "
+                  f"positions whose logits are above {NOISE_MARGIN:g}x noise.")
+    for sched, checks in c.analytic.items():
+        worst = max(checks, key=lambda a: a.residual)
+        console.print(f"analytic check ({sched}, old logic, layer 0): the error at each of "
+                      f"{len(checks)} chunk starts equals gate*x_prev to within {_sci(worst.residual)} "
+                      f"(e.g. position {checks[0].position}: predicted {checks[0].predicted:.4g}, "
+                      f"measured {checks[0].measured:.4g})")
+    style = "bold green" if c.verdict.startswith("OK") else "bold red"
+    console.print(f"[{style}]{c.verdict}[/]")
+
+
+def console(stderr: bool = False) -> Console:
+    """A console for tables: the terminal's width, or 120 columns when output is piped."""
+    import sys
+
+    stream = sys.stderr if stderr else sys.stdout
+    return Console(stderr=stderr) if stream.isatty() else Console(stderr=stderr, width=120)

@@ -1,0 +1,130 @@
+"""Turn a `RunSpec` (parsed options) into a model, input tokens and schedule options."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .config import ConfigError
+from .errors import UserError
+from .compare import random_tokens
+from .models import LoadedModel, load_checkpoint, random_config, random_model
+from .options import Device, DType, RunSpec
+from .schedules import ScheduleOptions, chunk_plan
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class Setup:
+    loaded: LoadedModel
+    tokens: torch.Tensor  # (B, T) int64 on the model's device
+    options: ScheduleOptions
+    schedules: list[str]
+    logics: list[str]
+
+    @property
+    def model(self):
+        return self.loaded.model
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == Device.auto:
+        if torch.cuda.is_available():
+            return torch.device("cuda")
+        if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    if name == Device.cuda and not torch.cuda.is_available():
+        raise UserError("--device cuda: CUDA is not available on this machine (try --device cpu)")
+    if name == Device.mps and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+        raise UserError("--device mps: MPS is not available on this machine (try --device cpu)")
+    return torch.device(name.value if isinstance(name, Device) else name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    name = name.value if isinstance(name, DType) else name
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return DTYPES[name]
+
+
+def load_tokens(path: Path, vocab_size: int) -> torch.Tensor:
+    """A JSON list of ids (or list of equal-length lists), or a torch.save'd integer tensor."""
+    if not path.is_file():
+        raise UserError(f"--tokens {path}: file not found")
+    if path.suffix == ".json":
+        try:
+            data = json.loads(path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise UserError(f"--tokens {path}: invalid JSON ({e})") from e
+        if isinstance(data, list) and data and all(isinstance(v, int) for v in data):
+            data = [data]
+        ok = (isinstance(data, list) and data and all(isinstance(r, list) and r for r in data)
+              and all(isinstance(v, int) and not isinstance(v, bool) for r in data for v in r))
+        if not ok:
+            raise UserError(f"--tokens {path}: expected a list of integer ids or a list of such lists")
+        if len({len(r) for r in data}) != 1:
+            raise UserError(f"--tokens {path}: rows have different lengths")
+        t = torch.tensor(data, dtype=torch.long)
+    else:
+        try:
+            t = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as e:  # noqa: BLE001
+            raise UserError(f"--tokens {path}: not a JSON list or a saved tensor ({e})") from e
+        if not isinstance(t, torch.Tensor) or t.is_floating_point() or t.is_complex() or t.dim() not in (1, 2):
+            raise UserError(f"--tokens {path}: expected a 1-D or 2-D integer tensor")
+        t = t.long().reshape(-1, t.size(-1)) if t.dim() == 2 else t.long().unsqueeze(0)
+    if t.numel() == 0:
+        raise UserError(f"--tokens {path}: no tokens")
+    bad = (t < 0) | (t >= vocab_size)
+    if bad.any():
+        v = int(t[bad][0])
+        raise UserError(f"--tokens {path}: id {v} is outside the vocabulary [0, {vocab_size})")
+    return t
+
+
+def build_setup(spec: RunSpec) -> Setup:
+    schedules = spec.schedule_list()
+    logics = spec.logic_list()
+    chunk_sizes = spec.chunk_size_tuple()
+    device = resolve_device(spec.device)
+    dtype = resolve_dtype(spec.dtype, device)
+    if spec.checkpoint is not None:
+        loaded = load_checkpoint(spec.checkpoint, spec.step, device=device, dtype=dtype)
+    else:
+        if spec.step is not None:
+            raise UserError("--step needs --checkpoint")
+        try:
+            config = random_config(spec.depth)
+        except ConfigError as e:
+            raise UserError(f"--depth {spec.depth}: {e}") from e
+        loaded = random_model(config, seed=spec.seed, device=device, dtype=dtype)
+    cfg = loaded.model.config
+    if spec.tokens is not None:
+        tokens = load_tokens(spec.tokens, cfg.vocab_size)
+    else:
+        if spec.seq_len < 2:
+            raise UserError(f"--seq-len must be >= 2, got {spec.seq_len}")
+        if spec.batch < 1:
+            raise UserError(f"--batch must be >= 1, got {spec.batch}")
+        tokens = random_tokens(cfg, spec.seq_len, spec.batch, spec.seed)
+    T = tokens.size(1)
+    if T > cfg.rotary_len:
+        raise UserError(f"{T} tokens exceed what the model's rotary table covers ({cfg.rotary_len} = "
+                        f"10 x sequence_len {cfg.sequence_len})")
+    opts = ScheduleOptions(chunks=spec.chunks, chunk_sizes=chunk_sizes, samples=spec.samples,
+                           gen_len=spec.gen_len, draft=spec.draft)
+    for name, value in (("--samples", spec.samples), ("--gen-len", spec.gen_len), ("--draft", spec.draft)):
+        if value < 1:
+            raise UserError(f"{name} must be >= 1, got {value}")
+    if "chunked" in schedules:
+        try:
+            chunk_plan(T, opts)
+        except ValueError as e:
+            flag = "--chunk-sizes" if chunk_sizes else "--chunks"
+            raise UserError(f"{flag}: {e}") from e
+    return Setup(loaded, tokens.to(device), opts, schedules, logics)
