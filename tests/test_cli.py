@@ -1,0 +1,124 @@
+"""The CLI through Typer's CliRunner: help, table, JSON schema, --save, --check exit codes."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from smearcli.cli import app
+from smearcli.names import LOGIC_NAMES, SCHEDULE_NAMES
+
+runner = CliRunner()
+SMALL = ["--model", "random", "--depth", "2", "--seq-len", "48", "--gen-len", "8"]
+
+
+def invoke(*args):
+    return runner.invoke(app, list(args))
+
+
+def test_top_level_help_lists_commands():
+    r = invoke("--help")
+    assert r.exit_code == 0
+    assert "compare" in r.output
+
+
+@pytest.mark.parametrize("command", ["compare"])
+def test_command_help(command):
+    r = invoke(command, "--help")
+    assert r.exit_code == 0
+    for opt in ("--chunks", "--chunk-sizes", "--checkpoint", "--logic", "--schedules", "--seq-len"):
+        assert opt in r.output
+
+
+def test_help_does_not_import_torch():
+    code = ("import sys; from smearcli.cli import app; from typer.testing import CliRunner; "
+            "r = CliRunner().invoke(app, ['compare', '--help']); assert r.exit_code == 0; "
+            "heavy = [m for m in ('torch', 'matplotlib') if m in sys.modules]; "
+            "assert not heavy, heavy")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_table_shows_bug_and_verdict():
+    r = invoke("compare", *SMALL, "--chunks", "3")
+    assert r.exit_code == 0, r.output
+    lines = r.output.splitlines()
+    chunked_old = next(l for l in lines if l.split()[:2] == ["chunked", "old"])
+    chunked_fixed = next(l for l in lines if l.split()[:2] == ["chunked", "fixed"])
+    assert "BUG" in chunked_old and "ok" in chunked_fixed
+    assert "analytic check (chunked" in r.output
+    assert r.output.strip().splitlines()[-1].startswith("BUG") or "BUG:" in r.output
+
+
+def test_json_schema():
+    r = invoke("compare", *SMALL, "--chunk-sizes", "20,1,27", "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["schema"] == "smearcli.compare/1"
+    assert set(doc) >= {"model", "input", "options", "layers", "tolerance", "noise_floor", "runs",
+                        "analytic_check", "verdict"}
+    assert doc["layers"] == ["emb", "block0", "block1", "logits"]
+    pairs = [(r["schedule"], r["logic"]) for r in doc["runs"]]
+    assert pairs == [(s, l) for s in SCHEDULE_NAMES[1:] for l in LOGIC_NAMES]
+    runs = {(r["schedule"], r["logic"]): r for r in doc["runs"]}
+    old, fixed = runs["chunked", "old"], runs["chunked", "fixed"]
+    assert old["steps"] == [20, 1, 27] and old["chunk_starts"] == [21]  # the 1-token chunk is fine
+    assert old["first_departure"] == {"layer": "emb", "position": 21}
+    assert not old["passed"] and fixed["passed"]
+    assert len(old["per_position"]["abs_logits"]) == 48
+    assert len(old["rel_error"]) == 4 and len(old["rel_error"][0]) == 48
+    assert max(old["per_position"]["abs_logits"][:21]) <= doc["tolerance"] * doc["noise_floor"]["per_layer"][-1]
+    check = doc["analytic_check"]["chunked"][0]
+    assert check["position"] == 21 and check["residual"] < 1e-5
+    assert check["measured"] == pytest.approx(check["predicted"], rel=1e-5)
+
+
+def test_json_is_deterministic():
+    a = invoke("compare", *SMALL, "--schedules", "chunked", "--json").stdout
+    b = invoke("compare", *SMALL, "--schedules", "chunked", "--json").stdout
+    assert a == b
+
+
+def test_check_exit_codes():
+    ok = invoke("compare", *SMALL, "--schedules", "chunked", "--logic", "fixed", "--check")
+    assert ok.exit_code == 0, ok.output
+    bad = invoke("compare", *SMALL, "--schedules", "chunked", "--logic", "old", "--check")
+    assert bad.exit_code == 1
+    assert "check failed" in bad.stderr
+
+
+def test_save_writes_logits(tmp_path):
+    out = tmp_path / "runs.pt"
+    r = invoke("compare", *SMALL, "--schedules", "chunked,decode", "--save", str(out))
+    assert r.exit_code == 0, r.output
+    data = torch.load(out, weights_only=True)
+    assert data["logits_full"].shape == (1, 48, 256)
+    assert set(data) >= {"meta", "tokens", "logits_chunked_old", "logits_chunked_fixed", "logits_decode_old"}
+    assert data["meta"]["schema"] == "smearcli.compare/1"
+    assert not list(tmp_path.glob(".*tmp"))
+
+
+def test_tokens_file(tmp_path):
+    f = tmp_path / "ids.json"
+    f.write_text(json.dumps([[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]] * 2))
+    r = invoke("compare", "--model", "random", "--depth", "2", "--tokens", str(f), "--schedules",
+               "chunked", "--chunks", "2", "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["input"] == {"batch": 2, "seq_len": 10}
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (["--chunk-sizes", "10,10"], "sum to 20 but the sequence has 48"),
+    (["--chunks", "0"], "--chunks"),
+    (["--chunks", "49"], "every chunk needs at least one token"),
+    (["--schedules", "nope"], "unknown schedule"),
+    (["--schedules", "full"], "reference"),
+])
+def test_bad_input_is_one_line_exit_2(args, fragment):
+    r = invoke("compare", *SMALL, *args)
+    assert r.exit_code == 2, r.output
+    assert fragment in r.stderr
+    assert "Traceback" not in r.output
+    assert len(r.stderr.strip().splitlines()) == 1
