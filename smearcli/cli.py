@@ -6,16 +6,45 @@ Exit status: 0 ok, 1 a --check failure (or an internal error), 2 bad usage or in
 
 from __future__ import annotations
 
+import sys
 from typing import Annotated
 
 import typer
+from typer.core import TyperGroup
 
 from . import __version__
 from .commands.compare import compare
-from .errors import DEBUG
+from .commands.bench import bench
+from .errors import DEBUG, print_error
+
+
+class OneLineErrors(TyperGroup):
+    """Usage errors (unknown option, bad value) as one line on stderr with exit status 2, like
+    every other user error, instead of a multi-line panel."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        try:
+            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except typer.Exit as e:
+            sys.exit(e.exit_code)
+        except typer.Abort:
+            print_error("aborted")
+            sys.exit(130)
+        except typer.TyperException as e:  # click's UsageError / BadParameter and kin
+            if not e.format_message():  # no arguments at all: the help was printed
+                sys.exit(0)
+            ctx = getattr(e, "ctx", None)
+            hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
+            print_error(f"{e.format_message()}{hint}")
+            sys.exit(getattr(e, "exit_code", 2))
+        sys.exit(rv if isinstance(rv, int) else 0)
+
 
 app = typer.Typer(
     name="smearcli",
+    cls=OneLineErrors,
     help="Show, measure and check nanochat's chunked-prefill token-smearing bug (issue #756): "
          "run a model under full forward, cached prefill, decode, chunked prefill, engine expansion "
          "and speculative verification, with the old and the fixed smear logic.",
@@ -44,6 +73,7 @@ def main(
 
 
 app.command()(compare)
+app.command()(bench)
 
 
 def run() -> None:
