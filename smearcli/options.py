@@ -47,6 +47,12 @@ class Logic(str, Enum):
     both = "both"
 
 
+class Impl(str, Enum):
+    ours = "ours"
+    nanochat = "nanochat"
+    both = "both"
+
+
 M = "Model"
 I = "Input"
 S = "Schedules"
@@ -71,6 +77,8 @@ class RunSpec:
     samples: int = 2
     gen_len: int = 32
     draft: int = 4
+    impl: Impl = Impl.ours
+    nanochat_path: Optional[Path] = None
 
     # -- parsing that needs no torch --------------------------------------------------------------
     def schedule_list(self, allow_reference: bool = False) -> list[str]:
@@ -96,6 +104,12 @@ class RunSpec:
             raise UserError(f"--chunk-sizes: expected comma-separated integers like 100,60,1,159, "
                             f"got {self.chunk_sizes!r}") from None
         return sizes
+
+    def check_impl(self) -> None:
+        if self.impl != Impl.ours and self.nanochat_path is None:
+            raise UserError(f"--impl {self.impl.value} needs --nanochat-path DIR (a nanochat checkout)")
+        if self.impl == Impl.ours and self.nanochat_path is not None:
+            raise UserError("--nanochat-path is used by --impl nanochat or --impl both; add one of them")
 
     # -- the heavy part -------------------------------------------------------------------------
     def build(self):
@@ -131,6 +145,13 @@ SHARED = {
     "gen_len": (int, typer.Option("--gen-len", help="engine, speculative: tokens after the prompt "
                 "(decoded one by one, or verified --draft at a time).", rich_help_panel=S)),
     "draft": (int, typer.Option("--draft", help="speculative: tokens per verify step.", rich_help_panel=S)),
+    "impl": (Impl, typer.Option("--impl", help="Whose code runs the model: ours (smearcli's reimplementation, "
+             "--logic picks the smear), nanochat (your checkout at --nanochat-path: its own GPT, forward "
+             "pass and KVCache, on the same weights), or both side by side (ours then runs old and fixed).",
+             rich_help_panel=M)),
+    "nanochat_path": (Optional[Path], typer.Option("--nanochat-path", help="A nanochat checkout (the "
+                      "directory holding nanochat/gpt.py and nanochat/engine.py) for --impl nanochat|both. "
+                      "Imported in isolation, never written to; SDPA attention is forced.", rich_help_panel=M)),
 }
 _DEFAULTS = RunSpec()
 assert set(SHARED) == {f.name for f in fields(RunSpec)}

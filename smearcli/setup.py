@@ -25,6 +25,8 @@ class Setup:
     options: ScheduleOptions
     schedules: list[str]
     logics: list[str]
+    impl: str = "ours"  # whose code runs: ours, nanochat (the user's checkout) or both
+    audited: object = None  # with --impl nanochat|both: the user's model (audit.NanochatModel)
 
     @property
     def model(self):
@@ -91,10 +93,13 @@ def build_setup(spec: RunSpec) -> Setup:
     schedules = spec.schedule_list()
     logics = spec.logic_list()
     chunk_sizes = spec.chunk_size_tuple()
+    spec.check_impl()
+    impl = getattr(spec.impl, "value", spec.impl)
     device = resolve_device(spec.device)
     dtype = resolve_dtype(spec.dtype, device)
     if spec.checkpoint is not None:
-        loaded = load_checkpoint(spec.checkpoint, spec.step, device=device, dtype=dtype)
+        # --impl nanochat loads the checkpoint into the user's code only (audit.attach)
+        loaded = None if impl == "nanochat" else load_checkpoint(spec.checkpoint, spec.step, device=device, dtype=dtype)
     else:
         if spec.step is not None:
             raise UserError("--step needs --checkpoint")
@@ -103,6 +108,10 @@ def build_setup(spec: RunSpec) -> Setup:
         except ConfigError as e:
             raise UserError(f"--depth {spec.depth}: {e}") from e
         loaded = random_model(config, seed=spec.seed, device=device, dtype=dtype)
+    audited = None
+    if impl != "ours":
+        from .audit import attach
+        loaded, audited, logics = attach(spec, loaded, device, dtype)
     cfg = loaded.model.config
     if spec.tokens is not None:
         tokens = load_tokens(spec.tokens, cfg.vocab_size)
@@ -127,4 +136,4 @@ def build_setup(spec: RunSpec) -> Setup:
         except ValueError as e:
             flag = "--chunk-sizes" if chunk_sizes else "--chunks"
             raise UserError(f"{flag}: {e}") from e
-    return Setup(loaded, tokens.to(device), opts, schedules, logics)
+    return Setup(loaded, tokens.to(device), opts, schedules, logics, impl, audited)

@@ -38,6 +38,8 @@ def compare(
         from ..io import check_output_path
         check_output_path(save, (".pt",))
     setup = spec.build()
+    if setup.audited is not None:
+        return _audit(setup, json_out, save, check, tolerance)
     n_runs = 1 + len(setup.schedules) * len(setup.logics) + ("decode" not in setup.schedules)
     with progress_bar("compare", n_runs) as advance:
         result = lib.compare(setup.model, setup.tokens, setup.schedules, setup.logics, setup.options,
@@ -60,4 +62,36 @@ def compare(
         with atomic_write(save, "wb") as f:
             torch.save(payload, f)
     if check and result.failures:
+        raise CheckFailed(result.verdict)
+
+
+def _audit(setup, json_out: bool, save: Optional[Path], check: bool, tolerance: float) -> None:
+    """--impl nanochat|both: the same runs on the user's own nanochat code (smearcli.audit)."""
+    from .. import audit
+    from ..io import atomic_write
+    from ..progress import progress_bar
+    from ..report import console
+
+    extra = "decode" not in setup.schedules
+    n_runs = 1 + len(setup.schedules) + extra
+    if setup.impl == "both":
+        n_runs += 1 + 2 * len(setup.schedules) + extra
+    reference = setup.model if setup.impl == "both" else None
+    with progress_bar("audit", n_runs) as advance:
+        result = audit.audit(setup.audited, setup.tokens, setup.schedules, setup.options, tolerance,
+                             reference=reference, progress=advance)
+    info = {"name": setup.loaded.name, "source": setup.loaded.source, "step": setup.loaded.step}
+    if json_out:
+        sys.stdout.write(json.dumps(audit.to_json(result, info), indent=1) + "\n")
+    else:
+        cfg = setup.audited.config
+        title = (f"{setup.loaded.name}: d{cfg.n_layer} n_embd {cfg.n_embd}, "
+                 f"{str(setup.audited.dtype).removeprefix('torch.')} on {setup.audited.device}, "
+                 f"{setup.tokens.size(0)} x {setup.tokens.size(1)} tokens")
+        audit.print_audit(result, console(), title)
+    if save is not None:
+        import torch
+        with atomic_write(save, "wb") as f:
+            torch.save(audit.save_payload(result, info), f)
+    if check and result.failed:
         raise CheckFailed(result.verdict)
