@@ -89,7 +89,9 @@ def load_tokens(path: Path, vocab_size: int) -> torch.Tensor:
     return t
 
 
-def build_setup(spec: RunSpec) -> Setup:
+def build_setup(spec: RunSpec, sequence_len: int = 512) -> Setup:
+    """`sequence_len`: the random model's training context (windows, rotary table); bench presets
+    size it the nanochat way (2048 for d12/d20)."""
     schedules = spec.schedule_list()
     logics = spec.logic_list()
     chunk_sizes = spec.chunk_size_tuple()
@@ -104,7 +106,7 @@ def build_setup(spec: RunSpec) -> Setup:
         if spec.step is not None:
             raise UserError("--step needs --checkpoint")
         try:
-            config = random_config(spec.depth)
+            config = random_config(spec.depth, sequence_len=sequence_len)
         except ConfigError as e:
             raise UserError(f"--depth {spec.depth}: {e}") from e
         loaded = random_model(config, seed=spec.seed, device=device, dtype=dtype)

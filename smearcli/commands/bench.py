@@ -1,0 +1,155 @@
+"""`smearcli bench`: what the fixed smear costs, and what each schedule costs, on this machine."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from ..errors import UserError
+from ..options import RunSpec, shared_options
+
+
+class Preset(str, Enum):
+    small = "small"
+    d12 = "d12"
+    d20 = "d20"
+
+
+# nanochat's sizes: width 64 x depth, trained at a 2048-token context (so windows of 768 and 2048)
+PRESETS = {
+    "small": {"depth": 4, "seq_len": 256, "context": 512},
+    "d12": {"depth": 12, "seq_len": 2048, "context": 2048},
+    "d20": {"depth": 20, "seq_len": 2048, "context": 2048},
+}
+
+
+# the two questions bench answers first: what the fix costs, and chunked against one-shot and decode
+DEFAULT_SCHEDULES = "prefill,chunked,decode"
+
+
+def apply_preset(spec: RunSpec, preset: Optional[Preset], given: set[str]) -> tuple[RunSpec, int]:
+    """The spec with the preset's depth and seq-len where the user did not give them, and the
+    random model's context length."""
+    if preset is None:
+        return spec, 512
+    p = PRESETS[preset.value]
+    if spec.checkpoint is not None:
+        raise UserError(f"--preset {preset.value} sizes the random model; leave it out with --checkpoint")
+    changes = {k: p[k] for k in ("depth", "seq_len") if k not in given}
+    return dataclasses.replace(spec, **changes), p["context"]
+
+
+def _given(ctx: typer.Context) -> set[str]:
+    """Options the user set (command line or environment), not left at their defaults. Compared by
+    name: typer may bring its own copy of click's ParameterSource."""
+    out = set()
+    for name in ("depth", "seq_len", "schedules"):
+        src = ctx.get_parameter_source(name)
+        if src is not None and src.name not in ("DEFAULT", "DEFAULT_MAP"):
+            out.add(name)
+    return out
+
+
+@contextlib.contextmanager
+def _progress():
+    """A rich progress bar on stderr whose total can grow; silent when stderr is not a terminal."""
+    if not sys.stderr.isatty():
+        yield None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("bench {task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=Console(stderr=True), transient=True) as p:
+        task = p.add_task("", total=None)
+
+        def update(desc: str, done: int, total: int) -> None:
+            p.update(task, description=desc, completed=done, total=total)
+
+        yield update
+
+
+@shared_options
+def bench(
+    spec: RunSpec,
+    ctx: typer.Context,
+    preset: Annotated[Optional[Preset], typer.Option("--preset", help="Model and input size: small "
+                      "(d4, 256 tokens: the default, seconds), d12 or d20 (nanochat's sizes: width 64 x "
+                      "depth, 2048-token context and input). --depth / --seq-len override it.")] = None,
+    warmup: Annotated[int, typer.Option("--warmup", help="Untimed rounds per schedule before timing "
+                      "(each runs every logic once).")] = 1,
+    repeats: Annotated[Optional[int], typer.Option("--repeats", help="Timed rounds per schedule: each "
+                       "gives one sample per logic and one fixed/old ratio (default: as many as "
+                       "--budget allows, 3 to 20).")] = None,
+    budget: Annotated[float, typer.Option("--budget", help="Seconds of timed rounds to share among the "
+                      "schedules when --repeats is not given.")] = 30.0,
+    micro: Annotated[bool, typer.Option("--micro/--no-micro", help="Also time the two smear "
+                     "functions alone on the same inputs.")] = True,
+    peak: Annotated[bool, typer.Option("--peak/--no-peak", help="Measure a square-matmul peak on "
+                    "the same device and dtype, and report achieved FLOP/s as a share of it.")] = True,
+    threads: Annotated[Optional[int], typer.Option("--threads", help="CPU threads for torch "
+                       "(default: torch's choice).")] = None,
+    json_out: Annotated[bool, typer.Option("--json", "--no-json", help="Print the results as JSON "
+                        "(schema smearcli.bench/1, raw samples included) instead of the tables.")] = False,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Also write the JSON "
+                      "to this .json file.")] = None,
+) -> None:
+    """Time each schedule with the old and the fixed smear logic, alternating them: median and
+    IQR per cell, tokens/s, FLOPs and share of a measured matmul peak, peak memory, the fixed/old
+    ratio per pair, and the smear step alone."""
+    if warmup < 0:
+        raise UserError(f"--warmup must be >= 0, got {warmup}")
+    if repeats is not None and repeats < 1:
+        raise UserError(f"--repeats must be >= 1, got {repeats}")
+    if budget <= 0:
+        raise UserError(f"--budget must be positive, got {budget}")
+    if threads is not None and threads < 1:
+        raise UserError(f"--threads must be >= 1, got {threads}")
+    if output is not None:
+        from ..io import check_output_path
+        check_output_path(output, (".json",))
+    given = _given(ctx)
+    spec, context = apply_preset(spec, preset, given)
+    if "schedules" not in given:
+        spec = dataclasses.replace(spec, schedules=DEFAULT_SCHEDULES)
+    from ..names import REFERENCE
+
+    schedules = spec.schedule_list(allow_reference=True)  # bench may time the full forward too
+    others = [s for s in schedules if s != REFERENCE] or ["prefill"]
+
+    import torch
+
+    from .. import bench as lib
+    from ..io import atomic_write
+    from ..report import console
+    from ..setup import build_setup
+
+    if threads is not None:
+        torch.set_num_threads(threads)
+    setup = build_setup(dataclasses.replace(spec, schedules=",".join(others)), sequence_len=context)
+    settings = lib.BenchSettings(warmup=warmup, repeats=repeats, budget_s=budget, micro=micro, peak=peak)
+    with _progress() as progress:
+        result = lib.bench(setup.model, setup.tokens, schedules, setup.logics, setup.options, settings,
+                           progress=progress)
+    info = {"name": setup.loaded.name, "source": setup.loaded.source, "step": setup.loaded.step,
+            "preset": None if preset is None else preset.value}
+    data = lib.to_json(result, info)
+    if output is not None:
+        with atomic_write(output) as f:
+            json.dump(data, f, indent=1)
+            f.write("\n")
+    if json_out:
+        sys.stdout.write(json.dumps(data, indent=1) + "\n")
+        return
+    cfg = setup.model.config
+    title = (f"{setup.loaded.name}: d{cfg.n_layer} n_embd {cfg.n_embd} (context {cfg.sequence_len}), "
+             f"{str(setup.model.dtype).removeprefix('torch.')} on {setup.model.device}, "
+             f"{setup.tokens.size(0)} x {setup.tokens.size(1)} tokens")
+    lib.render(result, console(), title)
