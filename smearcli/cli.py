@@ -14,6 +14,7 @@ from typer.core import TyperGroup
 
 from . import __version__
 from .commands.compare import compare
+from .commands.plot import plot
 from .commands.bench import bench
 from .errors import DEBUG, print_error
 
@@ -73,6 +74,7 @@ def main(
 
 
 app.command()(compare)
+app.command()(plot)
 app.command()(bench)
 
 

@@ -1,0 +1,69 @@
+"""`smearcli plot`: one figure of the old and the fixed logic on one schedule (PNG, SVG or PDF)."""
+
+from __future__ import annotations
+
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ..errors import UserError
+from ..options import RunSpec, shared_options
+
+FORMATS = (".png", ".svg", ".pdf")  # = plotting.FORMATS, repeated here so --help needs no matplotlib
+
+
+class Kind(str, Enum):
+    all = "all"
+    error = "error"
+    heatmap = "heatmap"
+    kl = "kl"
+
+
+def pick_schedule(spec: RunSpec) -> str:
+    """The one schedule a figure shows: chunked if --schedules lists it, else the first listed."""
+    names = spec.schedule_list()
+    return "chunked" if "chunked" in names else names[0]
+
+
+@shared_options
+def plot(
+    spec: RunSpec,
+    out: Annotated[Path, typer.Option("--out", "-o", help="Figure file to write; the suffix picks the "
+                   "format: .png, .svg or .pdf. Written atomically (an existing file is only "
+                   "replaced by a complete one).")],
+    dpi: Annotated[float, typer.Option("--dpi", help="Resolution of a .png (dots per inch; the "
+                   "figure is 11 inches wide).")] = 150.0,
+    kind: Annotated[Kind, typer.Option("--kind", help="all: the three panels; error: logit error "
+                    "per position; heatmap: relative error per layer and position; kl: KL per "
+                    "position.")] = Kind.all,
+) -> None:
+    """Draw where the smear bug is born and how far it spreads, old vs fixed logic, on one
+    schedule (chunked if --schedules lists it, else the first listed): logit error per position
+    with the noise floor, a position x layer heat map, and KL per position. The numbers are
+    those `compare --json` reports for the same options."""
+    from .. import compare as lib
+    from .. import plotting
+    from ..io import check_output_path
+    from ..progress import progress_bar
+
+    check_output_path(out, FORMATS)
+    if not 1 <= dpi <= 1200:
+        raise UserError(f"--dpi must be between 1 and 1200, got {dpi:g}")
+    schedule = pick_schedule(spec)
+    listed = spec.schedule_list()
+    if len(listed) > 1 and spec.schedules != RunSpec().schedules:
+        sys.stderr.write(f"smearcli: plot draws one schedule per figure: {schedule} "
+                         f"(of {', '.join(listed)})\n")
+    spec.schedules = schedule
+    setup = spec.build()
+    n_runs = 1 + len(setup.logics) + (schedule != "decode")
+    with progress_bar("plot", n_runs) as advance:
+        result = lib.compare(setup.model, setup.tokens, [schedule], setup.logics, setup.options,
+                             progress=advance)
+    fig = plotting.figure(result, schedule, kind.value, model_name=setup.loaded.name)
+    plotting.save(fig, out, dpi=dpi)
+    typer.echo(f"wrote {out} ({kind.value}, schedule {schedule})")
+    typer.echo(result.verdict)

@@ -1,0 +1,317 @@
+"""Figures of a `compare.Comparison`: where the smear bug is born and how far it spreads.
+
+    from smearcli import compare, models, plotting
+    lm = models.random_model()
+    c = compare.compare(lm.model, compare.random_tokens(lm.model.config, 256), schedules=["chunked"])
+    fig = plotting.figure(c)            # a matplotlib Figure; nothing is shown
+    fig.savefig("err.png")              # or display it in a notebook cell
+    fig.smearcli_data.abs_logits["old"]  # the arrays that were drawn
+
+Every array drawn comes straight from the `RunMetrics` that `compare` measured (the same numbers
+`compare --json` reports); nothing is recomputed here. Panels:
+
+- `error`: max |logit - reference logit| per position (log scale) for each logic, chunk starts
+  as vertical lines, the measured noise floor as a band and the `--check` tolerance as a line;
+- `heatmap`: log10 of the relative error per (layer, position): post-smear embedding, every
+  block, logits; one map per logic on one shared colour scale, chunk starts marked above;
+- `kl`: KL(reference || run) per position, in nats.
+
+matplotlib is imported inside the functions and only through `matplotlib.figure.Figure`, so no
+pyplot state, GUI backend or display is involved: it works headless and under any MPLBACKEND.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Optional, Sequence
+
+if TYPE_CHECKING:  # pragma: no cover
+    import numpy as np
+    from matplotlib.figure import Figure
+
+    from .compare import Comparison
+
+KINDS = ("all", "error", "heatmap", "kl")
+FORMATS = (".png", ".svg", ".pdf")
+
+# Okabe-Ito colours (safe for the common colour-vision deficiencies), one per logic; the two
+# logics also differ in line style so the figure survives greyscale printing.
+COLORS = {"old": "#D55E00", "fixed": "#0072B2"}
+STYLES = {"old": "-", "fixed": "--"}
+LABELS = {"old": "old logic (upstream)", "fixed": "fixed logic"}
+START_COLOR = "#000000"
+NOISE_COLOR = "#999999"
+HEATMAP_CMAP = "viridis"
+# relative errors below eps(dtype) * this are drawn at the bottom of the colour scale (an exact 0
+# has no logarithm): they are far below anything rounding in the compute dtype can produce
+HEATMAP_FLOOR_EPS = 0.1
+
+
+@dataclass
+class PlotData:
+    """Exactly what a figure draws, per logic, taken from the Comparison's RunMetrics."""
+    schedule: str
+    logics: list[str]
+    layers: list[str]  # heat-map rows, bottom to top: emb, block0.., logits
+    positions: "np.ndarray"  # (T,) 0..T-1
+    steps: list[int]
+    chunk_starts: list[int]
+    abs_logits: dict  # logic -> (T,) max |Δlogit|, = RunMetrics.abs_err[-1]
+    kl: dict  # logic -> (T,) KL(ref || run) in nats, = RunMetrics.kl
+    rel_err: dict  # logic -> (layers, T), = RunMetrics.rel_err
+    log10_rel: dict  # logic -> (layers, T), log10(max(rel_err, rel_floor)): the heat map
+    rel_floor: float
+    noise_logits: float  # measured noise floor of the logits, = NoiseFloor.per_layer[-1]
+    tolerance: float  # --check passes below tolerance x noise_logits
+    title: str
+
+
+def plottable_schedules(c: "Comparison") -> list[str]:
+    """Schedules of `c` in run order, without repeats."""
+    return list(dict.fromkeys(m.schedule for m in c.metrics))
+
+
+def pick_schedule(c: "Comparison", schedule: Optional[str] = None) -> str:
+    """`schedule` if given (it must have been run), else `chunked` if run, else the first run
+    that has chunk starts, else the first run."""
+    names = plottable_schedules(c)
+    if not names:
+        raise ValueError("the comparison holds no runs to plot")
+    if schedule is not None:
+        if schedule not in names:
+            raise ValueError(f"schedule {schedule!r} was not run; the comparison holds {', '.join(names)}")
+        return schedule
+    if "chunked" in names:
+        return "chunked"
+    with_starts = [m.schedule for m in c.metrics if m.chunk_starts]
+    return with_starts[0] if with_starts else names[0]
+
+
+def describe_steps(steps: Sequence[int]) -> str:
+    if len(steps) == 1:
+        return f"1 step of {steps[0]}"
+    if len(steps) <= 8:
+        return f"steps {'+'.join(map(str, steps))}"
+    return f"{len(steps)} steps"
+
+
+def default_title(c: "Comparison", schedule: str, model_name: Optional[str] = None) -> str:
+    cfg = c.model.config
+    m = next(m for m in c.metrics if m.schedule == schedule)
+    name = model_name or "model"
+    dtype = str(c.model.dtype).removeprefix("torch.")
+    return (f"{name} (d{cfg.n_layer}, n_embd {cfg.n_embd}), {dtype} on {c.model.device}, "
+            f"{c.tokens.size(0)} x {c.tokens.size(1)} tokens; schedule {schedule}: "
+            f"{describe_steps(m.steps)}, vs the full forward pass")
+
+
+def plot_data(c: "Comparison", schedule: Optional[str] = None, model_name: Optional[str] = None,
+              title: Optional[str] = None) -> PlotData:
+    """Collect the arrays a figure of `schedule` draws (default: see `pick_schedule`)."""
+    import numpy as np
+    import torch
+
+    schedule = pick_schedule(c, schedule)
+    runs = [m for m in c.metrics if m.schedule == schedule]
+    floor = float(torch.finfo(c.model.dtype).eps) * HEATMAP_FLOOR_EPS
+    first = runs[0]
+
+    def arr(t):
+        return t.detach().cpu().double().numpy()
+
+    rel = {m.logic: arr(m.rel_err) for m in runs}
+    return PlotData(
+        schedule=schedule,
+        logics=[m.logic for m in runs],
+        layers=list(c.layers),
+        positions=np.arange(first.abs_err.size(1)),
+        steps=list(first.steps),
+        chunk_starts=list(first.chunk_starts),
+        abs_logits={m.logic: arr(m.abs_err[-1]) for m in runs},
+        kl={m.logic: arr(m.kl) for m in runs},
+        rel_err=rel,
+        log10_rel={k: np.log10(np.maximum(v, floor)) for k, v in rel.items()},
+        rel_floor=floor,
+        noise_logits=float(c.noise.per_layer[-1]),
+        tolerance=float(c.tolerance),
+        title=title or default_title(c, schedule, model_name),
+    )
+
+
+# -- panels -------------------------------------------------------------------------------------
+
+def _positive_min(arrays, default: float) -> float:
+    import numpy as np
+
+    vals = [a[a > 0] for a in arrays]
+    vals = [v for v in vals if v.size]
+    return float(min(v.min() for v in vals)) if vals else default
+
+
+def _chunk_lines(ax, d: PlotData, label: bool) -> None:
+    for i, s in enumerate(d.chunk_starts):
+        ax.axvline(s, color=START_COLOR, lw=0.9, ls=":", alpha=0.8, zorder=1, gid="chunk-start",
+                   label="chunk start" if (label and i == 0) else None)
+
+
+def _position_axis(ax, d: PlotData) -> None:
+    T = len(d.positions)
+    ax.set_xlim(-0.5, T - 0.5)
+    ax.set_xlabel("token position")
+    ax.grid(True, which="major", axis="y", color="#dddddd", lw=0.6)
+
+
+def draw_error(ax, d: PlotData, panel: str = "") -> None:
+    """Max |Δlogit| per position, log scale, noise floor band, tolerance line, chunk starts."""
+    import numpy as np
+
+    ax.set_yscale("log", nonpositive="mask")
+    for logic in d.logics:
+        ax.plot(d.positions, d.abs_logits[logic], color=COLORS[logic], ls=STYLES[logic], lw=1.4,
+                label=LABELS[logic], gid=f"abs_logits:{logic}", zorder=3)
+    lo = min(_positive_min(d.abs_logits.values(), d.noise_logits), d.noise_logits) / 10
+    hi = max([float(np.max(a)) for a in d.abs_logits.values()] + [d.tolerance * d.noise_logits]) * 3
+    ax.set_ylim(lo, hi)
+    ax.axhspan(lo, d.noise_logits, color=NOISE_COLOR, alpha=0.25, lw=0, zorder=0, gid="noise-floor",
+               label=f"below the measured noise floor ({d.noise_logits:.1e})")
+    ax.axhline(d.tolerance * d.noise_logits, color=NOISE_COLOR, lw=1.0, ls="-.", zorder=2,
+               gid="tolerance", label=f"--check tolerance ({d.tolerance:g} x noise floor)")
+    _chunk_lines(ax, d, label=True)
+    _position_axis(ax, d)
+    ax.set_ylabel("max |Δlogit| (logit units)")
+    ax.set_title(f"{panel}logit error per position: the old logic departs at chunk starts",
+                 loc="left", fontsize="medium")
+
+
+def draw_kl(ax, d: PlotData, panel: str = "") -> None:
+    """KL(reference || run) per position, log scale, chunk starts."""
+    import numpy as np
+
+    ax.set_yscale("log", nonpositive="mask")
+    for logic in d.logics:
+        ax.plot(d.positions, d.kl[logic], color=COLORS[logic], ls=STYLES[logic], lw=1.4,
+                label=LABELS[logic], gid=f"kl:{logic}", zorder=3)
+    pos = _positive_min(d.kl.values(), 1e-12)
+    top = max([float(np.max(a)) for a in d.kl.values()] + [pos])
+    ax.set_ylim(pos / 10, top * 3)
+    _chunk_lines(ax, d, label=True)
+    _position_axis(ax, d)
+    ax.set_ylabel("KL(reference ‖ run) (nats)")
+    ax.set_title(f"{panel}next-token distribution shift per position (exact zeros not drawn)",
+                 loc="left", fontsize="medium")
+
+
+def draw_heatmaps(fig, axes, d: PlotData, panel: str = "") -> None:
+    """One position x layer map per logic, shared colour scale, chunk starts marked on top."""
+    import numpy as np
+    from matplotlib.colors import Normalize
+    from matplotlib.transforms import blended_transform_factory
+
+    vmin = float(np.log10(d.rel_floor))
+    vmax = max(float(np.max(a)) for a in d.log10_rel.values())
+    norm = Normalize(vmin=vmin, vmax=max(vmax, vmin + 1))
+    T, L = len(d.positions), len(d.layers)
+    image = None
+    for ax, logic in zip(axes, d.logics):
+        image = ax.imshow(d.log10_rel[logic], aspect="auto", origin="lower", cmap=HEATMAP_CMAP,
+                          norm=norm, interpolation="nearest", extent=(-0.5, T - 0.5, -0.5, L - 0.5))
+        image.set_gid(f"heatmap:{logic}")
+        ax.set_yticks(range(L), d.layers)
+        ax.set_xlabel("token position")
+        if ax is axes[0]:
+            ax.set_title(f"{panel}relative error per layer", loc="left", fontsize="medium")
+        ax.set_title(LABELS[logic], loc="right", fontsize="medium", color=COLORS[logic],
+                     fontweight="bold")
+        if d.chunk_starts:
+            trans = blended_transform_factory(ax.transData, ax.transAxes)
+            ax.plot(d.chunk_starts, [1.0] * len(d.chunk_starts), ls="none", marker="v", ms=7,
+                    color=START_COLOR, transform=trans, clip_on=False, gid="chunk-start",
+                    label="chunk start")
+    axes[0].set_ylabel("layer (capture point)")
+    for ax in axes[1:]:
+        ax.tick_params(labelleft=False)
+    cb = fig.colorbar(image, ax=list(axes), extend="min", fraction=0.05, pad=0.02)
+    cb.set_label("log10 relative error\n(|run - ref| / max |ref|)", fontsize="small")
+
+
+# -- figures ------------------------------------------------------------------------------------
+
+SUBTITLE = (r"Token smearing adds $g_t\,x_{t-1}$ (a gate times the previous token's embedding) to "
+            r"each token. Under chunked prefill the old logic" "\n"
+            r"drops that term for the first token of every later chunk (nanochat #756); the fixed "
+            r"logic takes $x_{t-1}$ from the KV cache.")
+
+
+def _legend_handles(d: PlotData, kind: str) -> list:
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    handles = [] if kind == "heatmap" else [
+        Line2D([], [], color=COLORS[g], ls=STYLES[g], lw=1.6, label=LABELS[g]) for g in d.logics]
+    if d.chunk_starts:
+        handles.append(Line2D([], [], color=START_COLOR, ls=":", marker="v", ms=6, lw=1.0,
+                              label="chunk start"))
+    if kind in ("all", "error"):
+        handles.append(Patch(color=NOISE_COLOR, alpha=0.25, lw=0,
+                             label=f"below the measured noise floor ({d.noise_logits:.1e})"))
+        handles.append(Line2D([], [], color=NOISE_COLOR, ls="-.", lw=1.0,
+                              label=f"--check tolerance ({d.tolerance:g} x floor)"))
+    return handles
+
+
+def figure(c: "Comparison", schedule: Optional[str] = None, kind: str = "all",
+           model_name: Optional[str] = None, title: Optional[str] = None) -> "Figure":
+    """A matplotlib Figure of `c` for one schedule (default: `pick_schedule`), never shown.
+
+    `kind` is "all" (three panels) or one of "error", "heatmap", "kl". The drawn arrays are at
+    `fig.smearcli_data` (a `PlotData`)."""
+    import matplotlib
+    from matplotlib.figure import Figure
+
+    if kind not in KINDS:
+        raise ValueError(f"unknown kind {kind!r}; choose from {', '.join(KINDS)}")
+    d = plot_data(c, schedule, model_name, title)
+    n = len(d.logics)
+    sizes = {"all": (11, 11.5), "error": (11, 4.8), "heatmap": (11, 4.8), "kl": (11, 4.4)}
+    with matplotlib.rc_context({"font.size": 11}):
+        fig = Figure(figsize=sizes[kind], layout="constrained")
+        if kind == "all":
+            hm_names = [f"heatmap:{g}" for g in d.logics]
+            ax = fig.subplot_mosaic([["error"] * n, hm_names, ["kl"] * n],
+                                    height_ratios=[1.15, 1.0, 0.9])
+            draw_error(ax["error"], d, panel="(a) ")
+            draw_heatmaps(fig, [ax[h] for h in hm_names], d, panel="(b) ")
+            draw_kl(ax["kl"], d, panel="(c) ")
+        elif kind == "error":
+            draw_error(fig.subplots(), d)
+        elif kind == "kl":
+            draw_kl(fig.subplots(), d)
+        else:
+            hm = fig.subplots(1, n, sharey=True, squeeze=False)[0]
+            draw_heatmaps(fig, hm, d)
+        handles = _legend_handles(d, kind)
+        if handles:
+            fig.legend(handles=handles, loc="outside lower center", ncols=min(len(handles), 3),
+                       fontsize="small", frameon=False)
+        fig.suptitle(d.title + "\n" + SUBTITLE, fontsize="medium")
+    fig.smearcli_data = d
+    return fig
+
+
+def save(fig: "Figure", path, dpi: Optional[float] = None) -> Path:
+    """Write `fig` atomically, format chosen by the suffix (.png, .svg, .pdf), without
+    timestamps so the same figure gives the same file."""
+    import matplotlib
+
+    from .io import atomic_write
+
+    path = Path(path)
+    fmt = path.suffix.lower().lstrip(".")
+    if f".{fmt}" not in FORMATS:
+        raise ValueError(f"{path}: unknown suffix {path.suffix or '(none)'}; use {', '.join(FORMATS)}")
+    metadata = {"png": {"Software": None}, "svg": {"Date": None}, "pdf": {"CreationDate": None}}[fmt]
+    rc = {"svg.hashsalt": "smearcli"}
+    with matplotlib.rc_context(rc), atomic_write(path, "wb") as f:
+        fig.savefig(f, format=fmt, dpi=dpi, metadata=metadata)
+    return path
