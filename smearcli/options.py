@@ -25,6 +25,7 @@ from .names import LOGIC_NAMES, REFERENCE, SCHEDULE_NAMES
 
 class ModelKind(str, Enum):
     random = "random"
+    tiny = "tiny"
 
 
 class Device(str, Enum):
@@ -70,6 +71,8 @@ class RunSpec:
     seq_len: int = 256
     batch: int = 1
     tokens: Optional[Path] = None
+    text: Optional[str] = None
+    text_file: Optional[Path] = None
     schedules: str = ",".join(n for n in SCHEDULE_NAMES if n != REFERENCE)
     logic: Logic = Logic.both
     chunks: int = 4
@@ -121,7 +124,8 @@ class RunSpec:
 # One Annotated type per shared option: the single definition of its flag, help and panel.
 SHARED = {
     "model": (ModelKind, typer.Option("--model", help="Built-in model to run when no --checkpoint is given. "
-              "'random': seeded random weights with non-zero smear (see --depth, --seed).", rich_help_panel=M)),
+              "'random': seeded random weights with non-zero smear (see --depth, --seed); 'tiny': the small "
+              "byte-level model trained by examples/train_tiny.py that ships with smearcli.", rich_help_panel=M)),
     "checkpoint": (Optional[Path], typer.Option("--checkpoint", help="A nanochat checkpoint directory "
                    "(model_XXXXXX.pt + meta_XXXXXX.json). Loaded with weights_only=True.", rich_help_panel=M)),
     "step": (Optional[int], typer.Option("--step", help="Checkpoint step to load (default: the newest).", rich_help_panel=M)),
@@ -135,6 +139,10 @@ SHARED = {
     "batch": (int, typer.Option("--batch", help="Rows of random input.", rich_help_panel=I)),
     "tokens": (Optional[Path], typer.Option("--tokens", help="Input ids instead of random ones: a JSON list "
                "of ids (or one list per row), or a tensor saved with torch.save.", rich_help_panel=I)),
+    "text": (Optional[str], typer.Option("--text", help="Input text for a byte-level model (vocabulary "
+             "256, like --model tiny): its UTF-8 bytes are the token ids.", rich_help_panel=I)),
+    "text_file": (Optional[Path], typer.Option("--text-file", help="Like --text, from a file (its bytes as "
+                  "they are).", rich_help_panel=I)),
     "schedules": (str, typer.Option("--schedules", help="Comma-separated schedules to run against the full "
                   "forward pass: " + ", ".join(SCHEDULE_NAMES[1:]) + ".", rich_help_panel=S)),
     "logic": (Logic, typer.Option("--logic", help="Smear logic: old (upstream, with the #756 bug), fixed, or both.", rich_help_panel=S)),

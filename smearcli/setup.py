@@ -12,7 +12,7 @@ from .config import ConfigError
 from .errors import UserError
 from .compare import random_tokens
 from .models import LoadedModel, load_checkpoint, random_config, random_model
-from .options import Device, DType, RunSpec
+from .options import Device, DType, ModelKind, RunSpec
 from .schedules import ScheduleOptions, chunk_plan
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -102,6 +102,11 @@ def build_setup(spec: RunSpec, sequence_len: int = 512) -> Setup:
     if spec.checkpoint is not None:
         # --impl nanochat loads the checkpoint into the user's code only (audit.attach)
         loaded = None if impl == "nanochat" else load_checkpoint(spec.checkpoint, spec.step, device=device, dtype=dtype)
+    elif spec.model == ModelKind.tiny:
+        if spec.step is not None:
+            raise UserError("--step needs --checkpoint")
+        from .text import tiny_model
+        loaded = tiny_model(device=device, dtype=dtype)
     else:
         if spec.step is not None:
             raise UserError("--step needs --checkpoint")
@@ -115,8 +120,15 @@ def build_setup(spec: RunSpec, sequence_len: int = 512) -> Setup:
         from .audit import attach
         loaded, audited, logics = attach(spec, loaded, device, dtype)
     cfg = loaded.model.config
+    inputs = [f for f, v in (("--tokens", spec.tokens), ("--text", spec.text), ("--text-file", spec.text_file))
+              if v is not None]
+    if len(inputs) > 1:
+        raise UserError(f"{' and '.join(inputs)}: give only one of them")
     if spec.tokens is not None:
         tokens = load_tokens(spec.tokens, cfg.vocab_size)
+    elif spec.text is not None or spec.text_file is not None:
+        from .text import read_text_input
+        tokens = read_text_input(spec.text, spec.text_file, cfg)
     else:
         if spec.seq_len < 2:
             raise UserError(f"--seq-len must be >= 2, got {spec.seq_len}")
