@@ -562,8 +562,9 @@ def likeness(user: cmp.Comparison, ours: cmp.Comparison, margin: float = NOISE_M
         near = max(getattr(r, f"to_{behaves}") for r in informative)
         other = "fixed" if behaves == "old" else "old"
         far = min(getattr(r, f"to_{other}") for r in informative)
+        close = "identical to" if near == 0 else f"within {_g(near)}x noise of"
         summary = (f"your code behaves like the {behaves}{' (buggy)' if behaves == 'old' else ''} logic: "
-                   f"on {names} its per-position error is within {_g(near)}x noise of ours/{behaves} "
+                   f"on {names} its per-position error is {close} ours/{behaves} "
                    f"and at least {_g(far)}x noise from ours/{other}")
     elif behaves == "undetermined":
         summary = ("no schedule in this run tells the old logic from the fixed one "
@@ -614,6 +615,26 @@ def audit(model: NanochatModel, tokens: Tensor, schedules: Sequence[str] = cmp.D
         ours = cmp.compare(reference, tokens, schedules, ("old", "fixed"), options, tolerance, progress)
         like = likeness(c, ours, tolerance)
     return Audit(model, c, ours, like)
+
+
+def merged(a: Audit) -> cmp.Comparison:
+    """One Comparison holding ours (old, fixed) and the user's runs (logic "yours"), for figures.
+    Reference, noise floor and model are ours; each run keeps its own metrics. The first capture
+    point is our post-smear embedding and the user's block-0 input, so it is named for both."""
+    if a.ours is None:
+        return a.comparison
+    o = a.ours
+    layers = [f"emb | {FIRST_CAPTURE}"] + list(o.layers[1:])
+    return cmp.Comparison(o.model, o.tokens, o.options, layers, o.noise, o.reference,
+                          o.runs + a.comparison.runs, o.metrics + a.comparison.metrics,
+                          dict(o.analytic), o.tolerance)
+
+
+def for_plot(setup, schedule: str, tolerance: float = NOISE_MARGIN, progress=None):
+    """`smearcli plot` with --impl nanochat|both: (the Comparison to draw, the audit verdict)."""
+    reference = setup.model if setup.impl == "both" else None
+    a = audit(setup.audited, setup.tokens, [schedule], setup.options, tolerance, reference, progress)
+    return merged(a), a.verdict
 
 
 def _at_starts(m: RunMetrics) -> float:
@@ -734,10 +755,11 @@ def print_audit(a: Audit, console, title: str = "") -> None:
     if a.ours is not None:
         console.print(comparison_table(a.ours, "smearcli's reference implementation, same weights and tokens"))
     console.print(f"noise floor (logits): {_sci(c.noise.per_layer[-1])} (your code, decode vs full); a run "
-                  f"passes within {c.tolerance:g}x. attention: {code.attention}; compute dtype "
+                  f"passes within {c.tolerance:g}x.")
+    console.print(f"your code ran with attention {code.attention}, compute dtype "
                   f"{str(code.compute_dtype).removeprefix('torch.')} ({code.dtype_source}).")
-    console.print(f"{FIRST_CAPTURE}: block 0's input, (resid_lambdas[0] + x0_lambdas[0]) x the post-smear "
-                  f"embedding, the first point hooks can capture without patching your code.")
+    console.print(f"{FIRST_CAPTURE}: block 0's input = (resid_lambdas[0] + x0_lambdas[0]) x the post-smear "
+                  f"embedding, which no hook can see.")
     if code.stand_ins:
         console.print(f"stood in at import for modules that are not installed and that inference does not "
                       f"use: {', '.join(code.stand_ins)}")

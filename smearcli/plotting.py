@@ -40,6 +40,8 @@ FORMATS = (".png", ".svg", ".pdf")
 COLORS = {"old": "#D55E00", "fixed": "#0072B2"}
 STYLES = {"old": "-", "fixed": "--"}
 LABELS = {"old": "old logic (upstream)", "fixed": "fixed logic"}
+# --impl nanochat|both: the user's own code (smearcli.audit), its own smear logic
+COLORS["yours"], STYLES["yours"], LABELS["yours"] = "#009E73", (0, (6, 2, 1, 2)), "your code (--impl nanochat)"
 START_COLOR = "#000000"
 NOISE_COLOR = "#999999"
 HEATMAP_CMAP = "viridis"

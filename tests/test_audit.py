@@ -314,3 +314,30 @@ def test_cli_json_check_and_errors():
     r = runner.invoke(app, ["compare", "--impl", "nanochat", *SMALL])
     assert r.exit_code == 2 and "--impl nanochat needs --nanochat-path" in r.output
     assert nanochat_modules() == []
+
+
+# -- plot -----------------------------------------------------------------------------------------
+
+def test_merged_comparison_draws_ours_and_yours(old_audit):
+    from smearcli import plotting
+
+    c = audit.merged(old_audit)
+    assert [m.logic for m in c.metrics if m.schedule == "chunked"] == ["old", "fixed", "yours"]
+    assert c.layers[0] == "emb | block0_in" and len(c.layers) == len(old_audit.comparison.layers)
+    fig = plotting.figure(c, "chunked", kind="error")
+    d = fig.smearcli_data
+    assert d.logics == ["old", "fixed", "yours"]
+    ours = old_audit.comparison.get("chunked", audit.USER_LOGIC).abs_err[-1].double().numpy()
+    assert (d.abs_logits["yours"] == ours).all()
+
+
+def test_cli_plot_with_impl_nanochat(tmp_path):
+    from smearcli.cli import app
+
+    out = tmp_path / "fig.svg"
+    r = runner.invoke(app, ["plot", "--impl", "nanochat", "--nanochat-path", str(OLD), "-o", str(out),
+                            "--kind", "error", *SMALL])
+    assert r.exit_code == 0, r.output
+    assert "chunk-boundary smear bug" in r.stdout
+    svg = out.read_text()
+    assert "abs_logits:yours" in svg and "abs_logits:old" not in svg

@@ -60,10 +60,17 @@ def plot(
     spec.schedules = schedule
     setup = spec.build()
     n_runs = 1 + len(setup.logics) + (schedule != "decode")
+    if setup.impl == "both":
+        n_runs += 2 + (schedule != "decode")
     with progress_bar("plot", n_runs) as advance:
-        result = lib.compare(setup.model, setup.tokens, [schedule], setup.logics, setup.options,
-                             progress=advance)
+        if setup.audited is not None:  # --impl nanochat|both: the user's own code (smearcli.audit)
+            from ..audit import for_plot
+            result, verdict = for_plot(setup, schedule, progress=advance)
+        else:
+            result = lib.compare(setup.model, setup.tokens, [schedule], setup.logics, setup.options,
+                                 progress=advance)
+            verdict = result.verdict
     fig = plotting.figure(result, schedule, kind.value, model_name=setup.loaded.name)
     plotting.save(fig, out, dpi=dpi)
     typer.echo(f"wrote {out} ({kind.value}, schedule {schedule})")
-    typer.echo(result.verdict)
+    typer.echo(verdict)
