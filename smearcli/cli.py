@@ -16,7 +16,7 @@ from . import __version__
 from .commands.compare import compare
 from .commands.plot import plot
 from .commands.bench import bench
-from .errors import DEBUG, print_error
+from .errors import DEBUG, describe_unexpected, env_debug, print_error
 
 
 class OneLineErrors(TyperGroup):
@@ -40,6 +40,12 @@ class OneLineErrors(TyperGroup):
             hint = f" (see '{ctx.command_path} --help')" if ctx is not None else ""
             print_error(f"{e.format_message()}{hint}")
             sys.exit(getattr(e, "exit_code", 2))
+        except Exception as e:  # raised outside a command's own guard: still one line
+            if DEBUG["on"]:
+                raise
+            msg, status = describe_unexpected(e)
+            print_error(msg)
+            sys.exit(status)
         sys.exit(rv if isinstance(rv, int) else 0)
 
 
@@ -69,8 +75,7 @@ def main(
     version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
                        help="Print the version and exit.")] = False,
 ) -> None:
-    if debug:
-        DEBUG["on"] = True
+    DEBUG["on"] = debug or env_debug()  # per invocation: a test's --debug must not leak into the next
 
 
 app.command()(compare)

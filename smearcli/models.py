@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -19,6 +20,7 @@ import torch
 from .config import ConfigError, GPTConfig
 from .errors import UserError
 from .model import GPT
+from .validate import check_model_memory
 
 
 
@@ -100,6 +102,7 @@ def init_random(model: GPT, seed: int = 0) -> GPT:
 def random_model(config: Optional[GPTConfig] = None, seed: int = 0, device="cpu",
                  dtype: torch.dtype = torch.float32) -> LoadedModel:
     config = config or random_config()
+    check_model_memory(config, device)
     model = GPT(config)
     init_random(model, seed)
     model.set_dtype(dtype).to(device).eval().requires_grad_(False)
@@ -116,45 +119,140 @@ def list_steps(ckpt_dir: Path) -> list[int]:
     return sorted(steps)
 
 
+META_MAX_BYTES = 64 << 20  # a meta JSON holds a config and some numbers: kilobytes
+FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+
+
+def _describe_missing_pair(ckpt_dir: Path) -> str:
+    """Why a directory has no usable model/meta pair, in a way the user can act on."""
+    names = sorted(p.name for p in ckpt_dir.iterdir())
+    if not names:
+        return f"{ckpt_dir}: the checkpoint directory is empty"
+    models = [n for n in names if _MODEL_RE.match(n)]
+    if models:
+        m = _MODEL_RE.match(models[-1])
+        return (f"{ckpt_dir}: {models[-1]} has no meta_{m.group(1)}.json beside it; copy the meta file "
+                "that was saved with it")
+    metas = [n for n in names if n.startswith("meta_") and n.endswith(".json")]
+    if metas:
+        return f"{ckpt_dir}: {metas[-1]} has no model_{metas[-1][5:-5]}.pt beside it"
+    shown = ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
+    return f"{ckpt_dir}: no model_XXXXXX.pt / meta_XXXXXX.json pair (found {shown}); is this a nanochat checkpoint directory?"
+
+
+def _steps_text(steps: list[int]) -> str:
+    if len(steps) <= 8:
+        return ", ".join(map(str, steps))
+    return ", ".join(map(str, steps[:3])) + ", ..., " + ", ".join(map(str, steps[-3:])) + f" ({len(steps)} steps)"
+
+
 def _read_meta(path: Path) -> dict:
     try:
-        meta = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError) as e:
-        raise UserError(f"{path.name}: cannot read ({e})") from e
+        if path.stat().st_size > META_MAX_BYTES:
+            raise UserError(f"{path.name}: {path.stat().st_size:,} bytes is too large for a meta JSON file")
+        meta = json.loads(path.read_bytes().decode("utf-8"))
+    except OSError as e:
+        raise UserError(f"{path.name}: cannot read ({e.strerror or e})") from e
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path.name}: not UTF-8 text (byte {e.start}); the meta file is corrupt") from e
     except json.JSONDecodeError as e:
-        raise UserError(f"{path.name}: invalid JSON ({e.msg} at line {e.lineno})") from e
-    if not isinstance(meta, dict) or "model_config" not in meta:
+        raise UserError(f"{path.name}: invalid JSON ({e.msg} at line {e.lineno} column {e.colno})") from e
+    except RecursionError as e:
+        raise UserError(f"{path.name}: invalid JSON (nested too deeply)") from e
+    if not isinstance(meta, dict):
+        raise UserError(f"{path.name}: expected a JSON object with a model_config, got a {_json_type(meta)}")
+    if "model_config" not in meta:
         raise UserError(f"{path.name}: no model_config in the meta JSON")
     return meta
 
 
+def _json_type(v) -> str:
+    return {dict: "object", list: "list", str: "string", bool: "boolean", int: "number",
+            float: "number", type(None): "null"}.get(type(v), type(v).__name__)
+
+
+def _check_torch_file(path: Path) -> None:
+    """Refuse, without unpickling anything, a file torch.load could only fail on."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(4)
+    except OSError as e:
+        raise UserError(f"{path.name}: cannot read ({e.strerror or e})") from e
+    if size == 0:
+        raise UserError(f"{path.name}: empty file (0 bytes); the checkpoint was not written completely, "
+                        "copy or save it again")
+    if head.startswith(b"PK"):
+        try:
+            with zipfile.ZipFile(path) as z:
+                z.namelist()
+        except (zipfile.BadZipFile, OSError, ValueError, EOFError) as e:
+            raise UserError(f"{path.name}: truncated or corrupt ({e}); copy or save the checkpoint again") from e
+    elif not head.startswith(b"\x80"):
+        raise UserError(f"{path.name}: not a torch checkpoint (neither the zip archive torch.save writes "
+                        "nor a legacy torch pickle)")
+
+
+def describe_load_failure(e: Exception, what: str = "torch checkpoint") -> str:
+    """Why `torch.load(..., weights_only=True)` refused a file, in one line of our own words."""
+    text = str(e)
+    glob = re.search(r"Unsupported global: GLOBAL ([\w.]+)", text)
+    if glob:
+        return (f"refused: loading it would call {glob.group(1)}, code that smearcli never runs from a file "
+                "(it loads plain tensors only, torch.load weights_only=True); if you trust the file, "
+                "re-save it as plain tensors")
+    m = re.search(r"WeightsUnpickler error:\s*(.+)", text)
+    detail = m.group(1).strip() if m else (text.strip().splitlines() or [type(e).__name__])[0]
+    detail = detail.split(". ")[0].rstrip(".") or type(e).__name__
+    return f"not a readable {what} ({detail})"
+
+
+def _load_error(path: Path, e: Exception) -> UserError:
+    msg = describe_load_failure(e)
+    tail = "" if msg.startswith("refused") else "; copy or save it again"
+    return UserError(f"{path.name}: {msg}{tail}")
+
+
 def _read_state_dict(path: Path) -> dict:
+    _check_torch_file(path)
     try:
         sd = torch.load(path, map_location="cpu", weights_only=True)
+    except MemoryError:
+        raise
     except Exception as e:  # noqa: BLE001 - every failure here means the same to the user
-        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-        if "weights_only" in str(e) or "Unsupported global" in str(e):
-            raise UserError(f"{path.name}: refused, it needs arbitrary unpickling, which can run code "
-                            f"(only plain tensors are loaded): {msg}") from e
-        raise UserError(f"{path.name}: not a readable torch checkpoint ({msg})") from e
-    if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
-        raise UserError(f"{path.name}: expected a state dict of tensors")
-    return {k.removeprefix("_orig_mod."): v for k, v in sd.items()}
+        raise _load_error(path, e) from e
+    if not isinstance(sd, dict):
+        raise UserError(f"{path.name}: expected a state dict (parameter name -> tensor), found a {type(sd).__name__}")
+    out = {}
+    for k, v in sd.items():
+        if not isinstance(k, str):
+            raise UserError(f"{path.name}: state dict key {k!r} is not a parameter name (a string)")
+        if not isinstance(v, torch.Tensor):
+            hint = "; the weights may be nested under it (a training checkpoint)" if isinstance(v, dict) else ""
+            raise UserError(f"{path.name}: {k} is a {type(v).__name__}, not a tensor{hint}")
+        out[k.removeprefix("_orig_mod.")] = v
+    return out
 
 
 def load_checkpoint(ckpt_dir, step: Optional[int] = None, device="cpu",
                     dtype: torch.dtype = torch.float32) -> LoadedModel:
     """Load a nanochat checkpoint directory (the newest step unless `step` is given)."""
     ckpt_dir = Path(os.path.expanduser(str(ckpt_dir)))
+    if ckpt_dir.is_file():
+        raise UserError(f"{ckpt_dir}: a file, not a directory; pass the directory that holds the "
+                        "model_XXXXXX.pt / meta_XXXXXX.json pair")
     if not ckpt_dir.is_dir():
         raise UserError(f"{ckpt_dir}: checkpoint directory not found")
-    steps = list_steps(ckpt_dir)
+    try:
+        steps = list_steps(ckpt_dir)
+    except OSError as e:
+        raise UserError(f"{ckpt_dir}: cannot list the checkpoint directory ({e.strerror or e})") from e
     if not steps:
-        raise UserError(f"{ckpt_dir}: no model_XXXXXX.pt / meta_XXXXXX.json pair found")
+        raise UserError(_describe_missing_pair(ckpt_dir))
     if step is None:
         step = steps[-1]
     elif step not in steps:
-        raise UserError(f"{ckpt_dir}: no step {step}; present: {', '.join(map(str, steps))}")
+        raise UserError(f"{ckpt_dir}: no step {step}; present: {_steps_text(steps)} (choose one with --step)")
     meta_path = ckpt_dir / f"meta_{step:06d}.json"
     model_path = ckpt_dir / f"model_{step:06d}.pt"
     meta = _read_meta(meta_path)
@@ -162,6 +260,7 @@ def load_checkpoint(ckpt_dir, step: Optional[int] = None, device="cpu",
         config = GPTConfig.from_dict(meta["model_config"])
     except (ConfigError, TypeError) as e:
         raise UserError(f"{meta_path.name}: {e}") from e
+    check_model_memory(config, device, file=model_path)
     sd = _read_state_dict(model_path)
     model = GPT(config)
     # older checkpoints predate these per-layer scalars; their neutral values reproduce them
@@ -181,10 +280,14 @@ def load_checkpoint(ckpt_dir, step: Optional[int] = None, device="cpu",
         if tuple(v.shape) != tuple(expected[k].shape):
             raise UserError(f"{model_path.name}: {k} has shape {tuple(v.shape)}, "
                             f"model_config expects {tuple(expected[k].shape)}")
-        if not v.is_floating_point():
-            raise UserError(f"{model_path.name}: {k} has dtype {v.dtype}, expected a float tensor")
-        if not torch.isfinite(v).all():
-            raise UserError(f"{model_path.name}: {k} contains NaN or Inf; refusing to run on it")
+        if v.dtype not in FLOAT_DTYPES or v.layout != torch.strided:
+            kind = str(v.dtype).removeprefix("torch.") if v.layout == torch.strided else str(v.layout).removeprefix("torch.")
+            raise UserError(f"{model_path.name}: {k} is a {kind} tensor, expected a dense float32, bfloat16, "
+                            "float16 or float64 one")
+        bad = int((~torch.isfinite(v)).sum())
+        if bad:
+            raise UserError(f"{model_path.name}: {k} contains NaN or Inf ({bad:,} of {v.numel():,} values); "
+                            "refusing to run on it")
     # bf16 tensors (GPU-trained embeddings) are widened here; set_dtype picks the compute dtype
     model.load_state_dict({k: v.float() for k, v in sd.items()}, strict=True)
     model.set_dtype(dtype).to(device).eval().requires_grad_(False)

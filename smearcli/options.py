@@ -127,7 +127,9 @@ SHARED = {
               "'random': seeded random weights with non-zero smear (see --depth, --seed); 'tiny': the small "
               "byte-level model trained by examples/train_tiny.py that ships with smearcli.", rich_help_panel=M)),
     "checkpoint": (Optional[Path], typer.Option("--checkpoint", help="A nanochat checkpoint directory "
-                   "(model_XXXXXX.pt + meta_XXXXXX.json). Loaded with weights_only=True.", rich_help_panel=M)),
+                   "(model_XXXXXX.pt + meta_XXXXXX.json). Loaded with weights_only=True: a file that would need "
+                   "arbitrary unpickling, which can run code, is refused. A tokenizer.pkl is never read, for the "
+                   "same reason: give a non-byte model token ids with --tokens.", rich_help_panel=M)),
     "step": (Optional[int], typer.Option("--step", help="Checkpoint step to load (default: the newest).", rich_help_panel=M)),
     "depth": (int, typer.Option("--depth", help="Layers of the random model; width is 64 x depth, "
               "heads of 128 dims, as nanochat sizes its models.", rich_help_panel=M)),

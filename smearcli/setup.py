@@ -14,6 +14,7 @@ from .compare import random_tokens
 from .models import LoadedModel, load_checkpoint, random_config, random_model
 from .options import Device, DType, ModelKind, RunSpec
 from .schedules import ScheduleOptions, chunk_plan
+from .validate import check_dtype, check_run_memory
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -63,6 +64,8 @@ def load_tokens(path: Path, vocab_size: int) -> torch.Tensor:
             data = json.loads(path.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise UserError(f"--tokens {path}: invalid JSON ({e})") from e
+        except RecursionError as e:
+            raise UserError(f"--tokens {path}: invalid JSON (nested too deeply)") from e
         if isinstance(data, list) and data and all(isinstance(v, int) for v in data):
             data = [data]
         ok = (isinstance(data, list) and data and all(isinstance(r, list) and r for r in data)
@@ -71,12 +74,16 @@ def load_tokens(path: Path, vocab_size: int) -> torch.Tensor:
             raise UserError(f"--tokens {path}: expected a list of integer ids or a list of such lists")
         if len({len(r) for r in data}) != 1:
             raise UserError(f"--tokens {path}: rows have different lengths")
+        bad_id = next((v for r in data for v in r if not 0 <= v < vocab_size), None)
+        if bad_id is not None:  # before torch.tensor, which cannot hold ids beyond int64
+            raise UserError(f"--tokens {path}: id {bad_id} is outside the vocabulary [0, {vocab_size})")
         t = torch.tensor(data, dtype=torch.long)
     else:
         try:
             t = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as e:  # noqa: BLE001
-            raise UserError(f"--tokens {path}: not a JSON list or a saved tensor ({e})") from e
+            from .models import describe_load_failure
+            raise UserError(f"--tokens {path}: {describe_load_failure(e, 'JSON list or saved tensor')}") from e
         if not isinstance(t, torch.Tensor) or t.is_floating_point() or t.is_complex() or t.dim() not in (1, 2):
             raise UserError(f"--tokens {path}: expected a 1-D or 2-D integer tensor")
         t = t.long().reshape(-1, t.size(-1)) if t.dim() == 2 else t.long().unsqueeze(0)
@@ -89,6 +96,15 @@ def load_tokens(path: Path, vocab_size: int) -> torch.Tensor:
     return t
 
 
+def preflight(cfg, device, dtype, B: int, T: int, schedules, logics, spec: RunSpec, chunk_sizes) -> None:
+    """Before any input is generated or any run starts: positions and memory."""
+    if T > cfg.rotary_len:
+        raise UserError(f"{T} tokens exceed what the model's rotary table covers ({cfg.rotary_len} = "
+                        f"10 x sequence_len {cfg.sequence_len})")
+    max_chunk = max(chunk_sizes) if chunk_sizes else -(-T // max(spec.chunks, 1))
+    check_run_memory(cfg, device, B, T, schedules, logics, max(spec.samples, 1), max_chunk, dtype)
+
+
 def build_setup(spec: RunSpec, sequence_len: int = 512) -> Setup:
     """`sequence_len`: the random model's training context (windows, rotary table); bench presets
     size it the nanochat way (2048 for d12/d20)."""
@@ -97,8 +113,11 @@ def build_setup(spec: RunSpec, sequence_len: int = 512) -> Setup:
     chunk_sizes = spec.chunk_size_tuple()
     spec.check_impl()
     impl = getattr(spec.impl, "value", spec.impl)
+    if not 0 <= spec.seed < 2**64:
+        raise UserError(f"--seed must be between 0 and 2^64 - 1, got {spec.seed}")
     device = resolve_device(spec.device)
     dtype = resolve_dtype(spec.dtype, device)
+    check_dtype(device, dtype)
     if spec.checkpoint is not None:
         # --impl nanochat loads the checkpoint into the user's code only (audit.attach)
         loaded = None if impl == "nanochat" else load_checkpoint(spec.checkpoint, spec.step, device=device, dtype=dtype)
@@ -134,11 +153,10 @@ def build_setup(spec: RunSpec, sequence_len: int = 512) -> Setup:
             raise UserError(f"--seq-len must be >= 2, got {spec.seq_len}")
         if spec.batch < 1:
             raise UserError(f"--batch must be >= 1, got {spec.batch}")
+        preflight(cfg, device, dtype, spec.batch, spec.seq_len, schedules, logics, spec, chunk_sizes)
         tokens = random_tokens(cfg, spec.seq_len, spec.batch, spec.seed)
     T = tokens.size(1)
-    if T > cfg.rotary_len:
-        raise UserError(f"{T} tokens exceed what the model's rotary table covers ({cfg.rotary_len} = "
-                        f"10 x sequence_len {cfg.sequence_len})")
+    preflight(cfg, device, dtype, tokens.size(0), T, schedules, logics, spec, chunk_sizes)
     opts = ScheduleOptions(chunks=spec.chunks, chunk_sizes=chunk_sizes, samples=spec.samples,
                            gen_len=spec.gen_len, draft=spec.draft)
     for name, value in (("--samples", spec.samples), ("--gen-len", spec.gen_len), ("--draft", spec.draft)):

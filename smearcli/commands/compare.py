@@ -32,8 +32,8 @@ def compare(
     from ..progress import progress_bar
     from ..report import console, print_comparison
 
-    if tolerance <= 0:
-        raise UserError(f"--tolerance must be positive, got {tolerance}")
+    if not 0 < tolerance < float("inf"):  # also refuses nan, which would fail every run
+        raise UserError(f"--tolerance must be a positive finite number, got {tolerance}")
     if save is not None:
         from ..io import check_output_path
         check_output_path(save, (".pt",))

@@ -1,0 +1,219 @@
+"""Pre-flight checks: refuse, before any heavy work, what this machine cannot run.
+
+- `check_dtype`: run the model's operations once on a few numbers in the requested dtype, so a
+  device without the kernels is refused with one line instead of failing mid-run.
+- Memory estimates, from the configuration alone: `model_bytes` (building a model),
+  `load_bytes` (loading a checkpoint file), `run_bytes` (a `compare` run: every run's logits and
+  hidden states are kept for comparison, plus the largest step's activations and KV cache).
+  `check_memory` compares an estimate with the memory available now (on Linux MemAvailable and
+  the cgroup's limit; on CUDA `torch.cuda.mem_get_info`) and raises a `UserError` that states
+  both, so a run that cannot fit is refused up front instead of being killed by the OS.
+
+The estimates are upper bounds of the peak, calibrated against measured peaks on CPU (see
+tests/test_hardening.py); where the available memory cannot be read, nothing is refused.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Optional, Sequence
+
+from .errors import UserError
+
+FP32 = 4
+UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
+
+
+def human(n: float) -> str:
+    """Bytes for people: 1536 -> '1.5 KiB'; beyond exbibytes, a power of two."""
+    n = float(n)
+    for unit in UNITS:
+        if n < 1024 or unit == UNITS[-1]:
+            break
+        n /= 1024
+    if unit == "B":
+        return f"{n:.0f} B"
+    return f"{n:.1f} {unit}" if n < 1024 else f"{n:.3g} {unit}"
+
+
+# -- sizes from the configuration (pure arithmetic: no torch, nothing allocated) -------------------
+def param_count(config) -> int:
+    """Parameters of `GPT(config)`, counted from the configuration."""
+    V, C, L = config.padded_vocab_size, config.n_embd, config.n_layer
+    kv = config.n_kv_head * config.head_dim
+    n = 2 * V * C  # wte, lm_head
+    n += L * (C * C + 2 * C * kv + C * C + 8 * C * C)  # q, k, v, proj; mlp 4x up and down
+    ve_layers = sum(1 for i in range(L) if config.has_ve(i))
+    n += ve_layers * (V * kv + 12 * config.n_kv_head)  # value embeddings and their gates
+    n += 2 * L + 24 + 1 + 1  # resid/x0 lambdas, smear gate, smear and backout lambdas
+    return n
+
+
+def _itemsize(dtype) -> int:
+    return {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}.get(str(dtype).removeprefix("torch."), 4)
+
+
+def rotary_bytes(config) -> int:
+    # fp32 angles, then cos and sin kept in the compute dtype: bounded by four fp32 tables
+    return config.rotary_len * (config.head_dim // 2) * FP32 * 4
+
+
+def model_bytes(config) -> int:
+    """Building the model: fp32 master weights (embeddings may be narrower later) + rotary table."""
+    return param_count(config) * FP32 + rotary_bytes(config)
+
+
+def load_bytes(config, file_bytes: int) -> int:
+    """Loading a checkpoint: the file's tensors, the model, and fp32 copies of narrower tensors."""
+    return file_bytes + 2 * param_count(config) * FP32 + rotary_bytes(config)
+
+
+def run_bytes(config, batch: int, seq_len: int, schedules: Sequence[str], logics: Sequence[str],
+              samples: int = 1, max_chunk: Optional[int] = None, dtype="float32") -> int:
+    """Peak memory of a `compare` run beyond the model: kept results + the largest transient."""
+    B, T, L, C, H = batch, seq_len, config.n_layer, config.n_embd, config.n_head
+    V, Vp = config.vocab_size, config.padded_vocab_size
+    db = _itemsize(dtype)
+    kv = 2 * L * config.n_kv_head * config.head_dim * db  # cache bytes per row and position
+    kept_row = T * (V + (L + 1) * C) * FP32  # one row's logits and captured hidden states
+
+    def step(rows: int, n: int, keys: int) -> int:
+        act = rows * n * (24 * C * db + Vp * db + 3 * V * FP32)  # residual stream, q/k/v, mlp, head
+        scores = rows * H * n * keys * (db + FP32) + n * keys  # attention weights and mask
+        return act + scores
+
+    runs = ["full"] + [s for s in schedules for _ in logics]
+    if "decode" not in schedules:
+        runs.append("decode")  # the noise floor's run
+    kept, transient = 0, 0
+    for s in runs:
+        rows = B * samples if s == "engine" else B
+        n = T if s in ("full", "prefill", "speculative", "engine") else 1
+        if s == "chunked":
+            n = min(T, max_chunk or T)
+        own = rows * kept_row
+        cache = 0 if s == "full" else rows * T * kv
+        # while a run ends, its per-step outputs and their concatenation coexist
+        transient = max(transient, cache + step(B if s == "engine" else rows, n, T) + own)
+        kept += own
+    # metrics: per-layer differences and a double-precision KL over the largest run's logits
+    rows_max = B * samples if "engine" in schedules else B
+    metrics = rows_max * T * ((L + 2) * C * FP32 + 5 * V * 8)
+    return kept + max(transient, metrics)
+
+
+# -- what is available ---------------------------------------------------------------------------
+def _read_int(path: str) -> Optional[int]:
+    try:
+        text = Path(path).read_text().split()[0]
+    except (OSError, IndexError):
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def host_available() -> Optional[int]:
+    """Bytes this process may still allocate: MemAvailable, capped by a cgroup memory limit."""
+    avail = None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    avail = int(line.split()[1]) * 1024
+                    break
+    except (OSError, ValueError, IndexError):
+        return None
+    for limit_file, usage_file in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                                   ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                                    "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+        limit, usage = _read_int(limit_file), _read_int(usage_file)
+        if limit is not None and usage is not None and limit < (1 << 60):
+            room = max(limit - usage, 0)
+            avail = room if avail is None else min(avail, room)
+            break
+    return avail
+
+
+def available(device) -> Optional[int]:
+    """Free memory on `device` (bytes), or None where it cannot be read."""
+    kind = getattr(device, "type", str(device).split(":")[0])
+    if kind == "cuda":
+        import torch
+        try:
+            free, _total = torch.cuda.mem_get_info(device)
+        except (RuntimeError, AssertionError, ValueError):
+            return None
+        return int(free)
+    if kind == "cpu":
+        return host_available()
+    return None  # mps shares host memory through its own allocator: no reliable figure
+
+
+def check_memory(needed: int, device, what: str, hint: str) -> None:
+    """Refuse when `needed` bytes exceed what `device` has free."""
+    avail = available(device)
+    if avail is not None and needed > avail:
+        kind = getattr(device, "type", str(device))
+        where = "GPU memory" if kind == "cuda" else "memory"
+        raise UserError(f"{what} needs about {human(needed)} of {where}, {human(avail)} available; {hint}")
+
+
+def check_model_memory(config, device, file: Optional[Path] = None) -> None:
+    """Before building a model (and reading its checkpoint file, if any)."""
+    kind = getattr(device, "type", str(device).split(":")[0])
+    if file is not None:
+        size = os.path.getsize(file)
+        check_memory(load_bytes(config, size), "cpu", f"{file.name}: loading it ({human(size)} on disk, "
+                     f"{param_count(config):,} parameters)", "free memory or use a machine with more")
+    else:
+        check_memory(model_bytes(config), "cpu", f"the model ({param_count(config):,} parameters)",
+                     "choose a smaller model (--depth)")
+    if kind == "cuda":
+        check_memory(model_bytes(config), device, f"the model ({param_count(config):,} parameters)",
+                     "use a smaller model or --device cpu")
+
+
+def check_run_memory(config, device, batch: int, seq_len: int, schedules: Sequence[str],
+                     logics: Sequence[str], samples: int, max_chunk: Optional[int], dtype) -> None:
+    """Before generating input or running anything: the whole run's estimate (the model is loaded
+    already, so what is available excludes it)."""
+    need = run_bytes(config, batch, seq_len, schedules, logics, samples, max_chunk, dtype)
+    runs = 1 + len(schedules) * len(logics) + ("decode" not in schedules)
+    engine = f", engine rows x {samples}" if "engine" in schedules else ""
+    check_memory(need, device, f"the run ({batch} x {seq_len} tokens{engine}; {runs} runs whose logits and "
+                 "hidden states are kept for comparison)",
+                 "lower --seq-len, --batch or --samples, or run fewer --schedules")
+
+
+# -- dtype ---------------------------------------------------------------------------------------
+_PROBED: dict = {}
+
+
+def check_dtype(device, dtype, flag: str = "--dtype") -> None:
+    """Run each kind of operation the model uses once, in `dtype` on `device`; refuse if any fails."""
+    import torch
+    import torch.nn.functional as F
+
+    key = (str(device), dtype)
+    if key not in _PROBED:
+        err = None
+        try:
+            x = torch.linspace(-1, 1, 2 * 4 * 24, device=device).view(2, 4, 24).to(dtype)
+            w = torch.linspace(-1, 1, 24 * 24, device=device).view(24, 24).to(dtype)
+            y = F.rms_norm(F.linear(x, w), (24,))
+            y = F.relu(y).square() + torch.sigmoid(y) * 3
+            ids = torch.arange(4, device=device).view(1, 4)
+            e = F.embedding(ids, w)
+            q = y.view(2, 4, 2, 12).transpose(1, 2)
+            F.scaled_dot_product_attention(q, q, q, is_causal=True)
+            mask = torch.ones(4, 4, dtype=torch.bool, device=device).tril()
+            out = F.scaled_dot_product_attention(q, q, q, attn_mask=mask)
+            torch.tanh(out.float() / 15.0).sum().item()
+            e.float().sum().item()
+        except (RuntimeError, NotImplementedError, TypeError) as ex:
+            err = (str(ex).strip().splitlines() or [type(ex).__name__])[0]
+        _PROBED[key] = err
+    err = _PROBED[key]
+    if err is not None:
+        name = str(dtype).removeprefix("torch.")
+        raise UserError(f"{flag} {name}: {device} cannot run it ({err}); try --dtype float32")
