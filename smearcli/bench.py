@@ -95,14 +95,30 @@ class Summary:
 
 
 # -- timing and memory ----------------------------------------------------------------------------
+CLOCKS = {
+    # wall time: what a user waits for
+    "wall": time.perf_counter,
+    # CPU time of the whole process (all threads): on a shared CPU it leaves out the time other
+    # processes hold the cores, so with one thread it measures the work, not the queue
+    "cpu": time.process_time,
+}
+
+
 class Timer:
     """Times a callable: synchronise the device, read the clock, run, synchronise, read again.
 
-    `clock` is injectable (tests pass a fake one); it returns seconds."""
+    `clock` is a name from CLOCKS or a callable returning seconds (tests pass a fake one)."""
 
-    def __init__(self, device: torch.device | str = "cpu", clock: Callable[[], float] = time.perf_counter):
+    def __init__(self, device: torch.device | str = "cpu", clock: Union[str, Callable[[], float]] = "wall"):
         self.device = torch.device(device)
-        self.clock = clock
+        if isinstance(clock, str):
+            if clock not in CLOCKS:
+                raise ValueError(f"unknown clock {clock!r}; choose from {', '.join(CLOCKS)}")
+            if clock == "cpu" and self.device.type != "cpu":
+                raise ValueError(f"the cpu clock cannot time work on {self.device.type}: use the wall clock")
+            self.name, self.clock = clock, CLOCKS[clock]
+        else:
+            self.name, self.clock = getattr(clock, "__name__", "custom"), clock
 
     def sync(self) -> None:
         if self.device.type == "cuda":
@@ -528,6 +544,7 @@ def bench(model: GPT, tokens: Tensor, schedules: Sequence[str], logics: Sequence
     cfg = model.config
     B, T = tokens.shape
     env = environment(device, model.dtype)  # load average at the start, before we add to it
+    env["clock"] = timer.name
     t_start, wall_start = timer.clock(), time.perf_counter()
     calls: list = []
     tracker = Tracker(progress)
@@ -688,7 +705,8 @@ def render(result: BenchResult, console, title: str = "") -> None:
     where = env.get("device_name", env["device"])
     rounds = ", ".join(f"{r.name} {len(r.ratios)}" for r in result.ratios) or ", ".join(
         f"{c.schedule} {len(c.samples)}" for c in result.cells)
-    line = (f"{env['device']} ({where}), {env['threads']} threads, torch {env['torch']}, {env['dtype']}; "
+    line = (f"{env['device']} ({where}), {env['threads']} threads, torch {env['torch']}, {env['dtype']}, "
+            f"{env.get('clock', 'wall')} clock; "
             f"{result.settings.warmup} warm-up round(s), then timed rounds ({rounds}), logics alternating")
     if "loadavg" in env:
         line += f"; load average {env['loadavg'][0]:g} at the start"

@@ -218,6 +218,16 @@ def test_micro_benchmark_runs_both_smears_on_same_inputs(tiny):
     assert [cl[0] for cl in chunk_calls[:4]] == ["old", "old", "fixed", "fixed"]
 
 
+def test_timer_clocks():
+    assert bench.Timer("cpu").name == "wall"
+    t = bench.Timer("cpu", "cpu")
+    assert t.name == "cpu" and t.measure(lambda: sum(range(1000))) >= 0
+    with pytest.raises(ValueError):
+        bench.Timer("cuda", "cpu")  # CPU time cannot see GPU work
+    with pytest.raises(ValueError):
+        bench.Timer("cpu", "sundial")
+
+
 def test_memory_meter_cpu():
     m = bench.MemoryMeter("cpu")
     out = m.measure(lambda: torch.ones(4_000_000).sum())
@@ -308,6 +318,14 @@ def test_cli_bench_json_and_table(tmp_path):
     assert [c["schedule"] for c in d["cells"]] == ["full", "full", "chunked", "chunked"]
     assert json.loads(out.read_text())["cells"][0]["schedule"] == "full"
     assert {m["case"] for m in d["smear_micro"]} == {"chunk", "decode"}
+    threads = torch.get_num_threads()
+    try:
+        r = runner.invoke(app, args + ["--json", "--clock", "cpu", "--threads", "1"])
+    finally:
+        torch.set_num_threads(threads)  # --threads sets it process-wide
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["environment"]["clock"] == "cpu"
+    assert json.loads(r.stdout)["environment"]["threads"] == 1
     r = runner.invoke(app, args + ["--peak"])
     assert r.exit_code == 0, r.output
     assert "fixed / old" in r.stdout and "% peak" in r.stdout and "threads" in r.stdout

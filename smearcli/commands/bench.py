@@ -16,6 +16,11 @@ from ..errors import UserError
 from ..options import RunSpec, shared_options
 
 
+class Clock(str, Enum):
+    wall = "wall"
+    cpu = "cpu"
+
+
 class Preset(str, Enum):
     small = "small"
     d12 = "d12"
@@ -96,6 +101,9 @@ def bench(
                     "the same device and dtype, and report achieved FLOP/s as a share of it.")] = True,
     threads: Annotated[Optional[int], typer.Option("--threads", help="CPU threads for torch "
                        "(default: torch's choice).")] = None,
+    clock: Annotated[Clock, typer.Option("--clock", help="wall: elapsed time. cpu: the process's CPU "
+                     "time, which leaves out time other processes hold the cores (CPU only; use with "
+                     "--threads 1 on a shared machine).")] = Clock.wall,
     json_out: Annotated[bool, typer.Option("--json", "--no-json", help="Print the results as JSON "
                         "(schema smearcli.bench/1, raw samples included) instead of the tables.")] = False,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Also write the JSON "
@@ -134,10 +142,14 @@ def bench(
     if threads is not None:
         torch.set_num_threads(threads)
     setup = build_setup(dataclasses.replace(spec, schedules=",".join(others)), sequence_len=context)
+    clock_name = clock.value if isinstance(clock, Clock) else str(clock)
+    if clock_name == "cpu" and setup.model.device.type != "cpu":
+        raise UserError(f"--clock cpu times CPU work; the model runs on {setup.model.device.type} (use --clock wall)")
+    timer = lib.Timer(setup.model.device, clock_name)
     settings = lib.BenchSettings(warmup=warmup, repeats=repeats, budget_s=budget, micro=micro, peak=peak)
     with _progress() as progress:
         result = lib.bench(setup.model, setup.tokens, schedules, setup.logics, setup.options, settings,
-                           progress=progress)
+                           timer=timer, progress=progress)
     info = {"name": setup.loaded.name, "source": setup.loaded.source, "step": setup.loaded.step,
             "preset": None if preset is None else preset.value}
     data = lib.to_json(result, info)
