@@ -1,0 +1,119 @@
+"""Run every command whose output the docs show, and write that output into docs/snippets/.
+
+    python docs/gen_snippets.py            # all snippets
+    python docs/gen_snippets.py compare    # only those whose name contains "compare"
+
+The pages include the files with pymdownx.snippets (`--8<-- "compare.txt"`), so every output on
+the site is pasted by this script from a real run, never by hand. Each file starts with the
+command line (`$ smearcli ...`); a non-zero exit status is shown as `$ echo $?` and the number.
+tests/test_docs.py runs each of these commands again and checks the exit status.
+
+Outputs depend on the machine only in the last digits of noise-level numbers (and, for bench,
+in the timings). The committed ones come from a 2-core Intel Xeon CPU, torch 2.13.0, float32.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+OUT = HERE / "snippets"
+
+# (snippet file, command as shown, keep at most this many output lines, or None for all, or
+# "json" to shorten long arrays in JSON output, saying so)
+SNIPPETS: list[tuple[str, str, int | str | None]] = [
+    ("compare.txt", "smearcli compare --chunks 4", None),
+    ("compare-chunk-sizes.txt", "smearcli compare --schedules chunked --seq-len 64 --chunk-sizes 24,16,1,23", None),
+    ("compare-check-fixed.txt", "smearcli compare --logic fixed --check --seq-len 64", None),
+    ("compare-check-old.txt", "smearcli compare --logic old --check --schedules chunked --seq-len 64", None),
+    ("compare-json.txt", "smearcli compare --json --logic old --schedules chunked --seq-len 64", "json"),
+    ("compare-bad-usage.txt", "smearcli compare --chunk-sizes 100,60", None),
+    ("plot.txt", "smearcli plot --out smear-error.png", None),
+    ("compare-checkpoint.txt", "smearcli compare --checkpoint my-ckpt --schedules chunked --seq-len 64", None),
+    ("bench.txt", "smearcli bench --schedules prefill,chunked --seq-len 64 --repeats 5", None),
+    ("plot-kind.txt", "smearcli plot --kind heatmap --seq-len 64 --dpi 100 --out heatmap.png", None),
+]
+
+# Python run in the scratch directory before a command (the docs show the same code above it).
+SETUP = {
+    "compare-checkpoint.txt": (
+        "from smearcli import models\n"
+        "lm = models.random_model(seed=1)\n"
+        "models.save_checkpoint(lm.model, 'my-ckpt', step=100)\n"
+    ),
+}
+
+
+def shorten(value, n: int = 4):
+    """JSON with every list longer than 2n numbers cut to its first and last n."""
+    if isinstance(value, dict):
+        return {k: shorten(v, n) for k, v in value.items()}
+    if isinstance(value, list):
+        if len(value) > 2 * n and all(isinstance(v, (int, float)) for v in value):
+            return value[:n] + [f"... {len(value) - 2 * n} more ..."] + value[-n:]
+        return [shorten(v, n) for v in value]
+    return value
+
+
+def compact_json(value) -> str:
+    """Indented JSON, but each list of numbers (or of short lists) kept on one line."""
+    out = json.dumps(value, indent=1, ensure_ascii=False)
+    # join lines inside innermost lists of scalars
+    return re.sub(r"\[\n\s*([^\[\]{}]*?)\n\s*\]",
+                  lambda m: "[" + " ".join(x.strip() for x in m.group(1).splitlines()) + "]", out)
+
+
+def render(cmd: str, stdout: str, stderr: str, rc: int, keep: int | str | None) -> str:
+    if keep == "json":
+        stdout = compact_json(shorten(json.loads(stdout))) + "\n"
+        stderr += "[long arrays shortened by docs/gen_snippets.py]\n"
+        keep = None
+    lines = (stdout + stderr).rstrip("\n").splitlines()
+    lines = [line.rstrip() for line in lines]
+    if keep is not None and len(lines) > keep:
+        cut = len(lines) - keep
+        lines = lines[:keep] + [f"[... {cut} more lines ...]"]
+    text = f"$ {cmd}\n" + "\n".join(lines) + "\n"
+    if rc != 0:
+        text += f"$ echo $?\n{rc}\n"
+    return text
+
+
+def run(cmd: str, setup: str = "") -> tuple[str, str, int]:
+    argv = shlex.split(cmd)
+    env = {**os.environ, "MPLBACKEND": "Agg", "SMEARCLI_DEBUG": "0"}
+    with tempfile.TemporaryDirectory() as tmp:  # commands that write files write them here
+        if setup:
+            subprocess.run([sys.executable, "-c", setup], cwd=tmp, env=env, check=True)
+        p = subprocess.run(argv, cwd=tmp, env=env, capture_output=True, text=True)
+    return p.stdout, p.stderr, p.returncode
+
+
+def write(name: str, text: str) -> None:
+    sys.path.insert(0, str(HERE.parent))
+    from smearcli.io import atomic_write
+
+    with atomic_write(OUT / name, "w", encoding="utf-8") as f:
+        f.write(text)
+
+
+def main(argv: list[str]) -> int:
+    OUT.mkdir(exist_ok=True)
+    for name, cmd, keep in SNIPPETS:
+        if argv and not any(a in name for a in argv):
+            continue
+        stdout, stderr, rc = run(cmd, SETUP.get(name, ""))
+        write(name, render(cmd, stdout, stderr, rc, keep))
+        print(f"{name}: exit {rc}, {len((stdout + stderr).splitlines())} lines", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

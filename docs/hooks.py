@@ -1,0 +1,116 @@
+"""mkdocs hooks for the smearcli site (listed under `hooks:` in mkdocs.yml).
+
+- reference/cli.md is generated at build time from the Typer app (`smearcli._docs.page`), so it
+  changes whenever a command or option does; it is never a file on disk.
+- Every notebooks/*.ipynb at the repository root becomes a page under notebooks/ (rendered by
+  mkdocs-jupyter from its committed outputs, never executed) and is added to the "Notebooks"
+  section of the nav. No copies and no symlinks: the pages are virtual files.
+- Notebook pages lose nbconvert's CDN <script> tags (MathJax, Mermaid), so the built site loads
+  nothing from the network.
+- pymdownx.snippets' base_path is made absolute, so the build works from any directory.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+
+from mkdocs.plugins import event_priority
+from mkdocs.structure.files import File
+
+log = logging.getLogger("mkdocs.hooks.smearcli")
+
+CLI_PAGE = "reference/cli.md"
+NOTEBOOK_DIR = "notebooks"  # at the repository root, and the folder of their pages in the site
+NOTEBOOK_SECTION = "Notebooks"
+
+# A <script> that loads from the network (nbconvert adds MathJax and Mermaid from a CDN), or from
+# nowhere (mkdocs-jupyter writes src="" when no MathJax URL is configured).
+_REMOTE_SCRIPT = re.compile(
+    r"<script\b[^>]*\bsrc=[\"'](?:https?://[^\"']*)?[\"'][^>]*>\s*</script>"
+    r"|<script\b[^>]*>(?:(?!</script>).)*?\bimport\b[^<]*?https?://(?:(?!</script>).)*?</script>",
+    re.S | re.I,
+)
+
+
+def _root(config) -> Path:
+    return Path(config.config_file_path).resolve().parent
+
+
+def _notebooks(config) -> list[Path]:
+    return sorted((_root(config) / NOTEBOOK_DIR).glob("*.ipynb"))
+
+
+def on_config(config):
+    root = _root(config)
+    snip = config.mdx_configs.get("pymdownx.snippets")
+    if snip is not None:
+        snip["base_path"] = [str(root / p) for p in snip.get("base_path", [])]
+    # the Notebooks section lists every committed notebook, in file-name order
+    for item in config.nav or []:
+        if isinstance(item, dict) and NOTEBOOK_SECTION in item:
+            section = item[NOTEBOOK_SECTION]
+            listed = {v if isinstance(v, str) else next(iter(v.values())) for v in section}
+            for nb in _notebooks(config):
+                uri = f"{NOTEBOOK_DIR}/{nb.name}"
+                if uri not in listed:
+                    section.append(uri)
+    # `mkdocs serve` rebuilds when the CLI or a notebook changes
+    for extra in (root / "smearcli", root / NOTEBOOK_DIR):
+        if extra.is_dir() and str(extra) not in config.watch:
+            config.watch.append(str(extra))
+    return config
+
+
+@event_priority(100)  # before mkdocs-jupyter wraps .ipynb files as pages
+def on_files(files, config):
+    from smearcli._docs import page
+
+    files.append(File.generated(config, CLI_PAGE, content=page()))
+    root = _root(config)
+    for nb in _notebooks(config):
+        uri = f"{NOTEBOOK_DIR}/{nb.name}"
+        if files.get_file_from_path(uri) is None:
+            # a File whose source folder is the repository root: its page is notebooks/NAME,
+            # read straight from notebooks/NAME.ipynb (File.generated would leave src_dir unset,
+            # which mkdocs-jupyter's wrapper cannot read from)
+            files.append(File(uri, src_dir=str(root), dest_dir=config.site_dir,
+                              use_directory_urls=config.use_directory_urls))
+    return files
+
+
+NOTEBOOK_LIST = "<!-- notebook-list: docs/hooks.py writes the list of notebooks here -->"
+
+
+def _notebook_title(path: Path) -> str:
+    """The first Markdown heading of a notebook, or its file name."""
+    import json
+
+    try:
+        cells = json.loads(path.read_text(encoding="utf-8")).get("cells", [])
+    except (OSError, ValueError):
+        return path.stem
+    for cell in cells:
+        if cell.get("cell_type") == "markdown":
+            source = "".join(cell.get("source", []))
+            m = re.search(r"^#+\s+(.+?)\s*#*$", source, re.M)
+            if m:
+                return m.group(1)
+    return path.stem
+
+
+def on_page_markdown(markdown, page, config, files):
+    if page.file.src_uri != f"{NOTEBOOK_DIR}/index.md" or NOTEBOOK_LIST not in markdown:
+        return markdown
+    items = [f"- [{_notebook_title(nb)}]({nb.name})" for nb in _notebooks(config)]
+    return markdown.replace(NOTEBOOK_LIST, "\n".join(items) or "(No notebooks yet.)")
+
+
+def on_post_page(output, page, config):
+    if not page.file.src_uri.endswith(".ipynb"):
+        return output
+    stripped, n = _REMOTE_SCRIPT.subn("", output)
+    if n:
+        log.debug("%s: removed %d CDN script(s)", page.file.src_uri, n)
+    return stripped

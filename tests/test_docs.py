@@ -1,0 +1,404 @@
+"""The documentation site: a strict build, offline pages, the generated CLI reference, and every
+command the docs show, run as shown."""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from smearcli import __version__
+from smearcli._docs import cli_reference, walk
+from smearcli.cli import app
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+SNIPPETS = DOCS / "snippets"
+NOTEBOOKS = ROOT / "notebooks"
+
+sys.path.insert(0, str(DOCS))
+import gen_snippets  # noqa: E402  (docs/gen_snippets.py: the commands whose outputs the docs show)
+
+
+# -- the strict build -------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> Path:
+    """`mkdocs build --strict` into a temporary directory; fails on any warning."""
+    out = tmp_path_factory.mktemp("site")
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1", "MPLBACKEND": "Agg"}
+    p = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
+                       cwd=ROOT, env=env, capture_output=True, text=True)
+    log = p.stdout + p.stderr
+    assert p.returncode == 0, f"mkdocs build --strict failed:\n{log}"
+    assert "WARNING" not in log, log
+    return out
+
+
+class _Tags(HTMLParser):
+    """Every start tag with its attributes, and the page's text."""
+
+    def __init__(self):
+        super().__init__()
+        self.tags: list[tuple[str, dict]] = []
+        self.text: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append((tag, {k: v or "" for k, v in attrs}))
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+
+def parse(path: Path) -> _Tags:
+    p = _Tags()
+    p.feed(path.read_text(encoding="utf-8"))
+    return p
+
+
+REMOTE = re.compile(r"^(https?:)?//", re.I)
+
+
+@pytest.mark.slow
+def test_strict_build_renders_every_page(site):
+    for page in ["index.html", "installation.html", "guide/compare.html", "reading-the-numbers.html",
+                 "reference/cli.html", "reference/api.html", "changelog.html", "notebooks/index.html"]:
+        assert (site / page).is_file(), page
+    for nb in sorted(NOTEBOOKS.glob("*.ipynb")):
+        assert (site / "notebooks" / f"{nb.stem}.html").is_file(), nb.name
+
+
+@pytest.mark.slow
+def test_site_loads_nothing_from_the_network(site):
+    """No script, stylesheet, font, image or frame from another host: the built site reads
+    offline (fonts are the system's; search works from file:// with the local worker shim)."""
+    bad = []
+    for page in sorted(site.rglob("*.html")):
+        for tag, attrs in parse(page).tags:
+            url = None
+            if tag in ("script", "img", "iframe", "source", "video", "audio", "embed"):
+                url = attrs.get("src")
+            elif tag == "link" and attrs.get("rel", "").lower() not in ("canonical", "alternate"):
+                url = attrs.get("href")
+            if url and REMOTE.match(url):
+                bad.append(f"{page.relative_to(site)}: <{tag}> {url}")
+    for css in sorted(site.rglob("*.css")):
+        for url in re.findall(r"(?:@import\s+|url\()\s*['\"]?((?:https?:)?//[^'\")\s]+)", css.read_text(encoding="utf-8")):
+            bad.append(f"{css.relative_to(site)}: {url}")
+    assert not bad, "\n".join(bad)
+
+
+def _local_images(site: Path, page: str) -> list[Path]:
+    base = (site / page).parent
+    out = []
+    for tag, attrs in parse(site / page).tags:
+        src = attrs.get("src", "") if tag == "img" else ""
+        if src and not src.startswith("data:"):
+            out.append((base / src.split("#")[0].split("?")[0]).resolve())
+    return out
+
+
+@pytest.mark.slow
+def test_pages_show_their_figures(site):
+    """Every <img> on every page points at a file that was built; the home page shows the
+    figure(s) from docs/figures when there are any."""
+    missing = []
+    for page in sorted(site.rglob("*.html")):
+        rel = str(page.relative_to(site))
+        missing += [f"{rel}: {img}" for img in _local_images(site, rel) if not img.is_file()]
+    assert not missing, "\n".join(missing)
+    figures = sorted((DOCS / "figures").glob("*.png")) + sorted((DOCS / "figures").glob("*.svg"))
+    if figures:
+        shown = {p.name for p in _local_images(site, "index.html")}
+        assert shown & {f.name for f in figures}, f"index.html shows none of {[f.name for f in figures]}"
+
+
+def _notebook_outputs(nb_path: Path) -> tuple[list[str], int]:
+    """(first line of each text output, number of PNG outputs) of a committed notebook."""
+    nb = json.loads(nb_path.read_text(encoding="utf-8"))
+    texts, pngs = [], 0
+    for cell in nb.get("cells", []):
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "stream":
+                text = "".join(out.get("text", []))
+            else:
+                data = out.get("data", {})
+                pngs += "image/png" in data
+                text = "".join(data.get("text/plain", [])) if "image/png" not in data and "text/html" not in data else ""
+            line = next((ln.strip() for ln in text.splitlines() if len(ln.strip()) >= 8), "")
+            if line:
+                texts.append(line)
+    return texts, pngs
+
+
+@pytest.mark.slow
+def test_notebook_pages_show_committed_outputs(site):
+    for nb in sorted(NOTEBOOKS.glob("*.ipynb")):
+        page = site / "notebooks" / f"{nb.stem}.html"
+        parsed = parse(page)
+        text = html.unescape(" ".join(" ".join(parsed.text).split()))
+        texts, pngs = _notebook_outputs(nb)
+        for line in texts:
+            assert " ".join(line.split()) in text, f"{nb.name}: output {line!r} not on its page"
+        inline = sum(1 for tag, a in parsed.tags if tag == "img" and a.get("src", "").startswith("data:image/png"))
+        assert inline >= pngs, f"{nb.name}: {pngs} PNG outputs, {inline} on the page"
+
+
+@pytest.mark.slow
+def test_cli_reference_page_is_built(site):
+    text = html.unescape(" ".join(parse(site / "reference" / "cli.html").text))
+    for path, cmd, ctx in walk(app):
+        assert path in text
+        for name in _ref_options(cli_reference(cmd, path)):
+            assert name in text, (path, name)
+
+
+@pytest.mark.slow
+def test_api_reference_is_generated_from_docstrings(site):
+    from smearcli import compare
+
+    text = html.unescape(" ".join(" ".join(parse(site / "reference" / "api.html").text).split()))
+    for obj in (compare.compare, compare.random_tokens, compare.Comparison):
+        assert f"smearcli.compare.{obj.__name__}" in text or obj.__name__ in text
+    first = " ".join(compare.random_tokens.__doc__.split())
+    assert first in text
+
+
+# -- the CLI reference against --help ---------------------------------------------------------
+
+runner = CliRunner()
+
+
+def _help(*args: str) -> str:
+    r = runner.invoke(app, [*args, "--help"], prog_name="smearcli", env={"COLUMNS": "100"})
+    assert r.exit_code == 0, r.output
+    return r.output
+
+
+def _help_panels(text: str) -> dict[str, list[str]]:
+    """{panel title: [first column of each row]} from rich's boxed help."""
+    panels: dict[str, list[str]] = {}
+    current = None
+    for line in text.splitlines():
+        m = re.match(r"^\s*╭─ (.+?) ─", line)
+        if m:
+            current = panels.setdefault(m.group(1), [])
+            continue
+        if line.lstrip().startswith("╰"):
+            current = None
+            continue
+        if current is not None and line.lstrip().startswith("│"):
+            body = line.lstrip()[1:].rstrip().rstrip("│")
+            indent = len(body) - len(body.lstrip())
+            if body.strip() and indent <= 4:  # a new row (continuations are indented further)
+                current.append(body.strip())
+    return panels
+
+
+def _help_options(text: str) -> set[str]:
+    names = set()
+    for title, rows in _help_panels(text).items():
+        if title == "Commands":
+            continue
+        for row in rows:
+            for token in row.lstrip("* ").split():
+                if not token.startswith("-"):
+                    break
+                names.update(t for t in token.split(",") if t)
+    return names
+
+
+def _help_commands(text: str) -> set[str]:
+    return {row.split()[0] for row in _help_panels(text).get("Commands", [])}
+
+
+def _ref_options(markdown: str) -> set[str]:
+    """Flags in the first column of the reference's option tables."""
+    names = set()
+    for cell in re.findall(r"^\| <code>(.*?)</code> \|", markdown, re.M):
+        for token in html.unescape(cell).replace(",", " ").split():
+            if token.startswith("-"):
+                names.add(token)
+    return names
+
+
+def _ref_section(markdown: str, path: str) -> str:
+    m = re.search(rf"^#+ `{re.escape(path)}`.*?$(.*?)(?=^#+ `|\Z)", markdown, re.M | re.S)
+    assert m, f"no section for {path}"
+    return m.group(1)
+
+
+def test_cli_reference_lists_every_command_and_option_that_help_shows():
+    ref = cli_reference(app)
+    commands = _help_commands(_help())
+    assert commands, "could not read the commands from smearcli --help"
+    for name in commands:
+        assert f"`smearcli {name}`" in ref, f"command {name} missing from the reference"
+    for path in ["smearcli"] + [f"smearcli {c}" for c in sorted(commands)]:
+        shown = _help_options(_help(*path.split()[1:]))
+        documented = _ref_options(_ref_section(ref, path))
+        assert shown, f"could not read the options of {path} --help"
+        assert shown == documented, (path, sorted(shown - documented), sorted(documented - shown))
+
+
+def test_cli_reference_changes_when_an_option_changes():
+    """Generated from the app, not copied: a renamed option or new help shows up at once."""
+    import typer
+
+    def build(flag: str, help_: str):
+        toy = typer.Typer()
+
+        @toy.command()
+        def first(width: int = typer.Option(3, flag, help=help_)) -> None:
+            """Do the first thing."""
+
+        @toy.command()
+        def second() -> None:
+            """Do the second thing."""
+
+        return toy
+
+    before = cli_reference(build("--width", "How wide."), "toy")
+    after = cli_reference(build("--breadth", "How broad, in cells."), "toy")
+    assert "--width" in before and "How wide." in before and "[default: 3]" in before
+    assert "--width" not in after and "--breadth" in after and "How broad, in cells." in after
+    assert "`toy first`" in before and "`toy second`" in before and "Do the second thing." in before
+
+
+def test_cli_reference_escapes_markdown():
+    import typer
+
+    toy = typer.Typer()
+
+    @toy.command()
+    def only(x: str = typer.Option("a|b", "--x", help="Pipes | and <tags> stay text.")) -> None:
+        """One | command."""
+
+    ref = cli_reference(toy, "toy")
+    row = next(line for line in ref.splitlines() if line.startswith("| <code>--x"))
+    assert row.count("|") == 3  # two cells: no stray pipe from the help or the default
+    assert "&lt;tags&gt;" in row and "&#124;" in row
+
+
+# -- every command the docs show, run as shown -------------------------------------------------
+
+FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>```+|~~~+)\s*(?P<lang>[\w+-]*)[^\n]*\n(?P<body>.*?)^(?P=indent)(?P=fence)[ \t]*$",
+                   re.M | re.S)
+SKIP = re.compile(r"<!--\s*docs-test:\s*skip\s+(?P<reason>[^>]*?)\s*-->\s*$")
+INCLUDE = re.compile(r'^\s*--8<--\s+"([^"]+)"\s*$', re.M)
+
+
+def doc_pages() -> list[Path]:
+    return sorted(p for p in DOCS.rglob("*.md") if SNIPPETS not in p.parents)
+
+
+def _expand(body: str) -> str:
+    return INCLUDE.sub(lambda m: (SNIPPETS / m.group(1)).read_text(encoding="utf-8"), body)
+
+
+def _commands_in(body: str) -> list[tuple[str, int]]:
+    """(smearcli command line, expected exit status) for each command in a code block: lines
+    `smearcli ...` or `$ smearcli ...`, also after `&&`; a `$ echo $?` line and its number after
+    a command give its exit status (0 otherwise)."""
+    lines = body.splitlines()
+    out: list[tuple[str, int]] = []
+    for i, line in enumerate(lines):
+        line = line.strip()
+        if line.startswith("$ "):
+            line = line[2:].strip()
+            if line == "echo $?" and out and i + 1 < len(lines):
+                out[-1] = (out[-1][0], int(lines[i + 1].strip()))
+                continue
+        for part in line.split("&&"):
+            part = part.strip()
+            if part.startswith("smearcli ") or part == "smearcli":
+                out.append((part, 0))
+    return out
+
+
+def doc_examples() -> list[tuple[str, list[tuple[str, str, int]]]]:
+    """Per page, in order: ("sh", command, exit status) and ("python", code, 0) examples."""
+    pages = []
+    for page in doc_pages():
+        md = page.read_text(encoding="utf-8")
+        items = []
+        for m in FENCE.finditer(md):
+            before = md[:m.start()].rstrip().splitlines()[-1:] or [""]
+            if SKIP.search(before[0]):
+                continue
+            lang, body = m.group("lang").lower(), _expand(m.group("body"))
+            if lang in ("python", "py"):
+                items.append(("python", body, 0))
+            else:
+                items += [("sh", cmd, rc) for cmd, rc in _commands_in(body)]
+        if items:
+            pages.append((str(page.relative_to(DOCS)), items))
+    return pages
+
+
+def test_docs_examples_are_found():
+    found = {page: items for page, items in doc_examples()}
+    assert any(cmd == "smearcli compare --chunks 4" for _, cmd, _ in found["index.md"])
+    assert any(kind == "python" for kind, _, _ in found["guide/compare.md"])
+    # every snippet file the pages include is one gen_snippets writes, with its command on top
+    listed = {name: cmd for name, cmd, _ in gen_snippets.SNIPPETS}
+    for page in doc_pages():
+        for name in INCLUDE.findall(page.read_text(encoding="utf-8")):
+            assert name in listed, f"{page.name} includes {name}, which docs/gen_snippets.py does not write"
+            first = (SNIPPETS / name).read_text(encoding="utf-8").splitlines()[0]
+            assert first == f"$ {listed[name]}", (name, first)
+
+
+def test_skip_marker_needs_a_reason():
+    for page in doc_pages():
+        for m in re.finditer(r"<!--\s*docs-test:\s*skip\b([^>]*)-->", page.read_text(encoding="utf-8")):
+            assert m.group(1).strip(), f"{page.name}: docs-test skip without a reason"
+
+
+@pytest.mark.slow
+def test_docs_examples_run_as_shown(tmp_path, monkeypatch):
+    """Each `smearcli ...` line in a code block runs (in-process, in a scratch directory shared by
+    all pages, so a python example can read a file a command wrote) and exits as the docs show;
+    each python block runs. A command shown on several pages runs once."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    failures, done = [], set()
+    for page, items in doc_examples():
+        for kind, what, rc in items:
+            if kind == "python":
+                try:
+                    exec(compile(what, f"<{page}>", "exec"), {"__name__": "__docs__"})
+                except Exception as e:  # noqa: BLE001
+                    failures.append(f"{page}: python example failed ({type(e).__name__}: {e}):\n{what}")
+                continue
+            if (what, rc) in done:
+                continue
+            done.add((what, rc))
+            r = runner.invoke(app, shlex.split(what, comments=True)[1:], prog_name="smearcli")
+            if r.exit_code != rc:
+                failures.append(f"{page}: {what}: exit {r.exit_code}, the docs show {rc}\n{r.output[-2000:]}")
+    assert done, "no commands found in the docs"
+    assert not failures, "\n".join(failures)
+
+
+# -- small facts ------------------------------------------------------------------------------
+
+def test_changelog_has_this_version():
+    assert re.search(rf"^## {re.escape(__version__)}\b", (DOCS / "changelog.md").read_text(), re.M)
+
+
+def test_test_extra_installs_the_doc_tools():
+    text = (ROOT / "pyproject.toml").read_text()
+    extra = text[text.index("test = ["):]
+    extra = extra[:extra.index("]")]
+    for pkg in ("mkdocs", "mkdocs-material", "mkdocs-jupyter", "mkdocstrings"):
+        assert f'"{pkg}' in extra, pkg
