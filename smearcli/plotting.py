@@ -151,6 +151,27 @@ def _positive_min(arrays, default: float) -> float:
     return float(min(v.min() for v in vals)) if vals else default
 
 
+_SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
+
+
+def _pow10_label(v: float, pos=None) -> str:
+    """10⁻⁶ as plain text: the look of matplotlib's default, without the cost of mathtext."""
+    import math
+
+    if v <= 0:
+        return ""
+    e = math.log10(v)
+    return "10" + str(round(e)).translate(_SUPERSCRIPT) if abs(e - round(e)) < 1e-9 else ""
+
+
+def _log_y(ax) -> None:
+    from matplotlib.ticker import FuncFormatter, NullLocator
+
+    ax.set_yscale("log", nonpositive="mask")
+    ax.yaxis.set_major_formatter(FuncFormatter(_pow10_label))
+    ax.yaxis.set_minor_locator(NullLocator())  # the axes span many decades: majors suffice
+
+
 def _chunk_lines(ax, d: PlotData, label: bool) -> None:
     for i, s in enumerate(d.chunk_starts):
         ax.axvline(s, color=START_COLOR, lw=0.9, ls=":", alpha=0.8, zorder=1, gid="chunk-start",
@@ -168,7 +189,7 @@ def draw_error(ax, d: PlotData, panel: str = "") -> None:
     """Max |Δlogit| per position, log scale, noise floor band, tolerance line, chunk starts."""
     import numpy as np
 
-    ax.set_yscale("log", nonpositive="mask")
+    _log_y(ax)
     for logic in d.logics:
         ax.plot(d.positions, d.abs_logits[logic], color=COLORS[logic], ls=STYLES[logic], lw=1.4,
                 label=LABELS[logic], gid=f"abs_logits:{logic}", zorder=3)
@@ -190,7 +211,7 @@ def draw_kl(ax, d: PlotData, panel: str = "") -> None:
     """KL(reference || run) per position, log scale, chunk starts."""
     import numpy as np
 
-    ax.set_yscale("log", nonpositive="mask")
+    _log_y(ax)
     for logic in d.logics:
         ax.plot(d.positions, d.kl[logic], color=COLORS[logic], ls=STYLES[logic], lw=1.4,
                 label=LABELS[logic], gid=f"kl:{logic}", zorder=3)
@@ -239,10 +260,9 @@ def draw_heatmaps(fig, axes, d: PlotData, panel: str = "") -> None:
 
 # -- figures ------------------------------------------------------------------------------------
 
-SUBTITLE = (r"Token smearing adds $g_t\,x_{t-1}$ (a gate times the previous token's embedding) to "
-            r"each token. Under chunked prefill the old logic" "\n"
-            r"drops that term for the first token of every later chunk (nanochat #756); the fixed "
-            r"logic takes $x_{t-1}$ from the KV cache.")
+SUBTITLE = ("Token smearing adds gₜ·xₜ₋₁ (a gate times the previous token's embedding) to each "
+            "token. Under chunked prefill the old logic\ndrops that term for the first token of "
+            "every later chunk (nanochat #756); the fixed logic takes xₜ₋₁ from the KV cache.")
 
 
 def _legend_handles(d: PlotData, kind: str) -> list:
