@@ -6,7 +6,8 @@
   mkdocs-jupyter from its committed outputs, never executed) and is added to the "Notebooks"
   section of the nav. No copies and no symlinks: the pages are virtual files.
 - Notebook pages lose nbconvert's CDN <script> tags (MathJax, Mermaid), so the built site loads
-  nothing from the network.
+  nothing from the network; their $...$ math becomes MathML at build time (latex2mathml), which
+  browsers draw without any script.
 - pymdownx.snippets' base_path is made absolute, so the build works from any directory.
 """
 
@@ -107,10 +108,44 @@ def on_page_markdown(markdown, page, config, files):
     return markdown.replace(NOTEBOOK_LIST, "\n".join(items) or "(No notebooks yet.)")
 
 
+# Math in notebook Markdown ($...$, $$...$$), as Jupyter shows it, is turned into MathML at build
+# time: browsers draw MathML themselves, so no MathJax is needed. Code, outputs and scripts are
+# left alone.
+_VERBATIM = re.compile(r"(<(pre|code|script|style|textarea|math)\b.*?</\2\s*>)", re.S | re.I)
+_DISPLAY_MATH = re.compile(r"\$\$(.+?)\$\$", re.S)
+_INLINE_MATH = re.compile(r"(?<![\\$\w])\$(?!\s)([^$\n<>]+?)(?<![\s\\])\$(?![\w$])")
+
+
+def _mathml(tex: str, display: bool, where: str) -> str:
+    import html
+
+    from latex2mathml.converter import convert
+
+    try:
+        return convert(html.unescape(tex).strip(), display="block" if display else "inline")
+    except Exception as e:  # noqa: BLE001 - a formula we cannot convert is a docs bug: warn
+        log.warning("%s: cannot convert the formula %r to MathML: %s", where, tex, e)
+        return tex
+
+
+def math_to_mathml(page_html: str, where: str = "") -> str:
+    parts = _VERBATIM.split(page_html)
+    out = []
+    for i, part in enumerate(parts):
+        kind = i % 3  # re.split with two groups: text, whole verbatim element, its tag name
+        if kind == 2:
+            continue
+        if kind == 0:
+            part = _DISPLAY_MATH.sub(lambda m: _mathml(m.group(1), True, where), part)
+            part = _INLINE_MATH.sub(lambda m: _mathml(m.group(1), False, where), part)
+        out.append(part)
+    return "".join(out)
+
+
 def on_post_page(output, page, config):
     if not page.file.src_uri.endswith(".ipynb"):
         return output
     stripped, n = _REMOTE_SCRIPT.subn("", output)
     if n:
         log.debug("%s: removed %d CDN script(s)", page.file.src_uri, n)
-    return stripped
+    return math_to_mathml(stripped, page.file.src_uri)
