@@ -248,7 +248,7 @@ def environment(device: torch.device, dtype: torch.dtype) -> dict:
 class BenchSettings:
     warmup: int = 1  # untimed rounds per schedule (each runs every logic once)
     repeats: Optional[int] = None  # timed rounds per schedule; None: as many as `budget_s` allows
-    budget_s: float = 30.0  # with repeats=None: the whole bench's target wall time
+    budget_s: float = 20.0  # with repeats=None: the whole bench's target time
     min_repeats: int = 3  # with repeats=None: never fewer timed rounds per schedule
     max_repeats: int = 20  # with repeats=None: never more
     micro: bool = True  # time the smear functions on their own

@@ -123,7 +123,7 @@ def test_alternate_auto_repeats_sees_one_round(warmup):
 
 
 def test_choose_repeats_budget_and_clamp():
-    s = bench.BenchSettings(min_repeats=3, max_repeats=20, memory=True)
+    s = bench.BenchSettings(min_repeats=3, max_repeats=20, memory=True, budget_s=30.0)
     assert s.choose_repeats(1.0, 30.0, 3) == 9  # 10 s share / 1 s round, less the memory round
     assert s.choose_repeats(100.0, 30.0, 1) == 3
     assert s.choose_repeats(1e-4, 30.0, 1) == 20
@@ -340,6 +340,13 @@ def test_cli_preset_sets_size_unless_given():
     assert d["model"]["config"]["sequence_len"] == 2048  # the preset's context
     assert d["model"]["config"]["n_layer"] == 1 and d["input"]["seq_len"] == 10  # explicit wins
     assert d["model"]["preset"] == "d12"
+
+
+def test_busy_cpu_uses_one_thread():
+    from smearcli.commands.bench import busy_cpu_threads
+    assert busy_cpu_threads(loadavg=8.0, cpu_count=2) == 1
+    assert busy_cpu_threads(loadavg=0.5, cpu_count=2) is None
+    assert busy_cpu_threads(loadavg=3.0, cpu_count=1) is None  # one core: nothing to contend
 
 
 def test_cli_preset_fills_defaults():

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import os
 import sys
 from enum import Enum
 from pathlib import Path
@@ -62,6 +63,22 @@ def _given(ctx: typer.Context) -> set[str]:
     return out
 
 
+def busy_cpu_threads(loadavg=None, cpu_count=None) -> Optional[int]:
+    """1 when other processes keep every core busy, else None (torch's default). With the cores
+    taken, torch's threads wait on each other at every op: a d4 decode on 2 threads of a 2-core
+    machine at load 8 ran ~10x slower than on 1 thread."""
+    try:
+        load = loadavg if loadavg is not None else os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+    cores = cpu_count or os.cpu_count() or 1
+    if cores > 1 and load >= cores:
+        sys.stderr.write(f"smearcli bench: load average {load:.1f} on {cores} cores: other processes are "
+                         f"using the CPU, so running on 1 thread (--threads N to choose)\n")
+        return 1
+    return None
+
+
 @contextlib.contextmanager
 def _progress():
     """A rich progress bar on stderr whose total can grow; silent when stderr is not a terminal."""
@@ -93,14 +110,16 @@ def bench(
     repeats: Annotated[Optional[int], typer.Option("--repeats", help="Timed rounds per schedule: each "
                        "gives one sample per logic and one fixed/old ratio (default: as many as "
                        "--budget allows, 3 to 20).")] = None,
-    budget: Annotated[float, typer.Option("--budget", help="Seconds of timed rounds to share among the "
-                      "schedules when --repeats is not given.")] = 30.0,
+    budget: Annotated[float, typer.Option("--budget", help="Target seconds for the whole bench when "
+                      "--repeats is not given: each schedule gets a share for its timed rounds "
+                      "(at least 3).")] = 20.0,
     micro: Annotated[bool, typer.Option("--micro/--no-micro", help="Also time the two smear "
                      "functions alone on the same inputs.")] = True,
     peak: Annotated[bool, typer.Option("--peak/--no-peak", help="Measure a square-matmul peak on "
                     "the same device and dtype, and report achieved FLOP/s as a share of it.")] = True,
-    threads: Annotated[Optional[int], typer.Option("--threads", help="CPU threads for torch "
-                       "(default: torch's choice).")] = None,
+    threads: Annotated[Optional[int], typer.Option("--threads", help="CPU threads for torch. Default: "
+                       "torch's choice, or 1 when other processes already keep every core busy (load "
+                       "average >= cores), where more threads wait on each other.")] = None,
     clock: Annotated[Clock, typer.Option("--clock", help="wall: elapsed time. cpu: the process's CPU "
                      "time, which leaves out time other processes hold the cores (CPU only; use with "
                      "--threads 1 on a shared machine).")] = Clock.wall,
@@ -139,6 +158,8 @@ def bench(
     from ..report import console
     from ..setup import build_setup
 
+    if threads is None:
+        threads = busy_cpu_threads()
     if threads is not None:
         torch.set_num_threads(threads)
     setup = build_setup(dataclasses.replace(spec, schedules=",".join(others)), sequence_len=context)
