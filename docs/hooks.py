@@ -66,17 +66,23 @@ def on_config(config):
 
 @event_priority(100)  # before mkdocs-jupyter wraps .ipynb files as pages
 def on_files(files, config):
-    from smearcli._docs import page
+    import sys
+
+    root = str(_root(config))
+    try:
+        from smearcli._docs import page
+    except ImportError:  # smearcli not installed: use the checkout's
+        sys.path.insert(0, root)
+        from smearcli._docs import page
 
     files.append(File.generated(config, CLI_PAGE, content=page()))
-    root = _root(config)
     for nb in _notebooks(config):
         uri = f"{NOTEBOOK_DIR}/{nb.name}"
         if files.get_file_from_path(uri) is None:
             # a File whose source folder is the repository root: its page is notebooks/NAME,
             # read straight from notebooks/NAME.ipynb (File.generated would leave src_dir unset,
             # which mkdocs-jupyter's wrapper cannot read from)
-            files.append(File(uri, src_dir=str(root), dest_dir=config.site_dir,
+            files.append(File(uri, src_dir=root, dest_dir=config.site_dir,
                               use_directory_urls=config.use_directory_urls))
     return files
 
