@@ -404,6 +404,15 @@ def _run_examples() -> tuple[list[str], set]:
     return failures, done
 
 
+def test_notebook_math_becomes_mathml_outside_code():
+    hooks = pytest.importorskip("hooks")  # docs/hooks.py
+    out = hooks.math_to_mathml('<p>With $x_t$ and</p><p>$$g_t\\,x_{t-1}$$</p>'
+                               '<p>it costs $5 or $6.</p><pre>$a$</pre><code>$b$</code>')
+    assert out.count("<math") == 2 and 'display="block"' in out and 'display="inline"' in out
+    assert "$x_t$" not in out and "$$" not in out
+    assert "it costs $5 or $6." in out and "<pre>$a$</pre>" in out and "<code>$b$</code>" in out
+
+
 # -- small facts ------------------------------------------------------------------------------
 
 def test_changelog_has_this_version():
