@@ -20,7 +20,7 @@ import torch
 from .config import ConfigError, GPTConfig
 from .errors import UserError
 from .model import GPT
-from .validate import check_model_memory
+from .validate import check_model_memory, expected_shapes
 
 
 
@@ -229,7 +229,7 @@ def _read_state_dict(path: Path) -> dict:
             raise UserError(f"{path.name}: state dict key {k!r} is not a parameter name (a string)")
         if not isinstance(v, torch.Tensor):
             hint = "; the weights may be nested under it (a training checkpoint)" if isinstance(v, dict) else ""
-            raise UserError(f"{path.name}: {k} is a {type(v).__name__}, not a tensor{hint}")
+            raise UserError(f"{path.name}: key {k!r} holds a {type(v).__name__}, not a tensor{hint}")
         out[k.removeprefix("_orig_mod.")] = v
     return out
 
@@ -262,32 +262,35 @@ def load_checkpoint(ckpt_dir, step: Optional[int] = None, device="cpu",
         raise UserError(f"{meta_path.name}: {e}") from e
     check_model_memory(config, device, file=model_path)
     sd = _read_state_dict(model_path)
-    model = GPT(config)
     # older checkpoints predate these per-layer scalars; their neutral values reproduce them
     sd.setdefault("resid_lambdas", torch.ones(config.n_layer))
     sd.setdefault("x0_lambdas", torch.zeros(config.n_layer))
-    expected = model.state_dict()
+    expected = expected_shapes(config)  # checked before the model's memory is allocated
     missing = sorted(set(expected) - set(sd))
     unexpected = sorted(set(sd) - set(expected))
     if missing or unexpected:
+        def names(keys):  # plain names as they are; odd ones (empty, blanks) quoted
+            shown = [k if k.isprintable() and k.strip() == k and " " not in k and k else repr(k) for k in keys[:6]]
+            return ", ".join(shown) + (f" ... ({len(keys)} in all)" if len(keys) > 6 else "")
         parts = []
         if missing:
-            parts.append("missing " + ", ".join(missing[:6]) + (" ..." if len(missing) > 6 else ""))
+            parts.append("missing " + names(missing))
         if unexpected:
-            parts.append("unexpected " + ", ".join(unexpected[:6]) + (" ..." if len(unexpected) > 6 else ""))
+            parts.append("unexpected " + names(unexpected))
         raise UserError(f"{model_path.name}: state dict does not match model_config: " + "; ".join(parts))
     for k, v in sd.items():
-        if tuple(v.shape) != tuple(expected[k].shape):
+        if tuple(v.shape) != expected[k]:
             raise UserError(f"{model_path.name}: {k} has shape {tuple(v.shape)}, "
-                            f"model_config expects {tuple(expected[k].shape)}")
+                            f"model_config expects {expected[k]}")
         if v.dtype not in FLOAT_DTYPES or v.layout != torch.strided:
-            kind = str(v.dtype).removeprefix("torch.") if v.layout == torch.strided else str(v.layout).removeprefix("torch.")
-            raise UserError(f"{model_path.name}: {k} is a {kind} tensor, expected a dense float32, bfloat16, "
-                            "float16 or float64 one")
+            kind = str(v.dtype if v.layout == torch.strided else v.layout).removeprefix("torch.")
+            raise UserError(f"{model_path.name}: {k} is {kind}, expected a dense float tensor (float32, "
+                            "bfloat16, float16 or float64)")
         bad = int((~torch.isfinite(v)).sum())
         if bad:
             raise UserError(f"{model_path.name}: {k} contains NaN or Inf ({bad:,} of {v.numel():,} values); "
                             "refusing to run on it")
+    model = GPT(config)
     # bf16 tensors (GPU-trained embeddings) are widened here; set_dtype picks the compute dtype
     model.load_state_dict({k: v.float() for k, v in sd.items()}, strict=True)
     model.set_dtype(dtype).to(device).eval().requires_grad_(False)

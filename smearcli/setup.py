@@ -98,6 +98,8 @@ def load_tokens(path: Path, vocab_size: int) -> torch.Tensor:
 
 def preflight(cfg, device, dtype, B: int, T: int, schedules, logics, spec: RunSpec, chunk_sizes) -> None:
     """Before any input is generated or any run starts: positions and memory."""
+    if T < 2 and {"engine", "speculative"} & set(schedules):
+        raise UserError(f"the input has {T} token; the engine and speculative schedules need at least 2")
     if T > cfg.rotary_len:
         raise UserError(f"{T} tokens exceed what the model's rotary table covers ({cfg.rotary_len} = "
                         f"10 x sequence_len {cfg.sequence_len})")

@@ -9,8 +9,9 @@
   the cgroup's limit; on CUDA `torch.cuda.mem_get_info`) and raises a `UserError` that states
   both, so a run that cannot fit is refused up front instead of being killed by the OS.
 
-The estimates are upper bounds of the peak, calibrated against measured peaks on CPU (see
-tests/test_hardening.py); where the available memory cannot be read, nothing is refused.
+The estimates aim at an upper bound of the peak: they were checked against the measured peak
+resident memory of `compare` runs on CPU, and tests/test_hardening.py checks that they cover
+every tensor `compare` keeps. Where the available memory cannot be read, nothing is refused.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Optional, Sequence
 from .errors import UserError
 
 FP32 = 4
+RUN_OVERHEAD = 64 << 20  # allocator slack, Python objects, metric bookkeeping (measured on small runs)
 UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
 
 
@@ -44,10 +46,28 @@ def param_count(config) -> int:
     kv = config.n_kv_head * config.head_dim
     n = 2 * V * C  # wte, lm_head
     n += L * (C * C + 2 * C * kv + C * C + 8 * C * C)  # q, k, v, proj; mlp 4x up and down
-    ve_layers = sum(1 for i in range(L) if config.has_ve(i))
+    ve_layers = (L + 1) // 2  # every other layer, the last one included (GPTConfig.has_ve)
     n += ve_layers * (V * kv + 12 * config.n_kv_head)  # value embeddings and their gates
     n += 2 * L + 24 + 1 + 1  # resid/x0 lambdas, smear gate, smear and backout lambdas
     return n
+
+
+def expected_shapes(config) -> dict[str, tuple[int, ...]]:
+    """The state dict `GPT(config)` has, name -> shape, without building it: a checkpoint is
+    checked against this before any model memory is allocated."""
+    V, C, L = config.padded_vocab_size, config.n_embd, config.n_layer
+    kv = config.n_kv_head * config.head_dim
+    shapes = {"transformer.wte.weight": (V, C), "lm_head.weight": (V, C), "resid_lambdas": (L,),
+              "x0_lambdas": (L,), "smear_gate.weight": (1, 24), "smear_lambda": (1,), "backout_lambda": (1,)}
+    for i in range(L):
+        p = f"transformer.h.{i}."
+        shapes.update({p + "attn.c_q.weight": (C, C), p + "attn.c_k.weight": (kv, C),
+                       p + "attn.c_v.weight": (kv, C), p + "attn.c_proj.weight": (C, C),
+                       p + "mlp.c_fc.weight": (4 * C, C), p + "mlp.c_proj.weight": (C, 4 * C)})
+        if config.has_ve(i):
+            shapes[p + "attn.ve_gate.weight"] = (config.n_kv_head, 12)
+            shapes[f"value_embeds.{i}.weight"] = (V, kv)
+    return shapes
 
 
 def _itemsize(dtype) -> int:
@@ -100,7 +120,7 @@ def run_bytes(config, batch: int, seq_len: int, schedules: Sequence[str], logics
     # metrics: per-layer differences and a double-precision KL over the largest run's logits
     rows_max = B * samples if "engine" in schedules else B
     metrics = rows_max * T * ((L + 2) * C * FP32 + 5 * V * 8)
-    return kept + max(transient, metrics)
+    return kept + max(transient, metrics) + RUN_OVERHEAD
 
 
 # -- what is available ---------------------------------------------------------------------------

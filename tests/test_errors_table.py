@@ -1,0 +1,416 @@
+"""Every bad input the CLI refuses, run for real, and the table of their messages in docs/errors.md.
+
+The table is generated from these runs, never typed: the test fails when docs/errors.md differs
+from what it generates. After changing a message, regenerate it with
+
+    SMEARCLI_REGEN_DOCS=1 python -m pytest tests/test_errors_table.py
+
+Each case also checks its exit status, that stderr is one line and that nothing was written.
+A few conditions cannot happen on the machine that runs the tests (a GPU that is missing, a
+device without float16 kernels, a read-only directory when running as root, little memory);
+those are simulated with a monkeypatch, and the table says so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+import pytest
+import torch
+
+import smearcli.validate as validate
+from hardening_util import (FAST, META, PT, copy_checkpoint, edit_config, edit_meta, edit_state,
+                            invoke, leftovers, malicious_state, malicious_torch_file, write_checkpoint)
+
+ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "errors.md"
+REGEN = "SMEARCLI_REGEN_DOCS=1 python -m pytest tests/test_errors_table.py"
+MEMORY = 16 << 30  # the memory the table's runs see (simulated, so the messages do not vary)
+C = ["compare", *FAST]
+
+
+@dataclass
+class Case:
+    group: str
+    what: str
+    args: list
+    status: int = 2
+    prepare: Optional[Callable[[Path], None]] = None  # builds files in the working directory
+    simulate: Optional[str] = None  # key of SIMULATIONS: a condition the test machine lacks
+    expect: str = ""  # a fragment the message must contain (the test's own assertion)
+    shown: list = field(default_factory=list)  # the command line as the table shows it
+
+
+def ck(name, fn=None):
+    """A copy of the good checkpoint in `name/`, changed by fn(dir)."""
+    def prepare(cwd: Path):
+        d = copy_checkpoint(cwd / "good", cwd / name)
+        if fn is not None:
+            fn(d)
+    return prepare
+
+
+def write(name, data: bytes | str):
+    def prepare(cwd: Path):
+        p = cwd / name
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(data if isinstance(data, bytes) else data.encode())
+    return prepare
+
+
+def steps_dir(cwd: Path):
+    for s in (100, 200, 300):
+        write_checkpoint(cwd / "steps", step=s)
+
+
+def vocab_dir(cwd: Path):
+    write_checkpoint(cwd / "vocab512", vocab_size=512)
+
+
+def sd_set(key, value):
+    return lambda d: edit_state(d, lambda sd: sd.__setitem__(key, value(sd) if callable(value) else value))
+
+
+def sd_pop(key):
+    return lambda d: edit_state(d, lambda sd: sd.pop(key))
+
+
+def truncate(d: Path):
+    data = (d / PT).read_bytes()
+    (d / PT).write_bytes(data[: len(data) // 2])
+
+
+def nan_at(value):
+    def fn(sd):
+        w = sd["lm_head.weight"].clone()
+        w[0, :3] = value
+        sd["lm_head.weight"] = w
+    return lambda d: edit_state(d, fn)
+
+
+CASES = [
+    # -- command line -------------------------------------------------------------------------
+    Case("usage", "unknown option", ["compare", "--chunk", "4"], expect="No such option"),
+    Case("usage", "option value of the wrong type", ["compare", "--chunks", "four"], expect="valid integer"),
+    Case("usage", "value outside a fixed choice", ["compare", "--logic", "new"], expect="'new' is not one of"),
+    Case("usage", "unknown command", ["comapre"], expect="No such command"),
+    # -- checkpoint directory -----------------------------------------------------------------
+    Case("checkpoint", "directory missing", [*C, "--checkpoint", "missing"], expect="not found"),
+    Case("checkpoint", "a file given instead of the directory", [*C, "--checkpoint", f"good/{PT}"],
+         expect="not a directory"),
+    Case("checkpoint", "directory empty", [*C, "--checkpoint", "empty"],
+         prepare=lambda cwd: (cwd / "empty").mkdir(), expect="empty"),
+    Case("checkpoint", "no model/meta pair (other files only)", [*C, "--checkpoint", "other"],
+         prepare=write("other/notes.txt", "x"), expect="pair"),
+    Case("checkpoint", "model file without its meta file", [*C, "--checkpoint", "nometa"],
+         prepare=ck("nometa", lambda d: (d / META).unlink()), expect="has no meta_000001.json"),
+    Case("checkpoint", "meta file without its model file", [*C, "--checkpoint", "nomodel"],
+         prepare=ck("nomodel", lambda d: (d / PT).unlink()), expect="has no model_000001.pt"),
+    Case("checkpoint", "requested --step absent (the steps present are listed)",
+         [*C, "--checkpoint", "steps", "--step", "250"], prepare=steps_dir, expect="present: 100, 200, 300"),
+    # -- model file -----------------------------------------------------------------------------
+    Case("model file", "empty .pt file", [*C, "--checkpoint", "empty_pt"],
+         prepare=ck("empty_pt", lambda d: (d / PT).write_bytes(b"")), expect="0 bytes"),
+    Case("model file", "truncated .pt file", [*C, "--checkpoint", "truncated"],
+         prepare=ck("truncated", truncate), expect="truncated"),
+    Case("model file", ".pt file of random bytes", [*C, "--checkpoint", "random"],
+         prepare=ck("random", lambda d: (d / PT).write_bytes(bytes(range(7, 250)) * 9)),
+         expect="not a torch checkpoint"),
+    Case("model file", "unreadable .pt (here: a directory of that name)", [*C, "--checkpoint", "unreadable"],
+         prepare=ck("unreadable", lambda d: ((d / PT).unlink(), (d / PT).mkdir())), expect="cannot read"),
+    Case("model file", "pickle that would run code (creates a file when unpickled)", [*C, "--checkpoint", "evil"],
+         prepare=ck("evil", lambda d: malicious_state(d, d / "PWNED")), expect="refused: loading it would call"),
+    Case("model file", "a training checkpoint: weights nested under a key", [*C, "--checkpoint", "nested"],
+         prepare=ck("nested", lambda d: edit_state(d, lambda sd: {"model": sd, "step": torch.tensor(1)})),
+         expect="nested"),
+    Case("model file", "a value that is not a tensor", [*C, "--checkpoint", "notensor"],
+         prepare=ck("notensor", sd_set("smear_lambda", [0.5])), expect="not a tensor"),
+    # -- meta file ------------------------------------------------------------------------------
+    Case("meta file", "invalid JSON", [*C, "--checkpoint", "badjson"],
+         prepare=ck("badjson", lambda d: (d / META).write_text('{"model_config": {')), expect="invalid JSON"),
+    Case("meta file", "JSON that is not an object", [*C, "--checkpoint", "jsonlist"],
+         prepare=ck("jsonlist", lambda d: (d / META).write_text("[1, 2]")), expect="got a list"),
+    Case("meta file", "no model_config", [*C, "--checkpoint", "noconfig"],
+         prepare=ck("noconfig", lambda d: edit_meta(d, lambda m: {"step": 1})), expect="no model_config"),
+    Case("meta file", "model_config lacks a field", [*C, "--checkpoint", "lacks"],
+         prepare=ck("lacks", lambda d: edit_config(d, n_embd=...)), expect="model_config lacks n_embd"),
+    Case("meta file", "model_config has an unknown field", [*C, "--checkpoint", "unknown"],
+         prepare=ck("unknown", lambda d: edit_config(d, n_experts=8)), expect="unknown keys: n_experts"),
+    Case("meta file", "model_config value of the wrong type", [*C, "--checkpoint", "wrongtype"],
+         prepare=ck("wrongtype", lambda d: edit_config(d, n_head="1")), expect="must be an integer"),
+    Case("meta file", "model_config value not positive", [*C, "--checkpoint", "zero"],
+         prepare=ck("zero", lambda d: edit_config(d, n_layer=0)), expect="must be positive"),
+    Case("meta file", "n_embd % n_head != 0", [*C, "--checkpoint", "heads"],
+         prepare=ck("heads", lambda d: edit_config(d, n_head=3)), expect="not divisible by n_head"),
+    Case("meta file", "n_head % n_kv_head != 0", [*C, "--checkpoint", "kvheads"],
+         prepare=ck("kvheads", lambda d: edit_config(d, n_head=2, n_kv_head=3, n_embd=128)),
+         expect="not divisible by n_kv_head"),
+    Case("meta file", "bad window_pattern", [*C, "--checkpoint", "window"],
+         prepare=ck("window", lambda d: edit_config(d, window_pattern="SSXL")), expect="window_pattern"),
+    # -- state dict vs model_config -------------------------------------------------------------
+    Case("state dict", "key missing", [*C, "--checkpoint", "missingkey"],
+         prepare=ck("missingkey", sd_pop("lm_head.weight")), expect="missing lm_head.weight"),
+    Case("state dict", "unexpected key", [*C, "--checkpoint", "extrakey"],
+         prepare=ck("extrakey", sd_set("transformer.h.7.attn.c_q.weight", torch.zeros(2, 2))),
+         expect="unexpected transformer.h.7"),
+    Case("state dict", "key renamed", [*C, "--checkpoint", "renamed"],
+         prepare=ck("renamed", lambda d: edit_state(
+             d, lambda sd: sd.__setitem__("smear_gate.w", sd.pop("smear_gate.weight")))),
+         expect="missing smear_gate.weight; unexpected smear_gate.w"),
+    Case("state dict", "shape mismatch", [*C, "--checkpoint", "shape"],
+         prepare=ck("shape", sd_set("smear_gate.weight", torch.zeros(1, 12))),
+         expect="smear_gate.weight has shape (1, 12), model_config expects (1, 24)"),
+    Case("state dict", "integer tensor", [*C, "--checkpoint", "inttensor"],
+         prepare=ck("inttensor", sd_set("smear_lambda", torch.ones(1, dtype=torch.int64))), expect="int64"),
+    Case("state dict", "NaN in weights", [*C, "--checkpoint", "nan"],
+         prepare=ck("nan", nan_at(float("nan"))), expect="lm_head.weight contains NaN or Inf"),
+    Case("state dict", "Inf in weights", [*C, "--checkpoint", "inf"],
+         prepare=ck("inf", nan_at(float("inf"))), expect="lm_head.weight contains NaN or Inf"),
+    # -- memory ---------------------------------------------------------------------------------
+    Case("memory", "checkpoint too large for free memory (16 GiB simulated)", [*C, "--checkpoint", "huge"],
+         prepare=ck("huge", lambda d: edit_config(d, vocab_size=10**9)), simulate="memory",
+         expect="needs about"),
+    Case("memory", "random model too large for free memory (16 GiB simulated)", ["compare", "--depth", "200"],
+         simulate="memory", expect="choose a smaller model"),
+    Case("memory", "run whose activations would not fit (16 GiB simulated)",
+         ["compare", "--depth", "1", "--seq-len", "4096", "--batch", "256"], simulate="memory",
+         expect="lower --seq-len"),
+    Case("memory", "engine expansion that would not fit (16 GiB simulated)",
+         [*C, "--schedules", "engine", "--samples", "10000000"], simulate="memory", expect="engine rows"),
+    # -- input ----------------------------------------------------------------------------------
+    Case("input", "--seq-len beyond the model's rotary table", ["compare", "--depth", "1", "--seq-len", "6000"],
+         expect="rotary table"),
+    Case("input", "--seq-len too short", ["compare", "--depth", "1", "--seq-len", "1"], expect="--seq-len"),
+    Case("input", "--batch zero", [*C, "--batch", "0"], expect="--batch"),
+    Case("input", "--seed out of range", [*C, "--seed", "-1"], expect="--seed"),
+    Case("input", "token id outside the vocabulary", [*C, "--tokens", "ids.json"],
+         prepare=write("ids.json", "[1, 2, 300, 4]"), expect="outside the vocabulary"),
+    Case("input", "token file of invalid JSON", [*C, "--tokens", "bad.json"],
+         prepare=write("bad.json", "[1, 2,"), expect="invalid JSON"),
+    Case("input", "token file missing", [*C, "--tokens", "nothere.json"], expect="not found"),
+    Case("input", "token .pt file that would run code", [*C, "--tokens", "ids.pt"],
+         prepare=lambda cwd: malicious_torch_file(cwd / "ids.pt", cwd / "PWNED"), expect="refused"),
+    Case("input", "--tokens and --text together", [*C, "--tokens", "ok.json", "--text", "hi"],
+         prepare=write("ok.json", "[1, 2, 3]"), expect="only one"),
+    Case("input", "empty --text", [*C, "--text", ""], expect="empty"),
+    Case("input", "--text for a model whose vocabulary is not bytes", [*C, "--checkpoint", "vocab512", "--text", "hi"],
+         prepare=vocab_dir, expect="--tokens"),
+    Case("input", "--step without --checkpoint", [*C, "--step", "3"], expect="--step needs --checkpoint"),
+    Case("input", "--depth zero", ["compare", "--depth", "0"], expect="--depth"),
+    # -- schedules ------------------------------------------------------------------------------
+    Case("schedules", "--chunks zero", [*C, "--chunks", "0"], expect="--chunks"),
+    Case("schedules", "--chunks negative", [*C, "--chunks", "-3"], expect="--chunks"),
+    Case("schedules", "more chunks than tokens", [*C, "--chunks", "17"], expect="at least one token"),
+    Case("schedules", "--chunk-sizes not summing to the sequence", [*C, "--chunk-sizes", "8,4"], expect="sum to 12"),
+    Case("schedules", "--chunk-sizes with a zero", [*C, "--chunk-sizes", "8,0,8"], expect="positive"),
+    Case("schedules", "--chunk-sizes not integers", [*C, "--chunk-sizes", "8,x"], expect="integers"),
+    Case("schedules", "unknown schedule", [*C, "--schedules", "chunked,paged"], expect="unknown schedule 'paged'"),
+    Case("schedules", "the reference as a schedule", [*C, "--schedules", "full"], expect="reference"),
+    Case("schedules", "--samples zero", [*C, "--samples", "0"], expect="--samples"),
+    Case("schedules", "--gen-len zero", ["compare", "--depth", "1", "--seq-len", "16", "--gen-len", "0"],
+         expect="--gen-len"),
+    Case("schedules", "--tolerance not a positive number", [*C, "--tolerance", "nan"], expect="--tolerance"),
+    # -- device ---------------------------------------------------------------------------------
+    Case("device", "--device cuda without CUDA", [*C, "--device", "cuda"], simulate="no_cuda", expect="CUDA"),
+    Case("device", "--dtype the device cannot run (simulated: no float16 attention kernel)",
+         [*C, "--device", "cpu", "--dtype", "float16"], simulate="no_fp16", expect="cannot run it"),
+    # -- output files ---------------------------------------------------------------------------
+    Case("output", "--save in a missing directory", [*C, "--save", "nodir/runs.pt"], expect="does not exist"),
+    Case("output", "--save in a read-only directory (simulated when run as root)",
+         [*C, "--save", "readonly/runs.pt"], prepare=lambda cwd: (cwd / "readonly").mkdir(mode=0o555),
+         simulate="readonly", expect="not writable"),
+    Case("output", "--save with an unknown suffix", [*C, "--save", "runs.npz"], expect="unknown suffix"),
+    Case("output", "--save naming a directory", [*C, "--save", "adir.pt"],
+         prepare=lambda cwd: (cwd / "adir.pt").mkdir(), expect="is a directory"),
+    Case("output", "plot --out with an unknown suffix", ["plot", *FAST, "--out", "fig.jpg"], expect="unknown suffix"),
+    Case("output", "bench --output in a missing directory", ["bench", *FAST, "--output", "nodir/b.json"],
+         expect="does not exist"),
+    # -- outcomes that are not bad input ------------------------------------------------------
+    Case("outcome", "--check with a run outside tolerance (exit 1)",
+         [*C, "--schedules", "chunked", "--logic", "old", "--check"], status=1, expect="check failed: BUG"),
+    Case("outcome", "an unexpected internal error (simulated bug)", [*C, "--schedules", "chunked"], status=1,
+         simulate="bug", expect="rerun with --debug"),
+]
+
+
+def _simulate(name: Optional[str], monkeypatch, cwd: Path) -> None:
+    if name is None:
+        return
+    if name == "memory":
+        monkeypatch.setattr(validate, "host_available", lambda: MEMORY)
+    elif name == "no_cuda":
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    elif name == "no_fp16":
+        import torch.nn.functional as F
+
+        real = F.scaled_dot_product_attention
+
+        def sdpa(q, *a, **k):
+            if q.dtype == torch.float16:
+                raise RuntimeError('"scaled_dot_product_attention" not implemented for \'Half\'')
+            return real(q, *a, **k)
+        monkeypatch.setattr(F, "scaled_dot_product_attention", sdpa)
+        monkeypatch.setattr(validate, "_PROBED", {})
+    elif name == "readonly":
+        real_access = os.access
+        ro = cwd / "readonly"
+        monkeypatch.setattr(os, "access", lambda p, mode, *a, **k: False if Path(p).resolve() == ro.resolve()
+                            else real_access(p, mode, *a, **k))
+    elif name == "bug":
+        import smearcli.compare as lib
+
+        def broken(*a, **k):
+            raise KeyError("per_layer")
+        monkeypatch.setattr(lib, "compare", broken)
+    else:
+        raise AssertionError(name)
+
+
+def run_case(case: Case, cwd: Path, monkeypatch) -> tuple[int, str]:
+    if case.prepare is not None:
+        case.prepare(cwd)
+    before = {p: p.stat().st_mtime_ns for p in cwd.rglob("*")}
+    with monkeypatch.context() as mp:
+        mp.chdir(cwd)
+        _simulate(case.simulate, mp, cwd)
+        r = invoke(case.args, allowed=(case.status,)) if case.status != 1 else _invoke_status_1(case.args)
+    line = r.stderr.strip().splitlines()[-1]
+    assert line.startswith("smearcli: error: "), line
+    msg = line.removeprefix("smearcli: error: ")
+    assert case.expect in msg, (case.what, msg)
+    after = {p: p.stat().st_mtime_ns for p in cwd.rglob("*")}
+    assert after == before, f"{case.what}: files changed: {set(after) ^ set(before)}"
+    assert not (cwd / "PWNED").exists() and not any(cwd.rglob("PWNED")), "a pickle payload ran"
+    assert not leftovers(cwd)
+    return r.exit_code, msg
+
+
+def _invoke_status_1(args):
+    from hardening_util import runner
+    from smearcli.cli import app
+
+    r = runner.invoke(app, [str(a) for a in args])
+    assert r.exit_code == 1, (args, r.exit_code, r.output)
+    assert "Traceback" not in r.output
+    assert [line.startswith("smearcli: error: ") for line in r.stderr.strip().splitlines()] == [True]
+    return r
+
+
+def _md(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def _command(args) -> str:
+    shown = []
+    for a in args:
+        a = str(a)
+        shown.append(a if a and all(c.isalnum() or c in "-_./,=:" for c in a) else json.dumps(a))
+    return "smearcli " + " ".join(shown)
+
+
+def versions() -> str:
+    import platform
+    from importlib.metadata import version
+
+    py = ".".join(platform.python_version_tuple()[:2])
+    return f"Python {py}, torch {torch.__version__}, typer {version('typer')}, click {version('click')}"
+
+
+def render(rows) -> str:
+    out = [
+        "# Errors and exit codes",
+        "",
+        "smearcli answers a bad input with **one line on stderr** that names the problem and what to",
+        "do, never with a traceback, and writes nothing (every output file is written atomically: a",
+        "run that fails leaves no partial file, and an existing file is only ever replaced by a",
+        "complete one).",
+        "",
+        "| exit status | meaning |",
+        "| --- | --- |",
+        "| 0 | success (with `--check`: every run of the chosen `--logic` within tolerance) |",
+        "| 1 | `--check` found a run outside tolerance, or an internal error (a bug in smearcli) |",
+        "| 2 | bad usage or input, or a run this machine cannot do (memory, device, dtype) |",
+        "",
+        "For a bug report, rerun with `smearcli --debug ...` (or `SMEARCLI_DEBUG=1`): the error then",
+        "comes with its full traceback.",
+        "",
+        "Checkpoints are read with `torch.load(..., weights_only=True)` only, after checking that the",
+        "file is a complete zip archive or torch pickle; a file that would need arbitrary unpickling is",
+        "refused and nothing in it runs. A nanochat `tokenizer.pkl` is never read (unpickling it could",
+        "run code): smearcli feeds byte-level models their UTF-8 bytes (`--text`) and takes token ids",
+        "from `--tokens` for any other vocabulary. Memory is estimated from `model_config` before",
+        "anything is loaded or allocated (Linux `MemAvailable` and the cgroup limit; on CUDA the free",
+        "device memory), so a run that cannot fit is refused with the estimate instead of being killed",
+        "by the operating system.",
+        "",
+        "## Every refusal, with its exact message",
+        "",
+        "Generated by `tests/test_errors_table.py`, which runs each of these commands in a scratch",
+        "directory and checks its exit status, that stderr is one line and that no file was written.",
+        "Every message is printed after `smearcli: error: `. Rows marked *simulated* need a condition",
+        "the test machine lacks (little memory: 16 GiB free is simulated; no GPU; a device without",
+        "float16 kernels; a read-only directory when running as root), set up with a monkeypatch.",
+        f"Generated with {versions()}. Regenerate after changing a message: `{REGEN}`.",
+        "",
+    ]
+    group = None
+    for case, status, msg in rows:
+        if case.group != group:
+            group = case.group
+            out += ["", f"### {group}", "", "| bad input | command | exit | message |", "| --- | --- | --- | --- |"]
+        what = case.what + (" *(simulated)*" if case.simulate and "simulated" not in case.what else "")
+        out.append(f"| {_md(what)} | `{_md(_command(case.args))}` | {status} | {_md(msg)} |")
+    return "\n".join(out).strip() + "\n"
+
+
+@pytest.fixture(scope="module")
+def good(tmp_path_factory):
+    return write_checkpoint(tmp_path_factory.mktemp("src") / "good")
+
+
+def test_errors_table(tmp_path, monkeypatch, good):
+    import shutil
+
+    rows = []
+    for i, case in enumerate(CASES):
+        cwd = tmp_path / f"case{i:02d}"
+        cwd.mkdir()
+        shutil.copytree(good, cwd / "good")
+        status, msg = run_case(case, cwd, monkeypatch)
+        rows.append((case, status, msg))
+    text = render(rows)
+    if os.environ.get("SMEARCLI_REGEN_DOCS"):
+        from smearcli.io import atomic_write
+
+        with atomic_write(DOC) as f:
+            f.write(text)
+    committed = DOC.read_text() if DOC.is_file() else ""
+    if committed != text and versions() not in committed:
+        # usage errors are click's words and some details Python's or torch's: the table is exact
+        # for the versions it names, and every case above was still checked on these ones
+        warnings.warn(f"docs/errors.md was generated with other versions than {versions()}; "
+                      f"not compared (regenerate with `{REGEN}`)")
+        return
+    if committed != text:
+        import difflib
+
+        diff = "".join(difflib.unified_diff(committed.splitlines(True), text.splitlines(True),
+                                            "docs/errors.md (committed)", "generated", n=1))
+        pytest.fail(f"docs/errors.md is out of date; regenerate it with `{REGEN}`\n{diff[:4000]}")
+
+
+def test_cases_cover_the_issue():
+    """Every bad input the hardening issue lists has a row (by the words of its description)."""
+    whats = " ".join(c.what for c in CASES)
+    for words in ["directory missing", "directory empty", "--step absent", "truncated", "invalid JSON",
+                  "lacks a field", "unknown field", "n_embd % n_head", "n_head % n_kv_head", "window_pattern",
+                  "key missing", "unexpected key", "shape mismatch", "NaN", "Inf", "would run code",
+                  "more chunks than tokens", "not summing", "rotary table", "outside the vocabulary",
+                  "empty --text", "--device cuda", "--dtype", "missing directory", "read-only directory",
+                  "unknown suffix", "too large for free memory", "would not fit"]:
+        assert words in whats, words
