@@ -310,6 +310,7 @@ def _commands_in(body: str) -> list[tuple[str, int]]:
     `smearcli ...` or `$ smearcli ...`, also after `&&`; a `$ echo $?` line and its number after
     a command give its exit status (0 otherwise)."""
     lines = body.splitlines()
+    prompted = any(line.strip().startswith("$ ") for line in lines)  # then other lines are output
     out: list[tuple[str, int]] = []
     for i, line in enumerate(lines):
         line = line.strip()
@@ -318,6 +319,8 @@ def _commands_in(body: str) -> list[tuple[str, int]]:
             if line == "echo $?" and out and i + 1 < len(lines):
                 out[-1] = (out[-1][0], int(lines[i + 1].strip()))
                 continue
+        elif prompted:
+            continue
         for part in line.split("&&"):
             part = part.strip()
             if part.startswith("smearcli ") or part == "smearcli":
@@ -356,6 +359,14 @@ def test_docs_examples_are_found():
             assert name in listed, f"{page.name} includes {name}, which docs/gen_snippets.py does not write"
             first = (SNIPPETS / name).read_text(encoding="utf-8").splitlines()[0]
             assert first == f"$ {listed[name]}", (name, first)
+
+
+def test_commands_are_read_from_code_blocks():
+    block = ("$ smearcli compare --check\nsmearcli bench: a note in the output\nsmearcli: error: x\n"
+             "$ echo $?\n1\n")
+    assert _commands_in(block) == [("smearcli compare --check", 1)]
+    assert _commands_in("pip install -e . && smearcli compare --chunks 4  # first\nsmearcli --version\n") == [
+        ("smearcli compare --chunks 4  # first", 0), ("smearcli --version", 0)]
 
 
 def test_skip_marker_needs_a_reason():
