@@ -158,18 +158,42 @@ def _pow10_label(v: float, pos=None) -> str:
     """10⁻⁶ as plain text: the look of matplotlib's default, without the cost of mathtext."""
     import math
 
-    if v <= 0:
+    if v == 0:
+        return "0"
+    if v < 0:
         return ""
     e = math.log10(v)
     return "10" + str(round(e)).translate(_SUPERSCRIPT) if abs(e - round(e)) < 1e-9 else ""
 
 
-def _log_y(ax) -> None:
+def _value_axis(ax, arrays, lo: float, hi: float) -> float:
+    """A log y axis from `lo` to `hi`; if any value is exactly 0, a symlog axis whose linear
+    part runs from 0 to `lo`, so that exact agreement is drawn (on the bottom edge) instead of
+    being dropped. Returns the bottom of the axis."""
+    import numpy as np
     from matplotlib.ticker import FuncFormatter, NullLocator
 
-    ax.set_yscale("log", nonpositive="mask")
+    import math
+
+    from matplotlib.ticker import FixedLocator
+
+    zeros = any(bool(np.any(a == 0)) for a in arrays)
+    if zeros:
+        ax.set_yscale("symlog", linthresh=lo, linscale=0.5)
+        bottom = 0.0
+    else:
+        ax.set_yscale("log")
+        bottom = lo
+    ax.set_ylim(bottom, hi)
+    # whole decades, at most ~8 of them, and 0 where the axis has it (the decade at the end of
+    # the linear part would crowd the 0, so the decades start one above it)
+    first, last = math.ceil(math.log10(lo)) + (1 if zeros else 0), math.floor(math.log10(hi))
+    stride = max(1, math.ceil((last - first + 1) / 8))
+    ticks = [10.0 ** e for e in range(last, first - 1, -stride)][::-1]
+    ax.yaxis.set_major_locator(FixedLocator(([0.0] if zeros else []) + ticks))
     ax.yaxis.set_major_formatter(FuncFormatter(_pow10_label))
     ax.yaxis.set_minor_locator(NullLocator())  # the axes span many decades: majors suffice
+    return bottom
 
 
 def _chunk_lines(ax, d: PlotData, label: bool) -> None:
@@ -186,17 +210,16 @@ def _position_axis(ax, d: PlotData) -> None:
 
 
 def draw_error(ax, d: PlotData, panel: str = "") -> None:
-    """Max |Δlogit| per position, log scale, noise floor band, tolerance line, chunk starts."""
+    """Max |Δlogit| per position, log scale (exact zeros on the bottom edge), noise floor band, tolerance line, chunk starts."""
     import numpy as np
 
-    _log_y(ax)
     for logic in d.logics:
         ax.plot(d.positions, d.abs_logits[logic], color=COLORS[logic], ls=STYLES[logic], lw=1.4,
                 label=LABELS[logic], gid=f"abs_logits:{logic}", zorder=3)
     lo = min(_positive_min(d.abs_logits.values(), d.noise_logits), d.noise_logits) / 10
     hi = max([float(np.max(a)) for a in d.abs_logits.values()] + [d.tolerance * d.noise_logits]) * 3
-    ax.set_ylim(lo, hi)
-    ax.axhspan(lo, d.noise_logits, color=NOISE_COLOR, alpha=0.25, lw=0, zorder=0, gid="noise-floor",
+    bottom = _value_axis(ax, d.abs_logits.values(), lo, hi)
+    ax.axhspan(bottom, d.noise_logits, color=NOISE_COLOR, alpha=0.25, lw=0, zorder=0, gid="noise-floor",
                label=f"below the measured noise floor ({d.noise_logits:.1e})")
     ax.axhline(d.tolerance * d.noise_logits, color=NOISE_COLOR, lw=1.0, ls="-.", zorder=2,
                gid="tolerance", label=f"--check tolerance ({d.tolerance:g} x noise floor)")
@@ -211,17 +234,16 @@ def draw_kl(ax, d: PlotData, panel: str = "") -> None:
     """KL(reference || run) per position, log scale, chunk starts."""
     import numpy as np
 
-    _log_y(ax)
     for logic in d.logics:
         ax.plot(d.positions, d.kl[logic], color=COLORS[logic], ls=STYLES[logic], lw=1.4,
                 label=LABELS[logic], gid=f"kl:{logic}", zorder=3)
     pos = _positive_min(d.kl.values(), 1e-12)
     top = max([float(np.max(a)) for a in d.kl.values()] + [pos])
-    ax.set_ylim(pos / 10, top * 3)
+    _value_axis(ax, d.kl.values(), pos / 10, top * 3)
     _chunk_lines(ax, d, label=True)
     _position_axis(ax, d)
     ax.set_ylabel("KL(reference ‖ run) (nats)")
-    ax.set_title(f"{panel}next-token distribution shift per position (exact zeros not drawn)",
+    ax.set_title(f"{panel}next-token distribution shift per position",
                  loc="left", fontsize="medium")
 
 

@@ -133,7 +133,7 @@ def test_title_names_model_dtype_device_schedule(cli_pair):
     err_ax, kl_ax = a["abs_logits:old"][0].axes, a["kl:old"][0].axes
     hm_ax = a["heatmap:old"][0].axes
     assert "logit" in err_ax.get_ylabel() and "nats" in kl_ax.get_ylabel()
-    assert err_ax.get_yscale() == kl_ax.get_yscale() == "log"
+    assert {err_ax.get_yscale(), kl_ax.get_yscale()} <= {"log", "symlog"}
     assert {err_ax.get_xlabel(), kl_ax.get_xlabel(), hm_ax.get_xlabel()} == {"token position"}
     assert [t.get_text() for t in hm_ax.get_yticklabels()] == ["emb", "block0", "block1", "logits"]
     (cbar,) = [i.colorbar for g in ("heatmap:old", "heatmap:fixed") for i in a[g] if i.colorbar]
@@ -277,3 +277,21 @@ def test_readme_shows_the_committed_figure():
     assert f"]({target})" in readme  # embedded
     assert f"smearcli plot --model random --out {target}" in readme  # and how to regenerate it
     assert (root / target).read_bytes().startswith(PNG_MAGIC)
+
+
+def test_exact_zeros_are_drawn_not_dropped(lib_comparison):
+    """Bitwise agreement (error exactly 0) is common on CPU; a plain log axis would drop it."""
+    from matplotlib.figure import Figure
+
+    d = plotting.plot_data(lib_comparison)
+    d.abs_logits["fixed"] = np.zeros_like(d.abs_logits["fixed"])
+    ax = Figure().subplots()
+    plotting.draw_error(ax, d)
+    assert ax.get_yscale() == "symlog" and ax.get_ylim()[0] == 0.0
+    (line,) = [l for l in ax.lines if l.get_gid() == "abs_logits:fixed"]
+    assert not np.ma.is_masked(ax.transData.transform(np.c_[line.get_xdata(), line.get_ydata()]))
+    assert 0.0 in list(ax.yaxis.get_major_locator()())
+    d.abs_logits = {k: np.maximum(v, 1e-9) for k, v in d.abs_logits.items()}
+    ax2 = Figure().subplots()
+    plotting.draw_error(ax2, d)  # no zeros: a plain log axis
+    assert ax2.get_yscale() == "log"
