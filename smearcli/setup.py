@@ -107,6 +107,39 @@ def preflight(cfg, device, dtype, B: int, T: int, schedules, logics, spec: RunSp
     check_run_memory(cfg, device, B, T, schedules, logics, max(spec.samples, 1), max_chunk, dtype)
 
 
+def _check_plan(T: int, schedules, opts: ScheduleOptions) -> None:
+    if "chunked" in schedules:
+        try:
+            chunk_plan(T, opts)
+        except ValueError as e:
+            flag = "--chunk-sizes" if opts.chunk_sizes else "--chunks"
+            raise UserError(f"{flag}: {e}") from e
+
+
+def check_arguments(spec: RunSpec, schedules, chunk_sizes) -> ScheduleOptions:
+    """Everything the options alone decide, checked before a model is built or loaded."""
+    inputs = [f for f, v in (("--tokens", spec.tokens), ("--text", spec.text), ("--text-file", spec.text_file))
+              if v is not None]
+    if len(inputs) > 1:
+        raise UserError(f"{' and '.join(inputs)}: give only one of them")
+    if spec.step is not None and spec.checkpoint is None:
+        raise UserError("--step needs --checkpoint")
+    if not 0 <= spec.seed < 2**64:
+        raise UserError(f"--seed must be between 0 and 2^64 - 1, got {spec.seed}")
+    opts = ScheduleOptions(chunks=spec.chunks, chunk_sizes=chunk_sizes, samples=spec.samples,
+                           gen_len=spec.gen_len, draft=spec.draft)
+    for name, value in (("--samples", spec.samples), ("--gen-len", spec.gen_len), ("--draft", spec.draft)):
+        if value < 1:
+            raise UserError(f"{name} must be >= 1, got {value}")
+    if not inputs:  # random input: its length is known now
+        if spec.seq_len < 2:
+            raise UserError(f"--seq-len must be >= 2, got {spec.seq_len}")
+        if spec.batch < 1:
+            raise UserError(f"--batch must be >= 1, got {spec.batch}")
+        _check_plan(spec.seq_len, schedules, opts)
+    return opts
+
+
 def build_setup(spec: RunSpec, sequence_len: int = 512) -> Setup:
     """`sequence_len`: the random model's training context (windows, rotary table); bench presets
     size it the nanochat way (2048 for d12/d20)."""
@@ -115,8 +148,7 @@ def build_setup(spec: RunSpec, sequence_len: int = 512) -> Setup:
     chunk_sizes = spec.chunk_size_tuple()
     spec.check_impl()
     impl = getattr(spec.impl, "value", spec.impl)
-    if not 0 <= spec.seed < 2**64:
-        raise UserError(f"--seed must be between 0 and 2^64 - 1, got {spec.seed}")
+    opts = check_arguments(spec, schedules, chunk_sizes)
     device = resolve_device(spec.device)
     dtype = resolve_dtype(spec.dtype, device)
     check_dtype(device, dtype)
@@ -141,33 +173,15 @@ def build_setup(spec: RunSpec, sequence_len: int = 512) -> Setup:
         from .audit import attach
         loaded, audited, logics = attach(spec, loaded, device, dtype)
     cfg = loaded.model.config
-    inputs = [f for f, v in (("--tokens", spec.tokens), ("--text", spec.text), ("--text-file", spec.text_file))
-              if v is not None]
-    if len(inputs) > 1:
-        raise UserError(f"{' and '.join(inputs)}: give only one of them")
     if spec.tokens is not None:
         tokens = load_tokens(spec.tokens, cfg.vocab_size)
     elif spec.text is not None or spec.text_file is not None:
         from .text import read_text_input
         tokens = read_text_input(spec.text, spec.text_file, cfg)
     else:
-        if spec.seq_len < 2:
-            raise UserError(f"--seq-len must be >= 2, got {spec.seq_len}")
-        if spec.batch < 1:
-            raise UserError(f"--batch must be >= 1, got {spec.batch}")
         preflight(cfg, device, dtype, spec.batch, spec.seq_len, schedules, logics, spec, chunk_sizes)
         tokens = random_tokens(cfg, spec.seq_len, spec.batch, spec.seed)
     T = tokens.size(1)
     preflight(cfg, device, dtype, tokens.size(0), T, schedules, logics, spec, chunk_sizes)
-    opts = ScheduleOptions(chunks=spec.chunks, chunk_sizes=chunk_sizes, samples=spec.samples,
-                           gen_len=spec.gen_len, draft=spec.draft)
-    for name, value in (("--samples", spec.samples), ("--gen-len", spec.gen_len), ("--draft", spec.draft)):
-        if value < 1:
-            raise UserError(f"{name} must be >= 1, got {value}")
-    if "chunked" in schedules:
-        try:
-            chunk_plan(T, opts)
-        except ValueError as e:
-            flag = "--chunk-sizes" if chunk_sizes else "--chunks"
-            raise UserError(f"{flag}: {e}") from e
+    _check_plan(T, schedules, opts)
     return Setup(loaded, tokens.to(device), opts, schedules, logics, impl, audited)

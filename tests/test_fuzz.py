@@ -63,6 +63,7 @@ VALUES = {
     "--step": st.sampled_from(["1", "0", "-1", "x"]),
     "--text": TEXT,
     "--model": st.sampled_from(["random", "nope"]),
+    "--threads": st.sampled_from(["1", "0", "100000", "99999999999999999999"]),  # bench's own
 }
 FLAGS = ["--json", "--check", "--no-json", "--help", "--frobnicate"]
 FILES = ["--tokens", "--save", "--checkpoint", "--text-file"]

@@ -369,3 +369,12 @@ def test_failed_step_leaves_cache_as_before(before_steps, failing_len, where, la
             p += n
         ref = model(step, cache=clean, smear=logic)
         assert torch.equal(out, ref)
+
+
+def test_bad_arguments_are_refused_before_the_checkpoint_is_read(ckpt, monkeypatch):
+    monkeypatch.setattr(torch, "load", lambda *a, **k: pytest.fail("the checkpoint was read"))
+    for args, fragment in [(["--chunks", "0"], "--chunks"), (["--chunk-sizes", "8,4"], "sum to 12"),
+                           (["--samples", "0"], "--samples"), (["--seed", "-1"], "--seed"),
+                           (["--text", "a", "--tokens", "x.json"], "only one")]:
+        r = invoke(["compare", "--seq-len", "16", "--checkpoint", ckpt, *args], allowed=(2,))
+        assert fragment in r.stderr

@@ -139,6 +139,9 @@ def bench(
         raise UserError(f"--budget must be positive, got {budget}")
     if threads is not None and threads < 1:
         raise UserError(f"--threads must be >= 1, got {threads}")
+    if threads is not None and threads > 4 * (os.cpu_count() or 1):  # torch would spawn them all
+        raise UserError(f"--threads {threads}: this machine has {os.cpu_count()} CPU cores; use at most "
+                        f"{4 * (os.cpu_count() or 1)}")
     if output is not None:
         from ..io import check_output_path
         check_output_path(output, (".json",))
