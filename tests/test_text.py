@@ -140,3 +140,16 @@ def test_run_script_chat_turns(model):
     assert text.decode(ref.ids).startswith("def f(x):\n") and ref.text == text.decode(ref.ids)
     with pytest.raises(ValueError):
         text.run_script(model, "fixed", [("sing", 3)])
+
+
+def test_cli_tiny_model_reads_text_and_shows_the_bug():
+    src = "def area(w, h):\n    return w * h\n\n\nclass Box:\n    size = 3\n"
+    r = runner.invoke(app, ["compare", "--model", "tiny", "--text", src, "--schedules", "chunked",
+                            "--chunks", "3", "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["model"]["source"] == "tiny" and doc["input"]["seq_len"] == len(src)
+    passed = {run["logic"]: run["passed"] for run in doc["runs"]}
+    assert passed == {"old": False, "fixed": True}
+    r = runner.invoke(app, ["compare", "--model", "tiny", "--step", "5"])
+    assert r.exit_code == 2 and "--step needs --checkpoint" in r.output
