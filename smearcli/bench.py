@@ -707,7 +707,8 @@ def render(result: BenchResult, console, title: str = "") -> None:
         f"{c.schedule} {len(c.samples)}" for c in result.cells)
     line = (f"{env['device']} ({where}), {env['threads']} threads, torch {env['torch']}, {env['dtype']}, "
             f"{env.get('clock', 'wall')} clock; "
-            f"{result.settings.warmup} warm-up round(s), then timed rounds ({rounds}), logics alternating")
+            f"{result.settings.warmup} warm-up round(s), then timed rounds ({rounds})"
+            + (", logics alternating" if len({c.logic for c in result.cells}) > 1 else ""))
     if "loadavg" in env:
         line += f"; load average {env['loadavg'][0]:g} at the start"
     console.print(line)

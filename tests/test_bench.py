@@ -359,7 +359,8 @@ def test_cli_preset_fills_defaults():
 
 
 @pytest.mark.parametrize("args", [["--repeats", "0"], ["--warmup", "-1"], ["--budget", "0"],
-                                  ["--preset", "d12", "--checkpoint", "nowhere"], ["-o", "x.txt"]])
+                                  ["--preset", "d12", "--checkpoint", "nowhere"], ["-o", "x.txt"],
+                                  ["--impl", "nanochat", "--nanochat-path", "."]])
 def test_cli_bad_options_exit_2(args):
     r = CliRunner().invoke(app, ["bench"] + args)
     assert r.exit_code == 2, r.output

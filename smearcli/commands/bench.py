@@ -145,6 +145,9 @@ def bench(
     if output is not None:
         from ..io import check_output_path
         check_output_path(output, (".json",))
+    if getattr(spec.impl, "value", spec.impl) != "ours":
+        raise UserError("--impl: bench times smearcli's own model under both smear logics; "
+                        "audit your checkout's code with `smearcli compare --impl`")
     given = _given(ctx)
     spec, context = apply_preset(spec, preset, given)
     if "schedules" not in given:
