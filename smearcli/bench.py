@@ -38,7 +38,6 @@ from __future__ import annotations
 import ctypes
 import os
 import platform
-import resource
 import sys
 import time
 from dataclasses import dataclass, field
@@ -161,7 +160,11 @@ def _reset_hwm() -> bool:
         return False
 
 
-def _maxrss_bytes() -> int:
+def _maxrss_bytes() -> Optional[int]:
+    try:
+        import resource  # POSIX only
+    except ImportError:
+        return None
     r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return r if sys.platform == "darwin" else r * 1024  # bytes on macOS, KiB on Linux
 
@@ -197,8 +200,9 @@ class MemoryMeter:
             fn()
             return None
         if self.kind == "peak RSS growth":
-            if self._libc is not None:
-                self._libc.malloc_trim(0)
+            trim = getattr(self._libc, "malloc_trim", None)  # glibc only
+            if trim is not None:
+                trim(0)
             _reset_hwm()
             base = _proc_status_kb("VmRSS")
             fn()
@@ -206,7 +210,8 @@ class MemoryMeter:
             return None if base is None or peak is None else max(0, (peak - base) * 1024)
         base = _maxrss_bytes()
         fn()
-        return max(0, _maxrss_bytes() - base)
+        after = _maxrss_bytes()
+        return None if base is None or after is None else max(0, after - base)
 
 
 # -- environment ----------------------------------------------------------------------------------
