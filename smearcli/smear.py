@@ -65,6 +65,9 @@ def smear_fixed(x: Tensor, gate_weight: Tensor, smear_lambda: Tensor,
             return x
         return _smear_within(x, gate_weight, smear_lambda)
     gate = smear_gate(x, gate_weight, smear_lambda)  # (B, T, 1)
+    if x.size(1) == 1:
+        # decode: the predecessor is prev itself (skips concatenating an empty slice per token)
+        return x + gate * prev.to(x.dtype)
     predecessors = torch.cat([prev.to(x.dtype), x[:, :-1]], dim=1)  # (B, T, C)
     return x + gate * predecessors
 
