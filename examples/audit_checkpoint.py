@@ -29,6 +29,8 @@ def main(argv=None) -> int:
     ap.add_argument("--step", type=int)
     ap.add_argument("--seq-len", type=int, default=256, help="input length for non-byte-level models")
     ap.add_argument("--chunks", type=int, default=4)
+    ap.add_argument("--schedules", default=",".join(compare.DEFAULT_SCHEDULES),
+                    help="comma-separated schedules to run (default: all)")
     args = ap.parse_args(argv)
     lm = load_checkpoint(args.checkpoint, args.step) if args.checkpoint else text.tiny_model()
     model = lm.model
@@ -36,7 +38,8 @@ def main(argv=None) -> int:
         tokens = text.text_tokens(SAMPLE, model.config)  # real text: a byte-level model reads it as is
     else:
         tokens = compare.random_tokens(model.config, args.seq_len)  # no tokenizer is ever unpickled
-    result = compare.compare(model, tokens, options=ScheduleOptions(chunks=args.chunks))
+    schedules = [s.strip() for s in args.schedules.split(",") if s.strip()]
+    result = compare.compare(model, tokens, schedules, options=ScheduleOptions(chunks=args.chunks))
     cfg = model.config
     print_comparison(result, console(), f"{lm.name}: d{cfg.n_layer} n_embd {cfg.n_embd}, "
                      f"smear_lambda {float(model.smear_lambda):.3f}, {tokens.size(1)} tokens")
