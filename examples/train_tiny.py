@@ -175,6 +175,8 @@ def main(argv=None) -> int:
     t0 = time.time()
 
     corpus, corpus_info = stdlib_corpus(args.corpus_bytes)
+    print(f"corpus: {corpus_info['files']} files of Python {corpus_info['python']}, {corpus_info['bytes']:,} bytes, "
+          f"sha256 {corpus_info['sha256'][:16]}...", flush=True)
     data = torch.frombuffer(bytearray(corpus), dtype=torch.uint8).long()
     n_val = int(data.numel() * VAL_FRACTION)
     train, val = data[:-n_val], data[-n_val:]
