@@ -61,10 +61,10 @@ S = "Schedules"
 
 @dataclass
 class RunSpec:
-    model: ModelKind = ModelKind.random
+    model: Optional[ModelKind] = None  # None: tiny, or random when --depth is given (model_kind)
     checkpoint: Optional[Path] = None
     step: Optional[int] = None
-    depth: int = 4
+    depth: Optional[int] = None  # None: 4 (see depth_value)
     seed: int = 0
     device: Device = Device.auto
     dtype: DType = DType.auto
@@ -95,6 +95,17 @@ class RunSpec:
                 raise UserError(f"--schedules: '{REFERENCE}' is the reference every run is compared with; leave it out")
         return list(dict.fromkeys(names))
 
+    def model_kind(self) -> ModelKind:
+        """The built-in model to run: as given, else random when --depth sizes one, else tiny."""
+        if self.model is not None:
+            if self.model == ModelKind.tiny and self.depth is not None:
+                raise UserError("--depth sizes the random model; use it with --model random, not --model tiny")
+            return self.model
+        return ModelKind.random if self.depth is not None else ModelKind.tiny
+
+    def depth_value(self) -> int:
+        return 4 if self.depth is None else self.depth
+
     def logic_list(self) -> list[str]:
         return list(LOGIC_NAMES) if self.logic == Logic.both else [self.logic.value]
 
@@ -123,16 +134,18 @@ class RunSpec:
 
 # One Annotated type per shared option: the single definition of its flag, help and panel.
 SHARED = {
-    "model": (ModelKind, typer.Option("--model", help="Built-in model to run when no --checkpoint is given. "
-              "'random': seeded random weights with non-zero smear (see --depth, --seed); 'tiny': the small "
-              "byte-level model trained by examples/train_tiny.py that ships with smearcli.", rich_help_panel=M)),
+    "model": (Optional[ModelKind], typer.Option("--model", help="Built-in model to run when no --checkpoint is "
+              "given. 'tiny' (the default): the small byte-level model trained by examples/train_tiny.py that "
+              "ships with smearcli; 'random': seeded random weights with non-zero smear (see --depth, --seed), "
+              "the default when --depth is given.", rich_help_panel=M, show_default=False)),
     "checkpoint": (Optional[Path], typer.Option("--checkpoint", help="A nanochat checkpoint directory "
                    "(model_XXXXXX.pt + meta_XXXXXX.json). Loaded with weights_only=True: a file that would need "
                    "arbitrary unpickling, which can run code, is refused. A tokenizer.pkl is never read, for the "
                    "same reason: give a non-byte model token ids with --tokens.", rich_help_panel=M)),
     "step": (Optional[int], typer.Option("--step", help="Checkpoint step to load (default: the newest).", rich_help_panel=M)),
-    "depth": (int, typer.Option("--depth", help="Layers of the random model; width is 64 x depth, "
-              "heads of 128 dims, as nanochat sizes its models.", rich_help_panel=M)),
+    "depth": (Optional[int], typer.Option("--depth", help="Layers of the random model (default 4; giving it "
+              "selects --model random); width is 64 x depth, heads of 128 dims, as nanochat sizes its models.",
+              rich_help_panel=M, show_default=False)),
     "seed": (int, typer.Option("--seed", help="Seed for the random model's weights and the random input.", rich_help_panel=M)),
     "device": (Device, typer.Option("--device", help="Where to run; auto picks cuda, then mps, then cpu.", rich_help_panel=M)),
     "dtype": (DType, typer.Option("--dtype", help="Compute dtype; auto is bfloat16 on CUDA (as nanochat) "

@@ -155,7 +155,7 @@ def build_setup(spec: RunSpec, sequence_len: int = 512) -> Setup:
     if spec.checkpoint is not None:
         # --impl nanochat loads the checkpoint into the user's code only (audit.attach)
         loaded = None if impl == "nanochat" else load_checkpoint(spec.checkpoint, spec.step, device=device, dtype=dtype)
-    elif spec.model == ModelKind.tiny:
+    elif spec.model_kind() == ModelKind.tiny:
         if spec.step is not None:
             raise UserError("--step needs --checkpoint")
         from .text import tiny_model
@@ -164,9 +164,9 @@ def build_setup(spec: RunSpec, sequence_len: int = 512) -> Setup:
         if spec.step is not None:
             raise UserError("--step needs --checkpoint")
         try:
-            config = random_config(spec.depth, sequence_len=sequence_len)
+            config = random_config(spec.depth_value(), sequence_len=sequence_len)
         except ConfigError as e:
-            raise UserError(f"--depth {spec.depth}: {e}") from e
+            raise UserError(f"--depth {spec.depth_value()}: {e}") from e
         loaded = random_model(config, seed=spec.seed, device=device, dtype=dtype)
     audited = None
     if impl != "ours":

@@ -48,6 +48,8 @@ def apply_preset(spec: RunSpec, preset: Optional[Preset], given: set[str]) -> tu
     p = PRESETS[preset.value]
     if spec.checkpoint is not None:
         raise UserError(f"--preset {preset.value} sizes the random model; leave it out with --checkpoint")
+    if spec.model is not None and spec.model.value == "tiny":
+        raise UserError(f"--preset {preset.value} sizes the random model; leave it out with --model tiny")
     changes = {k: p[k] for k in ("depth", "seq_len") if k not in given}
     return dataclasses.replace(spec, **changes), p["context"]
 
