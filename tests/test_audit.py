@@ -1,9 +1,10 @@
 """`--impl nanochat`: the audit of a user's own nanochat code.
 
 The code under audit is a stand-in package written for these tests with upstream's layout and API
-(tests/standin/{old,fixed}/nanochat/: gpt.py with GPT and GPTConfig, engine.py with KVCache), in
-one variant with the old smear and one with the fixed smear. Broken variants (wrong API, lost
-engine state, missing third-party imports) are made from the old one in tmp_path."""
+(tests/standin/old/nanochat/: gpt.py with GPT and GPTConfig, engine.py with KVCache), with the
+old smear. The fixed variant is made from it by rewriting the cache branch of its smear (and
+nothing else), as are the broken variants (wrong API, lost engine state, missing third-party
+imports), in temporary directories."""
 
 import difflib
 import json
@@ -25,7 +26,18 @@ from smearcli.metrics import NOISE_MARGIN
 from smearcli.schedules import ScheduleOptions
 
 STANDIN = Path(__file__).resolve().parent / "standin"
-OLD, FIXED = STANDIN / "old", STANDIN / "fixed"
+OLD = STANDIN / "old"
+# the cache branch of the stand-in's smear, as written (the bug) and as issue #756 fixes it
+OLD_BRANCH = """            if T > 1:  # taken to start the sequence, even after earlier chunks: the bug
+                x = torch.cat([x[:, :1], x[:, 1:] + gate[:, 1:] * x[:, :-1]], dim=1)
+            elif prev is not None:
+                x = x + gate * prev
+"""
+FIXED_BRANCH = """            if prev is not None:  # the first token's predecessor is the cached last token
+                x = x + gate * torch.cat([prev, x[:, :-1]], dim=1)
+            elif T > 1:  # the true start of the sequence
+                x = torch.cat([x[:, :1], x[:, 1:] + gate[:, 1:] * x[:, :-1]], dim=1)
+"""
 OPTS = ScheduleOptions(chunks=3, gen_len=8, draft=3)
 SEQ = 40
 
@@ -61,7 +73,19 @@ def old_audit(ours, tokens):
 
 
 @pytest.fixture(scope="module")
-def fixed_audit(ours, tokens):
+def FIXED(tmp_path_factory) -> Path:
+    """The stand-in with the fixed smear: the old one with its smear's cache branch rewritten."""
+    root = tmp_path_factory.mktemp("fixed") / "standin"
+    shutil.copytree(OLD, root, ignore=shutil.ignore_patterns("__pycache__"))
+    gpt = root / "nanochat" / "gpt.py"
+    text = gpt.read_text()
+    assert text.count(OLD_BRANCH) == 1
+    gpt.write_text(text.replace(OLD_BRANCH, FIXED_BRANCH))
+    return root
+
+
+@pytest.fixture(scope="module")
+def fixed_audit(ours, tokens, FIXED):
     return run_audit(FIXED, ours, tokens)
 
 
@@ -141,7 +165,7 @@ def test_user_code_matches_ours_under_the_same_logic(old_audit, fixed_audit):
         assert a.likeness.full_forward_diff <= NOISE_MARGIN * noise
 
 
-def test_standin_variants_differ_only_in_the_smear_branch():
+def test_standin_variants_differ_only_in_the_smear_branch(FIXED):
     for name in ("__init__.py", "engine.py"):
         assert (OLD / "nanochat" / name).read_bytes() == (FIXED / "nanochat" / name).read_bytes()
     old = (OLD / "nanochat" / "gpt.py").read_text().splitlines()
@@ -154,7 +178,7 @@ def test_standin_variants_differ_only_in_the_smear_branch():
 
 # -- isolation ------------------------------------------------------------------------------------
 
-def test_import_leaves_no_trace(tmp_path, ours, tokens):
+def test_import_leaves_no_trace(tmp_path, ours, tokens, FIXED):
     root = copy_standin(tmp_path, FIXED)
     before = snapshot(root)
     path, env = list(sys.path), os.environ.get("NANOCHAT_DTYPE")
@@ -258,7 +282,7 @@ def test_compute_dtype_mismatch_is_named(tmp_path):
 
 # -- other kinds of bug ---------------------------------------------------------------------------
 
-def test_engine_expansion_that_drops_the_smear_state(tmp_path, ours, tokens):
+def test_engine_expansion_that_drops_the_smear_state(tmp_path, ours, tokens, FIXED):
     root = copy_standin(tmp_path, FIXED)
     edit(root / "nanochat" / "engine.py",
          "            self.prev_embedding = other.prev_embedding.expand(self.batch_size, -1, -1).clone()",
@@ -289,7 +313,7 @@ runner = CliRunner()
 SMALL = ["--depth", "2", "--seq-len", "40", "--chunks", "3", "--gen-len", "8", "--draft", "3"]
 
 
-def test_cli_json_check_and_errors():
+def test_cli_json_check_and_errors(FIXED):
     from smearcli.cli import app
 
     r = runner.invoke(app, ["compare", "--impl", "nanochat", "--nanochat-path", str(OLD), "--json",
