@@ -44,15 +44,11 @@ def compare(
     with progress_bar("compare", n_runs) as advance:
         result = lib.compare(setup.model, setup.tokens, setup.schedules, setup.logics, setup.options,
                              tolerance=tolerance, progress=advance)
-    info = {"name": setup.loaded.name, "source": setup.loaded.source, "step": setup.loaded.step}
+    info = _model_info(setup)
     if json_out:
         sys.stdout.write(json.dumps(lib.to_json(result, info), indent=1) + "\n")
     else:
-        cfg = setup.model.config
-        title = (f"{setup.loaded.name}: d{cfg.n_layer} n_embd {cfg.n_embd}, "
-                 f"{str(setup.model.dtype).removeprefix('torch.')} on {setup.model.device}, "
-                 f"{setup.tokens.size(0)} x {setup.tokens.size(1)} tokens")
-        print_comparison(result, console(), title)
+        print_comparison(result, console(), _title(setup, setup.model))
     if save is not None:
         import torch
         payload = {"meta": lib.to_json(result, info), "tokens": result.tokens.cpu(),
@@ -63,6 +59,18 @@ def compare(
             torch.save(payload, f)
     if check and result.failures:
         raise CheckFailed(result.verdict)
+
+
+def _model_info(setup) -> dict:
+    return {"name": setup.loaded.name, "source": setup.loaded.source, "step": setup.loaded.step}
+
+
+def _title(setup, model) -> str:
+    """The table's title line: which model, how it ran, on what input."""
+    cfg = model.config
+    return (f"{setup.loaded.name}: d{cfg.n_layer} n_embd {cfg.n_embd}, "
+            f"{str(model.dtype).removeprefix('torch.')} on {model.device}, "
+            f"{setup.tokens.size(0)} x {setup.tokens.size(1)} tokens")
 
 
 def _audit(setup, json_out: bool, save: Optional[Path], check: bool, tolerance: float) -> None:
@@ -80,15 +88,11 @@ def _audit(setup, json_out: bool, save: Optional[Path], check: bool, tolerance: 
     with progress_bar("audit", n_runs) as advance:
         result = audit.audit(setup.audited, setup.tokens, setup.schedules, setup.options, tolerance,
                              reference=reference, progress=advance)
-    info = {"name": setup.loaded.name, "source": setup.loaded.source, "step": setup.loaded.step}
+    info = _model_info(setup)
     if json_out:
         sys.stdout.write(json.dumps(audit.to_json(result, info), indent=1) + "\n")
     else:
-        cfg = setup.audited.config
-        title = (f"{setup.loaded.name}: d{cfg.n_layer} n_embd {cfg.n_embd}, "
-                 f"{str(setup.audited.dtype).removeprefix('torch.')} on {setup.audited.device}, "
-                 f"{setup.tokens.size(0)} x {setup.tokens.size(1)} tokens")
-        audit.print_audit(result, console(), title)
+        audit.print_audit(result, console(), _title(setup, setup.audited))
     if save is not None:
         import torch
         with atomic_write(save, "wb") as f:
