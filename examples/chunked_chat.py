@@ -19,7 +19,7 @@ import sys
 import torch
 
 from smearcli import text
-from smearcli.models import load_checkpoint
+from smearcli.errors import UserError
 
 # A "chat" for a model trained on Python source: each user turn is the start of a definition
 # and the model's reply completes it.
@@ -46,11 +46,12 @@ def main(argv=None) -> int:
     ap.add_argument("--reply-len", type=int, default=48, help="bytes generated per reply")
     args = ap.parse_args(argv)
     torch.manual_seed(0)
-    lm = load_checkpoint(args.checkpoint) if args.checkpoint else text.tiny_model()
-    model = lm.model
-    if not text.is_byte_level(model.config):
-        print(f"{lm.name}: not a byte-level model (vocab {model.config.vocab_size})", file=sys.stderr)
+    try:
+        lm = text.byte_model(args.checkpoint)
+    except UserError as e:
+        print(e, file=sys.stderr)
         return 2
+    model = lm.model
 
     results = {logic: chat(model, logic, TURNS, args.reply_len) for logic in ("reference", "fixed", "old")}
     ref = results["reference"][0]

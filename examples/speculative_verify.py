@@ -20,7 +20,7 @@ import sys
 import torch
 
 from smearcli import text
-from smearcli.models import load_checkpoint
+from smearcli.errors import UserError
 
 PROMPT = "import sys\n\n\ndef parse_args(argv):\n    \"\"\"Parse the command line.\"\"\"\n"
 
@@ -33,11 +33,12 @@ def main(argv=None) -> int:
     ap.add_argument("--prompt", default=PROMPT)
     args = ap.parse_args(argv)
     torch.manual_seed(0)
-    lm = load_checkpoint(args.checkpoint) if args.checkpoint else text.tiny_model()
-    model = lm.model
-    if not text.is_byte_level(model.config):
-        print(f"{lm.name}: not a byte-level model (vocab {model.config.vocab_size})", file=sys.stderr)
+    try:
+        lm = text.byte_model(args.checkpoint)
+    except UserError as e:
+        print(e, file=sys.stderr)
         return 2
+    model = lm.model
     prompt = text.encode(args.prompt)
     greedy = text.decode(text.generate(model, prompt, args.new, logic="reference"))
     print(f"model {lm.name}; prompt {len(prompt)} bytes, {args.new} new bytes, drafts of {args.draft}\n")

@@ -47,6 +47,7 @@ from . import compare as cmp
 from .config import ConfigError, GPTConfig
 from .errors import UserError
 from .metrics import NOISE_MARGIN, AnalyticCheck, RunMetrics
+from .names import LOGIC_NAMES
 from .schedules import ScheduleOptions
 
 PACKAGE = "nanochat"
@@ -612,7 +613,7 @@ def audit(model: NanochatModel, tokens: Tensor, schedules: Sequence[str] = cmp.D
     c.analytic = {k: v for k, v in checks.items() if v}
     ours = like = None
     if reference is not None:
-        ours = cmp.compare(reference, tokens, schedules, ("old", "fixed"), options, tolerance, progress)
+        ours = cmp.compare(reference, tokens, schedules, LOGIC_NAMES, options, tolerance, progress)
         like = likeness(c, ours, tolerance)
     return Audit(model, c, ours, like)
 
@@ -746,7 +747,7 @@ def save_payload(a: Audit, model_info: Optional[dict] = None) -> dict:
 
 
 def print_audit(a: Audit, console, title: str = "") -> None:
-    from .report import comparison_table, _sci
+    from .report import _sci, comparison_table, print_analytic
 
     code = a.model.code
     c = a.comparison
@@ -763,12 +764,7 @@ def print_audit(a: Audit, console, title: str = "") -> None:
     if code.stand_ins:
         console.print(f"stood in at import for modules that are not installed and that inference does not "
                       f"use: {', '.join(code.stand_ins)}")
-    for sched, checks in c.analytic.items():
-        worst = max(checks, key=lambda x: x.residual)
-        console.print(f"analytic check ({sched}, {FIRST_CAPTURE}): the error at each of {len(checks)} chunk "
-                      f"starts vs (r0 + l0)*gate*x_prev: residual at most {_sci(worst.residual)} (e.g. "
-                      f"position {checks[0].position}: predicted {checks[0].predicted:.4g}, measured "
-                      f"{checks[0].measured:.4g})")
+    print_analytic(c.analytic, console, FIRST_CAPTURE, "vs (r0 + l0)*gate*x_prev: residual at most")
     if a.likeness is not None:
         lk = a.likeness
         console.print(f"full forward pass, your code vs ours: max |Δlogit| {_sci(lk.full_forward_diff)} "

@@ -41,14 +41,18 @@ def print_comparison(c: Comparison, console: Console, title: str = "") -> None:
                   f"a run passes within {c.tolerance:g}x. @starts: share of the embedding error on "
                   f"chunk starts; born at: first layer@position above {NOISE_MARGIN:g}x noise; spread: "
                   f"positions whose logits are above {NOISE_MARGIN:g}x noise.")
-    for sched, checks in c.analytic.items():
-        worst = max(checks, key=lambda a: a.residual)
-        console.print(f"analytic check ({sched}, old logic, layer 0): the error at each of "
-                      f"{len(checks)} chunk starts equals gate*x_prev to within {_sci(worst.residual)} "
-                      f"(e.g. position {checks[0].position}: predicted {checks[0].predicted:.4g}, "
-                      f"measured {checks[0].measured:.4g})")
+    print_analytic(c.analytic, console, "old logic, layer 0", "equals gate*x_prev to within")
     style = "bold green" if c.verdict.startswith("OK") else "bold red"
     console.print(f"[{style}]{c.verdict}[/]")
+
+
+def print_analytic(analytic: dict, console: Console, where: str, claim: str) -> None:
+    """One line per schedule: the error at its chunk starts against the dropped smear term."""
+    for sched, checks in analytic.items():
+        worst = max(checks, key=lambda a: a.residual)
+        console.print(f"analytic check ({sched}, {where}): the error at each of {len(checks)} chunk "
+                      f"starts {claim} {_sci(worst.residual)} (e.g. position {checks[0].position}: "
+                      f"predicted {checks[0].predicted:.4g}, measured {checks[0].measured:.4g})")
 
 
 def console(stderr: bool = False) -> Console:

@@ -48,6 +48,17 @@ def tiny_model(device="cpu", dtype: torch.dtype = torch.float32):
     return loaded
 
 
+def byte_model(checkpoint=None, device="cpu", dtype=torch.float32):
+    """The tiny model, or the byte-level checkpoint directory given; a UserError for a model whose
+    vocabulary is not the 256 bytes."""
+    from .models import load_checkpoint
+
+    loaded = load_checkpoint(checkpoint, device=device, dtype=dtype) if checkpoint else tiny_model(device, dtype)
+    if not is_byte_level(loaded.model.config):
+        raise UserError(f"{loaded.name}: not a byte-level model (vocab {loaded.model.config.vocab_size})")
+    return loaded
+
+
 # -- bytes <-> ids --------------------------------------------------------------------------------
 def is_byte_level(config) -> bool:
     return config.vocab_size == BYTE_VOCAB
