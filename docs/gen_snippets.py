@@ -44,9 +44,9 @@ SNIPPETS: list[tuple[str, str, int | str | None]] = [
 # Python run in the scratch directory before a command (the docs show the same code above it).
 SETUP = {
     "compare-checkpoint.txt": (
-        "from smearcli import models\n"
-        "lm = models.random_model(seed=1)\n"
-        "models.save_checkpoint(lm.model, 'my-ckpt', step=100)\n"
+        "from smearcli import weights\n"
+        "lm = weights.random_model(seed=1)\n"
+        "weights.save_checkpoint(lm.model, 'my-ckpt', step=100)\n"
     ),
 }
 
@@ -98,7 +98,7 @@ def run(cmd: str, setup: str = "") -> tuple[str, str, int]:
 
 def write(name: str, text: str) -> None:
     sys.path.insert(0, str(HERE.parent))
-    from smearcli.io import atomic_write
+    from smearcli.files import atomic_write
 
     with atomic_write(OUT / name, "w", encoding="utf-8") as f:
         f.write(text)

@@ -1,6 +1,6 @@
 """mkdocs hooks for the smearcli site (listed under `hooks:` in mkdocs.yml).
 
-- reference/cli.md is generated at build time from the Typer app (`smearcli._docs.page`), so it
+- reference/cli.md is generated at build time from the Typer app (`smearcli.cli.reference.page`), so it
   changes whenever a command or option does; it is never a file on disk.
 - Every notebooks/*.ipynb at the repository root becomes a page under notebooks/ (rendered by
   mkdocs-jupyter from its committed outputs, never executed) and is added to the "Notebooks"
@@ -70,10 +70,10 @@ def on_files(files, config):
 
     root = str(_root(config))
     try:
-        from smearcli._docs import page
+        from smearcli.cli.reference import page
     except ImportError:  # smearcli not installed: use the checkout's
         sys.path.insert(0, root)
-        from smearcli._docs import page
+        from smearcli.cli.reference import page
 
     files.append(File.generated(config, CLI_PAGE, content=page()))
     for nb in _notebooks(config):

@@ -15,9 +15,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from smearcli import compare, text
-from smearcli.models import load_checkpoint
-from smearcli.report import console, print_comparison
+from smearcli import compare, inputs, weights
+from smearcli.weights import load_checkpoint
+from smearcli.render.table import console, print_comparison
 from smearcli.schedules import ScheduleOptions
 
 SAMPLE = "def fib(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a\n" * 3
@@ -32,12 +32,12 @@ def main(argv=None) -> int:
     ap.add_argument("--schedules", default=",".join(compare.DEFAULT_SCHEDULES),
                     help="comma-separated schedules to run (default: all)")
     args = ap.parse_args(argv)
-    lm = load_checkpoint(args.checkpoint, args.step) if args.checkpoint else text.tiny_model()
+    lm = load_checkpoint(args.checkpoint, args.step) if args.checkpoint else weights.tiny_model()
     model = lm.model
-    if text.is_byte_level(model.config):
-        tokens = text.text_tokens(SAMPLE, model.config)  # real text: a byte-level model reads it as is
+    if model.config.is_byte_level:
+        tokens = inputs.text_tokens(SAMPLE, model.config)  # real text: a byte-level model reads it as is
     else:
-        tokens = compare.random_tokens(model.config, args.seq_len)  # no tokenizer is ever unpickled
+        tokens = inputs.random_tokens(model.config, args.seq_len)  # no tokenizer is ever unpickled
     schedules = [s.strip() for s in args.schedules.split(",") if s.strip()]
     result = compare.compare(model, tokens, schedules, options=ScheduleOptions(chunks=args.chunks))
     cfg = model.config

@@ -18,7 +18,7 @@ import sys
 
 import torch
 
-from smearcli import text
+from smearcli import generate, inputs, weights
 from smearcli.errors import UserError
 
 # A "chat" for a model trained on Python source: each user turn is the start of a definition
@@ -32,11 +32,11 @@ TURNS = [
 
 def chat(model, logic: str, turns, reply_len: int) -> tuple[list[str], list[int]]:
     """Run every turn on one session; returns the replies and the step sizes fed."""
-    s = text.session(model, logic, max_len=sum(len(text.encode(t)) for t in turns) + len(turns) * reply_len + 1)
+    s = generate.session(model, logic, max_len=sum(len(inputs.encode(t)) for t in turns) + len(turns) * reply_len + 1)
     replies = []
     for turn in turns:
-        s.feed(text.encode(turn))  # the whole turn in one step
-        replies.append(text.decode(s.generate(reply_len)))
+        s.feed(inputs.encode(turn))  # the whole turn in one step
+        replies.append(inputs.decode(s.generate(reply_len)))
     return replies, s.steps
 
 
@@ -47,7 +47,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     torch.manual_seed(0)
     try:
-        lm = text.byte_model(args.checkpoint)
+        lm = weights.byte_model(args.checkpoint)
     except UserError as e:
         print(e, file=sys.stderr)
         return 2
@@ -61,9 +61,9 @@ def main(argv=None) -> int:
         print(f"--- turn {i + 1}: user sends {turn!r}")
         for logic in ("reference", "fixed", "old"):
             reply = results[logic][0][i]
-            at = text.first_divergence(reply, ref[i])
+            at = generate.first_divergence(reply, ref[i])
             mark = "same as reference" if at is None else f"differs from character {at}"
-            print(f"{logic:>9}: {text.mark_divergence(reply, at)!r}  ({mark})")
+            print(f"{logic:>9}: {generate.mark_divergence(reply, at)!r}  ({mark})")
     same = {logic: results[logic][0] == ref for logic in ("fixed", "old")}
     print(f"\nfixed logic reproduces the reference: {same['fixed']}; old logic: {same['old']}")
     return 0

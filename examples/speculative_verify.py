@@ -19,7 +19,7 @@ import sys
 
 import torch
 
-from smearcli import text
+from smearcli import generate, inputs, weights
 from smearcli.errors import UserError
 
 PROMPT = "import sys\n\n\ndef parse_args(argv):\n    \"\"\"Parse the command line.\"\"\"\n"
@@ -34,22 +34,22 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     torch.manual_seed(0)
     try:
-        lm = text.byte_model(args.checkpoint)
+        lm = weights.byte_model(args.checkpoint)
     except UserError as e:
         print(e, file=sys.stderr)
         return 2
     model = lm.model
-    prompt = text.encode(args.prompt)
-    greedy = text.decode(text.generate(model, prompt, args.new, logic="reference"))
+    prompt = inputs.encode(args.prompt)
+    greedy = inputs.decode(generate.generate(model, prompt, args.new, logic="reference"))
     print(f"model {lm.name}; prompt {len(prompt)} bytes, {args.new} new bytes, drafts of {args.draft}\n")
     print(f"greedy (reference): {greedy!r}")
     for logic in ("fixed", "old"):
-        r = text.speculative_generate(model, prompt, args.new, args.draft, logic)
-        out = text.decode(r.ids)
-        at = text.first_divergence(out, greedy)
+        r = generate.speculative_generate(model, prompt, args.new, args.draft, logic)
+        out = inputs.decode(r.ids)
+        at = generate.first_divergence(out, greedy)
         print(f"\nspeculative, {logic} logic: {r.verify_steps} verify steps, "
               f"{r.accepted}/{r.proposed} draft tokens accepted ({100 * r.acceptance:.0f}%)")
-        print(f"  {text.mark_divergence(out, at)!r}")
+        print(f"  {generate.mark_divergence(out, at)!r}")
         print("  same text as greedy decoding" if at is None else f"  differs from greedy at character {at}")
     return 0
 

@@ -3,7 +3,7 @@
 Everything here is smearcli's own code: the model is `smearcli.model.GPT` (nanochat's
 architecture), the loop is plain PyTorch (AdamW, warmup then linear decay), and the checkpoint
 is written in nanochat's format (`model_XXXXXX.pt` + `meta_XXXXXX.json`) with
-`smearcli.models.save_checkpoint`, so `smearcli compare --checkpoint DIR` loads it like any
+`smearcli.weights.save_checkpoint`, so `smearcli compare --checkpoint DIR` loads it like any
 nanochat checkpoint.
 
 The corpus needs no download: the top-level `*.py` files of the running Python's standard
@@ -37,7 +37,7 @@ import torch.nn.functional as F
 import smearcli
 from smearcli.config import GPTConfig
 from smearcli.model import GPT
-from smearcli.models import save_checkpoint
+from smearcli.weights import save_checkpoint
 
 DEFAULT_OUT = Path(smearcli.__file__).resolve().parent / "data" / "tiny"
 VAL_FRACTION = 0.05

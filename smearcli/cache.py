@@ -74,6 +74,15 @@ class KVCache:
         self._pos += T
         self.prev_embedding = last_embedding
 
+    def truncate(self, length: int, prev_embedding: Tensor) -> None:
+        """Forget every position from `length` on (a rejected speculative draft); the caller gives
+        the smear state that goes with the kept prefix: the pre-smear embedding of its last token."""
+        if not 0 < length <= self._pos:
+            raise ValueError(f"cannot truncate {self._pos} cached tokens to {length}")
+        self.seqlens.fill_(length)
+        self._pos = length
+        self.prev_embedding = prev_embedding
+
     def expand_from(self, other: "KVCache") -> None:
         """Engine-style batch expansion: copy a batch-1 cache into every row of this empty one.
 

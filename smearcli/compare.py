@@ -1,38 +1,36 @@
 """`compare` as a library call: every schedule under every logic against the full forward pass.
 
-    from smearcli import compare, models
-    lm = models.random_model()
-    result = compare.compare(lm.model, compare.random_tokens(lm.model.config, 256))
+Owns the `Comparison` (runs, metrics, noise floor, analytic checks), its one-line verdict, its
+JSON document (schema `smearcli.compare/1`) and the payload `--save` writes.
+
+    from smearcli import compare, inputs, weights
+    lm = weights.tiny_model()
+    result = compare.compare(lm.model, inputs.random_tokens(lm.model.config, 256))
     print(result.verdict)
+
+`model` is anything with our GPT's interface (see `smearcli.impls`): our own model, or a user's
+nanochat code behind its adapter.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
-import torch
 from torch import Tensor
 
-from .metrics import (NOISE_MARGIN, AnalyticCheck, NoiseFloor, RunMetrics, analytic_check,
-                      layer_names, measure, noise_floor)
-from .model import GPT
-from .schedules import REFERENCE, SCHEDULES, RunResult, ScheduleOptions, run_schedule
-from .smear import LOGICS
+from .metrics import (AnalyticCheck, NoiseFloor, RunMetrics, analytic_check, layer_names, measure,
+                      noise_floor)
+from .names import DEFAULT_SCHEDULES, LOGIC_NAMES, NOISE_MARGIN, REFERENCE
+from .schedules import RunResult, ScheduleOptions, run_schedule
+from .units import sig3
 
 SCHEMA = "smearcli.compare/1"
-DEFAULT_SCHEDULES = tuple(s for s in SCHEDULES if s != REFERENCE)
-
-
-def random_tokens(config, seq_len: int, batch: int = 1, seed: int = 0) -> Tensor:
-    """(batch, seq_len) token ids, uniform over the real vocabulary, from a fixed seed."""
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, config.vocab_size, (batch, seq_len), generator=g)
 
 
 @dataclass
 class Comparison:
-    model: GPT
+    model: object  # our GPT or an adapter with its interface (smearcli.impls)
     tokens: Tensor
     options: ScheduleOptions
     layers: list[str]
@@ -58,12 +56,15 @@ class Comparison:
         return verdict(self)
 
 
-def compare(model: GPT, tokens: Tensor, schedules: Sequence[str] = DEFAULT_SCHEDULES,
-            logics: Sequence[str] = tuple(LOGICS), options: ScheduleOptions = ScheduleOptions(),
-            tolerance: float = NOISE_MARGIN, progress=None) -> Comparison:
+def compare(model, tokens: Tensor, schedules: Sequence[str] = DEFAULT_SCHEDULES,
+            logics: Sequence[str] = LOGIC_NAMES, options: ScheduleOptions = ScheduleOptions(),
+            tolerance: float = NOISE_MARGIN, progress=None, first_capture: str = "emb",
+            check_runs: Optional[Callable[[RunMetrics], bool]] = None) -> Comparison:
     """Run the reference, the noise-floor pair and every (schedule, logic); measure each.
 
-    `progress`, if given, is called with a short label before each run."""
+    `progress`, if given, is called with a short label before each run. `first_capture` names
+    the model's first capture point; `check_runs` picks the runs that get the analytic check
+    (default: those of the old logic)."""
     tokens = tokens.to(model.device)
     step = progress or (lambda label: None)
     step("full (reference)")
@@ -82,14 +83,11 @@ def compare(model: GPT, tokens: Tensor, schedules: Sequence[str] = DEFAULT_SCHED
         decode_for_noise = run_schedule(model, tokens, "decode", "fixed", options)
     noise = noise_floor(ref, decode_for_noise, model.dtype)
     metrics = [measure(ref, r, noise, tolerance) for r in runs]
-    analytic = {r.schedule: analytic_check(model, tokens, ref, r)
-                for r in runs if r.logic == "old" and r.chunk_starts}
-    return Comparison(model, tokens, options, layer_names(model.config.n_layer), noise, ref, runs,
+    pick = check_runs or (lambda m: m.logic == "old")
+    analytic = {r.schedule: analytic_check(model, tokens, ref, r) for r, m in zip(runs, metrics) if pick(m)}
+    layers = [first_capture] + layer_names(model.config.n_layer)[1:]
+    return Comparison(model, tokens, options, layers, noise, ref, runs,
                       metrics, {k: v for k, v in analytic.items() if v}, tolerance)
-
-
-def _fmt(x: float) -> str:
-    return f"{x:.3g}"
 
 
 def verdict(c: Comparison) -> str:
@@ -104,7 +102,7 @@ def verdict(c: Comparison) -> str:
     names = ", ".join(f"{m.schedule}/{m.logic}" for m in bad)
     where = f" at chunk starts {', '.join(map(str, worst.chunk_starts[:4]))}" if worst.chunk_starts else ""
     msg = (f"BUG: {names} diverge from the full forward pass: max |dlogit| "
-           f"{_fmt(worst.max_abs_logits)} ({_fmt(worst.logits_multiple)}x noise){where}")
+           f"{sig3(worst.max_abs_logits)} ({sig3(worst.logits_multiple)}x noise){where}")
     good = sorted({m.logic for m in c.metrics} - set(logics))
     if good:
         msg += f"; the {'/'.join(good)} logic matches every schedule"
@@ -162,3 +160,16 @@ def to_json(c: Comparison, model_info: Optional[dict] = None) -> dict:
                                for a in checks] for s, checks in c.analytic.items()},
         "verdict": c.verdict,
     }
+
+
+def save_payload(document: dict, comparisons: dict) -> dict:
+    """What `--save` writes: the JSON `document`, the tokens, and every run's logits, keyed
+    `logits_{prefix}full` and `logits_{prefix}{schedule}_{logic}` for each `prefix -> Comparison`
+    in `comparisons` (prefix "" for the main one)."""
+    first = next(iter(comparisons.values()))
+    payload = {"meta": document, "tokens": first.tokens.cpu()}
+    for prefix, c in comparisons.items():
+        payload[f"logits_{prefix}full"] = c.reference.logits.cpu()
+        for r in c.runs:
+            payload[f"logits_{prefix}{r.schedule}_{r.logic}"] = r.logits.cpu()
+    return payload

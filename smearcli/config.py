@@ -7,6 +7,11 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 
+# Channel counts fixed by the architecture (not by the config): the one definition of each.
+SMEAR_GATE_CHANNELS = 24  # the smear gate reads the first 24 channels of the current token
+VE_GATE_CHANNELS = 12  # each value-embedding gate reads the first 12 channels of its block input
+BYTE_VOCAB = 256  # a byte-level model: its token ids are byte values, its text needs no tokenizer
+
 
 class ConfigError(ValueError):
     """A model_config that cannot describe a nanochat model."""
@@ -39,8 +44,9 @@ class GPTConfig:
             raise ConfigError(f"n_head ({self.n_head}) is not divisible by n_kv_head ({self.n_kv_head})")
         if self.head_dim % 2 != 0:
             raise ConfigError(f"head_dim ({self.head_dim}) must be even for rotary embeddings")
-        if self.n_embd < 24:
-            raise ConfigError(f"n_embd ({self.n_embd}) must be >= 24: the smear gate reads 24 channels")
+        if self.n_embd < SMEAR_GATE_CHANNELS:
+            raise ConfigError(f"n_embd ({self.n_embd}) must be >= {SMEAR_GATE_CHANNELS}: the smear gate "
+                              f"reads {SMEAR_GATE_CHANNELS} channels")
         if not self.window_pattern or any(c not in "SL" for c in self.window_pattern.upper()):
             raise ConfigError(f"window_pattern {self.window_pattern!r} may only contain 'S' and 'L'")
 
@@ -63,6 +69,10 @@ class GPTConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @property
+    def is_byte_level(self) -> bool:
+        return self.vocab_size == BYTE_VOCAB
 
     @property
     def head_dim(self) -> int:

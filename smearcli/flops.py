@@ -1,4 +1,4 @@
-"""Forward FLOPs of the nanochat GPT, counted from its configuration alone (no torch).
+"""Forward FLOPs of the nanochat GPT, counted from its configuration and parameter inventory.
 
 The counting rule is the usual one for transformers:
 
@@ -20,24 +20,19 @@ hardware does it, which is what `smearcli bench` measures against these counts.
 
 from __future__ import annotations
 
+import math
 from typing import Optional, Sequence
 
 from .config import GPTConfig
-
-GATE_CHANNELS_SMEAR = 24
-GATE_CHANNELS_VE = 12
+from .model import is_embedding, param_shapes
 
 
 def matmul_params(config: GPTConfig) -> int:
-    """Weights that multiply the token stream once per token in a forward pass."""
-    C = config.n_embd
-    kv = config.n_kv_head * config.head_dim
-    per_layer = C * C + 2 * C * kv + C * C + 2 * (C * 4 * C)  # q, k+v, attn proj, MLP in+out
-    total = config.n_layer * per_layer
-    total += sum(GATE_CHANNELS_VE * config.n_kv_head for i in range(config.n_layer) if config.has_ve(i))
-    total += GATE_CHANNELS_SMEAR  # smear gate: 24 -> 1
-    total += config.padded_vocab_size * C  # lm_head, padded rows included (they are computed)
-    return total
+    """Weights that multiply the token stream once per token in a forward pass: every matrix of
+    the model's inventory but the embedding tables (looked up, not multiplied), the padded rows
+    of lm_head included (they are computed)."""
+    return sum(math.prod(shape) for name, shape in param_shapes(config).items()
+               if len(shape) == 2 and not is_embedding(name))
 
 
 def _keys_attended(start: int, n: int, window: int) -> int:

@@ -16,18 +16,15 @@ the `logits`. For each run against the reference (same inputs, same weights):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .model import GPT, rms_norm
+from .names import NOISE_MARGIN
 from .schedules import RunResult
-from .smear import smear_gate
-
-NOISE_MARGIN = 10.0  # an error this many times the noise floor is no longer rounding
 
 
 def layer_names(n_layer: int) -> list[str]:
@@ -155,22 +152,31 @@ def measure(ref: RunResult, run: RunResult, noise: NoiseFloor, tolerance: float 
 
 @dataclass
 class AnalyticCheck:
-    """At chunk start t, old minus reference at the embedding should be -gate_t * x_{t-1}."""
+    """At chunk start t, old minus reference at the first capture point should be
+    -scale * gate_t * x_{t-1}."""
     position: int
-    predicted: float  # max |gate_t * x_{t-1}| over rows and channels
-    measured: float  # max |old - ref| at the post-smear embedding
-    residual: float  # max |(ref - old) - gate_t * x_{t-1}|: should be rounding noise
+    predicted: float  # max |scale * gate_t * x_{t-1}| over rows and channels
+    measured: float  # max |old - ref| at the first capture point
+    residual: float  # max |(ref - old) - scale * gate_t * x_{t-1}|: should be rounding noise
 
 
 @torch.inference_mode()
-def analytic_check(model: GPT, tokens: Tensor, ref: RunResult, old: RunResult) -> list[AnalyticCheck]:
-    if ref.hiddens is None or old.hiddens is None or old.row_map != ref.row_map:
+def analytic_check(model, tokens: Tensor, ref: RunResult, old: RunResult) -> list[AnalyticCheck]:
+    """The error the old logic makes at each chunk start, against the exact term it drops.
+
+    `model.smear_terms(tokens)` gives the pre-smear embedding x (B, T, C), the gate (B, T, 1) and
+    the scale between the post-smear embedding and the first capture point (1 for our model,
+    whose first capture point is the post-smear embedding itself). Empty when the runs carry no
+    hidden states, rows differ, there are no chunk starts, or the model has no smear terms."""
+    if ref.hiddens is None or old.hiddens is None or old.row_map != ref.row_map or not old.chunk_starts:
         return []
-    x = rms_norm(model.transformer.wte(tokens).to(model.dtype))  # pre-smear embeddings (B, T, C)
-    gate = smear_gate(x, model.smear_gate.weight, model.smear_lambda)  # (B, T, 1)
+    terms = model.smear_terms(tokens.to(model.device))
+    if terms is None:
+        return []
+    x, gate, scale = terms
     out = []
     for t in old.chunk_starts:
-        term = (gate[:, t] * x[:, t - 1]).float()  # (B, C)
+        term = (scale * (gate[:, t] * x[:, t - 1])).float()  # (B, C)
         diff = ref.hiddens[0][:, t] - old.hiddens[0][:, t]
         out.append(AnalyticCheck(t, float(term.abs().max()), float(diff.abs().max()),
                                  float((diff - term).abs().max())))

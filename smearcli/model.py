@@ -10,6 +10,8 @@ from `smearcli.smear.LOGICS`, so the same weights can run under the old (buggy) 
 
 from __future__ import annotations
 
+import functools
+from unittest import mock
 from typing import Optional
 
 import torch
@@ -18,13 +20,12 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .cache import KVCache
-from .config import GPTConfig
-from .smear import get_logic
+from .config import VE_GATE_CHANNELS, GPTConfig
+from .smear import GATE_CHANNELS, get_logic, smear_gate
 
 ROTARY_BASE = 100000
 SOFTCAP = 15.0
 QK_SCALE = 1.2  # applied to q and k after QK-norm: sharper attention
-VE_GATE_CHANNELS = 12
 
 
 def rms_norm(x: Tensor) -> Tensor:
@@ -84,7 +85,7 @@ class CausalSelfAttention(nn.Module):
         self.c_k = Linear(C, self.n_kv_head * self.head_dim)
         self.c_v = Linear(C, self.n_kv_head * self.head_dim)
         self.c_proj = Linear(C, C)
-        # value-embedding gate: per kv head, from the first 12 channels of the block input
+        # value-embedding gate: per kv head, from the first VE_GATE_CHANNELS of the block input
         self.ve_gate = Linear(VE_GATE_CHANNELS, self.n_kv_head) if config.has_ve(layer) else None
 
     def forward(self, x: Tensor, ve: Optional[Tensor], cos: Tensor, sin: Tensor, window: int,
@@ -145,7 +146,7 @@ class GPT(nn.Module):
         self.lm_head = Linear(C, V)
         self.resid_lambdas = nn.Parameter(torch.ones(config.n_layer))
         self.x0_lambdas = nn.Parameter(torch.zeros(config.n_layer))
-        self.smear_gate = Linear(24, 1)
+        self.smear_gate = Linear(GATE_CHANNELS, 1)
         self.smear_lambda = nn.Parameter(torch.zeros(1))
         self.backout_lambda = nn.Parameter(torch.full((1,), 0.2))
         self.value_embeds = nn.ModuleDict({
@@ -187,6 +188,14 @@ class GPT(nn.Module):
 
     def new_cache(self, batch_size: int, max_len: int) -> KVCache:
         return KVCache.for_model(self.config, batch_size, max_len, device=self.device, dtype=self.dtype)
+
+    @torch.inference_mode()
+    def smear_terms(self, idx: Tensor) -> tuple[Tensor, Tensor, float]:
+        """What smearing mixes in, for the analytic check (`smearcli.metrics`): the pre-smear
+        embedding x (B, T, C), the gate (B, T, 1), and the scale from the post-smear embedding to
+        our first capture point (1: we capture the post-smear embedding itself)."""
+        x = rms_norm(self.transformer.wte(idx).to(self.dtype))
+        return x, smear_gate(x, self.smear_gate.weight, self.smear_lambda), 1.0
 
     # -- forward --------------------------------------------------------------------------------
     def forward(self, idx: Tensor, cache: Optional[KVCache] = None, smear: Optional[str] = None,
@@ -233,3 +242,21 @@ class GPT(nn.Module):
         if cache is not None:
             cache.commit(T, x_pre[:, -1:, :])
         return logits
+
+
+# -- the parameter inventory ------------------------------------------------------------------------
+@functools.lru_cache(maxsize=16)
+def param_shapes(config: GPTConfig) -> dict[str, tuple[int, ...]]:
+    """name -> shape of every tensor in `GPT(config).state_dict()`, derived by building the model on
+    the meta device: no memory is allocated, and this is the one inventory that loading (checked
+    before any weight is read), the memory preflight and the FLOP counts use."""
+    # nn.Embedding fills its table with normal_, which on the meta device imports torch's
+    # compiler (over a second); shapes need no values, so that one initialiser is skipped
+    with torch.device("meta"), mock.patch.object(nn.Embedding, "reset_parameters", lambda self: None):
+        net = GPT(config)
+    return {k: tuple(v.shape) for k, v in net.state_dict().items()}
+
+
+def is_embedding(name: str) -> bool:
+    """Tables that are looked up, not multiplied: they cost no FLOPs per token."""
+    return name.startswith(("transformer.wte.", "value_embeds."))

@@ -1,7 +1,31 @@
-"""Names of schedules and smear logics, importable without torch (for fast --help).
+"""The names and defaults every layer shares, importable without torch (so `--help` is fast).
 
-`schedules.SCHEDULES` and `smear.LOGICS` implement exactly these, in this order (asserted there)."""
+`schedules.SCHEDULES` and `smear.LOGICS` implement exactly these names, in this order (asserted
+there); the CLI's option defaults, the library's keyword defaults, the notebooks and the docs all
+read them from here."""
 
 SCHEDULE_NAMES = ("full", "prefill", "decode", "chunked", "engine", "speculative")
 REFERENCE = "full"  # the schedule every other run is measured against
+DEFAULT_SCHEDULES = tuple(s for s in SCHEDULE_NAMES if s != REFERENCE)  # what compare runs
 LOGIC_NAMES = ("old", "fixed")
+
+# Defaults of the schedules' own options (`schedules.ScheduleOptions`).
+CHUNKS = 4  # chunked: near-equal chunks
+SAMPLES = 2  # engine: rows the batch-1 prefill is expanded to
+GEN_LEN = 32  # engine, speculative: tokens after the prompt
+DRAFT = 4  # speculative: tokens per verify step
+
+NOISE_MARGIN = 10.0  # an error this many times the measured noise floor is no longer rounding
+# Schedules that feed several tokens to a non-empty cache: where the old logic drops a predecessor.
+CHUNK_START_SCHEDULES = ("chunked", "speculative")
+
+
+def figure_schedule(names) -> str:
+    """The one schedule a figure shows when none is named: chunked if among `names`, else the first
+    of them that has chunk starts, else the first."""
+    names = list(names)
+    if not names:
+        raise ValueError("no schedules to choose from")
+    if "chunked" in names:
+        return "chunked"
+    return next((n for n in names if n in CHUNK_START_SCHEDULES), names[0])

@@ -23,16 +23,16 @@ import torch
 from torch import Tensor
 
 from .model import GPT
-from .names import REFERENCE, SCHEDULE_NAMES
+from .names import CHUNKS, DRAFT, GEN_LEN, SAMPLES, SCHEDULE_NAMES
 
 
 @dataclass(frozen=True)
 class ScheduleOptions:
-    chunks: int = 4  # near-equal chunks for `chunked` (ignored when chunk_sizes is set)
+    chunks: int = CHUNKS  # near-equal chunks for `chunked` (ignored when chunk_sizes is set)
     chunk_sizes: Optional[tuple[int, ...]] = None
-    samples: int = 2  # rows after engine-style expansion
-    gen_len: int = 32  # tokens generated after the prompt (engine, speculative)
-    draft: int = 4  # tokens per speculative verify step
+    samples: int = SAMPLES  # rows after engine-style expansion
+    gen_len: int = GEN_LEN  # tokens generated after the prompt (engine, speculative)
+    draft: int = DRAFT  # tokens per speculative verify step
 
 
 @dataclass
@@ -172,9 +172,9 @@ SCHEDULES: dict[str, Schedule] = {s.name: s for s in [
     Schedule("full", "one forward pass, no cache (the reference)", _full),
     Schedule("prefill", "one cached step over all tokens", _stepped(lambda T, o: [T])),
     Schedule("decode", "one cached step per token", _stepped(lambda T, o: [1] * T)),
-    Schedule("chunked", "cached chunks (--chunks N or --chunk-sizes a,b,..)", _stepped(chunk_plan)),
-    Schedule("engine", "batch-1 prefill, cache copied to --samples rows, then decode --gen-len tokens", _engine),
-    Schedule("speculative", "prefill, then verify steps of --draft tokens over the last --gen-len", _stepped(_speculative_plan)),
+    Schedule("chunked", "cached chunks: N near-equal ones, or explicit sizes", _stepped(chunk_plan)),
+    Schedule("engine", "batch-1 prefill, cache copied to `samples` rows, then `gen_len` one-token steps", _engine),
+    Schedule("speculative", "prefill, then verify steps of `draft` tokens over the last `gen_len`", _stepped(_speculative_plan)),
 ]}
 assert tuple(SCHEDULES) == SCHEDULE_NAMES
 

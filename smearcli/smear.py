@@ -25,9 +25,8 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor
 
+from .config import SMEAR_GATE_CHANNELS as GATE_CHANNELS
 from .names import LOGIC_NAMES
-
-GATE_CHANNELS = 24  # the smear gate reads the first 24 channels of the current token
 
 
 def smear_gate(x: Tensor, gate_weight: Tensor, smear_lambda: Tensor) -> Tensor:

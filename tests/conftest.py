@@ -24,5 +24,5 @@ def reference(fixture_dir):
 
 @pytest.fixture(scope="session")
 def upstream_model(fixture_dir):
-    from smearcli.models import load_checkpoint
+    from smearcli.weights import load_checkpoint
     return load_checkpoint(fixture_dir).model

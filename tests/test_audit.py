@@ -19,10 +19,12 @@ import torch
 import torch.nn.functional as F
 from typer.testing import CliRunner
 
-from smearcli import audit, models
-from smearcli.compare import random_tokens
+from smearcli import weights
+from smearcli.impls.nanochat import adapter, audit, sandbox
+from smearcli.inputs import random_tokens
 from smearcli.errors import UserError
-from smearcli.metrics import NOISE_MARGIN
+from smearcli.names import NOISE_MARGIN
+from smearcli.units import compact
 from smearcli.schedules import ScheduleOptions
 
 STANDIN = Path(__file__).resolve().parent / "standin"
@@ -53,7 +55,7 @@ def snapshot(root: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def ours():
-    return models.random_model(models.random_config(depth=2), seed=0).model
+    return weights.random_model(weights.random_config(depth=2), seed=0).model
 
 
 @pytest.fixture(scope="module")
@@ -62,8 +64,8 @@ def tokens(ours):
 
 
 def run_audit(path, ours, tokens, reference=True, schedules=("prefill", "decode", "chunked", "engine", "speculative")):
-    code = audit.import_nanochat(path, dtype=torch.float32)
-    theirs = audit.nanochat_from_model(code, ours)
+    code = sandbox.import_nanochat(path, dtype=torch.float32)
+    theirs = adapter.nanochat_from_model(code, ours)
     return audit.audit(theirs, tokens, list(schedules), OPTS, reference=ours if reference else None)
 
 
@@ -116,8 +118,8 @@ def test_old_standin_is_reported_with_the_chunk_boundary_bug(old_audit):
     spec = next(r for r in c.runs if r.schedule == "speculative")
     at_starts = max(float((r.logits - c.reference.logits).abs().amax(-1)[0, r.chunk_starts].max())
                     for r in (run, spec))
-    assert f"error {audit._g(at_starts)} at chunk starts" in old_audit.verdict
-    assert f"{audit._g(at_starts / c.noise.per_layer[-1])} x noise floor" in old_audit.verdict
+    assert f"error {compact(at_starts)} at chunk starts" in old_audit.verdict
+    assert f"{compact(at_starts / c.noise.per_layer[-1])} x noise floor" in old_audit.verdict
     assert at_starts > 1e4 * c.noise.per_layer[-1]
 
 
@@ -186,7 +188,7 @@ def test_import_leaves_no_trace(tmp_path, ours, tokens, FIXED):
     sentinel = types.ModuleType("nanochat")  # an unrelated `nanochat` already imported elsewhere
     sys.modules["nanochat"] = sentinel
     try:
-        code = audit.import_nanochat(root, dtype=torch.float32)
+        code = sandbox.import_nanochat(root, dtype=torch.float32)
         assert nanochat_modules() == ["nanochat"] and sys.modules["nanochat"] is sentinel
     finally:
         del sys.modules["nanochat"]
@@ -195,7 +197,7 @@ def test_import_leaves_no_trace(tmp_path, ours, tokens, FIXED):
     assert sys.dont_write_bytecode == bytecode
     assert snapshot(root) == before  # nothing written: no __pycache__, no touched file
     # the imported objects still work once the modules are gone from sys.modules
-    theirs = audit.nanochat_from_model(code, ours)
+    theirs = adapter.nanochat_from_model(code, ours)
     a = audit.audit(theirs, tokens, ["chunked"], OPTS)
     assert not a.failed
     assert nanochat_modules() == [] and snapshot(root) == before
@@ -203,14 +205,14 @@ def test_import_leaves_no_trace(tmp_path, ours, tokens, FIXED):
 
 def test_not_a_checkout(tmp_path):
     with pytest.raises(UserError, match="directory not found"):
-        audit.import_nanochat(tmp_path / "nope")
+        sandbox.import_nanochat(tmp_path / "nope")
     (tmp_path / "nanochat").mkdir()
     with pytest.raises(UserError, match=r"not a nanochat checkout \(no nanochat/gpt.py and no nanochat/engine.py"):
-        audit.import_nanochat(tmp_path)
+        sandbox.import_nanochat(tmp_path)
 
 
 def test_the_package_directory_itself_is_accepted():
-    assert audit.import_nanochat(OLD / "nanochat").root == OLD
+    assert sandbox.import_nanochat(OLD / "nanochat").root == OLD
 
 
 @pytest.mark.parametrize("file, old, new, missing", [
@@ -226,7 +228,7 @@ def test_api_differences_are_named(tmp_path, file, old, new, missing):
     root = copy_standin(tmp_path)
     edit(root / "nanochat" / file, old, new)
     with pytest.raises(UserError, match="nanochat API differs") as e:
-        audit.import_nanochat(root)
+        sandbox.import_nanochat(root)
     assert missing in str(e.value)
     assert nanochat_modules() == []
 
@@ -235,7 +237,7 @@ def test_broken_user_code_is_a_user_error(tmp_path):
     root = copy_standin(tmp_path)
     edit(root / "nanochat" / "gpt.py", "import os\n", "import os\nraise RuntimeError('half-finished edit')\n")
     with pytest.raises(UserError, match="importing nanochat failed: RuntimeError: half-finished edit"):
-        audit.import_nanochat(root)
+        sandbox.import_nanochat(root)
     assert nanochat_modules() == []
 
 
@@ -243,10 +245,10 @@ def test_missing_third_party_modules_are_stood_in_and_named(tmp_path, ours, toke
     root = copy_standin(tmp_path)
     edit(root / "nanochat" / "engine.py", "import torch\n",
          "import torch\nimport smearcli_test_absent_a\nfrom smearcli_test_absent_b import Tokenizer\n")
-    code = audit.import_nanochat(root)
+    code = sandbox.import_nanochat(root)
     assert code.stand_ins == ["smearcli_test_absent_a", "smearcli_test_absent_b"]
     assert not any(k.startswith("smearcli_test_absent") for k in sys.modules)
-    a = audit.audit(audit.nanochat_from_model(code, ours), tokens, ["chunked"], OPTS)
+    a = audit.audit(adapter.nanochat_from_model(code, ours), tokens, ["chunked"], OPTS)
     assert a.failed  # the old smear, found as before
     # using a stood-in name fails with a message that names the module
     with pytest.raises(UserError, match="'smearcli_test_absent_b' is not installed"):
@@ -263,7 +265,7 @@ def test_flash_attention_kernel_is_never_fetched(tmp_path, ours, tokens):
         "_override_impl = None\nUSE_FA3 = True\n")
     edit(root / "nanochat" / "gpt.py", "import torch\n", "import torch\nfrom nanochat import flash_attention\n")
     before = snapshot(root)
-    code = audit.import_nanochat(root)
+    code = sandbox.import_nanochat(root)
     fa = code.modules["nanochat.flash_attention"]
     assert fa.HAS_FA3 is False and fa.USE_FA3 is False and fa._override_impl == "sdpa"
     assert code.attention.startswith("sdpa")
@@ -274,10 +276,10 @@ def test_compute_dtype_mismatch_is_named(tmp_path):
     root = copy_standin(tmp_path)
     edit(root / "nanochat" / "gpt.py", 'COMPUTE_DTYPE = getattr(torch, os.environ.get("NANOCHAT_DTYPE", "float32"))',
          "COMPUTE_DTYPE = torch.bfloat16")
-    with pytest.raises(UserError, match="computes in bfloat16 .*pass --dtype bfloat16"):
-        audit.import_nanochat(root, dtype=torch.float32)
+    with pytest.raises(UserError, match="computes in bfloat16 .*compute in bfloat16 instead"):
+        sandbox.import_nanochat(root, dtype=torch.float32)
     # and the dtype asked for reaches code that honours NANOCHAT_DTYPE, as upstream does
-    assert audit.import_nanochat(OLD, dtype=torch.bfloat16).compute_dtype == torch.bfloat16
+    assert sandbox.import_nanochat(OLD, dtype=torch.bfloat16).compute_dtype == torch.bfloat16
 
 
 # -- other kinds of bug ---------------------------------------------------------------------------
@@ -300,11 +302,11 @@ def test_engine_expansion_that_drops_the_smear_state(tmp_path, ours, tokens, FIX
 # -- checkpoints and the CLI ----------------------------------------------------------------------
 
 def test_checkpoint_is_loaded_into_the_users_code(tmp_path, ours, tokens):
-    models.save_checkpoint(ours, tmp_path / "ckpt", step=7)
-    code = audit.import_nanochat(OLD)
-    theirs, step, meta = audit.nanochat_from_checkpoint(code, tmp_path / "ckpt", device="cpu")
+    weights.save_checkpoint(ours, tmp_path / "ckpt", step=7)
+    code = sandbox.import_nanochat(OLD)
+    theirs, step, meta = adapter.nanochat_from_checkpoint(code, tmp_path / "ckpt", device="cpu")
     assert step == 7 and meta["model_config"] == ours.config.to_dict()
-    same = audit.nanochat_from_model(code, ours)
+    same = adapter.nanochat_from_model(code, ours)
     with torch.inference_mode():
         assert torch.equal(theirs(tokens), same(tokens))
 
@@ -314,7 +316,7 @@ SMALL = ["--depth", "2", "--seq-len", "40", "--chunks", "3", "--gen-len", "8", "
 
 
 def test_cli_json_check_and_errors(FIXED):
-    from smearcli.cli import app
+    from smearcli.cli.app import app
 
     r = runner.invoke(app, ["compare", "--impl", "nanochat", "--nanochat-path", str(OLD), "--json",
                             "--schedules", "chunked", *SMALL])
@@ -343,12 +345,12 @@ def test_cli_json_check_and_errors(FIXED):
 # -- plot -----------------------------------------------------------------------------------------
 
 def test_merged_comparison_draws_ours_and_yours(old_audit):
-    from smearcli import plotting
+    from smearcli.render import figures
 
     c = audit.merged(old_audit)
     assert [m.logic for m in c.metrics if m.schedule == "chunked"] == ["old", "fixed", "yours"]
     assert c.layers[0] == "emb | block0_in" and len(c.layers) == len(old_audit.comparison.layers)
-    fig = plotting.figure(c, "chunked", kind="error")
+    fig = figures.figure(c, "chunked", kind="error")
     d = fig.smearcli_data
     assert d.logics == ["old", "fixed", "yours"]
     ours = old_audit.comparison.get("chunked", audit.USER_LOGIC).abs_err[-1].double().numpy()
@@ -356,7 +358,7 @@ def test_merged_comparison_draws_ours_and_yours(old_audit):
 
 
 def test_cli_plot_with_impl_nanochat(tmp_path):
-    from smearcli.cli import app
+    from smearcli.cli.app import app
 
     out = tmp_path / "fig.svg"
     r = runner.invoke(app, ["plot", "--impl", "nanochat", "--nanochat-path", str(OLD), "-o", str(out),

@@ -11,10 +11,11 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from smearcli import bench, flops
-from smearcli.cli import app
-from smearcli.compare import random_tokens
-from smearcli.models import random_config, random_model
+from smearcli import flops
+from smearcli.bench import harness, meters, report, stats
+from smearcli.cli.app import app
+from smearcli.inputs import random_tokens
+from smearcli.weights import random_config, random_model
 from smearcli.model import GPT, Linear
 from smearcli.schedules import ScheduleOptions, chunk_plan, run_schedule
 
@@ -57,16 +58,16 @@ def test_quantile_matches_numpy_linear_interpolation(n):
     rng = random.Random(n)
     xs = [rng.uniform(0, 10) for _ in range(n)]
     for q in (0.0, 0.25, 0.5, 0.75, 1.0, 0.1):
-        assert bench.quantile(xs, q) == pytest.approx(float(np.percentile(xs, 100 * q)), rel=1e-12)
+        assert stats.quantile(xs, q) == pytest.approx(float(np.percentile(xs, 100 * q)), rel=1e-12)
 
 
 def test_summary_fields():
     xs = [5.0, 1.0, 4.0, 2.0, 3.0]
-    s = bench.Summary.of(xs)
+    s = stats.Summary.of(xs)
     assert (s.n, s.median, s.min, s.max) == (5, 3.0, 1.0, 5.0)
     assert (s.q1, s.q3, s.iqr) == (2.0, 4.0, 2.0)
     with pytest.raises(ValueError):
-        bench.quantile([], 0.5)
+        stats.quantile([], 0.5)
 
 
 # -- the alternation ------------------------------------------------------------------------------
@@ -83,7 +84,7 @@ def _fake_fns(order, clock, durations):
 def test_alternate_warmup_count_and_order(warmup, repeats):
     clock, order, log = FakeClock(), [], []
     fns = _fake_fns(order, clock, {"old": 2.0, "fixed": 3.0})
-    rounds = bench.alternate(fns, warmup, repeats, bench.Timer("cpu", clock).measure, log=log, what="s")
+    rounds = harness.alternate(fns, warmup, repeats, meters.Timer("cpu", clock).measure, log=log, what="s")
     assert order == ["old", "fixed"] * (warmup + repeats)
     assert [e[0] for e in log] == ["warmup"] * (2 * warmup) + ["timed"] * (2 * repeats)
     assert rounds.samples == {"old": [2.0] * repeats, "fixed": [3.0] * repeats}
@@ -100,7 +101,7 @@ def test_alternate_memory_run_is_extra_and_untimed():
         fn()
         return 123
 
-    rounds = bench.alternate(fns, 1, 2, bench.Timer("cpu", clock).measure, memory=memory)
+    rounds = harness.alternate(fns, 1, 2, meters.Timer("cpu", clock).measure, memory=memory)
     assert order == ["old", "fixed"] * 4  # 1 warm-up + 2 timed + 1 memory round
     assert len(rounds.samples["old"]) == 2
     assert rounds.memory == {"old": 123, "fixed": 123}
@@ -116,23 +117,23 @@ def test_alternate_auto_repeats_sees_one_round(warmup):
         seen.append(round_s)
         return 4
 
-    rounds = bench.alternate(fns, warmup, choose, bench.Timer("cpu", clock).measure)
+    rounds = harness.alternate(fns, warmup, choose, meters.Timer("cpu", clock).measure)
     assert seen == [5.0]  # asked once, with one round's time
     assert len(rounds.samples["old"]) == len(rounds.samples["fixed"]) == 4
     assert order == ["old", "fixed"] * (warmup + 4)
 
 
 def test_choose_repeats_budget_and_clamp():
-    s = bench.BenchSettings(min_repeats=3, max_repeats=20, memory=True, budget_s=30.0)
+    s = harness.BenchSettings(min_repeats=3, max_repeats=20, memory=True, budget_s=30.0)
     assert s.choose_repeats(1.0, 30.0, 3) == 9  # 10 s share / 1 s round, less the memory round
     assert s.choose_repeats(100.0, 30.0, 1) == 3
     assert s.choose_repeats(1e-4, 30.0, 1) == 20
-    assert bench.BenchSettings(repeats=7).choose_repeats(100.0, 1.0, 1) == 7
+    assert harness.BenchSettings(repeats=7).choose_repeats(100.0, 1.0, 1) == 7
 
 
 def test_pair_ratios():
-    assert bench.pair_ratios({"old": [2.0, 4.0], "fixed": [3.0, 2.0]}) == [1.5, 0.5]
-    assert bench.pair_ratios({"old": [1.0]}) is None
+    assert stats.pair_ratios({"old": [2.0, 4.0], "fixed": [3.0, 2.0]}) == [1.5, 0.5]
+    assert stats.pair_ratios({"old": [1.0]}) is None
 
 
 # -- the whole harness on a tiny model ------------------------------------------------------------
@@ -141,10 +142,10 @@ def test_bench_alternates_and_summarises(tiny):
     rec = Recorder(clock, factor=1.25)
     tokens = random_tokens(tiny.config, 16)
     opts = ScheduleOptions(chunks=4)
-    settings = bench.BenchSettings(warmup=2, repeats=3, micro=False, peak=False, memory=True)
+    settings = harness.BenchSettings(warmup=2, repeats=3, micro=False, peak=False, memory=True)
     progress = []
-    res = bench.bench(tiny, tokens, ["prefill", "chunked"], ["old", "fixed"], opts, settings,
-                      timer=bench.Timer("cpu", clock), run=rec,
+    res = harness.bench(tiny, tokens, ["prefill", "chunked"], ["old", "fixed"], opts, settings,
+                      timer=meters.Timer("cpu", clock), run=rec,
                       progress=lambda d, done, total: progress.append((done, total)))
     per_sched = ["old", "fixed"] * (2 + 3 + 1)  # warm-up, timed, memory
     assert rec.calls == [("prefill", lg) for lg in per_sched] + [("chunked", lg) for lg in per_sched]
@@ -171,9 +172,9 @@ def test_bench_alternates_and_summarises(tiny):
 def test_bench_single_logic_has_no_ratio(tiny):
     clock = FakeClock()
     rec = Recorder(clock)
-    settings = bench.BenchSettings(warmup=1, repeats=2, micro=False, peak=False, memory=False)
-    res = bench.bench(tiny, random_tokens(tiny.config, 8), ["decode"], ["fixed"], ScheduleOptions(),
-                      settings, timer=bench.Timer("cpu", clock), run=rec)
+    settings = harness.BenchSettings(warmup=1, repeats=2, micro=False, peak=False, memory=False)
+    res = harness.bench(tiny, random_tokens(tiny.config, 8), ["decode"], ["fixed"], ScheduleOptions(),
+                      settings, timer=meters.Timer("cpu", clock), run=rec)
     assert rec.calls == [("decode", "fixed")] * 3
     assert res.ratios == [] and len(res.cells) == 1
     assert res.cell("decode", "fixed").steps == 8
@@ -182,9 +183,9 @@ def test_bench_single_logic_has_no_ratio(tiny):
 def test_engine_tokens_and_flops_count_expanded_rows(tiny):
     clock = FakeClock()
     opts = ScheduleOptions(samples=3, gen_len=4)
-    settings = bench.BenchSettings(warmup=0, repeats=1, micro=False, peak=False, memory=False)
-    res = bench.bench(tiny, random_tokens(tiny.config, 12), ["engine"], ["old"], opts, settings,
-                      timer=bench.Timer("cpu", clock), run=Recorder(clock))
+    settings = harness.BenchSettings(warmup=0, repeats=1, micro=False, peak=False, memory=False)
+    res = harness.bench(tiny, random_tokens(tiny.config, 12), ["engine"], ["old"], opts, settings,
+                      timer=meters.Timer("cpu", clock), run=Recorder(clock))
     c = res.cell("engine", "old")
     assert c.tokens == 8 + 3 * 4
     expected = flops.prefill_flops(tiny.config, 8) + 3 * sum(flops.decode_flops(tiny.config, p + 1) for p in range(8, 12))
@@ -193,7 +194,7 @@ def test_engine_tokens_and_flops_count_expanded_rows(tiny):
 
 def test_micro_benchmark_runs_both_smears_on_same_inputs(tiny):
     calls = []
-    orig = dict(bench.LOGICS)
+    orig = dict(harness.LOGICS)
 
     def spy(name):
         def fn(x, w, lam, prev, cached):
@@ -201,12 +202,12 @@ def test_micro_benchmark_runs_both_smears_on_same_inputs(tiny):
             return orig[name](x, w, lam, prev, cached)
         return fn
 
-    settings = bench.BenchSettings(warmup=1, micro_repeats=4, micro_inner=2)
+    settings = harness.BenchSettings(warmup=1, micro_repeats=4, micro_inner=2)
     try:
-        bench.LOGICS.update({k: spy(k) for k in orig})
-        cases = bench.micro_bench(tiny, 1, 5, ["old", "fixed"], settings, bench.Timer("cpu"))
+        harness.LOGICS.update({k: spy(k) for k in orig})
+        cases = harness.micro_bench(tiny, 1, 5, ["old", "fixed"], settings, meters.Timer("cpu"))
     finally:
-        bench.LOGICS.update(orig)
+        harness.LOGICS.update(orig)
     assert [c.name for c in cases] == ["chunk", "decode"]
     assert cases[0].shape == (1, 5, tiny.config.n_embd) and cases[1].shape == (1, 1, tiny.config.n_embd)
     for c in cases:
@@ -219,17 +220,17 @@ def test_micro_benchmark_runs_both_smears_on_same_inputs(tiny):
 
 
 def test_timer_clocks():
-    assert bench.Timer("cpu").name == "wall"
-    t = bench.Timer("cpu", "cpu")
+    assert meters.Timer("cpu").name == "wall"
+    t = meters.Timer("cpu", "cpu")
     assert t.name == "cpu" and t.measure(lambda: sum(range(1000))) >= 0
     with pytest.raises(ValueError):
-        bench.Timer("cuda", "cpu")  # CPU time cannot see GPU work
+        meters.Timer("cuda", "cpu")  # CPU time cannot see GPU work
     with pytest.raises(ValueError):
-        bench.Timer("cpu", "sundial")
+        meters.Timer("cpu", "sundial")
 
 
 def test_memory_meter_cpu():
-    m = bench.MemoryMeter("cpu")
+    m = meters.MemoryMeter("cpu")
     out = m.measure(lambda: torch.ones(4_000_000).sum())
     assert out is None or out >= 0
     assert m.kind in ("peak RSS growth", "ru_maxrss growth")
@@ -238,11 +239,11 @@ def test_memory_meter_cpu():
 def test_bench_rejects_bad_settings(tiny):
     t = random_tokens(tiny.config, 8)
     with pytest.raises(ValueError):
-        bench.bench(tiny, t, ["prefill"], settings=bench.BenchSettings(repeats=0))
+        harness.bench(tiny, t, ["prefill"], settings=harness.BenchSettings(repeats=0))
     with pytest.raises(ValueError):
-        bench.bench(tiny, t, [], settings=bench.BenchSettings(repeats=1))
+        harness.bench(tiny, t, [], settings=harness.BenchSettings(repeats=1))
     with pytest.raises(ValueError):
-        bench.bench(tiny, t, ["prefill"], ["new"], settings=bench.BenchSettings(repeats=1))
+        harness.bench(tiny, t, ["prefill"], ["new"], settings=harness.BenchSettings(repeats=1))
 
 
 # -- FLOP accounting ------------------------------------------------------------------------------
@@ -283,10 +284,10 @@ def test_flops_do_not_depend_on_the_split():
 # -- JSON and CLI ---------------------------------------------------------------------------------
 def test_json_schema(tiny):
     clock = FakeClock()
-    settings = bench.BenchSettings(warmup=1, repeats=2, micro=False, peak=False, memory=False)
-    res = bench.bench(tiny, random_tokens(tiny.config, 8), ["prefill", "decode"], ["old", "fixed"],
-                      ScheduleOptions(chunks=2), settings, timer=bench.Timer("cpu", clock), run=Recorder(clock))
-    d = json.loads(json.dumps(bench.to_json(res, {"name": "tiny"})))
+    settings = harness.BenchSettings(warmup=1, repeats=2, micro=False, peak=False, memory=False)
+    res = harness.bench(tiny, random_tokens(tiny.config, 8), ["prefill", "decode"], ["old", "fixed"],
+                      ScheduleOptions(chunks=2), settings, timer=meters.Timer("cpu", clock), run=Recorder(clock))
+    d = json.loads(json.dumps(report.to_json(res, {"name": "tiny"})))
     assert d["schema"] == "smearcli.bench/1"
     assert set(d) >= {"model", "input", "environment", "settings", "peak", "cells", "ratios", "smear_micro"}
     assert d["input"] == {"batch": 1, "seq_len": 8}
@@ -343,15 +344,15 @@ def test_cli_preset_sets_size_unless_given():
 
 
 def test_busy_cpu_uses_one_thread():
-    from smearcli.commands.bench import busy_cpu_threads
+    from smearcli.cli.commands.bench import busy_cpu_threads
     assert busy_cpu_threads(loadavg=8.0, cpu_count=2) == 1
     assert busy_cpu_threads(loadavg=0.5, cpu_count=2) is None
     assert busy_cpu_threads(loadavg=3.0, cpu_count=1) is None  # one core: nothing to contend
 
 
 def test_cli_preset_fills_defaults():
-    from smearcli.commands.bench import apply_preset, Preset
-    from smearcli.options import RunSpec
+    from smearcli.cli.commands.bench import apply_preset, Preset
+    from smearcli.cli.options import RunSpec
     spec, ctx = apply_preset(RunSpec(), Preset.d20, set())
     assert (spec.depth, spec.seq_len, ctx) == (20, 2048, 2048)
     spec, ctx = apply_preset(RunSpec(depth=3), Preset.d12, {"depth"})
@@ -372,8 +373,8 @@ def test_cli_bad_options_exit_2(args):
 def test_cuda_path():
     lm = random_model(random_config(1, sequence_len=64), seed=0, device="cuda", dtype=torch.bfloat16)
     tokens = random_tokens(lm.model.config, 16).cuda()
-    settings = bench.BenchSettings(warmup=1, repeats=2, micro_repeats=3, peak=True, peak_size=256)
-    res = bench.bench(lm.model, tokens, ["prefill", "chunked"], settings=settings)
+    settings = harness.BenchSettings(warmup=1, repeats=2, micro_repeats=3, peak=True, peak_size=256)
+    res = harness.bench(lm.model, tokens, ["prefill", "chunked"], settings=settings)
     assert res.env["device_name"] == torch.cuda.get_device_name(0)
     assert res.memory_kind == "cuda allocator peak"
     assert all(isinstance(c.peak_mem, int) and c.peak_mem > 0 for c in res.cells)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from smearcli.cache import CacheFullError
-from smearcli.models import random_config, random_model
+from smearcli.weights import random_config, random_model
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from smearcli.errors import UserError
-from smearcli.models import load_checkpoint, random_config, random_model, save_checkpoint
+from smearcli.weights import load_checkpoint, random_config, random_model, save_checkpoint
 
 
 @pytest.fixture(scope="module")

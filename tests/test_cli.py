@@ -8,7 +8,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from smearcli.cli import app
+from smearcli.cli.app import app
 from smearcli.names import LOGIC_NAMES, SCHEDULE_NAMES
 
 runner = CliRunner()
@@ -34,7 +34,7 @@ def test_command_help(command):
 
 
 def test_help_does_not_import_torch():
-    code = ("import sys; from smearcli.cli import app; from typer.testing import CliRunner; "
+    code = ("import sys; from smearcli.cli.app import app; from typer.testing import CliRunner; "
             "r = CliRunner().invoke(app, ['compare', '--help']); assert r.exit_code == 0; "
             "heavy = [m for m in ('torch', 'matplotlib') if m in sys.modules]; "
             "assert not heavy, heavy")

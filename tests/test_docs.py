@@ -17,8 +17,8 @@ import pytest
 from typer.testing import CliRunner
 
 from smearcli import __version__
-from smearcli._docs import cli_reference, walk
-from smearcli.cli import app
+from smearcli.cli.reference import cli_reference, walk
+from smearcli.cli.app import app
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -164,12 +164,12 @@ def test_cli_reference_page_is_built(site):
 
 @pytest.mark.slow
 def test_api_reference_is_generated_from_docstrings(site):
-    from smearcli import compare
+    from smearcli import compare, inputs
 
     text = html.unescape(" ".join(" ".join(parse(site / "reference" / "api.html").text).split()))
-    for obj in (compare.compare, compare.random_tokens, compare.Comparison):
+    for obj in (compare.compare, inputs.random_tokens, compare.Comparison):
         assert f"smearcli.compare.{obj.__name__}" in text or obj.__name__ in text
-    first = " ".join(compare.random_tokens.__doc__.split())
+    first = " ".join(inputs.random_tokens.__doc__.split())
     assert first in text
 
 

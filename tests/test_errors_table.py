@@ -23,7 +23,7 @@ from typing import Callable, Optional
 import pytest
 import torch
 
-import smearcli.validate as validate
+import smearcli.preflight as validate
 from hardening_util import (FAST, META, PT, copy_checkpoint, edit_config, edit_meta, edit_state,
                             invoke, leftovers, malicious_state, malicious_torch_file, write_checkpoint)
 
@@ -199,7 +199,7 @@ CASES = [
          prepare=write("ok.json", "[1, 2, 3]"), expect="only one"),
     Case("input", "empty --text", [*C, "--text", ""], expect="empty"),
     Case("input", "--text for a model whose vocabulary is not bytes", [*C, "--checkpoint", "vocab512", "--text", "hi"],
-         prepare=vocab_dir, expect="--tokens"),
+         prepare=vocab_dir, expect="token ids"),
     Case("input", "--step without --checkpoint", [*C, "--step", "3"], expect="--step needs --checkpoint"),
     Case("input", "--depth zero", ["compare", "--depth", "0"], expect="--depth"),
     # -- schedules ------------------------------------------------------------------------------
@@ -292,7 +292,7 @@ def run_case(case: Case, cwd: Path, monkeypatch) -> tuple[int, str]:
 
 def _invoke_status_1(args):
     from hardening_util import runner
-    from smearcli.cli import app
+    from smearcli.cli.app import app
 
     r = runner.invoke(app, [str(a) for a in args])
     assert r.exit_code == 1, (args, r.exit_code, r.output)
@@ -385,7 +385,7 @@ def test_errors_table(tmp_path, monkeypatch, good):
         rows.append((case, status, msg))
     text = render(rows)
     if os.environ.get("SMEARCLI_REGEN_DOCS"):
-        from smearcli.io import atomic_write
+        from smearcli.files import atomic_write
 
         with atomic_write(DOC) as f:
             f.write(text)

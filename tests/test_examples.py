@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from smearcli import text
-from smearcli.models import list_steps, load_checkpoint
+from smearcli import weights
+from smearcli.weights import list_steps, load_checkpoint
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
@@ -47,12 +47,12 @@ def test_train_tiny_smoke_writes_a_loadable_reproducible_checkpoint(tmp_path, ca
 
 
 def test_shipped_tiny_model_matches_its_meta():
-    lm = text.tiny_model()
+    lm = weights.tiny_model()
     training = lm.meta["smearcli_training"]
-    assert text.is_byte_level(lm.model.config)
+    assert lm.model.config.is_byte_level
     assert abs(float(lm.model.smear_lambda) - training["smear_lambda"]) < 1e-2  # bf16 storage
     assert abs(float(lm.model.smear_lambda)) > 0.2  # a trained model that can show the bug
-    size = sum(p.stat().st_size for p in text.TINY_DIR.iterdir())
+    size = sum(p.stat().st_size for p in weights.TINY_DIR.iterdir())
     assert size <= 8 * 1024 * 1024
 
 
@@ -72,7 +72,7 @@ def test_speculative_verify(capsys):
 
 def test_audit_checkpoint(capsys):
     # the shipped model's directory, given by path like any nanochat checkpoint directory
-    rc = load_example("audit_checkpoint").main([str(text.TINY_DIR), "--chunks", "3", "--schedules", "prefill,chunked"])
+    rc = load_example("audit_checkpoint").main([str(weights.TINY_DIR), "--chunks", "3", "--schedules", "prefill,chunked"])
     out = capsys.readouterr().out
     assert rc == 0  # the fixed logic passes every schedule
     assert "chunked" in out and "BUG" in out  # and the old logic shows the bug on a trained model

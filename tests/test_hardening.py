@@ -15,16 +15,19 @@ import typer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import smearcli.validate as validate
+import smearcli.preflight as validate
+from smearcli.model import param_shapes
+from smearcli.units import nbytes
 from hardening_util import (FAST, PT, Payload, copy_checkpoint, invoke, leftovers, malicious_pickle,
                             malicious_state, runner, write_checkpoint)
 from smearcli.cache import CacheFullError
-from smearcli.cli import app
+from smearcli.cli.app import app
 from smearcli.config import GPTConfig
-from smearcli.errors import DEBUG, UserError, describe_unexpected, guarded
-from smearcli.io import atomic_write
+from smearcli.cli.errors import DEBUG, describe_unexpected, guarded
+from smearcli.errors import UserError
+from smearcli.files import atomic_write
 from smearcli.model import GPT
-from smearcli.models import load_checkpoint, random_config, random_model
+from smearcli.weights import load_checkpoint, random_config, random_model
 
 PKG = Path(__file__).resolve().parents[1] / "smearcli"
 
@@ -205,7 +208,7 @@ def test_compare_save_failing_midway_leaves_old_file(tmp_path, monkeypatch):
 
 
 def test_bench_output_failing_midway_leaves_nothing(tmp_path, monkeypatch):
-    import smearcli.commands.bench as bench_cmd
+    import smearcli.cli.commands.bench as bench_cmd
 
     out = tmp_path / "b.json"
     monkeypatch.setattr(bench_cmd.json, "dump", _failing_after_partial_write(None))
@@ -240,7 +243,7 @@ CONFIGS = st.builds(
 @given(CONFIGS)
 def test_sizes_from_config_match_the_model(cfg):
     model = GPT(cfg)
-    assert validate.expected_shapes(cfg) == {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    assert param_shapes(cfg) == {k: tuple(v.shape) for k, v in model.state_dict().items()}
     assert validate.param_count(cfg) == sum(p.numel() for p in model.parameters())
 
 
@@ -253,7 +256,7 @@ def test_checkpoint_too_large_is_refused_before_reading(tmp_path, ckpt, monkeypa
 
 
 def test_run_too_large_is_refused_before_any_input(monkeypatch):
-    import smearcli.setup as setup
+    import smearcli.cli.build as setup
 
     cfg = random_config(1)
     room = validate.model_bytes(cfg) + (1 << 20)
@@ -272,7 +275,8 @@ def test_gpu_memory_is_checked_on_cuda(monkeypatch):
 
 def test_run_estimate_bounds_what_compare_keeps():
     """The estimate covers every tensor compare keeps, and is not absurdly above it."""
-    from smearcli.compare import compare, random_tokens
+    from smearcli.compare import compare
+    from smearcli.inputs import random_tokens
     from smearcli.schedules import ScheduleOptions
 
     cfg = random_config(2)
@@ -287,8 +291,8 @@ def test_run_estimate_bounds_what_compare_keeps():
         assert kept <= est - validate.RUN_OVERHEAD <= 10 * kept
 
 
-def test_human_sizes():
-    assert [validate.human(n) for n in (0, 1023, 1536, 5 << 30, 3 << 60, 1 << 80)] == \
+def test_byte_sizes():
+    assert [nbytes(n) for n in (0, 1023, 1536, 5 << 30, 3 << 60, 1 << 80)] == \
         ["0 B", "1023 B", "1.5 KiB", "5.0 GiB", "3.0 EiB", "1.05e+06 EiB"]
 
 
@@ -304,7 +308,7 @@ def test_unrunnable_dtype_is_refused(monkeypatch):
     monkeypatch.setattr(F, "linear", linear)
     monkeypatch.setattr(validate, "_PROBED", {})
     validate.check_dtype(torch.device("cpu"), torch.float32)
-    with pytest.raises(UserError, match=r"--dtype bfloat16: cpu cannot run it \(\"addmm\" not implemented"):
+    with pytest.raises(UserError, match=r"^bfloat16: cpu cannot run it \(\"addmm\" not implemented"):
         validate.check_dtype(torch.device("cpu"), torch.bfloat16)
 
 

@@ -15,8 +15,9 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from smearcli import compare, models, plotting
-from smearcli.cli import app
+from smearcli import compare, inputs, weights
+from smearcli.render import figures
+from smearcli.cli.app import app
 from smearcli.schedules import ScheduleOptions
 
 runner = CliRunner()
@@ -48,14 +49,14 @@ def cli_pair(tmp_path_factory):
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
     saved = []
-    original = plotting.save
+    original = figures.save
 
     def spy(fig, path, dpi=None):
         saved.append(fig)
         return original(fig, path, dpi=dpi)
 
     mp = pytest.MonkeyPatch()
-    mp.setattr(plotting, "save", spy)
+    mp.setattr(figures, "save", spy)
     try:
         out = tmp_path_factory.mktemp("plot") / "err.png"
         p = invoke("plot", *SMALL, "--out", str(out))
@@ -69,8 +70,8 @@ def cli_pair(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def lib_comparison():
-    lm = models.random_model(models.random_config(2), seed=0)
-    tokens = compare.random_tokens(lm.model.config, 48)
+    lm = weights.random_model(weights.random_config(2), seed=0)
+    tokens = inputs.random_tokens(lm.model.config, 48)
     return compare.compare(lm.model, tokens, schedules=["chunked"],
                            options=ScheduleOptions(chunk_sizes=tuple(SIZES)))
 
@@ -79,7 +80,7 @@ def test_plotted_arrays_equal_compare_json(cli_pair):
     doc, fig = cli_pair
     runs = {(r["schedule"], r["logic"]): r for r in doc["runs"]}
     a = artists(fig)
-    floor = torch.finfo(getattr(torch, doc["model"]["dtype"])).eps * plotting.HEATMAP_FLOOR_EPS
+    floor = torch.finfo(getattr(torch, doc["model"]["dtype"])).eps * figures.HEATMAP_FLOOR_EPS
     for logic in ("old", "fixed"):
         run = runs["chunked", logic]
         (line,) = a[f"abs_logits:{logic}"]
@@ -143,7 +144,7 @@ def test_title_names_model_dtype_device_schedule(cli_pair):
 
 def test_library_data_is_the_metrics(lib_comparison):
     c = lib_comparison
-    fig = plotting.figure(c)
+    fig = figures.figure(c)
     d = fig.smearcli_data
     assert d.schedule == "chunked" and d.chunk_starts == STARTS and d.layers == c.layers
     for logic in ("old", "fixed"):
@@ -161,22 +162,22 @@ def test_library_data_is_the_metrics(lib_comparison):
     ("all", {"abs_logits:old", "heatmap:fixed", "kl:old", "noise-floor"}, set()),
 ])
 def test_kind_draws_one_panel(lib_comparison, kind, present, absent):
-    gids = set(artists(plotting.figure(lib_comparison, kind=kind)))
+    gids = set(artists(figures.figure(lib_comparison, kind=kind)))
     assert present <= gids
     assert not absent & gids
 
 
 def test_each_format_opens(lib_comparison, tmp_path):
-    fig = plotting.figure(lib_comparison, kind="kl")
-    png, svg, pdf = (plotting.save(fig, tmp_path / f"f.{s}", dpi=40) for s in ("png", "svg", "pdf"))
+    fig = figures.figure(lib_comparison, kind="kl")
+    png, svg, pdf = (figures.save(fig, tmp_path / f"f.{s}", dpi=40) for s in ("png", "svg", "pdf"))
     assert png.read_bytes().startswith(PNG_MAGIC)
     root = ET.parse(svg).getroot()
     assert root.tag.endswith("svg")
     assert pdf.read_bytes().startswith(b"%PDF-")
     assert pdf.read_bytes().rstrip().endswith(b"%%EOF")
     # no timestamps or random ids: the same figure drawn again gives the same bytes
-    again = plotting.save(plotting.figure(lib_comparison, kind="kl"), tmp_path / "g.svg", dpi=40)
-    svg = plotting.save(plotting.figure(lib_comparison, kind="kl"), tmp_path / "f.svg", dpi=40)
+    again = figures.save(figures.figure(lib_comparison, kind="kl"), tmp_path / "g.svg", dpi=40)
+    svg = figures.save(figures.figure(lib_comparison, kind="kl"), tmp_path / "f.svg", dpi=40)
     assert again.read_bytes() == svg.read_bytes()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["f.pdf", "f.png", "f.svg", "g.svg"]
 
@@ -191,7 +192,7 @@ def test_cli_picks_format_by_suffix(tmp_path):
 def test_failed_save_leaves_existing_file(lib_comparison, tmp_path, monkeypatch):
     out = tmp_path / "err.png"
     out.write_bytes(b"previous figure")
-    fig = plotting.figure(lib_comparison, kind="kl")
+    fig = figures.figure(lib_comparison, kind="kl")
 
     def broken(self, f, **kw):
         f.write(PNG_MAGIC + b"half")
@@ -199,7 +200,7 @@ def test_failed_save_leaves_existing_file(lib_comparison, tmp_path, monkeypatch)
 
     monkeypatch.setattr(type(fig), "savefig", broken)
     with pytest.raises(RuntimeError):
-        plotting.save(fig, out)
+        figures.save(fig, out)
     assert out.read_bytes() == b"previous figure"
     assert [p.name for p in tmp_path.iterdir()] == ["err.png"]  # no temporary file left
 
@@ -231,7 +232,7 @@ def test_bad_options_exit_2(args, fragment, tmp_path, monkeypatch):
 
 def test_schedule_choice_and_single_logic(tmp_path, monkeypatch):
     saved = []
-    monkeypatch.setattr(plotting, "save", lambda fig, path, dpi=None: saved.append(fig))
+    monkeypatch.setattr(figures, "save", lambda fig, path, dpi=None: saved.append(fig))
     r = invoke("plot", *SMALL, "--schedules", "prefill,chunked", "--logic", "old", "--out", str(tmp_path / "a.png"))
     assert r.exit_code == 0, r.output
     d = saved[-1].smearcli_data
@@ -248,10 +249,11 @@ def test_headless_without_pyplot(lib_comparison, tmp_path):
     """No display, a GUI backend requested: still works, because pyplot is never imported."""
     code = (
         "import sys\n"
-        "from smearcli import compare, models, plotting\n"
-        "lm = models.random_model(models.random_config(1), seed=0)\n"
-        "c = compare.compare(lm.model, compare.random_tokens(lm.model.config, 16), schedules=['chunked'])\n"
-        f"plotting.save(plotting.figure(c), {str(tmp_path / 'h.png')!r}, dpi=30)\n"
+        "from smearcli import compare, inputs, weights\n"
+        "from smearcli.render import figures\n"
+        "lm = weights.random_model(weights.random_config(1), seed=0)\n"
+        "c = compare.compare(lm.model, inputs.random_tokens(lm.model.config, 16), schedules=['chunked'])\n"
+        f"figures.save(figures.figure(c), {str(tmp_path / 'h.png')!r}, dpi=30)\n"
         "assert 'matplotlib.pyplot' not in sys.modules\n"
     )
     env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY")}
@@ -261,7 +263,7 @@ def test_headless_without_pyplot(lib_comparison, tmp_path):
 
 
 def test_help_does_not_import_matplotlib():
-    code = ("import sys; from smearcli.cli import app; from typer.testing import CliRunner; "
+    code = ("import sys; from smearcli.cli.app import app; from typer.testing import CliRunner; "
             "r = CliRunner().invoke(app, ['plot', '--help']); assert r.exit_code == 0, r.output; "
             "assert '--kind' in r.output and '--chunk-sizes' in r.output; "
             "heavy = [m for m in ('torch', 'matplotlib') if m in sys.modules]; assert not heavy, heavy")
@@ -283,15 +285,15 @@ def test_exact_zeros_are_drawn_not_dropped(lib_comparison):
     """Bitwise agreement (error exactly 0) is common on CPU; a plain log axis would drop it."""
     from matplotlib.figure import Figure
 
-    d = plotting.plot_data(lib_comparison)
+    d = figures.plot_data(lib_comparison)
     d.abs_logits["fixed"] = np.zeros_like(d.abs_logits["fixed"])
     ax = Figure().subplots()
-    plotting.draw_error(ax, d)
+    figures.draw_error(ax, d)
     assert ax.get_yscale() == "symlog" and ax.get_ylim()[0] == 0.0
     (line,) = [l for l in ax.lines if l.get_gid() == "abs_logits:fixed"]
     assert not np.ma.is_masked(ax.transData.transform(np.c_[line.get_xdata(), line.get_ydata()]))
     assert 0.0 in list(ax.yaxis.get_major_locator()())
     d.abs_logits = {k: np.maximum(v, 1e-9) for k, v in d.abs_logits.items()}
     ax2 = Figure().subplots()
-    plotting.draw_error(ax2, d)  # no zeros: a plain log axis
+    figures.draw_error(ax2, d)  # no zeros: a plain log axis
     assert ax2.get_yscale() == "log"

@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from smearcli.config import GPTConfig
-from smearcli.models import init_random
+from smearcli.weights import init_random
 from smearcli.model import GPT
 from smearcli.schedules import ScheduleOptions, run_schedule
 

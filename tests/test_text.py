@@ -6,11 +6,11 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from smearcli import text
-from smearcli.cli import app
+from smearcli import generate, inputs
+from smearcli.cli.app import app
 from smearcli.config import GPTConfig
 from smearcli.errors import UserError
-from smearcli.models import random_config, random_model
+from smearcli.weights import random_config, random_model
 
 runner = CliRunner()
 
@@ -20,42 +20,42 @@ def model():
     return random_model(random_config(2), seed=3).model
 
 
-PROMPT = text.encode("def add(a, b):\n    return a + b\n\nclass Point:\n    x: int\n")
+PROMPT = inputs.encode("def add(a, b):\n    return a + b\n\nclass Point:\n    x: int\n")
 
 
 def test_encode_decode_round_trip():
     s = "naïve café: ∑ x² \n\t"
-    ids = text.encode(s)
+    ids = inputs.encode(s)
     assert ids == list(s.encode("utf-8")) and all(0 <= i < 256 for i in ids)
-    assert text.decode(ids) == s
-    assert text.decode([0xFF, 0x41]) == "\ufffdA"  # not UTF-8: replaced, never raises
+    assert inputs.decode(ids) == s
+    assert inputs.decode([0xFF, 0x41]) == "\ufffdA"  # not UTF-8: replaced, never raises
 
 
 def test_text_tokens_refuses_other_vocab_and_empty_text():
     with pytest.raises(UserError, match="not the 256 bytes"):
-        text.text_tokens("hi", GPTConfig(vocab_size=1000))
+        inputs.text_tokens("hi", GPTConfig(vocab_size=1000))
     with pytest.raises(UserError, match="empty"):
-        text.text_tokens("", GPTConfig())
-    t = text.text_tokens("hé", GPTConfig())
+        inputs.text_tokens("", GPTConfig())
+    t = inputs.text_tokens("hé", GPTConfig())
     assert t.shape == (1, 3) and t.dtype == torch.long
 
 
-def test_read_text_input_file(tmp_path):
+def test_read_text_file(tmp_path):
     p = tmp_path / "in.txt"
     p.write_bytes(b"\xffab")  # bytes as they are, even when not UTF-8
-    assert text.read_text_input(None, p, GPTConfig()).tolist() == [[255, 97, 98]]
+    assert inputs.read_text_file(p, GPTConfig()).tolist() == [[255, 97, 98]]
     with pytest.raises(UserError, match="not found"):
-        text.read_text_input(None, tmp_path / "missing.txt", GPTConfig())
+        inputs.read_text_file(tmp_path / "missing.txt", GPTConfig())
     (tmp_path / "empty.txt").write_bytes(b"")
     with pytest.raises(UserError, match="empty"):
-        text.read_text_input(None, tmp_path / "empty.txt", GPTConfig())
+        inputs.read_text_file(tmp_path / "empty.txt", GPTConfig())
 
 
 def test_chunked_session_fixed_matches_reference_old_does_not(model):
-    ref = text.ReferenceSession(model).feed_chunks(PROMPT)
+    ref = generate.ReferenceSession(model).feed_chunks(PROMPT)
     sizes = [10, 1, 20, len(PROMPT) - 31]
-    fixed = text.CachedSession(model, "fixed").feed_chunks(PROMPT, sizes)
-    old = text.CachedSession(model, "old").feed_chunks(PROMPT, sizes)
+    fixed = generate.CachedSession(model, "fixed").feed_chunks(PROMPT, sizes)
+    old = generate.CachedSession(model, "old").feed_chunks(PROMPT, sizes)
     assert (fixed - ref).abs().max() < 1e-4
     err = (old - ref).abs().amax(-1)
     assert err[:10].max() < 1e-4  # before the first chunk start nothing differs
@@ -65,19 +65,19 @@ def test_chunked_session_fixed_matches_reference_old_does_not(model):
 
 
 def test_generate_fixed_equals_reference_for_any_chunking(model):
-    ref = text.generate(model, PROMPT, 24, logic="reference")
+    ref = generate.generate(model, PROMPT, 24, logic="reference")
     for sizes in (None, [1] * len(PROMPT), [7, 3, len(PROMPT) - 10]):
-        assert text.generate(model, PROMPT, 24, logic="fixed", chunk_sizes=sizes) == ref
+        assert generate.generate(model, PROMPT, 24, logic="fixed", chunk_sizes=sizes) == ref
     assert len(ref) == 24
 
 
 def test_rewind_restores_the_session(model):
-    s = text.CachedSession(model, "fixed")
+    s = generate.CachedSession(model, "fixed")
     s.feed(PROMPT[:30])
     s.feed(PROMPT[30:40])
     s.rewind(30)
     again = s.feed(PROMPT[30:40])
-    fresh = text.CachedSession(model, "fixed")
+    fresh = generate.CachedSession(model, "fixed")
     fresh.feed(PROMPT[:30])
     want = fresh.feed(PROMPT[30:40])
     assert s.ids == PROMPT[:40]
@@ -87,22 +87,22 @@ def test_rewind_restores_the_session(model):
 
 
 def test_speculative_fixed_equals_greedy(model):
-    greedy = text.generate(model, PROMPT, 20, logic="reference")
-    res = text.speculative_generate(model, PROMPT, 20, draft_len=4, logic="fixed")
+    greedy = generate.generate(model, PROMPT, 20, logic="reference")
+    res = generate.speculative_generate(model, PROMPT, 20, draft_len=4, logic="fixed")
     assert res.ids == greedy
     assert res.acceptance == 1.0 and res.verify_steps >= 4  # a perfect draft is always accepted
     # a poor draft (another model) changes acceptance, never the output
     other = random_model(random_config(1), seed=9).model
-    res2 = text.speculative_generate(model, PROMPT, 20, draft_len=3, logic="fixed", draft_model=other)
+    res2 = generate.speculative_generate(model, PROMPT, 20, draft_len=3, logic="fixed", draft_model=other)
     assert res2.ids == greedy and res2.acceptance < 1.0
 
 
 def test_first_divergence_and_marker():
-    assert text.first_divergence("abc", "abc") is None
-    assert text.first_divergence("abc", "abd") == 2
-    assert text.first_divergence("ab", "abc") == 2
-    assert text.mark_divergence("abcd", 2, "|") == "ab|cd"
-    assert text.mark_divergence("abcd", None) == "abcd"
+    assert generate.first_divergence("abc", "abc") is None
+    assert generate.first_divergence("abc", "abd") == 2
+    assert generate.first_divergence("ab", "abc") == 2
+    assert generate.mark_divergence("abcd", 2, "|") == "ab|cd"
+    assert generate.mark_divergence("abcd", None) == "abcd"
 
 
 def test_cli_text_input_and_conflicts(tmp_path):
@@ -125,21 +125,21 @@ def test_cli_text_input_and_conflicts(tmp_path):
 def test_run_script_chat_turns(model):
     script = [("feed", "def f(x):\n"), ("generate", 6), ("feed", "\n\ndef g(y):\n"), ("generate", 6),
               ("feed", PROMPT, [5, 9, len(PROMPT) - 14]), ("generate", 3)]
-    ref = text.run_script(model, "reference", script)
-    fixed = text.run_script(model, "fixed", script)
-    old = text.run_script(model, "old", script)
+    ref = generate.run_script(model, "reference", script)
+    fixed = generate.run_script(model, "fixed", script)
+    old = generate.run_script(model, "old", script)
     assert fixed.ids == ref.ids and fixed.replies == ref.replies and len(ref.replies) == 3
     assert fixed.logits.shape == ref.logits.shape == (len(ref.ids), 256)
     assert (fixed.logits - ref.logits).abs().max() < 1e-4
     assert fixed.steps == [10] + [1] * 6 + [12] + [1] * 6 + [5, 9, len(PROMPT) - 14] + [1] * 3
     # the second turn is a multi-token step on a non-empty cache: the old logic errs at its start
     start = 10 + 6
-    n = text.first_divergence(old.ids, ref.ids) or len(ref.ids)
+    n = generate.first_divergence(old.ids, ref.ids) or len(ref.ids)
     err = (old.logits[:n] - ref.logits[:n]).abs().amax(-1)
     assert err[:start].max() < 1e-4 and err[start] > 1e-2
-    assert text.decode(ref.ids).startswith("def f(x):\n") and ref.text == text.decode(ref.ids)
+    assert inputs.decode(ref.ids).startswith("def f(x):\n") and ref.text == inputs.decode(ref.ids)
     with pytest.raises(ValueError):
-        text.run_script(model, "fixed", [("sing", 3)])
+        generate.run_script(model, "fixed", [("sing", 3)])
 
 
 def test_cli_tiny_model_reads_text_and_shows_the_bug():

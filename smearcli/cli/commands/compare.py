@@ -9,7 +9,9 @@ from typing import Annotated, Optional
 
 import typer
 
-from ..errors import CheckFailed, UserError
+from ...errors import UserError
+from ...names import NOISE_MARGIN
+from ..errors import CheckFailed
 from ..options import RunSpec, shared_options
 
 
@@ -23,40 +25,37 @@ def compare(
     check: Annotated[bool, typer.Option("--check", help="Exit 1 if any run of the chosen --logic "
                      "leaves the tolerance: a CI gate for a fork's fix (use with --logic fixed).")] = False,
     tolerance: Annotated[float, typer.Option("--tolerance", help="Allowed max |Δlogit| as a multiple "
-                         "of the measured noise floor.")] = 10.0,
+                         "of the measured noise floor.")] = NOISE_MARGIN,
 ) -> None:
     """Run each schedule with the old and the fixed smear logic and measure it against the full
     forward pass: per position, per layer, logits, KL, top-1, and a one-line verdict."""
-    from .. import compare as lib
-    from ..io import atomic_write
+    from ... import compare as lib
+    from ...files import atomic_write, check_output_path
+    from ...render.table import console, print_comparison, title_line
+    from ..build import build_setup
     from ..progress import progress_bar
-    from ..report import console, print_comparison
 
     if not 0 < tolerance < float("inf"):  # also refuses nan, which would fail every run
         raise UserError(f"--tolerance must be a positive finite number, got {tolerance}")
     if save is not None:
-        from ..io import check_output_path
         check_output_path(save, (".pt",))
-    setup = spec.build()
+    setup = build_setup(spec)
     if setup.audited is not None:
         return _audit(setup, json_out, save, check, tolerance)
     n_runs = 1 + len(setup.schedules) * len(setup.logics) + ("decode" not in setup.schedules)
-    with progress_bar("compare", n_runs) as advance:
+    with progress_bar("compare", n_runs) as bar:
         result = lib.compare(setup.model, setup.tokens, setup.schedules, setup.logics, setup.options,
-                             tolerance=tolerance, progress=advance)
+                             tolerance=tolerance, progress=bar.advance)
     info = _model_info(setup)
+    document = lib.to_json(result, info)
     if json_out:
-        sys.stdout.write(json.dumps(lib.to_json(result, info), indent=1) + "\n")
+        sys.stdout.write(json.dumps(document, indent=1) + "\n")
     else:
-        print_comparison(result, console(), _title(setup, setup.model))
+        print_comparison(result, console(), title_line(setup.loaded.name, setup.model, setup.tokens))
     if save is not None:
         import torch
-        payload = {"meta": lib.to_json(result, info), "tokens": result.tokens.cpu(),
-                   "logits_full": result.reference.logits.cpu()}
-        for r in result.runs:
-            payload[f"logits_{r.schedule}_{r.logic}"] = r.logits.cpu()
         with atomic_write(save, "wb") as f:
-            torch.save(payload, f)
+            torch.save(lib.save_payload(document, {"": result}), f)
     if check and result.failures:
         raise CheckFailed(result.verdict)
 
@@ -65,34 +64,26 @@ def _model_info(setup) -> dict:
     return {"name": setup.loaded.name, "source": setup.loaded.source, "step": setup.loaded.step}
 
 
-def _title(setup, model) -> str:
-    """The table's title line: which model, how it ran, on what input."""
-    cfg = model.config
-    return (f"{setup.loaded.name}: d{cfg.n_layer} n_embd {cfg.n_embd}, "
-            f"{str(model.dtype).removeprefix('torch.')} on {model.device}, "
-            f"{setup.tokens.size(0)} x {setup.tokens.size(1)} tokens")
-
-
 def _audit(setup, json_out: bool, save: Optional[Path], check: bool, tolerance: float) -> None:
-    """--impl nanochat|both: the same runs on the user's own nanochat code (smearcli.audit)."""
-    from .. import audit
-    from ..io import atomic_write
+    """--impl nanochat|both: the same runs on the user's own nanochat code."""
+    from ...files import atomic_write
+    from ...impls.nanochat import audit
+    from ...render.table import console, title_line
     from ..progress import progress_bar
-    from ..report import console
 
     extra = "decode" not in setup.schedules
     n_runs = 1 + len(setup.schedules) + extra
     if setup.impl == "both":
         n_runs += 1 + 2 * len(setup.schedules) + extra
     reference = setup.model if setup.impl == "both" else None
-    with progress_bar("audit", n_runs) as advance:
+    with progress_bar("audit", n_runs) as bar:
         result = audit.audit(setup.audited, setup.tokens, setup.schedules, setup.options, tolerance,
-                             reference=reference, progress=advance)
+                             reference=reference, progress=bar.advance)
     info = _model_info(setup)
     if json_out:
         sys.stdout.write(json.dumps(audit.to_json(result, info), indent=1) + "\n")
     else:
-        audit.print_audit(result, console(), _title(setup, setup.audited))
+        audit.print_audit(result, console(), title_line(setup.loaded.name, setup.audited, setup.tokens))
     if save is not None:
         import torch
         with atomic_write(save, "wb") as f:

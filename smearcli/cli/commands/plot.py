@@ -9,23 +9,13 @@ from typing import Annotated
 
 import typer
 
-from ..errors import UserError
+from ...errors import UserError
+from ...names import figure_schedule
+from ...render.figures import FORMATS, KINDS
 from ..options import RunSpec, shared_options
 
-FORMATS = (".png", ".svg", ".pdf")  # = plotting.FORMATS, repeated here so --help needs no matplotlib
 
-
-class Kind(str, Enum):
-    all = "all"
-    error = "error"
-    heatmap = "heatmap"
-    kl = "kl"
-
-
-def pick_schedule(spec: RunSpec) -> str:
-    """The one schedule a figure shows: chunked if --schedules lists it, else the first listed."""
-    names = spec.schedule_list()
-    return "chunked" if "chunked" in names else names[0]
+Kind = Enum("Kind", {k: k for k in KINDS}, type=str)  # the figure kinds, as --kind choices
 
 
 @shared_options
@@ -41,36 +31,39 @@ def plot(
                     "position.")] = Kind.all,
 ) -> None:
     """Draw where the smear bug is born and how far it spreads, old vs fixed logic, on one
-    schedule (chunked if --schedules lists it, else the first listed): logit error per position
+    schedule (chunked if --schedules lists it, else speculative if listed, else the first listed): logit error per position
     with the noise floor, a position x layer heat map, and KL per position. The numbers are
     those `compare --json` reports for the same options."""
-    from .. import compare as lib
-    from .. import plotting
-    from ..io import check_output_path
+    from ... import compare as lib
+    from ...files import check_output_path
+    from ...render import figures
+    from ..build import build_setup
     from ..progress import progress_bar
 
     check_output_path(out, FORMATS)
     if not 1 <= dpi <= 1200:
         raise UserError(f"--dpi must be between 1 and 1200, got {dpi:g}")
-    schedule = pick_schedule(spec)
     listed = spec.schedule_list()
+    schedule = figure_schedule(listed)
     if len(listed) > 1 and spec.schedules != RunSpec().schedules:
         sys.stderr.write(f"smearcli: plot draws one schedule per figure: {schedule} "
                          f"(of {', '.join(listed)})\n")
     spec.schedules = schedule
-    setup = spec.build()
+    setup = build_setup(spec)
     n_runs = 1 + len(setup.logics) + (schedule != "decode")
     if setup.impl == "both":
         n_runs += 2 + (schedule != "decode")
-    with progress_bar("plot", n_runs) as advance:
-        if setup.audited is not None:  # --impl nanochat|both: the user's own code (smearcli.audit)
-            from ..audit import for_plot
-            result, verdict = for_plot(setup, schedule, progress=advance)
+    with progress_bar("plot", n_runs) as bar:
+        if setup.audited is not None:  # --impl nanochat|both: the user's own code
+            from ...impls.nanochat.audit import for_plot
+            reference = setup.model if setup.impl == "both" else None
+            result, verdict = for_plot(setup.audited, setup.tokens, schedule, setup.options,
+                                       reference=reference, progress=bar.advance)
         else:
             result = lib.compare(setup.model, setup.tokens, [schedule], setup.logics, setup.options,
-                                 progress=advance)
+                                 progress=bar.advance)
             verdict = result.verdict
-    fig = plotting.figure(result, schedule, kind.value, model_name=setup.loaded.name)
-    plotting.save(fig, out, dpi=dpi)
+    fig = figures.figure(result, schedule, kind.value, model_name=setup.loaded.name)
+    figures.save(fig, out, dpi=dpi)
     typer.echo(f"wrote {out} ({kind.value}, schedule {schedule})")
     typer.echo(verdict)

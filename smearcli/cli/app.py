@@ -12,10 +12,10 @@ from typing import Annotated
 import typer
 from typer.core import TyperGroup
 
-from . import __version__
+from .. import __version__
+from .commands.bench import bench
 from .commands.compare import compare
 from .commands.plot import plot
-from .commands.bench import bench
 from .errors import DEBUG, describe_unexpected, env_debug, print_error
 
 

@@ -16,58 +16,22 @@ every tensor `compare` keeps. Where the available memory cannot be read, nothing
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import Optional, Sequence
 
 from .errors import UserError
+from .model import param_shapes
+from .units import nbytes
 
 FP32 = 4
 RUN_OVERHEAD = 64 << 20  # allocator slack, Python objects, metric bookkeeping (measured on small runs)
-UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
 
 
-def human(n: float) -> str:
-    """Bytes for people: 1536 -> '1.5 KiB'; beyond exbibytes, a power of two."""
-    n = float(n)
-    for unit in UNITS:
-        if n < 1024 or unit == UNITS[-1]:
-            break
-        n /= 1024
-    if unit == "B":
-        return f"{n:.0f} B"
-    return f"{n:.1f} {unit}" if n < 1024 else f"{n:.3g} {unit}"
-
-
-# -- sizes from the configuration (pure arithmetic: no torch, nothing allocated) -------------------
 def param_count(config) -> int:
-    """Parameters of `GPT(config)`, counted from the configuration."""
-    V, C, L = config.padded_vocab_size, config.n_embd, config.n_layer
-    kv = config.n_kv_head * config.head_dim
-    n = 2 * V * C  # wte, lm_head
-    n += L * (C * C + 2 * C * kv + C * C + 8 * C * C)  # q, k, v, proj; mlp 4x up and down
-    ve_layers = (L + 1) // 2  # every other layer, the last one included (GPTConfig.has_ve)
-    n += ve_layers * (V * kv + 12 * config.n_kv_head)  # value embeddings and their gates
-    n += 2 * L + 24 + 1 + 1  # resid/x0 lambdas, smear gate, smear and backout lambdas
-    return n
-
-
-def expected_shapes(config) -> dict[str, tuple[int, ...]]:
-    """The state dict `GPT(config)` has, name -> shape, without building it: a checkpoint is
-    checked against this before any model memory is allocated."""
-    V, C, L = config.padded_vocab_size, config.n_embd, config.n_layer
-    kv = config.n_kv_head * config.head_dim
-    shapes = {"transformer.wte.weight": (V, C), "lm_head.weight": (V, C), "resid_lambdas": (L,),
-              "x0_lambdas": (L,), "smear_gate.weight": (1, 24), "smear_lambda": (1,), "backout_lambda": (1,)}
-    for i in range(L):
-        p = f"transformer.h.{i}."
-        shapes.update({p + "attn.c_q.weight": (C, C), p + "attn.c_k.weight": (kv, C),
-                       p + "attn.c_v.weight": (kv, C), p + "attn.c_proj.weight": (C, C),
-                       p + "mlp.c_fc.weight": (4 * C, C), p + "mlp.c_proj.weight": (C, 4 * C)})
-        if config.has_ve(i):
-            shapes[p + "attn.ve_gate.weight"] = (config.n_kv_head, 12)
-            shapes[f"value_embeds.{i}.weight"] = (V, kv)
-    return shapes
+    """Parameters of `GPT(config)`, from the model's own inventory (nothing allocated)."""
+    return sum(math.prod(shape) for shape in param_shapes(config).values())
 
 
 def _itemsize(dtype) -> int:
@@ -175,7 +139,7 @@ def check_memory(needed: int, device, what: str, hint: str) -> None:
     if avail is not None and needed > avail:
         kind = getattr(device, "type", str(device))
         where = "GPU memory" if kind == "cuda" else "memory"
-        raise UserError(f"{what} needs about {human(needed)} of {where}, {human(avail)} available; {hint}")
+        raise UserError(f"{what} needs about {nbytes(needed)} of {where}, {nbytes(avail)} available; {hint}")
 
 
 def check_model_memory(config, device, file: Optional[Path] = None) -> None:
@@ -183,18 +147,19 @@ def check_model_memory(config, device, file: Optional[Path] = None) -> None:
     kind = getattr(device, "type", str(device).split(":")[0])
     if file is not None:
         size = os.path.getsize(file)
-        check_memory(load_bytes(config, size), "cpu", f"{file.name}: loading it ({human(size)} on disk, "
+        check_memory(load_bytes(config, size), "cpu", f"{file.name}: loading it ({nbytes(size)} on disk, "
                      f"{param_count(config):,} parameters)", "free memory or use a machine with more")
     else:
         check_memory(model_bytes(config), "cpu", f"the model ({param_count(config):,} parameters)",
-                     "choose a smaller model (--depth)")
+                     "choose a smaller model")
     if kind == "cuda":
         check_memory(model_bytes(config), device, f"the model ({param_count(config):,} parameters)",
-                     "use a smaller model or --device cpu")
+                     "use a smaller model or run on the CPU")
 
 
 def check_run_memory(config, device, batch: int, seq_len: int, schedules: Sequence[str],
-                     logics: Sequence[str], samples: int, max_chunk: Optional[int], dtype) -> None:
+                     logics: Sequence[str], samples: int, max_chunk: Optional[int], dtype,
+                     hint: str = "use fewer tokens, rows or samples, or fewer schedules") -> None:
     """Before generating input or running anything: the whole run's estimate (the model is loaded
     already, so what is available excludes it)."""
     need = run_bytes(config, batch, seq_len, schedules, logics, samples, max_chunk, dtype)
@@ -202,14 +167,14 @@ def check_run_memory(config, device, batch: int, seq_len: int, schedules: Sequen
     engine = f", engine rows x {samples}" if "engine" in schedules else ""
     check_memory(need, device, f"the run ({batch} x {seq_len} tokens{engine}; {runs} runs whose logits and "
                  "hidden states are kept for comparison)",
-                 "lower --seq-len, --batch or --samples, or run fewer --schedules")
+                 hint)
 
 
 # -- dtype ---------------------------------------------------------------------------------------
 _PROBED: dict = {}
 
 
-def check_dtype(device, dtype, flag: str = "--dtype") -> None:
+def check_dtype(device, dtype) -> None:
     """Run each kind of operation the model uses once, in `dtype` on `device`; refuse if any fails."""
     import torch
     import torch.nn.functional as F
@@ -218,13 +183,13 @@ def check_dtype(device, dtype, flag: str = "--dtype") -> None:
     if key not in _PROBED:
         err = None
         try:
-            x = torch.linspace(-1, 1, 2 * 4 * 24, device=device).view(2, 4, 24).to(dtype)
-            w = torch.linspace(-1, 1, 24 * 24, device=device).view(24, 24).to(dtype)
-            y = F.rms_norm(F.linear(x, w), (24,))
+            x = torch.linspace(-1, 1, 2 * 4 * 16, device=device).view(2, 4, 16).to(dtype)
+            w = torch.linspace(-1, 1, 16 * 16, device=device).view(16, 16).to(dtype)
+            y = F.rms_norm(F.linear(x, w), (16,))
             y = F.relu(y).square() + torch.sigmoid(y) * 3
             ids = torch.arange(4, device=device).view(1, 4)
             e = F.embedding(ids, w)
-            q = y.view(2, 4, 2, 12).transpose(1, 2)
+            q = y.view(2, 4, 2, 8).transpose(1, 2)
             F.scaled_dot_product_attention(q, q, q, is_causal=True)
             mask = torch.ones(4, 4, dtype=torch.bool, device=device).tril()
             out = F.scaled_dot_product_attention(q, q, q, attn_mask=mask)
@@ -236,4 +201,4 @@ def check_dtype(device, dtype, flag: str = "--dtype") -> None:
     err = _PROBED[key]
     if err is not None:
         name = str(dtype).removeprefix("torch.")
-        raise UserError(f"{flag} {name}: {device} cannot run it ({err}); try --dtype float32")
+        raise UserError(f"{name}: {device} cannot run it ({err}); float32 runs everywhere")

@@ -1,4 +1,5 @@
-"""Rendering a `Comparison` for people: a rich table, the analytic check and the verdict."""
+"""Rendering a `Comparison` for people: the title line, a rich table, the analytic check and the
+verdict, on a console sized for the terminal."""
 
 from __future__ import annotations
 
@@ -6,12 +7,9 @@ from rich.console import Console
 from rich import box
 from rich.table import Table
 
-from .compare import Comparison
-from .metrics import NOISE_MARGIN
-
-
-def _sci(x: float) -> str:
-    return "0" if x == 0 else f"{x:.1e}"
+from ..compare import Comparison
+from ..names import NOISE_MARGIN
+from ..units import sci
 
 
 def comparison_table(c: Comparison, title: str = "") -> Table:
@@ -25,8 +23,8 @@ def comparison_table(c: Comparison, title: str = "") -> Table:
         fd = m.first_departure
         share = m.chunk_start_share
         t.add_row(
-            m.schedule, m.logic, str(len(m.steps)), _sci(m.max_abs_logits), f"{m.logits_multiple:.2g}",
-            _sci(m.kl_max), f"{100 * m.top1_agreement:.1f}%",
+            m.schedule, m.logic, str(len(m.steps)), sci(m.max_abs_logits), f"{m.logits_multiple:.2g}",
+            sci(m.kl_max), f"{100 * m.top1_agreement:.1f}%",
             "-" if share is None else f"{100 * share:.0f}%",
             "-" if fd is None else f"{c.layers[fd[0]]}@{fd[1]}",
             f"{m.positions_above_noise}/{m.abs_err.size(1)}",
@@ -37,7 +35,7 @@ def comparison_table(c: Comparison, title: str = "") -> Table:
 
 def print_comparison(c: Comparison, console: Console, title: str = "") -> None:
     console.print(comparison_table(c, title))
-    console.print(f"noise floor (logits): {_sci(c.noise.per_layer[-1])} ({c.noise.source}); "
+    console.print(f"noise floor (logits): {sci(c.noise.per_layer[-1])} ({c.noise.source}); "
                   f"a run passes within {c.tolerance:g}x. @starts: share of the embedding error on "
                   f"chunk starts; born at: first layer@position above {NOISE_MARGIN:g}x noise; spread: "
                   f"positions whose logits are above {NOISE_MARGIN:g}x noise.")
@@ -51,7 +49,7 @@ def print_analytic(analytic: dict, console: Console, where: str, claim: str) -> 
     for sched, checks in analytic.items():
         worst = max(checks, key=lambda a: a.residual)
         console.print(f"analytic check ({sched}, {where}): the error at each of {len(checks)} chunk "
-                      f"starts {claim} {_sci(worst.residual)} (e.g. position {checks[0].position}: "
+                      f"starts {claim} {sci(worst.residual)} (e.g. position {checks[0].position}: "
                       f"predicted {checks[0].predicted:.4g}, measured {checks[0].measured:.4g})")
 
 
@@ -61,3 +59,10 @@ def console(stderr: bool = False) -> Console:
 
     stream = sys.stderr if stderr else sys.stdout
     return Console(stderr=stderr) if stream.isatty() else Console(stderr=stderr, width=120)
+
+
+def title_line(name: str, model, tokens) -> str:
+    """The line above a table: which model, how it ran, on what input."""
+    cfg = model.config
+    return (f"{name}: d{cfg.n_layer} n_embd {cfg.n_embd}, {str(model.dtype).removeprefix('torch.')} "
+            f"on {model.device}, {tokens.size(0)} x {tokens.size(1)} tokens")

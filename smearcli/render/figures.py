@@ -26,11 +26,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional, Sequence
 
+from ..names import figure_schedule
+
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
     from matplotlib.figure import Figure
 
-    from .compare import Comparison
+    from ..compare import Comparison
 
 KINDS = ("all", "error", "heatmap", "kl")
 FORMATS = (".png", ".svg", ".pdf")
@@ -41,7 +43,7 @@ COLORS = {"old": "#D55E00", "fixed": "#0072B2"}
 STYLES = {"old": "-", "fixed": "--"}
 LABELS = {"old": "old logic (upstream)", "fixed": "fixed logic"}
 # --impl nanochat|both: the user's own code (smearcli.audit), its own smear logic
-COLORS["yours"], STYLES["yours"], LABELS["yours"] = "#009E73", (0, (6, 2, 1, 2)), "your code (--impl nanochat)"
+COLORS["yours"], STYLES["yours"], LABELS["yours"] = "#009E73", (0, (6, 2, 1, 2)), "your code (nanochat checkout)"
 START_COLOR = "#000000"
 NOISE_COLOR = "#999999"
 HEATMAP_CMAP = "viridis"
@@ -75,8 +77,7 @@ def plottable_schedules(c: "Comparison") -> list[str]:
 
 
 def pick_schedule(c: "Comparison", schedule: Optional[str] = None) -> str:
-    """`schedule` if given (it must have been run), else `chunked` if run, else the first run
-    that has chunk starts, else the first run."""
+    """`schedule` if given (it must have been run), else `names.figure_schedule` of the runs."""
     names = plottable_schedules(c)
     if not names:
         raise ValueError("the comparison holds no runs to plot")
@@ -84,10 +85,7 @@ def pick_schedule(c: "Comparison", schedule: Optional[str] = None) -> str:
         if schedule not in names:
             raise ValueError(f"schedule {schedule!r} was not run; the comparison holds {', '.join(names)}")
         return schedule
-    if "chunked" in names:
-        return "chunked"
-    with_starts = [m.schedule for m in c.metrics if m.chunk_starts]
-    return with_starts[0] if with_starts else names[0]
+    return figure_schedule(names)
 
 
 def describe_steps(steps: Sequence[int]) -> str:
@@ -144,8 +142,6 @@ def plot_data(c: "Comparison", schedule: Optional[str] = None, model_name: Optio
 # -- panels -------------------------------------------------------------------------------------
 
 def _positive_min(arrays, default: float) -> float:
-    import numpy as np
-
     vals = [a[a > 0] for a in arrays]
     vals = [v for v in vals if v.size]
     return float(min(v.min() for v in vals)) if vals else default
@@ -222,7 +218,7 @@ def draw_error(ax, d: PlotData, panel: str = "") -> None:
     ax.axhspan(bottom, d.noise_logits, color=NOISE_COLOR, alpha=0.25, lw=0, zorder=0, gid="noise-floor",
                label=f"below the measured noise floor ({d.noise_logits:.1e})")
     ax.axhline(d.tolerance * d.noise_logits, color=NOISE_COLOR, lw=1.0, ls="-.", zorder=2,
-               gid="tolerance", label=f"--check tolerance ({d.tolerance:g} x noise floor)")
+               gid="tolerance", label=f"tolerance ({d.tolerance:g} x noise floor)")
     _chunk_lines(ax, d, label=True)
     _position_axis(ax, d)
     ax.set_ylabel("max |Δlogit| (logit units)")
@@ -300,7 +296,7 @@ def _legend_handles(d: PlotData, kind: str) -> list:
         handles.append(Patch(color=NOISE_COLOR, alpha=0.25, lw=0,
                              label=f"below the measured noise floor ({d.noise_logits:.1e})"))
         handles.append(Line2D([], [], color=NOISE_COLOR, ls="-.", lw=1.0,
-                              label=f"--check tolerance ({d.tolerance:g} x floor)"))
+                              label=f"tolerance ({d.tolerance:g} x floor)"))
     return handles
 
 
@@ -348,7 +344,7 @@ def save(fig: "Figure", path, dpi: Optional[float] = None) -> Path:
     timestamps so the same figure gives the same file."""
     import matplotlib
 
-    from .io import atomic_write
+    from ..files import atomic_write
 
     path = Path(path)
     fmt = path.suffix.lower().lstrip(".")

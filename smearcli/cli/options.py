@@ -2,8 +2,8 @@
 
 `shared_options` adds these parameters to a command's signature, so Typer shows them in every
 command's --help, and hands the command one `RunSpec` instead of fifteen arguments. `RunSpec`
-is plain data: building the model and tokens (`RunSpec.build`) is where torch gets imported,
-so `--help` stays fast.
+is plain data: building the model and tokens (`cli.build.build_setup`) is where torch gets
+imported, so `--help` stays fast.
 """
 
 from __future__ import annotations
@@ -18,8 +18,10 @@ from typing import Annotated, Optional
 
 import typer
 
-from .errors import UserError, guarded
-from .names import LOGIC_NAMES, REFERENCE, SCHEDULE_NAMES
+from .. import names
+from ..errors import UserError
+from ..names import DEFAULT_SCHEDULES, LOGIC_NAMES, REFERENCE, SCHEDULE_NAMES
+from .errors import guarded
 
 
 
@@ -73,13 +75,13 @@ class RunSpec:
     tokens: Optional[Path] = None
     text: Optional[str] = None
     text_file: Optional[Path] = None
-    schedules: str = ",".join(n for n in SCHEDULE_NAMES if n != REFERENCE)
+    schedules: str = ",".join(DEFAULT_SCHEDULES)
     logic: Logic = Logic.both
-    chunks: int = 4
+    chunks: int = names.CHUNKS
     chunk_sizes: Optional[str] = None
-    samples: int = 2
-    gen_len: int = 32
-    draft: int = 4
+    samples: int = names.SAMPLES
+    gen_len: int = names.GEN_LEN
+    draft: int = names.DRAFT
     impl: Impl = Impl.ours
     nanochat_path: Optional[Path] = None
 
@@ -125,12 +127,6 @@ class RunSpec:
         if self.impl == Impl.ours and self.nanochat_path is not None:
             raise UserError("--nanochat-path is used by --impl nanochat or --impl both; add one of them")
 
-    # -- the heavy part -------------------------------------------------------------------------
-    def build(self):
-        """Load or build the model and the input tokens; returns a `Setup`."""
-        from .setup import build_setup
-        return build_setup(self)
-
 
 # One Annotated type per shared option: the single definition of its flag, help and panel.
 SHARED = {
@@ -159,7 +155,7 @@ SHARED = {
     "text_file": (Optional[Path], typer.Option("--text-file", help="Like --text, from a file (its bytes as "
                   "they are).", rich_help_panel=I)),
     "schedules": (str, typer.Option("--schedules", help="Comma-separated schedules to run against the full "
-                  "forward pass: " + ", ".join(SCHEDULE_NAMES[1:]) + ".", rich_help_panel=S)),
+                  "forward pass: " + ", ".join(DEFAULT_SCHEDULES) + ".", rich_help_panel=S)),
     "logic": (Logic, typer.Option("--logic", help="Smear logic: old (upstream, with the #756 bug), fixed, or both.", rich_help_panel=S)),
     "chunks": (int, typer.Option("--chunks", help="chunked: split the sequence into N near-equal chunks.", rich_help_panel=S)),
     "chunk_sizes": (Optional[str], typer.Option("--chunk-sizes", help="chunked: explicit sizes, e.g. "

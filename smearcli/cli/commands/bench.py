@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
@@ -13,7 +12,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from ..errors import UserError
+from ...errors import UserError
+from ...names import REFERENCE
 from ..options import RunSpec, shared_options
 
 
@@ -37,7 +37,7 @@ PRESETS = {
 
 
 # the two questions bench answers first: what the fix costs, and chunked against one-shot and decode
-DEFAULT_SCHEDULES = "prefill,chunked,decode"
+BENCH_SCHEDULES = "prefill,chunked,decode"
 
 
 def apply_preset(spec: RunSpec, preset: Optional[Preset], given: set[str]) -> tuple[RunSpec, int]:
@@ -79,25 +79,6 @@ def busy_cpu_threads(loadavg=None, cpu_count=None) -> Optional[int]:
                          f"using the CPU, so running on 1 thread (--threads N to choose)\n")
         return 1
     return None
-
-
-@contextlib.contextmanager
-def _progress():
-    """A rich progress bar on stderr whose total can grow; silent when stderr is not a terminal."""
-    if not sys.stderr.isatty():
-        yield None
-        return
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    with Progress(TextColumn("bench {task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=Console(stderr=True), transient=True) as p:
-        task = p.add_task("", total=None)
-
-        def update(desc: str, done: int, total: int) -> None:
-            p.update(task, description=desc, completed=done, total=total)
-
-        yield update
 
 
 @shared_options
@@ -145,7 +126,7 @@ def bench(
         raise UserError(f"--threads {threads}: this machine has {os.cpu_count()} CPU cores; use at most "
                         f"{4 * (os.cpu_count() or 1)}")
     if output is not None:
-        from ..io import check_output_path
+        from ...files import check_output_path
         check_output_path(output, (".json",))
     if getattr(spec.impl, "value", spec.impl) != "ours":
         raise UserError("--impl: bench times smearcli's own model under both smear logics; "
@@ -153,18 +134,17 @@ def bench(
     given = _given(ctx)
     spec, context = apply_preset(spec, preset, given)
     if "schedules" not in given:
-        spec = dataclasses.replace(spec, schedules=DEFAULT_SCHEDULES)
-    from ..names import REFERENCE
-
+        spec = dataclasses.replace(spec, schedules=BENCH_SCHEDULES)
     schedules = spec.schedule_list(allow_reference=True)  # bench may time the full forward too
     others = [s for s in schedules if s != REFERENCE] or ["prefill"]
 
     import torch
 
-    from .. import bench as lib
-    from ..io import atomic_write
-    from ..report import console
-    from ..setup import build_setup
+    from ...bench import harness, meters, report
+    from ...files import atomic_write
+    from ...render.table import console
+    from ..build import build_setup
+    from ..progress import progress_bar
 
     if threads is None:
         threads = busy_cpu_threads()
@@ -174,14 +154,14 @@ def bench(
     clock_name = clock.value if isinstance(clock, Clock) else str(clock)
     if clock_name == "cpu" and setup.model.device.type != "cpu":
         raise UserError(f"--clock cpu times CPU work; the model runs on {setup.model.device.type} (use --clock wall)")
-    timer = lib.Timer(setup.model.device, clock_name)
-    settings = lib.BenchSettings(warmup=warmup, repeats=repeats, budget_s=budget, micro=micro, peak=peak)
-    with _progress() as progress:
-        result = lib.bench(setup.model, setup.tokens, schedules, setup.logics, setup.options, settings,
-                           timer=timer, progress=progress)
+    timer = meters.Timer(setup.model.device, clock_name)
+    settings = harness.BenchSettings(warmup=warmup, repeats=repeats, budget_s=budget, micro=micro, peak=peak)
+    with progress_bar("bench") as bar:
+        result = harness.bench(setup.model, setup.tokens, schedules, setup.logics, setup.options, settings,
+                               timer=timer, progress=bar.update)
     info = {"name": setup.loaded.name, "source": setup.loaded.source, "step": setup.loaded.step,
             "preset": None if preset is None else preset.value}
-    data = lib.to_json(result, info)
+    data = report.to_json(result, info)
     if output is not None:
         with atomic_write(output) as f:
             json.dump(data, f, indent=1)
@@ -193,4 +173,4 @@ def bench(
     title = (f"{setup.loaded.name}: d{cfg.n_layer} n_embd {cfg.n_embd} (context {cfg.sequence_len}), "
              f"{str(setup.model.dtype).removeprefix('torch.')} on {setup.model.device}, "
              f"{setup.tokens.size(0)} x {setup.tokens.size(1)} tokens")
-    lib.render(result, console(), title)
+    report.render(result, console(), title)

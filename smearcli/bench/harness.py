@@ -1,9 +1,13 @@
 """`bench` as a library call: what the fixed smear costs, and what each schedule costs.
 
-    from smearcli import bench, models
-    from smearcli.compare import random_tokens
-    lm = models.random_model()
-    result = bench.bench(lm.model, random_tokens(lm.model.config, 256), ["prefill", "chunked"])
+Owns the settings, the A B A B rounds, the micro-benchmark of the smear functions and the result
+types; statistics are in `bench.stats`, clocks and meters in `bench.meters`, output in
+`bench.report`.
+
+    from smearcli import inputs, weights
+    from smearcli.bench import harness
+    lm = weights.random_model()
+    result = harness.bench(lm.model, inputs.random_tokens(lm.model.config, 256), ["prefill", "chunked"])
     print(result.ratio("chunked").summary.median)  # fixed/old time of a chunked prefill
 
 Method, chosen so the numbers survive a noisy machine:
@@ -35,10 +39,6 @@ of every cell and every pair's ratio, and their summaries.
 
 from __future__ import annotations
 
-import ctypes
-import os
-import platform
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence, Union
@@ -46,206 +46,17 @@ from typing import Callable, Optional, Sequence, Union
 import torch
 from torch import Tensor
 
-from . import flops as F
-from .model import GPT, rms_norm
-from .names import LOGIC_NAMES
-from .schedules import ScheduleOptions, chunk_plan, run_schedule
-from .smear import LOGICS
+from .. import flops as F
+from ..model import GPT, rms_norm
+from ..names import LOGIC_NAMES
+from ..schedules import ScheduleOptions, chunk_plan, run_schedule
+from ..smear import LOGICS
+from .meters import MemoryMeter, Timer, environment
+from .stats import Summary, pair_ratios
 
 SCHEMA = "smearcli.bench/1"
 
 Progress = Optional[Callable[[str, int, int], None]]
-
-
-# -- statistics -----------------------------------------------------------------------------------
-def quantile(xs: Sequence[float], q: float) -> float:
-    """The q-quantile of xs with linear interpolation between order statistics (numpy's default)."""
-    if not xs:
-        raise ValueError("quantile of no samples")
-    if not 0.0 <= q <= 1.0:
-        raise ValueError(f"q must be in [0, 1], got {q}")
-    s = sorted(xs)
-    h = (len(s) - 1) * q
-    lo = int(h)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (h - lo) * (s[hi] - s[lo])
-
-
-@dataclass(frozen=True)
-class Summary:
-    n: int
-    median: float
-    q1: float
-    q3: float
-    min: float
-    max: float
-
-    @property
-    def iqr(self) -> float:
-        return self.q3 - self.q1
-
-    @classmethod
-    def of(cls, xs: Sequence[float]) -> "Summary":
-        return cls(len(xs), quantile(xs, 0.5), quantile(xs, 0.25), quantile(xs, 0.75), min(xs), max(xs))
-
-    def to_json(self) -> dict:
-        return {"n": self.n, "median": self.median, "q1": self.q1, "q3": self.q3, "iqr": self.iqr,
-                "min": self.min, "max": self.max}
-
-
-# -- timing and memory ----------------------------------------------------------------------------
-CLOCKS = {
-    # wall time: what a user waits for
-    "wall": time.perf_counter,
-    # CPU time of the whole process (all threads): on a shared CPU it leaves out the time other
-    # processes hold the cores, so with one thread it measures the work, not the queue
-    "cpu": time.process_time,
-}
-
-
-class Timer:
-    """Times a callable: synchronise the device, read the clock, run, synchronise, read again.
-
-    `clock` is a name from CLOCKS or a callable returning seconds (tests pass a fake one)."""
-
-    def __init__(self, device: torch.device | str = "cpu", clock: Union[str, Callable[[], float]] = "wall"):
-        self.device = torch.device(device)
-        if isinstance(clock, str):
-            if clock not in CLOCKS:
-                raise ValueError(f"unknown clock {clock!r}; choose from {', '.join(CLOCKS)}")
-            if clock == "cpu" and self.device.type != "cpu":
-                raise ValueError(f"the cpu clock cannot time work on {self.device.type}: use the wall clock")
-            self.name, self.clock = clock, CLOCKS[clock]
-        else:
-            self.name, self.clock = getattr(clock, "__name__", "custom"), clock
-
-    def sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        elif self.device.type == "mps":
-            torch.mps.synchronize()
-
-    def measure(self, fn: Callable[[], object]) -> float:
-        self.sync()
-        t0 = self.clock()
-        fn()
-        self.sync()
-        return self.clock() - t0
-
-
-def _libc():
-    try:
-        return ctypes.CDLL("libc.so.6")
-    except OSError:
-        return None
-
-
-def _proc_status_kb(key: str) -> Optional[int]:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(key + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        return None
-    return None
-
-
-def _reset_hwm() -> bool:
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # resets the peak resident set (VmHWM) to the current one
-        return True
-    except OSError:
-        return False
-
-
-def _maxrss_bytes() -> Optional[int]:
-    try:
-        import resource  # POSIX only
-    except ImportError:
-        return None
-    r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return r if sys.platform == "darwin" else r * 1024  # bytes on macOS, KiB on Linux
-
-
-class MemoryMeter:
-    """Peak memory a callable adds: `meter.measure(fn)` -> bytes, or None where unknown.
-
-    CUDA: the allocator's peak (torch.cuda.max_memory_allocated) above what was allocated before.
-    CPU on Linux: VmHWM after the run minus VmRSS before it, with VmHWM reset first and freed heap
-    returned to the OS (malloc_trim) so the run's allocations show up as growth. Elsewhere on CPU:
-    the growth of ru_maxrss, which never resets (a lower bound after the first big run)."""
-
-    def __init__(self, device: torch.device | str = "cpu"):
-        self.device = torch.device(device)
-        if self.device.type == "cuda":
-            self.kind = "cuda allocator peak"
-        elif self.device.type == "cpu":
-            self.kind = "peak RSS growth" if _proc_status_kb("VmHWM") is not None and _reset_hwm() \
-                else "ru_maxrss growth"
-        else:
-            self.kind = "unavailable"
-        self._libc = _libc() if self.device.type == "cpu" else None
-
-    def measure(self, fn: Callable[[], object]) -> Optional[int]:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-            torch.cuda.reset_peak_memory_stats(self.device)
-            base = torch.cuda.memory_allocated(self.device)
-            fn()
-            torch.cuda.synchronize(self.device)
-            return max(0, torch.cuda.max_memory_allocated(self.device) - base)
-        if self.device.type != "cpu":
-            fn()
-            return None
-        if self.kind == "peak RSS growth":
-            trim = getattr(self._libc, "malloc_trim", None)  # glibc only
-            if trim is not None:
-                trim(0)
-            _reset_hwm()
-            base = _proc_status_kb("VmRSS")
-            fn()
-            peak = _proc_status_kb("VmHWM")
-            return None if base is None or peak is None else max(0, (peak - base) * 1024)
-        base = _maxrss_bytes()
-        fn()
-        after = _maxrss_bytes()
-        return None if base is None or after is None else max(0, after - base)
-
-
-# -- environment ----------------------------------------------------------------------------------
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def environment(device: torch.device, dtype: torch.dtype) -> dict:
-    """What the numbers were measured on: device, its name, threads, torch, dtype, load."""
-    env = {
-        "torch": torch.__version__,
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "device": str(device),
-        "dtype": str(dtype).removeprefix("torch."),
-        "cpu": _cpu_name(),
-        "cpu_count": os.cpu_count(),
-        "threads": torch.get_num_threads(),
-    }
-    if device.type == "cuda":
-        env["device_name"] = torch.cuda.get_device_name(device)
-        env["cuda"] = torch.version.cuda
-    else:
-        env["device_name"] = env["cpu"] if device.type == "cpu" else device.type
-    if hasattr(os, "getloadavg"):
-        env["loadavg"] = [round(x, 2) for x in os.getloadavg()]
-    return env
 
 
 # -- results --------------------------------------------------------------------------------------
@@ -461,13 +272,6 @@ def alternate(fns: dict[str, Callable[[], object]], warmup: int, repeats: Union[
     return Rounds(samples, mem)
 
 
-def pair_ratios(samples: dict[str, list[float]], num: str = "fixed", den: str = "old") -> Optional[list[float]]:
-    """num/den per round, or None when either logic did not run."""
-    if num not in samples or den not in samples:
-        return None
-    return [a / b for a, b in zip(samples[num], samples[den])]
-
-
 def measure_peak(device: torch.device, dtype: torch.dtype, timer: Timer, size: Optional[int] = None,
                  warmup: int = 2, repeats: int = 5, tracker: Optional[Tracker] = None) -> Peak:
     """Time a square matmul in `dtype` on `device` and keep every sample."""
@@ -592,134 +396,3 @@ def bench(model: GPT, tokens: Tensor, schedules: Sequence[str], logics: Sequence
     return BenchResult(env, settings, cfg.to_dict(), B, T, options, cells, ratios, micro, peak,
                        meter.kind if settings.memory else "not measured", calls,
                        time.perf_counter() - wall_start)
-
-
-# -- output ---------------------------------------------------------------------------------------
-def to_json(result: BenchResult, model_info: Optional[dict] = None) -> dict:
-    """Everything, raw samples included (schema smearcli.bench/1). Times are in seconds."""
-    s = result.settings
-    out = {
-        "schema": SCHEMA,
-        "model": {**(model_info or {}), "config": result.config},
-        "input": {"batch": result.batch, "seq_len": result.seq_len},
-        "environment": result.env,
-        "settings": {"warmup": s.warmup, "repeats": s.repeats, "budget_s": s.budget_s,
-                     "min_repeats": s.min_repeats, "max_repeats": s.max_repeats,
-                     "micro_repeats": s.micro_repeats, "micro_inner": s.micro_inner,
-                     "order": "alternating, logics in this order every round",
-                     "logics": list(dict.fromkeys(c.logic for c in result.cells)),
-                     "schedule_options": {"chunks": result.options.chunks,
-                                          "chunk_sizes": list(result.options.chunk_sizes) if result.options.chunk_sizes else None,
-                                          "samples": result.options.samples, "gen_len": result.options.gen_len,
-                                          "draft": result.options.draft}},
-        "peak": None if result.peak is None else {
-            "size": result.peak.size, "dtype": result.peak.dtype, "flops": result.peak.flops,
-            "samples_s": result.peak.samples, "flops_per_s": result.peak.flops_per_s},
-        "memory_kind": result.memory_kind,
-        "cells": [{
-            "schedule": c.schedule, "logic": c.logic, "steps": c.steps, "tokens": c.tokens,
-            "flops": c.flops, "samples_s": c.samples, "summary_s": c.summary.to_json(),
-            "tokens_per_s": c.tokens_per_s, "flops_per_s": c.flops_per_s,
-            "peak_fraction": result.peak_fraction(c), "peak_mem_bytes": c.peak_mem,
-        } for c in result.cells],
-        "ratios": [{"schedule": r.name, "of": "fixed/old", "pairs": r.ratios, "summary": r.summary.to_json()}
-                   for r in result.ratios],
-        "smear_micro": [{
-            "case": m.name, "shape": list(m.shape), "cached": m.cached, "with_prev": m.with_prev,
-            "calls_per_sample": m.inner,
-            "samples_s": m.samples, "summary_s": {lg: Summary.of(v).to_json() for lg, v in m.samples.items()},
-            "ratio": None if m.ratio is None else {"of": "fixed/old", "pairs": m.ratio.ratios,
-                                                   "summary": m.ratio.summary.to_json()},
-        } for m in result.micro],
-        "wall_s": result.wall_s,
-    }
-    return out
-
-
-def _t(s: float) -> str:
-    """A duration with a unit that keeps three significant digits."""
-    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6)):
-        if s >= scale:
-            return f"{s / scale:.3g} {unit}"
-    return f"{s / 1e-9:.3g} ns"
-
-
-def _bytes(n: Optional[int]) -> str:
-    if n is None:
-        return "-"
-    for unit, scale in (("GiB", 2 ** 30), ("MiB", 2 ** 20), ("KiB", 2 ** 10)):
-        if n >= scale:
-            return f"{n / scale:.3g} {unit}"
-    return f"{n} B"
-
-
-def _ratio(r: Ratio) -> tuple[str, str]:
-    s = r.summary
-    return f"{s.median:.3f}", f"{s.q1:.3f}-{s.q3:.3f}"
-
-
-def render(result: BenchResult, console, title: str = "") -> None:
-    """Print the tables: per cell, per fixed/old pair, the smear micro-benchmark, the environment."""
-    from rich import box
-    from rich.table import Table
-
-    env = result.env
-    t = Table(title=title or None, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
-    cols = [("schedule", "left"), ("logic", "left"), ("steps", "right"), ("median", "right"),
-            ("IQR", "right"), ("tok/s", "right"), ("GFLOP", "right"), ("GFLOP/s", "right")]
-    if result.peak is not None:
-        cols.append(("% peak", "right"))
-    cols.append(("peak mem", "right"))
-    for name, justify in cols:
-        t.add_column(name, justify=justify, no_wrap=True)
-    for c in result.cells:
-        s = c.summary
-        row = [c.schedule, c.logic, str(c.steps), _t(s.median), _t(s.iqr), f"{c.tokens_per_s:,.0f}",
-               f"{c.flops / 1e9:.3g}", f"{c.flops_per_s / 1e9:.3g}"]
-        if result.peak is not None:
-            row.append(f"{100 * result.peak_fraction(c):.1f}%")
-        row.append(_bytes(c.peak_mem))
-        t.add_row(*row)
-    console.print(t)
-
-    if result.ratios or any(m.ratio for m in result.micro):
-        rt = Table(title="fixed / old time, per alternated pair", title_justify="left",
-                   box=box.SIMPLE_HEAD, pad_edge=False)
-        for name, justify in [("what", "left"), ("median", "right"), ("IQR (q1-q3)", "right"),
-                              ("min-max", "right"), ("pairs", "right"), ("old median", "right"),
-                              ("fixed median", "right")]:
-            rt.add_column(name, justify=justify, no_wrap=True)
-        for r in result.ratios:
-            s = r.summary
-            rt.add_row(r.name, *_ratio(r), f"{s.min:.3f}-{s.max:.3f}", str(s.n),
-                       _t(result.cell(r.name, "old").summary.median),
-                       _t(result.cell(r.name, "fixed").summary.median))
-        for m in result.micro:
-            if m.ratio is None:
-                continue
-            s = m.ratio.summary
-            B, T, C = m.shape
-            rt.add_row(f"smear alone, {m.name} ({B}x{T}x{C})", *_ratio(m.ratio), f"{s.min:.3f}-{s.max:.3f}",
-                       str(s.n), _t(Summary.of(m.samples["old"]).median), _t(Summary.of(m.samples["fixed"]).median))
-        console.print(rt)
-    elif result.micro:
-        for m in result.micro:
-            for lg, v in m.samples.items():
-                console.print(f"smear alone, {m.name} {m.shape}, {lg}: {_t(Summary.of(v).median)} per call")
-
-    where = env.get("device_name", env["device"])
-    rounds = ", ".join(f"{r.name} {len(r.ratios)}" for r in result.ratios) or ", ".join(
-        f"{c.schedule} {len(c.samples)}" for c in result.cells)
-    line = (f"{env['device']} ({where}), {env['threads']} threads, torch {env['torch']}, {env['dtype']}, "
-            f"{env.get('clock', 'wall')} clock; "
-            f"{result.settings.warmup} warm-up round(s), then timed rounds ({rounds})"
-            + (", logics alternating" if len({c.logic for c in result.cells}) > 1 else ""))
-    if "loadavg" in env:
-        line += f"; load average {env['loadavg'][0]:g} at the start"
-    console.print(line)
-    if result.peak is not None:
-        p = result.peak
-        console.print(f"matmul peak: {p.flops_per_s / 1e9:.4g} GFLOP/s ({p.size}x{p.size} {p.dtype}, best of "
-                      f"{len(p.samples)}); % peak = achieved FLOP/s of the median run / that peak")
-    console.print(f"peak mem: {result.memory_kind}, on one extra untimed run per cell. "
-                  f"Total {result.wall_s:.1f} s.")

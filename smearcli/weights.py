@@ -1,4 +1,5 @@
-"""Where models come from: a seeded random model that shows the bug, or a nanochat checkpoint.
+"""Where weights come from: a seeded random model, the tiny model that ships with smearcli, or a
+nanochat checkpoint (read and written).
 
 Checkpoint format (upstream checkpoint_manager): a directory with `model_{step:06d}.pt` (a
 torch.save'd state dict) and `meta_{step:06d}.json` (with `model_config`). Loading never unpickles
@@ -19,9 +20,10 @@ import torch
 
 from .config import ConfigError, GPTConfig
 from .errors import UserError
-from .model import GPT
-from .validate import check_model_memory, expected_shapes
+from .model import GPT, param_shapes
+from .preflight import check_model_memory
 
+TINY_DIR = Path(__file__).resolve().parent / "data" / "tiny"
 
 
 def random_config(depth: int = 4, sequence_len: int = 512, vocab_size: int = 256,
@@ -146,7 +148,7 @@ def _steps_text(steps: list[int]) -> str:
     return ", ".join(map(str, steps[:3])) + ", ..., " + ", ".join(map(str, steps[-3:])) + f" ({len(steps)} steps)"
 
 
-def _read_meta(path: Path) -> dict:
+def read_meta(path: Path) -> dict:
     try:
         if path.stat().st_size > META_MAX_BYTES:
             raise UserError(f"{path.name}: {path.stat().st_size:,} bytes is too large for a meta JSON file")
@@ -213,7 +215,7 @@ def _load_error(path: Path, e: Exception) -> UserError:
     return UserError(f"{path.name}: {msg}{tail}")
 
 
-def _read_state_dict(path: Path) -> dict:
+def read_state_dict(path: Path) -> dict:
     _check_torch_file(path)
     try:
         sd = torch.load(path, map_location="cpu", weights_only=True)
@@ -234,9 +236,8 @@ def _read_state_dict(path: Path) -> dict:
     return out
 
 
-def load_checkpoint(ckpt_dir, step: Optional[int] = None, device="cpu",
-                    dtype: torch.dtype = torch.float32) -> LoadedModel:
-    """Load a nanochat checkpoint directory (the newest step unless `step` is given)."""
+def find_step(ckpt_dir, step: Optional[int] = None) -> tuple[Path, int]:
+    """The checkpoint directory (user's ~ expanded) and the step to load: `step`, or the newest."""
     ckpt_dir = Path(os.path.expanduser(str(ckpt_dir)))
     if ckpt_dir.is_file():
         raise UserError(f"{ckpt_dir}: a file, not a directory; pass the directory that holds the "
@@ -250,22 +251,29 @@ def load_checkpoint(ckpt_dir, step: Optional[int] = None, device="cpu",
     if not steps:
         raise UserError(_describe_missing_pair(ckpt_dir))
     if step is None:
-        step = steps[-1]
-    elif step not in steps:
-        raise UserError(f"{ckpt_dir}: no step {step}; present: {_steps_text(steps)} (choose one with --step)")
+        return ckpt_dir, steps[-1]
+    if step not in steps:
+        raise UserError(f"{ckpt_dir}: no step {step}; present: {_steps_text(steps)}")
+    return ckpt_dir, step
+
+
+def load_checkpoint(ckpt_dir, step: Optional[int] = None, device="cpu",
+                    dtype: torch.dtype = torch.float32) -> LoadedModel:
+    """Load a nanochat checkpoint directory (the newest step unless `step` is given)."""
+    ckpt_dir, step = find_step(ckpt_dir, step)
     meta_path = ckpt_dir / f"meta_{step:06d}.json"
     model_path = ckpt_dir / f"model_{step:06d}.pt"
-    meta = _read_meta(meta_path)
+    meta = read_meta(meta_path)
     try:
         config = GPTConfig.from_dict(meta["model_config"])
     except (ConfigError, TypeError) as e:
         raise UserError(f"{meta_path.name}: {e}") from e
     check_model_memory(config, device, file=model_path)
-    sd = _read_state_dict(model_path)
+    sd = read_state_dict(model_path)
     # older checkpoints predate these per-layer scalars; their neutral values reproduce them
     sd.setdefault("resid_lambdas", torch.ones(config.n_layer))
     sd.setdefault("x0_lambdas", torch.zeros(config.n_layer))
-    expected = expected_shapes(config)  # checked before the model's memory is allocated
+    expected = param_shapes(config)  # checked before the model's memory is allocated
     missing = sorted(set(expected) - set(sd))
     unexpected = sorted(set(sd) - set(expected))
     if missing or unexpected:
@@ -299,7 +307,7 @@ def load_checkpoint(ckpt_dir, step: Optional[int] = None, device="cpu",
 
 def save_checkpoint(model: GPT, ckpt_dir, step: int, meta: Optional[dict] = None) -> Path:
     """Write `model` in nanochat's format (model_XXXXXX.pt + meta_XXXXXX.json), atomically."""
-    from .io import atomic_write
+    from .files import atomic_write
 
     ckpt_dir = Path(ckpt_dir)
     ckpt_dir.mkdir(parents=True, exist_ok=True)
@@ -312,3 +320,23 @@ def save_checkpoint(model: GPT, ckpt_dir, step: int, meta: Optional[dict] = None
     with atomic_write(ckpt_dir / f"meta_{step:06d}.json", "w") as f:
         json.dump(meta, f, indent=2)
     return ckpt_dir / f"model_{step:06d}.pt"
+
+
+# -- the shipped model ----------------------------------------------------------------------------
+def tiny_model(device="cpu", dtype: torch.dtype = torch.float32) -> LoadedModel:
+    """The tiny byte-level nanochat model trained by examples/train_tiny.py."""
+    if not TINY_DIR.is_dir() or not list_steps(TINY_DIR):
+        raise UserError(f"the tiny model's checkpoint is missing from {TINY_DIR}; reinstall smearcli "
+                        "or recreate it with examples/train_tiny.py")
+    loaded = load_checkpoint(TINY_DIR, device=device, dtype=dtype)
+    loaded.source = "tiny"
+    return loaded
+
+
+def byte_model(checkpoint=None, device="cpu", dtype=torch.float32) -> LoadedModel:
+    """The tiny model, or the byte-level checkpoint directory given; a UserError for a model whose
+    vocabulary is not the 256 bytes."""
+    loaded = load_checkpoint(checkpoint, device=device, dtype=dtype) if checkpoint else tiny_model(device, dtype)
+    if not loaded.model.config.is_byte_level:
+        raise UserError(f"{loaded.name}: not a byte-level model (vocab {loaded.model.config.vocab_size})")
+    return loaded

@@ -1,20 +1,24 @@
-"""Turn a `RunSpec` (parsed options) into a model, input tokens and schedule options."""
+"""Turn a `RunSpec` (parsed options) into a model, input tokens and schedule options.
+
+The only place that maps a library error to a flag: the library names files and problems, this
+module says which option they came from."""
 
 from __future__ import annotations
 
-import json
+import contextlib
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from .config import ConfigError
-from .errors import UserError
-from .compare import random_tokens
-from .models import LoadedModel, load_checkpoint, random_config, random_model
+from ..config import ConfigError
+from ..errors import UserError
+from ..inputs import load_tokens, random_tokens, read_text_file, text_tokens
+from ..preflight import check_dtype, check_run_memory
+from ..schedules import ScheduleOptions, chunk_plan
+from ..weights import LoadedModel, load_checkpoint, random_config, random_model, tiny_model
 from .options import Device, DType, ModelKind, RunSpec
-from .schedules import ScheduleOptions, chunk_plan
-from .validate import check_dtype, check_run_memory
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -27,7 +31,7 @@ class Setup:
     schedules: list[str]
     logics: list[str]
     impl: str = "ours"  # whose code runs: ours, nanochat (the user's checkout) or both
-    audited: object = None  # with --impl nanochat|both: the user's model (audit.NanochatModel)
+    audited: object = None  # with --impl nanochat|both: the user's model (adapter.NanochatModel)
 
     @property
     def model(self):
@@ -55,47 +59,6 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return DTYPES[name]
 
 
-def load_tokens(path: Path, vocab_size: int) -> torch.Tensor:
-    """A JSON list of ids (or list of equal-length lists), or a torch.save'd integer tensor."""
-    if not path.is_file():
-        raise UserError(f"--tokens {path}: file not found")
-    if path.suffix == ".json":
-        try:
-            data = json.loads(path.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise UserError(f"--tokens {path}: invalid JSON ({e})") from e
-        except RecursionError as e:
-            raise UserError(f"--tokens {path}: invalid JSON (nested too deeply)") from e
-        if isinstance(data, list) and data and all(isinstance(v, int) for v in data):
-            data = [data]
-        ok = (isinstance(data, list) and data and all(isinstance(r, list) and r for r in data)
-              and all(isinstance(v, int) and not isinstance(v, bool) for r in data for v in r))
-        if not ok:
-            raise UserError(f"--tokens {path}: expected a list of integer ids or a list of such lists")
-        if len({len(r) for r in data}) != 1:
-            raise UserError(f"--tokens {path}: rows have different lengths")
-        bad_id = next((v for r in data for v in r if not 0 <= v < vocab_size), None)
-        if bad_id is not None:  # before torch.tensor, which cannot hold ids beyond int64
-            raise UserError(f"--tokens {path}: id {bad_id} is outside the vocabulary [0, {vocab_size})")
-        t = torch.tensor(data, dtype=torch.long)
-    else:
-        try:
-            t = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as e:  # noqa: BLE001
-            from .models import describe_load_failure
-            raise UserError(f"--tokens {path}: {describe_load_failure(e, 'JSON list or saved tensor')}") from e
-        if not isinstance(t, torch.Tensor) or t.is_floating_point() or t.is_complex() or t.dim() not in (1, 2):
-            raise UserError(f"--tokens {path}: expected a 1-D or 2-D integer tensor")
-        t = t.long().reshape(-1, t.size(-1)) if t.dim() == 2 else t.long().unsqueeze(0)
-    if t.numel() == 0:
-        raise UserError(f"--tokens {path}: no tokens")
-    bad = (t < 0) | (t >= vocab_size)
-    if bad.any():
-        v = int(t[bad][0])
-        raise UserError(f"--tokens {path}: id {v} is outside the vocabulary [0, {vocab_size})")
-    return t
-
-
 def preflight(cfg, device, dtype, B: int, T: int, schedules, logics, spec: RunSpec, chunk_sizes) -> None:
     """Before any input is generated or any run starts: positions and memory."""
     if T < 2 and {"engine", "speculative"} & set(schedules):
@@ -104,7 +67,8 @@ def preflight(cfg, device, dtype, B: int, T: int, schedules, logics, spec: RunSp
         raise UserError(f"{T} tokens exceed what the model's rotary table covers ({cfg.rotary_len} = "
                         f"10 x sequence_len {cfg.sequence_len})")
     max_chunk = max(chunk_sizes) if chunk_sizes else -(-T // max(spec.chunks, 1))
-    check_run_memory(cfg, device, B, T, schedules, logics, max(spec.samples, 1), max_chunk, dtype)
+    check_run_memory(cfg, device, B, T, schedules, logics, max(spec.samples, 1), max_chunk, dtype,
+                     hint="lower --seq-len, --batch or --samples, or run fewer --schedules")
 
 
 def _check_plan(T: int, schedules, opts: ScheduleOptions) -> None:
@@ -140,6 +104,40 @@ def check_arguments(spec: RunSpec, schedules, chunk_sizes) -> ScheduleOptions:
     return opts
 
 
+@contextlib.contextmanager
+def flag(name: str, sep: str = " "):
+    """Prefix a library's UserError with the option whose value it is about: `--tokens` before
+    "t.json: file not found", `--text` + ": " before "the text is empty"."""
+    try:
+        yield
+    except UserError as e:
+        raise UserError(f"{name}{sep}{e}") from e
+
+
+def attach(spec: RunSpec, loaded, device, dtype):
+    """The step for --impl nanochat|both: import the user's code and build their model, from our
+    model's weights (random, tiny) or from --checkpoint the way upstream loads it.
+
+    Returns (loaded, audited, logics): with --impl nanochat, `loaded` wraps the user's model and
+    the one logic is theirs; with --impl both, `loaded` stays ours and runs old and fixed."""
+    from ..impls.nanochat.adapter import nanochat_from_checkpoint, nanochat_from_model
+    from ..impls.nanochat.audit import USER_LOGIC
+    from ..impls.nanochat.sandbox import import_nanochat
+    from ..names import LOGIC_NAMES
+
+    impl = getattr(spec.impl, "value", spec.impl)
+    code = import_nanochat(spec.nanochat_path, dtype=dtype)
+    if spec.checkpoint is not None:
+        theirs, step, meta = nanochat_from_checkpoint(code, spec.checkpoint, spec.step, device)
+        source = str(Path(os.path.expanduser(str(spec.checkpoint))))
+    else:
+        theirs = nanochat_from_model(code, loaded.model)
+        source, step, meta = loaded.source, loaded.step, loaded.meta
+    if impl == "nanochat":
+        return LoadedModel(theirs, source, step, meta), theirs, [USER_LOGIC]
+    return loaded, theirs, list(LOGIC_NAMES)
+
+
 def build_setup(spec: RunSpec, sequence_len: int = 512) -> Setup:
     """`sequence_len`: the random model's training context (windows, rotary table); bench presets
     size it the nanochat way (2048 for d12/d20)."""
@@ -151,14 +149,14 @@ def build_setup(spec: RunSpec, sequence_len: int = 512) -> Setup:
     opts = check_arguments(spec, schedules, chunk_sizes)
     device = resolve_device(spec.device)
     dtype = resolve_dtype(spec.dtype, device)
-    check_dtype(device, dtype)
+    with flag("--dtype"):
+        check_dtype(device, dtype)
     if spec.checkpoint is not None:
-        # --impl nanochat loads the checkpoint into the user's code only (audit.attach)
+        # --impl nanochat loads the checkpoint into the user's code only (attach)
         loaded = None if impl == "nanochat" else load_checkpoint(spec.checkpoint, spec.step, device=device, dtype=dtype)
     elif spec.model_kind() == ModelKind.tiny:
         if spec.step is not None:
             raise UserError("--step needs --checkpoint")
-        from .text import tiny_model
         loaded = tiny_model(device=device, dtype=dtype)
     else:
         if spec.step is not None:
@@ -170,14 +168,17 @@ def build_setup(spec: RunSpec, sequence_len: int = 512) -> Setup:
         loaded = random_model(config, seed=spec.seed, device=device, dtype=dtype)
     audited = None
     if impl != "ours":
-        from .audit import attach
-        loaded, audited, logics = attach(spec, loaded, device, dtype)
+        loaded, audited, logics = attach(spec, loaded, device, dtype)  # errors name the checkout
     cfg = loaded.model.config
     if spec.tokens is not None:
-        tokens = load_tokens(spec.tokens, cfg.vocab_size)
-    elif spec.text is not None or spec.text_file is not None:
-        from .text import read_text_input
-        tokens = read_text_input(spec.text, spec.text_file, cfg)
+        with flag("--tokens"):
+            tokens = load_tokens(spec.tokens, cfg.vocab_size)
+    elif spec.text_file is not None:
+        with flag("--text-file"):
+            tokens = read_text_file(spec.text_file, cfg)
+    elif spec.text is not None:
+        with flag("--text", ": "):
+            tokens = text_tokens(spec.text, cfg)
     else:
         preflight(cfg, device, dtype, spec.batch, spec.seq_len, schedules, logics, spec, chunk_sizes)
         tokens = random_tokens(cfg, spec.seq_len, spec.batch, spec.seed)

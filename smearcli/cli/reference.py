@@ -171,10 +171,10 @@ def cli_reference(app_or_cmd, prog: str = "smearcli", heading_level: int = 2) ->
 def page(app_or_cmd=None, prog: str = "smearcli") -> str:
     """The whole docs page (reference/cli.md)."""
     if app_or_cmd is None:
-        from .cli import app as app_or_cmd
+        from .app import app as app_or_cmd
     return (
         "# CLI reference\n\n"
-        "Generated from the Typer app when the site is built (`smearcli._docs.cli_reference`), so "
+        "Generated from the Typer app when the site is built (`smearcli.cli.reference.cli_reference`), so "
         "it lists exactly what `smearcli COMMAND --help` prints. Exit status: 0 ok, 1 a `--check` "
         "failure or an internal error, 2 bad usage or input.\n\n"
         + cli_reference(app_or_cmd, prog)
@@ -182,7 +182,7 @@ def page(app_or_cmd=None, prog: str = "smearcli") -> str:
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    """`python -m smearcli._docs` prints the reference (handy for a diff in review)."""
+    """`python -m smearcli.cli.reference` prints the reference (handy for a diff in review)."""
     import sys
 
     sys.stdout.write(page())

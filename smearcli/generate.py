@@ -1,8 +1,4 @@
-"""Byte-level text and greedy generation under a chosen smear logic.
-
-A byte-level model's token id is a byte value (vocabulary 256), so text needs no tokenizer: the
-UTF-8 bytes are the ids. The tiny model that ships with smearcli (`--model tiny`,
-`tiny_model()`) is such a model.
+"""Greedy and speculative generation under a chosen smear logic.
 
 Generation keeps a KV cache and feeds it in steps, as an inference engine does: a prompt
 prefilled in chunks, one token per step while decoding, several tokens at once when a chat turn
@@ -11,92 +7,25 @@ the fixed smear logic; `ReferenceSession` has the same interface but recomputes 
 pass over everything seen so far at every step, so it is the ground truth the cached runs must
 reproduce.
 
-    from smearcli import text
-    lm = text.tiny_model()
-    prompt = text.encode("def main():")
-    old = text.generate(lm.model, prompt, 40, logic="old", chunk_sizes=[4, 7])
-    print(text.decode(old))
+    from smearcli import generate, inputs, weights
+    lm = weights.tiny_model()
+    prompt = inputs.encode("def main():")
+    old = generate.generate(lm.model, prompt, 40, logic="old", chunk_sizes=[4, 7])
+    print(inputs.decode(old))
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Optional, Sequence
 
 import torch
 from torch import Tensor
 
-from .errors import UserError
+from .inputs import decode, encode
 from .model import GPT, rms_norm
 
-BYTE_VOCAB = 256
-TINY_DIR = Path(__file__).resolve().parent / "data" / "tiny"
-REFERENCE = "reference"  # a "logic" name for generation without a cache
-
-
-# -- the shipped model ----------------------------------------------------------------------------
-def tiny_model(device="cpu", dtype: torch.dtype = torch.float32):
-    """The tiny byte-level nanochat model trained by examples/train_tiny.py (a LoadedModel)."""
-    from .models import list_steps, load_checkpoint
-
-    if not TINY_DIR.is_dir() or not list_steps(TINY_DIR):
-        raise UserError(f"the tiny model's checkpoint is missing from {TINY_DIR}; reinstall smearcli "
-                        "or recreate it with examples/train_tiny.py")
-    loaded = load_checkpoint(TINY_DIR, device=device, dtype=dtype)
-    loaded.source = "tiny"
-    return loaded
-
-
-def byte_model(checkpoint=None, device="cpu", dtype=torch.float32):
-    """The tiny model, or the byte-level checkpoint directory given; a UserError for a model whose
-    vocabulary is not the 256 bytes."""
-    from .models import load_checkpoint
-
-    loaded = load_checkpoint(checkpoint, device=device, dtype=dtype) if checkpoint else tiny_model(device, dtype)
-    if not is_byte_level(loaded.model.config):
-        raise UserError(f"{loaded.name}: not a byte-level model (vocab {loaded.model.config.vocab_size})")
-    return loaded
-
-
-# -- bytes <-> ids --------------------------------------------------------------------------------
-def is_byte_level(config) -> bool:
-    return config.vocab_size == BYTE_VOCAB
-
-
-def encode(text: str) -> list[int]:
-    """UTF-8 bytes as token ids."""
-    return list(text.encode("utf-8"))
-
-
-def decode(ids: Sequence[int]) -> str:
-    """Token ids as UTF-8 text; a byte sequence that is not valid UTF-8 shows as U+FFFD."""
-    return bytes(int(i) for i in ids).decode("utf-8", errors="replace")
-
-
-def text_tokens(data: bytes | str, config, what: str = "--text") -> Tensor:
-    """(1, T) ids for a byte-level model; a UserError for other vocabularies or empty text."""
-    if not is_byte_level(config):
-        raise UserError(f"{what}: the model's vocabulary has {config.vocab_size} tokens, not the 256 "
-                        "bytes of a byte-level model; give token ids with --tokens instead")
-    raw = data.encode("utf-8") if isinstance(data, str) else bytes(data)
-    if not raw:
-        raise UserError(f"{what}: the text is empty")
-    return torch.tensor([list(raw)], dtype=torch.long)
-
-
-def read_text_input(text: Optional[str], text_file: Optional[Path], config) -> Tensor:
-    """The (1, T) ids for `--text` or `--text-file` (the file's bytes as they are)."""
-    if text_file is not None:
-        path = Path(text_file)
-        if not path.is_file():
-            raise UserError(f"--text-file {path}: file not found")
-        try:
-            raw = path.read_bytes()
-        except OSError as e:
-            raise UserError(f"--text-file {path}: cannot read ({e.strerror or e})") from e
-        return text_tokens(raw, config, f"--text-file {path}")
-    return text_tokens(text or "", config, "--text")
+UNCACHED = "reference"  # a "logic" name for generation without a cache
 
 
 # -- sessions -------------------------------------------------------------------------------------
@@ -161,12 +90,9 @@ class CachedSession:
         embedding of the last kept token, a function of its id alone."""
         if not 0 < length <= len(self.ids):
             raise ValueError(f"cannot rewind {len(self.ids)} tokens to {length}")
-        c = self.cache
-        c._pos = length
-        c.seqlens.fill_(length)
         last = torch.tensor([[self.ids[length - 1]]], device=self.model.device)
         with torch.inference_mode():
-            c.prev_embedding = rms_norm(self.model.transformer.wte(last).to(self.model.dtype))
+            self.cache.truncate(length, rms_norm(self.model.transformer.wte(last).to(self.model.dtype)))
         self.ids = self.ids[:length]
         self._logits = [self.logits[:length]]
         self.last_logits = None
@@ -175,9 +101,9 @@ class CachedSession:
 class ReferenceSession(CachedSession):
     """The same interface without a cache: every step recomputes a full forward pass."""
 
-    def __init__(self, model: GPT, logic: str = REFERENCE, max_len: Optional[int] = None):
+    def __init__(self, model: GPT, logic: str = UNCACHED, max_len: Optional[int] = None):
         self.model = model
-        self.logic = REFERENCE
+        self.logic = UNCACHED
         self.ids = []
         self.steps = []
         self.last_logits = None
@@ -206,7 +132,7 @@ class ReferenceSession(CachedSession):
 
 def session(model: GPT, logic: str, max_len: Optional[int] = None) -> CachedSession:
     """A `CachedSession` for "old"/"fixed", a `ReferenceSession` for "reference"."""
-    if logic == REFERENCE:
+    if logic == UNCACHED:
         return ReferenceSession(model)
     return CachedSession(model, logic, max_len)
 

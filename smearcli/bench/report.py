@@ -1,0 +1,126 @@
+"""What a bench result says: its JSON document (schema `smearcli.bench/1`) and its console table."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from ..units import duration, nbytes
+from .harness import SCHEMA, BenchResult, Ratio
+from .stats import Summary
+
+
+def nbytes_or_dash(n: Optional[int]) -> str:
+    return "-" if n is None else nbytes(n)
+
+
+def to_json(result: BenchResult, model_info: Optional[dict] = None) -> dict:
+    """Everything, raw samples included (schema smearcli.bench/1). Times are in seconds."""
+    s = result.settings
+    out = {
+        "schema": SCHEMA,
+        "model": {**(model_info or {}), "config": result.config},
+        "input": {"batch": result.batch, "seq_len": result.seq_len},
+        "environment": result.env,
+        "settings": {"warmup": s.warmup, "repeats": s.repeats, "budget_s": s.budget_s,
+                     "min_repeats": s.min_repeats, "max_repeats": s.max_repeats,
+                     "micro_repeats": s.micro_repeats, "micro_inner": s.micro_inner,
+                     "order": "alternating, logics in this order every round",
+                     "logics": list(dict.fromkeys(c.logic for c in result.cells)),
+                     "schedule_options": {"chunks": result.options.chunks,
+                                          "chunk_sizes": list(result.options.chunk_sizes) if result.options.chunk_sizes else None,
+                                          "samples": result.options.samples, "gen_len": result.options.gen_len,
+                                          "draft": result.options.draft}},
+        "peak": None if result.peak is None else {
+            "size": result.peak.size, "dtype": result.peak.dtype, "flops": result.peak.flops,
+            "samples_s": result.peak.samples, "flops_per_s": result.peak.flops_per_s},
+        "memory_kind": result.memory_kind,
+        "cells": [{
+            "schedule": c.schedule, "logic": c.logic, "steps": c.steps, "tokens": c.tokens,
+            "flops": c.flops, "samples_s": c.samples, "summary_s": c.summary.to_json(),
+            "tokens_per_s": c.tokens_per_s, "flops_per_s": c.flops_per_s,
+            "peak_fraction": result.peak_fraction(c), "peak_mem_bytes": c.peak_mem,
+        } for c in result.cells],
+        "ratios": [{"schedule": r.name, "of": "fixed/old", "pairs": r.ratios, "summary": r.summary.to_json()}
+                   for r in result.ratios],
+        "smear_micro": [{
+            "case": m.name, "shape": list(m.shape), "cached": m.cached, "with_prev": m.with_prev,
+            "calls_per_sample": m.inner,
+            "samples_s": m.samples, "summary_s": {lg: Summary.of(v).to_json() for lg, v in m.samples.items()},
+            "ratio": None if m.ratio is None else {"of": "fixed/old", "pairs": m.ratio.ratios,
+                                                   "summary": m.ratio.summary.to_json()},
+        } for m in result.micro],
+        "wall_s": result.wall_s,
+    }
+    return out
+
+
+def _ratio(r: Ratio) -> tuple[str, str]:
+    s = r.summary
+    return f"{s.median:.3f}", f"{s.q1:.3f}-{s.q3:.3f}"
+
+
+def render(result: BenchResult, console, title: str = "") -> None:
+    """Print the tables: per cell, per fixed/old pair, the smear micro-benchmark, the environment."""
+    from rich import box
+    from rich.table import Table
+
+    env = result.env
+    t = Table(title=title or None, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    cols = [("schedule", "left"), ("logic", "left"), ("steps", "right"), ("median", "right"),
+            ("IQR", "right"), ("tok/s", "right"), ("GFLOP", "right"), ("GFLOP/s", "right")]
+    if result.peak is not None:
+        cols.append(("% peak", "right"))
+    cols.append(("peak mem", "right"))
+    for name, justify in cols:
+        t.add_column(name, justify=justify, no_wrap=True)
+    for c in result.cells:
+        s = c.summary
+        row = [c.schedule, c.logic, str(c.steps), duration(s.median), duration(s.iqr), f"{c.tokens_per_s:,.0f}",
+               f"{c.flops / 1e9:.3g}", f"{c.flops_per_s / 1e9:.3g}"]
+        if result.peak is not None:
+            row.append(f"{100 * result.peak_fraction(c):.1f}%")
+        row.append(nbytes_or_dash(c.peak_mem))
+        t.add_row(*row)
+    console.print(t)
+
+    if result.ratios or any(m.ratio for m in result.micro):
+        rt = Table(title="fixed / old time, per alternated pair", title_justify="left",
+                   box=box.SIMPLE_HEAD, pad_edge=False)
+        for name, justify in [("what", "left"), ("median", "right"), ("IQR (q1-q3)", "right"),
+                              ("min-max", "right"), ("pairs", "right"), ("old median", "right"),
+                              ("fixed median", "right")]:
+            rt.add_column(name, justify=justify, no_wrap=True)
+        for r in result.ratios:
+            s = r.summary
+            rt.add_row(r.name, *_ratio(r), f"{s.min:.3f}-{s.max:.3f}", str(s.n),
+                       duration(result.cell(r.name, "old").summary.median),
+                       duration(result.cell(r.name, "fixed").summary.median))
+        for m in result.micro:
+            if m.ratio is None:
+                continue
+            s = m.ratio.summary
+            B, T, C = m.shape
+            rt.add_row(f"smear alone, {m.name} ({B}x{T}x{C})", *_ratio(m.ratio), f"{s.min:.3f}-{s.max:.3f}",
+                       str(s.n), duration(Summary.of(m.samples["old"]).median), duration(Summary.of(m.samples["fixed"]).median))
+        console.print(rt)
+    elif result.micro:
+        for m in result.micro:
+            for lg, v in m.samples.items():
+                console.print(f"smear alone, {m.name} {m.shape}, {lg}: {duration(Summary.of(v).median)} per call")
+
+    where = env.get("device_name", env["device"])
+    rounds = ", ".join(f"{r.name} {len(r.ratios)}" for r in result.ratios) or ", ".join(
+        f"{c.schedule} {len(c.samples)}" for c in result.cells)
+    line = (f"{env['device']} ({where}), {env['threads']} threads, torch {env['torch']}, {env['dtype']}, "
+            f"{env.get('clock', 'wall')} clock; "
+            f"{result.settings.warmup} warm-up round(s), then timed rounds ({rounds})"
+            + (", logics alternating" if len({c.logic for c in result.cells}) > 1 else ""))
+    if "loadavg" in env:
+        line += f"; load average {env['loadavg'][0]:g} at the start"
+    console.print(line)
+    if result.peak is not None:
+        p = result.peak
+        console.print(f"matmul peak: {p.flops_per_s / 1e9:.4g} GFLOP/s ({p.size}x{p.size} {p.dtype}, best of "
+                      f"{len(p.samples)}); % peak = achieved FLOP/s of the median run / that peak")
+    console.print(f"peak mem: {result.memory_kind}, on one extra untimed run per cell. "
+                  f"Total {result.wall_s:.1f} s.")

@@ -1,0 +1,1 @@
+"""The subcommands: compare, plot, bench."""

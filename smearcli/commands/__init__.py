@@ -1,1 +1,0 @@
-"""One module per CLI command: each parses options, calls the library, renders."""

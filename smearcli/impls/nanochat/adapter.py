@@ -1,0 +1,186 @@
+"""The user's nanochat model behind the interface `smearcli.schedules` drives (see
+`smearcli.impls`): built the way upstream builds it (on the meta device, `to_empty`,
+`init_weights`, `load_state_dict(strict=True, assign=True)`), from our model's weights or from a
+checkpoint, with its own forward pass and KVCache.
+
+What is captured: upstream's post-smear embedding is not the output of any module, so the first
+capture point here is the input of block 0 (`block0_in`), which equals
+(resid_lambdas[0] + x0_lambdas[0]) x the post-smear embedding; then every block's output and the
+logits, as for our own model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import sys
+from pathlib import Path
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from ...config import ConfigError, GPTConfig
+from ...errors import UserError
+from ...model import rms_norm
+from ...smear import smear_gate
+from ...weights import find_step, read_meta, read_state_dict
+from .sandbox import NanochatCode
+
+
+class NanochatCache:
+    """smearcli's cache interface over the user's KVCache."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def get_pos(self) -> int:
+        return int(self.inner.get_pos())
+
+    @property
+    def prev_embedding(self):
+        return self.inner.prev_embedding
+
+    def expand_from(self, other: "NanochatCache") -> None:
+        self.inner.prefill(other.inner)  # the user's own engine-style expansion
+
+
+def _first_tensor(x):
+    if isinstance(x, Tensor):
+        return x
+    if isinstance(x, (tuple, list)) and x and isinstance(x[0], Tensor):
+        return x[0]
+    raise UserError(f"a block of your model returned {type(x).__name__}, not a tensor")
+
+
+class NanochatModel:
+    """The user's GPT behind the interface `smearcli.schedules` drives: `model(idx, cache=,
+    smear=, capture=)`, `new_cache`, `config`, `dtype`, `device`.
+
+    `smear` is ignored: the user's code has its own logic. `capture` receives fp32 copies of
+    block 0's input and of every block's output, from forward hooks (nothing is patched)."""
+
+    def __init__(self, code: NanochatCode, net: torch.nn.Module):
+        self.code = code
+        self.net = net
+        self.dtype = code.compute_dtype
+        blocks = getattr(getattr(net, "transformer", None), "h", None)
+        if not isinstance(blocks, torch.nn.ModuleList) or len(blocks) == 0:
+            raise UserError(f"nanochat checkout {code.root}: its GPT has no transformer.h (the list of blocks)")
+        self.blocks = list(blocks)
+        self.config = _our_config(net.config, code.root)
+        if len(self.blocks) != self.config.n_layer:
+            raise UserError(f"nanochat checkout {code.root}: transformer.h has {len(self.blocks)} blocks, "
+                            f"config.n_layer is {self.config.n_layer}")
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.net.parameters()).device
+
+    @property
+    def smear_lambda(self) -> Tensor:
+        lam = getattr(self.net, "smear_lambda", None)
+        return lam if isinstance(lam, Tensor) else torch.full((1,), float("nan"))
+
+    @torch.inference_mode()
+    def smear_terms(self, idx: Tensor):
+        """For the analytic check (`smearcli.metrics`): a code with the old smear misses
+        (r0 + l0) * gate_t * x_{t-1} at block 0's input (r0, l0: resid_lambdas[0], x0_lambdas[0]).
+        None when the model lacks upstream's parameter names."""
+        net = self.net
+        names = ("transformer", "smear_gate", "smear_lambda", "resid_lambdas", "x0_lambdas")
+        if not all(hasattr(net, n) for n in names):
+            return None
+        x = rms_norm(net.transformer.wte(idx).to(self.dtype))  # the pre-smear embedding (B, T, C)
+        gate = smear_gate(x, net.smear_gate.weight, net.smear_lambda)
+        return x, gate, (net.resid_lambdas[0] + net.x0_lambdas[0]).float()
+
+    def new_cache(self, batch_size: int, max_len: int) -> NanochatCache:
+        c = self.config
+        inner = self.code.KVCache(batch_size=batch_size, num_heads=c.n_kv_head, seq_len=max_len,
+                                  head_dim=c.head_dim, num_layers=c.n_layer, device=self.device,
+                                  dtype=self.dtype)
+        if not hasattr(inner, "prev_embedding"):
+            raise UserError(f"nanochat checkout {self.code.root}: its KVCache has no prev_embedding "
+                            f"(where upstream keeps the smear state)")
+        return NanochatCache(inner)
+
+    def __call__(self, idx: Tensor, cache: Optional[NanochatCache] = None, smear=None,
+                 capture: Optional[list] = None) -> Tensor:
+        hooks = []
+        if capture is not None:
+            def grab_input(module, args, kwargs):
+                capture.append(_first_tensor(args if args else list(kwargs.values())).float().clone())
+
+            def grab_output(module, args, out):
+                capture.append(_first_tensor(out).float().clone())
+
+            hooks.append(self.blocks[0].register_forward_pre_hook(grab_input, with_kwargs=True))
+            hooks += [b.register_forward_hook(grab_output) for b in self.blocks]
+        try:
+            return self.net(idx, kv_cache=None if cache is None else cache.inner)
+        finally:
+            for h in hooks:
+                h.remove()
+
+
+def _our_config(cfg, root: Path) -> GPTConfig:
+    """Our GPTConfig (shapes, rotary length) from the user's config object."""
+    d = dataclasses.asdict(cfg) if dataclasses.is_dataclass(cfg) else dict(vars(cfg))
+    known = {f.name for f in dataclasses.fields(GPTConfig)}
+    try:
+        return GPTConfig.from_dict({k: v for k, v in d.items() if k in known})
+    except ConfigError as e:
+        raise UserError(f"nanochat checkout {root}: its model config: {e}") from e
+
+
+def build_nanochat_model(code: NanochatCode, model_config: dict, state_dict: dict,
+                         device) -> NanochatModel:
+    """Build the user's GPT the way upstream does and load `state_dict` with strict=True."""
+    device = torch.device(device)
+    try:
+        config = code.GPTConfig(**model_config)
+    except TypeError as e:
+        raise UserError(f"nanochat checkout {code.root}: GPTConfig does not take this model_config: {e}") from e
+    devices = [device] if device.type == "cuda" else []
+    try:
+        # init_weights draws from the global RNG: leave the rest of the run's RNG untouched
+        with contextlib.redirect_stdout(sys.stderr), torch.random.fork_rng(devices=devices):
+            with torch.device("meta"):
+                net = code.GPT(config)
+            net.to_empty(device=device)
+            net.init_weights()
+            net.load_state_dict(state_dict, strict=True, assign=True)
+    except UserError:
+        raise
+    except Exception as e:  # noqa: BLE001 - any failure here is the user's code meeting these weights
+        msg = " ".join(str(e).split())
+        raise UserError(f"nanochat checkout {code.root}: building its GPT failed: {type(e).__name__}: "
+                        f"{msg[:400]}") from e
+    net.eval().requires_grad_(False)
+    return NanochatModel(code, net)
+
+
+def nanochat_from_model(code: NanochatCode, model) -> NanochatModel:
+    """The user's GPT with exactly the weights of our `model` (same config, strict=True)."""
+    sd = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    return build_nanochat_model(code, model.config.to_dict(), sd, model.device)
+
+
+def nanochat_from_checkpoint(code: NanochatCode, ckpt_dir, step: Optional[int] = None,
+                             device="cpu"):
+    """Load a nanochat checkpoint into the user's GPT as upstream's checkpoint_manager does (but
+    with torch.load(weights_only=True)); returns (model, step, meta)."""
+    ckpt_dir, step = find_step(ckpt_dir, step)
+    meta = read_meta(ckpt_dir / f"meta_{step:06d}.json")
+    config = dict(meta["model_config"])
+    config.setdefault("window_pattern", "L")  # checkpoints older than sliding windows
+    sd = read_state_dict(ckpt_dir / f"model_{step:06d}.pt")
+    n_layer = int(config.get("n_layer", 0))
+    sd.setdefault("resid_lambdas", torch.ones(n_layer))
+    sd.setdefault("x0_lambdas", torch.zeros(n_layer))
+    dev = torch.device(device)
+    if dev.type in ("cpu", "mps"):
+        sd = {k: v.float() if v.dtype == torch.bfloat16 else v for k, v in sd.items()}
+    sd = {k: v.to(dev) for k, v in sd.items()}
+    return build_nanochat_model(code, config, sd, dev), step, meta

@@ -1,0 +1,1 @@
+"""Rendering results for people: the console table (`table`) and the figures (`figures`)."""
