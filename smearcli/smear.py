@@ -31,7 +31,14 @@ from .names import LOGIC_NAMES
 
 def smear_gate(x: Tensor, gate_weight: Tensor, smear_lambda: Tensor) -> Tensor:
     """gate for every token of x: (B, T, C) -> (B, T, 1)."""
-    g = torch.nn.functional.linear(x[..., :GATE_CHANNELS], gate_weight.to(x.dtype))
+    # Why .contiguous(): x is often a slice along T (x[:, 1:]), and then at batch > 1 its rows
+    # cannot be flattened into one matrix without a copy. PyTorch's matmul then picks its
+    # kernel from whether the weight requires grad, even under no_grad/inference_mode: if it
+    # does, it copies and runs one mm; if not, it runs a bmm, which rounds differently (1 ulp
+    # here, ~1e-5 in the logits). Upstream's loaded parameters keep requires_grad=True, ours
+    # may not; copying first makes the flattened mm the only path, so we match upstream
+    # whatever requires_grad says. At batch 1, or on an unsliced x, both paths are the same mm.
+    g = torch.nn.functional.linear(x[..., :GATE_CHANNELS].contiguous(), gate_weight.to(x.dtype))
     return smear_lambda.to(x.dtype) * torch.sigmoid(g)
 
 
@@ -56,14 +63,19 @@ def smear_old(x: Tensor, gate_weight: Tensor, smear_lambda: Tensor,
 
 
 def smear_fixed(x: Tensor, gate_weight: Tensor, smear_lambda: Tensor,
-                prev: Optional[Tensor], cached: bool) -> Tensor:
+              prev: Optional[Tensor], cached: bool) -> Tensor:
     """The fix proposed in issue #756: the chunk's first token takes `prev` when it is set."""
-    if not cached or prev is None:
-        # a true start of sequence: the first token has no predecessor
-        if x.size(1) == 1:
-            return x
-        return _smear_within(x, gate_weight, smear_lambda)
+    if x.size(1) == 1 and (not cached or prev is None):
+        return x  # a lone first token: nothing to smear from
+    if not cached:
+        return _smear_within(x, gate_weight, smear_lambda)  # the fix leaves this branch as is
+    # The fix computes the gate over the whole step and takes the rows it needs. At a true start
+    # of sequence that is gate[:, 1:], which is not bit-equal to a gate computed from x[:, 1:]
+    # (the matmul splits its rows differently), so it is done the same way here.
     gate = smear_gate(x, gate_weight, smear_lambda)  # (B, T, 1)
+    if prev is None:
+        # a true start of sequence: the first token has no predecessor
+        return torch.cat([x[:, :1], x[:, 1:] + gate[:, 1:] * x[:, :-1]], dim=1)
     if x.size(1) == 1:
         # decode: the predecessor is prev itself (skips concatenating an empty slice per token)
         return x + gate * prev.to(x.dtype)
