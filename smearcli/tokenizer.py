@@ -100,7 +100,7 @@ def read_encoding_state(path) -> dict:
         size = path.stat().st_size
         if size > TOKENIZER_MAX_BYTES:
             raise UserError(f"{path.name}: {size:,} bytes is too large for a tokenizer "
-                            f"(limit {TOKENIZER_MAX_BYTES >> 20} MiB)")
+                            f"(limit {TOKENIZER_MAX_BYTES:,} bytes)")
         data = path.read_bytes()
     except FileNotFoundError as e:
         raise UserError(f"{path}: tokenizer file not found") from e
