@@ -282,10 +282,9 @@ def load_checkpoint(ckpt_dir, step: Optional[int] = None, device="cpu",
     expected = expected_shapes(config)  # checked before the model's memory is allocated
     missing = sorted(set(expected) - set(sd))
     unexpected = sorted(set(sd) - set(expected))
-    if smear_keys_missing(sd):  # other keys it lacks are named too; backout_lambda came with the smear
-        others = [k for k in missing if k not in SMEAR_KEYS and k != "backout_lambda"]
-        also = f" (it also lacks {', '.join(others[:4])}{', ...' if len(others) > 4 else ''})" if others else ""
-        raise NoSmearParameters(f"{model_path.name}: no smear parameters: issue #756 cannot affect this model{also}")
+    no_smear = "transformer.wte.weight" in sd and smear_keys_missing(sd)  # a model, from before the smear
+    if no_smear and not unexpected and set(missing) <= {*SMEAR_KEYS, "backout_lambda"}:  # came together
+        raise NoSmearParameters(f"{model_path.name}: no smear parameters: issue #756 cannot affect this model")
     if missing or unexpected:
         def names(keys):  # plain names as they are; odd ones (empty, blanks) quoted
             shown = [k if k.isprintable() and k.strip() == k and " " not in k and k else repr(k) for k in keys[:6]]
@@ -295,6 +294,8 @@ def load_checkpoint(ckpt_dir, step: Optional[int] = None, device="cpu",
             parts.append("missing " + names(missing))
         if unexpected:
             parts.append("unexpected " + names(unexpected))
+        if no_smear:
+            parts.append("it has no smear parameters either, so issue #756 cannot affect it")
         raise UserError(f"{model_path.name}: state dict does not match model_config: " + "; ".join(parts))
     for k, v in sd.items():
         if tuple(v.shape) != expected[k]:
