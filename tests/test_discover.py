@@ -12,12 +12,12 @@ import torch
 from smearcli import discover as dc
 from smearcli.errors import UserError
 from smearcli.models import NoSmearParameters, load_checkpoint, smear_keys_missing
-from tests.hardening_util import PT, edit_state, write_checkpoint
+from hardening_util import PT, edit_state, write_checkpoint
 
 tiktoken = pytest.importorskip("tiktoken")
 
 from smearcli import tokenizer as tok  # noqa: E402
-from tests.tokenizer_util import build_encoding, write_tokenizer  # noqa: E402
+from tokenizer_util import build_encoding, write_tokenizer  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -13,8 +13,8 @@ tiktoken = pytest.importorskip("tiktoken")
 
 from smearcli import tokenizer as tok  # noqa: E402
 from smearcli.errors import UserError  # noqa: E402
-from tests.hardening_util import Payload  # noqa: E402
-from tests.tokenizer_util import (CORPUS, build_encoding, encoding_pickle, good_state,  # noqa: E402
+from hardening_util import Payload  # noqa: E402
+from tokenizer_util import (CORPUS, build_encoding, encoding_pickle, good_state,  # noqa: E402
                                   write_state, write_tokenizer)
 
 TEXTS = ["the quick brown fox", "Hello, world! 2024", "naïve café ☕ 日本語", "", "  spaces\n\nand\ttabs  ",
