@@ -121,6 +121,20 @@ def list_steps(ckpt_dir: Path) -> list[int]:
     return sorted(steps)
 
 
+# the parameters of the smear (nanochat added them with backout_lambda; older checkpoints lack all three)
+SMEAR_KEYS = ("smear_gate.weight", "smear_lambda")
+
+
+class NoSmearParameters(UserError):
+    """The checkpoint predates the smear: issue #756 cannot affect it."""
+
+
+def smear_keys_missing(state_dict) -> bool:
+    """True when a state dict has none of the smear parameters (a model from before nanochat added
+    the smear), so the chunked-prefill smear bug cannot affect it."""
+    return not any(k.removeprefix("_orig_mod.") in SMEAR_KEYS for k in state_dict)
+
+
 META_MAX_BYTES = 64 << 20  # a meta JSON holds a config and some numbers: kilobytes
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 
@@ -276,6 +290,9 @@ def load_checkpoint(ckpt_dir, step: Optional[int] = None, device="cpu",
     expected = param_shapes(config)  # checked before the model's memory is allocated
     missing = sorted(set(expected) - set(sd))
     unexpected = sorted(set(sd) - set(expected))
+    no_smear = "transformer.wte.weight" in sd and smear_keys_missing(sd)  # a model, from before the smear
+    if no_smear and not unexpected and set(missing) <= {*SMEAR_KEYS, "backout_lambda"}:  # came together
+        raise NoSmearParameters(f"{model_path.name}: no smear parameters: issue #756 cannot affect this model")
     if missing or unexpected:
         def names(keys):  # plain names as they are; odd ones (empty, blanks) quoted
             shown = [k if k.isprintable() and k.strip() == k and " " not in k and k else repr(k) for k in keys[:6]]
@@ -285,6 +302,8 @@ def load_checkpoint(ckpt_dir, step: Optional[int] = None, device="cpu",
             parts.append("missing " + names(missing))
         if unexpected:
             parts.append("unexpected " + names(unexpected))
+        if no_smear:
+            parts.append("it has no smear parameters either, so issue #756 cannot affect it")
         raise UserError(f"{model_path.name}: state dict does not match model_config: " + "; ".join(parts))
     for k, v in sd.items():
         if tuple(v.shape) != expected[k]:
