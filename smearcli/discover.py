@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Optional
 
 from .errors import UserError
-from .models import list_steps
+from .weights import list_steps
 from .tokenizer import find_tokenizer
 
 # nanochat's checkpoint_manager: source -> folder under the base directory ("mid" is from older
@@ -38,7 +38,7 @@ _TAG_DEPTH = re.compile(r"d(\d+)")  # nanochat matches this at the start of the 
 
 @dataclass(frozen=True)
 class Discovered:
-    """A checkpoint found on disk: load it with `models.load_checkpoint(found.leaf, found.step)`."""
+    """A checkpoint found on disk: load it with `weights.load_checkpoint(found.leaf, found.step)`."""
     leaf: Path  # the directory holding model_XXXXXX.pt / meta_XXXXXX.json
     step: int
     source: Optional[str]  # "base", "sft", "rl" ("mid"), or None for a flat directory
