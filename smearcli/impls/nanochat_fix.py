@@ -33,7 +33,7 @@ The dispatch must be exactly
         <prefill: shifts within the chunk, never uses prev>
     elif prev is not None:
         [gate = <expression over every position of the chunk>]
-        x = x + gate * prev       # also `x + prev * gate`, `x += gate * prev`
+        x = x + gate * prev       # also `x + prev * gate`
 
 where the gate the decode step uses covers every token of the chunk: either computed in the
 decode branch from the whole chunk (`self.smear_gate(x[:, :, :24])`, `x[..., :24]`, `x[:, :, :C]`;
@@ -345,26 +345,43 @@ def _read_and_write(s: _Smear) -> None:
                                    f"expected the chunk's last embedding, x[:, -1:]")
 
 
+def _test_kinds(test, t: Optional[str]) -> tuple[Optional[str], Optional[str]]:
+    """What an `if` test implies about T for its body and for its else branch: 'single' (T == 1),
+    'multi' (T > 1) or None. `a and b` implies for the body what either conjunct implies."""
+    kind = _t_test(test, t)
+    if kind is not None:
+        return kind, "single" if kind == "multi" else "multi"
+    if isinstance(test, ast.BoolOp) and isinstance(test.op, ast.And):
+        kinds = {_t_test(v, t) for v in test.values} - {None}
+        if len(kinds) == 1:
+            return kinds.pop(), None
+    return None, None
+
+
+def _value_loads(node, prev: str) -> list:
+    """Loads of `prev` in node, leaving out `prev is None` / `prev is not None` comparisons."""
+    skip = {id(n.left) for n in ast.walk(node) if isinstance(n, ast.Compare) and _none_test(n, prev) is not None}
+    return [n for n in _loads(node, prev) if id(n) not in skip]
+
+
 def _prev_used_on_multi(stmts, prev: str, t: Optional[str], single: bool = False) -> bool:
-    """Whether `prev` is read by a statement that a step of T > 1 tokens can run (tests that only
-    compare prev with None do not count)."""
+    """Whether `prev` is read by a statement that a step of T > 1 tokens can run (comparisons of
+    prev with None do not count)."""
     for st in stmts:
         if isinstance(st, ast.If):
-            kind = _t_test(st.test, t)
-            test_uses = _none_test(st.test, prev) is None and _loads(st.test, prev)
-            if test_uses and not single:
+            if not single and _value_loads(st.test, prev):
                 return True
-            body_single = single or kind == "single"
-            else_single = single or kind == "multi"
-            if (_prev_used_on_multi(st.body, prev, t, body_single)
-                    or _prev_used_on_multi(st.orelse, prev, t, else_single)):
+            body_kind, else_kind = _test_kinds(st.test, t)
+            if (_prev_used_on_multi(st.body, prev, t, single or body_kind == "single")
+                    or _prev_used_on_multi(st.orelse, prev, t, single or else_kind == "single")):
                 return True
-        elif not single and _loads(st, prev):
-            return True
         elif isinstance(st, (ast.For, ast.While, ast.With, ast.Try)):
             inner = [c for c in ast.iter_child_nodes(st) if isinstance(c, ast.stmt)]
-            if _prev_used_on_multi(inner, prev, t, single):
+            heads = [c for c in ast.iter_child_nodes(st) if not isinstance(c, ast.stmt)]
+            if (not single and any(_value_loads(h, prev) for h in heads)) or _prev_used_on_multi(inner, prev, t, single):
                 return True
+        elif not single and _value_loads(st, prev):
+            return True
     return False
 
 
@@ -383,16 +400,14 @@ def _own_lines(lines: list[str], stmts: list, what: str) -> None:
 
 
 def _smear_add(st, x: str, prev: str):
-    """For `x = x + gate * prev` (also `prev * gate`, `x += gate * prev`): the Name node of prev."""
-    if isinstance(st, ast.Assign) and len(st.targets) == 1 and _is_name(st.targets[0], x):
-        v = st.value
-        if not (isinstance(v, ast.BinOp) and isinstance(v.op, ast.Add) and _is_name(v.left, x)):
-            return None
-        prod = v.right
-    elif isinstance(st, ast.AugAssign) and _is_name(st.target, x) and isinstance(st.op, ast.Add):
-        prod = st.value
-    else:
+    """For `x = x + gate * prev` (also `prev * gate`): (the Name node of prev, the gate's name).
+    Not `x += ...`: in place, it would also change the cached embedding, a view of x."""
+    if not (isinstance(st, ast.Assign) and len(st.targets) == 1 and _is_name(st.targets[0], x)):
         return None
+    v = st.value
+    if not (isinstance(v, ast.BinOp) and isinstance(v.op, ast.Add) and _is_name(v.left, x)):
+        return None
+    prod = v.right
     if not (isinstance(prod, ast.BinOp) and isinstance(prod.op, ast.Mult)):
         return None
     sides = [prod.left, prod.right]
