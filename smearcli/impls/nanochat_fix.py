@@ -67,7 +67,7 @@ import ast
 import difflib
 import os
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Optional
 
@@ -716,7 +716,7 @@ def apply_fix(checkout_dir, write: bool = False) -> FixResult:
     if (pkg / ENGINE_FILE).is_file():
         raw[f"{PACKAGE}/{ENGINE_FILE}"], engine_text = _read(pkg / ENGINE_FILE)
     r = make_fix(gpt_text, engine_text)
-    r = FixResult(**{**r.__dict__, "root": root})
+    r = replace(r, root=root)
     if not write or r.status != FIXABLE:
         return r
     targets = [root / rel for rel in r.files]
@@ -755,7 +755,7 @@ def apply_fix(checkout_dir, write: bool = False) -> FixResult:
             with _quiet():
                 p.unlink()
         raise
-    return FixResult(**{**r.__dict__, "written": tuple(targets), "backups": tuple(backups)})
+    return replace(r, written=tuple(targets), backups=tuple(backups))
 
 
 def _copy_mode(src: Path, dst: Path) -> None:
