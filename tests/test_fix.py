@@ -1,4 +1,4 @@
-"""The patch for a user's checkout (smearcli.impls.nanochat_fix): found by structure, applied with
+"""The patch for a user's checkout (smearcli.impls.nanochat.fix): found by structure, applied with
 `patch -p1` / `git apply` from the checkout root, and judged by the audit, before and after.
 
 The checkouts are copies of the test stand-in (tests/standin/old/nanochat/) in temporary
@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from smearcli import audit, models
-from smearcli.compare import random_tokens
-from smearcli.impls import nanochat_fix as nf
+from smearcli import weights
+from smearcli.impls.nanochat import adapter, audit, sandbox
+from smearcli.inputs import random_tokens
+from smearcli.impls.nanochat import fix as nf
 from smearcli.schedules import ScheduleOptions
 
 OLD = Path(__file__).resolve().parent / "standin" / "old"
@@ -118,7 +119,7 @@ def apply_diff(root: Path, diff: str, tool: str) -> None:
 
 @pytest.fixture(scope="module")
 def ours():
-    return models.random_model(models.random_config(depth=2), seed=0).model
+    return weights.random_model(weights.random_config(depth=2), seed=0).model
 
 
 @pytest.fixture(scope="module")
@@ -127,8 +128,8 @@ def tokens(ours):
 
 
 def run_audit(root, ours, tokens):
-    code = audit.import_nanochat(root, dtype=torch.float32)
-    return audit.audit(audit.nanochat_from_model(code, ours), tokens, list(SCHEDULES), OPTS, reference=ours)
+    code = sandbox.import_nanochat(root, dtype=torch.float32)
+    return audit.audit(adapter.nanochat_from_model(code, ours), tokens, list(SCHEDULES), OPTS, reference=ours)
 
 
 def check_loop(root: Path, ours, tokens, tool: str, shape: str) -> nf.FixResult:
@@ -243,7 +244,7 @@ def test_engine_reset_that_keeps_the_embedding_is_fixed_too(tmp_path, ours, toke
     assert r.status == nf.FIXABLE and r.files == (GPT, ENGINE)
     assert f"--- a/{ENGINE}\n+++ b/{ENGINE}\n" in r.diff
     apply_diff(root, r.diff, tool)
-    code = audit.import_nanochat(root)
+    code = sandbox.import_nanochat(root)
     cache = code.KVCache(batch_size=1, num_heads=2, seq_len=8, head_dim=4, num_layers=1, device="cpu",
                          dtype=torch.float32)
     cache.prev_embedding = torch.ones(1, 1, 4)

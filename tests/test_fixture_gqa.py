@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from smearcli.models import load_checkpoint
+from smearcli.weights import load_checkpoint
 from smearcli.schedules import ScheduleOptions, run_schedule
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "nanochat-gqa-b2"
