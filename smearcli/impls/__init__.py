@@ -1,0 +1,1 @@
+"""Implementations smearcli runs and checks besides its own GPT."""
