@@ -233,7 +233,7 @@ def hidden_names(model, ids: Tensor, hidden_states: Sequence[Tensor]) -> list[st
     """Names for a model's hidden states (+ logits). Releases and models differ in what
     `hidden_states[0]` is (the embedding output for Llama, layer 0's output for Mamba), so it is
     compared with the embedding lookup; the last entry is the final norm's output when there is
-    one entry per layer plus one."""
+    one entry per layer plus one and the first is not the embedding."""
     n = len(hidden_states)
     L = getattr(model.config, "num_hidden_layers", None)
     with torch.inference_mode():
@@ -241,7 +241,7 @@ def hidden_names(model, ids: Tensor, hidden_states: Sequence[Tensor]) -> list[st
     starts_at_emb = emb.shape == hidden_states[0].shape and torch.allclose(emb.float(), hidden_states[0].float())
     if n == (L or -1) + 1:
         if starts_at_emb:
-            names = ["emb"] + [f"layer{i}" for i in range(L - 1)] + [f"layer{L - 1}+norm"]
+            names = ["emb"] + [f"layer{i}" for i in range(L)]  # the last often after the final norm
         else:
             names = [f"layer{i}" for i in range(L)] + ["norm"]
     else:
