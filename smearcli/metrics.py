@@ -103,9 +103,13 @@ class RunMetrics:
     @property
     def chunk_start_share(self) -> Optional[float]:
         """Share of the post-smear embedding's error that sits on chunk starts (None: no starts)."""
+        return self.chunk_start_share_at(0)
+
+    def chunk_start_share_at(self, layer: int) -> Optional[float]:
+        """Share of one capture point's error that sits on chunk starts (None: no starts, no error)."""
         if not self.chunk_starts:
             return None
-        e = self.abs_err[0]
+        e = self.abs_err[layer]
         total = float(e.sum())
         if total == 0.0:
             return None

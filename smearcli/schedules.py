@@ -161,6 +161,21 @@ def _speculative_plan(T: int, opts: ScheduleOptions) -> list[int]:
     return steps
 
 
+STEP_PLANS: dict[str, Callable[[int, ScheduleOptions], list[int]]] = {
+    "prefill": lambda T, o: [T],
+    "decode": lambda T, o: [1] * T,
+    "chunked": chunk_plan,
+    "speculative": _speculative_plan,
+}
+
+
+def plan_steps(schedule: str, T: int, opts: ScheduleOptions = ScheduleOptions()) -> list[int]:
+    """The step sizes a single-row schedule feeds `T` tokens in (not full, not engine)."""
+    if schedule not in STEP_PLANS:
+        raise ValueError(f"schedule {schedule!r} is not a plain sequence of steps; choose from {', '.join(STEP_PLANS)}")
+    return STEP_PLANS[schedule](T, opts)
+
+
 @dataclass(frozen=True)
 class Schedule:
     name: str
@@ -170,11 +185,11 @@ class Schedule:
 
 SCHEDULES: dict[str, Schedule] = {s.name: s for s in [
     Schedule("full", "one forward pass, no cache (the reference)", _full),
-    Schedule("prefill", "one cached step over all tokens", _stepped(lambda T, o: [T])),
-    Schedule("decode", "one cached step per token", _stepped(lambda T, o: [1] * T)),
+    Schedule("prefill", "one cached step over all tokens", _stepped(STEP_PLANS["prefill"])),
+    Schedule("decode", "one cached step per token", _stepped(STEP_PLANS["decode"])),
     Schedule("chunked", "cached chunks: N near-equal ones, or explicit sizes", _stepped(chunk_plan)),
     Schedule("engine", "batch-1 prefill, cache copied to `samples` rows, then `gen_len` one-token steps", _engine),
-    Schedule("speculative", "prefill, then verify steps of `draft` tokens over the last `gen_len`", _stepped(_speculative_plan)),
+    Schedule("speculative", "prefill, then verify steps of `draft` tokens over the last `gen_len`", _stepped(STEP_PLANS["speculative"])),
 ]}
 assert tuple(SCHEDULES) == SCHEDULE_NAMES
 

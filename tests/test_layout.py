@@ -1,7 +1,7 @@
 """The package's layering, checked from the source so the layout cannot silently decay.
 
-Layers, lowest first: core (the modules at the top of `smearcli/`), render, features (`impls`,
-`bench`, `testing`), cli. A module may import from its own layer's package or from any lower
+Layers, lowest first: core (the modules at the top of `smearcli/`, `testing` included), render,
+features (`impls`, `bench`), cli. A module may import from its own layer's package or from any lower
 layer, never from a higher one; there is no import cycle; no module outside `cli/` names a
 command-line flag; no module imports another module's private (`_name`) names; every module says
 in a docstring what it owns and stays readable in length.
@@ -17,7 +17,7 @@ import pytest
 
 PKG = Path(__file__).resolve().parents[1] / "smearcli"
 LAYERS = {"core": 0, "render": 1, "features": 2, "cli": 3}
-FEATURES = ("impls", "bench", "testing")
+FEATURES = ("impls", "bench")
 MAX_LINES = 400
 FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9]*(?:-[a-z0-9]+)*")
 

@@ -1,0 +1,285 @@
+"""Hugging Face transformers models under the same schedules and metrics (optional extra `hf`).
+
+    from smearcli.impls import hf
+    model, info = hf.load("mamba")            # a built-in tiny random config, or a local model dir
+    check = hf.check_model(model, hf.random_tokens(model, 48), chunks=3)
+    print(check.table())
+
+Built-in names (`TINY_CONFIGS`): tiny random configs (hidden 64, 2 layers, vocab 128, float32),
+seeded, built on the CPU in well under a second. A directory is loaded offline
+(`local_files_only`, safetensors only: pickled `.bin` weights are refused).
+
+Each schedule runs through the model's own cache API: a first call without a cache and
+`use_cache=True` makes the model create its cache, which every later call passes back under the
+keyword the installed version's `forward` takes (`cache` in transformers 5.24; `past_key_values`
+or, for Mamba-style models, `cache_params` with `cache_position` in older releases, detected from
+the signature). The reference is one call with `use_cache=False`. Hidden states come from
+`output_hidden_states=True`; the metrics are `smearcli.testing.check_cache_consistency`'s.
+
+transformers is imported lazily, only here: nothing on the nanochat paths imports this module.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+from torch import Tensor
+
+from ..errors import UserError
+from ..names import NOISE_MARGIN
+from ..schedules import ScheduleOptions
+from ..testing import CacheCheck, Step, check_cache_consistency
+
+HF_SCHEDULES = ("prefill", "decode", "chunked", "speculative")
+CACHE_KEYWORDS = ("cache", "past_key_values", "cache_params")  # newest first
+OUTPUT_CACHE_FIELDS = ("cache", "past_key_values", "cache_params")
+TESTED_VERSIONS = ("5.24.0",)
+
+
+def require_transformers():
+    try:
+        import transformers
+    except ImportError:
+        raise UserError("Hugging Face models need the optional dependency transformers: "
+                        "pip install 'smearcli[hf]'") from None
+    return transformers
+
+
+# -- built-in tiny configs ------------------------------------------------------------------------
+_COMMON = dict(vocab_size=128, hidden_size=64, num_hidden_layers=2)
+
+
+def _llama(tf):
+    return tf.LlamaConfig(**_COMMON, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2)
+
+
+def _gemma3(tf):
+    # layer 0 slides over 8 tokens, layer 1 attends to everything: a window shorter than a chunk
+    return tf.Gemma3TextConfig(**_COMMON, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+                               head_dim=16, sliding_window=8, layer_types=["sliding_attention", "full_attention"])
+
+
+def _mamba(tf):
+    return tf.MambaConfig(**_COMMON, state_size=8, expand=2, conv_kernel=4)
+
+
+def _mamba2(tf):
+    return tf.Mamba2Config(**_COMMON, state_size=16, expand=2, n_groups=1, num_heads=8, head_dim=16,
+                           chunk_size=16, conv_kernel=4)
+
+
+def _zamba2(tf):
+    # one Mamba2 layer, then one hybrid layer (shared attention + Mamba2)
+    return tf.Zamba2Config(**_COMMON, intermediate_size=128, num_attention_heads=4, num_key_value_heads=4,
+                           mamba_d_state=16, mamba_headdim=16, n_mamba_heads=8, chunk_size=16,
+                           layers_block_type=["mamba", "hybrid"])
+
+
+TINY_CONFIGS: dict[str, Callable] = {
+    "llama": _llama,
+    "gemma3": _gemma3,
+    "mamba": _mamba,
+    "mamba2": _mamba2,
+    "zamba2": _zamba2,
+}
+
+
+@dataclass
+class HFModelInfo:
+    """What was loaded, for the report."""
+    source: str  # built-in name or directory
+    model_class: str
+    transformers_version: str
+    dtype: str
+    n_layers: int  # hidden states returned per call, the embedding output included
+    cache_keyword: str  # the forward keyword the cache is passed back under
+    cache_position: bool  # whether cache_position is passed
+    notes: list[str] = field(default_factory=list)
+
+    def describe(self) -> str:
+        pos = ", with cache_position" if self.cache_position else ""
+        return (f"{self.source}: {self.model_class}, {self.dtype}, transformers {self.transformers_version}; "
+                f"cache passed back as {self.cache_keyword}={{model's own cache}}{pos}; "
+                f"reference: one call with use_cache=False")
+
+
+def tiny_model(name: str, seed: int = 0):
+    """A built-in tiny random model by name, in eval mode, float32, seeded."""
+    tf = require_transformers()
+    if name not in TINY_CONFIGS:
+        raise UserError(f"unknown Hugging Face test model {name!r}; choose from {', '.join(TINY_CONFIGS)} "
+                        "or give a local model directory")
+    cfg = TINY_CONFIGS[name](tf)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = tf.AutoModelForCausalLM.from_config(cfg)
+    return model.float().eval()
+
+
+def _check_model_dir(path: Path) -> None:
+    if not path.is_dir():
+        raise UserError(f"{path} is not a directory")
+    if not (path / "config.json").is_file():
+        raise UserError(f"{path} has no config.json: not a Hugging Face model directory")
+    has_st = any(path.glob("*.safetensors")) or (path / "model.safetensors.index.json").is_file()
+    if not has_st:
+        bins = sorted(p.name for p in path.glob("*.bin"))
+        if bins:
+            raise UserError(f"{path} holds only pickled weights ({', '.join(bins[:3])}); smearcli loads "
+                            "safetensors only, since unpickling can run code: convert the weights to "
+                            "safetensors (save_pretrained writes them by default)")
+        raise UserError(f"{path} has no .safetensors weights")
+
+
+def load_dir(path, dtype: Optional[torch.dtype] = None):
+    """A local model directory, offline and safetensors-only, in eval mode."""
+    tf = require_transformers()
+    path = Path(path)
+    _check_model_dir(path)
+    kw = {}
+    if dtype is not None:
+        kw["dtype"] = dtype
+    try:
+        model = tf.AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, use_safetensors=True, **kw)
+    except (OSError, ValueError, KeyError) as e:
+        raise UserError(f"cannot load the Hugging Face model in {path}: {e}") from None
+    return model.eval()
+
+
+def load(name_or_dir: str, seed: int = 0, dtype: Optional[torch.dtype] = None):
+    """(model, HFModelInfo) for a built-in name or a local directory."""
+    if name_or_dir in TINY_CONFIGS:
+        model = tiny_model(name_or_dir, seed)
+        source = f"{name_or_dir} (tiny random config, seed {seed})"
+    elif Path(name_or_dir).exists():
+        model = load_dir(name_or_dir, dtype)
+        source = str(name_or_dir)
+    else:
+        raise UserError(f"{name_or_dir!r} is neither a built-in test model ({', '.join(TINY_CONFIGS)}) "
+                        "nor an existing directory")
+    return model, model_info(model, source)
+
+
+# -- the cache API ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class CacheAPI:
+    keyword: str  # forward keyword for the cache
+    cache_position: bool  # pass cache_position=arange(pos, pos+n)
+
+
+def cache_api(model) -> CacheAPI:
+    """The keyword the installed model's forward takes its cache under, and whether it wants
+    cache_position (older Mamba releases needed it for every cached step)."""
+    params = inspect.signature(model.forward).parameters
+    for kw in CACHE_KEYWORDS:
+        if kw in params:
+            return CacheAPI(kw, "cache_position" in params)
+    raise UserError(f"{type(model).__name__}.forward takes none of {', '.join(CACHE_KEYWORDS)}: "
+                    "smearcli cannot pass its cache back")
+
+
+def _out_cache(out):
+    for name in OUTPUT_CACHE_FIELDS:
+        c = getattr(out, name, None)
+        if c is not None:
+            return c
+    raise UserError("the model returned no cache with use_cache=True")
+
+
+@dataclass
+class _Cached:
+    """The model's own cache object and how many tokens it has seen."""
+    inner: Any
+    pos: int
+
+
+def _device(model) -> torch.device:
+    return next(model.parameters()).device
+
+
+def hf_step(model, api: Optional[CacheAPI] = None) -> Step:
+    """The model as a `step(ids, cache) -> (logits, hidden_states, cache)` for smearcli.testing."""
+    api = api or cache_api(model)
+    dev = _device(model)
+
+    def step(ids: Tensor, cache: Optional[_Cached]):
+        n = ids.size(1)
+        pos = 0 if cache is None else cache.pos
+        kw: dict = dict(use_cache=True, output_hidden_states=True, return_dict=True)
+        if cache is not None:
+            kw[api.keyword] = cache.inner
+        if api.cache_position:
+            kw["cache_position"] = torch.arange(pos, pos + n, device=dev)
+        out = model(input_ids=ids.to(dev), **kw)
+        return out.logits, out.hidden_states, _Cached(_out_cache(out), pos + n)
+    return step
+
+
+def hf_full(model) -> Callable:
+    """The reference: one call over all tokens with use_cache=False."""
+    dev = _device(model)
+
+    def full(ids: Tensor):
+        out = model(input_ids=ids.to(dev), use_cache=False, output_hidden_states=True, return_dict=True)
+        return out.logits, out.hidden_states
+    return full
+
+
+def hidden_names(model, ids: Tensor, hidden_states: Sequence[Tensor]) -> list[str]:
+    """Names for a model's hidden states (+ logits). Releases and models differ in what
+    `hidden_states[0]` is (the embedding output for Llama, layer 0's output for Mamba), so it is
+    compared with the embedding lookup; the last entry is the final norm's output when there is
+    one entry per layer plus one and the first is not the embedding."""
+    n = len(hidden_states)
+    L = getattr(model.config, "num_hidden_layers", None)
+    with torch.inference_mode():
+        emb = model.get_input_embeddings()(ids.to(_device(model)))
+    starts_at_emb = emb.shape == hidden_states[0].shape and torch.allclose(emb.float(), hidden_states[0].float())
+    if n == (L or -1) + 1:
+        if starts_at_emb:
+            names = ["emb"] + [f"layer{i}" for i in range(L)]  # the last often after the final norm
+        else:
+            names = [f"layer{i}" for i in range(L)] + ["norm"]
+    else:
+        names = [f"hidden_states[{i}]" for i in range(n)]
+    return names + ["logits"]
+
+
+def model_info(model, source: str) -> HFModelInfo:
+    tf = require_transformers()
+    api = cache_api(model)
+    n = getattr(model.config, "num_hidden_layers", None)
+    return HFModelInfo(source, type(model).__name__, tf.__version__,
+                       str(next(model.parameters()).dtype).removeprefix("torch."),
+                       (n + 1) if isinstance(n, int) else -1, api.keyword, api.cache_position)
+
+
+def vocab_size(model) -> int:
+    emb = model.get_input_embeddings()
+    return int(getattr(emb, "num_embeddings", None) or model.config.vocab_size)
+
+
+def random_tokens(model, seq_len: int, batch: int = 1, seed: int = 0) -> Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab_size(model), (batch, seq_len), generator=g)
+
+
+def check_model(model, tokens: Tensor, chunk_sizes: Optional[Sequence[int]] = None, *, chunks: int = 3,
+                schedules: Sequence[str] = HF_SCHEDULES, options: Optional[ScheduleOptions] = None,
+                tolerance: float = NOISE_MARGIN, source: str = "model") -> CacheCheck:
+    """Every schedule through the model's own cache against one uncached call, measured with
+    smearcli's metrics; `notes` on the result say exactly what ran."""
+    info = model_info(model, source)
+    with torch.inference_mode():
+        _, probe = hf_full(model)(tokens[:, :2])
+    names = hidden_names(model, tokens[:, :2], probe) if probe else None
+    check = check_cache_consistency(hf_step(model), tokens, chunk_sizes, chunks=chunks, schedules=schedules,
+                                    options=options, tolerance=tolerance, full=hf_full(model),
+                                    layer_names=names,
+                                    dtype=next(model.parameters()).dtype, logic="hf")
+    check.notes.append(info.describe())
+    return check
