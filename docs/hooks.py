@@ -8,6 +8,11 @@
 - Notebook pages lose nbconvert's CDN <script> tags (MathJax, Mermaid), so the built site loads
   nothing from the network; their $...$ math becomes MathML at build time (latex2mathml), which
   browsers draw without any script.
+- Each notebook page links to its .ipynb, which is copied into the site beside the page.
+- Search indexes a notebook cell's code once: the hidden copy of the source kept for the copy
+  button (and its "Copied!" notice) is marked data-search-exclude.
+- The 404 page links its styles, scripts and nav relatively (mkdocs writes them from "/"), so it
+  is styled when opened from file:// too.
 - pymdownx.snippets' base_path is made absolute, so the build works from any directory.
 """
 
@@ -146,6 +151,52 @@ def math_to_mathml(page_html: str, where: str = "") -> str:
             part = _INLINE_MATH.sub(lambda m: _mathml(m.group(1), False, where), part)
         out.append(part)
     return "".join(out)
+
+
+# nbconvert's copy button: a visible icon with a hidden "Copied!" notice, and a hidden <div> with
+# the cell's source for the clipboard. The search index would hold both beside the highlighted
+# code; Material's search skips elements marked data-search-exclude (and strips the mark).
+_COPY_PARTS = re.compile(r'<div class="(zeroclipboard-container|clipboard-copy-txt)"')
+
+
+def notebook_content(html: str, ipynb_name: str) -> str:
+    """A notebook page's HTML: copy-button parts kept out of search, a download link on top."""
+    html = _COPY_PARTS.sub(r'<div class="\1" data-search-exclude', html)
+    link = (f'<p class="smearcli-nb-download" data-search-exclude><a href="{ipynb_name}" download>'
+            f'Download this notebook ({ipynb_name})</a></p>\n')
+    return link + html
+
+
+@event_priority(-100)  # after mkdocs-jupyter has rendered the notebook
+def on_page_content(html, page, config, files):
+    if not page.file.src_uri.endswith(".ipynb"):
+        return html
+    return notebook_content(html, Path(page.file.src_uri).name)
+
+
+def on_post_build(config):
+    import shutil
+
+    dest = Path(config.site_dir) / NOTEBOOK_DIR
+    for nb in _notebooks(config):
+        dest.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(nb, dest / nb.name)
+
+
+# The 404 page is written with links from the server's root ("/assets/...", "base": "/"). It
+# sits at the top of the site, so the same links without the leading "/" work from file:// (and
+# for a server's 404 at the top level).
+_ROOT_LINK = re.compile(r'(\b(?:href|src)=")/(?!/)')
+
+
+def relative_404(html: str) -> str:
+    html = _ROOT_LINK.sub(r"\1", html)
+    html = html.replace('"base": "/"', '"base": "."')  # Material's script config
+    return re.sub(r'("search": ")/', r"\1", html)
+
+
+def on_post_template(output, template_name, config):
+    return relative_404(output) if template_name == "404.html" else output
 
 
 def on_post_page(output, page, config):

@@ -1,4 +1,6 @@
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -26,3 +28,17 @@ def reference(fixture_dir):
 def upstream_model(fixture_dir):
     from smearcli.weights import load_checkpoint
     return load_checkpoint(fixture_dir).model
+
+
+@pytest.fixture(scope="session")
+def built_site(tmp_path_factory) -> Path:
+    """`mkdocs build --strict` of the docs into a temporary directory, once per test run (shared
+    by tests/test_docs.py and tests/test_browser.py); fails on any warning."""
+    out = tmp_path_factory.mktemp("site")
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1", "MPLBACKEND": "Agg"}
+    p = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
+                       cwd=ROOT, env=env, capture_output=True, text=True)
+    log = p.stdout + p.stderr
+    assert p.returncode == 0, f"mkdocs build --strict failed:\n{log}"
+    assert "WARNING" not in log, log
+    return out

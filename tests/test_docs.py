@@ -32,16 +32,9 @@ import gen_snippets  # noqa: E402  (docs/gen_snippets.py: the commands whose out
 # -- the strict build -------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def site(tmp_path_factory) -> Path:
-    """`mkdocs build --strict` into a temporary directory; fails on any warning."""
-    out = tmp_path_factory.mktemp("site")
-    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1", "MPLBACKEND": "Agg"}
-    p = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
-                       cwd=ROOT, env=env, capture_output=True, text=True)
-    log = p.stdout + p.stderr
-    assert p.returncode == 0, f"mkdocs build --strict failed:\n{log}"
-    assert "WARNING" not in log, log
-    return out
+def site(built_site) -> Path:
+    """`mkdocs build --strict` into a temporary directory (tests/conftest.py); fails on any warning."""
+    return built_site
 
 
 class _Tags(HTMLParser):
@@ -151,6 +144,43 @@ def test_notebook_pages_show_committed_outputs(site):
             assert " ".join(line.split()) in text, f"{nb.name}: output {line!r} not on its page"
         inline = sum(1 for tag, a in parsed.tags if tag == "img" and a.get("src", "").startswith("data:image/png"))
         assert inline >= pngs, f"{nb.name}: {pngs} PNG outputs, {inline} on the page"
+
+
+@pytest.mark.slow
+def test_notebook_pages_link_their_notebook_file(site):
+    for nb in sorted(NOTEBOOKS.glob("*.ipynb")):
+        links = [a.get("href") for tag, a in parse(site / "notebooks" / f"{nb.stem}.html").tags if tag == "a"]
+        assert nb.name in links, f"{nb.stem}.html has no link to {nb.name}"
+        copy = site / "notebooks" / nb.name
+        assert copy.is_file() and copy.read_bytes() == nb.read_bytes(), f"{copy} is not a copy of {nb}"
+
+
+@pytest.mark.slow
+def test_search_indexes_notebook_code_once(site):
+    """The copy button's hidden source and its "Copied!" notice stay out of the search index, so
+    a notebook's code is found once, not twice."""
+    docs = json.loads((site / "search" / "search_index.json").read_text(encoding="utf-8"))["docs"]
+    text = "\n".join(d["text"] for d in docs)
+    assert "Copied!" not in text
+    for nb in sorted(NOTEBOOKS.glob("*.ipynb")):
+        code = [c for c in json.loads(nb.read_text(encoding="utf-8"))["cells"] if c["cell_type"] == "code"]
+        lines = [ln.strip() for c in code for ln in "".join(c["source"]).splitlines() if len(ln.strip()) > 30]
+        assert lines, nb.name
+        line = html.escape(lines[0], quote=False)
+        found = sum(d["text"].count(line) for d in docs if d["location"].startswith(f"notebooks/{nb.stem}.html"))
+        assert found == 1, f"{nb.name}: {line!r} is in the search index {found} times"
+
+
+@pytest.mark.slow
+def test_no_repository_widget_and_a_relative_404(site):
+    """No page carries Material's repository widget (it asks api.github.com for stars and forks
+    on every view), and the 404 page links its styles and scripts relatively, so it is styled
+    when opened from file://."""
+    for page in sorted(site.rglob("*.html")):
+        assert 'data-md-component="source"' not in page.read_text(encoding="utf-8"), page.name
+    rooted = [f"<{tag}> {a.get('href') or a.get('src')}" for tag, a in parse(site / "404.html").tags
+              if re.match(r"^/(?!/)", a.get("href") or a.get("src") or "")]
+    assert not rooted, rooted
 
 
 @pytest.mark.slow
