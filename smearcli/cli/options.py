@@ -16,7 +16,6 @@ from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
 
-import click
 import typer
 
 from .. import names
@@ -221,11 +220,12 @@ def shared_options(fn):
     @functools.wraps(fn)
     @guarded
     def wrapper(**kwargs):
+        ctx = kwargs.pop("click_context", None)  # Typer passes it (annotated typer.Context)
         spec = RunSpec(**{k: kwargs.pop(k) for k in SHARED})
-        ctx = click.get_current_context(silent=True)
-        spec.given = frozenset(k for k in SHARED if ctx is not None
-                               and ctx.get_parameter_source(k) == click.core.ParameterSource.COMMANDLINE)
+        spec.given = frozenset(k for k in SHARED if ctx is not None  # Typer may vendor its own click:
+                               and getattr(ctx.get_parameter_source(k), "name", "") == "COMMANDLINE")
         return fn(spec, **kwargs)
 
-    wrapper.__signature__ = sig.replace(parameters=extra + own, return_annotation=None)
+    context = inspect.Parameter("click_context", inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context)
+    wrapper.__signature__ = sig.replace(parameters=[context] + extra + own, return_annotation=None)
     return wrapper
