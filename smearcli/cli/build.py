@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -19,7 +20,7 @@ from ..errors import UserError
 from ..inputs import load_tokens, random_tokens, read_text_file, text_tokens
 from ..preflight import check_dtype, check_run_memory
 from ..schedules import ScheduleOptions, chunk_plan
-from ..weights import LoadedModel, NoSmearParameters, load_checkpoint, random_config, random_model, tiny_model
+from ..weights import LoadedModel, NoSmearParameters, find_step, load_checkpoint, random_config, random_model, tiny_model
 from .options import Device, DType, ModelKind, RunSpec
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -91,9 +92,6 @@ def check_arguments(spec: RunSpec, schedules, chunk_sizes) -> ScheduleOptions:
         raise UserError(f"{' and '.join(inputs)}: give only one of them")
     if spec.step is not None and not spec.discovers():
         raise UserError("--step needs --checkpoint (or --source / --model-tag)")
-    if spec.discovers() and (spec.model is not None or spec.depth is not None):
-        given = "--checkpoint" if spec.checkpoint is not None else "--source/--model-tag"
-        raise UserError(f"{given} loads a nanochat checkpoint; leave out --model and --depth")
     if spec.chat and spec.text is None and spec.text_file is None:
         raise UserError("--chat reads the conversation from --text or --text-file; give one of them")
     if not 0 <= spec.seed < 2**64:
@@ -224,7 +222,13 @@ def locate(spec: RunSpec):
 
     source = getattr(spec.source, "value", spec.source)
     with flag("--checkpoint" if spec.checkpoint is not None else "--source/--model-tag", ": "):
-        found = discover(spec.checkpoint, source, spec.model_tag, spec.step)
+        try:
+            found = discover(spec.checkpoint, source, spec.model_tag, spec.step)
+        except UserError:
+            path = None if spec.checkpoint is None else Path(os.path.expanduser(str(spec.checkpoint)))
+            if path is not None and path.is_dir() and not any(p.is_dir() for p in path.iterdir()):
+                find_step(path, spec.step)  # a leaf with a broken pair: its own, more precise message
+            raise
     where = f" under {found.base_dir}" if found.tag else ""
     sys.stderr.write(f"smearcli: checkpoint {found.description}{where}\n")
     return found
