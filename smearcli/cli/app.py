@@ -15,6 +15,7 @@ from typer.core import TyperGroup
 from .. import __version__
 from .commands.bench import bench
 from .commands.compare import compare
+from .commands.fix import fix
 from .commands.plot import plot
 from .errors import DEBUG, describe_unexpected, env_debug, print_error
 
@@ -81,6 +82,7 @@ def main(
 app.command()(compare)
 app.command()(plot)
 app.command()(bench)
+app.command()(fix)
 
 
 def run() -> None:

@@ -6,9 +6,12 @@ module says which option they came from."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
-from dataclasses import dataclass
+import sys
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -17,7 +20,7 @@ from ..errors import UserError
 from ..inputs import load_tokens, random_tokens, read_text_file, text_tokens
 from ..preflight import check_dtype, check_run_memory
 from ..schedules import ScheduleOptions, chunk_plan
-from ..weights import LoadedModel, load_checkpoint, random_config, random_model, tiny_model
+from ..weights import LoadedModel, NoSmearParameters, find_step, load_checkpoint, random_config, random_model, tiny_model
 from .options import Device, DType, ModelKind, RunSpec
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -32,6 +35,7 @@ class Setup:
     logics: list[str]
     impl: str = "ours"  # whose code runs: ours, nanochat (the user's checkout) or both
     audited: object = None  # with --impl nanochat|both: the user's model (adapter.NanochatModel)
+    found: object = None  # the discovered checkpoint (discover.Discovered), if one was loaded
 
     @property
     def model(self):
@@ -86,8 +90,10 @@ def check_arguments(spec: RunSpec, schedules, chunk_sizes) -> ScheduleOptions:
               if v is not None]
     if len(inputs) > 1:
         raise UserError(f"{' and '.join(inputs)}: give only one of them")
-    if spec.step is not None and spec.checkpoint is None:
-        raise UserError("--step needs --checkpoint")
+    if spec.step is not None and not spec.discovers():
+        raise UserError("--step needs --checkpoint (or --source / --model-tag)")
+    if spec.chat and spec.text is None and spec.text_file is None:
+        raise UserError("--chat reads the conversation from --text or --text-file; give one of them")
     if not 0 <= spec.seed < 2**64:
         raise UserError(f"--seed must be between 0 and 2^64 - 1, got {spec.seed}")
     opts = ScheduleOptions(chunks=spec.chunks, chunk_sizes=chunk_sizes, samples=spec.samples,
@@ -114,7 +120,7 @@ def flag(name: str, sep: str = " "):
         raise UserError(f"{name}{sep}{e}") from e
 
 
-def attach(spec: RunSpec, loaded, device, dtype):
+def attach(spec: RunSpec, loaded, device, dtype, found=None):
     """The step for --impl nanochat|both: import the user's code and build their model, from our
     model's weights (random, tiny) or from --checkpoint the way upstream loads it.
 
@@ -127,9 +133,9 @@ def attach(spec: RunSpec, loaded, device, dtype):
 
     impl = getattr(spec.impl, "value", spec.impl)
     code = import_nanochat(spec.nanochat_path, dtype=dtype)
-    if spec.checkpoint is not None:
-        theirs, step, meta = nanochat_from_checkpoint(code, spec.checkpoint, spec.step, device)
-        source = str(Path(os.path.expanduser(str(spec.checkpoint))))
+    if found is not None:
+        theirs, step, meta = nanochat_from_checkpoint(code, found.leaf, found.step, device)
+        source = str(found.leaf)
     else:
         theirs = nanochat_from_model(code, loaded.model)
         source, step, meta = loaded.source, loaded.step, loaded.meta
@@ -151,9 +157,15 @@ def build_setup(spec: RunSpec, sequence_len: int = 512) -> Setup:
     dtype = resolve_dtype(spec.dtype, device)
     with flag("--dtype"):
         check_dtype(device, dtype)
-    if spec.checkpoint is not None:
+    found = None
+    if spec.discovers():
+        found = locate(spec)
         # --impl nanochat loads the checkpoint into the user's code only (attach)
-        loaded = None if impl == "nanochat" else load_checkpoint(spec.checkpoint, spec.step, device=device, dtype=dtype)
+        try:
+            loaded = None if impl == "nanochat" else load_checkpoint(found.leaf, found.step, device=device, dtype=dtype)
+        except NoSmearParameters as e:
+            e.found = found  # the commands report which checkpoint has no smear
+            raise
     elif spec.model_kind() == ModelKind.tiny:
         if spec.step is not None:
             raise UserError("--step needs --checkpoint")
@@ -168,21 +180,106 @@ def build_setup(spec: RunSpec, sequence_len: int = 512) -> Setup:
         loaded = random_model(config, seed=spec.seed, device=device, dtype=dtype)
     audited = None
     if impl != "ours":
-        loaded, audited, logics = attach(spec, loaded, device, dtype)  # errors name the checkout
+        try:
+            loaded, audited, logics = attach(spec, loaded, device, dtype, found)  # errors name the checkout
+        except NoSmearParameters as e:
+            e.found = found
+            raise
     cfg = loaded.model.config
-    if spec.tokens is not None:
+    if spec.text is not None or spec.text_file is not None:
+        tokens, chat = text_input(spec, cfg, found)
+        if chat is not None and "chunked" in schedules and chunk_sizes is None and not spec.was_given("chunks"):
+            chunk_sizes = tuple(chat.chunk_sizes)  # one chunk per turn, as a chat reuses its cache
+            opts = replace(opts, chunk_sizes=chunk_sizes)
+    elif spec.tokens is not None:
         with flag("--tokens"):
             tokens = load_tokens(spec.tokens, cfg.vocab_size)
-    elif spec.text_file is not None:
-        with flag("--text-file"):
-            tokens = read_text_file(spec.text_file, cfg)
-    elif spec.text is not None:
-        with flag("--text", ": "):
-            tokens = text_tokens(spec.text, cfg)
     else:
         preflight(cfg, device, dtype, spec.batch, spec.seq_len, schedules, logics, spec, chunk_sizes)
         tokens = random_tokens(cfg, spec.seq_len, spec.batch, spec.seed)
     T = tokens.size(1)
     preflight(cfg, device, dtype, tokens.size(0), T, schedules, logics, spec, chunk_sizes)
     _check_plan(T, schedules, opts)
-    return Setup(loaded, tokens.to(device), opts, schedules, logics, impl, audited)
+    return Setup(loaded, tokens.to(device), opts, schedules, logics, impl, audited, found)
+
+
+NO_SMEAR_VERDICT = "no smear parameters: issue #756 cannot affect this model"
+
+
+def checkpoint_info(found) -> Optional[dict]:
+    """The discovered checkpoint for a JSON document (None when no checkpoint was loaded)."""
+    if found is None:
+        return None
+    return {"path": str(found.leaf), "source": found.source, "tag": found.tag, "step": found.step,
+            "base_dir": None if found.base_dir is None else str(found.base_dir),
+            "tokenizer": None if found.tokenizer is None else str(found.tokenizer),
+            "description": found.description}
+
+
+def locate(spec: RunSpec):
+    """The checkpoint --checkpoint / --source / --model-tag / --step point at, announced on stderr."""
+    from ..discover import discover
+
+    source = getattr(spec.source, "value", spec.source)
+    with flag("--checkpoint" if spec.checkpoint is not None else "--source/--model-tag", ": "):
+        try:
+            found = discover(spec.checkpoint, source, spec.model_tag, spec.step)
+        except UserError:
+            path = None if spec.checkpoint is None else Path(os.path.expanduser(str(spec.checkpoint)))
+            if path is not None and path.is_dir() and not any(p.is_dir() for p in path.iterdir()):
+                find_step(path, spec.step)  # a leaf with a broken pair: its own, more precise message
+            raise
+    where = f" under {found.base_dir}" if found.tag else ""
+    sys.stderr.write(f"smearcli: checkpoint {found.description}{where}\n")
+    return found
+
+
+def text_input(spec: RunSpec, cfg, found):
+    """(1, T) ids of --text / --text-file, and the ChatIds with --chat (else None). A byte-level model
+    takes the bytes; any other through the checkpoint's tokenizer.pkl (tokenizer.load_tokenizer)."""
+    name = "--text-file" if spec.text_file is not None else "--text"
+    if cfg.is_byte_level and not spec.chat:
+        if spec.text_file is not None:
+            with flag("--text-file"):
+                return read_text_file(spec.text_file, cfg), None
+        with flag("--text", ": "):
+            return text_tokens(spec.text, cfg), None
+    from .. import tokenizer as tok
+
+    text = spec.text
+    with flag(name, ": "):
+        if spec.text_file is not None:
+            try:
+                text = Path(spec.text_file).read_text(encoding="utf-8")
+            except FileNotFoundError:
+                raise UserError(f"{spec.text_file}: file not found") from None
+            except (OSError, UnicodeDecodeError) as e:
+                raise UserError(f"{spec.text_file}: cannot read it as UTF-8 text ({e})") from None
+        if not text:
+            raise UserError("the text is empty")
+        what = "a chat (--chat)" if spec.chat else f"a model with a vocabulary of {cfg.vocab_size:,} (not bytes)"
+        if found is None:
+            raise UserError(f"{what} needs the nanochat tokenizer of a --checkpoint (tokenizer.pkl); "
+                            "give token ids with --tokens instead")
+        if found.tokenizer is None:
+            looked = ", ".join(map(str, tok.tokenizer_candidates(found.leaf, found.base_dir)))
+            raise UserError(f"{what} needs its nanochat tokenizer, and there is no tokenizer.pkl (looked for "
+                            f"{looked}); give token ids with --tokens instead")
+    try:
+        enc = tok.load_tokenizer(found.tokenizer)
+    except UserError as e:  # its messages name the file only: say where it is
+        msg = str(e)
+        where = f"{found.tokenizer.parent}/" if msg.startswith(found.tokenizer.name) else ""
+        raise UserError(where + msg) from e
+    with flag(name, ": "):
+        tok.check_vocab(enc, cfg.vocab_size)
+        if not spec.chat:
+            return torch.tensor([tok.encode_text(enc, text, vocab_size=cfg.vocab_size)]), None
+        try:
+            chat = tok.encode_chat(enc, json.loads(text), vocab_size=cfg.vocab_size)
+        except (json.JSONDecodeError, RecursionError) as e:
+            raise UserError('with --chat, the input is a JSON list of turns, e.g. ["Hi!", "Hello.", "Why?"] '
+                            f"(invalid JSON: {e})") from None
+        except ValueError as e:
+            raise UserError(f"with --chat, {e}") from None
+        return torch.tensor([chat.ids]), chat

@@ -50,6 +50,12 @@ class Logic(str, Enum):
     both = "both"
 
 
+class Source(str, Enum):  # nanochat's checkpoint sources (discover.SOURCES)
+    base = "base"
+    sft = "sft"
+    rl = "rl"
+
+
 class Impl(str, Enum):
     ours = "ours"
     nanochat = "nanochat"
@@ -66,6 +72,8 @@ class RunSpec:
     model: Optional[ModelKind] = None  # None: tiny, or random when --depth is given (model_kind)
     checkpoint: Optional[Path] = None
     step: Optional[int] = None
+    source: Optional[Source] = None  # with model_tag: discover under --checkpoint or $NANOCHAT_BASE_DIR
+    model_tag: Optional[str] = None
     depth: Optional[int] = None  # None: 4 (see depth_value)
     seed: int = 0
     device: Device = Device.auto
@@ -75,6 +83,7 @@ class RunSpec:
     tokens: Optional[Path] = None
     text: Optional[str] = None
     text_file: Optional[Path] = None
+    chat: bool = False
     schedules: str = ",".join(DEFAULT_SCHEDULES)
     logic: Logic = Logic.both
     chunks: int = names.CHUNKS
@@ -105,6 +114,14 @@ class RunSpec:
             return self.model
         return ModelKind.random if self.depth is not None else ModelKind.tiny
 
+    def discovers(self) -> bool:
+        """A nanochat checkpoint is to be found (--checkpoint, --source or --model-tag given)."""
+        return self.checkpoint is not None or self.source is not None or self.model_tag is not None
+
+    def was_given(self, name: str) -> bool:
+        """Whether option `name` (a RunSpec field) was on the command line (see shared_options)."""
+        return name in getattr(self, "given", ())
+
     def depth_value(self) -> int:
         return 4 if self.depth is None else self.depth
 
@@ -134,10 +151,17 @@ SHARED = {
               "given. 'tiny' (the default): the small byte-level model trained by examples/train_tiny.py that "
               "ships with smearcli; 'random': seeded random weights with non-zero smear (see --depth, --seed), "
               "the default when --depth is given.", rich_help_panel=M, show_default=False)),
-    "checkpoint": (Optional[Path], typer.Option("--checkpoint", help="A nanochat checkpoint directory "
-                   "(model_XXXXXX.pt + meta_XXXXXX.json). Loaded with weights_only=True: a file that would need "
-                   "arbitrary unpickling, which can run code, is refused. A tokenizer.pkl is never read, for the "
-                   "same reason: give a non-byte model token ids with --tokens.", rich_help_panel=M)),
+    "checkpoint": (Optional[Path], typer.Option("--checkpoint", help="A nanochat checkpoint: a directory "
+                   "with model_XXXXXX.pt + meta_XXXXXX.json, a *_checkpoints directory (the largest dN tag is "
+                   "picked), or a nanochat base directory (see --source, --model-tag). Loaded with "
+                   "weights_only=True: a file that would need arbitrary unpickling, which can run code, is "
+                   "refused.", rich_help_panel=M)),
+    "source": (Optional[Source], typer.Option("--source", help="Which checkpoints of a nanochat base directory: "
+               "base, sft or rl (default: the first present of sft, rl, base). Without --checkpoint the base "
+               "directory is $NANOCHAT_BASE_DIR (default ~/.cache/nanochat).", rich_help_panel=M,
+               show_default=False)),
+    "model_tag": (Optional[str], typer.Option("--model-tag", help="Model tag folder, e.g. d20 (default: the "
+                  "largest dN). Without --checkpoint, looked for under $NANOCHAT_BASE_DIR.", rich_help_panel=M)),
     "step": (Optional[int], typer.Option("--step", help="Checkpoint step to load (default: the newest).", rich_help_panel=M)),
     "depth": (Optional[int], typer.Option("--depth", help="Layers of the random model (default 4; giving it "
               "selects --model random); width is 64 x depth, heads of 128 dims, as nanochat sizes its models.",
@@ -150,10 +174,17 @@ SHARED = {
     "batch": (int, typer.Option("--batch", help="Rows of random input.", rich_help_panel=I)),
     "tokens": (Optional[Path], typer.Option("--tokens", help="Input ids instead of random ones: a JSON list "
                "of ids (or one list per row), or a tensor saved with torch.save.", rich_help_panel=I)),
-    "text": (Optional[str], typer.Option("--text", help="Input text for a byte-level model (vocabulary "
-             "256, like --model tiny): its UTF-8 bytes are the token ids.", rich_help_panel=I)),
+    "text": (Optional[str], typer.Option("--text", help="Input text. A byte-level model (vocabulary 256, like "
+             "--model tiny) takes its UTF-8 bytes as ids; a BPE checkpoint's tokenizer.pkl (beside the "
+             "weights or in <base>/tokenizer/; read without running code from it; needs pip install "
+             "'smearcli[text]') encodes it after <|bos|>.", rich_help_panel=I)),
     "text_file": (Optional[Path], typer.Option("--text-file", help="Like --text, from a file (its bytes as "
-                  "they are).", rich_help_panel=I)),
+                  "they are; UTF-8 text for a BPE checkpoint).", rich_help_panel=I)),
+    "chat": (bool, typer.Option("--chat", help="Read --text/--text-file as a chat: a JSON list of turns, "
+             "strings alternating user and assistant (or {\"role\": ..., \"content\": ...} objects), "
+             "rendered with nanochat's chat tokens; the chunked schedule then feeds one chunk per turn, "
+             "reusing the cache across turns as a serving stack does (unless --chunks or --chunk-sizes is "
+             "given).", rich_help_panel=I)),
     "schedules": (str, typer.Option("--schedules", help="Comma-separated schedules to run against the full "
                   "forward pass: " + ", ".join(DEFAULT_SCHEDULES) + ".", rich_help_panel=S)),
     "logic": (Logic, typer.Option("--logic", help="Smear logic: old (upstream, with the #756 bug), fixed, or both.", rich_help_panel=S)),
@@ -189,8 +220,12 @@ def shared_options(fn):
     @functools.wraps(fn)
     @guarded
     def wrapper(**kwargs):
+        ctx = kwargs.pop("click_context", None)  # Typer passes it (annotated typer.Context)
         spec = RunSpec(**{k: kwargs.pop(k) for k in SHARED})
+        spec.given = frozenset(k for k in SHARED if ctx is not None  # Typer may vendor its own click:
+                               and getattr(ctx.get_parameter_source(k), "name", "") == "COMMANDLINE")
         return fn(spec, **kwargs)
 
-    wrapper.__signature__ = sig.replace(parameters=extra + own, return_annotation=None)
+    context = inspect.Parameter("click_context", inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context)
+    wrapper.__signature__ = sig.replace(parameters=[context] + extra + own, return_annotation=None)
     return wrapper

@@ -33,13 +33,17 @@ def compare(
     from ...files import atomic_write, check_output_path
     from ...render.table import console, print_comparison, title_line
     from ..build import build_setup
+    from ...weights import NoSmearParameters
     from ..progress import progress_bar
 
     if not 0 < tolerance < float("inf"):  # also refuses nan, which would fail every run
         raise UserError(f"--tolerance must be a positive finite number, got {tolerance}")
     if save is not None:
         check_output_path(save, (".pt",))
-    setup = build_setup(spec)
+    try:
+        setup = build_setup(spec)
+    except NoSmearParameters as e:  # an answer, not an error: exit 0, also with --check
+        return _no_smear(spec, getattr(e, "found", None), json_out, save)
     if setup.audited is not None:
         return _audit(setup, json_out, save, check, tolerance)
     n_runs = 1 + len(setup.schedules) * len(setup.logics) + ("decode" not in setup.schedules)
@@ -61,7 +65,30 @@ def compare(
 
 
 def _model_info(setup) -> dict:
-    return {"name": setup.loaded.name, "source": setup.loaded.source, "step": setup.loaded.step}
+    from ..build import checkpoint_info
+
+    info = {"name": setup.loaded.name, "source": setup.loaded.source, "step": setup.loaded.step}
+    if setup.found is not None:
+        info["checkpoint"] = checkpoint_info(setup.found)
+    return info
+
+
+def _no_smear(spec: RunSpec, found, json_out: bool, save: Optional[Path]) -> None:
+    """A checkpoint from before nanochat added the smear: the verdict, no runs."""
+    from ..build import NO_SMEAR_VERDICT, checkpoint_info
+
+    impl = getattr(spec.impl, "value", spec.impl)
+    if save is not None:
+        sys.stderr.write(f"smearcli: nothing was run, so nothing was saved to {save}\n")
+    if json_out:
+        info = {"name": None if found is None else f"{found.leaf}@{found.step}",
+                "source": None if found is None else str(found.leaf),
+                "step": None if found is None else found.step, "checkpoint": checkpoint_info(found)}
+        doc = {"schema": "smearcli.compare/1" if impl == "ours" else "smearcli.audit/1", "model": info,
+               "no_smear": True, "runs": [], "verdict": NO_SMEAR_VERDICT}
+        sys.stdout.write(json.dumps(doc, indent=1) + "\n")
+    else:
+        typer.echo(NO_SMEAR_VERDICT)
 
 
 def _audit(setup, json_out: bool, save: Optional[Path], check: bool, tolerance: float) -> None:

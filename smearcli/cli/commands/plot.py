@@ -38,6 +38,7 @@ def plot(
     from ...files import check_output_path
     from ...render import figures
     from ..build import build_setup
+    from ...weights import NoSmearParameters
     from ..progress import progress_bar
 
     check_output_path(out, FORMATS)
@@ -49,7 +50,12 @@ def plot(
         sys.stderr.write(f"smearcli: plot draws one schedule per figure: {schedule} "
                          f"(of {', '.join(listed)})\n")
     spec.schedules = schedule
-    setup = build_setup(spec)
+    try:
+        setup = build_setup(spec)
+    except NoSmearParameters:  # an answer, not an error
+        from ..build import NO_SMEAR_VERDICT
+        typer.echo(f"{NO_SMEAR_VERDICT}; no figure written")
+        return
     n_runs = 1 + len(setup.logics) + (schedule != "decode")
     if setup.impl == "both":
         n_runs += 2 + (schedule != "decode")

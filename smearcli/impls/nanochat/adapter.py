@@ -24,7 +24,7 @@ from ...config import ConfigError, GPTConfig
 from ...errors import UserError
 from ...model import rms_norm
 from ...smear import smear_gate
-from ...weights import find_step, read_meta, read_state_dict
+from ...weights import NoSmearParameters, find_step, read_meta, read_state_dict, smear_keys_missing
 from .sandbox import NanochatCode
 
 
@@ -176,6 +176,8 @@ def nanochat_from_checkpoint(code: NanochatCode, ckpt_dir, step: Optional[int] =
     config = dict(meta["model_config"])
     config.setdefault("window_pattern", "L")  # checkpoints older than sliding windows
     sd = read_state_dict(ckpt_dir / f"model_{step:06d}.pt")
+    if "transformer.wte.weight" in sd and smear_keys_missing(sd):  # from before the smear existed
+        raise NoSmearParameters(f"model_{step:06d}.pt: no smear parameters: issue #756 cannot affect this model")
     n_layer = int(config.get("n_layer", 0))
     sd.setdefault("resid_lambdas", torch.ones(n_layer))
     sd.setdefault("x0_lambdas", torch.zeros(n_layer))
