@@ -39,6 +39,9 @@ def compare(
         raise UserError(f"--tolerance must be a positive finite number, got {tolerance}")
     if save is not None:
         check_output_path(save, (".pt",))
+    if spec.impl == "hf":  # a Hugging Face model (cli.hf imports transformers, only here)
+        from .. import hf
+        return hf.compare(spec, json_out, save, check, tolerance)
     setup = build_setup(spec)
     if setup.audited is not None:
         return _audit(setup, json_out, save, check, tolerance)
