@@ -113,35 +113,38 @@ def _floats(t) -> list[float]:
     return [float(f"{v:.6g}") for v in (t.tolist() if isinstance(t, Tensor) else t)]
 
 
+def run_json(m: RunMetrics, layers: Sequence[str]) -> dict:
+    """One entry of a document's `runs` (schema compare/1, reused by hf/1)."""
+    fd = m.first_departure
+    return {
+        "schedule": m.schedule,
+        "logic": m.logic,
+        "steps": m.steps,
+        "chunk_starts": m.chunk_starts,
+        "passed": m.passed,
+        "max_abs_logits": float(f"{m.max_abs_logits:.6g}"),
+        "logits_noise_multiple": float(f"{m.logits_multiple:.6g}"),
+        "max_abs_per_layer": _floats(m.abs_err.amax(dim=1)),
+        "max_rel_per_layer": _floats(m.rel_err.amax(dim=1)),
+        "noise_multiple_per_layer": _floats(m.multiple_of_noise),
+        "chunk_start_share": None if m.chunk_start_share is None else float(f"{m.chunk_start_share:.6g}"),
+        "first_departure": None if fd is None else {"layer": layers[fd[0]], "position": fd[1]},
+        "positions_above_noise": m.positions_above_noise,
+        "kl_max": float(f"{m.kl_max:.6g}"),
+        "kl_mean": float(f"{m.kl_mean:.6g}"),
+        "top1_agreement": float(f"{m.top1_agreement:.6g}"),
+        "per_position": {
+            "abs_logits": _floats(m.abs_err[-1]),
+            "abs_emb": _floats(m.abs_err[0]),
+            "kl": _floats(m.kl),
+        },
+        "rel_error": [_floats(row) for row in m.rel_err],
+    }
+
+
 def to_json(c: Comparison, model_info: Optional[dict] = None) -> dict:
     """The stable `--json` document (schema "smearcli.compare/1", see docs/json-schema.md)."""
-    runs = []
-    for m in c.metrics:
-        fd = m.first_departure
-        runs.append({
-            "schedule": m.schedule,
-            "logic": m.logic,
-            "steps": m.steps,
-            "chunk_starts": m.chunk_starts,
-            "passed": m.passed,
-            "max_abs_logits": float(f"{m.max_abs_logits:.6g}"),
-            "logits_noise_multiple": float(f"{m.logits_multiple:.6g}"),
-            "max_abs_per_layer": _floats(m.abs_err.amax(dim=1)),
-            "max_rel_per_layer": _floats(m.rel_err.amax(dim=1)),
-            "noise_multiple_per_layer": _floats(m.multiple_of_noise),
-            "chunk_start_share": None if m.chunk_start_share is None else float(f"{m.chunk_start_share:.6g}"),
-            "first_departure": None if fd is None else {"layer": c.layers[fd[0]], "position": fd[1]},
-            "positions_above_noise": m.positions_above_noise,
-            "kl_max": float(f"{m.kl_max:.6g}"),
-            "kl_mean": float(f"{m.kl_mean:.6g}"),
-            "top1_agreement": float(f"{m.top1_agreement:.6g}"),
-            "per_position": {
-                "abs_logits": _floats(m.abs_err[-1]),
-                "abs_emb": _floats(m.abs_err[0]),
-                "kl": _floats(m.kl),
-            },
-            "rel_error": [_floats(row) for row in m.rel_err],
-        })
+    runs = [run_json(m, c.layers) for m in c.metrics]
     cfg = c.model.config
     return {
         "schema": SCHEMA,

@@ -60,6 +60,7 @@ class Impl(str, Enum):
     ours = "ours"
     nanochat = "nanochat"
     both = "both"
+    hf = "hf"
 
 
 M = "Model"
@@ -93,6 +94,7 @@ class RunSpec:
     draft: int = names.DRAFT
     impl: Impl = Impl.ours
     nanochat_path: Optional[Path] = None
+    hf_model: Optional[str] = None  # --impl hf: a built-in tiny config's name or a model directory
 
     # -- parsing that needs no torch --------------------------------------------------------------
     def schedule_list(self, allow_reference: bool = False) -> list[str]:
@@ -139,6 +141,11 @@ class RunSpec:
         return sizes
 
     def check_impl(self) -> None:
+        if (self.impl == Impl.hf) != (self.hf_model is not None):
+            raise UserError("--impl hf needs --hf-model NAME|DIR" if self.impl == Impl.hf
+                            else "--hf-model is used by --impl hf; add --impl hf")
+        if self.impl == Impl.hf:
+            return  # the rest is checked by cli.hf.check_hf_spec
         if self.impl != Impl.ours and self.nanochat_path is None:
             raise UserError(f"--impl {self.impl.value} needs --nanochat-path DIR (a nanochat checkout)")
         if self.impl == Impl.ours and self.nanochat_path is not None:
@@ -197,11 +204,16 @@ SHARED = {
     "draft": (int, typer.Option("--draft", help="speculative: tokens per verify step.", rich_help_panel=S)),
     "impl": (Impl, typer.Option("--impl", help="Whose code runs the model: ours (smearcli's reimplementation, "
              "--logic picks the smear), nanochat (your checkout at --nanochat-path: its own GPT, forward "
-             "pass and KVCache, on the same weights), or both side by side (ours then runs old and fixed).",
+             "pass and KVCache, on the same weights), or both side by side (ours then runs old and fixed); "
+             "hf: a Hugging Face transformers model (--hf-model) through its own cache API.",
              rich_help_panel=M)),
     "nanochat_path": (Optional[Path], typer.Option("--nanochat-path", help="A nanochat checkout (the "
                       "directory holding nanochat/gpt.py and nanochat/engine.py) for --impl nanochat|both. "
                       "Imported in isolation, never written to; SDPA attention is forced.", rich_help_panel=M)),
+    "hf_model": (Optional[str], typer.Option("--hf-model", help="For --impl hf: a built-in tiny random "
+                 "config (llama, gemma3, mamba, mamba2, zamba2) or a local Hugging Face model directory "
+                 "(loaded offline, safetensors only). Needs transformers: pip install 'smearcli[hf]'.",
+                 rich_help_panel=M, show_default=False)),
 }
 _DEFAULTS = RunSpec()
 assert set(SHARED) == {f.name for f in fields(RunSpec)}

@@ -44,6 +44,8 @@ STYLES = {"old": "-", "fixed": "--"}
 LABELS = {"old": "old logic (upstream)", "fixed": "fixed logic"}
 # --impl nanochat|both: the user's own code (smearcli.audit), its own smear logic
 COLORS["yours"], STYLES["yours"], LABELS["yours"] = "#009E73", (0, (6, 2, 1, 2)), "your code (nanochat checkout)"
+# --impl hf: a testing.CacheCheck (same metrics, layers, noise, tolerance, tokens, and a dtype)
+COLORS["hf"], STYLES["hf"], LABELS["hf"] = "#CC79A7", "-", "the model's own cache"
 START_COLOR = "#000000"
 NOISE_COLOR = "#999999"
 HEATMAP_CMAP = "viridis"
@@ -114,7 +116,7 @@ def plot_data(c: "Comparison", schedule: Optional[str] = None, model_name: Optio
 
     schedule = pick_schedule(c, schedule)
     runs = [m for m in c.metrics if m.schedule == schedule]
-    floor = float(torch.finfo(c.model.dtype).eps) * HEATMAP_FLOOR_EPS
+    floor = float(torch.finfo(getattr(c, "dtype", None) or c.model.dtype).eps) * HEATMAP_FLOOR_EPS
     first = runs[0]
 
     def arr(t):
@@ -222,8 +224,8 @@ def draw_error(ax, d: PlotData, panel: str = "") -> None:
     _chunk_lines(ax, d, label=True)
     _position_axis(ax, d)
     ax.set_ylabel("max |Δlogit| (logit units)")
-    ax.set_title(f"{panel}logit error per position: the old logic departs at chunk starts",
-                 loc="left", fontsize="medium")
+    claim = "" if d.logics == ["hf"] else ": the old logic departs at chunk starts"
+    ax.set_title(f"{panel}logit error per position{claim}", loc="left", fontsize="medium")
 
 
 def draw_kl(ax, d: PlotData, panel: str = "") -> None:
@@ -301,11 +303,13 @@ def _legend_handles(d: PlotData, kind: str) -> list:
 
 
 def figure(c: "Comparison", schedule: Optional[str] = None, kind: str = "all",
-           model_name: Optional[str] = None, title: Optional[str] = None) -> "Figure":
+           model_name: Optional[str] = None, title: Optional[str] = None,
+           subtitle: str = "") -> "Figure":
     """A matplotlib Figure of `c` for one schedule (default: `pick_schedule`), never shown.
 
     `kind` is "all" (three panels) or one of "error", "heatmap", "kl". The drawn arrays are at
-    `fig.smearcli_data` (a `PlotData`)."""
+    `fig.smearcli_data` (a `PlotData`). `c` may be a `testing.CacheCheck` when `title` is given;
+    `subtitle` replaces the smear explanation under the title."""
     import matplotlib
     from matplotlib.figure import Figure
 
@@ -334,7 +338,7 @@ def figure(c: "Comparison", schedule: Optional[str] = None, kind: str = "all",
         if handles:
             fig.legend(handles=handles, loc="outside lower center", ncols=min(len(handles), 3),
                        fontsize="small", frameon=False)
-        fig.suptitle(d.title + "\n" + SUBTITLE, fontsize="medium")
+        fig.suptitle(d.title + "\n" + (subtitle or SUBTITLE), fontsize="medium")
     fig.smearcli_data = d
     return fig
 

@@ -1,5 +1,5 @@
-"""Rendering a `Comparison` for people: the title line, a rich table, the analytic check and the
-verdict, on a console sized for the terminal."""
+"""Rendering a `Comparison` (or a `testing.CacheCheck`) for people: the title line, a rich table,
+the analytic check and the verdict, on a console sized for the terminal."""
 
 from __future__ import annotations
 
@@ -9,21 +9,26 @@ from rich.table import Table
 
 from ..compare import Comparison
 from ..names import NOISE_MARGIN
+from ..testing import CacheCheck
 from ..units import sci
 
 
-def comparison_table(c: Comparison, title: str = "") -> Table:
-    """One row per (schedule, logic). Relative errors and per-position arrays are in --json."""
+def comparison_table(c: Comparison, title: str = "", share=None, logic: bool = True) -> Table:
+    """One row per (schedule, logic). Relative errors and per-position arrays are in --json.
+
+    `c` may also be a `testing.CacheCheck` (the same metrics, layers and runs); `share(m)` then
+    gives @starts (default: the embedding's share) and `logic=False` drops the logic column."""
+    share_of = share or (lambda m: m.chunk_start_share)
     t = Table(title=title or None, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
-    for name, justify in [("schedule", "left"), ("logic", "left"), ("steps", "right"),
+    for name, justify in [("schedule", "left")] + [("logic", "left")] * logic + [("steps", "right"),
                           ("max|Δlogit|", "right"), ("×noise", "right"), ("KL max", "right"),
                           ("top-1", "right"), ("@starts", "right"), ("born at", "left"), ("spread", "right"), ("", "left")]:
         t.add_column(name, justify=justify, no_wrap=True)
     for m in c.metrics:
         fd = m.first_departure
-        share = m.chunk_start_share
+        share = share_of(m)
         t.add_row(
-            m.schedule, m.logic, str(len(m.steps)), sci(m.max_abs_logits), f"{m.logits_multiple:.2g}",
+            m.schedule, *[m.logic] * logic, str(len(m.steps)), sci(m.max_abs_logits), f"{m.logits_multiple:.2g}",
             sci(m.kl_max), f"{100 * m.top1_agreement:.1f}%",
             "-" if share is None else f"{100 * share:.0f}%",
             "-" if fd is None else f"{c.layers[fd[0]]}@{fd[1]}",
@@ -42,6 +47,20 @@ def print_comparison(c: Comparison, console: Console, title: str = "") -> None:
     print_analytic(c.analytic, console, "old logic, layer 0", "equals gate*x_prev to within")
     style = "bold green" if c.verdict.startswith("OK") else "bold red"
     console.print(f"[{style}]{c.verdict}[/]")
+
+
+def print_cache_check(check: CacheCheck, console: Console, title: str = "", what_ran: str = "") -> None:
+    """A `testing.CacheCheck` the way `print_comparison` prints a Comparison: table, noise floor,
+    what ran, verdict."""
+    console.print(comparison_table(check, title, share=check.start_share, logic=False))
+    console.print(f"noise floor (logits): {sci(check.noise.per_layer[-1])} ({check.noise.source}); "
+                  f"a run passes within {check.tolerance:g}x. born at: first layer@position above "
+                  f"{NOISE_MARGIN:g}x noise; @starts: share of the error at that layer on chunk starts; "
+                  f"spread: positions whose logits are above {NOISE_MARGIN:g}x noise.")
+    if what_ran:
+        console.print(f"what ran: {what_ran}", highlight=False)
+    style = "bold green" if check.passed else "bold red"
+    console.print(f"[{style}]{check.verdict}[/]")
 
 
 def print_analytic(analytic: dict, console: Console, where: str, claim: str) -> None:

@@ -40,6 +40,9 @@ def compare(
         raise UserError(f"--tolerance must be a positive finite number, got {tolerance}")
     if save is not None:
         check_output_path(save, (".pt",))
+    if spec.impl == "hf":  # a Hugging Face model (cli.hf imports transformers, only here)
+        from .. import hf
+        return hf.compare(spec, json_out, save, check, tolerance)
     try:
         setup = build_setup(spec)
     except NoSmearParameters as e:  # an answer, not an error: exit 0, also with --check

@@ -44,6 +44,11 @@ def plot(
     check_output_path(out, FORMATS)
     if not 1 <= dpi <= 1200:
         raise UserError(f"--dpi must be between 1 and 1200, got {dpi:g}")
+    if spec.impl == "hf":  # a Hugging Face model (cli.hf imports transformers, only here)
+        from .. import hf
+        schedule, verdict = hf.plot(spec, out, dpi, kind.value)
+        typer.echo(f"wrote {out} ({kind.value}, schedule {schedule})")
+        return typer.echo(verdict)
     listed = spec.schedule_list()
     schedule = figure_schedule(listed)
     if len(listed) > 1 and spec.schedules != RunSpec().schedules:

@@ -1,0 +1,142 @@
+"""`compare --impl hf` and `plot --impl hf`: a Hugging Face model from the command line (tiny
+configs, 48 tokens), the stand-in with a chunk-boundary bug loaded from a local directory, and the
+refusals."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+pytest.importorskip("transformers", reason="transformers is not installed: pip install 'smearcli[hf]'")
+
+from smearcli.cli.app import app  # noqa: E402
+from smearcli.impls import hf  # noqa: E402
+
+runner = CliRunner()
+FAST = ["--seq-len", "48", "--chunks", "3"]
+
+
+def invoke(*args):
+    r = runner.invoke(app, [str(a) for a in args])
+    assert "Traceback" not in r.output, r.output
+    if r.exit_code == 2:  # a refusal: one line on stderr
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("smearcli: error: "), r.stderr
+    return r
+
+
+def rows(output: str) -> dict:
+    """schedule -> the table row's cells."""
+    out = {}
+    for line in output.splitlines():
+        cells = line.split()
+        if cells and cells[0] in hf.HF_SCHEDULES and cells[-1] in ("ok", "BUG"):
+            out[cells[0]] = cells
+    return out
+
+
+@pytest.fixture(scope="module")
+def standin_dir(tmp_path_factory):
+    """The stand-in, bug in layer 1, saved as a local model directory (safetensors) and
+    registered with the Auto classes the way a custom architecture would be."""
+    from hf_standin import ShiftConfig, ShiftLM, shift_model
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    AutoConfig.register(ShiftConfig.model_type, ShiftConfig, exist_ok=True)
+    AutoModelForCausalLM.register(ShiftConfig, ShiftLM, exist_ok=True)
+    path = tmp_path_factory.mktemp("standin") / "shift"
+    shift_model(bug_layer=1).save_pretrained(path)
+    assert any(path.glob("*.safetensors")) and not any(path.glob("*.bin"))
+    return path
+
+
+def test_llama_compare_is_ok():
+    r = invoke("compare", "--impl", "hf", "--hf-model", "llama", *FAST)
+    assert r.exit_code == 0, r.output
+    table = rows(r.stdout)
+    assert set(table) == set(hf.HF_SCHEDULES)
+    assert all(cells[-1] == "ok" for cells in table.values()), r.stdout
+    assert "noise floor (logits)" in r.stdout and "LlamaForCausalLM" in r.stdout
+    import transformers
+    assert f"transformers {transformers.__version__}" in r.stdout
+    assert r.stdout.strip().splitlines()[-1].startswith("OK:")
+
+
+def test_standin_dir_is_a_bug_born_at_the_chunk_start(standin_dir, tmp_path):
+    r = invoke("compare", "--impl", "hf", "--hf-model", standin_dir, *FAST, "--check")
+    assert r.exit_code == 1, r.output
+    table = rows(r.stdout)
+    assert table["chunked"][-1] == "BUG" and table["chunked"][-3] == "layer1@16"
+    assert table["prefill"][-1] == table["decode"][-1] == "ok"
+    verdict = [line for line in r.stdout.splitlines() if line.startswith("BUG:")]
+    assert verdict and "chunked" in verdict[0]
+    assert "check failed: BUG:" in r.stderr and "the first chunk start (16)" in r.stderr
+
+    save = tmp_path / "standin.pt"
+    r = invoke("compare", "--impl", "hf", "--hf-model", standin_dir, *FAST, "--json", "--save", save)
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["schema"] == "smearcli.hf/1" and doc["model"]["model_class"] == "ShiftLM"
+    chunked = next(run for run in doc["runs"] if run["schedule"] == "chunked")
+    assert chunked["born_at"] == "layer1@16" and not chunked["passed"]
+    assert chunked["first_departure"] == {"layer": "layer1", "position": 16}
+    assert chunked["chunk_starts"] == [16, 32] and chunked["born_at_chunk_start_share"] > 0.999
+    assert doc["layers"] == ["emb", "layer0", "layer1", "logits"]
+    assert "born at layer1@16" in doc["verdict"]
+    payload = torch.load(save, weights_only=True)
+    assert payload["meta"]["runs"] == doc["runs"]
+    assert payload["tokens"].shape == (1, 48) and payload["logits_chunked_hf"].shape == (1, 48, 64)
+    assert payload["logits_full"].shape == (1, 48, 64)
+
+
+def test_plot_draws_the_check(standin_dir, tmp_path):
+    out = tmp_path / "standin.png"
+    r = invoke("plot", "--impl", "hf", "--hf-model", standin_dir, *FAST, "--kind", "error", "-o", out)
+    assert r.exit_code == 0, r.output
+    assert out.stat().st_size > 1000 and "schedule chunked" in r.stdout
+    assert "born at layer1@16" in r.stdout
+
+
+def test_bin_only_dir_is_refused(tmp_path):
+    d = tmp_path / "pickled"
+    d.mkdir()
+    (d / "config.json").write_text('{"model_type": "llama"}')
+    (d / "pytorch_model.bin").write_bytes(b"not loaded")
+    r = invoke("compare", "--impl", "hf", "--hf-model", d)
+    assert r.exit_code == 2
+    assert "--hf-model" in r.stderr and "safetensors" in r.stderr and "pytorch_model.bin" in r.stderr
+
+
+def test_unknown_name_lists_the_names():
+    r = invoke("compare", "--impl", "hf", "--hf-model", "no-such-model")
+    assert r.exit_code == 2
+    assert all(name in r.stderr for name in hf.TINY_CONFIGS), r.stderr
+    help_text = invoke("compare", "--help").stdout
+    assert all(name in help_text for name in hf.TINY_CONFIGS)  # the help names the same set
+
+
+@pytest.mark.parametrize("args, flag", [
+    (["--hf-model", "llama"], "--hf-model"),
+    (["--impl", "hf"], "--hf-model"),
+    (["--impl", "hf", "--hf-model", "llama", "--checkpoint", "."], "--checkpoint"),
+    (["--impl", "hf", "--hf-model", "llama", "--model", "tiny"], "--model"),
+    (["--impl", "hf", "--hf-model", "llama", "--depth", "2"], "--depth"),
+    (["--impl", "hf", "--hf-model", "llama", "--text", "hi"], "--text"),
+    (["--impl", "hf", "--hf-model", "llama", "--schedules", "chunked,engine"], "engine"),
+    (["--impl", "hf", "--hf-model", "llama", "--seq-len", "8", "--chunk-sizes", "4,5"], "--chunk-sizes"),
+])
+def test_combinations_are_refused_in_one_line(args, flag):
+    r = invoke("compare", *args)
+    assert r.exit_code == 2 and flag in r.stderr, r.stderr
+
+
+def test_nanochat_runs_never_import_transformers():
+    code = ("import sys; from smearcli.cli.app import app; from typer.testing import CliRunner; "
+            "r = CliRunner().invoke(app, ['compare', '--model', 'random', '--depth', '1', '--seq-len', '8', "
+            "'--schedules', 'chunked', '--chunks', '2']); assert r.exit_code == 0, r.output; "
+            "assert 'transformers' not in sys.modules and 'smearcli.impls.hf' not in sys.modules")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
