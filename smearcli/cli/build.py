@@ -126,7 +126,7 @@ def attach(spec: RunSpec, loaded, device, dtype):
     from ..names import LOGIC_NAMES
 
     impl = getattr(spec.impl, "value", spec.impl)
-    code = import_nanochat(spec.nanochat_path, dtype=dtype)
+    code = import_nanochat(spec.nanochat_path, dtype=dtype, timeout=spec.user_code_timeout)
     if spec.checkpoint is not None:
         theirs, step, meta = nanochat_from_checkpoint(code, spec.checkpoint, spec.step, device)
         source = str(Path(os.path.expanduser(str(spec.checkpoint))))

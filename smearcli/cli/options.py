@@ -84,6 +84,7 @@ class RunSpec:
     draft: int = names.DRAFT
     impl: Impl = Impl.ours
     nanochat_path: Optional[Path] = None
+    user_code_timeout: float = 600.0  # impls.nanochat.guard.DEFAULT_TIMEOUT (not imported: --help stays fast)
 
     # -- parsing that needs no torch --------------------------------------------------------------
     def schedule_list(self, allow_reference: bool = False) -> list[str]:
@@ -126,6 +127,8 @@ class RunSpec:
             raise UserError(f"--impl {self.impl.value} needs --nanochat-path DIR (a nanochat checkout)")
         if self.impl == Impl.ours and self.nanochat_path is not None:
             raise UserError("--nanochat-path is used by --impl nanochat or --impl both; add one of them")
+        if not 0 < self.user_code_timeout <= 1e6:  # also refuses nan and inf
+            raise UserError(f"--user-code-timeout must be a number of seconds in (0, 1e6], got {self.user_code_timeout}")
 
 
 # One Annotated type per shared option: the single definition of its flag, help and panel.
@@ -171,6 +174,11 @@ SHARED = {
     "nanochat_path": (Optional[Path], typer.Option("--nanochat-path", help="A nanochat checkout (the "
                       "directory holding nanochat/gpt.py and nanochat/engine.py) for --impl nanochat|both. "
                       "Imported in isolation, never written to; SDPA attention is forced.", rich_help_panel=M)),
+    "user_code_timeout": (float, typer.Option("--user-code-timeout", metavar="SECONDS", help="With --impl "
+                          "nanochat|both: the most seconds each call into your checkout's code may take (its "
+                          "import, building its model, one forward pass); past it the run stops with exit "
+                          "status 1. Enforced with SIGALRM on POSIX (main thread); elsewhere no limit.",
+                          rich_help_panel=M)),
 }
 _DEFAULTS = RunSpec()
 assert set(SHARED) == {f.name for f in fields(RunSpec)}
