@@ -33,9 +33,9 @@ def atomic_write(path, mode: str = "w", **kwargs):
     except BaseException as e:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
-        cause = _write_error(e)
-        if cause is not None and cause is not e:  # torch's zip writer wraps the OSError in a RuntimeError
-            raise cause from None
+        cause = _write_error(e)  # torch's zip writer wraps the OSError (disk full) in a RuntimeError
+        if cause is not None and (cause is not e or cause.filename is None):
+            raise OSError(cause.errno, cause.strerror or str(cause), cause.filename or str(path)) from None
         raise
 
 

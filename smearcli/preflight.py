@@ -131,16 +131,22 @@ def cgroup_room(proc_cgroup: str = "/proc/self/cgroup", fs_root: str = "/sys/fs/
     return room
 
 
-def host_available() -> Optional[int]:
-    """Bytes this process may still allocate: MemAvailable, capped by the effective cgroup limit."""
-    avail = None
+def meminfo_available() -> Optional[int]:
+    """MemAvailable from /proc/meminfo (bytes), or None where it cannot be read."""
     try:
         with open("/proc/meminfo") as f:
             for line in f:
                 if line.startswith("MemAvailable:"):
-                    avail = int(line.split()[1]) * 1024
-                    break
+                    return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def host_available() -> Optional[int]:
+    """Bytes this process may still allocate: MemAvailable, capped by the effective cgroup limit."""
+    avail = meminfo_available()
+    if avail is None:
         return None
     room = cgroup_room()
     if room is not None:
