@@ -1,14 +1,22 @@
-"""Atomic file output: write to a temporary file beside the target, then rename over it.
+"""Files in and out.
 
-A run that fails half way never leaves a partial file, and an existing file is only ever
-replaced by a complete one."""
+Out: atomic output (write to a temporary file beside the target, then rename over it), so a run
+that fails half way never leaves a partial file and an existing file is only ever replaced by a
+complete one. In: `regular_file` (a path we may open and read without hanging: a FIFO, a device,
+a dangling symlink or a symlink loop is refused before any open) and `zip_members` (a zip archive's
+index, uncompressed sizes and member CRCs checked by streaming, so a bit flip on disk is caught
+before torch reads the file, which checks no CRC)."""
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import stat
 import tempfile
+import zipfile
 from pathlib import Path
+from typing import Optional
 
 
 @contextlib.contextmanager
@@ -22,10 +30,23 @@ def atomic_write(path, mode: str = "w", **kwargs):
             os.fsync(f.fileno())
         os.chmod(tmp, _final_mode(path))  # mkstemp's 0600 would make outputs private
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
+        cause = _write_error(e)  # torch's zip writer wraps the OSError (disk full) in a RuntimeError
+        if cause is not None and (cause is not e or cause.filename is None):
+            raise OSError(cause.errno, cause.strerror or str(cause), cause.filename or str(path)) from None
         raise
+
+
+def _write_error(e: BaseException):
+    """The OSError (disk full, file too large) behind an exception raised while writing, if any."""
+    seen = 0
+    while e is not None and seen < 8:
+        if isinstance(e, OSError):
+            return e
+        e, seen = e.__cause__ or e.__context__, seen + 1
+    return None
 
 
 def _final_mode(path: Path) -> int:
@@ -43,7 +64,22 @@ def check_output_path(path, suffixes: tuple[str, ...]) -> None:
     read-only directory."""
     from .errors import UserError
 
-    path = Path(path)
+    try:
+        _check_output_path(Path(path), suffixes)
+    except OSError as e:  # a name too long, a symlink loop in the directory
+        raise UserError(f"{path}: cannot write there ({e.strerror or e})") from e
+    except ValueError as e:  # an embedded NUL byte
+        raise UserError(f"{path}: not a valid path ({e})") from e
+
+
+def _check_output_path(path: Path, suffixes: tuple[str, ...]) -> None:
+    from .errors import UserError
+
+    if os.path.islink(path):
+        try:
+            os.stat(path)
+        except OSError as e:  # writing would replace the link with a file: refused, as for inputs
+            raise UserError(f"{path}: {_stat_failure(path, e)}") from e
     if path.suffix.lower() not in suffixes:
         raise UserError(f"{path}: unknown suffix {path.suffix or '(none)'}; use {', '.join(suffixes)}")
     parent = path.parent if str(path.parent) else Path(".")
@@ -59,3 +95,77 @@ def check_output_path(path, suffixes: tuple[str, ...]) -> None:
         raise UserError(f"{path}: cannot write in directory {parent} ({e.strerror or e})") from e
     os.close(fd)
     os.unlink(probe)
+
+
+def regular_file(path, what: str = "") -> int:
+    """The size of `path` when it is a regular file we can read; a UserError naming the problem
+    otherwise (missing, a dangling symlink, a symlink loop, a name too long, a directory, a FIFO or
+    device that would block a read). Nothing is opened."""
+    from .errors import UserError
+
+    name = what or str(path)
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise UserError(f"{name}: {_stat_failure(path, e)}") from e
+    except ValueError as e:  # an embedded NUL byte
+        raise UserError(f"{name}: not a valid path ({e})") from e
+    if stat.S_ISDIR(st.st_mode):
+        raise UserError(f"{name}: is a directory, not a file")
+    if not stat.S_ISREG(st.st_mode):
+        kind = "FIFO (named pipe)" if stat.S_ISFIFO(st.st_mode) else "socket" if stat.S_ISSOCK(st.st_mode) \
+            else "device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else "special file"
+        raise UserError(f"{name}: a {kind}, not a regular file; give a file")
+    if not os.access(path, os.R_OK):
+        raise UserError(f"{name}: cannot read (permission denied)")
+    return st.st_size
+
+
+def _stat_failure(path, e: OSError) -> str:
+    """Why a path cannot be looked at, in words: a dangling symlink, a symlink loop, too long..."""
+    if e.errno == errno.ELOOP:
+        return f"a symlink loop ({e.strerror})"
+    if isinstance(e, FileNotFoundError) and os.path.islink(path):
+        return f"a symlink to {os.readlink(path)!r}, which does not exist"
+    if isinstance(e, FileNotFoundError):
+        return "not found"
+    return f"cannot read ({e.strerror or e})"
+
+
+def zip_members(path, check_crc: bool = True) -> int:
+    """A zip archive's uncompressed size (sum of its index's member sizes), after reading every
+    member once in 1 MiB pieces so zipfile checks its CRC-32 (nothing is kept in memory). Raises
+    zipfile.BadZipFile, OSError, ValueError or EOFError for a truncated or corrupt archive."""
+    with zipfile.ZipFile(path) as z:
+        infos = z.infolist()
+        total = sum(i.file_size for i in infos)
+        if check_crc:
+            for info in infos:
+                with z.open(info) as member:
+                    while member.read(1 << 20):
+                        pass
+    return total
+
+
+def odd_tensor(t) -> Optional[str]:
+    """What makes a tensor unusable as plain weights or ids (nested, sparse, quantized, meta), or None."""
+    if t.is_nested:
+        return "a nested tensor"
+    if str(t.layout) != "torch.strided":
+        return f"a {str(t.layout).removeprefix('torch.')} tensor"
+    if t.is_quantized:
+        return f"a quantized tensor ({str(t.dtype).removeprefix('torch.')})"
+    if t.device.type == "meta":
+        return "a meta tensor (a shape without data)"
+    return None
+
+
+def uncompressed_size(path) -> int:
+    """The bytes a torch file's tensors take once read: the zip index's uncompressed sizes (a
+    compressed member can inflate far beyond the file's size), or the file size otherwise."""
+    size = os.path.getsize(path)
+    try:
+        with zipfile.ZipFile(path) as z:
+            return max(size, sum(i.file_size for i in z.infolist()))
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError):
+        return size

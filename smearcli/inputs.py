@@ -8,6 +8,7 @@ the UTF-8 bytes are the ids. Every reader returns a (B, T) int64 tensor on the C
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Sequence
 
@@ -15,6 +16,10 @@ import torch
 from torch import Tensor
 
 from .errors import UserError
+from .files import odd_tensor, regular_file, uncompressed_size
+
+TOKENS_MAX_BYTES = 64 << 20  # a token file (JSON text, or a saved tensor's data): ~8M int64 ids at most
+TEXT_MAX_BYTES = 16 << 20  # --text-file: 16M byte tokens, far beyond any run a model can do
 
 
 def random_tokens(config, seq_len: int, batch: int = 1, seed: int = 0) -> Tensor:
@@ -27,19 +32,28 @@ def random_tokens(config, seq_len: int, batch: int = 1, seed: int = 0) -> Tensor
 def load_tokens(path: Path, vocab_size: int) -> Tensor:
     """A JSON list of ids (or list of equal-length lists), or a torch.save'd integer tensor."""
     path = Path(path)
-    if not path.is_file():
-        raise UserError(f"{path}: file not found")
+    size = _input_file(path)
+    if size > TOKENS_MAX_BYTES:
+        raise UserError(f"{path}: {size:,} bytes is too large for a token file (at most {TOKENS_MAX_BYTES >> 20} MiB)")
     if path.suffix == ".json":
         t = _json_tokens(path, vocab_size)
     else:
-        from .weights import describe_load_failure
+        from .weights import check_torch_file, describe_load_failure
 
+        check_torch_file(path, str(path))  # a FIFO, a corrupt zip (CRC) refused before torch reads it
+        if uncompressed_size(path) > TOKENS_MAX_BYTES:
+            raise UserError(f"{path}: its tensors take {uncompressed_size(path):,} bytes once read, too large "
+                            f"for a token file (at most {TOKENS_MAX_BYTES >> 20} MiB)")
         try:
             t = torch.load(path, map_location="cpu", weights_only=True)
         except Exception as e:  # noqa: BLE001
             raise UserError(f"{path}: {describe_load_failure(e, 'JSON list or saved tensor')}") from e
-        if not isinstance(t, torch.Tensor) or t.is_floating_point() or t.is_complex() or t.dim() not in (1, 2):
-            raise UserError(f"{path}: expected a 1-D or 2-D integer tensor")
+        if not isinstance(t, torch.Tensor):
+            raise UserError(f"{path}: expected a 1-D or 2-D integer tensor, found a {type(t).__name__}")
+        kind = odd_tensor(t) or (f"a {str(t.dtype).removeprefix('torch.')} tensor" if t.dtype == torch.bool
+                                 or t.is_floating_point() or t.is_complex() else None)
+        if kind is not None or t.dim() not in (1, 2):
+            raise UserError(f"{path}: expected a 1-D or 2-D integer tensor, found {kind or f'{t.dim()}-D'}")
         t = t.long().reshape(-1, t.size(-1)) if t.dim() == 2 else t.long().unsqueeze(0)
     if t.numel() == 0:
         raise UserError(f"{path}: no tokens")
@@ -50,13 +64,28 @@ def load_tokens(path: Path, vocab_size: int) -> Tensor:
     return t
 
 
+def _input_file(path: Path) -> int:
+    """The size of an input file, after refusing what is not a regular readable file."""
+    try:
+        return regular_file(path)
+    except UserError as e:
+        if isinstance(e.__cause__, FileNotFoundError) and not os.path.islink(path):
+            raise UserError(f"{path}: file not found") from e
+        raise
+
+
 def _json_tokens(path: Path, vocab_size: int) -> Tensor:
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_bytes().decode("utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise UserError(f"{path}: invalid JSON ({e})") from e
     except RecursionError as e:
         raise UserError(f"{path}: invalid JSON (nested too deeply)") from e
+    except ValueError as e:  # an integer beyond Python's digit limit
+        from .weights import one_line_reason
+        raise UserError(f"{path}: invalid JSON ({one_line_reason(e)})") from e
+    except OSError as e:
+        raise UserError(f"{path}: cannot read ({e.strerror or e})") from e
     if isinstance(data, list) and data and all(isinstance(v, int) for v in data):
         data = [data]
     ok = (isinstance(data, list) and data and all(isinstance(r, list) and r for r in data)
@@ -87,7 +116,11 @@ def text_tokens(data: bytes | str, config) -> Tensor:
     if not config.is_byte_level:
         raise UserError(f"the model's vocabulary has {config.vocab_size} tokens, not the 256 bytes of a "
                         "byte-level model; give it token ids instead")
-    raw = data.encode("utf-8") if isinstance(data, str) else bytes(data)
+    try:  # a shell passes bytes that are not UTF-8 as lone surrogates: those bytes, as they were
+        raw = data.encode("utf-8", "surrogateescape") if isinstance(data, str) else bytes(data)
+    except UnicodeEncodeError as e:
+        raise UserError(f"the text has a character that UTF-8 cannot encode ({data[e.start]!r} at "
+                        f"character {e.start}); give its bytes in a file instead") from e
     if not raw:
         raise UserError("the text is empty")
     return torch.tensor([list(raw)], dtype=torch.long)
@@ -96,8 +129,9 @@ def text_tokens(data: bytes | str, config) -> Tensor:
 def read_text_file(path: Path, config) -> Tensor:
     """(1, T) ids of a file's bytes, as they are."""
     path = Path(path)
-    if not path.is_file():
-        raise UserError(f"{path}: file not found")
+    size = _input_file(path)
+    if size > TEXT_MAX_BYTES:
+        raise UserError(f"{path}: {size:,} bytes is too large for a text file (at most {TEXT_MAX_BYTES >> 20} MiB)")
     try:
         raw = path.read_bytes()
     except OSError as e:

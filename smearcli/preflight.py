@@ -6,7 +6,7 @@
   `load_bytes` (loading a checkpoint file), `run_bytes` (a `compare` run: every run's logits and
   hidden states are kept for comparison, plus the largest step's activations and KV cache).
   `check_memory` compares an estimate with the memory available now (on Linux MemAvailable and
-  the cgroup's limit; on CUDA `torch.cuda.mem_get_info`) and raises a `UserError` that states
+  the effective limit of this process's own cgroup, v1 or v2, its ancestors included; on CUDA `torch.cuda.mem_get_info`) and raises a `UserError` that states
   both, so a run that cannot fit is refused up front instead of being killed by the OS.
 
 The estimates aim at an upper bound of the peak: they were checked against the measured peak
@@ -17,7 +17,6 @@ every tensor `compare` keeps. Where the available memory cannot be read, nothing
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -96,25 +95,62 @@ def _read_int(path: str) -> Optional[int]:
     return int(text) if text.isdigit() else None
 
 
-def host_available() -> Optional[int]:
-    """Bytes this process may still allocate: MemAvailable, capped by a cgroup memory limit."""
-    avail = None
+def cgroup_room(proc_cgroup: str = "/proc/self/cgroup", fs_root: str = "/sys/fs/cgroup") -> Optional[int]:
+    """Bytes this process's cgroup (v2, or v1's memory controller) may still allocate: the minimum of
+    limit - usage over its own cgroup and every ancestor up to the root, or None with no limit.
+
+    /proc/self/cgroup names the process's cgroup ("0::/path" on v2, "N:...memory...:/path" on v1);
+    a container that mounts only its own cgroup at the root is covered by the root's files."""
+    try:
+        lines = Path(proc_cgroup).read_text().splitlines()
+    except OSError:
+        lines = []
+    places = []  # (directory of the hierarchy, the process's path in it, limit file, usage file)
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        if parts[0] == "0" and parts[1] == "":
+            places.append((fs_root, parts[2], "memory.max", "memory.current"))
+        elif "memory" in parts[1].split(","):
+            places.append((f"{fs_root}/memory", parts[2], "memory.limit_in_bytes", "memory.usage_in_bytes"))
+    if not places:
+        places = [(fs_root, "/", "memory.max", "memory.current"),
+                  (f"{fs_root}/memory", "/", "memory.limit_in_bytes", "memory.usage_in_bytes")]
+    room = None
+    for base, rel, limit_name, usage_name in places:
+        d = Path(base, *[p for p in rel.split("/") if p and p != ".."])
+        for _ in range(64):  # the own cgroup, then each ancestor up to the hierarchy's root
+            limit, usage = _read_int(str(d / limit_name)), _read_int(str(d / usage_name))
+            if limit is not None and usage is not None and limit < (1 << 60):
+                here = max(limit - usage, 0)
+                room = here if room is None else min(room, here)
+            if d == Path(base) or d == d.parent:
+                break
+            d = d.parent
+    return room
+
+
+def meminfo_available() -> Optional[int]:
+    """MemAvailable from /proc/meminfo (bytes), or None where it cannot be read."""
     try:
         with open("/proc/meminfo") as f:
             for line in f:
                 if line.startswith("MemAvailable:"):
-                    avail = int(line.split()[1]) * 1024
-                    break
+                    return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def host_available() -> Optional[int]:
+    """Bytes this process may still allocate: MemAvailable, capped by the effective cgroup limit."""
+    avail = meminfo_available()
+    if avail is None:
         return None
-    for limit_file, usage_file in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
-                                   ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
-                                    "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
-        limit, usage = _read_int(limit_file), _read_int(usage_file)
-        if limit is not None and usage is not None and limit < (1 << 60):
-            room = max(limit - usage, 0)
-            avail = room if avail is None else min(avail, room)
-            break
+    room = cgroup_room()
+    if room is not None:
+        avail = room if avail is None else min(avail, room)
     return avail
 
 
@@ -146,8 +182,11 @@ def check_model_memory(config, device, file: Optional[Path] = None) -> None:
     """Before building a model (and reading its checkpoint file, if any)."""
     kind = getattr(device, "type", str(device).split(":")[0])
     if file is not None:
-        size = os.path.getsize(file)
-        check_memory(load_bytes(config, size), "cpu", f"{file.name}: loading it ({nbytes(size)} on disk, "
+        from .files import regular_file, uncompressed_size
+
+        regular_file(file, file.name)  # before any open: a FIFO would block
+        size = uncompressed_size(file)  # the zip index's sizes: a compressed member inflates
+        check_memory(load_bytes(config, size), "cpu", f"{file.name}: loading it ({nbytes(size)} of tensors, "
                      f"{param_count(config):,} parameters)", "free memory or use a machine with more")
     else:
         check_memory(model_bytes(config), "cpu", f"the model ({param_count(config):,} parameters)",

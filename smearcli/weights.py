@@ -20,6 +20,7 @@ import torch
 
 from .config import ConfigError, GPTConfig
 from .errors import UserError
+from .files import odd_tensor, regular_file, zip_members
 from .model import GPT, param_shapes
 from .preflight import check_model_memory
 
@@ -163,9 +164,10 @@ def _steps_text(steps: list[int]) -> str:
 
 
 def read_meta(path: Path) -> dict:
+    size = regular_file(path, path.name)
+    if size > META_MAX_BYTES:
+        raise UserError(f"{path.name}: {size:,} bytes is too large for a meta JSON file")
     try:
-        if path.stat().st_size > META_MAX_BYTES:
-            raise UserError(f"{path.name}: {path.stat().st_size:,} bytes is too large for a meta JSON file")
         meta = json.loads(path.read_bytes().decode("utf-8"))
     except OSError as e:
         raise UserError(f"{path.name}: cannot read ({e.strerror or e})") from e
@@ -175,6 +177,8 @@ def read_meta(path: Path) -> dict:
         raise UserError(f"{path.name}: invalid JSON ({e.msg} at line {e.lineno} column {e.colno})") from e
     except RecursionError as e:
         raise UserError(f"{path.name}: invalid JSON (nested too deeply)") from e
+    except ValueError as e:  # an integer beyond Python's digit limit
+        raise UserError(f"{path.name}: invalid JSON ({one_line_reason(e)})") from e
     if not isinstance(meta, dict):
         raise UserError(f"{path.name}: expected a JSON object with a model_config, got a {_json_type(meta)}")
     if "model_config" not in meta:
@@ -187,25 +191,33 @@ def _json_type(v) -> str:
             float: "number", type(None): "null"}.get(type(v), type(v).__name__)
 
 
-def _check_torch_file(path: Path) -> None:
-    """Refuse, without unpickling anything, a file torch.load could only fail on."""
+def one_line_reason(e: Exception) -> str:
+    """The first sentence of an exception's message (Python's digit-limit error runs on)."""
+    return (str(e).strip().splitlines() or [type(e).__name__])[0].split(";")[0].rstrip(".: ")
+
+
+def check_torch_file(path: Path, name: str = "") -> None:
+    """Refuse, without unpickling anything, a file torch.load could only fail on (or would block
+    on: a FIFO), and a zip archive whose member CRCs do not match (torch checks none)."""
+    name = name or path.name
+    size = regular_file(path, name)
     try:
-        size = path.stat().st_size
         with open(path, "rb") as f:
             head = f.read(4)
     except OSError as e:
-        raise UserError(f"{path.name}: cannot read ({e.strerror or e})") from e
+        raise UserError(f"{name}: cannot read ({e.strerror or e})") from e
     if size == 0:
-        raise UserError(f"{path.name}: empty file (0 bytes); the checkpoint was not written completely, "
+        raise UserError(f"{name}: empty file (0 bytes); the file was not written completely, "
                         "copy or save it again")
     if head.startswith(b"PK"):
         try:
-            with zipfile.ZipFile(path) as z:
-                z.namelist()
-        except (zipfile.BadZipFile, OSError, ValueError, EOFError) as e:
-            raise UserError(f"{path.name}: truncated or corrupt ({e}); copy or save the checkpoint again") from e
+            zip_members(path)
+        except (zipfile.BadZipFile, OSError, ValueError, EOFError, NotImplementedError) as e:
+            what = "corrupt (a CRC-32 check failed: the bytes on disk changed)" if "CRC" in str(e) \
+                else f"truncated or corrupt ({e})"
+            raise UserError(f"{name}: {what}; copy or save the file again") from e
     elif not head.startswith(b"\x80"):
-        raise UserError(f"{path.name}: not a torch checkpoint (neither the zip archive torch.save writes "
+        raise UserError(f"{name}: not a torch checkpoint (neither the zip archive torch.save writes "
                         "nor a legacy torch pickle)")
 
 
@@ -230,7 +242,7 @@ def _load_error(path: Path, e: Exception) -> UserError:
 
 
 def read_state_dict(path: Path) -> dict:
-    _check_torch_file(path)
+    check_torch_file(path)
     try:
         sd = torch.load(path, map_location="cpu", weights_only=True)
     except MemoryError:
@@ -246,13 +258,43 @@ def read_state_dict(path: Path) -> dict:
         if not isinstance(v, torch.Tensor):
             hint = "; the weights may be nested under it (a training checkpoint)" if isinstance(v, dict) else ""
             raise UserError(f"{path.name}: key {k!r} holds a {type(v).__name__}, not a tensor{hint}")
+        kind = odd_tensor(v)
+        if kind is not None:
+            raise UserError(f"{path.name}: {k} is {kind}, expected a dense float tensor")
         out[k.removeprefix("_orig_mod.")] = v
     return out
+
+
+def check_tensors(name: str, sd: dict, expected: dict) -> None:
+    """Every tensor of `sd` that `expected` (name -> shape) names: that shape, a float dtype, and
+    finite values (a NaN would pass for a bug or for agreement)."""
+    for k, v in sd.items():
+        if k not in expected:
+            continue
+        if tuple(v.shape) != expected[k]:
+            raise UserError(f"{name}: {k} has shape {tuple(v.shape)}, "
+                            f"model_config expects {expected[k]}")
+        if v.dtype not in FLOAT_DTYPES:
+            raise UserError(f"{name}: {k} is {str(v.dtype).removeprefix('torch.')}, expected a dense float "
+                            "tensor (float32, bfloat16, float16 or float64)")
+        bad = int((~torch.isfinite(v)).sum())
+        if bad:
+            raise UserError(f"{name}: {k} contains NaN or Inf ({bad:,} of {v.numel():,} values); "
+                            "refusing to run on it")
 
 
 def find_step(ckpt_dir, step: Optional[int] = None) -> tuple[Path, int]:
     """The checkpoint directory (user's ~ expanded) and the step to load: `step`, or the newest."""
     ckpt_dir = Path(os.path.expanduser(str(ckpt_dir)))
+    try:
+        return _find_step(ckpt_dir, step)
+    except OSError as e:  # a name too long, a symlink loop: the path cannot be looked at
+        raise UserError(f"{ckpt_dir}: cannot read ({e.strerror or e})") from e
+
+
+def _find_step(ckpt_dir: Path, step: Optional[int]) -> tuple[Path, int]:
+    if ckpt_dir.is_symlink() and not ckpt_dir.exists():  # dangling, or a loop
+        regular_file(ckpt_dir)  # raises, saying which
     if ckpt_dir.is_file():
         raise UserError(f"{ckpt_dir}: a file, not a directory; pass the directory that holds the "
                         "model_XXXXXX.pt / meta_XXXXXX.json pair")
@@ -305,18 +347,7 @@ def load_checkpoint(ckpt_dir, step: Optional[int] = None, device="cpu",
         if no_smear:
             parts.append("it has no smear parameters either, so issue #756 cannot affect it")
         raise UserError(f"{model_path.name}: state dict does not match model_config: " + "; ".join(parts))
-    for k, v in sd.items():
-        if tuple(v.shape) != expected[k]:
-            raise UserError(f"{model_path.name}: {k} has shape {tuple(v.shape)}, "
-                            f"model_config expects {expected[k]}")
-        if v.dtype not in FLOAT_DTYPES or v.layout != torch.strided:
-            kind = str(v.dtype if v.layout == torch.strided else v.layout).removeprefix("torch.")
-            raise UserError(f"{model_path.name}: {k} is {kind}, expected a dense float tensor (float32, "
-                            "bfloat16, float16 or float64)")
-        bad = int((~torch.isfinite(v)).sum())
-        if bad:
-            raise UserError(f"{model_path.name}: {k} contains NaN or Inf ({bad:,} of {v.numel():,} values); "
-                            "refusing to run on it")
+    check_tensors(model_path.name, sd, expected)
     model = GPT(config)
     # bf16 tensors (GPU-trained embeddings) are widened here; set_dtype picks the compute dtype
     model.load_state_dict({k: v.float() for k, v in sd.items()}, strict=True)

@@ -85,6 +85,77 @@ def truncate(d: Path):
     (d / PT).write_bytes(data[: len(data) // 2])
 
 
+LONG = "n" * 300  # a path component longer than any file system allows (255); shortened in the table
+STANDIN = ROOT / "tests" / "standin" / "old"
+AUDIT = ["compare", "--impl", "nanochat", "--nanochat-path", "mine", "--depth", "1", "--seq-len", "12",
+         "--chunks", "2", "--gen-len", "4", "--draft", "2", "--schedules", "chunked"]
+
+
+def mine(old: str = "", new: str = "", file: str = "gpt.py"):
+    """A copy of the stand-in nanochat checkout in `mine/`, with `old` replaced by `new` in `file`."""
+    def prepare(cwd: Path):
+        import shutil
+        shutil.copytree(STANDIN, cwd / "mine")
+        p = cwd / "mine" / "nanochat" / file
+        if old:
+            assert p.read_text().count(old) == 1, old
+            p.write_text(p.read_text().replace(old, new))
+    return prepare
+
+
+def link(name, target):
+    def prepare(cwd: Path):
+        d = copy_checkpoint(cwd / "good", cwd / name)
+        (d / PT).unlink()
+        (d / PT).symlink_to(target if target != "self" else d / PT)
+    return prepare
+
+
+def fifo_model(cwd: Path):
+    d = copy_checkpoint(cwd / "good", cwd / "fifo")
+    (d / PT).unlink()
+    os.mkfifo(d / PT)
+
+
+def sparse_file(name, size):
+    def prepare(cwd: Path):
+        with open(cwd / name, "wb") as f:
+            f.truncate(size)
+    return prepare
+
+
+def odd(kind):
+    make = {"meta": lambda t: torch.empty(t.shape, device="meta"), "sparse": lambda t: t.to_sparse(),
+            "nested": lambda t: torch.nested.nested_tensor([t[0], t[1, :3]]),
+            "quantized": lambda t: torch.quantize_per_tensor(t, 0.1, 0, torch.qint8)}[kind]
+    def fn(d):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            edit_state(d, lambda sd: sd.__setitem__("lm_head.weight", make(sd["lm_head.weight"])))
+    return fn
+
+
+def crc_flip(d: Path):
+    import struct
+    import zipfile
+    with zipfile.ZipFile(d / PT) as z:
+        info = max(z.infolist(), key=lambda i: i.file_size)
+    data = bytearray((d / PT).read_bytes())
+    n, e = struct.unpack("<HH", data[info.header_offset + 26: info.header_offset + 30])
+    data[info.header_offset + 30 + n + e + info.file_size // 2] ^= 0x10
+    (d / PT).write_bytes(bytes(data))
+
+
+def inflating(d: Path):
+    import zipfile
+    with zipfile.ZipFile(d / PT, "a", compression=zipfile.ZIP_DEFLATED) as z:
+        z.writestr("model_000001/data/999", bytes(64 << 20))  # 64 MiB of zeros, ~64 KiB on disk
+
+
+FORWARD = "        B, T = idx.shape\n"
+IMPORT = "import torch.nn.functional as F\n"
+
+
 def nan_at(value):
     def fn(sd):
         w = sd["lm_head.weight"].clone()
@@ -122,7 +193,7 @@ CASES = [
          prepare=ck("random", lambda d: (d / PT).write_bytes(bytes(range(7, 250)) * 9)),
          expect="not a torch checkpoint"),
     Case("model file", "unreadable .pt (here: a directory of that name)", [*C, "--checkpoint", "unreadable"],
-         prepare=ck("unreadable", lambda d: ((d / PT).unlink(), (d / PT).mkdir())), expect="cannot read"),
+         prepare=ck("unreadable", lambda d: ((d / PT).unlink(), (d / PT).mkdir())), expect="is a directory"),
     Case("model file", "pickle that would run code (creates a file when unpickled)", [*C, "--checkpoint", "evil"],
          prepare=ck("evil", lambda d: malicious_state(d, d / "PWNED")), expect="refused: loading it would call"),
     Case("model file", "a training checkpoint: weights nested under a key", [*C, "--checkpoint", "nested"],
@@ -171,6 +242,32 @@ CASES = [
          prepare=ck("nan", nan_at(float("nan"))), expect="lm_head.weight contains NaN or Inf"),
     Case("state dict", "Inf in weights", [*C, "--checkpoint", "inf"],
          prepare=ck("inf", nan_at(float("inf"))), expect="lm_head.weight contains NaN or Inf"),
+    *[Case("state dict", f"a {k} tensor", [*C, "--checkpoint", k], prepare=ck(k, odd(k)),
+           expect=f"lm_head.weight is a {k}" if k != "sparse" else "sparse_coo tensor")
+      for k in ("meta", "sparse", "nested", "quantized")],
+    # -- the file system ------------------------------------------------------------------------
+    Case("file system", "path component longer than the file system allows (--checkpoint)",
+         [*C, "--checkpoint", LONG], expect="File name too long"),
+    Case("file system", "path component longer than the file system allows (--tokens)",
+         [*C, "--tokens", f"{LONG}.json"], expect="File name too long"),
+    Case("file system", "path component longer than the file system allows (--save)",
+         [*C, "--save", f"{LONG}/runs.pt"], expect="File name too long"),
+    Case("file system", "path component longer than the file system allows (--nanochat-path)",
+         [*C, "--impl", "nanochat", "--nanochat-path", LONG], expect="File name too long"),
+    Case("file system", "model file is a dangling symlink", [*C, "--checkpoint", "dangling"],
+         prepare=link("dangling", "/nonexistent/model.pt"), expect="which does not exist"),
+    Case("file system", "model file is a symlink loop", [*C, "--checkpoint", "loop"],
+         prepare=link("loop", "self"), expect="symlink loop"),
+    Case("file system", "model file is a FIFO (would block a read)", [*C, "--checkpoint", "fifo"],
+         prepare=fifo_model, expect="FIFO"),
+    Case("file system", "token file is a FIFO", [*C, "--tokens", "ids.json"],
+         prepare=lambda cwd: os.mkfifo(cwd / "ids.json"), expect="FIFO"),
+    Case("file system", "--save is a dangling symlink", [*C, "--save", "runs.pt"],
+         prepare=lambda cwd: (cwd / "runs.pt").symlink_to("/nonexistent/runs.pt"), expect="does not exist"),
+    Case("file system", "zip member whose CRC-32 does not match (a bit flipped on disk)",
+         [*C, "--checkpoint", "flipped"], prepare=ck("flipped", crc_flip), expect="CRC-32"),
+    Case("file system", "--save failing midway: the file-size limit (EFBIG) inside torch's zip writer",
+         [*C, "--save", "runs.pt"], simulate="fsize", expect="runs.pt: File too large"),
     # -- memory ---------------------------------------------------------------------------------
     Case("memory", "checkpoint too large for free memory (16 GiB simulated)", [*C, "--checkpoint", "huge"],
          prepare=ck("huge", lambda d: edit_config(d, vocab_size=10**9)), simulate="memory",
@@ -180,6 +277,12 @@ CASES = [
     Case("memory", "run whose activations would not fit (16 GiB simulated)",
          ["compare", "--depth", "1", "--seq-len", "4096", "--batch", "256"], simulate="memory",
          expect="lower --seq-len"),
+    Case("memory", "compressed checkpoint member that inflates beyond free memory (48 MiB simulated)",
+         [*C, "--checkpoint", "inflates"], prepare=ck("inflates", inflating), simulate="little_memory",
+         expect="64.4 MiB of tensors"),
+    Case("memory", "run beyond this process's own cgroup limit (768 MiB simulated)",
+         ["compare", "--depth", "4", "--seq-len", "4096", "--batch", "4"], simulate="cgroup",
+         expect="768.0 MiB available"),
     Case("memory", "engine expansion that would not fit (16 GiB simulated)",
          [*C, "--schedules", "engine", "--samples", "10000000"], simulate="memory", expect="engine rows"),
     # -- input ----------------------------------------------------------------------------------
@@ -190,6 +293,19 @@ CASES = [
     Case("input", "--seed out of range", [*C, "--seed", "-1"], expect="--seed"),
     Case("input", "token id outside the vocabulary", [*C, "--tokens", "ids.json"],
          prepare=write("ids.json", "[1, 2, 300, 4]"), expect="outside the vocabulary"),
+    Case("input", "JSON integer beyond Python's digit limit (token file)", [*C, "--tokens", "big.json"],
+         prepare=write("big.json", "[1, " + "9" * 5000 + "]"), expect="4300 digits"),
+    Case("input", "JSON integer beyond Python's digit limit (meta file)", [*C, "--checkpoint", "bigint"],
+         prepare=ck("bigint", lambda d: (d / META).write_text('{"model_config": {"n_layer": ' + "9" * 5000 + "}}")),
+         expect="4300 digits"),
+    Case("input", "token file over 64 MiB (refused before reading)", [*C, "--tokens", "huge.json"],
+         prepare=sparse_file("huge.json", (64 << 20) + 1), expect="too large for a token file"),
+    Case("input", "--text-file over 16 MiB (refused before reading)", [*C, "--text-file", "huge.txt"],
+         prepare=sparse_file("huge.txt", (16 << 20) + 1), expect="too large for a text file"),
+    Case("input", "bool token ids", [*C, "--tokens", "ids.pt"],
+         prepare=lambda cwd: torch.save(torch.tensor([[True, False, True]]), cwd / "ids.pt"), expect="bool"),
+    Case("input", "--text with a character UTF-8 cannot encode (a lone surrogate)", [*C, "--text", "a\ud800b"],
+         expect="UTF-8 cannot encode"),
     Case("input", "token file of invalid JSON", [*C, "--tokens", "bad.json"],
          prepare=write("bad.json", "[1, 2,"), expect="invalid JSON"),
     Case("input", "token file missing", [*C, "--tokens", "nothere.json"], expect="not found"),
@@ -215,6 +331,29 @@ CASES = [
     Case("schedules", "--gen-len zero", ["compare", "--depth", "1", "--seq-len", "16", "--gen-len", "0"],
          expect="--gen-len"),
     Case("schedules", "--tolerance not a positive number", [*C, "--tolerance", "nan"], expect="--tolerance"),
+    Case("schedules", "bench --budget nan", ["bench", *FAST, "--budget", "nan"], expect="--budget"),
+    Case("schedules", "bench --budget inf", ["bench", *FAST, "--budget", "inf"], expect="--budget"),
+    # -- the user's own code (--impl nanochat): their failures are theirs, exit 1 ----------------
+    Case("your code", "an exception in their GPT.forward (exit 1, with file:line)", AUDIT, status=1,
+         prepare=mine(FORWARD, FORWARD + "        raise ValueError('oops')\n"), expect="GPT.forward failed"),
+    Case("your code", "an exception in their KVCache (exit 1)", AUDIT, status=1,
+         prepare=mine("        self.batch_size = batch_size\n", "        raise RuntimeError('no cache')\n",
+                      "engine.py"), expect="KVCache() failed"),
+    Case("your code", "their GPT.forward returns the wrong type (exit 1)", AUDIT, status=1,
+         prepare=mine(FORWARD, FORWARD + "        return (idx, None)\n"), expect="returned a tuple"),
+    Case("your code", "sys.exit(0) at import under --check (exit 1, not a pass)", [*AUDIT, "--check"], status=1,
+         prepare=mine(IMPORT, IMPORT + "import sys\nsys.exit(0)\n"), expect="called sys.exit(0)"),
+    Case("your code", "an endless loop at import (--user-code-timeout 1; exit 1)",
+         [*AUDIT, "--user-code-timeout", "1"], status=1, prepare=mine(IMPORT, IMPORT + "while True:\n    pass\n"),
+         expect="did not finish within 1 s"),
+    Case("your code", "--user-code-timeout not a positive number", [*AUDIT, "--user-code-timeout", "nan"],
+         prepare=mine(), expect="--user-code-timeout"),
+    Case("your code", "NaN weights under --impl nanochat", [*AUDIT, "--checkpoint", "nan"],
+         prepare=lambda cwd: (mine()(cwd), ck("nan", nan_at(float("nan")))(cwd)), expect="contains NaN"),
+    Case("your code", "meta that does not match the weights, refused before their model is built",
+         [*AUDIT, "--checkpoint", "wide"],
+         prepare=lambda cwd: (mine()(cwd), ck("wide", lambda d: edit_config(d, vocab_size=512))(cwd)),
+         expect="model_config expects (512, 64)"),
     # -- device ---------------------------------------------------------------------------------
     Case("device", "--device cuda without CUDA", [*C, "--device", "cuda"], simulate="no_cuda", expect="CUDA"),
     Case("device", "--dtype the device cannot run (simulated: no float16 attention kernel)",
@@ -243,6 +382,24 @@ def _simulate(name: Optional[str], monkeypatch, cwd: Path) -> None:
         return
     if name == "memory":
         monkeypatch.setattr(validate, "host_available", lambda: MEMORY)
+    elif name == "little_memory":
+        monkeypatch.setattr(validate, "host_available", lambda: 48 << 20)
+    elif name == "cgroup":
+        monkeypatch.setattr(validate, "meminfo_available", lambda: MEMORY)
+        monkeypatch.setattr(validate, "cgroup_room", lambda: 768 << 20)
+    elif name == "fsize":  # a real EFBIG while torch writes: the process's file-size limit
+        import resource
+
+        real_save = torch.save
+
+        def save(obj, f, *a, **k):
+            soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, hard))  # Python ignores SIGXFSZ
+            try:
+                return real_save(obj, f, *a, **k)
+            finally:
+                resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        monkeypatch.setattr(torch, "save", save)
     elif name == "no_cuda":
         monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     elif name == "no_fp16":
@@ -274,7 +431,7 @@ def _simulate(name: Optional[str], monkeypatch, cwd: Path) -> None:
 def run_case(case: Case, cwd: Path, monkeypatch) -> tuple[int, str]:
     if case.prepare is not None:
         case.prepare(cwd)
-    before = {p: p.stat().st_mtime_ns for p in cwd.rglob("*")}
+    before = {p: p.lstat().st_mtime_ns for p in cwd.rglob("*")}  # lstat: links may dangle
     with monkeypatch.context() as mp:
         mp.chdir(cwd)
         _simulate(case.simulate, mp, cwd)
@@ -283,7 +440,7 @@ def run_case(case: Case, cwd: Path, monkeypatch) -> tuple[int, str]:
     assert line.startswith("smearcli: error: "), line
     msg = line.removeprefix("smearcli: error: ")
     assert case.expect in msg, (case.what, msg)
-    after = {p: p.stat().st_mtime_ns for p in cwd.rglob("*")}
+    after = {p: p.lstat().st_mtime_ns for p in cwd.rglob("*")}
     assert after == before, f"{case.what}: files changed: {set(after) ^ set(before)}"
     assert not (cwd / "PWNED").exists() and not any(cwd.rglob("PWNED")), "a pickle payload ran"
     assert not leftovers(cwd)
@@ -309,6 +466,7 @@ def _command(args) -> str:
     shown = []
     for a in args:
         a = str(a)
+        a = a.replace(LONG, "n...n")  # the 300-character name, shortened for the table
         shown.append(a if a and all(c.isalnum() or c in "-_./,=:" for c in a) else json.dumps(a))
     return "smearcli " + " ".join(shown)
 
@@ -333,7 +491,8 @@ def render(rows) -> str:
         "| exit status | meaning |",
         "| --- | --- |",
         "| 0 | success (with `--check`: every run of the chosen `--logic` within tolerance) |",
-        "| 1 | `--check` found a run outside tolerance, or an internal error (a bug in smearcli) |",
+        "| 1 | `--check` found a run outside tolerance, your own code failed under `--impl nanochat\\|both` "
+        "(the message says where: file:line in your checkout), or an internal error (a bug in smearcli) |",
         "| 2 | bad usage or input, or a run this machine cannot do (memory, device, dtype) |",
         "",
         "For a bug report, rerun with `smearcli --debug ...` (or `SMEARCLI_DEBUG=1`): the error then",
@@ -346,15 +505,17 @@ def render(rows) -> str:
         "from `--tokens` for any other vocabulary. Memory is estimated from `model_config` before",
         "anything is loaded or allocated (Linux `MemAvailable` and the cgroup limit; on CUDA the free",
         "device memory), so a run that cannot fit is refused with the estimate instead of being killed",
-        "by the operating system.",
+        "by the operating system. What smearcli trusts and what it checks: [the threat model](threat-model.md).",
         "",
         "## Every refusal, with its exact message",
         "",
         "Generated by `tests/test_errors_table.py`, which runs each of these commands in a scratch",
         "directory and checks its exit status, that stderr is one line and that no file was written.",
         "Every message is printed after `smearcli: error: `. Rows marked *simulated* need a condition",
-        "the test machine lacks (little memory: 16 GiB free is simulated; no GPU; a device without",
-        "float16 kernels; a read-only directory when running as root), set up with a monkeypatch.",
+        "the test machine lacks (little memory: 16 GiB free is simulated, or 48 MiB, or a 768 MiB cgroup;",
+        "no GPU; a device without float16 kernels; a read-only directory when running as root; a",
+        "file-size limit, set for real with RLIMIT_FSIZE while torch writes), set up with a monkeypatch.",
+        "`n...n` stands for a name of 300 characters; `mine` is a copy of a nanochat checkout.",
         f"Generated with {versions()}. Regenerate after changing a message: `{REGEN}`.",
         "",
     ]
@@ -364,6 +525,7 @@ def render(rows) -> str:
             group = case.group
             out += ["", f"### {group}", "", "| bad input | command | exit | message |", "| --- | --- | --- | --- |"]
         what = case.what + (" *(simulated)*" if case.simulate and "simulated" not in case.what else "")
+        msg = msg.replace(LONG, "n...n")  # (n...n: a name of 300 n's)
         out.append(f"| {_md(what)} | `{_md(_command(case.args))}` | {status} | {_md(msg)} |")
     return "\n".join(out).strip() + "\n"
 
@@ -412,5 +574,12 @@ def test_cases_cover_the_issue():
                   "key missing", "unexpected key", "shape mismatch", "NaN", "Inf", "would run code",
                   "more chunks than tokens", "not summing", "rotary table", "outside the vocabulary",
                   "empty --text", "--device cuda", "--dtype", "missing directory", "read-only directory",
-                  "unknown suffix", "too large for free memory", "would not fit"]:
+                  "unknown suffix", "too large for free memory", "would not fit",
+                  # round 2 (issue 15)
+                  "longer than the file system allows", "dangling symlink", "symlink loop", "FIFO",
+                  "digit limit", "UTF-8 cannot encode", "meta tensor", "sparse tensor", "nested tensor",
+                  "quantized tensor", "bool token ids", "--budget nan", "--budget inf", "failing midway",
+                  "exception in their GPT.forward", "KVCache", "wrong type", "sys.exit(0)", "endless loop",
+                  "NaN weights under --impl nanochat", "CRC-32", "inflates", "cgroup", "over 64 MiB",
+                  "over 16 MiB", "does not match the weights"]:
         assert words in whats, words

@@ -132,7 +132,7 @@ def attach(spec: RunSpec, loaded, device, dtype, found=None):
     from ..names import LOGIC_NAMES
 
     impl = getattr(spec.impl, "value", spec.impl)
-    code = import_nanochat(spec.nanochat_path, dtype=dtype)
+    code = import_nanochat(spec.nanochat_path, dtype=dtype, timeout=spec.user_code_timeout)
     if found is not None:
         theirs, step, meta = nanochat_from_checkpoint(code, found.leaf, found.step, device)
         source = str(found.leaf)

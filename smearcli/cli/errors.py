@@ -37,18 +37,23 @@ def print_error(msg: str) -> None:
     sys.stderr.write(f"smearcli: error: {one_line(msg)}\n")
 
 
-_ENVIRONMENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO}
+_ENVIRONMENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO,
+                       errno.EFBIG, errno.ENAMETOOLONG, errno.ELOOP, errno.ENOTDIR, errno.ENXIO}
 
 
 def describe_unexpected(e: BaseException) -> tuple[str, int]:
     """The one line and the exit status for an exception that is not a UserError: running out of
-    memory or disk is the machine's limit (2); anything else is a bug in smearcli (1)."""
+    memory or disk, or a path the file system refuses (too long, a symlink loop) is the machine's limit
+    or bad input (2); anything else is a bug in smearcli (1)."""
     first = (str(e).strip().splitlines() or [""])[0]
     text = str(e)
     if isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError" or (
             isinstance(e, RuntimeError) and ("can't allocate memory" in text or "out of memory" in text)):
         return (f"out of memory ({type(e).__name__}: {first}); lower --seq-len, --batch or --samples, "
                 "or use a smaller model"), 2
+    cause = e.__context__ if isinstance(e, RuntimeError) else None  # torch's zip writer wraps the OSError
+    if isinstance(cause, OSError) and cause.errno in _ENVIRONMENT_ERRNOS:
+        e = cause
     if isinstance(e, OSError) and e.errno in _ENVIRONMENT_ERRNOS:
         where = f"{e.filename}: " if e.filename else ""
         return f"{where}{e.strerror or first}", 2
@@ -70,8 +75,9 @@ def guarded(fn):
         except UserError as e:
             if DEBUG["on"]:
                 raise
-            print_error(str(e))
-            raise typer.Exit(2) from None
+            hint = "; --user-code-timeout SECONDS changes the limit" if getattr(e, "timed_out", False) else ""
+            print_error(str(e) + hint)
+            raise typer.Exit(getattr(e, "status", 2)) from None
         except CheckFailed as e:
             print_error(f"check failed: {e}")
             raise typer.Exit(1) from None

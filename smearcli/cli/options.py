@@ -95,6 +95,7 @@ class RunSpec:
     impl: Impl = Impl.ours
     nanochat_path: Optional[Path] = None
     hf_model: Optional[str] = None  # --impl hf: a built-in tiny config's name or a model directory
+    user_code_timeout: float = 600.0  # impls.nanochat.guard.DEFAULT_TIMEOUT (not imported: --help stays fast)
 
     # -- parsing that needs no torch --------------------------------------------------------------
     def schedule_list(self, allow_reference: bool = False) -> list[str]:
@@ -150,6 +151,8 @@ class RunSpec:
             raise UserError(f"--impl {self.impl.value} needs --nanochat-path DIR (a nanochat checkout)")
         if self.impl == Impl.ours and self.nanochat_path is not None:
             raise UserError("--nanochat-path is used by --impl nanochat or --impl both; add one of them")
+        if not 0 < self.user_code_timeout <= 1e6:  # also refuses nan and inf
+            raise UserError(f"--user-code-timeout must be a number of seconds in (0, 1e6], got {self.user_code_timeout}")
 
 
 # One Annotated type per shared option: the single definition of its flag, help and panel.
@@ -214,6 +217,11 @@ SHARED = {
                  "config (llama, gemma3, mamba, mamba2, zamba2) or a local Hugging Face model directory "
                  "(loaded offline, safetensors only). Needs transformers: pip install 'smearcli[hf]'.",
                  rich_help_panel=M, show_default=False)),
+    "user_code_timeout": (float, typer.Option("--user-code-timeout", metavar="SECONDS", help="With --impl "
+                          "nanochat|both: the most seconds each call into your checkout's code may take (its "
+                          "import, building its model, one forward pass); past it the run stops with exit "
+                          "status 1. Enforced with SIGALRM on POSIX (main thread); elsewhere no limit.",
+                          rich_help_panel=M)),
 }
 _DEFAULTS = RunSpec()
 assert set(SHARED) == {f.name for f in fields(RunSpec)}

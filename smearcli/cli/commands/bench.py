@@ -118,8 +118,8 @@ def bench(
         raise UserError(f"--warmup must be >= 0, got {warmup}")
     if repeats is not None and repeats < 1:
         raise UserError(f"--repeats must be >= 1, got {repeats}")
-    if budget <= 0:
-        raise UserError(f"--budget must be positive, got {budget}")
+    if not 0 < budget < float("inf"):  # also refuses nan
+        raise UserError(f"--budget must be a positive finite number of seconds, got {budget}")
     if threads is not None and threads < 1:
         raise UserError(f"--threads must be >= 1, got {threads}")
     if threads is not None and threads > 4 * (os.cpu_count() or 1):  # torch would spawn them all

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import sys
 from pathlib import Path
 from typing import Optional
 
@@ -21,28 +20,39 @@ import torch
 from torch import Tensor
 
 from ...config import ConfigError, GPTConfig
-from ...errors import UserError
-from ...model import rms_norm
+from ...errors import UserCodeError, UserError
+from ...model import param_shapes, rms_norm
+from ...preflight import check_model_memory
 from ...smear import smear_gate
-from ...weights import NoSmearParameters, find_step, read_meta, read_state_dict, smear_keys_missing
+from ...weights import NoSmearParameters, check_tensors, find_step, read_meta, read_state_dict, smear_keys_missing
+from .guard import user_code
 from .sandbox import NanochatCode
 
 
 class NanochatCache:
     """smearcli's cache interface over the user's KVCache."""
 
-    def __init__(self, inner):
+    def __init__(self, inner, code: Optional[NanochatCode] = None):
         self.inner = inner
+        self.code = code
+
+    def _theirs(self, what: str):
+        return user_code(self.code.root, what, self.code.timeout) if self.code else contextlib.nullcontext()
 
     def get_pos(self) -> int:
-        return int(self.inner.get_pos())
+        with self._theirs("KVCache.get_pos"):
+            pos = self.inner.get_pos()
+        if isinstance(pos, bool) or not isinstance(pos, (int, Tensor)):
+            raise UserCodeError(f"your nanochat code: KVCache.get_pos returned a {type(pos).__name__}, not a position")
+        return int(pos)
 
     @property
     def prev_embedding(self):
         return self.inner.prev_embedding
 
     def expand_from(self, other: "NanochatCache") -> None:
-        self.inner.prefill(other.inner)  # the user's own engine-style expansion
+        with self._theirs("KVCache.prefill"):
+            self.inner.prefill(other.inner)  # the user's own engine-style expansion
 
 
 def _first_tensor(x):
@@ -50,7 +60,7 @@ def _first_tensor(x):
         return x
     if isinstance(x, (tuple, list)) and x and isinstance(x[0], Tensor):
         return x[0]
-    raise UserError(f"a block of your model returned {type(x).__name__}, not a tensor")
+    raise UserCodeError(f"your nanochat code: a block of its GPT returned {type(x).__name__}, not a tensor")
 
 
 class NanochatModel:
@@ -91,19 +101,22 @@ class NanochatModel:
         names = ("transformer", "smear_gate", "smear_lambda", "resid_lambdas", "x0_lambdas")
         if not all(hasattr(net, n) for n in names):
             return None
-        x = rms_norm(net.transformer.wte(idx).to(self.dtype))  # the pre-smear embedding (B, T, C)
+        with user_code(self.code.root, "the token embedding (transformer.wte)", self.code.timeout):
+            x = rms_norm(net.transformer.wte(idx).to(self.dtype))  # the pre-smear embedding (B, T, C)
         gate = smear_gate(x, net.smear_gate.weight, net.smear_lambda)
         return x, gate, (net.resid_lambdas[0] + net.x0_lambdas[0]).float()
 
     def new_cache(self, batch_size: int, max_len: int) -> NanochatCache:
         c = self.config
-        inner = self.code.KVCache(batch_size=batch_size, num_heads=c.n_kv_head, seq_len=max_len,
-                                  head_dim=c.head_dim, num_layers=c.n_layer, device=self.device,
-                                  dtype=self.dtype)
-        if not hasattr(inner, "prev_embedding"):
+        with user_code(self.code.root, "KVCache()", self.code.timeout):
+            inner = self.code.KVCache(batch_size=batch_size, num_heads=c.n_kv_head, seq_len=max_len,
+                                      head_dim=c.head_dim, num_layers=c.n_layer, device=self.device,
+                                      dtype=self.dtype)
+            smear_state = hasattr(inner, "prev_embedding")  # a property of theirs may run code
+        if not smear_state:
             raise UserError(f"nanochat checkout {self.code.root}: its KVCache has no prev_embedding "
                             f"(where upstream keeps the smear state)")
-        return NanochatCache(inner)
+        return NanochatCache(inner, self.code)
 
     def __call__(self, idx: Tensor, cache: Optional[NanochatCache] = None, smear=None,
                  capture: Optional[list] = None) -> Tensor:
@@ -118,10 +131,16 @@ class NanochatModel:
             hooks.append(self.blocks[0].register_forward_pre_hook(grab_input, with_kwargs=True))
             hooks += [b.register_forward_hook(grab_output) for b in self.blocks]
         try:
-            return self.net(idx, kv_cache=None if cache is None else cache.inner)
+            with user_code(self.code.root, "GPT.forward", self.code.timeout):  # stdout kept for our output
+                out = self.net(idx, kv_cache=None if cache is None else cache.inner)
         finally:
             for h in hooks:
                 h.remove()
+        if not isinstance(out, Tensor) or out.dim() != 3 or tuple(out.shape[:2]) != tuple(idx.shape):
+            got = f"a tensor of shape {tuple(out.shape)}" if isinstance(out, Tensor) else f"a {type(out).__name__}"
+            raise UserCodeError(f"your nanochat code: GPT.forward returned {got}, not logits "
+                                f"of shape (batch, tokens, vocab) = {tuple(idx.shape)} + (vocab,)")
+        return out
 
 
 def _our_config(cfg, root: Path) -> GPTConfig:
@@ -143,20 +162,17 @@ def build_nanochat_model(code: NanochatCode, model_config: dict, state_dict: dic
     except TypeError as e:
         raise UserError(f"nanochat checkout {code.root}: GPTConfig does not take this model_config: {e}") from e
     devices = [device] if device.type == "cuda" else []
+    # init_weights draws from the global RNG: leave the rest of the run's RNG untouched
+    with user_code(code.root, "building its GPT", code.timeout), torch.random.fork_rng(devices=devices):
+        with torch.device("meta"):
+            net = code.GPT(config)
+        net.to_empty(device=device)
+        net.init_weights()
     try:
-        # init_weights draws from the global RNG: leave the rest of the run's RNG untouched
-        with contextlib.redirect_stdout(sys.stderr), torch.random.fork_rng(devices=devices):
-            with torch.device("meta"):
-                net = code.GPT(config)
-            net.to_empty(device=device)
-            net.init_weights()
+        with user_code(code.root, "GPT.load_state_dict", code.timeout):
             net.load_state_dict(state_dict, strict=True, assign=True)
-    except UserError:
-        raise
-    except Exception as e:  # noqa: BLE001 - any failure here is the user's code meeting these weights
-        msg = " ".join(str(e).split())
-        raise UserError(f"nanochat checkout {code.root}: building its GPT failed: {type(e).__name__}: "
-                        f"{msg[:400]}") from e
+    except UserCodeError as e:  # the weights do not fit their model: the input, not their code
+        raise UserError(str(e)) from e
     net.eval().requires_grad_(False)
     return NanochatModel(code, net)
 
@@ -172,15 +188,24 @@ def nanochat_from_checkpoint(code: NanochatCode, ckpt_dir, step: Optional[int] =
     """Load a nanochat checkpoint into the user's GPT as upstream's checkpoint_manager does (but
     with torch.load(weights_only=True)); returns (model, step, meta)."""
     ckpt_dir, step = find_step(ckpt_dir, step)
-    meta = read_meta(ckpt_dir / f"meta_{step:06d}.json")
+    meta_path, model_path = ckpt_dir / f"meta_{step:06d}.json", ckpt_dir / f"model_{step:06d}.pt"
+    meta = read_meta(meta_path)
     config = dict(meta["model_config"])
     config.setdefault("window_pattern", "L")  # checkpoints older than sliding windows
-    sd = read_state_dict(ckpt_dir / f"model_{step:06d}.pt")
+    # the meta as our config (fields a fork adds are left to its code): memory and shapes are
+    # checked before the user's model is built from it
+    known = {f.name for f in dataclasses.fields(GPTConfig)}
+    try:
+        ours = GPTConfig.from_dict({k: v for k, v in config.items() if k in known})
+    except (ConfigError, TypeError) as e:
+        raise UserError(f"{meta_path.name}: {e}") from e
+    check_model_memory(ours, device, file=model_path)
+    sd = read_state_dict(model_path)
     if "transformer.wte.weight" in sd and smear_keys_missing(sd):  # from before the smear existed
-        raise NoSmearParameters(f"model_{step:06d}.pt: no smear parameters: issue #756 cannot affect this model")
-    n_layer = int(config.get("n_layer", 0))
-    sd.setdefault("resid_lambdas", torch.ones(n_layer))
-    sd.setdefault("x0_lambdas", torch.zeros(n_layer))
+        raise NoSmearParameters(f"{model_path.name}: no smear parameters: issue #756 cannot affect this model")
+    sd.setdefault("resid_lambdas", torch.ones(ours.n_layer))
+    sd.setdefault("x0_lambdas", torch.zeros(ours.n_layer))
+    check_tensors(model_path.name, sd, param_shapes(ours))  # shapes, float, no NaN/Inf, as our loader
     dev = torch.device(device)
     if dev.type in ("cpu", "mps"):
         sd = {k: v.float() if v.dtype == torch.bfloat16 else v for k, v in sd.items()}

@@ -26,6 +26,7 @@ from typing import Optional, Sequence
 import torch
 
 from ...errors import UserError
+from .guard import DEFAULT_TIMEOUT, user_code
 
 PACKAGE = "nanochat"
 FIRST_CAPTURE = "block0_in"  # the user's first capture point (see adapter.NanochatModel)
@@ -48,6 +49,7 @@ class NanochatCode:
     stand_ins: list[str] = field(default_factory=list)  # missing third-party modules stood in for
     commit: Optional[str] = None  # the checkout's git HEAD, read from .git (git is never run)
     modules: dict = field(default_factory=dict, repr=False)  # name -> module, kept alive
+    timeout: float = DEFAULT_TIMEOUT  # seconds each call into the code may take (guard.user_code)
 
     def info(self) -> dict:
         return {"path": str(self.root), "commit": self.commit, "attention": self.attention,
@@ -86,8 +88,15 @@ def _is_ours(name: str) -> bool:
 def checkout_root(path) -> Path:
     """The directory holding nanochat/gpt.py; `path` may also be the nanochat/ package itself."""
     p = Path(os.path.expanduser(str(path)))
-    if not p.is_dir():
-        raise UserError(f"nanochat checkout {path}: directory not found")
+    try:
+        if not p.is_dir():
+            raise UserError(f"nanochat checkout {path}: directory not found")
+        return _checkout_root(p, path)
+    except OSError as e:  # a name too long, a symlink loop
+        raise UserError(f"nanochat checkout {path}: cannot read ({e.strerror or e})") from e
+
+
+def _checkout_root(p: Path, path) -> Path:
     p = p.resolve()
     if not (p / PACKAGE).is_dir() and p.name == PACKAGE and (p / "gpt.py").is_file():
         p = p.parent
@@ -153,20 +162,19 @@ def _isolated_import(root: Path, dtype: Optional[torch.dtype], block: Sequence[s
         logging.root.setLevel(saved_log[1])
 
 
-def _import_with_stand_ins(root: Path, stand_ins: dict) -> tuple[types.ModuleType, types.ModuleType]:
+def _import_with_stand_ins(root: Path, stand_ins: dict, timeout: float) -> tuple[types.ModuleType, types.ModuleType]:
     for _ in range(MAX_STAND_INS + 1):
-        try:
-            return importlib.import_module(f"{PACKAGE}.gpt"), importlib.import_module(f"{PACKAGE}.engine")
-        except ModuleNotFoundError as e:
-            name = e.name or ""
-            if not name or _is_ours(name) or name.split(".")[0] == "torch" or name in stand_ins:
-                raise UserError(f"nanochat checkout {root}: importing {PACKAGE} failed: {e}") from e
-            stand_ins[name] = sys.modules[name] = _MissingModule(name)
-        except UserError:
-            raise
-        except Exception as e:  # noqa: BLE001 - any failure inside the user's code is theirs
-            raise UserError(f"nanochat checkout {root}: importing {PACKAGE} failed: "
-                            f"{type(e).__name__}: {e}") from e
+        missing = None
+        # their failures (an exception, sys.exit, an endless loop) are theirs: exit status 1
+        with user_code(root, f"importing {PACKAGE}", timeout):
+            try:
+                return importlib.import_module(f"{PACKAGE}.gpt"), importlib.import_module(f"{PACKAGE}.engine")
+            except ModuleNotFoundError as e:
+                missing = e
+        name = missing.name or ""
+        if not name or _is_ours(name) or name.split(".")[0] == "torch" or name in stand_ins:
+            raise UserError(f"nanochat checkout {root}: importing {PACKAGE} failed: {missing}") from missing
+        stand_ins[name] = sys.modules[name] = _MissingModule(name)
     raise UserError(f"nanochat checkout {root}: importing {PACKAGE} needs more than {MAX_STAND_INS} "
                     f"missing modules ({', '.join(stand_ins)})")
 
@@ -220,19 +228,21 @@ def _attention_path(modules: dict, attention: str) -> str:
     return "fa3" if fa.USE_FA3 else "sdpa"
 
 
-def import_nanochat(path, dtype: Optional[torch.dtype] = None, attention: str = "sdpa") -> NanochatCode:
+def import_nanochat(path, dtype: Optional[torch.dtype] = None, attention: str = "sdpa",
+                    timeout: float = DEFAULT_TIMEOUT) -> NanochatCode:
     """Import `nanochat.gpt` and `nanochat.engine` from the checkout at `path`, in isolation.
 
     `dtype` is asked of the code through NANOCHAT_DTYPE (upstream's override); if the code ends
     up computing in another dtype, that is a UserError. `attention="sdpa"` (the default) blocks
     upstream's flash-attention kernel download and forces its SDPA path; "auto" leaves the
-    choice to the user's code (on CUDA upstream may then fetch a kernel over the network)."""
+    choice to the user's code (on CUDA upstream may then fetch a kernel over the network).
+    `timeout`: seconds the import, and later each call into the code, may take (guard.user_code)."""
     if attention not in ("sdpa", "auto"):
         raise ValueError(f"attention must be 'sdpa' or 'auto', got {attention!r}")
     root = checkout_root(path)
     block = BLOCKED if attention == "sdpa" else ()
     with _isolated_import(root, dtype, block) as stand_ins:
-        gpt, engine = _import_with_stand_ins(root, stand_ins)
+        gpt, engine = _import_with_stand_ins(root, stand_ins, timeout)
         modules = {k: m for k, m in sys.modules.items() if _is_ours(k) and m is not None}
         for name, mod in (("gpt", gpt), ("engine", engine)):
             where = Path(getattr(mod, "__file__", "") or "").resolve()
@@ -250,5 +260,5 @@ def import_nanochat(path, dtype: Optional[torch.dtype] = None, attention: str = 
         raise UserError(f"nanochat checkout {root}: the code computes in {name} ({source}), not in "
                         f"{str(dtype).removeprefix('torch.')} as asked: compute in {name} instead")
     return NanochatCode(root, gpt.GPT, gpt.GPTConfig, engine.KVCache, compute_dtype, source, attn,
-                        sorted(stand_ins), git_commit(root), modules)
+                        sorted(stand_ins), git_commit(root), modules, timeout)
 
