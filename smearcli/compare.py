@@ -3,10 +3,12 @@
 Owns the `Comparison` (runs, metrics, noise floor, analytic checks), its one-line verdict, its
 JSON document (schema `smearcli.compare/1`) and the payload `--save` writes.
 
-    from smearcli import compare, inputs, weights
-    lm = weights.tiny_model()
-    result = compare.compare(lm.model, inputs.random_tokens(lm.model.config, 256))
-    print(result.verdict)
+```python
+from smearcli import compare, inputs, weights
+lm = weights.tiny_model()
+result = compare.compare(lm.model, inputs.random_tokens(lm.model.config, 256))
+print(result.verdict)
+```
 
 `model` is anything with our GPT's interface (see `smearcli.impls`): our own model, or a user's
 nanochat code behind its adapter.
@@ -114,7 +116,8 @@ def _floats(t) -> list[float]:
 
 
 def to_json(c: Comparison, model_info: Optional[dict] = None) -> dict:
-    """The stable `--json` document (schema "smearcli.compare/1", see docs/json-schema.md)."""
+    """The stable `--json` document (schema "smearcli.compare/1", see
+        [docs/json-schema.md](../json-schema.md))."""
     runs = []
     for m in c.metrics:
         fd = m.first_departure

@@ -1,11 +1,13 @@
 """Figures of a `compare.Comparison`: where the smear bug is born and how far it spreads.
 
-    from smearcli import compare, models, plotting
-    lm = models.random_model()
-    c = compare.compare(lm.model, compare.random_tokens(lm.model.config, 256), schedules=["chunked"])
-    fig = plotting.figure(c)            # a matplotlib Figure; nothing is shown
-    fig.savefig("err.png")              # or display it in a notebook cell
-    fig.smearcli_data.abs_logits["old"]  # the arrays that were drawn
+```python
+from smearcli import compare, inputs, weights
+from smearcli.render import figures
+lm = weights.tiny_model()
+c = compare.compare(lm.model, inputs.random_tokens(lm.model.config, 256), schedules=["chunked"])
+fig = figures.figure(c)  # a matplotlib Figure, nothing shown; figures.figure(c, transparent=True)
+figures.save(fig, "err.png")  # fig.smearcli_data: the arrays that were drawn
+```
 
 Every array drawn comes straight from the `RunMetrics` that `compare` measured (the same numbers
 `compare --json` reports); nothing is recomputed here. Panels:
@@ -201,7 +203,6 @@ def _value_axis(ax, arrays, lo: float, hi: float) -> float:
 def _start_color() -> str:
     """Black, or the transparent figures' grey (see TRANSPARENT_RC) while those are drawn."""
     import matplotlib
-
     return FOREGROUND_ON_ANY if matplotlib.rcParams["text.color"] == FOREGROUND_ON_ANY else START_COLOR
 
 
