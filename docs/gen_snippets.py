@@ -1,12 +1,18 @@
-"""Run every command whose output the docs show, and write that output into docs/snippets/.
+"""Run every command whose output the docs show, and write that output into docs/snippets/; draw
+the site's figure from the same run; paste the snippets into README.md.
 
-    python docs/gen_snippets.py            # all snippets
-    python docs/gen_snippets.py compare    # only those whose name contains "compare"
+    python docs/gen_snippets.py            # everything: snippets, figure, README blocks
+    python docs/gen_snippets.py compare    # only those whose name contains "compare" (the
+                                           # figure counts as "compare": it is the same run)
 
 The pages include the files with pymdownx.snippets (`--8<-- "compare.txt"`), so every output on
 the site is pasted by this script from a real run, never by hand. Each file starts with the
 command line (`$ smearcli ...`); a non-zero exit status is shown as `$ echo $?` and the number.
-tests/test_docs.py runs each of these commands again and checks the exit status.
+README.md holds copies between `<!-- snippet: NAME -->` and `<!-- /snippet -->`, refreshed from
+docs/snippets/ on every run. docs/figures/smear-error.png is `smearcli plot` with the options of
+compare.txt, drawn transparent for the site's light and dark modes; the PNG carries what it
+plots as a text chunk (`smearcli.render.figures.read_summary`). tests/test_docs.py runs each
+command again and checks the exit status, the output, the figure's numbers and the README.
 
 Outputs depend on the machine only in the last digits of noise-level numbers (and, for bench,
 in the timings). The committed ones come from a 2-core Intel Xeon CPU, torch 2.13.0, float32.
@@ -86,14 +92,69 @@ def render(cmd: str, stdout: str, stderr: str, rc: int, keep: int | str | None) 
     return text
 
 
+def _env() -> dict:
+    """This checkout's smearcli (not an installed one), headless, without tracebacks."""
+    path = os.pathsep.join(p for p in (str(HERE.parent), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "MPLBACKEND": "Agg", "SMEARCLI_DEBUG": "0", "PYTHONPATH": path}
+
+
 def run(cmd: str, setup: str = "") -> tuple[str, str, int]:
     argv = shlex.split(cmd)
-    env = {**os.environ, "MPLBACKEND": "Agg", "SMEARCLI_DEBUG": "0"}
+    assert argv[0] == "smearcli", cmd
+    env = _env()
     with tempfile.TemporaryDirectory() as tmp:  # commands that write files write them here
         if setup:
             subprocess.run([sys.executable, "-c", setup], cwd=tmp, env=env, check=True)
-        p = subprocess.run(argv, cwd=tmp, env=env, capture_output=True, text=True)
+        p = subprocess.run([sys.executable, "-m", "smearcli", *argv[1:]], cwd=tmp, env=env,
+                           capture_output=True, text=True)
     return p.stdout, p.stderr, p.returncode
+
+
+# -- the figure: `smearcli plot` with the options of a snippet's command, drawn transparent --------
+
+FIGURES = HERE / "figures"
+# (figure file, the snippet whose run it draws, the plot options: those of that snippet's command)
+FIGURE_RUNS: list[tuple[str, str, str]] = [
+    ("smear-error.png", "compare.txt", "--chunks 4"),
+]
+_PLOT = ("import functools, sys\n"
+         "from smearcli.render import figures\n"
+         "figures.figure = functools.partial(figures.figure, transparent=True)\n"
+         "from smearcli.cli.app import run\n"
+         "sys.argv = ['smearcli'] + sys.argv[1:]\n"
+         "run()\n")
+
+
+def plot_command(figure: str) -> str:
+    """The command line that draws `figure` (transparency aside)."""
+    opts = next(o for name, _, o in FIGURE_RUNS if name == figure)
+    return f"smearcli plot {opts} --out docs/figures/{figure}"
+
+
+def draw(figure: str) -> None:
+    """Run `smearcli plot` exactly as the CLI does, with figures drawn transparent."""
+    argv = shlex.split(plot_command(figure))[1:]
+    argv[-1] = str(FIGURES / figure)
+    p = subprocess.run([sys.executable, "-c", _PLOT, *argv], env=_env(), capture_output=True, text=True)
+    if p.returncode:
+        raise SystemExit(f"{plot_command(figure)} failed:\n{p.stdout}{p.stderr}")
+
+
+# -- README.md: copies of snippets between markers ------------------------------------------------
+
+README = HERE.parent / "README.md"
+BLOCK = re.compile(r"(?P<open><!-- snippet: (?P<name>[\w.-]+) -->\n)(?P<body>.*?)(?P<close>^<!-- /snippet -->)",
+                   re.S | re.M)
+
+
+def readme_block(name: str) -> str:
+    """What README.md holds between the markers of snippet `name`: the snippet, fenced."""
+    return "```text\n" + (OUT / name).read_text(encoding="utf-8") + "```\n"
+
+
+def fill_readme(text: str) -> str:
+    """`text` with every marker block holding its snippet as it is in docs/snippets/ now."""
+    return BLOCK.sub(lambda m: m["open"] + readme_block(m["name"]) + m["close"], text)
 
 
 def write(name: str, text: str) -> None:
@@ -112,6 +173,16 @@ def main(argv: list[str]) -> int:
         stdout, stderr, rc = run(cmd, SETUP.get(name, ""))
         write(name, render(cmd, stdout, stderr, rc, keep))
         print(f"{name}: exit {rc}, {len((stdout + stderr).splitlines())} lines", file=sys.stderr)
+    for figure, snippet, _ in FIGURE_RUNS:
+        if argv and not any(a in figure or a in snippet for a in argv):
+            continue
+        draw(figure)
+        print(f"figures/{figure}: {plot_command(figure)} (transparent)", file=sys.stderr)
+    text = README.read_text(encoding="utf-8")
+    if fill_readme(text) != text:
+        with open(README, "w", encoding="utf-8") as f:
+            f.write(fill_readme(text))
+        print("README.md: snippet blocks refreshed", file=sys.stderr)
     return 0
 
 

@@ -3,10 +3,12 @@
 Owns the `Comparison` (runs, metrics, noise floor, analytic checks), its one-line verdict, its
 JSON document (schema `smearcli.compare/1`) and the payload `--save` writes.
 
-    from smearcli import compare, inputs, weights
-    lm = weights.tiny_model()
-    result = compare.compare(lm.model, inputs.random_tokens(lm.model.config, 256))
-    print(result.verdict)
+```python
+from smearcli import compare, inputs, weights
+lm = weights.tiny_model()
+result = compare.compare(lm.model, inputs.random_tokens(lm.model.config, 256))
+print(result.verdict)
+```
 
 `model` is anything with our GPT's interface (see `smearcli.impls`): our own model, or a user's
 nanochat code behind its adapter.
@@ -143,7 +145,8 @@ def run_json(m: RunMetrics, layers: Sequence[str]) -> dict:
 
 
 def to_json(c: Comparison, model_info: Optional[dict] = None) -> dict:
-    """The stable `--json` document (schema "smearcli.compare/1", see docs/json-schema.md)."""
+    """The stable `--json` document (schema "smearcli.compare/1", see
+    [docs/json-schema.md](../json-schema.md))."""
     runs = [run_json(m, c.layers) for m in c.metrics]
     cfg = c.model.config
     return {

@@ -3,10 +3,12 @@
 nanochat keeps everything under a base directory, `$NANOCHAT_BASE_DIR` (default
 `~/.cache/nanochat`):
 
-    <base>/tokenizer/tokenizer.pkl
-    <base>/base_checkpoints/d20/model_021400.pt + meta_021400.json   (source "base")
-    <base>/chatsft_checkpoints/d20/...                               (source "sft")
-    <base>/chatrl_checkpoints/d20/...                                (source "rl")
+```text
+<base>/tokenizer/tokenizer.pkl
+<base>/base_checkpoints/d20/model_021400.pt + meta_021400.json   (source "base")
+<base>/chatsft_checkpoints/d20/...                               (source "sft")
+<base>/chatrl_checkpoints/d20/...                                (source "rl")
+```
 
 `discover` accepts any level of that tree (the base, a `*_checkpoints` directory, or a leaf
 directory holding the model/meta pairs, which is also the flat layout of published checkpoints)

@@ -7,11 +7,13 @@ the fixed smear logic; `ReferenceSession` has the same interface but recomputes 
 pass over everything seen so far at every step, so it is the ground truth the cached runs must
 reproduce.
 
-    from smearcli import generate, inputs, weights
-    lm = weights.tiny_model()
-    prompt = inputs.encode("def main():")
-    old = generate.generate(lm.model, prompt, 40, logic="old", chunk_sizes=[4, 7])
-    print(inputs.decode(old))
+```python
+from smearcli import generate, inputs, weights
+lm = weights.tiny_model()
+prompt = inputs.encode("def main():")
+old = generate.generate(lm.model, prompt, 40, logic="old", chunk_sizes=[4, 7])
+print(inputs.decode(old))
+```
 """
 
 from __future__ import annotations

@@ -3,8 +3,10 @@
 Smearing mixes a gated copy of the previous token's (normed, pre-smear) embedding into the
 current token, a cheap bigram feature:
 
-    gate_t = smear_lambda * sigmoid(x_t[:24] . smear_gate)
-    x_t   <- x_t + gate_t * x_{t-1}
+```text
+gate_t = smear_lambda * sigmoid(x_t[:24] . smear_gate)
+x_t   <- x_t + gate_t * x_{t-1}
+```
 
 Three code paths exist upstream: no cache (training / full forward), a cached step with T > 1
 tokens and a cached step with T == 1. `old` reproduces upstream exactly, bug included: a cached

@@ -1,9 +1,11 @@
 """Check any model's cache the way smearcli checks nanochat's: one line in a pytest suite.
 
-    from smearcli.testing import assert_cache_consistent
+```python
+from smearcli.testing import assert_cache_consistent
 
-    def test_cache(my_model):
-        assert_cache_consistent(my_step, tokens, chunk_sizes=(16, 16, 16))
+def test_cache(my_model):
+    assert_cache_consistent(my_step, tokens, chunk_sizes=(16, 16, 16))
+```
 
 `step` is any callable `step(ids, cache) -> (logits, new_cache)` or
 `(logits, hidden_states, new_cache)`:

@@ -10,11 +10,13 @@ called; the dict is then checked field by field and only then handed to `tiktoke
 
 tiktoken is optional: `pip install 'smearcli[text]'`.
 
-    from smearcli import tokenizer as tok
-    enc = tok.load_tokenizer(tok.find_tokenizer(ckpt_dir, base_dir, required=True))
-    ids = tok.encode_text(enc, "Once upon a time", vocab_size=model.config.vocab_size)
-    chat = tok.encode_chat(enc, [("user", "Hi!"), ("assistant", "Hello."), ("user", "Why?")])
-    chat.ids, chat.chunk_sizes  # feed one chunk per turn to reuse the cache across turns
+```python
+from smearcli import tokenizer as tok
+enc = tok.load_tokenizer(tok.find_tokenizer(ckpt_dir, base_dir, required=True))
+ids = tok.encode_text(enc, "Once upon a time", vocab_size=model.config.vocab_size)
+chat = tok.encode_chat(enc, [("user", "Hi!"), ("assistant", "Hello."), ("user", "Why?")])
+chat.ids, chat.chunk_sizes  # feed one chunk per turn to reuse the cache across turns
+```
 """
 
 from __future__ import annotations
@@ -329,7 +331,9 @@ def _normalize_turns(turns) -> list[tuple[str, str]]:
 def encode_chat(enc, turns, *, prime: bool = True, vocab_size: Optional[int] = None) -> ChatIds:
     """Render a conversation as nanochat's chat models were trained on and chat with it:
 
-        <|bos|> <|user_start|> user text <|user_end|> <|assistant_start|> reply <|assistant_end|> ...
+    ```text
+    <|bos|> <|user_start|> user text <|user_end|> <|assistant_start|> reply <|assistant_end|> ...
+    ```
 
     `turns` alternate user and assistant, starting with the user; each is a (role, text) pair, a
     {"role", "content"} dict or a plain string (roles then alternate). A leading system turn is

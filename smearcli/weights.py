@@ -113,7 +113,7 @@ def random_model(config: Optional[GPTConfig] = None, seed: int = 0, device="cpu"
 
 
 def list_steps(ckpt_dir: Path) -> list[int]:
-    """Steps that have both a model_*.pt and a meta_*.json, ascending."""
+    """Steps that have both a `model_*.pt` and a `meta_*.json`, ascending."""
     steps = []
     for p in ckpt_dir.iterdir():
         m = _MODEL_RE.match(p.name)

@@ -176,12 +176,9 @@ def test_tables_and_code_fit_at_1280px(wide):
     assert not bad, f"{len(bad)} table(s)/code block(s) do not fit at {WIDE} px:\n" + "\n".join(bad)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "notebook content (issue 16): 01-the-bug prints a 'chunk sizes: ... -> chunk starts' line and "
-    "02-the-fix a side-by-side listing and a '300 tokens; ...' line wider than the page; printed "
-    "output keeps its lines (it scrolls in its box), so the notebooks must print narrower lines. "
-    "When they do, this passes and the xfail mark must go."))
 def test_notebook_outputs_fit_at_1280px(wide):
+    """Printed notebook output keeps its lines (it would scroll in its box), so the notebooks
+    print lines that fit: listings one after the other, long verdicts wrapped at 100 columns."""
     bad = _not_fitting(wide, outputs=True)
     assert not bad, f"{len(bad)} notebook output(s) do not fit at {WIDE} px:\n" + "\n".join(bad)
 

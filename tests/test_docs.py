@@ -405,29 +405,44 @@ def test_skip_marker_needs_a_reason():
             assert m.group(1).strip(), f"{page.name}: docs-test skip without a reason"
 
 
-@pytest.mark.slow
-def test_docs_examples_run_as_shown(tmp_path, monkeypatch):
-    """Each `smearcli ...` line in a code block runs (in-process, in a scratch directory shared by
-    all pages, so a python example can read a file a command wrote) and exits as the docs show;
-    each python block runs. A command shown on several pages runs once."""
+@pytest.fixture(scope="module")
+def doc_runs(tmp_path_factory):
+    """Every example in the docs run once, in order (in-process, in a scratch directory shared by
+    all pages, so a python example can read a file a command wrote): (failures, {command: click
+    Result}). Shared by the exit-status test and the snippet drift tests below."""
     import torch
 
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("MPLBACKEND", "Agg")
+    scratch = tmp_path_factory.mktemp("doc-examples")
+    cwd, env = os.getcwd(), os.environ.get("MPLBACKEND")
+    os.chdir(scratch)
+    os.environ["MPLBACKEND"] = "Agg"
     # one thread: on a busy shared machine torch's worker threads wait on each other and these
     # runs take several times longer; no exit status depends on the thread count
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        failures, done = _run_examples()
+        failures, results = _run_examples()
     finally:
         torch.set_num_threads(threads)
-    assert done, "no commands found in the docs"
+        os.chdir(cwd)
+        if env is None:
+            os.environ.pop("MPLBACKEND", None)
+        else:
+            os.environ["MPLBACKEND"] = env
+    return failures, results
+
+
+@pytest.mark.slow
+def test_docs_examples_run_as_shown(doc_runs):
+    """Each `smearcli ...` line in a code block runs and exits as the docs show; each python block
+    runs. A command shown on several pages runs once."""
+    failures, results = doc_runs
+    assert results, "no commands found in the docs"
     assert not failures, "\n".join(failures)
 
 
-def _run_examples() -> tuple[list[str], set]:
-    failures, done = [], set()
+def _run_examples() -> tuple[list[str], dict]:
+    failures, done, results = [], set(), {}
     for page, items in doc_examples():
         for kind, what, rc in items:
             if kind == "python":
@@ -440,9 +455,146 @@ def _run_examples() -> tuple[list[str], set]:
                 continue
             done.add((what, rc))
             r = runner.invoke(app, shlex.split(what, comments=True)[1:], prog_name="smearcli")
+            results[what] = r
             if r.exit_code != rc:
                 failures.append(f"{page}: {what}: exit {r.exit_code}, the docs show {rc}\n{r.output[-2000:]}")
-    return failures, done
+    return failures, results
+
+
+# -- the snippets, the figure and README.md against what the tool prints today ----------------
+#
+# docs/gen_snippets.py wrote every output the pages and README.md show, and the figure. These
+# tests rerun the same commands (the runs above, shared) and fail when the committed text drifts
+# from what the tool prints now. Machine-dependent parts are left out of the comparison, and
+# only those: numbers at rounding level (the noise floor, the errors of correct runs, their
+# multiples of the floor), which differ between CPUs and thread counts, and bench's timings.
+
+_TABLE_ROW = re.compile(r"^(?P<head>\s*\w+\s+(?:old|fixed|yours)\s+\d+\s+)(?P<err>\S+)(?P<s1>\s+)(?P<noise>\S+)"
+                        r"(?P<s2>\s+)(?P<kl>\S+)(?P<rest>.*?)(?P<verdict>ok|BUG)\s*$")
+
+
+def deterministic(name: str, text: str) -> str:
+    """The parts of snippet `name` that do not depend on the machine, whitespace collapsed (a
+    table's column widths follow its numbers)."""
+    lines = text.splitlines()
+    if name.startswith("bench"):  # the command, the model line, and what each row ran
+        keep = lines[:2] + [" ".join(ln.split()[:3]) for ln in lines
+                            if re.match(r"^\s*\w+\s+(old|fixed)\s+\d+\s", ln)]
+        return "\n".join(keep)
+    out = []
+    for ln in lines:
+        m = _TABLE_ROW.match(ln)
+        if m:  # ×noise always; error and KL of a run that passes: rounding noise
+            ok = m["verdict"] == "ok"
+            ln = (m["head"] + ("~" if ok else m["err"]) + " N " + ("~" if ok else m["kl"])
+                  + m["rest"] + m["verdict"])
+        out.append(ln)
+    text = "\n".join(out)
+    text = re.sub(r"\(?[0-9.]+(e[+-]?[0-9]+)?x noise\)?", "(Nx noise)", text)
+    text = re.sub(r'("\w*noise\w*": )(\[[^\]]*\]|[^,\n{]+)', r"\1N", text)  # JSON: noise and its multiples
+    text = re.sub(r"(?<![\w.])-?\d+(\.\d+)?e-\d+|(?<![\w.])0\.0(?![\d.])", "~", text)  # rounding-level numbers
+    return " ".join(text.split())
+
+
+def test_deterministic_keeps_the_bug_and_drops_the_noise():
+    row_ok = " chunked       fixed       4       8.6e-06      0.56   1.7e-12   100.0%        0%   -           0/256   ok"
+    row_ok2 = " chunked    fixed       4       4.8e-06      0.31   9.9e-13   100.0%        0%   -      0/256   ok"
+    assert deterministic("x", row_ok) == deterministic("x", row_ok2)
+    row_bug = " chunked       old         4       5.8e+00   3.8e+05   2.0e+00    98.4%      100%   emb@64    192/256   BUG"
+    for changed in ("5.9e+00", "2.1e+00", "98.0%", "emb@65", "191/256"):
+        bad = row_bug.replace({"5.9e+00": "5.8e+00", "2.1e+00": "2.0e+00", "98.0%": "98.4%",
+                               "emb@65": "emb@64", "191/256": "192/256"}[changed], changed)
+        assert deterministic("x", bad) != deterministic("x", row_bug), changed
+    assert deterministic("x", row_bug) == deterministic("x", row_bug.replace("3.8e+05", "4.1e+05"))
+    assert deterministic("x", "max |dlogit| 5.79 (3.8e+05x noise) at") == deterministic("x", "max |dlogit| 5.79 (2e5x noise) at")
+    assert deterministic("x", '"max_abs_logits": 1.2179,') != deterministic("x", '"max_abs_logits": 1.2178,')
+
+
+@pytest.mark.slow
+def test_snippets_match_a_fresh_run(doc_runs):
+    """Each docs/snippets/ file equals what its command prints now, as gen_snippets renders it
+    (up to the machine-dependent numbers, see `deterministic`)."""
+    _, results = doc_runs
+    drifted = []
+    for name, cmd, keep in gen_snippets.SNIPPETS:
+        assert cmd in results, f"{name}: `{cmd}` is shown on no page, so it was not run"
+        r = results[cmd]
+        fresh = gen_snippets.render(cmd, r.stdout, r.stderr, r.exit_code, keep)
+        committed = (SNIPPETS / name).read_text(encoding="utf-8")
+        if deterministic(name, fresh) != deterministic(name, committed):
+            drifted.append(f"{name}:\n--- committed\n{committed[:3000]}\n--- now\n{fresh[:3000]}")
+    assert not drifted, "snippets differ from a fresh run; run python docs/gen_snippets.py:\n" + "\n".join(drifted)
+
+
+def _figure_summary(figure: str) -> dict:
+    from smearcli.render.figures import read_summary
+
+    summary = read_summary(DOCS / "figures" / figure)
+    assert summary, f"docs/figures/{figure} carries no smearcli summary; run python docs/gen_snippets.py"
+    return summary
+
+
+@pytest.mark.parametrize("figure,snippet,opts", gen_snippets.FIGURE_RUNS)
+def test_figure_is_the_run_of_its_snippet(figure, snippet, opts):
+    """The committed figure draws the run its snippet shows: same model, tokens, chunking, noise
+    floor and error (to the digits the snippet prints)."""
+    s = _figure_summary(figure)
+    text = (SNIPPETS / snippet).read_text(encoding="utf-8")
+    cmd = text.splitlines()[0][2:]
+    assert f"smearcli plot {opts} " in gen_snippets.plot_command(figure)
+    assert shlex.split(cmd)[2:] == shlex.split(opts), (cmd, opts)  # compare <opts>: the same options
+    model, shape = re.match(r"^(\S+): d(\d+) n_embd (\d+), (\w+) on (\w+), (\d+ x \d+) tokens", text.splitlines()[1]).group(1, 0)
+    assert s["title"].startswith(f"{model} ("), (s["title"], model)
+    assert re.search(r"(\d+ x \d+) tokens", s["title"]).group(1) in shape
+    floor = re.search(r"noise floor \(logits\): (\S+)", text).group(1)
+    assert f"{s['noise_logits']:.1e}" == floor
+    row = next(ln.split() for ln in text.splitlines() if re.match(rf"^\s*{s['schedule']}\s+old\s", ln))
+    assert f"{s['max_abs_logits']['old']:.1e}" == row[3], row
+    assert int(row[2]) == len(s["steps"])
+    starts = re.search(r"at chunk starts ([\d, ]+)", " ".join(text.split())).group(1)
+    assert [int(x) for x in starts.split(",")] == s["chunk_starts"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("figure,snippet,opts", gen_snippets.FIGURE_RUNS)
+def test_figure_matches_a_fresh_compare_json(figure, snippet, opts):
+    """The figure's title (model name), chunking, error and noise floor against `compare --json`
+    with the same options, run now. The old logic's error is the bug (not noise): it must agree
+    to 1e-4; the fixed logic's is noise: both must pass; the floor itself differs between CPUs
+    in its last digits, so it must agree within a factor of 2."""
+    import torch
+
+    s = _figure_summary(figure)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        r = runner.invoke(app, ["compare", *shlex.split(opts), "--json"], prog_name="smearcli")
+    finally:
+        torch.set_num_threads(threads)
+    assert r.exit_code == 0, r.output
+    j = json.loads(r.stdout)
+    m = j["model"]
+    assert s["title"].startswith(f"{m['name']} (d{m['config']['n_layer']}, n_embd {m['config']['n_embd']}), "
+                                  f"{m['dtype']} on {m['device']}, {j['input']['batch']} x {j['input']['seq_len']} tokens"), s["title"]
+    runs = {x["logic"]: x for x in j["runs"] if x["schedule"] == s["schedule"]}
+    assert runs["old"]["steps"] == s["steps"] and runs["old"]["chunk_starts"] == s["chunk_starts"]
+    floor = j["noise_floor"]["per_layer"][-1]
+    assert 0.5 <= s["noise_logits"] / floor <= 2, (s["noise_logits"], floor)
+    assert s["max_abs_logits"]["old"] == pytest.approx(runs["old"]["max_abs_logits"], rel=1e-4)
+    assert runs["fixed"]["passed"] and s["max_abs_logits"]["fixed"] <= s["tolerance"] * s["noise_logits"]
+    assert s["tolerance"] == j["tolerance"]
+
+
+def test_readme_snippet_blocks_are_the_snippets():
+    """README.md's copies of command output (between `<!-- snippet: NAME -->` markers) are the
+    committed snippets, byte for byte; python docs/gen_snippets.py refreshes them."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    blocks = {m["name"]: m["body"] for m in gen_snippets.BLOCK.finditer(readme)}
+    assert "compare.txt" in blocks, "README.md has no <!-- snippet: compare.txt --> block"
+    for name, body in blocks.items():
+        assert body == gen_snippets.readme_block(name), f"README.md's {name} block differs from docs/snippets/{name}"
+    assert gen_snippets.fill_readme(readme) == readme
+    assert gen_snippets.plot_command("smear-error.png") in readme  # how the README's figure is made
 
 
 def test_notebook_math_becomes_mathml_outside_code():

@@ -277,7 +277,7 @@ def test_readme_shows_the_committed_figure():
     readme = (root / "README.md").read_text()
     target = "docs/figures/smear-error.png"
     assert f"]({target})" in readme  # embedded
-    assert f"smearcli plot --model random --out {target}" in readme  # and how to regenerate it
+    assert f"smearcli plot --chunks 4 --out {target}" in readme  # and how (docs/gen_snippets.py)
     assert (root / target).read_bytes().startswith(PNG_MAGIC)
 
 

@@ -4,11 +4,13 @@ Owns the settings, the A B A B rounds, the micro-benchmark of the smear function
 types; statistics are in `bench.stats`, clocks and meters in `bench.meters`, output in
 `bench.report`.
 
-    from smearcli import inputs, weights
-    from smearcli.bench import harness
-    lm = weights.random_model()
-    result = harness.bench(lm.model, inputs.random_tokens(lm.model.config, 256), ["prefill", "chunked"])
-    print(result.ratio("chunked").summary.median)  # fixed/old time of a chunked prefill
+```python
+from smearcli import inputs, weights
+from smearcli.bench import harness
+lm = weights.random_model()
+result = harness.bench(lm.model, inputs.random_tokens(lm.model.config, 256), ["prefill", "chunked"])
+print(result.ratio("chunked").summary.median)  # fixed/old time of a chunked prefill
+```
 
 Method, chosen so the numbers survive a noisy machine:
 

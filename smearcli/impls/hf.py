@@ -1,9 +1,11 @@
 """Hugging Face transformers models under the same schedules and metrics (optional extra `hf`).
 
-    from smearcli.impls import hf
-    model, info = hf.load("mamba")            # a built-in tiny random config, or a local model dir
-    check = hf.check_model(model, hf.random_tokens(model, 48), chunks=3)
-    print(check.table())
+```python
+from smearcli.impls import hf
+model, info = hf.load("mamba")            # a built-in tiny random config, or a local model dir
+check = hf.check_model(model, hf.random_tokens(model, 48), chunks=3)
+print(check.table())
+```
 
 Built-in names (`TINY_CONFIGS`): tiny random configs (hidden 64, 2 layers, vocab 128, float32),
 seeded, built on the CPU in well under a second. A directory is loaded offline

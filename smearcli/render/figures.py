@@ -1,14 +1,15 @@
 """Figures of a `compare.Comparison`: where the smear bug is born and how far it spreads.
 
-    from smearcli import compare, models, plotting
-    lm = models.random_model()
-    c = compare.compare(lm.model, compare.random_tokens(lm.model.config, 256), schedules=["chunked"])
-    fig = plotting.figure(c)            # a matplotlib Figure; nothing is shown
-    fig.savefig("err.png")              # or display it in a notebook cell
-    fig.smearcli_data.abs_logits["old"]  # the arrays that were drawn
+```python
+from smearcli import compare, inputs, weights
+from smearcli.render import figures
+lm = weights.tiny_model()
+c = compare.compare(lm.model, inputs.random_tokens(lm.model.config, 256), schedules=["chunked"])
+figures.save(figures.figure(c), "err.png")  # a matplotlib Figure, nothing shown
+```
 
-Every array drawn comes straight from the `RunMetrics` that `compare` measured (the same numbers
-`compare --json` reports); nothing is recomputed here. Panels:
+Every array drawn comes from the `RunMetrics` that `compare` measured (what `compare --json`
+reports); nothing is recomputed. Panels:
 
 - `error`: max |logit - reference logit| per position (log scale) for each logic, chunk starts
   as vertical lines, the measured noise floor as a band and the `--check` tolerance as a line;
@@ -16,8 +17,8 @@ Every array drawn comes straight from the `RunMetrics` that `compare` measured (
   block, logits; one map per logic on one shared colour scale, chunk starts marked above;
 - `kl`: KL(reference || run) per position, in nats.
 
-matplotlib is imported inside the functions and only through `matplotlib.figure.Figure`, so no
-pyplot state, GUI backend or display is involved: it works headless and under any MPLBACKEND.
+matplotlib is used only through `matplotlib.figure.Figure`, imported inside the functions: no
+pyplot, GUI backend or display, so it works headless and under any MPLBACKEND.
 """
 
 from __future__ import annotations
@@ -49,6 +50,14 @@ COLORS["hf"], STYLES["hf"], LABELS["hf"] = "#CC79A7", "-", "the model's own cach
 START_COLOR = "#000000"
 NOISE_COLOR = "#999999"
 HEATMAP_CMAP = "viridis"
+# figure(..., transparent=True): no background, and text, axes and marks in a mid grey that reads
+# on white and on a dark page alike (the docs site in light and dark mode, notebooks in dark
+# themes). Also usable on its own: `plt.rcParams.update(TRANSPARENT_RC)` in a notebook.
+FOREGROUND_ON_ANY = "#888888"
+TRANSPARENT_RC = {"figure.facecolor": "none", "axes.facecolor": "none", "savefig.facecolor": "none",
+                  "savefig.transparent": True, "legend.framealpha": 0.0, "grid.alpha": 0.35,
+                  **{k: FOREGROUND_ON_ANY for k in ("text.color", "axes.labelcolor", "axes.edgecolor",
+                                                    "xtick.color", "ytick.color", "grid.color")}}
 # relative errors below eps(dtype) * this are drawn at the bottom of the colour scale (an exact 0
 # has no logarithm): they are far below anything rounding in the compute dtype can produce
 HEATMAP_FLOOR_EPS = 0.1
@@ -168,12 +177,10 @@ def _value_axis(ax, arrays, lo: float, hi: float) -> float:
     """A log y axis from `lo` to `hi`; if any value is exactly 0, a symlog axis whose linear
     part runs from 0 to `lo`, so that exact agreement is drawn (on the bottom edge) instead of
     being dropped. Returns the bottom of the axis."""
-    import numpy as np
-    from matplotlib.ticker import FuncFormatter, NullLocator
-
     import math
 
-    from matplotlib.ticker import FixedLocator
+    import numpy as np
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
     zeros = any(bool(np.any(a == 0)) for a in arrays)
     if zeros:
@@ -194,9 +201,15 @@ def _value_axis(ax, arrays, lo: float, hi: float) -> float:
     return bottom
 
 
+def _start_color() -> str:
+    """Black, or the transparent figures' grey (see TRANSPARENT_RC) while those are drawn."""
+    import matplotlib
+    return FOREGROUND_ON_ANY if matplotlib.rcParams["text.color"] == FOREGROUND_ON_ANY else START_COLOR
+
+
 def _chunk_lines(ax, d: PlotData, label: bool) -> None:
     for i, s in enumerate(d.chunk_starts):
-        ax.axvline(s, color=START_COLOR, lw=0.9, ls=":", alpha=0.8, zorder=1, gid="chunk-start",
+        ax.axvline(s, color=_start_color(), lw=0.9, ls=":", alpha=0.8, zorder=1, gid="chunk-start",
                    label="chunk start" if (label and i == 0) else None)
 
 
@@ -204,7 +217,8 @@ def _position_axis(ax, d: PlotData) -> None:
     T = len(d.positions)
     ax.set_xlim(-0.5, T - 0.5)
     ax.set_xlabel("token position")
-    ax.grid(True, which="major", axis="y", color="#dddddd", lw=0.6)
+    grey = _start_color() == FOREGROUND_ON_ANY  # transparent: the grid in rc's grey, see-through
+    ax.grid(True, which="major", axis="y", lw=0.6, **({} if grey else {"color": "#dddddd"}))
 
 
 def draw_error(ax, d: PlotData, panel: str = "") -> None:
@@ -269,7 +283,7 @@ def draw_heatmaps(fig, axes, d: PlotData, panel: str = "") -> None:
         if d.chunk_starts:
             trans = blended_transform_factory(ax.transData, ax.transAxes)
             ax.plot(d.chunk_starts, [1.0] * len(d.chunk_starts), ls="none", marker="v", ms=7,
-                    color=START_COLOR, transform=trans, clip_on=False, gid="chunk-start",
+                    color=_start_color(), transform=trans, clip_on=False, gid="chunk-start",
                     label="chunk start")
     axes[0].set_ylabel("layer (capture point)")
     for ax in axes[1:]:
@@ -292,7 +306,7 @@ def _legend_handles(d: PlotData, kind: str) -> list:
     handles = [] if kind == "heatmap" else [
         Line2D([], [], color=COLORS[g], ls=STYLES[g], lw=1.6, label=LABELS[g]) for g in d.logics]
     if d.chunk_starts:
-        handles.append(Line2D([], [], color=START_COLOR, ls=":", marker="v", ms=6, lw=1.0,
+        handles.append(Line2D([], [], color=_start_color(), ls=":", marker="v", ms=6, lw=1.0,
                               label="chunk start"))
     if kind in ("all", "error"):
         handles.append(Patch(color=NOISE_COLOR, alpha=0.25, lw=0,
@@ -304,12 +318,12 @@ def _legend_handles(d: PlotData, kind: str) -> list:
 
 def figure(c: "Comparison", schedule: Optional[str] = None, kind: str = "all",
            model_name: Optional[str] = None, title: Optional[str] = None,
-           subtitle: str = "") -> "Figure":
+           subtitle: str = "", transparent: bool = False) -> "Figure":
     """A matplotlib Figure of `c` for one schedule (default: `pick_schedule`), never shown.
 
-    `kind` is "all" (three panels) or one of "error", "heatmap", "kl". The drawn arrays are at
-    `fig.smearcli_data` (a `PlotData`). `c` may be a `testing.CacheCheck` when `title` is given;
-    `subtitle` replaces the smear explanation under the title."""
+    `kind`: "all" (three panels), "error", "heatmap" or "kl"; the drawn arrays are at
+    `fig.smearcli_data`. `c` may be a `testing.CacheCheck` when `title` is given; `subtitle`
+    replaces the smear explanation; `transparent=True` uses `TRANSPARENT_RC`."""
     import matplotlib
     from matplotlib.figure import Figure
 
@@ -318,7 +332,7 @@ def figure(c: "Comparison", schedule: Optional[str] = None, kind: str = "all",
     d = plot_data(c, schedule, model_name, title)
     n = len(d.logics)
     sizes = {"all": (11, 11.5), "error": (11, 4.8), "heatmap": (11, 4.8), "kl": (11, 4.4)}
-    with matplotlib.rc_context({"font.size": 11}):
+    with matplotlib.rc_context({"font.size": 11, **(TRANSPARENT_RC if transparent else {})}):
         fig = Figure(figsize=sizes[kind], layout="constrained")
         if kind == "all":
             hm_names = [f"heatmap:{g}" for g in d.logics]
@@ -343,9 +357,33 @@ def figure(c: "Comparison", schedule: Optional[str] = None, kind: str = "all",
     return fig
 
 
+PNG_SUMMARY_KEY = "smearcli"
+
+
+def summary(d: PlotData) -> dict:
+    """What a figure shows, in numbers: its title (model name first), schedule, chunk starts,
+    the largest logit error per logic, the noise floor and the tolerance. `save` writes it into
+    a PNG as a text chunk, so a figure can be checked against a fresh `compare --json`."""
+    return {"title": d.title, "schedule": d.schedule, "steps": d.steps, "chunk_starts": d.chunk_starts,
+            "max_abs_logits": {g: float(d.abs_logits[g].max()) for g in d.logics},
+            "noise_logits": d.noise_logits, "tolerance": d.tolerance}
+
+
+def read_summary(path) -> Optional[dict]:
+    """The `summary` a PNG written by `save` carries, or None."""
+    import json
+    from PIL import Image
+    with Image.open(path) as im:
+        text = getattr(im, "text", {}).get(PNG_SUMMARY_KEY)
+    return json.loads(text) if text else None
+
+
 def save(fig: "Figure", path, dpi: Optional[float] = None) -> Path:
     """Write `fig` atomically, format chosen by the suffix (.png, .svg, .pdf), without
-    timestamps so the same figure gives the same file."""
+    timestamps so the same figure gives the same file. A PNG of a `figure` carries its
+    `summary` as a text chunk (`read_summary`)."""
+    import json
+
     import matplotlib
 
     from ..files import atomic_write
@@ -355,6 +393,8 @@ def save(fig: "Figure", path, dpi: Optional[float] = None) -> Path:
     if f".{fmt}" not in FORMATS:
         raise ValueError(f"{path}: unknown suffix {path.suffix or '(none)'}; use {', '.join(FORMATS)}")
     metadata = {"png": {"Software": None}, "svg": {"Date": None}, "pdf": {"CreationDate": None}}[fmt]
+    if fmt == "png" and isinstance(getattr(fig, "smearcli_data", None), PlotData):
+        metadata[PNG_SUMMARY_KEY] = json.dumps(summary(fig.smearcli_data), sort_keys=True)
     rc = {"svg.hashsalt": "smearcli"}
     with matplotlib.rc_context(rc), atomic_write(path, "wb") as f:
         fig.savefig(f, format=fmt, dpi=dpi, metadata=metadata)

@@ -3,13 +3,15 @@ against their own full forward pass; what is wrong, in findings a person can act
 model on the same weights, which of our two logics their code behaves like; its JSON document
 (schema `smearcli.audit/1`), `--save` payload and console report.
 
-    from smearcli import weights
-    from smearcli.impls.nanochat import adapter, audit, sandbox
-    code = sandbox.import_nanochat("~/src/nanochat")
-    ours = weights.random_model(seed=0).model
-    theirs = adapter.nanochat_from_model(code, ours)
-    a = audit.audit(theirs, tokens, reference=ours)
-    print(a.verdict)
+```python
+from smearcli import weights
+from smearcli.impls.nanochat import adapter, audit, sandbox
+code = sandbox.import_nanochat("~/src/nanochat")
+ours = weights.random_model(seed=0).model
+theirs = adapter.nanochat_from_model(code, ours)
+a = audit.audit(theirs, tokens, reference=ours)
+print(a.verdict)
+```
 """
 
 from __future__ import annotations

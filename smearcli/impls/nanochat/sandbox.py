@@ -6,8 +6,10 @@ fetch a flash-attention kernel is blocked and its SDPA path forced; third-party 
 imports but inference never uses (upstream's common.py needs `filelock`, its engine.py pulls in the
 tokenizer's `rustbpe` and `tiktoken`) are stood in for when missing, and named.
 
-    from smearcli.impls.nanochat import sandbox
-    code = sandbox.import_nanochat("~/src/nanochat")
+```python
+from smearcli.impls.nanochat import sandbox
+code = sandbox.import_nanochat("~/src/nanochat")
+```
 """
 
 from __future__ import annotations
