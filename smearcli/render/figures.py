@@ -50,9 +50,8 @@ COLORS["hf"], STYLES["hf"], LABELS["hf"] = "#CC79A7", "-", "the model's own cach
 START_COLOR = "#000000"
 NOISE_COLOR = "#999999"
 HEATMAP_CMAP = "viridis"
-# figure(..., transparent=True): no background, and text, axes and marks in a mid grey that reads
-# on white and on a dark page alike (the docs site in light and dark mode, notebooks in dark
-# themes). Also usable on its own: `plt.rcParams.update(TRANSPARENT_RC)` in a notebook.
+# figure(..., transparent=True): no background; text, axes and marks in a grey that reads on white
+# and on a dark page alike. In a notebook on its own: `plt.rcParams.update(TRANSPARENT_RC)`.
 FOREGROUND_ON_ANY = "#888888"
 TRANSPARENT_RC = {"figure.facecolor": "none", "axes.facecolor": "none", "savefig.facecolor": "none",
                   "savefig.transparent": True, "legend.framealpha": 0.0, "grid.alpha": 0.35,
