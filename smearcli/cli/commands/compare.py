@@ -51,7 +51,8 @@ def compare(
     if json_out:
         sys.stdout.write(json.dumps(document, indent=1) + "\n")
     else:
-        print_comparison(result, console(), title_line(setup.loaded.name, setup.model, setup.tokens))
+        print_comparison(result, console(), title_line(setup.loaded.name, setup.model, setup.tokens),
+                         footer=setup.threads)
     if save is not None:
         import torch
         with atomic_write(save, "wb") as f:
@@ -83,7 +84,8 @@ def _audit(setup, json_out: bool, save: Optional[Path], check: bool, tolerance: 
     if json_out:
         sys.stdout.write(json.dumps(audit.to_json(result, info), indent=1) + "\n")
     else:
-        audit.print_audit(result, console(), title_line(setup.loaded.name, setup.audited, setup.tokens))
+        audit.print_audit(result, console(), title_line(setup.loaded.name, setup.audited, setup.tokens),
+                          footer=setup.threads)
     if save is not None:
         import torch
         with atomic_write(save, "wb") as f:
