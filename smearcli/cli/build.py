@@ -82,8 +82,8 @@ def _check_plan(T: int, schedules, opts: ScheduleOptions) -> None:
         except ValueError as e:
             if opts.chunk_sizes:
                 raise UserError(f"--chunk-sizes: {e}") from e
-            raise UserError(f"--chunks {opts.chunks}: the input has {T} tokens; give --chunks {T} or "
-                            f"fewer, or a longer input") from e
+            hint = f"; give --chunks {T} or fewer, or a longer input" if opts.chunks > T else ""
+            raise UserError(f"--chunks {opts.chunks}: {e}{hint}") from e
 
 
 def check_arguments(spec: RunSpec, schedules, chunk_sizes) -> ScheduleOptions:

@@ -40,6 +40,13 @@ def print_error(msg: str) -> None:
 _ENVIRONMENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EIO}
 
 
+_NEEDED = {
+    "torch": "install torch first (on a machine without a GPU, pick the CPU build in pytorch.org's "
+             "install selector), then rerun; see the README's Quickstart",
+    "matplotlib": "pip install matplotlib",
+}
+
+
 def describe_unexpected(e: BaseException) -> tuple[str, int]:
     """The one line and the exit status for an exception that is not a UserError: running out of
     memory or disk is the machine's limit (2); anything else is a bug in smearcli (1)."""
@@ -49,6 +56,8 @@ def describe_unexpected(e: BaseException) -> tuple[str, int]:
             isinstance(e, RuntimeError) and ("can't allocate memory" in text or "out of memory" in text)):
         return (f"out of memory ({type(e).__name__}: {first}); lower --seq-len, --batch or --samples, "
                 "or use a smaller model"), 2
+    if isinstance(e, ModuleNotFoundError) and e.name in _NEEDED:  # an install problem, not a bug
+        return f"{e.name} is not installed, and smearcli needs it: {_NEEDED[e.name]}", 2
     if isinstance(e, OSError) and e.errno in _ENVIRONMENT_ERRNOS:
         where = f"{e.filename}: " if e.filename else ""
         return f"{where}{e.strerror or first}", 2
