@@ -28,7 +28,9 @@ def compare(
                          "of the measured noise floor.")] = NOISE_MARGIN,
 ) -> None:
     """Run each schedule with the old and the fixed smear logic and measure it against the full
-    forward pass: per position, per layer, logits, KL, top-1, and a one-line verdict."""
+    forward pass: per position, per layer, logits, KL, top-1, and a one-line verdict. Try
+    `smearcli compare --chunk-sizes 100,60,1,159` or, as a CI gate for a fix,
+    `smearcli compare --logic fixed --check`."""
     from ... import compare as lib
     from ...files import atomic_write, check_output_path
     from ...render.table import console, print_comparison, title_line
