@@ -19,6 +19,7 @@ from smearcli import compare, inputs, weights
 from smearcli.weights import load_checkpoint
 from smearcli.render.table import console, print_comparison
 from smearcli.schedules import ScheduleOptions
+from smearcli.threads import use_threads
 
 SAMPLE = "def fib(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a\n" * 3
 
@@ -32,6 +33,7 @@ def main(argv=None) -> int:
     ap.add_argument("--schedules", default=",".join(compare.DEFAULT_SCHEDULES),
                     help="comma-separated schedules to run (default: all)")
     args = ap.parse_args(argv)
+    print(use_threads())  # the rule every smearcli command uses: 1 thread on a busy machine
     lm = load_checkpoint(args.checkpoint, args.step) if args.checkpoint else weights.tiny_model()
     model = lm.model
     if model.config.is_byte_level:

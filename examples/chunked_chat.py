@@ -20,13 +20,16 @@ import torch
 
 from smearcli import generate, inputs, weights
 from smearcli.errors import UserError
+from smearcli.threads import use_threads
 
-# A "chat" for a model trained on Python source: each user turn is the start of a definition
-# and the model's reply completes it.
+# A "chat" for a model trained on Python source: each user turn starts a method of a dict-like
+# class and the model's reply completes it. With the shipped tiny model and 16-byte replies, the
+# old logic's reply to turns 2 and 3 differs from the reference (a wrong indentation, then other
+# code) while the fixed logic's matches every turn; checked by tests/test_examples.py.
 TURNS = [
-    "import os\n\ndef read_config(path):\n",
-    "\n\nclass Cache:\n    def __init__(self, size):\n",
-    "\n\ndef main(argv=None):\n",
+    "    def get(self, key, default=None):\n        ",
+    "\n    def set(self, key, value):\n        ",
+    "\n    def delete(self, key):\n        ",
 ]
 
 
@@ -43,9 +46,10 @@ def chat(model, logic: str, turns, reply_len: int) -> tuple[list[str], list[int]
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--checkpoint", help="a byte-level nanochat checkpoint directory (default: the tiny model)")
-    ap.add_argument("--reply-len", type=int, default=48, help="bytes generated per reply")
+    ap.add_argument("--reply-len", type=int, default=16, help="bytes generated per reply")
     args = ap.parse_args(argv)
     torch.manual_seed(0)
+    print(use_threads())  # the rule every smearcli command uses: 1 thread on a busy machine
     try:
         lm = weights.byte_model(args.checkpoint)
     except UserError as e:

@@ -21,6 +21,7 @@ import torch
 
 from smearcli import generate, inputs, weights
 from smearcli.errors import UserError
+from smearcli.threads import use_threads
 
 PROMPT = "import sys\n\n\ndef parse_args(argv):\n    \"\"\"Parse the command line.\"\"\"\n"
 
@@ -32,6 +33,7 @@ def main(argv=None) -> int:
     ap.add_argument("--new", type=int, default=96, help="bytes to generate")
     ap.add_argument("--prompt", default=PROMPT)
     args = ap.parse_args(argv)
+    print(use_threads())  # the rule every smearcli command uses: 1 thread on a busy machine
     torch.manual_seed(0)
     try:
         lm = weights.byte_model(args.checkpoint)

@@ -25,6 +25,7 @@ import argparse
 import hashlib
 import json
 import math
+import os
 import platform
 import sys
 import sysconfig
@@ -149,6 +150,18 @@ def evaluate(model: GPT, data: torch.Tensor, seq_len: int, windows: int) -> floa
     return sum(losses) / len(losses)
 
 
+def check_out_dir(out: Path) -> str:
+    """Why the checkpoint could not be written to `out` ("" when it can): checked before training.
+    An existing checkpoint directory is fine: its files for this step are replaced atomically."""
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        return "exists and is not a directory (give a directory for the checkpoint)"
+    parent = next((p for p in [out, *out.parents] if p.exists()), Path("."))
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"{parent} is not writable"
+    return ""
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help="checkpoint directory (default: the package's data/tiny)")
@@ -169,6 +182,10 @@ def main(argv=None) -> int:
                     help="dtype of the saved tensors (bfloat16 keeps the shipped file under 8 MB; "
                          "loading widens them to float32)")
     args = ap.parse_args(argv)
+    problem = check_out_dir(args.out)
+    if problem:  # before minutes of training, not after
+        print(f"train_tiny.py: --out {args.out}: {problem}", file=sys.stderr)
+        return 2
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)

@@ -102,13 +102,20 @@ def verdict(c: Comparison) -> str:
     worst = max(bad, key=lambda m: m.max_abs_logits)
     logics = sorted({m.logic for m in bad})
     names = ", ".join(f"{m.schedule}/{m.logic}" for m in bad)
-    where = f" at chunk starts {', '.join(map(str, worst.chunk_starts[:4]))}" if worst.chunk_starts else ""
+    where = f" at {starts_phrase(worst.chunk_starts, worst.schedule)}" if worst.chunk_starts else ""
     msg = (f"BUG: {names} diverge from the full forward pass: max |dlogit| "
            f"{sig3(worst.max_abs_logits)} ({sig3(worst.logits_multiple)}x noise){where}")
     good = sorted({m.logic for m in c.metrics} - set(logics))
     if good:
         msg += f"; the {'/'.join(good)} logic matches every schedule"
     return msg
+
+
+def starts_phrase(starts: Sequence[int], schedule: str, shown: int = 4) -> str:
+    """"the 3 chunk starts of chunked: 64, 128, 192", the list cut after `shown` with a count."""
+    more = f" and {len(starts) - shown} more" if len(starts) > shown else ""
+    what = "chunk start" if len(starts) == 1 else f"{len(starts)} chunk starts"
+    return f"the {what} of {schedule}: {', '.join(map(str, starts[:shown]))}{more}"
 
 
 def _floats(t) -> list[float]:

@@ -344,7 +344,7 @@ def test_cli_preset_sets_size_unless_given():
 
 
 def test_busy_cpu_uses_one_thread():
-    from smearcli.cli.commands.bench import busy_cpu_threads
+    from smearcli.threads import busy_cpu_threads
     assert busy_cpu_threads(loadavg=8.0, cpu_count=2) == 1
     assert busy_cpu_threads(loadavg=0.5, cpu_count=2) is None
     assert busy_cpu_threads(loadavg=3.0, cpu_count=1) is None  # one core: nothing to contend

@@ -358,10 +358,23 @@ def _commands_in(body: str) -> list[tuple[str, int]]:
     return out
 
 
+INLINE = re.compile(r"`(smearcli [^`]*)`")
+
+
+def help_examples() -> list[tuple[str, str, int]]:
+    """Every `smearcli ...` example (in backticks) in a command's or an option's --help text."""
+    found = []
+    for path, cmd, _ in walk(app):
+        texts = [cmd.help or ""] + [getattr(p, "help", None) or "" for p in cmd.params]
+        found += [("sh", m, 0) for text in texts for m in INLINE.findall(" ".join(text.split()))]
+    return found
+
+
 def doc_examples() -> list[tuple[str, list[tuple[str, str, int]]]]:
-    """Per page, in order: ("sh", command, exit status) and ("python", code, 0) examples."""
+    """Per page (the docs, README.md, then the --help texts), in order: ("sh", command, exit
+    status) and ("python", code, 0) examples. README.md's inline `smearcli ...` spans count too."""
     pages = []
-    for page in doc_pages():
+    for page in [*doc_pages(), ROOT / "README.md"]:
         md = page.read_text(encoding="utf-8")
         items = []
         for m in FENCE.finditer(md):
@@ -373,15 +386,20 @@ def doc_examples() -> list[tuple[str, list[tuple[str, str, int]]]]:
                 items.append(("python", body, 0))
             else:
                 items += [("sh", cmd, rc) for cmd, rc in _commands_in(body)]
+        if page.name == "README.md":
+            prose = "\n".join(line for line in md.splitlines() if not line.startswith("#"))  # not headings
+            items += [("sh", cmd, 0) for cmd in INLINE.findall(prose) if "..." not in cmd]
         if items:
-            pages.append((str(page.relative_to(DOCS)), items))
-    return pages
+            pages.append((str(page.relative_to(ROOT if page.name == "README.md" else DOCS)), items))
+    return pages + [("--help", help_examples())]
 
 
 def test_docs_examples_are_found():
     found = {page: items for page, items in doc_examples()}
     assert any(cmd == "smearcli compare --chunks 4" for _, cmd, _ in found["index.md"])
     assert any(kind == "python" for kind, _, _ in found["guide/compare.md"])
+    assert ("sh", "smearcli compare --logic fixed --check", 0) in found["README.md"]  # inline, too
+    assert any("--chunk-sizes" in cmd for _, cmd, _ in found["--help"])
     # every snippet file the pages include is one gen_snippets writes, with its command on top
     listed = {name: cmd for name, cmd, _ in gen_snippets.SNIPPETS}
     for page in doc_pages():
@@ -416,6 +434,7 @@ def doc_runs(tmp_path_factory):
     cwd, env = os.getcwd(), os.environ.get("MPLBACKEND")
     os.chdir(scratch)
     os.environ["MPLBACKEND"] = "Agg"
+    (scratch / "docs" / "figures").mkdir(parents=True)  # README.md's commands run from a clone's root
     # one thread: on a busy shared machine torch's worker threads wait on each other and these
     # runs take several times longer; no exit status depends on the thread count
     threads = torch.get_num_threads()
@@ -451,9 +470,10 @@ def _run_examples() -> tuple[list[str], dict]:
                 except Exception as e:  # noqa: BLE001
                     failures.append(f"{page}: python example failed ({type(e).__name__}: {e}):\n{what}")
                 continue
-            if (what, rc) in done:
+            key = (tuple(shlex.split(what, comments=True)), rc)  # the same command, comments aside
+            if key in done:
                 continue
-            done.add((what, rc))
+            done.add(key)
             r = runner.invoke(app, shlex.split(what, comments=True)[1:], prog_name="smearcli")
             results[what] = r
             if r.exit_code != rc:

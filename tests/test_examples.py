@@ -46,6 +46,16 @@ def test_train_tiny_smoke_writes_a_loadable_reproducible_checkpoint(tmp_path, ca
     assert a["torch"] == torch.__version__
 
 
+def test_train_tiny_checks_out_before_training(tmp_path, capsys):
+    existing = tmp_path / "a-file"
+    existing.write_text("not a checkpoint directory")
+    assert load_example("train_tiny").main([*SMALL_TRAINING, "--out", str(existing)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""  # nothing ran: no corpus line, no training steps
+    assert len(captured.err.strip().splitlines()) == 1 and str(existing) in captured.err
+    assert existing.read_text() == "not a checkpoint directory"
+
+
 def test_shipped_tiny_model_matches_its_meta():
     lm = weights.tiny_model()
     training = lm.meta["smearcli_training"]
@@ -56,11 +66,22 @@ def test_shipped_tiny_model_matches_its_meta():
     assert size <= 8 * 1024 * 1024
 
 
-def test_chunked_chat(capsys):
-    assert load_example("chunked_chat").main(["--reply-len", "6"]) == 0
+def test_chunked_chat_shows_the_bug(capsys):
+    """The example is there to show the bug: with its defaults, the old logic's replies differ
+    from the uncached reference and the fixed logic's match every turn."""
+    threads = torch.get_num_threads()
+    try:
+        assert load_example("chunked_chat").main([]) == 0
+    finally:
+        torch.set_num_threads(threads)
     out = capsys.readouterr().out
     assert out.count("--- turn") == 3
-    assert "fixed logic reproduces the reference: True" in out
+    assert "fixed logic reproduces the reference: True; old logic: False" in out
+    olds = [line for line in out.splitlines() if line.strip().startswith("old:")]
+    fixeds = [line for line in out.splitlines() if line.strip().startswith("fixed:")]
+    assert len(olds) == len(fixeds) == 3
+    assert all("same as reference" in line for line in fixeds)
+    assert any("differs from character" in line for line in olds)
 
 
 def test_speculative_verify(capsys):

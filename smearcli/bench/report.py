@@ -59,20 +59,19 @@ def _ratio(r: Ratio) -> tuple[str, str]:
     return f"{s.median:.3f}", f"{s.q1:.3f}-{s.q3:.3f}"
 
 
-def render(result: BenchResult, console, title: str = "") -> None:
-    """Print the tables: per cell, per fixed/old pair, the smear micro-benchmark, the environment."""
-    from rich import box
-    from rich.table import Table
+def render(result: BenchResult, console, title: str = "", footer: str = "") -> None:
+    """Print the tables: per cell, per fixed/old pair, the smear micro-benchmark, the environment.
+    Each table fits the console: the least needed columns are left out first, never a ratio."""
+    from ..render.table import fitted_table, left_out_note, print_table, say
 
     env = result.env
-    t = Table(title=title or None, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    left_out: list[str] = []
     cols = [("schedule", "left"), ("logic", "left"), ("steps", "right"), ("median", "right"),
             ("IQR", "right"), ("tok/s", "right"), ("GFLOP", "right"), ("GFLOP/s", "right")]
     if result.peak is not None:
         cols.append(("% peak", "right"))
     cols.append(("peak mem", "right"))
-    for name, justify in cols:
-        t.add_column(name, justify=justify, no_wrap=True)
+    rows = []
     for c in result.cells:
         s = c.summary
         row = [c.schedule, c.logic, str(c.steps), duration(s.median), duration(s.iqr), f"{c.tokens_per_s:,.0f}",
@@ -80,33 +79,39 @@ def render(result: BenchResult, console, title: str = "") -> None:
         if result.peak is not None:
             row.append(f"{100 * result.peak_fraction(c):.1f}%")
         row.append(nbytes_or_dash(c.peak_mem))
-        t.add_row(*row)
-    console.print(t)
+        rows.append(row)
+    if title:
+        say(console, title)
+    t, out = fitted_table(cols, rows, console.width, ("GFLOP", "steps", "IQR", "GFLOP/s", "peak mem"))
+    print_table(console, t)
+    left_out += out
 
     if result.ratios or any(m.ratio for m in result.micro):
-        rt = Table(title="fixed / old time, per alternated pair", title_justify="left",
-                   box=box.SIMPLE_HEAD, pad_edge=False)
-        for name, justify in [("what", "left"), ("median", "right"), ("IQR (q1-q3)", "right"),
-                              ("min-max", "right"), ("pairs", "right"), ("old median", "right"),
-                              ("fixed median", "right")]:
-            rt.add_column(name, justify=justify, no_wrap=True)
+        rows = []
         for r in result.ratios:
             s = r.summary
-            rt.add_row(r.name, *_ratio(r), f"{s.min:.3f}-{s.max:.3f}", str(s.n),
-                       duration(result.cell(r.name, "old").summary.median),
-                       duration(result.cell(r.name, "fixed").summary.median))
+            rows.append([r.name, *_ratio(r), f"{s.min:.3f}-{s.max:.3f}", str(s.n),
+                         duration(result.cell(r.name, "old").summary.median),
+                         duration(result.cell(r.name, "fixed").summary.median)])
         for m in result.micro:
             if m.ratio is None:
                 continue
             s = m.ratio.summary
             B, T, C = m.shape
-            rt.add_row(f"smear alone, {m.name} ({B}x{T}x{C})", *_ratio(m.ratio), f"{s.min:.3f}-{s.max:.3f}",
-                       str(s.n), duration(Summary.of(m.samples["old"]).median), duration(Summary.of(m.samples["fixed"]).median))
-        console.print(rt)
+            rows.append([f"smear alone, {m.name} ({B}x{T}x{C})", *_ratio(m.ratio), f"{s.min:.3f}-{s.max:.3f}",
+                         str(s.n), duration(Summary.of(m.samples["old"]).median),
+                         duration(Summary.of(m.samples["fixed"]).median)])
+        say(console, "fixed / old time, per alternated pair")
+        rt, out = fitted_table([("what", "left"), ("median", "right"), ("IQR (q1-q3)", "right"),
+                                ("min-max", "right"), ("pairs", "right"), ("old median", "right"),
+                                ("fixed median", "right")], rows, console.width,
+                               ("min-max", "old median", "fixed median", "pairs"), wrap=("what",))
+        print_table(console, rt)
+        left_out += out
     elif result.micro:
         for m in result.micro:
             for lg, v in m.samples.items():
-                console.print(f"smear alone, {m.name} {m.shape}, {lg}: {duration(Summary.of(v).median)} per call")
+                say(console, f"smear alone, {m.name} {m.shape}, {lg}: {duration(Summary.of(v).median)} per call")
 
     where = env.get("device_name", env["device"])
     rounds = ", ".join(f"{r.name} {len(r.ratios)}" for r in result.ratios) or ", ".join(
@@ -117,10 +122,13 @@ def render(result: BenchResult, console, title: str = "") -> None:
             + (", logics alternating" if len({c.logic for c in result.cells}) > 1 else ""))
     if "loadavg" in env:
         line += f"; load average {env['loadavg'][0]:g} at the start"
-    console.print(line)
+    say(console, line)
+    for extra in (footer, left_out_note(list(dict.fromkeys(left_out)), console.width)):
+        if extra:
+            say(console, extra)
     if result.peak is not None:
         p = result.peak
-        console.print(f"matmul peak: {p.flops_per_s / 1e9:.4g} GFLOP/s ({p.size}x{p.size} {p.dtype}, best of "
-                      f"{len(p.samples)}); % peak = achieved FLOP/s of the median run / that peak")
-    console.print(f"peak mem: {result.memory_kind}, on one extra untimed run per cell. "
-                  f"Total {result.wall_s:.1f} s.")
+        say(console, f"matmul peak: {p.flops_per_s / 1e9:.4g} GFLOP/s ({p.size}x{p.size} {p.dtype}, best of "
+                     f"{len(p.samples)}); % peak = achieved FLOP/s of the median run / that peak")
+    say(console, f"peak mem: {result.memory_kind}, on one extra untimed run per cell. "
+                 f"Total {result.wall_s:.1f} s.")

@@ -10,7 +10,7 @@ import sys
 from typing import Annotated
 
 import typer
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup
 
 from .. import __version__
 from .commands.bench import bench
@@ -20,7 +20,22 @@ from .commands.plot import plot
 from .errors import DEBUG, describe_unexpected, env_debug, print_error
 
 
-class OneLineErrors(TyperGroup):
+class PlainFlags:
+    """--help without a `<bool>` type on plain flags (--json, --check, -h): a flag takes no value."""
+
+    def get_params(self, ctx):
+        params = super().get_params(ctx)
+        for p in params:
+            if getattr(p, "is_flag", False) and p.metavar is None:
+                p.metavar = ""
+        return params
+
+
+class Command(PlainFlags, TyperCommand):
+    pass
+
+
+class OneLineErrors(PlainFlags, TyperGroup):
     """Usage errors (unknown option, bad value) as one line on stderr with exit status 2, like
     every other user error, instead of a multi-line panel."""
 
@@ -57,7 +72,7 @@ app = typer.Typer(
          "run a model under full forward, cached prefill, decode, chunked prefill, engine expansion "
          "and speculative verification, with the old and the fixed smear logic.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,  # --install-completion / --show-completion for bash, zsh, fish, PowerShell
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
@@ -79,10 +94,11 @@ def main(
     DEBUG["on"] = debug or env_debug()  # per invocation: a test's --debug must not leak into the next
 
 
-app.command()(compare)
-app.command()(plot)
-app.command()(bench)
-app.command()(fix)
+app.command(cls=Command, short_help="Every schedule, old and fixed smear logic, against the full "
+            "forward pass; a one-line verdict.")(compare)
+app.command(cls=Command, short_help="A figure of where the smear bug is born and how far it spreads.")(plot)
+app.command(cls=Command, short_help="What the fixed smear and each schedule cost on this machine.")(bench)
+app.command(cls=Command, short_help="The patch that fixes the smear in your nanochat checkout: print it, or apply it.")(fix)
 
 
 def run() -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import dataclasses
 import os
 import sys
 from dataclasses import dataclass, replace
@@ -21,7 +22,9 @@ from ..inputs import load_tokens, random_tokens, read_text_file, text_tokens
 from ..preflight import check_dtype, check_run_memory
 from ..schedules import ScheduleOptions, chunk_plan
 from ..weights import LoadedModel, NoSmearParameters, find_step, load_checkpoint, random_config, random_model, tiny_model
+from .. import names
 from .options import Device, DType, ModelKind, RunSpec
+from .threads import apply_threads
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -36,6 +39,7 @@ class Setup:
     impl: str = "ours"  # whose code runs: ours, nanochat (the user's checkout) or both
     audited: object = None  # with --impl nanochat|both: the user's model (adapter.NanochatModel)
     found: object = None  # the discovered checkpoint (discover.Discovered), if one was loaded
+    threads: str = ""  # the footer line: "threads: 1 (load 3.2 on 2 cores)"
 
     @property
     def model(self):
@@ -70,7 +74,7 @@ def preflight(cfg, device, dtype, B: int, T: int, schedules, logics, spec: RunSp
     if T > cfg.rotary_len:
         raise UserError(f"{T} tokens exceed what the model's rotary table covers ({cfg.rotary_len} = "
                         f"10 x sequence_len {cfg.sequence_len})")
-    max_chunk = max(chunk_sizes) if chunk_sizes else -(-T // max(spec.chunks, 1))
+    max_chunk = max(chunk_sizes) if chunk_sizes else -(-T // max(spec.chunks_for(T), 1))
     check_run_memory(cfg, device, B, T, schedules, logics, max(spec.samples, 1), max_chunk, dtype,
                      hint="lower --seq-len, --batch or --samples, or run fewer --schedules")
 
@@ -80,8 +84,10 @@ def _check_plan(T: int, schedules, opts: ScheduleOptions) -> None:
         try:
             chunk_plan(T, opts)
         except ValueError as e:
-            flag = "--chunk-sizes" if opts.chunk_sizes else "--chunks"
-            raise UserError(f"{flag}: {e}") from e
+            if opts.chunk_sizes:
+                raise UserError(f"--chunk-sizes: {e}") from e
+            hint = f"; give --chunks {T} or fewer, or a longer input" if opts.chunks > T else ""
+            raise UserError(f"--chunks {opts.chunks}: {e}{hint}") from e
 
 
 def check_arguments(spec: RunSpec, schedules, chunk_sizes) -> ScheduleOptions:
@@ -96,17 +102,18 @@ def check_arguments(spec: RunSpec, schedules, chunk_sizes) -> ScheduleOptions:
         raise UserError("--chat reads the conversation from --text or --text-file; give one of them")
     if not 0 <= spec.seed < 2**64:
         raise UserError(f"--seed must be between 0 and 2^64 - 1, got {spec.seed}")
-    opts = ScheduleOptions(chunks=spec.chunks, chunk_sizes=chunk_sizes, samples=spec.samples,
+    T = spec.seq_len_value() if not inputs else None  # random input: its length is known now
+    opts = ScheduleOptions(chunks=spec.chunks_for(T or names.CHUNKS), chunk_sizes=chunk_sizes, samples=spec.samples,
                            gen_len=spec.gen_len, draft=spec.draft)
     for name, value in (("--samples", spec.samples), ("--gen-len", spec.gen_len), ("--draft", spec.draft)):
         if value < 1:
             raise UserError(f"{name} must be >= 1, got {value}")
-    if not inputs:  # random input: its length is known now
-        if spec.seq_len < 2:
-            raise UserError(f"--seq-len must be >= 2, got {spec.seq_len}")
+    if T is not None:
+        if T < 2:
+            raise UserError(f"--seq-len must be >= 2, got {T}")
         if spec.batch < 1:
             raise UserError(f"--batch must be >= 1, got {spec.batch}")
-        _check_plan(spec.seq_len, schedules, opts)
+        _check_plan(T, schedules, opts)
     return opts
 
 
@@ -153,6 +160,7 @@ def build_setup(spec: RunSpec, sequence_len: int = 512) -> Setup:
     spec.check_impl()
     impl = getattr(spec.impl, "value", spec.impl)
     opts = check_arguments(spec, schedules, chunk_sizes)
+    threads = apply_threads(spec.threads)
     device = resolve_device(spec.device)
     dtype = resolve_dtype(spec.dtype, device)
     with flag("--dtype"):
@@ -195,12 +203,13 @@ def build_setup(spec: RunSpec, sequence_len: int = 512) -> Setup:
         with flag("--tokens"):
             tokens = load_tokens(spec.tokens, cfg.vocab_size)
     else:
-        preflight(cfg, device, dtype, spec.batch, spec.seq_len, schedules, logics, spec, chunk_sizes)
-        tokens = random_tokens(cfg, spec.seq_len, spec.batch, spec.seed)
+        preflight(cfg, device, dtype, spec.batch, spec.seq_len_value(), schedules, logics, spec, chunk_sizes)
+        tokens = random_tokens(cfg, spec.seq_len_value(), spec.batch, spec.seed)
     T = tokens.size(1)
+    opts = dataclasses.replace(opts, chunks=spec.chunks_for(T))
     preflight(cfg, device, dtype, tokens.size(0), T, schedules, logics, spec, chunk_sizes)
     _check_plan(T, schedules, opts)
-    return Setup(loaded, tokens.to(device), opts, schedules, logics, impl, audited, found)
+    return Setup(loaded, tokens.to(device), opts, schedules, logics, impl, audited, found, threads)
 
 
 NO_SMEAR_VERDICT = "no smear parameters: issue #756 cannot affect this model"

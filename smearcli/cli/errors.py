@@ -41,6 +41,13 @@ _ENVIRONMENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, er
                        errno.EFBIG, errno.ENAMETOOLONG, errno.ELOOP, errno.ENOTDIR, errno.ENXIO}
 
 
+_NEEDED = {
+    "torch": "install torch first (on a machine without a GPU, pick the CPU build in pytorch.org's "
+             "install selector), then rerun; see the README's Quickstart",
+    "matplotlib": "pip install matplotlib",
+}
+
+
 def describe_unexpected(e: BaseException) -> tuple[str, int]:
     """The one line and the exit status for an exception that is not a UserError: running out of
     memory or disk, or a path the file system refuses (too long, a symlink loop) is the machine's limit
@@ -54,6 +61,8 @@ def describe_unexpected(e: BaseException) -> tuple[str, int]:
     cause = e.__context__ if isinstance(e, RuntimeError) else None  # torch's zip writer wraps the OSError
     if isinstance(cause, OSError) and cause.errno in _ENVIRONMENT_ERRNOS:
         e = cause
+    if isinstance(e, ModuleNotFoundError) and e.name in _NEEDED:  # an install problem, not a bug
+        return f"{e.name} is not installed, and smearcli needs it: {_NEEDED[e.name]}", 2
     if isinstance(e, OSError) and e.errno in _ENVIRONMENT_ERRNOS:
         where = f"{e.filename}: " if e.filename else ""
         return f"{where}{e.strerror or first}", 2

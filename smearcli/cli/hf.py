@@ -93,7 +93,7 @@ def tokens_for(spec: RunSpec, model):
     if spec.tokens is not None:
         with flag("--tokens"):
             return load_tokens(spec.tokens, hf.vocab_size(model))
-    return hf.random_tokens(model, spec.seq_len, spec.batch, spec.seed)
+    return hf.random_tokens(model, spec.seq_len_value(), spec.batch, spec.seed)
 
 
 def run(spec: RunSpec, tolerance: float, schedules: Optional[list[str]] = None) -> HFRun:

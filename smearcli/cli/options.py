@@ -22,6 +22,7 @@ from .. import names
 from ..errors import UserError
 from ..names import DEFAULT_SCHEDULES, LOGIC_NAMES, REFERENCE, SCHEDULE_NAMES
 from .errors import guarded
+from .threads import HELP as THREADS_HELP
 
 
 
@@ -64,6 +65,8 @@ class Impl(str, Enum):
 
 
 M = "Model"
+D = "Device"
+N = "Whose code (--impl)"
 I = "Input"
 S = "Schedules"
 
@@ -79,7 +82,7 @@ class RunSpec:
     seed: int = 0
     device: Device = Device.auto
     dtype: DType = DType.auto
-    seq_len: int = 256
+    seq_len: Optional[int] = None  # None: 256, or the sum of --chunk-sizes (seq_len_value)
     batch: int = 1
     tokens: Optional[Path] = None
     text: Optional[str] = None
@@ -87,7 +90,7 @@ class RunSpec:
     chat: bool = False
     schedules: str = ",".join(DEFAULT_SCHEDULES)
     logic: Logic = Logic.both
-    chunks: int = names.CHUNKS
+    chunks: Optional[int] = None  # None: names.CHUNKS, at most one per token (chunks_for)
     chunk_sizes: Optional[str] = None
     samples: int = names.SAMPLES
     gen_len: int = names.GEN_LEN
@@ -96,6 +99,7 @@ class RunSpec:
     nanochat_path: Optional[Path] = None
     hf_model: Optional[str] = None  # --impl hf: a built-in tiny config's name or a model directory
     user_code_timeout: float = 600.0  # impls.nanochat.guard.DEFAULT_TIMEOUT (not imported: --help stays fast)
+    threads: Optional[int] = None  # None: the rule in smearcli.threads
 
     # -- parsing that needs no torch --------------------------------------------------------------
     def schedule_list(self, allow_reference: bool = False) -> list[str]:
@@ -141,6 +145,17 @@ class RunSpec:
                             f"got {self.chunk_sizes!r}") from None
         return sizes
 
+    def seq_len_value(self) -> int:
+        """Random input's length: as given, else the sum of --chunk-sizes, else 256."""
+        if self.seq_len is not None:
+            return self.seq_len
+        sizes = self.chunk_size_tuple()
+        return sum(sizes) if sizes else 256
+
+    def chunks_for(self, T: int) -> int:
+        """--chunks as given, else the default capped at one chunk per token (a short --text)."""
+        return self.chunks if self.chunks is not None else min(names.CHUNKS, max(T, 1))
+
     def check_impl(self) -> None:
         if (self.impl == Impl.hf) != (self.hf_model is not None):
             raise UserError("--impl hf needs --hf-model NAME|DIR" if self.impl == Impl.hf
@@ -177,10 +192,11 @@ SHARED = {
               "selects --model random); width is 64 x depth, heads of 128 dims, as nanochat sizes its models.",
               rich_help_panel=M, show_default=False)),
     "seed": (int, typer.Option("--seed", help="Seed for the random model's weights and the random input.", rich_help_panel=M)),
-    "device": (Device, typer.Option("--device", help="Where to run; auto picks cuda, then mps, then cpu.", rich_help_panel=M)),
-    "dtype": (DType, typer.Option("--dtype", help="Compute dtype; auto is bfloat16 on CUDA (as nanochat) "
-              "and float32 elsewhere.", rich_help_panel=M)),
-    "seq_len": (int, typer.Option("--seq-len", help="Tokens per row of random input.", rich_help_panel=I)),
+    "device": (Device, typer.Option("--device", help="Where to run; auto picks cuda, then mps, then cpu.", rich_help_panel=D)),
+    "dtype": (DType, typer.Option("--dtype", help="Compute dtype: auto, float32, bfloat16 or float16; auto "
+              "is bfloat16 on CUDA (as nanochat) and float32 elsewhere.", rich_help_panel=D, metavar="<dtype>")),
+    "seq_len": (Optional[int], typer.Option("--seq-len", help="Tokens per row of random input (default 256, "
+                "or the sum of --chunk-sizes).", rich_help_panel=I, show_default=False)),
     "batch": (int, typer.Option("--batch", help="Rows of random input.", rich_help_panel=I)),
     "tokens": (Optional[Path], typer.Option("--tokens", help="Input ids instead of random ones: a JSON list "
                "of ids (or one list per row), or a tensor saved with torch.save.", rich_help_panel=I)),
@@ -196,11 +212,13 @@ SHARED = {
              "reusing the cache across turns as a serving stack does (unless --chunks or --chunk-sizes is "
              "given).", rich_help_panel=I)),
     "schedules": (str, typer.Option("--schedules", help="Comma-separated schedules to run against the full "
-                  "forward pass: " + ", ".join(DEFAULT_SCHEDULES) + ".", rich_help_panel=S)),
+                  "forward pass: " + ", ".join(DEFAULT_SCHEDULES) + " (default: all; bench: prefill,chunked,decode).",
+                  rich_help_panel=S, show_default=False)),
     "logic": (Logic, typer.Option("--logic", help="Smear logic: old (upstream, with the #756 bug), fixed, or both.", rich_help_panel=S)),
-    "chunks": (int, typer.Option("--chunks", help="chunked: split the sequence into N near-equal chunks.", rich_help_panel=S)),
+    "chunks": (Optional[int], typer.Option("--chunks", help="chunked: split the sequence into N near-equal "
+               "chunks (default 4, at most one per token).", rich_help_panel=S, show_default=False)),
     "chunk_sizes": (Optional[str], typer.Option("--chunk-sizes", help="chunked: explicit sizes, e.g. "
-                    "100,60,1,159 (must sum to the sequence length; overrides --chunks).", rich_help_panel=S)),
+                    "100,60,1,159 (sets --seq-len when it is not given; overrides --chunks).", rich_help_panel=S)),
     "samples": (int, typer.Option("--samples", help="engine: rows the batch-1 prefill is expanded to.", rich_help_panel=S)),
     "gen_len": (int, typer.Option("--gen-len", help="engine, speculative: tokens after the prompt "
                 "(decoded one by one, or verified --draft at a time).", rich_help_panel=S)),
@@ -209,19 +227,20 @@ SHARED = {
              "--logic picks the smear), nanochat (your checkout at --nanochat-path: its own GPT, forward "
              "pass and KVCache, on the same weights), or both side by side (ours then runs old and fixed); "
              "hf: a Hugging Face transformers model (--hf-model) through its own cache API.",
-             rich_help_panel=M)),
+             rich_help_panel=N)),
     "nanochat_path": (Optional[Path], typer.Option("--nanochat-path", help="A nanochat checkout (the "
                       "directory holding nanochat/gpt.py and nanochat/engine.py) for --impl nanochat|both. "
-                      "Imported in isolation, never written to; SDPA attention is forced.", rich_help_panel=M)),
+                      "Imported in isolation, never written to; SDPA attention is forced.", rich_help_panel=N)),
     "hf_model": (Optional[str], typer.Option("--hf-model", help="For --impl hf: a built-in tiny random "
                  "config (llama, gemma3, mamba, mamba2, zamba2) or a local Hugging Face model directory "
                  "(loaded offline, safetensors only). Needs transformers: pip install 'smearcli[hf]'.",
-                 rich_help_panel=M, show_default=False)),
+                 rich_help_panel=N, show_default=False)),
     "user_code_timeout": (float, typer.Option("--user-code-timeout", metavar="SECONDS", help="With --impl "
                           "nanochat|both: the most seconds each call into your checkout's code may take (its "
                           "import, building its model, one forward pass); past it the run stops with exit "
                           "status 1. Enforced with SIGALRM on POSIX (main thread); elsewhere no limit.",
-                          rich_help_panel=M)),
+                          rich_help_panel=N)),
+    "threads": (Optional[int], typer.Option("--threads", help=THREADS_HELP, rich_help_panel=D, show_default=False)),
 }
 _DEFAULTS = RunSpec()
 assert set(SHARED) == {f.name for f in fields(RunSpec)}

@@ -1,83 +1,156 @@
-"""Rendering a `Comparison` (or a `testing.CacheCheck`) for people: the title line, a rich table,
-the analytic check and the verdict, on a console sized for the terminal."""
+"""Rendering a `Comparison` (or a `testing.CacheCheck`) for people: the title line, a rich table, the analytic check and the
+verdict, on a console sized for the terminal (or COLUMNS, else 120 columns, when piped).
+
+Tables fit the console: `fitted_table` leaves out the least needed columns, in a stated order,
+until the table fits, and says which it left out; prose lines are written whole when piped
+(`say`), so grep finds a sentence on one line."""
 
 from __future__ import annotations
 
+import io
+import os
+
 from rich.console import Console
 from rich import box
+from rich.measure import Measurement
 from rich.table import Table
 
 from ..compare import Comparison
 from ..names import NOISE_MARGIN
-from ..testing import CacheCheck
 from ..units import sci
 
+# the comparison's columns; the verdict (last, unnamed) and the error columns are never left out
+COLUMNS = [("schedule", "left"), ("logic", "left"), ("steps", "right"), ("max|Δlogit|", "right"),
+           ("×noise", "right"), ("KL max", "right"), ("top-1", "right"), ("@starts", "right"),
+           ("born at", "left"), ("spread", "right"), ("", "left")]
+DROP_ORDER = ("steps", "KL max", "spread", "top-1", "@starts")  # first left out on a narrow console
 
-def comparison_table(c: Comparison, title: str = "", share=None, logic: bool = True) -> Table:
-    """One row per (schedule, logic). Relative errors and per-position arrays are in --json.
+
+def fitted_table(columns, rows, width: int, drop=(), wrap=()) -> tuple[Table, list[str]]:
+    """A table of `columns` [(name, justify)] and `rows` that fits `width` columns, leaving out
+    columns named in `drop`, in that order, only as far as needed. Columns named in `wrap` may
+    wrap; no other cell is ever cut. Returns the table and the names left out."""
+    probe = Console(width=10_000, file=io.StringIO())  # measures without printing
+    left_out: list[str] = []
+    for n in range(len(drop) + 1):
+        left_out = list(drop[:n])
+        keep = [i for i, (name, _) in enumerate(columns) if name not in left_out]
+        t = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+        for i in keep:
+            name, justify = columns[i]
+            t.add_column(name, justify=justify, no_wrap=name not in wrap,
+                         overflow="fold")  # never "1…": a cell too wide folds, it is not cut
+        for row in rows:
+            t.add_row(*(row[i] for i in keep))
+        if Measurement.get(probe, probe.options, t).maximum <= width:
+            break
+    return t, left_out
+
+
+def say(console: Console, text: str, **kw) -> None:
+    """Print prose: wrapped at words on a terminal, one whole line when piped."""
+    console.print(text, soft_wrap=not console.is_terminal, **kw)
+
+
+def print_table(console: Console, table: Table) -> None:
+    """Print a table; piped, without the padding rich leaves at the end of lines."""
+    if console.is_terminal:
+        console.print(table)
+        return
+    with console.capture() as cap:
+        console.print(table)
+    console.file.write("".join(line.rstrip() + "\n" for line in cap.get().splitlines()))
+
+
+def left_out_note(left_out: list[str], width: int) -> str:
+    return (f"left out to fit {width} columns: {', '.join(left_out)} (a wider terminal or the JSON "
+            f"output shows them)" if left_out else "")
+
+
+def comparison_table(c: Comparison, width: int = 10_000, share=None,
+                     logic: bool = True) -> tuple[Table, list[str]]:
+    """One row per (schedule, logic), fitted to `width`. Relative errors and per-position arrays
+    are in --json. Returns the table and the columns left out.
 
     `c` may also be a `testing.CacheCheck` (the same metrics, layers and runs); `share(m)` then
     gives @starts (default: the embedding's share) and `logic=False` drops the logic column."""
     share_of = share or (lambda m: m.chunk_start_share)
-    t = Table(title=title or None, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
-    for name, justify in [("schedule", "left")] + [("logic", "left")] * logic + [("steps", "right"),
-                          ("max|Δlogit|", "right"), ("×noise", "right"), ("KL max", "right"),
-                          ("top-1", "right"), ("@starts", "right"), ("born at", "left"), ("spread", "right"), ("", "left")]:
-        t.add_column(name, justify=justify, no_wrap=True)
+    columns = COLUMNS if logic else [col for col in COLUMNS if col[0] != "logic"]
+    rows = []
     for m in c.metrics:
         fd = m.first_departure
         share = share_of(m)
-        t.add_row(
+        rows.append([
             m.schedule, *[m.logic] * logic, str(len(m.steps)), sci(m.max_abs_logits), f"{m.logits_multiple:.2g}",
             sci(m.kl_max), f"{100 * m.top1_agreement:.1f}%",
             "-" if share is None else f"{100 * share:.0f}%",
             "-" if fd is None else f"{c.layers[fd[0]]}@{fd[1]}",
             f"{m.positions_above_noise}/{m.abs_err.size(1)}",
             "[green]ok[/]" if m.passed else "[bold red]BUG[/]",
-        )
-    return t
+        ])
+    return fitted_table(columns, rows, width, DROP_ORDER)
 
 
-def print_comparison(c: Comparison, console: Console, title: str = "") -> None:
-    console.print(comparison_table(c, title))
-    console.print(f"noise floor (logits): {sci(c.noise.per_layer[-1])} ({c.noise.source}); "
-                  f"a run passes within {c.tolerance:g}x. @starts: share of the embedding error on "
-                  f"chunk starts; born at: first layer@position above {NOISE_MARGIN:g}x noise; spread: "
-                  f"positions whose logits are above {NOISE_MARGIN:g}x noise.")
+def print_table_of(c: Comparison, console: Console, title: str = "", **kw) -> list[str]:
+    """The title line and the comparison's table, fitted to the console; the columns left out.
+    `kw`: `comparison_table`'s `share` and `logic`."""
+    if title:
+        say(console, title)
+    table, left_out = comparison_table(c, console.width, **kw)
+    print_table(console, table)
+    return left_out
+
+
+def print_comparison(c: Comparison, console: Console, title: str = "", footer: str = "") -> None:
+    left_out = print_table_of(c, console, title)
+    say(console, f"noise floor (logits): {sci(c.noise.per_layer[-1])} ({c.noise.source}); "
+                 f"a run passes within {c.tolerance:g}x. @starts: share of the embedding error on "
+                 f"chunk starts; born at: first layer@position above {NOISE_MARGIN:g}x noise; spread: "
+                 f"positions whose logits are above {NOISE_MARGIN:g}x noise.")
+    for line in (left_out_note(left_out, console.width), footer):
+        if line:
+            say(console, line)
     print_analytic(c.analytic, console, "old logic, layer 0", "equals gate*x_prev to within")
     style = "bold green" if c.verdict.startswith("OK") else "bold red"
-    console.print(f"[{style}]{c.verdict}[/]")
+    say(console, f"[{style}]{c.verdict}[/]")
 
 
-def print_cache_check(check: CacheCheck, console: Console, title: str = "", what_ran: str = "") -> None:
+def print_cache_check(check, console: Console, title: str = "", what_ran: str = "") -> None:
     """A `testing.CacheCheck` the way `print_comparison` prints a Comparison: table, noise floor,
     what ran, verdict."""
-    console.print(comparison_table(check, title, share=check.start_share, logic=False))
-    console.print(f"noise floor (logits): {sci(check.noise.per_layer[-1])} ({check.noise.source}); "
-                  f"a run passes within {check.tolerance:g}x. born at: first layer@position above "
-                  f"{NOISE_MARGIN:g}x noise; @starts: share of the error at that layer on chunk starts; "
-                  f"spread: positions whose logits are above {NOISE_MARGIN:g}x noise.")
-    if what_ran:
-        console.print(f"what ran: {what_ran}", highlight=False)
+    left_out = print_table_of(check, console, title, share=check.start_share, logic=False)
+    say(console, f"noise floor (logits): {sci(check.noise.per_layer[-1])} ({check.noise.source}); "
+                 f"a run passes within {check.tolerance:g}x. born at: first layer@position above "
+                 f"{NOISE_MARGIN:g}x noise; @starts: share of the error at that layer on chunk starts; "
+                 f"spread: positions whose logits are above {NOISE_MARGIN:g}x noise.")
+    for line in (left_out_note(left_out, console.width), f"what ran: {what_ran}" if what_ran else ""):
+        if line:
+            say(console, line, highlight=False)
     style = "bold green" if check.passed else "bold red"
-    console.print(f"[{style}]{check.verdict}[/]")
+    say(console, f"[{style}]{check.verdict}[/]")
 
 
 def print_analytic(analytic: dict, console: Console, where: str, claim: str) -> None:
     """One line per schedule: the error at its chunk starts against the dropped smear term."""
     for sched, checks in analytic.items():
         worst = max(checks, key=lambda a: a.residual)
-        console.print(f"analytic check ({sched}, {where}): the error at each of {len(checks)} chunk "
-                      f"starts {claim} {sci(worst.residual)} (e.g. position {checks[0].position}: "
-                      f"predicted {checks[0].predicted:.4g}, measured {checks[0].measured:.4g})")
+        say(console, f"analytic check ({sched}, {where}): the error at each of {len(checks)} chunk "
+                     f"starts {claim} {sci(worst.residual)} (e.g. position {checks[0].position}: "
+                     f"predicted {checks[0].predicted:.4g}, measured {checks[0].measured:.4g})")
+
+
+def piped_width(default: int = 120) -> int:
+    """The width for piped output: COLUMNS when set to a number, else `default`."""
+    cols = os.environ.get("COLUMNS", "").strip()
+    return int(cols) if cols.isdigit() and int(cols) > 0 else default
 
 
 def console(stderr: bool = False) -> Console:
-    """A console for tables: the terminal's width, or 120 columns when output is piped."""
+    """A console for tables: the terminal's width, or COLUMNS (else 120) when output is piped."""
     import sys
 
     stream = sys.stderr if stderr else sys.stdout
-    return Console(stderr=stderr) if stream.isatty() else Console(stderr=stderr, width=120)
+    return Console(stderr=stderr) if stream.isatty() else Console(stderr=stderr, width=piped_width())
 
 
 def title_line(name: str, model, tokens) -> str:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import sys
 from enum import Enum
 from pathlib import Path
@@ -65,27 +64,11 @@ def _given(ctx: typer.Context) -> set[str]:
     return out
 
 
-def busy_cpu_threads(loadavg=None, cpu_count=None) -> Optional[int]:
-    """1 when other processes keep every core busy, else None (torch's default). With the cores
-    taken, torch's threads wait on each other at every op: a d4 decode on 2 threads of a 2-core
-    machine at load 8 ran ~10x slower than on 1 thread."""
-    try:
-        load = loadavg if loadavg is not None else os.getloadavg()[0]
-    except (AttributeError, OSError):
-        return None
-    cores = cpu_count or os.cpu_count() or 1
-    if cores > 1 and load >= cores:
-        sys.stderr.write(f"smearcli bench: load average {load:.1f} on {cores} cores: other processes are "
-                         f"using the CPU, so running on 1 thread (--threads N to choose)\n")
-        return 1
-    return None
-
-
 @shared_options
 def bench(
     spec: RunSpec,
     ctx: typer.Context,
-    preset: Annotated[Optional[Preset], typer.Option("--preset", help="Model and input size: small "
+    preset: Annotated[Optional[Preset], typer.Option("--preset", metavar="<size>", help="Model and input size: small "
                       "(d4, 256 tokens: the default, seconds), d12 or d20 (nanochat's sizes: width 64 x "
                       "depth, 2048-token context and input). --depth / --seq-len override it.")] = None,
     warmup: Annotated[int, typer.Option("--warmup", help="Untimed rounds per schedule before timing "
@@ -100,9 +83,6 @@ def bench(
                      "functions alone on the same inputs.")] = True,
     peak: Annotated[bool, typer.Option("--peak/--no-peak", help="Measure a square-matmul peak on "
                     "the same device and dtype, and report achieved FLOP/s as a share of it.")] = True,
-    threads: Annotated[Optional[int], typer.Option("--threads", help="CPU threads for torch. Default: "
-                       "torch's choice, or 1 when other processes already keep every core busy (load "
-                       "average >= cores), where more threads wait on each other.")] = None,
     clock: Annotated[Clock, typer.Option("--clock", help="wall: elapsed time. cpu: the process's CPU "
                      "time, which leaves out time other processes hold the cores (CPU only; use with "
                      "--threads 1 on a shared machine).")] = Clock.wall,
@@ -120,11 +100,6 @@ def bench(
         raise UserError(f"--repeats must be >= 1, got {repeats}")
     if not 0 < budget < float("inf"):  # also refuses nan
         raise UserError(f"--budget must be a positive finite number of seconds, got {budget}")
-    if threads is not None and threads < 1:
-        raise UserError(f"--threads must be >= 1, got {threads}")
-    if threads is not None and threads > 4 * (os.cpu_count() or 1):  # torch would spawn them all
-        raise UserError(f"--threads {threads}: this machine has {os.cpu_count()} CPU cores; use at most "
-                        f"{4 * (os.cpu_count() or 1)}")
     if output is not None:
         from ...files import check_output_path
         check_output_path(output, (".json",))
@@ -138,18 +113,12 @@ def bench(
     schedules = spec.schedule_list(allow_reference=True)  # bench may time the full forward too
     others = [s for s in schedules if s != REFERENCE] or ["prefill"]
 
-    import torch
-
     from ...bench import harness, meters, report
     from ...files import atomic_write
     from ...render.table import console
     from ..build import build_setup
     from ..progress import progress_bar
 
-    if threads is None:
-        threads = busy_cpu_threads()
-    if threads is not None:
-        torch.set_num_threads(threads)
     setup = build_setup(dataclasses.replace(spec, schedules=",".join(others)), sequence_len=context)
     clock_name = clock.value if isinstance(clock, Clock) else str(clock)
     if clock_name == "cpu" and setup.model.device.type != "cpu":
@@ -173,4 +142,4 @@ def bench(
     title = (f"{setup.loaded.name}: d{cfg.n_layer} n_embd {cfg.n_embd} (context {cfg.sequence_len}), "
              f"{str(setup.model.dtype).removeprefix('torch.')} on {setup.model.device}, "
              f"{setup.tokens.size(0)} x {setup.tokens.size(1)} tokens")
-    report.render(result, console(), title)
+    report.render(result, console(), title, footer=setup.threads)

@@ -28,7 +28,9 @@ def compare(
                          "of the measured noise floor.")] = NOISE_MARGIN,
 ) -> None:
     """Run each schedule with the old and the fixed smear logic and measure it against the full
-    forward pass: per position, per layer, logits, KL, top-1, and a one-line verdict."""
+    forward pass: per position, per layer, logits, KL, top-1, and a one-line verdict. Try
+    `smearcli compare --chunk-sizes 100,60,1,159` or, as a CI gate for a fix,
+    `smearcli compare --logic fixed --check`."""
     from ... import compare as lib
     from ...files import atomic_write, check_output_path
     from ...render.table import console, print_comparison, title_line
@@ -58,7 +60,8 @@ def compare(
     if json_out:
         sys.stdout.write(json.dumps(document, indent=1) + "\n")
     else:
-        print_comparison(result, console(), title_line(setup.loaded.name, setup.model, setup.tokens))
+        print_comparison(result, console(), title_line(setup.loaded.name, setup.model, setup.tokens),
+                         footer=setup.threads)
     if save is not None:
         import torch
         with atomic_write(save, "wb") as f:
@@ -113,7 +116,8 @@ def _audit(setup, json_out: bool, save: Optional[Path], check: bool, tolerance: 
     if json_out:
         sys.stdout.write(json.dumps(audit.to_json(result, info), indent=1) + "\n")
     else:
-        audit.print_audit(result, console(), title_line(setup.loaded.name, setup.audited, setup.tokens))
+        audit.print_audit(result, console(), title_line(setup.loaded.name, setup.audited, setup.tokens),
+                          footer=setup.threads)
     if save is not None:
         import torch
         with atomic_write(save, "wb") as f:

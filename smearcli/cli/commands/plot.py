@@ -76,5 +76,5 @@ def plot(
             verdict = result.verdict
     fig = figures.figure(result, schedule, kind.value, model_name=setup.loaded.name)
     figures.save(fig, out, dpi=dpi)
-    typer.echo(f"wrote {out} ({kind.value}, schedule {schedule})")
+    typer.echo(f"wrote {out} ({kind.value}, schedule {schedule}; {setup.threads})")
     typer.echo(verdict)

@@ -24,7 +24,7 @@ from torch import Tensor
 from ... import compare as cmp
 from ...metrics import RunMetrics
 from ...names import DEFAULT_SCHEDULES, LOGIC_NAMES, NOISE_MARGIN
-from ...render.table import comparison_table, print_analytic
+from ...render.table import left_out_note, print_analytic, print_table_of, say
 from ...schedules import ScheduleOptions
 from ...units import compact, sci
 from .adapter import NanochatModel
@@ -267,27 +267,30 @@ def save_payload(a: Audit, model_info: Optional[dict] = None) -> dict:
     return cmp.save_payload(to_json(a, model_info), runs)
 
 
-def print_audit(a: Audit, console, title: str = "") -> None:
+def print_audit(a: Audit, console, title: str = "", footer: str = "") -> None:
     code = a.model.code
     c = a.comparison
     where = f"{code.root}" + (f" @ {code.commit[:12]}" if code.commit else "")
-    console.print(comparison_table(c, f"your code ({where}): {title}"))
+    left_out = print_table_of(c, console, f"your code ({where}): {title}")
     if a.ours is not None:
-        console.print(comparison_table(a.ours, "smearcli's reference implementation, same weights and tokens"))
-    console.print(f"noise floor (logits): {sci(c.noise.per_layer[-1])} (your code, decode vs full); a run "
+        print_table_of(a.ours, console, "smearcli's reference implementation, same weights and tokens")
+    say(console, f"noise floor (logits): {sci(c.noise.per_layer[-1])} (your code, decode vs full); a run "
                   f"passes within {c.tolerance:g}x.")
-    console.print(f"your code ran with attention {code.attention}, compute dtype "
+    for line in (left_out_note(left_out, console.width), footer):
+        if line:
+            say(console, line)
+    say(console, f"your code ran with attention {code.attention}, compute dtype "
                   f"{str(code.compute_dtype).removeprefix('torch.')} ({code.dtype_source}).")
-    console.print(f"{FIRST_CAPTURE}: block 0's input = (resid_lambdas[0] + x0_lambdas[0]) x the post-smear "
+    say(console, f"{FIRST_CAPTURE}: block 0's input = (resid_lambdas[0] + x0_lambdas[0]) x the post-smear "
                   f"embedding, which no hook can see.")
     if code.stand_ins:
-        console.print(f"stood in at import for modules that are not installed and that inference does not "
+        say(console, f"stood in at import for modules that are not installed and that inference does not "
                       f"use: {', '.join(code.stand_ins)}")
     print_analytic(c.analytic, console, FIRST_CAPTURE, "vs (r0 + l0)*gate*x_prev: residual at most")
     if a.likeness is not None:
         lk = a.likeness
-        console.print(f"full forward pass, your code vs ours: max |Δlogit| {sci(lk.full_forward_diff)} "
+        say(console, f"full forward pass, your code vs ours: max |Δlogit| {sci(lk.full_forward_diff)} "
                       f"({compact(lk.full_forward_diff / lk.noise)}x noise)")
-        console.print(f"[bold]{lk.summary}[/]")
+        say(console, f"[bold]{lk.summary}[/]")
     style = "bold red" if a.failed else "bold green"
-    console.print(f"[{style}]{a.verdict}[/]")
+    say(console, f"[{style}]{a.verdict}[/]")
