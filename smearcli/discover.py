@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Optional
 
 from .errors import UserError
-from .weights import list_steps
+from .weights import find_step, list_steps
 from .tokenizer import find_tokenizer
 
 # nanochat's checkpoint_manager: source -> folder under the base directory ("mid" is from older
@@ -98,22 +98,6 @@ def pick_model_tag(checkpoints_dir: Path) -> str:
     return max(tags, key=lambda p: (p.stat().st_mtime, p.name)).name
 
 
-def _pick_step(leaf: Path, step: Optional[int]) -> int:
-    steps = _steps(leaf)
-    if not steps:
-        try:
-            names = sorted(p.name for p in leaf.iterdir())
-        except OSError:
-            names = []
-        raise UserError(f"{leaf}: no model_XXXXXX.pt / meta_XXXXXX.json pair (found {_shown(names)})")
-    if step is None:
-        return steps[-1]
-    if step not in steps:
-        shown = _shown([str(s) for s in steps], 8)
-        raise UserError(f"{leaf}: no step {step}; present: {shown}")
-    return step
-
-
 def _check_source(source: Optional[str]) -> None:
     if source is not None and source not in SOURCE_DIRS:
         raise UserError(f"unknown checkpoint source {source!r}; choose base, sft or rl")
@@ -158,7 +142,7 @@ def discover(path=None, source: Optional[str] = None, model_tag: Optional[str] =
                             f"{model_tag} does not apply to it")
         nested = parent_source is not None
         base = root.parent.parent if nested else None
-        return Discovered(root, _pick_step(root, step), parent_source, root.name if nested else None,
+        return Discovered(root, find_step(root, step)[1], parent_source, root.name if nested else None,
                           base, find_tokenizer(root, base))
 
     # 2) a *_checkpoints directory, or 3) a base directory holding some
@@ -189,7 +173,7 @@ def discover(path=None, source: Optional[str] = None, model_tag: Optional[str] =
     if not leaf.is_dir():
         tags = [p.name for p in _subdirs(checkpoints_dir)]
         raise UserError(f"{checkpoints_dir}: no model tag {model_tag} (found {_shown(tags)})")
-    return Discovered(leaf, _pick_step(leaf, step), found_source, model_tag, base,
+    return Discovered(leaf, find_step(leaf, step)[1], found_source, model_tag, base,
                       find_tokenizer(leaf, base))
 
 

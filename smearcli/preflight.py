@@ -28,6 +28,10 @@ FP32 = 4
 RUN_OVERHEAD = 64 << 20  # allocator slack, Python objects, metric bookkeeping (measured on small runs)
 
 
+class TooLarge(UserError):
+    """A model or run that does not fit in the memory available now."""
+
+
 def param_count(config) -> int:
     """Parameters of `GPT(config)`, from the model's own inventory (nothing allocated)."""
     return sum(math.prod(shape) for shape in param_shapes(config).values())
@@ -175,7 +179,7 @@ def check_memory(needed: int, device, what: str, hint: str) -> None:
     if avail is not None and needed > avail:
         kind = getattr(device, "type", str(device))
         where = "GPU memory" if kind == "cuda" else "memory"
-        raise UserError(f"{what} needs about {nbytes(needed)} of {where}, {nbytes(avail)} available; {hint}")
+        raise TooLarge(f"{what} needs about {nbytes(needed)} of {where}, {nbytes(avail)} available; {hint}")
 
 
 def check_model_memory(config, device, file: Optional[Path] = None) -> None:

@@ -283,6 +283,10 @@ def check_tensors(name: str, sd: dict, expected: dict) -> None:
                             "refusing to run on it")
 
 
+class NoSuchStep(UserError):
+    """The step asked for is not in the checkpoint directory (the message lists those that are)."""
+
+
 def find_step(ckpt_dir, step: Optional[int] = None) -> tuple[Path, int]:
     """The checkpoint directory (user's ~ expanded) and the step to load: `step`, or the newest."""
     ckpt_dir = Path(os.path.expanduser(str(ckpt_dir)))
@@ -309,7 +313,7 @@ def _find_step(ckpt_dir: Path, step: Optional[int]) -> tuple[Path, int]:
     if step is None:
         return ckpt_dir, steps[-1]
     if step not in steps:
-        raise UserError(f"{ckpt_dir}: no step {step}; present: {_steps_text(steps)}")
+        raise NoSuchStep(f"{ckpt_dir}: no step {step}; present: {_steps_text(steps)}")
     return ckpt_dir, step
 
 

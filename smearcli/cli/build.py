@@ -19,9 +19,9 @@ import torch
 from ..config import ConfigError
 from ..errors import UserError
 from ..inputs import load_tokens, random_tokens, read_text_file, text_tokens
-from ..preflight import check_dtype, check_run_memory
+from ..preflight import TooLarge, check_dtype, check_run_memory
 from ..schedules import ScheduleOptions, chunk_plan
-from ..weights import LoadedModel, NoSmearParameters, find_step, load_checkpoint, random_config, random_model, tiny_model
+from ..weights import LoadedModel, NoSmearParameters, NoSuchStep, find_step, load_checkpoint, random_config, random_model, tiny_model
 from .. import names
 from .options import Device, DType, ModelKind, RunSpec
 from .threads import apply_threads
@@ -185,7 +185,10 @@ def build_setup(spec: RunSpec, sequence_len: int = 512) -> Setup:
             config = random_config(spec.depth_value(), sequence_len=sequence_len)
         except ConfigError as e:
             raise UserError(f"--depth {spec.depth_value()}: {e}") from e
-        loaded = random_model(config, seed=spec.seed, device=device, dtype=dtype)
+        try:
+            loaded = random_model(config, seed=spec.seed, device=device, dtype=dtype)
+        except TooLarge as e:
+            raise UserError(f"{e} (lower --depth)") from e
     audited = None
     if impl != "ours":
         try:
@@ -233,6 +236,8 @@ def locate(spec: RunSpec):
     with flag("--checkpoint" if spec.checkpoint is not None else "--source/--model-tag", ": "):
         try:
             found = discover(spec.checkpoint, source, spec.model_tag, spec.step)
+        except NoSuchStep as e:
+            raise UserError(f"{e} (choose one with --step)") from e
         except UserError:
             path = None if spec.checkpoint is None else Path(os.path.expanduser(str(spec.checkpoint)))
             if path is not None and path.is_dir() and not any(p.is_dir() for p in path.iterdir()):
