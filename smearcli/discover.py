@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Optional
 
 from .errors import UserError
+from .files import regular_file
 from .weights import find_step, list_steps
 from .tokenizer import find_tokenizer
 
@@ -129,6 +130,8 @@ def discover(path=None, source: Optional[str] = None, model_tag: Optional[str] =
         if root.is_file():
             raise UserError(f"{root}: a file, not a directory; give the directory that holds the "
                             "model_XXXXXX.pt / meta_XXXXXX.json pair, or a nanochat base directory")
+        if root.is_symlink() and not root.exists():  # dangling, or a loop: say which
+            regular_file(root)
         if not root.is_dir():
             raise UserError(f"{root}: directory not found")
 

@@ -77,10 +77,10 @@ def test_tokenizer_pkl_is_never_unpickled(tmp_path, ckpt):
     assert not marker.exists()
 
 
-def test_help_says_tokenizer_pkl_is_never_read():
+def test_help_says_how_pickles_are_read():
     r = runner.invoke(app, ["compare", "--help"])
     text = " ".join(r.output.replace("│", " ").split())  # help panels wrap lines inside box borders
-    assert "tokenizer.pkl is never read" in text and "weights_only=True" in text
+    assert "read without running code from it" in text and "weights_only=True" in text
 
 
 def test_source_never_unpickles_arbitrary_objects():

@@ -233,7 +233,8 @@ def locate(spec: RunSpec):
     from ..discover import discover
 
     source = getattr(spec.source, "value", spec.source)
-    with flag("--checkpoint" if spec.checkpoint is not None else "--source/--model-tag", ": "):
+    given = spec.checkpoint is not None  # its messages start with the path: "--checkpoint DIR: ..."
+    with flag("--checkpoint" if given else "--source/--model-tag", " " if given else ": "):
         try:
             found = discover(spec.checkpoint, source, spec.model_tag, spec.step)
         except NoSuchStep as e:
