@@ -40,7 +40,7 @@ SNIPPETS: list[tuple[str, str, int | str | None]] = [
     ("compare-check-fixed.txt", "smearcli compare --logic fixed --check --seq-len 64", None),
     ("compare-check-old.txt", "smearcli compare --logic old --check --schedules chunked --seq-len 64", None),
     ("compare-json.txt", "smearcli compare --json --logic old --schedules chunked --seq-len 64", "json"),
-    ("compare-bad-usage.txt", "smearcli compare --chunk-sizes 100,60", None),
+    ("compare-bad-usage.txt", "smearcli compare --seq-len 320 --chunk-sizes 100,60", None),
     ("plot.txt", "smearcli plot --out smear-error.png", None),
     ("compare-checkpoint.txt", "smearcli compare --checkpoint my-ckpt --schedules chunked --seq-len 64", None),
     ("bench.txt", "smearcli bench --schedules prefill,chunked --seq-len 64 --repeats 5", None),
