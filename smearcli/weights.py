@@ -18,7 +18,7 @@ from typing import Optional
 
 import torch
 
-from .config import ConfigError, GPTConfig
+from .config import PRESETS, ConfigError, GPTConfig, preset_config  # noqa: F401 - presets: torch-free data, exposed here
 from .errors import UserError
 from .model import GPT, param_shapes
 from .preflight import check_model_memory
@@ -40,6 +40,13 @@ def random_config(depth: int = 4, sequence_len: int = 512, vocab_size: int = 256
         n_head += 1
     return GPTConfig(sequence_len=sequence_len, vocab_size=vocab_size, n_layer=depth, n_head=n_head,
                      n_kv_head=n_head, n_embd=n_embd, window_pattern=window_pattern)
+
+
+def preset_model(name: str, seed: int = 0, device="cpu", dtype: torch.dtype = torch.float32,
+                 depth: Optional[int] = None) -> LoadedModel:
+    """A seeded random model of a preset's shape (`PRESETS`: small, nanochat's d12 ... d32)."""
+    return random_model(preset_config(name, depth), seed=seed, device=device, dtype=dtype)
+
 
 _MODEL_RE = re.compile(r"^model_(\d+)\.pt$")
 

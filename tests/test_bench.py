@@ -351,12 +351,10 @@ def test_busy_cpu_uses_one_thread():
 
 
 def test_cli_preset_fills_defaults():
-    from smearcli.cli.commands.bench import apply_preset, Preset
-    from smearcli.cli.options import RunSpec
-    spec, ctx = apply_preset(RunSpec(), Preset.d20, set())
-    assert (spec.depth, spec.seq_len, ctx) == (20, 2048, 2048)
-    spec, ctx = apply_preset(RunSpec(depth=3), Preset.d12, {"depth"})
-    assert (spec.depth, spec.seq_len) == (3, 2048)
+    from smearcli.cli.options import PresetName, RunSpec
+    spec = RunSpec(preset=PresetName("d20"))
+    assert (spec.model_kind().value, spec.seq_len_value()) == ("random", 2048)
+    assert RunSpec(preset=PresetName("d12"), seq_len=10).seq_len_value() == 10  # explicit wins
 
 
 @pytest.mark.parametrize("args", [["--repeats", "0"], ["--warmup", "-1"], ["--budget", "0"],

@@ -17,7 +17,7 @@ from ..errors import UserError
 from ..inputs import load_tokens, random_tokens, read_text_file, text_tokens
 from ..preflight import check_dtype, check_run_memory
 from ..schedules import ScheduleOptions, chunk_plan
-from ..weights import LoadedModel, load_checkpoint, random_config, random_model, tiny_model
+from ..weights import LoadedModel, load_checkpoint, preset_config, random_config, random_model, tiny_model
 from .options import Device, DType, ModelKind, RunSpec
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -96,11 +96,11 @@ def check_arguments(spec: RunSpec, schedules, chunk_sizes) -> ScheduleOptions:
         if value < 1:
             raise UserError(f"{name} must be >= 1, got {value}")
     if not inputs:  # random input: its length is known now
-        if spec.seq_len < 2:
-            raise UserError(f"--seq-len must be >= 2, got {spec.seq_len}")
+        if spec.seq_len_value() < 2:
+            raise UserError(f"--seq-len must be >= 2, got {spec.seq_len_value()}")
         if spec.batch < 1:
             raise UserError(f"--batch must be >= 1, got {spec.batch}")
-        _check_plan(spec.seq_len, schedules, opts)
+        _check_plan(spec.seq_len_value(), schedules, opts)
     return opts
 
 
@@ -139,8 +139,10 @@ def attach(spec: RunSpec, loaded, device, dtype):
 
 
 def build_setup(spec: RunSpec, sequence_len: int = 512) -> Setup:
-    """`sequence_len`: the random model's training context (windows, rotary table); bench presets
-    size it the nanochat way (2048 for d12/d20)."""
+    """`sequence_len`: the random model's training context (windows, rotary table) without
+    --preset (a preset brings its own)."""
+    if spec.preset is not None:
+        spec.model_kind()  # --preset with --checkpoint / --model tiny: refused before anything loads
     schedules = spec.schedule_list()
     logics = spec.logic_list()
     chunk_sizes = spec.chunk_size_tuple()
@@ -162,7 +164,10 @@ def build_setup(spec: RunSpec, sequence_len: int = 512) -> Setup:
         if spec.step is not None:
             raise UserError("--step needs --checkpoint")
         try:
-            config = random_config(spec.depth_value(), sequence_len=sequence_len)
+            if spec.preset is not None:
+                config = preset_config(spec.preset.value, spec.depth)
+            else:
+                config = random_config(spec.depth_value(), sequence_len=sequence_len)
         except ConfigError as e:
             raise UserError(f"--depth {spec.depth_value()}: {e}") from e
         loaded = random_model(config, seed=spec.seed, device=device, dtype=dtype)
@@ -180,8 +185,8 @@ def build_setup(spec: RunSpec, sequence_len: int = 512) -> Setup:
         with flag("--text", ": "):
             tokens = text_tokens(spec.text, cfg)
     else:
-        preflight(cfg, device, dtype, spec.batch, spec.seq_len, schedules, logics, spec, chunk_sizes)
-        tokens = random_tokens(cfg, spec.seq_len, spec.batch, spec.seed)
+        preflight(cfg, device, dtype, spec.batch, spec.seq_len_value(), schedules, logics, spec, chunk_sizes)
+        tokens = random_tokens(cfg, spec.seq_len_value(), spec.batch, spec.seed)
     T = tokens.size(1)
     preflight(cfg, device, dtype, tokens.size(0), T, schedules, logics, spec, chunk_sizes)
     _check_plan(T, schedules, opts)

@@ -19,6 +19,7 @@ from typing import Annotated, Optional
 import typer
 
 from .. import names
+from ..config import PRESETS
 from ..errors import UserError
 from ..names import DEFAULT_SCHEDULES, LOGIC_NAMES, REFERENCE, SCHEDULE_NAMES
 from .errors import guarded
@@ -28,6 +29,9 @@ from .errors import guarded
 class ModelKind(str, Enum):
     random = "random"
     tiny = "tiny"
+
+
+PresetName = Enum("PresetName", {name: name for name in PRESETS}, type=str)  # --preset choices
 
 
 class Device(str, Enum):
@@ -70,7 +74,7 @@ class RunSpec:
     seed: int = 0
     device: Device = Device.auto
     dtype: DType = DType.auto
-    seq_len: int = 256
+    seq_len: Optional[int] = None  # None: 256, or the preset's (see seq_len_value)
     batch: int = 1
     tokens: Optional[Path] = None
     text: Optional[str] = None
@@ -84,6 +88,8 @@ class RunSpec:
     draft: int = names.DRAFT
     impl: Impl = Impl.ours
     nanochat_path: Optional[Path] = None
+    preset: Optional[PresetName] = None
+    quiet: bool = False
 
     # -- parsing that needs no torch --------------------------------------------------------------
     def schedule_list(self, allow_reference: bool = False) -> list[str]:
@@ -99,6 +105,12 @@ class RunSpec:
 
     def model_kind(self) -> ModelKind:
         """The built-in model to run: as given, else random when --depth sizes one, else tiny."""
+        if self.preset is not None:
+            if self.checkpoint is not None:
+                raise UserError(f"--preset {self.preset.value} sizes a random model; leave it out with --checkpoint")
+            if self.model == ModelKind.tiny:
+                raise UserError(f"--preset {self.preset.value} sizes a random model; leave it out with --model tiny")
+            return ModelKind.random
         if self.model is not None:
             if self.model == ModelKind.tiny and self.depth is not None:
                 raise UserError("--depth sizes the random model; use it with --model random, not --model tiny")
@@ -107,6 +119,11 @@ class RunSpec:
 
     def depth_value(self) -> int:
         return 4 if self.depth is None else self.depth
+
+    def seq_len_value(self) -> int:
+        if self.seq_len is not None:
+            return self.seq_len
+        return PRESETS[self.preset.value].seq_len if self.preset is not None else 256
 
     def logic_list(self) -> list[str]:
         return list(LOGIC_NAMES) if self.logic == Logic.both else [self.logic.value]
@@ -140,13 +157,17 @@ SHARED = {
                    "same reason: give a non-byte model token ids with --tokens.", rich_help_panel=M)),
     "step": (Optional[int], typer.Option("--step", help="Checkpoint step to load (default: the newest).", rich_help_panel=M)),
     "depth": (Optional[int], typer.Option("--depth", help="Layers of the random model (default 4; giving it "
-              "selects --model random); width is 64 x depth, heads of 128 dims, as nanochat sizes its models.",
+              "selects --model random). Alone it builds width 64 x depth, heads of 128 dims, one kv head "
+              "per head, a byte vocabulary (256) and context 512: nanochat's width rule at a size a CPU "
+              "runs in seconds, not its real models (see --preset). With --preset: that preset's shape "
+              "at this depth.",
               rich_help_panel=M, show_default=False)),
     "seed": (int, typer.Option("--seed", help="Seed for the random model's weights and the random input.", rich_help_panel=M)),
     "device": (Device, typer.Option("--device", help="Where to run; auto picks cuda, then mps, then cpu.", rich_help_panel=M)),
     "dtype": (DType, typer.Option("--dtype", help="Compute dtype; auto is bfloat16 on CUDA (as nanochat) "
               "and float32 elsewhere.", rich_help_panel=M)),
-    "seq_len": (int, typer.Option("--seq-len", help="Tokens per row of random input.", rich_help_panel=I)),
+    "seq_len": (Optional[int], typer.Option("--seq-len", help="Tokens per row of random input (default 256, "
+                "or the preset's).", rich_help_panel=I, show_default=False)),
     "batch": (int, typer.Option("--batch", help="Rows of random input.", rich_help_panel=I)),
     "tokens": (Optional[Path], typer.Option("--tokens", help="Input ids instead of random ones: a JSON list "
                "of ids (or one list per row), or a tensor saved with torch.save.", rich_help_panel=I)),
@@ -171,6 +192,13 @@ SHARED = {
     "nanochat_path": (Optional[Path], typer.Option("--nanochat-path", help="A nanochat checkout (the "
                       "directory holding nanochat/gpt.py and nanochat/engine.py) for --impl nanochat|both. "
                       "Imported in isolation, never written to; SDPA attention is forced.", rich_help_panel=M)),
+    "preset": (Optional[PresetName], typer.Option("--preset", help="A random model of a named shape: "
+               + "; ".join(p.describe() for p in PRESETS.values()) + ". The d-presets are nanochat's real "
+               "models (width 64 x depth rounded to 128-dim heads, kv heads = heads, 65,536-token vocabulary, "
+               "context and input 2048). --depth and --seq-len override it.", rich_help_panel=M,
+               show_default=False)),
+    "quiet": (bool, typer.Option("--quiet", "-q", help="No progress bar (one is drawn on stderr only "
+              "when it is a terminal).")),
 }
 _DEFAULTS = RunSpec()
 assert set(SHARED) == {f.name for f in fields(RunSpec)}

@@ -22,43 +22,15 @@ class Clock(str, Enum):
     cpu = "cpu"
 
 
-class Preset(str, Enum):
-    small = "small"
-    d12 = "d12"
-    d20 = "d20"
-
-
-# nanochat's sizes: width 64 x depth, trained at a 2048-token context (so windows of 768 and 2048)
-PRESETS = {
-    "small": {"depth": 4, "seq_len": 256, "context": 512},
-    "d12": {"depth": 12, "seq_len": 2048, "context": 2048},
-    "d20": {"depth": 20, "seq_len": 2048, "context": 2048},
-}
-
-
 # the two questions bench answers first: what the fix costs, and chunked against one-shot and decode
 BENCH_SCHEDULES = "prefill,chunked,decode"
-
-
-def apply_preset(spec: RunSpec, preset: Optional[Preset], given: set[str]) -> tuple[RunSpec, int]:
-    """The spec with the preset's depth and seq-len where the user did not give them, and the
-    random model's context length."""
-    if preset is None:
-        return spec, 512
-    p = PRESETS[preset.value]
-    if spec.checkpoint is not None:
-        raise UserError(f"--preset {preset.value} sizes the random model; leave it out with --checkpoint")
-    if spec.model is not None and spec.model.value == "tiny":
-        raise UserError(f"--preset {preset.value} sizes the random model; leave it out with --model tiny")
-    changes = {k: p[k] for k in ("depth", "seq_len") if k not in given}
-    return dataclasses.replace(spec, **changes), p["context"]
 
 
 def _given(ctx: typer.Context) -> set[str]:
     """Options the user set (command line or environment), not left at their defaults. Compared by
     name: typer may bring its own copy of click's ParameterSource."""
     out = set()
-    for name in ("depth", "seq_len", "schedules"):
+    for name in ("schedules",):
         src = ctx.get_parameter_source(name)
         if src is not None and src.name not in ("DEFAULT", "DEFAULT_MAP"):
             out.add(name)
@@ -85,9 +57,6 @@ def busy_cpu_threads(loadavg=None, cpu_count=None) -> Optional[int]:
 def bench(
     spec: RunSpec,
     ctx: typer.Context,
-    preset: Annotated[Optional[Preset], typer.Option("--preset", help="Model and input size: small "
-                      "(d4, 256 tokens: the default, seconds), d12 or d20 (nanochat's sizes: width 64 x "
-                      "depth, 2048-token context and input). --depth / --seq-len override it.")] = None,
     warmup: Annotated[int, typer.Option("--warmup", help="Untimed rounds per schedule before timing "
                       "(each runs every logic once).")] = 1,
     repeats: Annotated[Optional[int], typer.Option("--repeats", help="Timed rounds per schedule: each "
@@ -132,7 +101,6 @@ def bench(
         raise UserError("--impl: bench times smearcli's own model under both smear logics; "
                         "audit your checkout's code with `smearcli compare --impl`")
     given = _given(ctx)
-    spec, context = apply_preset(spec, preset, given)
     if "schedules" not in given:
         spec = dataclasses.replace(spec, schedules=BENCH_SCHEDULES)
     schedules = spec.schedule_list(allow_reference=True)  # bench may time the full forward too
@@ -150,17 +118,17 @@ def bench(
         threads = busy_cpu_threads()
     if threads is not None:
         torch.set_num_threads(threads)
-    setup = build_setup(dataclasses.replace(spec, schedules=",".join(others)), sequence_len=context)
+    setup = build_setup(dataclasses.replace(spec, schedules=",".join(others)))
     clock_name = clock.value if isinstance(clock, Clock) else str(clock)
     if clock_name == "cpu" and setup.model.device.type != "cpu":
         raise UserError(f"--clock cpu times CPU work; the model runs on {setup.model.device.type} (use --clock wall)")
     timer = meters.Timer(setup.model.device, clock_name)
     settings = harness.BenchSettings(warmup=warmup, repeats=repeats, budget_s=budget, micro=micro, peak=peak)
-    with progress_bar("bench") as bar:
+    with progress_bar("bench", quiet=spec.quiet) as bar:
         result = harness.bench(setup.model, setup.tokens, schedules, setup.logics, setup.options, settings,
                                timer=timer, progress=bar.update)
     info = {"name": setup.loaded.name, "source": setup.loaded.source, "step": setup.loaded.step,
-            "preset": None if preset is None else preset.value}
+            "preset": None if spec.preset is None else spec.preset.value}
     data = report.to_json(result, info)
     if output is not None:
         with atomic_write(output) as f:
