@@ -112,7 +112,9 @@ def random_model(config: Optional[GPTConfig] = None, seed: int = 0, device="cpu"
                  dtype: torch.dtype = torch.float32) -> LoadedModel:
     config = config or random_config()
     check_model_memory(config, device)
-    model = GPT(config)
+    with torch.device("meta"):  # no memory and no default init: init_random writes every tensor
+        model = GPT(config)
+    model.to_empty(device="cpu")
     init_random(model, seed)
     model.set_dtype(dtype).to(device).eval().requires_grad_(False)
     return LoadedModel(model, "random", meta={"seed": seed, "model_config": config.to_dict()})

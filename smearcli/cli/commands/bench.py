@@ -61,10 +61,15 @@ def bench(
                       "(each runs every logic once).")] = 1,
     repeats: Annotated[Optional[int], typer.Option("--repeats", help="Timed rounds per schedule: each "
                        "gives one sample per logic and one fixed/old ratio (default: as many as "
-                       "--budget allows, 3 to 20).")] = None,
+                       "--budget allows, 1 to 20; fewer than 5 pairs and the IQR is not shown).")] = None,
     budget: Annotated[float, typer.Option("--budget", help="Target seconds for the whole bench when "
                       "--repeats is not given: each schedule gets a share for its timed rounds "
                       "(at least 3).")] = 20.0,
+    decode_steps: Annotated[Optional[int], typer.Option("--decode-steps", help="decode: time only this "
+                            "many one-token steps per run, from the middle of the sequence after an untimed "
+                            "prefill, and scale to the whole decode (marked * in the table). Default: the "
+                            "whole decode, or a sample when whole decodes would overrun --budget; 0: always "
+                            "the whole decode.", show_default=False)] = None,
     micro: Annotated[bool, typer.Option("--micro/--no-micro", help="Also time the two smear "
                      "functions alone on the same inputs.")] = True,
     peak: Annotated[bool, typer.Option("--peak/--no-peak", help="Measure a square-matmul peak on "
@@ -89,6 +94,8 @@ def bench(
         raise UserError(f"--repeats must be >= 1, got {repeats}")
     if budget <= 0:
         raise UserError(f"--budget must be positive, got {budget}")
+    if decode_steps is not None and decode_steps < 0:
+        raise UserError(f"--decode-steps must be >= 0, got {decode_steps}")
     if threads is not None and threads < 1:
         raise UserError(f"--threads must be >= 1, got {threads}")
     if threads is not None and threads > 4 * (os.cpu_count() or 1):  # torch would spawn them all
@@ -123,7 +130,8 @@ def bench(
     if clock_name == "cpu" and setup.model.device.type != "cpu":
         raise UserError(f"--clock cpu times CPU work; the model runs on {setup.model.device.type} (use --clock wall)")
     timer = meters.Timer(setup.model.device, clock_name)
-    settings = harness.BenchSettings(warmup=warmup, repeats=repeats, budget_s=budget, micro=micro, peak=peak)
+    settings = harness.BenchSettings(warmup=warmup, repeats=repeats, budget_s=budget, micro=micro, peak=peak,
+                                     decode_sample=decode_steps)
     with progress_bar("bench", quiet=spec.quiet) as bar:
         result = harness.bench(setup.model, setup.tokens, schedules, setup.logics, setup.options, settings,
                                timer=timer, progress=bar.update)
