@@ -48,9 +48,10 @@ def model_bytes(config) -> int:
     return param_count(config) * FP32 + rotary_bytes(config)
 
 
-def load_bytes(config, file_bytes: int) -> int:
-    """Loading a checkpoint: the file's tensors, the model, and fp32 copies of narrower tensors."""
-    return file_bytes + 2 * param_count(config) * FP32 + rotary_bytes(config)
+def load_bytes(config, file_bytes: int, mmap: bool = False) -> int:
+    """Loading a checkpoint: the model, fp32 copies of narrower tensors, and the file's tensors
+    unless the file is memory-mapped (then they are page cache, read on use and reclaimable)."""
+    return (0 if mmap else file_bytes) + 2 * param_count(config) * FP32 + rotary_bytes(config)
 
 
 def run_bytes(config, batch: int, seq_len: int, schedules: Sequence[str], logics: Sequence[str],
@@ -142,12 +143,14 @@ def check_memory(needed: int, device, what: str, hint: str) -> None:
         raise UserError(f"{what} needs about {nbytes(needed)} of {where}, {nbytes(avail)} available; {hint}")
 
 
-def check_model_memory(config, device, file: Optional[Path] = None) -> None:
-    """Before building a model (and reading its checkpoint file, if any)."""
+def check_model_memory(config, device, file: Optional[Path] = None, mmap: bool = False) -> None:
+    """Before building a model (and reading its checkpoint file, if any; `mmap`: it will be
+    memory-mapped)."""
     kind = getattr(device, "type", str(device).split(":")[0])
     if file is not None:
         size = os.path.getsize(file)
-        check_memory(load_bytes(config, size), "cpu", f"{file.name}: loading it ({nbytes(size)} on disk, "
+        check_memory(load_bytes(config, size, mmap), "cpu", f"{file.name}: loading it ({nbytes(size)} on disk"
+                     f"{', memory-mapped' if mmap else ''}, "
                      f"{param_count(config):,} parameters)", "free memory or use a machine with more")
     else:
         check_memory(model_bytes(config), "cpu", f"the model ({param_count(config):,} parameters)",

@@ -238,10 +238,22 @@ def _load_error(path: Path, e: Exception) -> UserError:
     return UserError(f"{path.name}: {msg}{tail}")
 
 
+def can_mmap(path: Path) -> bool:
+    """Whether torch.load can memory-map the file: the zip format torch.save has written since
+    torch 1.6 (a legacy pickle is read into memory)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(2) == b"PK"
+    except OSError:
+        return False
+
+
 def read_state_dict(path: Path) -> dict:
+    """The file's tensors. A zip-format file is memory-mapped (torch.load mmap=True): its tensors
+    stay in the page cache, read as they are used, instead of being copied into memory first."""
     _check_torch_file(path)
     try:
-        sd = torch.load(path, map_location="cpu", weights_only=True)
+        sd = torch.load(path, map_location="cpu", weights_only=True, mmap=can_mmap(path))
     except MemoryError:
         raise
     except Exception as e:  # noqa: BLE001 - every failure here means the same to the user
@@ -291,7 +303,7 @@ def load_checkpoint(ckpt_dir, step: Optional[int] = None, device="cpu",
         config = GPTConfig.from_dict(meta["model_config"])
     except (ConfigError, TypeError) as e:
         raise UserError(f"{meta_path.name}: {e}") from e
-    check_model_memory(config, device, file=model_path)
+    check_model_memory(config, device, file=model_path, mmap=can_mmap(model_path))
     sd = read_state_dict(model_path)
     # older checkpoints predate these per-layer scalars; their neutral values reproduce them
     sd.setdefault("resid_lambdas", torch.ones(config.n_layer))

@@ -171,3 +171,39 @@ def test_bar_draws_tokens_rate_and_time_left_on_a_terminal_only(monkeypatch):
     assert "500/1,000 tokens" in text and "decode / old" in text
     with progress.progress_bar("compare", unit="tokens", quiet=True) as bar:
         assert not bar.shown
+
+
+# -- memory-mapped loading and the preflight at real sizes ----------------------------------------
+def test_zip_checkpoints_are_memory_mapped_and_legacy_ones_read(tmp_path, monkeypatch):
+    from smearcli import weights
+    m = random_model(random_config(1, sequence_len=64), seed=3).model
+    weights.save_checkpoint(m, tmp_path / "zip", 5)
+    legacy = tmp_path / "legacy"
+    weights.save_checkpoint(m, legacy, 5)
+    torch.save(torch.load(legacy / "model_000005.pt"), legacy / "model_000005.pt",
+               _use_new_zipfile_serialization=False)
+    seen = []
+    real = torch.load
+    monkeypatch.setattr(torch, "load", lambda *a, **k: seen.append(k.get("mmap")) or real(*a, **k))
+    a = weights.load_checkpoint(tmp_path / "zip").model
+    b = weights.load_checkpoint(legacy).model
+    assert seen == [True, False]
+    for (k, x), y in zip(m.state_dict().items(), b.state_dict().values()):
+        assert torch.equal(x, a.state_dict()[k]) and torch.equal(x, y), k
+
+
+def test_preflight_counts_no_file_copy_when_mapped():
+    from smearcli import preflight
+    c = preset_config("d12")
+    assert preflight.load_bytes(c, 10**9) - preflight.load_bytes(c, 10**9, mmap=True) == 10**9
+
+
+def test_d20_at_2048_is_refused_with_its_estimate_where_memory_is_short(monkeypatch):
+    from smearcli import preflight
+    c = preset_config("d20")
+    need = preflight.run_bytes(c, 1, 2048, ["prefill", "decode", "chunked"], ["old", "fixed"])
+    # every run keeps 2048 x (65,536 logits + 21 x 1280 hidden) fp32 values: 757 MB a run, 7 runs
+    assert need > 7 * 2048 * (65536 + 21 * 1280) * 4
+    monkeypatch.setattr(preflight, "available", lambda device: 4 << 30)
+    r = CliRunner().invoke(app, ["compare", "--preset", "d20", "--quiet"])
+    assert r.exit_code == 2 and "needs about" in r.output and "4.0 GiB available" in r.output, r.output
