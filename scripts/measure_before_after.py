@@ -26,7 +26,6 @@ import json
 import os
 import re
 import shutil
-import statistics
 import subprocess
 import sys
 import time
@@ -56,12 +55,13 @@ def make_checkpoint(tree: Path, preset: str, dest: Path) -> Path:
         code = ("import sys; from smearcli import weights; "
                 f"lm = weights.preset_model({preset!r}, seed=0); "
                 f"weights.save_checkpoint(lm.model, {str(dest)!r}, 0)")
-        sh(sys.executable, "-c", code, env={**os.environ, "PYTHONPATH": str(tree)})
+        sh(sys.executable, "-c", code, env={**os.environ, "PYTHONPATH": str(tree)}, cwd=tree)
     return dest
 
 
 def timed_compare(tree: Path, ckpt: Path, seq_len: int, schedules: str, out_json: Path) -> dict:
-    """Wall time and peak RSS of one `compare --json` in a child process."""
+    """Wall time and peak RSS of one `compare --json` in a child process. It runs in `tree`: for
+    `python -m`, the working directory comes before PYTHONPATH on sys.path."""
     env = {**os.environ, "PYTHONPATH": str(tree)}
     cmd = [sys.executable, "-m", "smearcli", "compare", "--checkpoint", str(ckpt), "--seq-len", str(seq_len),
            "--schedules", schedules, "--json"]
@@ -69,16 +69,19 @@ def timed_compare(tree: Path, ckpt: Path, seq_len: int, schedules: str, out_json
     load = loadavg()
     t0 = time.perf_counter()
     if gnu_time:
-        p = subprocess.run([gnu_time, "-v", *cmd], env=env, capture_output=True, text=True)
+        p = subprocess.run([gnu_time, "-v", *cmd], env=env, capture_output=True, text=True, cwd=tree)
         m = re.search(r"Maximum resident set size \(kbytes\): (\d+)", p.stderr)
         rss = int(m.group(1)) * 1024 if m else None
+        cpu = sum(float(x) for x in re.findall(r"(?:User|System) time \(seconds\): ([\d.]+)", p.stderr)) or None
     else:
         import resource
-        p = subprocess.run(cmd, env=env, capture_output=True, text=True)
-        rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024  # the largest child so far
+        p = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=tree)
+        ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+        rss = ru.ru_maxrss * 1024  # the largest child so far
+        cpu = None
     wall = time.perf_counter() - t0
     out_json.write_text(p.stdout)
-    return {"wall_s": round(wall, 2), "peak_rss_bytes": rss, "rc": p.returncode, "loadavg_before": load,
+    return {"wall_s": round(wall, 2), "cpu_s": cpu, "peak_rss_bytes": rss, "rc": p.returncode, "loadavg_before": load,
             "loadavg_after": loadavg(), "stderr_tail": p.stderr.strip().splitlines()[-3:] if p.returncode else []}
 
 
@@ -97,6 +100,7 @@ def t(fn):
 with torch.inference_mode():
     a = ours(toks); b = theirs(toks)  # warm-up, and the outputs must agree
     same = float((a.float() - b.float()).abs().max())
+    assert ours.__class__.__module__.startswith("smearcli")
     rows = []
     for i in range(pairs):
         o = t(lambda: ours(toks)); u = t(lambda: theirs(toks))
@@ -110,7 +114,7 @@ print(json.dumps({"pairs": rows, "ratio_median": statistics.median(o / u for o, 
 def forward_ratio(tree: Path, upstream: Path, seq_len: int, pairs: int) -> dict:
     load = loadavg()
     p = sh(sys.executable, "-c", FORWARD_CODE, upstream, seq_len, pairs, env={**os.environ, "PYTHONPATH": str(tree)},
-           check=False)
+           check=False, cwd=tree)
     if p.returncode:
         return {"error": p.stderr.strip().splitlines()[-1:], "loadavg_before": load}
     return {**json.loads(p.stdout.strip().splitlines()[-1]), "loadavg_before": load, "loadavg_after": loadavg(),
@@ -137,6 +141,7 @@ def main() -> None:
     ap.add_argument("--skip-d20", action="store_true", help="leave out the d20 compare (needs ~25 GB, minutes)")
     ap.add_argument("--d20-schedules", default="prefill,decode,chunked,engine,speculative")
     ap.add_argument("--schedules", default="prefill,decode,chunked,engine,speculative")
+    ap.add_argument("--repeats", type=int, default=1, help="compare runs per revision, alternated (median kept)")
     ap.add_argument("--forward-tokens", type=int, default=2048)
     ap.add_argument("--forward-pairs", type=int, default=7)
     ap.add_argument("--out", type=Path, default=Path("before_after.json"))
@@ -152,9 +157,14 @@ def main() -> None:
     for preset, T, scheds in cases:
         ckpt = make_checkpoint(after, preset, args.work / f"ckpt-{preset}")
         row = {"shape": f"nanochat-{preset}", "tokens": T, "schedules": scheds}
-        for name, tree in (("before", before), ("after", after)):
-            row[name] = timed_compare(tree, ckpt, T, scheds, args.work / f"{preset}-{name}.json")
-            print(f"{preset} {T} {name}: {row[name]}", file=sys.stderr)
+        runs = {"before": [], "after": []}
+        for i in range(args.repeats):  # alternated, so drifting load hits both alike
+            for name, tree in (("before", before), ("after", after)):
+                r = timed_compare(tree, ckpt, T, scheds, args.work / f"{preset}-{name}.json")
+                runs[name].append(r)
+                print(f"{preset} {T} {name} #{i + 1}: {r}", file=sys.stderr)
+        for name, rs in runs.items():  # the median run by wall time, all runs kept
+            row[name] = {**sorted(rs, key=lambda r: r["wall_s"])[len(rs) // 2], "all": rs}
         row["same_results"] = same_json(args.work / f"{preset}-before.json", args.work / f"{preset}-after.json")
         result["compare"].append(row)
     if args.nanochat_repo:
@@ -162,13 +172,15 @@ def main() -> None:
         result["forward_d12"] = forward_ratio(after, upstream, args.forward_tokens, args.forward_pairs)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
 
-    print("| shape | tokens | before wall | after wall | change | before RSS | after RSS | same results | load (b/a) |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| shape | tokens | before wall | after wall | change | before CPU | after CPU | before RSS | after RSS "
+          "| same results | load (b/a) |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in result["compare"]:
         b, a = r["before"], r["after"]
         gib = lambda n: "-" if n is None else f"{n / 2**30:.2f} GiB"  # noqa: E731
         change = f"{100 * (a['wall_s'] / b['wall_s'] - 1):+.0f}%" if b["rc"] == 0 and a["rc"] == 0 else "failed"
-        print(f"| {r['shape']} | {r['tokens']} | {b['wall_s']} s | {a['wall_s']} s | {change} | {gib(b['peak_rss_bytes'])} "
+        print(f"| {r['shape']} | {r['tokens']} | {b['wall_s']} s | {a['wall_s']} s | {change} | {b['cpu_s']} s "
+              f"| {a['cpu_s']} s | {gib(b['peak_rss_bytes'])} "
               f"| {gib(a['peak_rss_bytes'])} | {r['same_results']} | {b['loadavg_before'][0]} / {a['loadavg_before'][0]} |")
     f = result.get("forward_d12")
     if f and "ratio_median" in f:

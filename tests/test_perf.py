@@ -207,3 +207,27 @@ def test_d20_at_2048_is_refused_with_its_estimate_where_memory_is_short(monkeypa
     monkeypatch.setattr(preflight, "available", lambda device: 4 << 30)
     r = CliRunner().invoke(app, ["compare", "--preset", "d20", "--quiet"])
     assert r.exit_code == 2 and "needs about" in r.output and "4.0 GiB available" in r.output, r.output
+
+
+@pytest.mark.parametrize("R,T,rows", [(1, 100, [0]), (2, 37, [0, 1]), (1, 5, [0, 0])])
+def test_blocked_kl_is_the_whole_kl_bit_for_bit(R, T, rows):
+    import torch.nn.functional as F
+    from smearcli.metrics import kl_per_position
+    g = torch.Generator().manual_seed(T)
+    ref = torch.randn(R, T, 1000, generator=g) * 4
+    run = ref[torch.tensor(rows)] + torch.randn(len(rows), T, 1000, generator=g) * 1e-2
+    p = F.log_softmax(ref[torch.tensor(rows)].double(), dim=-1)
+    q = F.log_softmax(run.double(), dim=-1)
+    whole = (p.exp() * (p - q)).sum(-1).amax(dim=0).clamp_min(0).float()
+    assert torch.equal(kl_per_position(ref, run, rows), whole)
+
+
+def test_d20_run_estimate_refuses_where_the_model_fits_but_the_run_does_not(monkeypatch):
+    from smearcli import preflight
+    from smearcli.errors import UserError
+    from smearcli.names import DEFAULT_SCHEDULES
+    c = preset_config("d20")
+    monkeypatch.setattr(preflight, "available", lambda device: 12 << 30)
+    preflight.check_model_memory(c, "cpu")  # 5.2 GiB of fp32 weights fit
+    with pytest.raises(UserError, match=r"1 x 2048 tokens.*needs about [\d.]+ GiB of memory, 12.0 GiB available"):
+        preflight.check_run_memory(c, "cpu", 1, 2048, list(DEFAULT_SCHEDULES), ["old", "fixed"], 2, None, "float32")
