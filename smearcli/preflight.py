@@ -149,9 +149,9 @@ def check_model_memory(config, device, file: Optional[Path] = None, mmap: bool =
     kind = getattr(device, "type", str(device).split(":")[0])
     if file is not None:
         size = os.path.getsize(file)
-        check_memory(load_bytes(config, size, mmap), "cpu", f"{file.name}: loading it ({nbytes(size)} on disk"
-                     f"{', memory-mapped' if mmap else ''}, "
-                     f"{param_count(config):,} parameters)", "free memory or use a machine with more")
+        check_memory(load_bytes(config, size, mmap), "cpu", f"{file.name}: loading it ({nbytes(size)} on disk, "
+                     f"{param_count(config):,} parameters)", "free memory or use a machine with more"
+                     + (" (the file is memory-mapped: its bytes are not counted)" if mmap else ""))
     else:
         check_memory(model_bytes(config), "cpu", f"the model ({param_count(config):,} parameters)",
                      "choose a smaller model")
