@@ -72,7 +72,7 @@ def timed_compare(tree: Path, ckpt: Path, seq_len: int, schedules: str, out_json
         p = subprocess.run([gnu_time, "-v", *cmd], env=env, capture_output=True, text=True, cwd=tree)
         m = re.search(r"Maximum resident set size \(kbytes\): (\d+)", p.stderr)
         rss = int(m.group(1)) * 1024 if m else None
-        cpu = sum(float(x) for x in re.findall(r"(?:User|System) time \(seconds\): ([\d.]+)", p.stderr)) or None
+        cpu = round(sum(float(x) for x in re.findall(r"(?:User|System) time \(seconds\): ([\d.]+)", p.stderr)), 2) or None
     else:
         import resource
         p = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=tree)
