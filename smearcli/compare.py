@@ -16,6 +16,7 @@ nanochat code behind its adapter.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
@@ -25,6 +26,7 @@ from .metrics import (AnalyticCheck, NoiseFloor, RunMetrics, analytic_check, lay
                       noise_floor)
 from .names import DEFAULT_SCHEDULES, LOGIC_NAMES, NOISE_MARGIN, REFERENCE
 from .schedules import RunResult, ScheduleOptions, run_schedule
+from .smear import same_one_token_step
 from .units import sig3
 
 SCHEMA = "smearcli.compare/1"
@@ -61,28 +63,52 @@ class Comparison:
 def compare(model, tokens: Tensor, schedules: Sequence[str] = DEFAULT_SCHEDULES,
             logics: Sequence[str] = LOGIC_NAMES, options: ScheduleOptions = ScheduleOptions(),
             tolerance: float = NOISE_MARGIN, progress=None, first_capture: str = "emb",
-            check_runs: Optional[Callable[[RunMetrics], bool]] = None) -> Comparison:
+            check_runs: Optional[Callable[[RunMetrics], bool]] = None,
+            tokens_progress: Optional[Callable[[int, int], None]] = None) -> Comparison:
     """Run the reference, the noise-floor pair and every (schedule, logic); measure each.
 
-    `progress`, if given, is called with a short label before each run. `first_capture` names
-    the model's first capture point; `check_runs` picks the runs that get the analytic check
-    (default: those of the old logic)."""
+    `progress`, if given, is called with a short label before each run; `tokens_progress(done,
+    total)` after every forward step, with the positions fed so far over all runs. `first_capture`
+    names the model's first capture point; `check_runs` picks the runs that get the analytic
+    check (default: those of the old logic).
+
+    The decode schedule runs once when every logic's one-token step is the same code
+    (`smear.same_one_token_step`, checked by tests) and the model takes its logics from that
+    registry: the one result then stands for each logic."""
     tokens = tokens.to(model.device)
     step = progress or (lambda label: None)
+    share = shares_decode(model, schedules, logics)
+    total = planned_runs(schedules, logics, share) * tokens.size(1)
+    done = [0]
+
+    def run(sched, logic):
+        base = done[0]
+
+        def on_step(n, _T):
+            done[0] = base + n
+            if tokens_progress is not None:
+                tokens_progress(done[0], total)
+        r = run_schedule(model, tokens, sched, logic, options, progress=on_step)
+        done[0] = base + tokens.size(1)
+        return r
+
     step("full (reference)")
-    ref = run_schedule(model, tokens, REFERENCE, "fixed", options)
+    ref = run(REFERENCE, "fixed")
     runs: list[RunResult] = []
     decode_for_noise = None
     for sched in schedules:
         for logic in logics:
-            step(f"{sched} / {logic}")
-            r = run_schedule(model, tokens, sched, logic, options)
+            if sched == "decode" and share and decode_for_noise is not None:
+                r = dataclasses.replace(decode_for_noise, logic=logic)  # the same computation
+            else:
+                step(f"{sched} / {logic}")
+                r = run(sched, logic)
             runs.append(r)
             if sched == "decode" and decode_for_noise is None:
                 decode_for_noise = r
     if decode_for_noise is None:
         step("decode (noise floor)")
-        decode_for_noise = run_schedule(model, tokens, "decode", "fixed", options)
+        decode_for_noise = run("decode", "fixed")
     noise = noise_floor(ref, decode_for_noise, model.dtype)
     metrics = [measure(ref, r, noise, tolerance) for r in runs]
     pick = check_runs or (lambda m: m.logic == "old")
@@ -90,6 +116,20 @@ def compare(model, tokens: Tensor, schedules: Sequence[str] = DEFAULT_SCHEDULES,
     layers = [first_capture] + layer_names(model.config.n_layer)[1:]
     return Comparison(model, tokens, options, layers, noise, ref, runs,
                       metrics, {k: v for k, v in analytic.items() if v}, tolerance)
+
+
+def shares_decode(model, schedules: Sequence[str], logics: Sequence[str]) -> bool:
+    """Whether `compare` runs decode once for all `logics`: several logics, one one-token step
+    (`smear.same_one_token_step`), and a model whose `smear=` picks from smearcli's registry."""
+    return ("decode" in schedules and len(set(logics)) > 1 and same_one_token_step(logics)
+            and getattr(model, "smear_registry", None) == "smearcli")
+
+
+def planned_runs(schedules: Sequence[str], logics: Sequence[str], share_decode: bool) -> int:
+    """Forward runs `compare` makes: the reference, each (schedule, logic) (decode once when it is
+    shared), and a decode for the noise floor when no schedule is decode."""
+    n = 1 + len(schedules) * len(logics) + ("decode" not in schedules)
+    return n - (len(logics) - 1 if share_decode and "decode" in schedules else 0)
 
 
 def verdict(c: Comparison) -> str:

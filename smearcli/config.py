@@ -104,3 +104,61 @@ class GPTConfig:
     @property
     def backout_layer(self) -> int:
         return self.n_layer // 2
+
+
+# -- nanochat's model sizes ----------------------------------------------------------------------
+# How upstream's scripts/base_train.py (commit 92d63d4) sizes a model from its one dial, --depth:
+# width = depth x aspect ratio 64, rounded up to a multiple of the 128-dim head; heads = width /
+# 128; as many key/value heads as query heads; context 2048; windows "SSSL".
+NANOCHAT_ASPECT_RATIO = 64
+NANOCHAT_HEAD_DIM = 128
+NANOCHAT_CONTEXT = 2048
+# The tokenizer of nanochat's released models (the d20 speedrun, d32): 2^16 ids, special tokens
+# included. Upstream's tok_train has defaulted to 32,768 since January 2026 (commit ccf4b7f).
+NANOCHAT_VOCAB = 65536
+
+
+def nanochat_shape(depth: int, vocab_size: int = NANOCHAT_VOCAB, sequence_len: int = NANOCHAT_CONTEXT,
+                   window_pattern: str = "SSSL") -> GPTConfig:
+    """The config nanochat's training script builds for `depth` layers."""
+    if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
+        raise ConfigError(f"depth must be a positive integer, got {depth!r}")
+    width = -(-depth * NANOCHAT_ASPECT_RATIO // NANOCHAT_HEAD_DIM) * NANOCHAT_HEAD_DIM
+    heads = width // NANOCHAT_HEAD_DIM
+    return GPTConfig(sequence_len=sequence_len, vocab_size=vocab_size, n_layer=depth, n_head=heads,
+                     n_kv_head=heads, n_embd=width, window_pattern=window_pattern)
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A named model shape and the input length a run takes by default."""
+    name: str
+    depth: int
+    vocab_size: int
+    sequence_len: int  # the model's training context (windows, rotary table)
+    seq_len: int  # tokens per row of random input, unless given
+    summary: str
+
+    def describe(self) -> str:
+        c = self.config()
+        return (f"{self.name}: {self.summary}; d{c.n_layer}, {c.n_embd} wide, {c.n_head} heads of "
+                f"{c.head_dim}, vocab {c.vocab_size:,}, {self.seq_len:,} tokens")
+
+    def config(self, depth: "int | None" = None) -> GPTConfig:
+        return nanochat_shape(self.depth if depth is None else depth, self.vocab_size, self.sequence_len)
+
+
+PRESETS: dict[str, Preset] = {p.name: p for p in [
+    Preset("small", 4, BYTE_VOCAB, 512, 256, "the small default, byte vocabulary, context 512: seconds on a CPU"),
+    Preset("d12", 12, NANOCHAT_VOCAB, NANOCHAT_CONTEXT, NANOCHAT_CONTEXT, "nanochat d12 (its reference size)"),
+    Preset("d20", 20, NANOCHAT_VOCAB, NANOCHAT_CONTEXT, NANOCHAT_CONTEXT, "nanochat d20 (the speedrun model)"),
+    Preset("d26", 26, NANOCHAT_VOCAB, NANOCHAT_CONTEXT, NANOCHAT_CONTEXT, "nanochat d26 (about GPT-2)"),
+    Preset("d32", 32, NANOCHAT_VOCAB, NANOCHAT_CONTEXT, NANOCHAT_CONTEXT, "nanochat d32"),
+]}
+
+
+def preset_config(name: str, depth: "int | None" = None) -> GPTConfig:
+    """The model config of preset `name` (at `depth` layers instead of its own, if given)."""
+    if name not in PRESETS:
+        raise ConfigError(f"unknown preset {name!r}; choose from {', '.join(PRESETS)}")
+    return PRESETS[name].config(depth)

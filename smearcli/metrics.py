@@ -37,10 +37,9 @@ def _stack(run: RunResult) -> list[Tensor]:
 
 def abs_error(ref: RunResult, run: RunResult) -> Tensor:
     """(layers, T): max |run - ref| over rows and channels at every capture point."""
-    rows = torch.tensor(run.row_map)
     out = []
     for r, x in zip(_stack(ref), _stack(run)):
-        out.append((x - r[rows]).abs().amax(dim=(0, 2)))
+        out.append((x - _rows(r, run.row_map)).abs().amax(dim=(0, 2)))
     return torch.stack(out)
 
 
@@ -66,11 +65,25 @@ def noise_floor(ref: RunResult, decode: RunResult, dtype: torch.dtype) -> NoiseF
     return NoiseFloor(torch.maximum(measured, ulp).tolist())
 
 
+KL_CHUNK = 32  # positions per block of the double-precision KL: stays in cache, no (R, T, V) doubles
+
+
+def _rows(ref: Tensor, row_map: list[int]) -> Tensor:
+    """ref's rows in run order; ref itself when that is every row in order (no copy)."""
+    return ref if row_map == list(range(ref.size(0))) else ref[torch.tensor(row_map)]
+
+
 def kl_per_position(ref_logits: Tensor, run_logits: Tensor, row_map: list[int]) -> Tensor:
-    """(T,): KL(ref || run) in nats, max over rows."""
-    p = F.log_softmax(ref_logits[torch.tensor(row_map)].double(), dim=-1)
-    q = F.log_softmax(run_logits.double(), dim=-1)
-    kl = (p.exp() * (p - q)).sum(-1)  # (R, T)
+    """(T,): KL(ref || run) in nats, max over rows. Computed KL_CHUNK positions at a time: each
+    position's sum is the same reduction either way (tests/test_perf.py checks it bit for bit),
+    with a fraction of the memory traffic."""
+    ref_logits = _rows(ref_logits, row_map)
+    R, T = run_logits.shape[:2]
+    kl = torch.empty(R, T, dtype=torch.float64, device=run_logits.device)
+    for s in range(0, T, KL_CHUNK):
+        p = F.log_softmax(ref_logits[:, s:s + KL_CHUNK].double(), dim=-1)
+        q = F.log_softmax(run_logits[:, s:s + KL_CHUNK].double(), dim=-1)
+        kl[:, s:s + KL_CHUNK] = (p.exp() * (p - q)).sum(-1)
     return kl.amax(dim=0).clamp_min(0).float()
 
 
@@ -148,8 +161,7 @@ class RunMetrics:
 def measure(ref: RunResult, run: RunResult, noise: NoiseFloor, tolerance: float = NOISE_MARGIN) -> RunMetrics:
     err = abs_error(ref, run)
     rel = err / ref_scale(ref).clamp_min(torch.finfo(torch.float32).tiny)
-    rows = torch.tensor(run.row_map)
-    top1 = (ref.logits[rows].argmax(-1) == run.logits.argmax(-1)).float().mean().item()
+    top1 = (_rows(ref.logits, run.row_map).argmax(-1) == run.logits.argmax(-1)).float().mean().item()
     return RunMetrics(run.schedule, run.logic, list(run.steps), run.chunk_starts, err, rel,
                       kl_per_position(ref.logits, run.logits, run.row_map), top1, noise, tolerance)
 

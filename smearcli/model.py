@@ -137,6 +137,8 @@ class GPT(nn.Module):
         self.config = config
         self.dtype = dtype  # the compute dtype of activations
         self.smear = smear
+        # forward's `smear=` names a logic of smearcli.smear.LOGICS (what compare's decode sharing needs)
+        self.smear_registry = "smearcli"
         V, C = config.padded_vocab_size, config.n_embd
         kv_dim = config.n_kv_head * config.head_dim
         self.transformer = nn.ModuleDict({

@@ -51,9 +51,10 @@ def model_bytes(config) -> int:
     return param_count(config) * FP32 + rotary_bytes(config)
 
 
-def load_bytes(config, file_bytes: int) -> int:
-    """Loading a checkpoint: the file's tensors, the model, and fp32 copies of narrower tensors."""
-    return file_bytes + 2 * param_count(config) * FP32 + rotary_bytes(config)
+def load_bytes(config, file_bytes: int, mmap: bool = False) -> int:
+    """Loading a checkpoint: the model, fp32 copies of narrower tensors, and the file's tensors
+    unless the file is memory-mapped (then they are page cache, read on use and reclaimable)."""
+    return (0 if mmap else file_bytes) + 2 * param_count(config) * FP32 + rotary_bytes(config)
 
 
 def run_bytes(config, batch: int, seq_len: int, schedules: Sequence[str], logics: Sequence[str],
@@ -182,16 +183,18 @@ def check_memory(needed: int, device, what: str, hint: str) -> None:
         raise TooLarge(f"{what} needs about {nbytes(needed)} of {where}, {nbytes(avail)} available; {hint}")
 
 
-def check_model_memory(config, device, file: Optional[Path] = None) -> None:
-    """Before building a model (and reading its checkpoint file, if any)."""
+def check_model_memory(config, device, file: Optional[Path] = None, mmap: bool = False) -> None:
+    """Before building a model (and reading its checkpoint file, if any; `mmap`: it will be
+    memory-mapped)."""
     kind = getattr(device, "type", str(device).split(":")[0])
     if file is not None:
         from .files import regular_file, uncompressed_size
 
         regular_file(file, file.name)  # before any open: a FIFO would block
         size = uncompressed_size(file)  # the zip index's sizes: a compressed member inflates
-        check_memory(load_bytes(config, size), "cpu", f"{file.name}: loading it ({nbytes(size)} of tensors, "
-                     f"{param_count(config):,} parameters)", "free memory or use a machine with more")
+        check_memory(load_bytes(config, size, mmap), "cpu", f"{file.name}: loading it ({nbytes(size)} of "
+                     f"tensors, {param_count(config):,} parameters)", "free memory or use a machine with more"
+                     + (" (the file is memory-mapped: its bytes are not counted)" if mmap else ""))
     else:
         check_memory(model_bytes(config), "cpu", f"the model ({param_count(config):,} parameters)",
                      "choose a smaller model")

@@ -93,8 +93,9 @@ def _prompt_len(T: int, opts: ScheduleOptions) -> int:
 
 
 def _run_steps(model: GPT, tokens: Tensor, steps: list[int], logic: str, capture: bool,
-               cache=None) -> tuple[Tensor, Optional[list[Tensor]]]:
-    """Feed `tokens` (B, T) through the cache in steps; stitch outputs back along T."""
+               cache=None, on_step=None) -> tuple[Tensor, Optional[list[Tensor]]]:
+    """Feed `tokens` (B, T) through the cache in steps; stitch outputs back along T.
+    `on_step(n)` is called after each step of n tokens."""
     B, T = tokens.shape
     if cache is None:
         cache = model.new_cache(B, T)
@@ -106,26 +107,30 @@ def _run_steps(model: GPT, tokens: Tensor, steps: list[int], logic: str, capture
         logits.append(model(tokens[:, pos:pos + n], cache=cache, smear=logic, capture=cap))
         caps.append(cap)
         pos += n
+        if on_step is not None:
+            on_step(n)
     assert pos == T and cache.get_pos() == pos0 + T
     hiddens = [torch.cat([c[i] for c in caps], dim=1) for i in range(len(caps[0]))] if capture else None
     return torch.cat(logits, dim=1), hiddens
 
 
-def _full(model, tokens, logic, opts, capture):
+def _full(model, tokens, logic, opts, capture, on_step=None):
     cap = [] if capture else None
     logits = model(tokens, smear=logic, capture=cap)
+    if on_step is not None:
+        on_step(tokens.size(1))
     return logits, cap, [tokens.size(1)], None
 
 
 def _stepped(plan: Callable[[int, ScheduleOptions], list[int]]):
-    def run(model, tokens, logic, opts, capture):
+    def run(model, tokens, logic, opts, capture, on_step=None):
         steps = plan(tokens.size(1), opts)
-        logits, hiddens = _run_steps(model, tokens, steps, logic, capture)
+        logits, hiddens = _run_steps(model, tokens, steps, logic, capture, on_step=on_step)
         return logits, hiddens, steps, None
     return run
 
 
-def _engine(model, tokens, logic, opts, capture):
+def _engine(model, tokens, logic, opts, capture, on_step=None):
     B, T = tokens.shape
     S = opts.samples
     if S < 1:
@@ -137,11 +142,14 @@ def _engine(model, tokens, logic, opts, capture):
         c1 = model.new_cache(1, P)
         cap = [] if capture else None
         lp = model(tokens[b:b + 1, :P], cache=c1, smear=logic, capture=cap)
+        if on_step is not None and b == B - 1:
+            on_step(P)
         # 2) copy the cache (prev_embedding included) into S rows, then decode the rest
         cS = model.new_cache(S, T)
         cS.expand_from(c1)
         rest = tokens[b:b + 1, P:].expand(S, -1)
-        ld, hd = _run_steps(model, rest, [1] * (T - P), logic, capture, cache=cS)
+        ld, hd = _run_steps(model, rest, [1] * (T - P), logic, capture, cache=cS,
+                            on_step=on_step if b == B - 1 else None)
         logits_rows.append(torch.cat([lp.expand(S, -1, -1), ld], dim=1))
         if capture:
             hidden_rows.append([torch.cat([p.expand(S, -1, -1), d], dim=1) for p, d in zip(cap, hd)])
@@ -195,13 +203,22 @@ assert tuple(SCHEDULES) == SCHEDULE_NAMES
 
 
 def run_schedule(model: GPT, tokens: Tensor, schedule: str, logic: str,
-                 opts: ScheduleOptions = ScheduleOptions(), capture: bool = True) -> RunResult:
-    """Run `tokens` (B, T) under one schedule and one smear logic, without gradients."""
+                 opts: ScheduleOptions = ScheduleOptions(), capture: bool = True,
+                 progress: Optional[Callable[[int, int], None]] = None) -> RunResult:
+    """Run `tokens` (B, T) under one schedule and one smear logic, without gradients.
+    `progress(done, total)`, if given, is called after each forward step with the positions fed
+    so far and T (engine: counted on its last input row)."""
     if schedule not in SCHEDULES:
         raise ValueError(f"unknown schedule {schedule!r}; choose from {', '.join(SCHEDULES)}")
-    B = tokens.size(0)
+    B, T = tokens.shape
+    done = [0]
+
+    def on_step(n: int) -> None:
+        done[0] += n
+        progress(done[0], T)
     with torch.inference_mode():
-        logits, hiddens, steps, expand_at = SCHEDULES[schedule].run(model, tokens, logic, opts, capture)
+        logits, hiddens, steps, expand_at = SCHEDULES[schedule].run(model, tokens, logic, opts, capture,
+                                                                    on_step if progress else None)
     rows = logits.size(0)
     row_map = [r * B // rows for r in range(rows)] if rows != B else list(range(B))
     return RunResult(schedule, logic, logits, hiddens, steps, row_map, expand_at)

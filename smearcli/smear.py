@@ -59,16 +59,22 @@ def smear_old(x: Tensor, gate_weight: Tensor, smear_lambda: Tensor,
     if T > 1:
         # treated as "start of sequence" even when the cache already holds tokens: the bug
         return _smear_within(x, gate_weight, smear_lambda)
-    if prev is not None:
-        return x + smear_gate(x, gate_weight, smear_lambda) * prev
-    return x
+    return smear_one_token(x, gate_weight, smear_lambda, prev)
+
+
+def smear_one_token(x: Tensor, gate_weight: Tensor, smear_lambda: Tensor, prev: Optional[Tensor]) -> Tensor:
+    """A cached step of one token (decode): both logics run this very function (`ONE_TOKEN_STEP`)."""
+    if prev is None:
+        return x  # the sequence's first token: nothing to smear from
+    return x + smear_gate(x, gate_weight, smear_lambda) * prev.to(x.dtype)
 
 
 def smear_fixed(x: Tensor, gate_weight: Tensor, smear_lambda: Tensor,
               prev: Optional[Tensor], cached: bool) -> Tensor:
     """The fix proposed in issue #756: the chunk's first token takes `prev` when it is set."""
-    if x.size(1) == 1 and (not cached or prev is None):
-        return x  # a lone first token: nothing to smear from
+    if x.size(1) == 1:
+        # a lone uncached token has no predecessor; a cached one is a decode step
+        return smear_one_token(x, gate_weight, smear_lambda, prev) if cached else x
     if not cached:
         return _smear_within(x, gate_weight, smear_lambda)  # the fix leaves this branch as is
     # The fix computes the gate over the whole step and takes the rows it needs. At a true start
@@ -78,9 +84,6 @@ def smear_fixed(x: Tensor, gate_weight: Tensor, smear_lambda: Tensor,
     if prev is None:
         # a true start of sequence: the first token has no predecessor
         return torch.cat([x[:, :1], x[:, 1:] + gate[:, 1:] * x[:, :-1]], dim=1)
-    if x.size(1) == 1:
-        # decode: the predecessor is prev itself (skips concatenating an empty slice per token)
-        return x + gate * prev.to(x.dtype)
     predecessors = torch.cat([prev.to(x.dtype), x[:, :-1]], dim=1)  # (B, T, C)
     return x + gate * predecessors
 
@@ -90,6 +93,19 @@ SmearFn = Callable[[Tensor, Tensor, Tensor, Optional[Tensor], bool], Tensor]
 # The registry every caller (model, CLI, notebooks, tests) picks a logic from, in display order.
 LOGICS: dict[str, SmearFn] = {"old": smear_old, "fixed": smear_fixed}
 assert tuple(LOGICS) == LOGIC_NAMES
+
+
+# The function each logic's cached one-token step (T == 1, cached=True) calls, whatever `prev`.
+# A fact about the code above, checked by tests/test_decode_share.py on random inputs: when two
+# logics map to the same function, their decode runs are the same computation, bit for bit.
+ONE_TOKEN_STEP: dict[str, Callable] = {"old": smear_one_token, "fixed": smear_one_token}
+
+
+def same_one_token_step(logics) -> bool:
+    """True when every logic named runs the same code for a cached one-token step, so one decode
+    run serves them all. False for a logic the registry does not know (a user's own code)."""
+    fns = {ONE_TOKEN_STEP.get(name) for name in logics}
+    return len(fns) == 1 and None not in fns
 
 
 def get_logic(name: str) -> SmearFn:

@@ -18,7 +18,7 @@ from typing import Optional
 
 import torch
 
-from .config import ConfigError, GPTConfig
+from .config import PRESETS, ConfigError, GPTConfig, preset_config  # noqa: F401 - presets: torch-free data, exposed here
 from .errors import UserError
 from .files import odd_tensor, regular_file, zip_members
 from .model import GPT, param_shapes
@@ -41,6 +41,13 @@ def random_config(depth: int = 4, sequence_len: int = 512, vocab_size: int = 256
         n_head += 1
     return GPTConfig(sequence_len=sequence_len, vocab_size=vocab_size, n_layer=depth, n_head=n_head,
                      n_kv_head=n_head, n_embd=n_embd, window_pattern=window_pattern)
+
+
+def preset_model(name: str, seed: int = 0, device="cpu", dtype: torch.dtype = torch.float32,
+                 depth: Optional[int] = None) -> LoadedModel:
+    """A seeded random model of a preset's shape (`PRESETS`: small, nanochat's d12 ... d32)."""
+    return random_model(preset_config(name, depth), seed=seed, device=device, dtype=dtype)
+
 
 _MODEL_RE = re.compile(r"^model_(\d+)\.pt$")
 
@@ -106,7 +113,9 @@ def random_model(config: Optional[GPTConfig] = None, seed: int = 0, device="cpu"
                  dtype: torch.dtype = torch.float32) -> LoadedModel:
     config = config or random_config()
     check_model_memory(config, device)
-    model = GPT(config)
+    with torch.device("meta"):  # no memory and no default init: init_random writes every tensor
+        model = GPT(config)
+    model.to_empty(device="cpu")
     init_random(model, seed)
     model.set_dtype(dtype).to(device).eval().requires_grad_(False)
     return LoadedModel(model, "random", meta={"seed": seed, "model_config": config.to_dict()})
@@ -241,10 +250,22 @@ def _load_error(path: Path, e: Exception) -> UserError:
     return UserError(f"{path.name}: {msg}{tail}")
 
 
+def can_mmap(path: Path) -> bool:
+    """Whether torch.load can memory-map the file: the zip format torch.save has written since
+    torch 1.6 (a legacy pickle is read into memory)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(2) == b"PK"
+    except OSError:
+        return False
+
+
 def read_state_dict(path: Path) -> dict:
+    """The file's tensors. A zip-format file is memory-mapped (torch.load mmap=True): its tensors
+    stay in the page cache, read as they are used, instead of being copied into memory first."""
     check_torch_file(path)
     try:
-        sd = torch.load(path, map_location="cpu", weights_only=True)
+        sd = torch.load(path, map_location="cpu", weights_only=True, mmap=can_mmap(path))
     except MemoryError:
         raise
     except Exception as e:  # noqa: BLE001 - every failure here means the same to the user
@@ -328,7 +349,7 @@ def load_checkpoint(ckpt_dir, step: Optional[int] = None, device="cpu",
         config = GPTConfig.from_dict(meta["model_config"])
     except (ConfigError, TypeError) as e:
         raise UserError(f"{meta_path.name}: {e}") from e
-    check_model_memory(config, device, file=model_path)
+    check_model_memory(config, device, file=model_path, mmap=can_mmap(model_path))
     sd = read_state_dict(model_path)
     # older checkpoints predate these per-layer scalars; their neutral values reproduce them
     sd.setdefault("resid_lambdas", torch.ones(config.n_layer))

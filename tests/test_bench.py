@@ -142,7 +142,7 @@ def test_bench_alternates_and_summarises(tiny):
     rec = Recorder(clock, factor=1.25)
     tokens = random_tokens(tiny.config, 16)
     opts = ScheduleOptions(chunks=4)
-    settings = harness.BenchSettings(warmup=2, repeats=3, micro=False, peak=False, memory=True)
+    settings = harness.BenchSettings(warmup=2, repeats=3, micro=False, peak=False, memory=True, budget_s=1e9)
     progress = []
     res = harness.bench(tiny, tokens, ["prefill", "chunked"], ["old", "fixed"], opts, settings,
                       timer=meters.Timer("cpu", clock), run=rec,
@@ -351,12 +351,10 @@ def test_busy_cpu_uses_one_thread():
 
 
 def test_cli_preset_fills_defaults():
-    from smearcli.cli.commands.bench import apply_preset, Preset
-    from smearcli.cli.options import RunSpec
-    spec, ctx = apply_preset(RunSpec(), Preset.d20, set())
-    assert (spec.depth, spec.seq_len, ctx) == (20, 2048, 2048)
-    spec, ctx = apply_preset(RunSpec(depth=3), Preset.d12, {"depth"})
-    assert (spec.depth, spec.seq_len) == (3, 2048)
+    from smearcli.cli.options import PresetName, RunSpec
+    spec = RunSpec(preset=PresetName("d20"))
+    assert (spec.model_kind().value, spec.seq_len_value()) == ("random", 2048)
+    assert RunSpec(preset=PresetName("d12"), seq_len=10).seq_len_value() == 10  # explicit wins
 
 
 @pytest.mark.parametrize("args", [["--repeats", "0"], ["--warmup", "-1"], ["--budget", "0"],
@@ -379,3 +377,91 @@ def test_cuda_path():
     assert res.memory_kind == "cuda allocator peak"
     assert all(isinstance(c.peak_mem, int) and c.peak_mem > 0 for c in res.cells)
     assert res.peak is not None and res.peak.dtype == "bfloat16"
+
+
+# -- keeping to the budget ------------------------------------------------------------------------
+class FakeDecodeSampler:
+    """A `sample_decode` whose every one-token step "takes" `step_s` on the fake clock (fixed: x factor)."""
+
+    def __init__(self, clock, step_s, factor=1.1):
+        self.clock, self.step_s, self.factor, self.calls = clock, step_s, factor, []
+
+    def __call__(self, model, tokens, logic, sample, measure, caches=None):
+        self.calls.append((logic, sample.start, sample.steps))
+        d = sample.steps * self.step_s * (self.factor if logic == "fixed" else 1.0)
+        return measure(lambda: setattr(self.clock, "t", self.clock.t + d))
+
+
+def test_bench_samples_decode_when_whole_decodes_overrun_the_budget(tiny):
+    clock = FakeClock()
+    sampler = FakeDecodeSampler(clock, step_s=0.5)  # a whole 64-token decode "takes" 32 s
+    tokens = random_tokens(tiny.config, 64)
+    settings = harness.BenchSettings(warmup=1, micro=False, peak=False, memory=False, budget_s=20.0)
+    res = harness.bench(tiny, tokens, ["decode"], ["old", "fixed"], ScheduleOptions(), settings,
+                        timer=meters.Timer("cpu", clock), run=Recorder(clock), sample_decode=sampler)
+    old, fixed = res.cell("decode", "old"), res.cell("decode", "fixed")
+    k = old.sampled.steps
+    assert 8 <= k < 64 and old.sampled.total == 64 and fixed.sampled == old.sampled
+    # every timed sample is k steps' time scaled to 64 steps: the whole decode's 32 s
+    assert old.samples == pytest.approx([32.0] * len(old.samples))
+    assert fixed.samples == pytest.approx([32.0 * 1.1] * len(fixed.samples))
+    assert res.ratio("decode").summary.median == pytest.approx(1.1)
+    assert clock.t <= 2 * settings.budget_s  # what the fake decodes "took" in all
+    doc = report.to_json(res)
+    cell = doc["cells"][0]
+    assert cell["sampled"]["timed_steps"] == k and cell["sampled"]["of_steps"] == 64
+    assert cell["steps"] == 64 and cell["tokens"] == 64
+
+
+def test_bench_times_whole_decodes_when_they_fit(tiny):
+    clock = FakeClock()
+    sampler = FakeDecodeSampler(clock, step_s=0.001)
+    settings = harness.BenchSettings(warmup=1, micro=False, peak=False, memory=False, budget_s=20.0)
+    res = harness.bench(tiny, random_tokens(tiny.config, 64), ["decode"], ["old", "fixed"], ScheduleOptions(),
+                        settings, timer=meters.Timer("cpu", clock), run=Recorder(clock), sample_decode=sampler)
+    assert res.cell("decode", "old").sampled is None
+    assert len(sampler.calls) == 2  # the probe only
+
+
+def test_report_says_when_pairs_are_too_few_for_an_iqr_and_the_peak_method(tiny):
+    from rich.console import Console
+    clock = FakeClock()
+    settings = harness.BenchSettings(warmup=0, repeats=2, micro=False, peak=False, memory=False)
+    res = harness.bench(tiny, random_tokens(tiny.config, 8), ["prefill"], ["old", "fixed"], ScheduleOptions(),
+                        settings, timer=meters.Timer("cpu", clock), run=Recorder(clock))
+    res.peak = meters.Peak(64, "float32", [2.0, 1.0, 3.0], warmup=4)
+    con = Console(record=True, width=200)
+    report.render(res, con)
+    text = con.export_text()
+    assert "IQR not shown: only 2 pair(s)" in text
+    assert "best of 3 after 4 warm-up" in text
+    assert res.peak.flops_per_s == pytest.approx(2 * 64 ** 3 / 1.0)  # the fastest sample
+
+
+def test_peak_is_best_of_n_after_warmup():
+    clock = FakeClock()
+    times = iter([5.0, 4.0, 3.0] + [2.0, 1.5, 1.0, 1.2, 1.1])  # warm-up, then timed
+
+    class T(meters.Timer):
+        def measure(self, fn):
+            fn()
+            clock.t += (d := next(times))
+            return d
+    p = meters.measure_peak(torch.device("cpu"), torch.float32, T("cpu", clock), size=8, warmup=3,
+                            repeats=5, warmup_s=0.0, max_s=100.0)
+    assert p.warmup == 3 and p.samples == [2.0, 1.5, 1.0, 1.2, 1.1] and min(p.samples) == 1.0
+
+
+def test_memory_from_warmup_when_the_extra_run_does_not_fit():
+    clock, order = FakeClock(), []
+    fns = _fake_fns(order, clock, {"old": 1.0, "fixed": 1.0})
+    measured = []
+
+    def memory(fn):
+        measured.append(clock.t)
+        fn()
+        return 7
+    rounds = harness.alternate(fns, 1, 2, meters.Timer("cpu", clock).measure, memory=memory,
+                               memory_extra=lambda round_s: False)
+    assert order == ["old", "fixed"] * 3  # warm-up, two timed rounds, no extra run
+    assert rounds.memory == {"old": 7, "fixed": 7} and measured == [0.0, 1.0]  # in the warm-up round

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Sequence, Union
+from typing import Callable, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -53,7 +53,9 @@ from ..model import GPT, rms_norm
 from ..names import LOGIC_NAMES
 from ..schedules import ScheduleOptions, chunk_plan, run_schedule
 from ..smear import LOGICS
-from .meters import MemoryMeter, Timer, environment
+from .sampled import MIN_SAMPLE, DecodeSample, sample_window, steps_that_fit, time_decode_steps
+from .rounds import Rounds, Tracker, alternate  # noqa: F401 - part of the harness's API
+from .meters import MemoryMeter, Peak, Timer, environment, measure_peak  # noqa: F401 - Peak: a result type
 from .stats import Summary, pair_ratios
 
 SCHEMA = "smearcli.bench/1"
@@ -67,7 +69,7 @@ class BenchSettings:
     warmup: int = 1  # untimed rounds per schedule (each runs every logic once)
     repeats: Optional[int] = None  # timed rounds per schedule; None: as many as `budget_s` allows
     budget_s: float = 20.0  # with repeats=None: the whole bench's target time
-    min_repeats: int = 3  # with repeats=None: never fewer timed rounds per schedule
+    min_repeats: int = 1  # with repeats=None: never fewer timed rounds (the report says when an IQR lacks pairs)
     max_repeats: int = 20  # with repeats=None: never more
     micro: bool = True  # time the smear functions on their own
     micro_repeats: int = 300  # timed rounds of the micro-benchmark
@@ -75,6 +77,7 @@ class BenchSettings:
     peak: bool = True  # measure a matmul peak and report achieved FLOP/s against it
     peak_size: Optional[int] = None  # square matmul size (default: 2048 on CPU, 8192 on GPUs)
     memory: bool = True  # peak memory of each cell, on one extra untimed run after the timed ones
+    decode_sample: Optional[int] = None  # decode: one-token steps timed per run (None: all, unless over budget; 0: all)
 
     def check(self) -> None:
         if self.warmup < 0:
@@ -116,6 +119,7 @@ class Cell:
     tokens: int  # tokens fed through the model per run (all rows)
     flops: int  # forward FLOPs per run
     peak_mem: Optional[int] = None  # bytes, see MemoryMeter
+    sampled: Optional[DecodeSample] = None  # set when only these steps were timed (samples are scaled)
 
     @property
     def summary(self) -> Summary:
@@ -154,22 +158,6 @@ class MicroCase:
 
 
 @dataclass
-class Peak:
-    size: int
-    dtype: str
-    samples: list[float]  # seconds per matmul
-
-    @property
-    def flops(self) -> int:
-        return F.matmul_flops(self.size, self.size, self.size)
-
-    @property
-    def flops_per_s(self) -> float:
-        """The best observed rate: a peak is what the hardware can do, not what it usually does."""
-        return self.flops / min(self.samples)
-
-
-@dataclass
 class BenchResult:
     env: dict
     settings: BenchSettings
@@ -202,91 +190,6 @@ class BenchResult:
 
 
 # -- the harness ----------------------------------------------------------------------------------
-class Tracker:
-    """Counts runs for a progress callback `progress(description, done, total)`; the total grows
-    when the number of timed rounds is chosen."""
-
-    def __init__(self, progress: Progress = None):
-        self.progress, self.done, self.total = progress, 0, 0
-
-    def add(self, n: int) -> None:
-        self.total += n
-
-    def tick(self, desc: str) -> None:
-        if self.progress:
-            self.progress(desc, self.done, max(self.total, self.done + 1))
-        self.done += 1
-
-    def finish(self) -> None:
-        if self.progress:
-            self.progress("done", self.done, self.done)
-
-
-@dataclass
-class Rounds:
-    """What `alternate` measured: timed samples per name, in round order, and the peak memory of
-    each name's extra run after them (when a memory meter was given)."""
-    samples: dict[str, list[float]]
-    memory: dict[str, Optional[int]] = field(default_factory=dict)
-
-
-def alternate(fns: dict[str, Callable[[], object]], warmup: int, repeats: Union[int, Callable[[float], int]],
-              measure: Callable[[Callable[[], object]], float], log: Optional[list] = None,
-              what: str = "", tracker: Optional[Tracker] = None,
-              memory: Optional[Callable[[Callable[[], object]], Optional[int]]] = None) -> Rounds:
-    """Run every fn once per round, in dict order (A B A B ...): `warmup` rounds whose times are
-    discarded, then the timed rounds.
-
-    `repeats` is the number of timed rounds, or a function of one round's duration (the last
-    warm-up round, or the first timed round without warm-up) that returns it. With `memory`, each
-    fn runs once more after the timed rounds, untimed, through it: a steady-state run (a first run
-    pays one-off allocations), and no memory bookkeeping inside a timed run. Every call is appended to `log` as
-    (phase, what, name, round)."""
-    samples: dict[str, list[float]] = {name: [] for name in fns}
-    mem: dict[str, Optional[int]] = {}
-    tracker = tracker or Tracker()
-    n_timed = repeats if isinstance(repeats, int) else None
-    guess = n_timed if n_timed is not None else 1
-    extra = 1 if memory is not None else 0
-    tracker.add(len(fns) * (warmup + guess + extra))
-    r = 0
-    while n_timed is None or r < warmup + n_timed:
-        phase = "warmup" if r < warmup else "timed"
-        round_s = 0.0
-        for name, fn in fns.items():
-            tracker.tick(f"{what} {name} ({phase} round {r + 1 if r < warmup else r - warmup + 1})")
-            if log is not None:
-                log.append((phase, what, name, r))
-            t = measure(fn)
-            round_s += t
-            if phase == "timed":
-                samples[name].append(t)
-        r += 1
-        if n_timed is None and r == max(warmup, 1):
-            n_timed = max(1, int(repeats(round_s)))
-            tracker.add(len(fns) * (n_timed - guess))
-    if extra:
-        for name, fn in fns.items():
-            tracker.tick(f"{what} {name} (memory)")
-            if log is not None:
-                log.append(("memory", what, name, r))
-            mem[name] = memory(fn)
-    return Rounds(samples, mem)
-
-
-def measure_peak(device: torch.device, dtype: torch.dtype, timer: Timer, size: Optional[int] = None,
-                 warmup: int = 2, repeats: int = 5, tracker: Optional[Tracker] = None) -> Peak:
-    """Time a square matmul in `dtype` on `device` and keep every sample."""
-    n = size or (2048 if device.type == "cpu" else 8192)
-    g = torch.Generator().manual_seed(0)
-    a = torch.randn(n, n, generator=g).to(device=device, dtype=dtype)
-    b = torch.randn(n, n, generator=g).to(device=device, dtype=dtype)
-    with torch.inference_mode():
-        samples = alternate({"matmul": lambda: torch.mm(a, b)}, warmup, repeats, timer.measure,
-                            what="peak", tracker=tracker).samples["matmul"]
-    return Peak(n, str(dtype).removeprefix("torch."), samples)
-
-
 def micro_inputs(model: GPT, batch: int, T: int, seed: int = 0) -> tuple[Tensor, Tensor]:
     """A (batch, T, C) pre-smear embedding and a (batch, 1, C) predecessor, normed like the model's."""
     C = model.config.n_embd
@@ -334,13 +237,15 @@ def micro_chunk_len(T: int, options: ScheduleOptions) -> int:
 
 def bench(model: GPT, tokens: Tensor, schedules: Sequence[str], logics: Sequence[str] = LOGIC_NAMES,
           options: ScheduleOptions = ScheduleOptions(), settings: BenchSettings = BenchSettings(),
-          timer: Optional[Timer] = None, run: Callable = run_schedule, progress: Progress = None) -> BenchResult:
+          timer: Optional[Timer] = None, run: Callable = run_schedule, progress: Progress = None,
+          sample_decode: Callable = time_decode_steps) -> BenchResult:
     """Time every schedule under every logic (alternating), the smear alone, and a matmul peak.
 
     Order: matmul peak, smear micro-benchmark, then the schedules, so that with `repeats=None`
     each schedule gets its share of what is left of `budget_s`. `timer` and `run` are injectable:
-    tests pass a fake clock and a recording runner. `progress(description, done, total)` is
-    called before every run."""
+    tests pass a fake clock and a recording runner (and `sample_decode`, which times a decode's
+    sampled steps, see `bench.sampled`). `progress(description, done, total)` is called before
+    every run."""
     settings.check()
     schedules = list(dict.fromkeys(schedules))
     if not schedules:
@@ -362,7 +267,7 @@ def bench(model: GPT, tokens: Tensor, schedules: Sequence[str], logics: Sequence
 
     peak = None
     if settings.peak:
-        peak = measure_peak(device, model.dtype, timer, settings.peak_size, tracker=tracker)
+        peak = measure_peak(device, model.dtype, timer, settings.peak_size, tick=tracker.tick)
     micro = []
     if settings.micro:
         micro = micro_bench(model, B, micro_chunk_len(T, options), logics, settings, timer,
@@ -371,6 +276,15 @@ def bench(model: GPT, tokens: Tensor, schedules: Sequence[str], logics: Sequence
     cells, ratios = [], []
     for i, sched in enumerate(schedules):
         results = {}
+        share = (settings.budget_s - (timer.clock() - t_start)) / (len(schedules) - i)
+        sampler = _Sampler(model, tokens, timer, meter if settings.memory else None, sample_decode)
+        sample = _decode_sample(tokens, logics, settings, share, sampler) if sched == "decode" else None
+        if sample is not None:
+            cells_s, ratio = _sampled_cells(tokens, logics, settings, timer, sample, sampler, calls, tracker,
+                                            t_start, len(schedules) - i)
+            cells += cells_s
+            ratios += [ratio] if ratio is not None else []
+            continue
 
         def make(lg, sched=sched):
             def go():
@@ -382,7 +296,8 @@ def bench(model: GPT, tokens: Tensor, schedules: Sequence[str], logics: Sequence
 
         rounds = alternate({lg: make(lg) for lg in logics}, settings.warmup, settings.repeats or choose,
                            timer.measure, log=calls, what=sched, tracker=tracker,
-                           memory=meter.measure if settings.memory else None)
+                           memory=meter.measure if settings.memory else None,
+                           memory_extra=lambda round_s: settings.budget_s - (timer.clock() - t_start) > 2 * round_s)
         for lg in logics:
             res = results[lg]
             rows = res.logits.size(0)
@@ -398,3 +313,62 @@ def bench(model: GPT, tokens: Tensor, schedules: Sequence[str], logics: Sequence
     return BenchResult(env, settings, cfg.to_dict(), B, T, options, cells, ratios, micro, peak,
                        meter.kind if settings.memory else "not measured", calls,
                        time.perf_counter() - wall_start)
+
+
+class _Sampler:
+    """A sampled decode's calls: filled caches kept per logic, and the peak memory of the call that
+    filled each (a cache of the full length, a prefill and the steps: what a decode holds)."""
+
+    def __init__(self, model, tokens, timer: Timer, meter: Optional[MemoryMeter], sample_decode: Callable):
+        self.model, self.tokens, self.timer, self.meter, self.fn = model, tokens, timer, meter, sample_decode
+        self.caches: dict = {}
+        self.memory: dict = {}
+
+    def __call__(self, logic: str, sample: DecodeSample) -> float:
+        out = []
+
+        def go():
+            out.append(self.fn(self.model, self.tokens, logic, sample, self.timer.measure, self.caches))
+        if self.meter is not None and logic not in self.memory:
+            self.memory[logic] = self.meter.measure(go)
+        else:
+            go()
+        return out[0]
+
+
+def _decode_sample(tokens, logics, settings: BenchSettings, share_s: float, sampler: _Sampler) -> Optional[DecodeSample]:
+    """The decode steps to time per run, or None to time whole decodes: as set, or, with
+    repeats=None, a sample when a probe says the rounds of whole decodes would overrun the share."""
+    T = tokens.size(1)
+    if settings.decode_sample is not None:
+        return sample_window(T, settings.decode_sample) if settings.decode_sample else None
+    if settings.repeats is not None or T <= 2 * MIN_SAMPLE:
+        return None
+    probe = sample_window(T, 2 * MIN_SAMPLE)
+    per_step = sum(sampler(lg, probe) for lg in logics) / probe.steps
+    rounds = settings.warmup + settings.min_repeats + (1 if settings.memory else 0)
+    if per_step * T * rounds <= share_s:
+        return None
+    want = settings.warmup + max(settings.min_repeats, IQR_MIN_PAIRS)
+    return sample_window(T, steps_that_fit(per_step, share_s, want, T), probe.start)
+
+
+IQR_MIN_PAIRS = 5  # fewer timed pairs and the report leaves the IQR out
+
+
+def _sampled_cells(tokens, logics, settings, timer, sample: DecodeSample, sampler: _Sampler, calls,
+                   tracker, t_start, left):
+    """The decode cells from `sample.steps` timed steps per run, scaled to the whole decode."""
+    B, T = tokens.shape
+    fns = {lg: (lambda lg=lg: sampler(lg, sample)) for lg in logics}
+
+    def choose(round_s):
+        return settings.choose_repeats(round_s, settings.budget_s - (timer.clock() - t_start), left)
+
+    rounds = alternate(fns, settings.warmup, settings.repeats or choose, lambda fn: fn(), log=calls,
+                       what=f"decode (sampled {sample.steps} of {T})", tracker=tracker)
+    cfg, steps = sampler.model.config, [1] * T
+    cells = [Cell("decode", lg, [t * sample.scale for t in rounds.samples[lg]], T, F.run_tokens(steps, B, B),
+                  F.run_flops(cfg, steps, B, B), sampler.memory.get(lg), sample) for lg in logics]
+    r = pair_ratios({c.logic: c.samples for c in cells})
+    return cells, None if r is None else Ratio("decode", r)

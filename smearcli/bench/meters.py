@@ -1,5 +1,5 @@
 """What bench measures with: clocks (wall, CPU, a fake one for tests) synchronised with the
-device, the peak-memory meter, and the environment a result was measured in."""
+device, the matmul peak, the peak-memory meter, and the environment a result was measured in."""
 
 from __future__ import annotations
 
@@ -8,9 +8,12 @@ import os
 import platform
 import sys
 import time
+from dataclasses import dataclass
 from typing import Callable, Optional, Union
 
 import torch
+
+from .. import flops as F
 
 CLOCKS = {
     # wall time: what a user waits for
@@ -49,6 +52,52 @@ class Timer:
         fn()
         self.sync()
         return self.clock() - t0
+
+
+@dataclass
+class Peak:
+    size: int
+    dtype: str
+    samples: list[float]  # seconds per matmul, timed ones only
+    warmup: int = 0  # untimed matmuls before them
+
+    @property
+    def flops(self) -> int:
+        return F.matmul_flops(self.size, self.size, self.size)
+
+    @property
+    def flops_per_s(self) -> float:
+        """The best observed rate: a peak is what the hardware can do, not what it usually does."""
+        return self.flops / min(self.samples)
+
+    @property
+    def method(self) -> str:
+        return (f"{self.size}x{self.size} {self.dtype} matmul, best of {len(self.samples)} after "
+                f"{self.warmup} warm-up")
+
+
+def measure_peak(device: torch.device, dtype: torch.dtype, timer: Timer, size: Optional[int] = None,
+                 warmup: int = 3, repeats: int = 10, warmup_s: float = 0.5, max_s: float = 3.0,
+                 tick: Optional[Callable[[str], None]] = None) -> Peak:
+    """Best of `repeats` square matmuls in `dtype` on `device`, after at least `warmup` untimed
+    ones and `warmup_s` seconds of them (caches, clocks and thread pools settle), stopping early
+    after `max_s` seconds of timed ones (at least 3 are kept)."""
+    n = size or (2048 if device.type == "cpu" else 8192)
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(n, n, generator=g).to(device=device, dtype=dtype)
+    b = torch.randn(n, n, generator=g).to(device=device, dtype=dtype)
+    tick = tick or (lambda what: None)
+    done_warm, spent = 0, 0.0
+    with torch.inference_mode():
+        while done_warm < warmup or (spent < warmup_s and done_warm < 20 * warmup):
+            tick("peak (warm-up)")
+            spent += timer.measure(lambda: torch.mm(a, b))
+            done_warm += 1
+        samples: list[float] = []
+        while len(samples) < repeats and (len(samples) < 3 or sum(samples) < max_s):
+            tick("peak")
+            samples.append(timer.measure(lambda: torch.mm(a, b)))
+    return Peak(n, str(dtype).removeprefix("torch."), samples, done_warm)
 
 
 def _libc():

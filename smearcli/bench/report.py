@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Optional
 
 from ..units import duration, nbytes
-from .harness import SCHEMA, BenchResult, Ratio
+from .harness import IQR_MIN_PAIRS, SCHEMA, BenchResult, Ratio
 from .stats import Summary
 
 
@@ -32,13 +32,17 @@ def to_json(result: BenchResult, model_info: Optional[dict] = None) -> dict:
                                           "draft": result.options.draft}},
         "peak": None if result.peak is None else {
             "size": result.peak.size, "dtype": result.peak.dtype, "flops": result.peak.flops,
-            "samples_s": result.peak.samples, "flops_per_s": result.peak.flops_per_s},
+            "samples_s": result.peak.samples, "flops_per_s": result.peak.flops_per_s,
+            "warmup": result.peak.warmup, "method": result.peak.method + " (the fastest sample)"},
         "memory_kind": result.memory_kind,
         "cells": [{
             "schedule": c.schedule, "logic": c.logic, "steps": c.steps, "tokens": c.tokens,
             "flops": c.flops, "samples_s": c.samples, "summary_s": c.summary.to_json(),
             "tokens_per_s": c.tokens_per_s, "flops_per_s": c.flops_per_s,
             "peak_fraction": result.peak_fraction(c), "peak_mem_bytes": c.peak_mem,
+            "sampled": None if c.sampled is None else {
+                "timed_steps": c.sampled.steps, "from_position": c.sampled.start, "of_steps": c.sampled.total,
+                "method": "time these one-token steps after an untimed prefill, scale by of_steps / timed_steps"},
         } for c in result.cells],
         "ratios": [{"schedule": r.name, "of": "fixed/old", "pairs": r.ratios, "summary": r.summary.to_json()}
                    for r in result.ratios],
@@ -74,7 +78,9 @@ def render(result: BenchResult, console, title: str = "", footer: str = "") -> N
     rows = []
     for c in result.cells:
         s = c.summary
-        row = [c.schedule, c.logic, str(c.steps), duration(s.median), duration(s.iqr), f"{c.tokens_per_s:,.0f}",
+        iqr = duration(s.iqr) if s.n >= IQR_MIN_PAIRS else "-"
+        row = [c.schedule + ("*" if c.sampled else ""), c.logic, str(c.steps), duration(s.median), iqr,
+               f"{c.tokens_per_s:,.0f}",
                f"{c.flops / 1e9:.3g}", f"{c.flops_per_s / 1e9:.3g}"]
         if result.peak is not None:
             row.append(f"{100 * result.peak_fraction(c):.1f}%")
@@ -85,12 +91,22 @@ def render(result: BenchResult, console, title: str = "", footer: str = "") -> N
     t, out = fitted_table(cols, rows, console.width, ("GFLOP", "steps", "IQR", "GFLOP/s", "peak mem"))
     print_table(console, t)
     left_out += out
+    sampled = {c.schedule: c.sampled for c in result.cells if c.sampled is not None}
+    for name, smp in sampled.items():
+        say(console, f"{name}*: sampled: {smp.steps} of its {smp.total} one-token steps timed per run "
+                     f"(from position {smp.start}, after an untimed prefill), times scaled by "
+                     f"{smp.total}/{smp.steps} to the whole decode")
+    few = sorted({len(c.samples) for c in result.cells if len(c.samples) < IQR_MIN_PAIRS})
+    if few:
+        say(console, f"IQR not shown: only {', '.join(map(str, few))} pair(s) per cell within the budget "
+                     f"(needs {IQR_MIN_PAIRS}; a larger budget or more repeats gives one)")
 
     if result.ratios or any(m.ratio for m in result.micro):
         rows = []
         for r in result.ratios:
             s = r.summary
-            rows.append([r.name, *_ratio(r), f"{s.min:.3f}-{s.max:.3f}", str(s.n),
+            q = _ratio(r) if s.n >= IQR_MIN_PAIRS else (_ratio(r)[0], "-")
+            rows.append([r.name, *q, f"{s.min:.3f}-{s.max:.3f}", str(s.n),
                          duration(result.cell(r.name, "old").summary.median),
                          duration(result.cell(r.name, "fixed").summary.median)])
         for m in result.micro:
@@ -128,7 +144,8 @@ def render(result: BenchResult, console, title: str = "", footer: str = "") -> N
             say(console, extra)
     if result.peak is not None:
         p = result.peak
-        say(console, f"matmul peak: {p.flops_per_s / 1e9:.4g} GFLOP/s ({p.size}x{p.size} {p.dtype}, best of "
-                     f"{len(p.samples)}); % peak = achieved FLOP/s of the median run / that peak")
-    say(console, f"peak mem: {result.memory_kind}, on one extra untimed run per cell. "
-                 f"Total {result.wall_s:.1f} s.")
+        say(console, f"matmul peak: {p.flops_per_s / 1e9:.4g} GFLOP/s ({p.method}); % peak = achieved "
+                     "FLOP/s of the median run / that peak")
+    say(console, f"peak mem: {result.memory_kind}, on one untimed run per cell (an extra run after the timed "
+                 "ones, or the warm-up run when the budget left no room; sampled decode: the run that filled "
+                 f"its cache). Total {result.wall_s:.1f} s.")

@@ -21,7 +21,8 @@ from ..errors import UserError
 from ..inputs import load_tokens, random_tokens, read_text_file, text_tokens
 from ..preflight import TooLarge, check_dtype, check_run_memory
 from ..schedules import ScheduleOptions, chunk_plan
-from ..weights import LoadedModel, NoSmearParameters, NoSuchStep, find_step, load_checkpoint, random_config, random_model, tiny_model
+from ..weights import (LoadedModel, NoSmearParameters, NoSuchStep, find_step, load_checkpoint, preset_config,
+                       random_config, random_model, tiny_model)
 from .. import names
 from .options import Device, DType, ModelKind, RunSpec
 from .threads import apply_threads
@@ -152,8 +153,10 @@ def attach(spec: RunSpec, loaded, device, dtype, found=None):
 
 
 def build_setup(spec: RunSpec, sequence_len: int = 512) -> Setup:
-    """`sequence_len`: the random model's training context (windows, rotary table); bench presets
-    size it the nanochat way (2048 for d12/d20)."""
+    """`sequence_len`: the random model's training context (windows, rotary table) without
+    --preset (a preset brings its own)."""
+    if spec.preset is not None:
+        spec.model_kind()  # --preset with --checkpoint / --model tiny: refused before anything loads
     schedules = spec.schedule_list()
     logics = spec.logic_list()
     chunk_sizes = spec.chunk_size_tuple()
@@ -182,7 +185,10 @@ def build_setup(spec: RunSpec, sequence_len: int = 512) -> Setup:
         if spec.step is not None:
             raise UserError("--step needs --checkpoint")
         try:
-            config = random_config(spec.depth_value(), sequence_len=sequence_len)
+            if spec.preset is not None:
+                config = preset_config(spec.preset.value, spec.depth)
+            else:
+                config = random_config(spec.depth_value(), sequence_len=sequence_len)
         except ConfigError as e:
             raise UserError(f"--depth {spec.depth_value()}: {e}") from e
         try:

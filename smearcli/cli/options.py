@@ -19,6 +19,7 @@ from typing import Annotated, Optional
 import typer
 
 from .. import names
+from ..config import PRESETS
 from ..errors import UserError
 from ..names import DEFAULT_SCHEDULES, LOGIC_NAMES, REFERENCE, SCHEDULE_NAMES
 from .errors import guarded
@@ -29,6 +30,9 @@ from .threads import HELP as THREADS_HELP
 class ModelKind(str, Enum):
     random = "random"
     tiny = "tiny"
+
+
+PresetName = Enum("PresetName", {name: name for name in PRESETS}, type=str)  # --preset choices
 
 
 class Device(str, Enum):
@@ -82,7 +86,7 @@ class RunSpec:
     seed: int = 0
     device: Device = Device.auto
     dtype: DType = DType.auto
-    seq_len: Optional[int] = None  # None: 256, or the sum of --chunk-sizes (seq_len_value)
+    seq_len: Optional[int] = None  # None: the preset's, or the sum of --chunk-sizes, or 256 (seq_len_value)
     batch: int = 1
     tokens: Optional[Path] = None
     text: Optional[str] = None
@@ -100,6 +104,8 @@ class RunSpec:
     hf_model: Optional[str] = None  # --impl hf: a built-in tiny config's name or a model directory
     user_code_timeout: float = 600.0  # impls.nanochat.guard.DEFAULT_TIMEOUT (not imported: --help stays fast)
     threads: Optional[int] = None  # None: the rule in smearcli.threads
+    preset: Optional[PresetName] = None
+    quiet: bool = False
 
     # -- parsing that needs no torch --------------------------------------------------------------
     def schedule_list(self, allow_reference: bool = False) -> list[str]:
@@ -115,6 +121,12 @@ class RunSpec:
 
     def model_kind(self) -> ModelKind:
         """The built-in model to run: as given, else random when --depth sizes one, else tiny."""
+        if self.preset is not None:
+            if self.checkpoint is not None:
+                raise UserError(f"--preset {self.preset.value} sizes a random model; leave it out with --checkpoint")
+            if self.model == ModelKind.tiny:
+                raise UserError(f"--preset {self.preset.value} sizes a random model; leave it out with --model tiny")
+            return ModelKind.random
         if self.model is not None:
             if self.model == ModelKind.tiny and self.depth is not None:
                 raise UserError("--depth sizes the random model; use it with --model random, not --model tiny")
@@ -146,11 +158,13 @@ class RunSpec:
         return sizes
 
     def seq_len_value(self) -> int:
-        """Random input's length: as given, else the sum of --chunk-sizes, else 256."""
+        """Random input's length: as given, else the sum of --chunk-sizes, else the preset's, else 256."""
         if self.seq_len is not None:
             return self.seq_len
         sizes = self.chunk_size_tuple()
-        return sum(sizes) if sizes else 256
+        if sizes:
+            return sum(sizes)
+        return PRESETS[self.preset.value].seq_len if self.preset is not None else 256
 
     def chunks_for(self, T: int) -> int:
         """--chunks as given, else the default capped at one chunk per token (a short --text)."""
@@ -189,14 +203,17 @@ SHARED = {
                   "largest dN). Without --checkpoint, looked for under $NANOCHAT_BASE_DIR.", rich_help_panel=M)),
     "step": (Optional[int], typer.Option("--step", help="Checkpoint step to load (default: the newest).", rich_help_panel=M)),
     "depth": (Optional[int], typer.Option("--depth", help="Layers of the random model (default 4; giving it "
-              "selects --model random); width is 64 x depth, heads of 128 dims, as nanochat sizes its models.",
+              "selects --model random). Alone it builds width 64 x depth, heads of 128 dims, one kv head "
+              "per head, a byte vocabulary (256) and context 512: nanochat's width rule at a size a CPU "
+              "runs in seconds, not its real models (see --preset). With --preset: that preset's shape "
+              "at this depth.",
               rich_help_panel=M, show_default=False)),
     "seed": (int, typer.Option("--seed", help="Seed for the random model's weights and the random input.", rich_help_panel=M)),
     "device": (Device, typer.Option("--device", help="Where to run; auto picks cuda, then mps, then cpu.", rich_help_panel=D)),
     "dtype": (DType, typer.Option("--dtype", help="Compute dtype: auto, float32, bfloat16 or float16; auto "
               "is bfloat16 on CUDA (as nanochat) and float32 elsewhere.", rich_help_panel=D, metavar="<dtype>")),
     "seq_len": (Optional[int], typer.Option("--seq-len", help="Tokens per row of random input (default 256, "
-                "or the sum of --chunk-sizes).", rich_help_panel=I, show_default=False)),
+                "the preset's, or the sum of --chunk-sizes).", rich_help_panel=I, show_default=False)),
     "batch": (int, typer.Option("--batch", help="Rows of random input.", rich_help_panel=I)),
     "tokens": (Optional[Path], typer.Option("--tokens", help="Input ids instead of random ones: a JSON list "
                "of ids (or one list per row), or a tensor saved with torch.save.", rich_help_panel=I)),
@@ -241,6 +258,13 @@ SHARED = {
                           "status 1. Enforced with SIGALRM on POSIX (main thread); elsewhere no limit.",
                           rich_help_panel=N)),
     "threads": (Optional[int], typer.Option("--threads", help=THREADS_HELP, rich_help_panel=D, show_default=False)),
+    "preset": (Optional[PresetName], typer.Option("--preset", help="A random model of a named shape: "
+               + "; ".join(p.describe() for p in PRESETS.values()) + ". The d-presets are nanochat's real "
+               "models (width 64 x depth rounded to 128-dim heads, kv heads = heads, 65,536-token vocabulary, "
+               "context and input 2048). --depth and --seq-len override it.", rich_help_panel=M,
+               show_default=False)),
+    "quiet": (bool, typer.Option("--quiet", "-q", help="No progress bar (one is drawn on stderr only "
+              "when it is a terminal).")),
 }
 _DEFAULTS = RunSpec()
 assert set(SHARED) == {f.name for f in fields(RunSpec)}

@@ -21,43 +21,15 @@ class Clock(str, Enum):
     cpu = "cpu"
 
 
-class Preset(str, Enum):
-    small = "small"
-    d12 = "d12"
-    d20 = "d20"
-
-
-# nanochat's sizes: width 64 x depth, trained at a 2048-token context (so windows of 768 and 2048)
-PRESETS = {
-    "small": {"depth": 4, "seq_len": 256, "context": 512},
-    "d12": {"depth": 12, "seq_len": 2048, "context": 2048},
-    "d20": {"depth": 20, "seq_len": 2048, "context": 2048},
-}
-
-
 # the two questions bench answers first: what the fix costs, and chunked against one-shot and decode
 BENCH_SCHEDULES = "prefill,chunked,decode"
-
-
-def apply_preset(spec: RunSpec, preset: Optional[Preset], given: set[str]) -> tuple[RunSpec, int]:
-    """The spec with the preset's depth and seq-len where the user did not give them, and the
-    random model's context length."""
-    if preset is None:
-        return spec, 512
-    p = PRESETS[preset.value]
-    if spec.checkpoint is not None:
-        raise UserError(f"--preset {preset.value} sizes the random model; leave it out with --checkpoint")
-    if spec.model is not None and spec.model.value == "tiny":
-        raise UserError(f"--preset {preset.value} sizes the random model; leave it out with --model tiny")
-    changes = {k: p[k] for k in ("depth", "seq_len") if k not in given}
-    return dataclasses.replace(spec, **changes), p["context"]
 
 
 def _given(ctx: typer.Context) -> set[str]:
     """Options the user set (command line or environment), not left at their defaults. Compared by
     name: typer may bring its own copy of click's ParameterSource."""
     out = set()
-    for name in ("depth", "seq_len", "schedules"):
+    for name in ("schedules",):
         src = ctx.get_parameter_source(name)
         if src is not None and src.name not in ("DEFAULT", "DEFAULT_MAP"):
             out.add(name)
@@ -68,17 +40,19 @@ def _given(ctx: typer.Context) -> set[str]:
 def bench(
     spec: RunSpec,
     ctx: typer.Context,
-    preset: Annotated[Optional[Preset], typer.Option("--preset", metavar="<size>", help="Model and input size: small "
-                      "(d4, 256 tokens: the default, seconds), d12 or d20 (nanochat's sizes: width 64 x "
-                      "depth, 2048-token context and input). --depth / --seq-len override it.")] = None,
     warmup: Annotated[int, typer.Option("--warmup", help="Untimed rounds per schedule before timing "
                       "(each runs every logic once).")] = 1,
     repeats: Annotated[Optional[int], typer.Option("--repeats", help="Timed rounds per schedule: each "
                        "gives one sample per logic and one fixed/old ratio (default: as many as "
-                       "--budget allows, 3 to 20).")] = None,
+                       "--budget allows, 1 to 20; fewer than 5 pairs and the IQR is not shown).")] = None,
     budget: Annotated[float, typer.Option("--budget", help="Target seconds for the whole bench when "
                       "--repeats is not given: each schedule gets a share for its timed rounds "
                       "(at least 3).")] = 20.0,
+    decode_steps: Annotated[Optional[int], typer.Option("--decode-steps", help="decode: time only this "
+                            "many one-token steps per run, from the middle of the sequence after an untimed "
+                            "prefill, and scale to the whole decode (marked * in the table). Default: the "
+                            "whole decode, or a sample when whole decodes would overrun --budget; 0: always "
+                            "the whole decode.", show_default=False)] = None,
     micro: Annotated[bool, typer.Option("--micro/--no-micro", help="Also time the two smear "
                      "functions alone on the same inputs.")] = True,
     peak: Annotated[bool, typer.Option("--peak/--no-peak", help="Measure a square-matmul peak on "
@@ -100,6 +74,8 @@ def bench(
         raise UserError(f"--repeats must be >= 1, got {repeats}")
     if not 0 < budget < float("inf"):  # also refuses nan
         raise UserError(f"--budget must be a positive finite number of seconds, got {budget}")
+    if decode_steps is not None and decode_steps < 0:
+        raise UserError(f"--decode-steps must be >= 0, got {decode_steps}")
     if output is not None:
         from ...files import check_output_path
         check_output_path(output, (".json",))
@@ -107,7 +83,6 @@ def bench(
         raise UserError("--impl: bench times smearcli's own model under both smear logics; "
                         "audit your checkout's code with `smearcli compare --impl`")
     given = _given(ctx)
-    spec, context = apply_preset(spec, preset, given)
     if "schedules" not in given:
         spec = dataclasses.replace(spec, schedules=BENCH_SCHEDULES)
     schedules = spec.schedule_list(allow_reference=True)  # bench may time the full forward too
@@ -119,17 +94,18 @@ def bench(
     from ..build import build_setup
     from ..progress import progress_bar
 
-    setup = build_setup(dataclasses.replace(spec, schedules=",".join(others)), sequence_len=context)
+    setup = build_setup(dataclasses.replace(spec, schedules=",".join(others)))
     clock_name = clock.value if isinstance(clock, Clock) else str(clock)
     if clock_name == "cpu" and setup.model.device.type != "cpu":
         raise UserError(f"--clock cpu times CPU work; the model runs on {setup.model.device.type} (use --clock wall)")
     timer = meters.Timer(setup.model.device, clock_name)
-    settings = harness.BenchSettings(warmup=warmup, repeats=repeats, budget_s=budget, micro=micro, peak=peak)
-    with progress_bar("bench") as bar:
+    settings = harness.BenchSettings(warmup=warmup, repeats=repeats, budget_s=budget, micro=micro, peak=peak,
+                                     decode_sample=decode_steps)
+    with progress_bar("bench", quiet=spec.quiet) as bar:
         result = harness.bench(setup.model, setup.tokens, schedules, setup.logics, setup.options, settings,
                                timer=timer, progress=bar.update)
     info = {"name": setup.loaded.name, "source": setup.loaded.source, "step": setup.loaded.step,
-            "preset": None if preset is None else preset.value}
+            "preset": None if spec.preset is None else spec.preset.value}
     data = report.to_json(result, info)
     if output is not None:
         with atomic_write(output) as f:

@@ -50,11 +50,10 @@ def compare(
     except NoSmearParameters as e:  # an answer, not an error: exit 0, also with --check
         return _no_smear(spec, getattr(e, "found", None), json_out, save)
     if setup.audited is not None:
-        return _audit(setup, json_out, save, check, tolerance)
-    n_runs = 1 + len(setup.schedules) * len(setup.logics) + ("decode" not in setup.schedules)
-    with progress_bar("compare", n_runs) as bar:
+        return _audit(setup, json_out, save, check, tolerance, spec.quiet)
+    with progress_bar("compare", quiet=spec.quiet, unit="tokens") as bar:
         result = lib.compare(setup.model, setup.tokens, setup.schedules, setup.logics, setup.options,
-                             tolerance=tolerance, progress=bar.advance)
+                             tolerance=tolerance, progress=bar.label, tokens_progress=bar.tokens)
     info = _model_info(setup)
     document = lib.to_json(result, info)
     if json_out:
@@ -97,7 +96,8 @@ def _no_smear(spec: RunSpec, found, json_out: bool, save: Optional[Path]) -> Non
         typer.echo(NO_SMEAR_VERDICT)
 
 
-def _audit(setup, json_out: bool, save: Optional[Path], check: bool, tolerance: float) -> None:
+def _audit(setup, json_out: bool, save: Optional[Path], check: bool, tolerance: float,
+           quiet: bool = False) -> None:
     """--impl nanochat|both: the same runs on the user's own nanochat code."""
     from ...files import atomic_write
     from ...impls.nanochat import audit
@@ -109,7 +109,7 @@ def _audit(setup, json_out: bool, save: Optional[Path], check: bool, tolerance: 
     if setup.impl == "both":
         n_runs += 1 + 2 * len(setup.schedules) + extra
     reference = setup.model if setup.impl == "both" else None
-    with progress_bar("audit", n_runs) as bar:
+    with progress_bar("audit", n_runs, quiet=quiet) as bar:
         result = audit.audit(setup.audited, setup.tokens, setup.schedules, setup.options, tolerance,
                              reference=reference, progress=bar.advance)
     info = _model_info(setup)

@@ -64,7 +64,8 @@ def plot(
     n_runs = 1 + len(setup.logics) + (schedule != "decode")
     if setup.impl == "both":
         n_runs += 2 + (schedule != "decode")
-    with progress_bar("plot", n_runs) as bar:
+    unit = "runs" if setup.audited is not None else "tokens"
+    with progress_bar("plot", n_runs if unit == "runs" else None, quiet=spec.quiet, unit=unit) as bar:
         if setup.audited is not None:  # --impl nanochat|both: the user's own code
             from ...impls.nanochat.audit import for_plot
             reference = setup.model if setup.impl == "both" else None
@@ -72,7 +73,7 @@ def plot(
                                        reference=reference, progress=bar.advance)
         else:
             result = lib.compare(setup.model, setup.tokens, [schedule], setup.logics, setup.options,
-                                 progress=bar.advance)
+                                 progress=bar.label, tokens_progress=bar.tokens)
             verdict = result.verdict
     fig = figures.figure(result, schedule, kind.value, model_name=setup.loaded.name)
     figures.save(fig, out, dpi=dpi)
