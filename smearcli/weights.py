@@ -252,11 +252,15 @@ def _load_error(path: Path, e: Exception) -> UserError:
 
 def can_mmap(path: Path) -> bool:
     """Whether torch.load can memory-map the file: the zip format torch.save has written since
-    torch 1.6 (a legacy pickle is read into memory)."""
+    torch 1.6, every member stored uncompressed (a legacy pickle, or a compressed member, is read
+    into memory, and the preflight counts it inflated). Never opens what is not a regular file (a
+    FIFO would block the read)."""
+    if not os.path.isfile(path):
+        return False
     try:
-        with open(path, "rb") as f:
-            return f.read(2) == b"PK"
-    except OSError:
+        with zipfile.ZipFile(path) as z:
+            return all(i.compress_type == zipfile.ZIP_STORED for i in z.infolist())
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError):
         return False
 
 

@@ -573,7 +573,7 @@ def test_figure_is_the_run_of_its_snippet(figure, snippet, opts):
     row = next(ln.split() for ln in text.splitlines() if re.match(rf"^\s*{s['schedule']}\s+old\s", ln))
     assert f"{s['max_abs_logits']['old']:.1e}" == row[3], row
     assert int(row[2]) == len(s["steps"])
-    starts = re.search(r"at chunk starts ([\d, ]+)", " ".join(text.split())).group(1)
+    starts = re.search(r"chunk starts of \w+: ([\d, ]+)", " ".join(text.split())).group(1)
     assert [int(x) for x in starts.split(",")] == s["chunk_starts"]
 
 
