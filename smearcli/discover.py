@@ -26,7 +26,7 @@ from typing import Optional
 
 from .errors import UserError
 from .files import regular_file
-from .weights import find_step, list_steps
+from .checkpoint import find_step, list_steps
 from .tokenizer import find_tokenizer
 
 # nanochat's checkpoint_manager: source -> folder under the base directory ("mid" is from older

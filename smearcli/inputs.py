@@ -38,7 +38,7 @@ def load_tokens(path: Path, vocab_size: int) -> Tensor:
     if path.suffix == ".json":
         t = _json_tokens(path, vocab_size)
     else:
-        from .weights import check_torch_file, describe_load_failure
+        from .checkpoint import check_torch_file, describe_load_failure
 
         check_torch_file(path, str(path))  # a FIFO, a corrupt zip (CRC) refused before torch reads it
         if uncompressed_size(path) > TOKENS_MAX_BYTES:
@@ -82,7 +82,7 @@ def _json_tokens(path: Path, vocab_size: int) -> Tensor:
     except RecursionError as e:
         raise UserError(f"{path}: invalid JSON (nested too deeply)") from e
     except ValueError as e:  # an integer beyond Python's digit limit
-        from .weights import one_line_reason
+        from .checkpoint import one_line_reason
         raise UserError(f"{path}: invalid JSON ({one_line_reason(e)})") from e
     except OSError as e:
         raise UserError(f"{path}: cannot read ({e.strerror or e})") from e

@@ -505,6 +505,7 @@ def deterministic(name: str, text: str) -> str:
     for ln in lines:
         if ln.startswith("threads: "):  # the thread rule's footer names this machine's load
             continue
+        ln = re.sub(r"threads: \d+ \([^()]*\)", "threads: N", ln)  # plot's "wrote" line says it too
         m = _TABLE_ROW.match(ln)
         if m:  # ×noise always; error and KL of a run that passes: rounding noise
             ok = m["verdict"] == "ok"

@@ -21,8 +21,8 @@ from ..errors import UserError
 from ..inputs import load_tokens, random_tokens, read_text_file, text_tokens
 from ..preflight import TooLarge, check_dtype, check_run_memory
 from ..schedules import ScheduleOptions, chunk_plan
-from ..weights import (LoadedModel, NoSmearParameters, NoSuchStep, find_step, load_checkpoint, preset_config,
-                       random_config, random_model, tiny_model)
+from ..checkpoint import NoSmearParameters, NoSuchStep, find_step
+from ..weights import LoadedModel, load_checkpoint, preset_config, random_config, random_model, tiny_model
 from .. import names
 from .options import Device, DType, ModelKind, RunSpec
 from .threads import apply_threads

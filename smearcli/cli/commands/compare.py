@@ -35,7 +35,7 @@ def compare(
     from ...files import atomic_write, check_output_path
     from ...render.table import console, print_comparison, title_line
     from ..build import build_setup
-    from ...weights import NoSmearParameters
+    from ...checkpoint import NoSmearParameters
     from ..progress import progress_bar
 
     if not 0 < tolerance < float("inf"):  # also refuses nan, which would fail every run

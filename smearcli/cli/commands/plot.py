@@ -38,7 +38,7 @@ def plot(
     from ...files import check_output_path
     from ...render import figures
     from ..build import build_setup
-    from ...weights import NoSmearParameters
+    from ...checkpoint import NoSmearParameters
     from ..progress import progress_bar
 
     check_output_path(out, FORMATS)

@@ -24,7 +24,7 @@ from ...errors import UserCodeError, UserError
 from ...model import param_shapes, rms_norm
 from ...preflight import check_model_memory
 from ...smear import smear_gate
-from ...weights import NoSmearParameters, check_tensors, find_step, read_meta, read_state_dict, smear_keys_missing
+from ...checkpoint import NoSmearParameters, check_tensors, find_step, read_meta, read_state_dict, smear_keys_missing
 from .guard import user_code
 from .sandbox import NanochatCode
 
