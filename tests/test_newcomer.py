@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -180,3 +181,16 @@ def test_missing_torch_is_an_install_message():
     assert r.returncode == 2
     assert r.stderr.startswith("smearcli: error: torch is not installed") and "bug" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_the_suite_needs_nothing_outside_the_clone():
+    """A user's clone has no ../shared beside it: the fixtures the tests load live in the
+    repository, and no test, conftest or docs script names a path outside it."""
+    from conftest import FIXTURE, ROOT
+
+    assert FIXTURE.resolve().is_relative_to(ROOT), FIXTURE
+    outside = re.compile(r"\.\./shared|/shared/fixtures|ROOT\.parent\b|parents\[2\]")
+    found = [f"{p.relative_to(ROOT)}: {m.group(0)}" for folder in ("tests", "docs", "examples", ".ci")
+             for p in (ROOT / folder).rglob("*") if p.is_file() and p.suffix in (".py", ".sh", "")
+             and p != Path(__file__) for m in [outside.search(p.read_text(errors="replace"))] if m]
+    assert not found, found
