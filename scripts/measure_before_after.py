@@ -139,6 +139,7 @@ def main() -> None:
     ap.add_argument("--upstream-rev", default="92d63d4")
     ap.add_argument("--work", type=Path, default=Path("/tmp/smearcli-measure"))
     ap.add_argument("--skip-d20", action="store_true", help="leave out the d20 compare (needs ~25 GB, minutes)")
+    ap.add_argument("--skip-d12", action="store_true", help="leave out the d12 compare")
     ap.add_argument("--d20-schedules", default="prefill,decode,chunked,engine,speculative")
     ap.add_argument("--schedules", default="prefill,decode,chunked,engine,speculative")
     ap.add_argument("--repeats", type=int, default=1, help="compare runs per revision, alternated (median kept)")
@@ -153,7 +154,8 @@ def main() -> None:
     result = {"machine": {"cpus": os.cpu_count(), "loadavg_start": loadavg(), "python": sys.version.split()[0]},
               "before": args.before, "after": args.after or sh("git", "-C", ROOT, "rev-parse", "HEAD").stdout.strip(),
               "compare": []}
-    cases = [("d12", 1024, args.schedules)] + ([] if args.skip_d20 else [("d20", 2048, args.d20_schedules)])
+    cases = (([] if args.skip_d12 else [("d12", 1024, args.schedules)])
+             + ([] if args.skip_d20 else [("d20", 2048, args.d20_schedules)]))
     for preset, T, scheds in cases:
         ckpt = make_checkpoint(after, preset, args.work / f"ckpt-{preset}")
         row = {"shape": f"nanochat-{preset}", "tokens": T, "schedules": scheds}
