@@ -8,28 +8,18 @@ Elsewhere float rounding may legitimately differ in the last bits (upstream's ow
 """
 
 import json
-import platform
 import warnings
 from pathlib import Path
 
 import pytest
 import torch
 
+from smearcli.bench.meters import cpu_name
 from smearcli.weights import load_checkpoint
 from smearcli.schedules import ScheduleOptions, run_schedule
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "nanochat-gqa-b2"
 RTOL, ATOL = 1.3e-6, 1e-5  # torch.testing's default for float32
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +30,7 @@ def machine():
 @pytest.fixture(scope="module")
 def exact(machine):
     """True on the machine that wrote the fixture; runs the tests with the thread count it used."""
-    here = {"cpu_model": _cpu_model(), "torch": torch.__version__}
+    here = {"cpu_model": cpu_name(), "torch": torch.__version__}
     same = all(machine[k] == v for k, v in here.items())
     if not same:
         warnings.warn(f"nanochat-gqa-b2 was written on {machine['cpu_model']!r} with torch {machine['torch']}; "

@@ -182,7 +182,8 @@ class MemoryMeter:
 
 
 # -- environment ----------------------------------------------------------------------------------
-def _cpu_name() -> str:
+def cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo), else what the platform module says."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -201,7 +202,7 @@ def environment(device: torch.device, dtype: torch.dtype) -> dict:
         "platform": platform.platform(),
         "device": str(device),
         "dtype": str(dtype).removeprefix("torch."),
-        "cpu": _cpu_name(),
+        "cpu": cpu_name(),
         "cpu_count": os.cpu_count(),
         "threads": torch.get_num_threads(),
     }
