@@ -23,9 +23,11 @@ TEXT_MAX_BYTES = 16 << 20  # --text-file: 16M byte tokens, far beyond any run a 
 
 
 def random_tokens(config, seq_len: int, batch: int = 1, seed: int = 0) -> Tensor:
-    """(batch, seq_len) token ids, uniform over the real vocabulary, from a fixed seed."""
+    """(batch, seq_len) token ids, uniform over the real vocabulary (`config.vocab_size`, or
+    `config` itself when it is a number), from a fixed seed."""
+    vocab = config if isinstance(config, int) else config.vocab_size
     g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, config.vocab_size, (batch, seq_len), generator=g)
+    return torch.randint(0, vocab, (batch, seq_len), generator=g)
 
 
 # -- token files ----------------------------------------------------------------------------------
@@ -126,16 +128,21 @@ def text_tokens(data: bytes | str, config) -> Tensor:
     return torch.tensor([list(raw)], dtype=torch.long)
 
 
-def read_text_file(path: Path, config) -> Tensor:
-    """(1, T) ids of a file's bytes, as they are."""
+def read_text_bytes(path: Path) -> bytes:
+    """A text file's bytes, checked before reading: a regular file, at most TEXT_MAX_BYTES."""
     path = Path(path)
     size = _input_file(path)
     if size > TEXT_MAX_BYTES:
         raise UserError(f"{path}: {size:,} bytes is too large for a text file (at most {TEXT_MAX_BYTES >> 20} MiB)")
     try:
-        raw = path.read_bytes()
+        return path.read_bytes()
     except OSError as e:
         raise UserError(f"{path}: cannot read ({e.strerror or e})") from e
+
+
+def read_text_file(path: Path, config) -> Tensor:
+    """(1, T) ids of a file's bytes, as they are (a byte-level model)."""
+    raw = read_text_bytes(path)
     try:
         return text_tokens(raw, config)
     except UserError as e:

@@ -15,6 +15,8 @@ SAMPLES = 2  # engine: rows the batch-1 prefill is expanded to
 GEN_LEN = 32  # engine, speculative: tokens after the prompt
 DRAFT = 4  # speculative: tokens per verify step
 
+USER_CODE_TIMEOUT = 600.0  # seconds per call into a user's nanochat code (an import, one forward)
+
 NOISE_MARGIN = 10.0  # an error this many times the measured noise floor is no longer rounding
 # Schedules that feed several tokens to a non-empty cache: where the old logic drops a predecessor.
 CHUNK_START_SCHEDULES = ("chunked", "speculative")

@@ -35,6 +35,7 @@ from torch import Tensor
 from .names import NOISE_MARGIN
 from .metrics import NoiseFloor, RunMetrics, measure, noise_floor
 from .schedules import RunResult, ScheduleOptions, plan_steps
+from .units import sci, times
 
 Step = Callable[[Tensor, Any], tuple]
 REFERENCE_NAME = "full"
@@ -101,10 +102,6 @@ def run_steps(step: Step, tokens: Tensor, steps: Sequence[int], schedule: str, l
 
 def default_layer_names(n_hidden: int) -> list[str]:
     return [f"h{i}" for i in range(n_hidden)] + ["logits"]
-
-
-def _fmt(x: float) -> str:
-    return f"{x:.2g}" if x < 1e3 else f"{x:.1e}"
 
 
 def _fmt_steps(steps: list[int]) -> str:
@@ -182,7 +179,7 @@ class CacheCheck:
                     msg += f", not on a chunk start (first chunk start: {first})"
         elif first is not None:
             msg += f" (first chunk start: {first})"
-        msg += (f"; max |dlogit| {m.max_abs_logits:.3g} ({_fmt(m.logits_multiple)}x noise); "
+        msg += (f"; max |dlogit| {m.max_abs_logits:.3g} ({times(m.logits_multiple)}x noise); "
                 f"{m.positions_above_noise}/{T} positions above {NOISE_MARGIN:g}x noise")
         share = self.start_share(m)
         if share is not None and born is not None:
@@ -209,15 +206,15 @@ class CacheCheck:
         for m in self.metrics:
             born = self.born_at(m)
             share = self.start_share(m)
-            rows.append([m.schedule, _fmt_steps(m.steps), f"{m.max_abs_logits:.2g}", _fmt(m.logits_multiple),
-                         f"{m.kl_max:.2g}", f"{m.top1_agreement:.1%}",
+            rows.append([m.schedule, _fmt_steps(m.steps), sci(m.max_abs_logits), times(m.logits_multiple),
+                         sci(m.kl_max), f"{m.top1_agreement:.1%}",
                          "-" if share is None else f"{share:.0%}",
                          "-" if born is None else f"{born[0]}@{born[1]}",
                          f"{m.positions_above_noise}/{T}", "ok" if m.passed else "BUG"])
         widths = [max(len(r[i]) for r in [head] + rows) for i in range(len(head))]
         line = lambda r: "  ".join(c.ljust(w) if i < 2 or i >= 7 else c.rjust(w)
                                    for i, (c, w) in enumerate(zip(r, widths))).rstrip()
-        out = [f"{self.tokens.size(0)} x {T} tokens; noise floor (logits) {self.noise.per_layer[-1]:.2g} "
+        out = [f"{self.tokens.size(0)} x {T} tokens; noise floor (logits) {sci(self.noise.per_layer[-1])} "
                f"from token-by-token decode; a run passes within {self.tolerance:g}x",
                line(head)] + [line(r) for r in rows]
         out += self.notes

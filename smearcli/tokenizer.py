@@ -126,6 +126,19 @@ def read_encoding_state(path) -> dict:
     return check_encoding_state(obj.state, path.name)
 
 
+def _check_id_map(what: str, field_name: str, mapping, key_type: type) -> None:
+    """`mapping` is exactly a dict of `key_type` -> int, every id in 0.._MAX_ID."""
+    if type(mapping) is not dict:
+        raise UserError(f"{what}: {field_name} is a {type(mapping).__name__}, expected a dict of "
+                        f"{key_type.__name__} to int")
+    for k, v in mapping.items():
+        if type(k) is not key_type or type(v) is not int:
+            raise UserError(f"{what}: {field_name} has an entry {type(k).__name__} -> {type(v).__name__}, "
+                            f"expected {key_type.__name__} -> int")
+        if not 0 <= v <= _MAX_ID:
+            raise UserError(f"{what}: {field_name} has the id {v} (for {k!r}), outside 0..{_MAX_ID}")
+
+
 def check_encoding_state(state, what: str = TOKENIZER_FILE) -> dict:
     """`state` if it is a well-formed tiktoken Encoding state, else a UserError that says which
     field is wrong: str name, str pat_str, dict[bytes, int] mergeable_ranks covering all 256
@@ -148,27 +161,14 @@ def check_encoding_state(state, what: str = TOKENIZER_FILE) -> dict:
         if type(state[field_name]) is not str:
             raise UserError(f"{what}: {field_name} is a {type(state[field_name]).__name__}, expected a string")
     ranks, specials = state["mergeable_ranks"], state["special_tokens"]
-    if type(ranks) is not dict or not ranks:
-        raise UserError(f"{what}: mergeable_ranks is a {type(ranks).__name__}"
-                        f"{' (empty)' if type(ranks) is dict else ''}, expected a dict of bytes to int")
-    for k, v in ranks.items():
-        if type(k) is not bytes or type(v) is not int:
-            raise UserError(f"{what}: mergeable_ranks has an entry {type(k).__name__} -> {type(v).__name__}, "
-                            "expected bytes -> int")
-        if not 0 <= v <= _MAX_ID:
-            raise UserError(f"{what}: mergeable_ranks has the id {v}, outside 0..{_MAX_ID}")
+    if type(ranks) is dict and not ranks:
+        raise UserError(f"{what}: mergeable_ranks is a dict (empty), expected a dict of bytes to int")
+    _check_id_map(what, "mergeable_ranks", ranks, bytes)
     absent = [b for b in range(256) if bytes([b]) not in ranks]
     if absent:
         raise UserError(f"{what}: mergeable_ranks lacks {len(absent)} of the 256 single bytes "
                         f"(first: {absent[0]}); a byte-level BPE needs all of them")
-    if type(specials) is not dict:
-        raise UserError(f"{what}: special_tokens is a {type(specials).__name__}, expected a dict of str to int")
-    for k, v in specials.items():
-        if type(k) is not str or type(v) is not int:
-            raise UserError(f"{what}: special_tokens has an entry {type(k).__name__} -> {type(v).__name__}, "
-                            "expected str -> int")
-        if not 0 <= v <= _MAX_ID:
-            raise UserError(f"{what}: special token {k!r} has the id {v}, outside 0..{_MAX_ID}")
+    _check_id_map(what, "special_tokens", specials, str)
     if len(set(ranks.values())) != len(ranks):
         raise UserError(f"{what}: two entries of mergeable_ranks share an id")
     clash = sorted(set(ranks.values()) & set(specials.values())) or \

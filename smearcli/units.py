@@ -30,6 +30,11 @@ def sig3(x: float) -> str:
     return f"{x:.3g}"
 
 
+def times(x: float) -> str:
+    """A multiple (of the noise floor) in two significant digits: 0.31, 1, 3.8e+05."""
+    return f"{x:.2g}"
+
+
 def duration(s: float) -> str:
     """Seconds with a unit that keeps three significant digits: 1.2 s, 340 ms, 12 µs."""
     for unit, scale in (("s", 1.0), ("ms", 1e-3), ("µs", 1e-6)):

@@ -42,3 +42,19 @@ def built_site(tmp_path_factory) -> Path:
     assert p.returncode == 0, f"mkdocs build --strict failed:\n{log}"
     assert "WARNING" not in log, log
     return out
+
+
+# The audit's and the fix's tests: a small random model and the tokens they run it on.
+AUDIT_SEQ = 40
+
+
+@pytest.fixture(scope="session")
+def ours():
+    from smearcli import weights
+    return weights.random_model(weights.random_config(depth=2), seed=0).model
+
+
+@pytest.fixture(scope="session")
+def tokens(ours):
+    from smearcli.inputs import random_tokens
+    return random_tokens(ours.config, AUDIT_SEQ, batch=1, seed=1)

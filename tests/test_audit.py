@@ -21,7 +21,6 @@ from typer.testing import CliRunner
 
 from smearcli import weights
 from smearcli.impls.nanochat import adapter, audit, sandbox
-from smearcli.inputs import random_tokens
 from smearcli.errors import UserError
 from smearcli.names import NOISE_MARGIN
 from smearcli.units import compact
@@ -41,7 +40,7 @@ FIXED_BRANCH = """            if prev is not None:  # the first token's predeces
                 x = torch.cat([x[:, :1], x[:, 1:] + gate[:, 1:] * x[:, :-1]], dim=1)
 """
 OPTS = ScheduleOptions(chunks=3, gen_len=8, draft=3)
-SEQ = 40
+from conftest import AUDIT_SEQ as SEQ  # the `ours` / `tokens` fixtures' length
 
 
 def nanochat_modules():
@@ -51,16 +50,6 @@ def nanochat_modules():
 def snapshot(root: Path) -> dict:
     """Every path under root with its size and mtime: what an import must not change."""
     return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(root.rglob("*"))}
-
-
-@pytest.fixture(scope="module")
-def ours():
-    return weights.random_model(weights.random_config(depth=2), seed=0).model
-
-
-@pytest.fixture(scope="module")
-def tokens(ours):
-    return random_tokens(ours.config, SEQ, batch=1, seed=1)
 
 
 def run_audit(path, ours, tokens, reference=True, schedules=("prefill", "decode", "chunked", "engine", "speculative")):

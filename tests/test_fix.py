@@ -14,16 +14,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from smearcli import weights
 from smearcli.impls.nanochat import adapter, audit, sandbox
-from smearcli.inputs import random_tokens
 from smearcli.impls.nanochat import fix as nf
 from smearcli.schedules import ScheduleOptions
 
 OLD = Path(__file__).resolve().parent / "standin" / "old"
 OPTS = ScheduleOptions(chunks=3, gen_len=8, draft=3)
 SCHEDULES = ("decode", "chunked", "engine")
-SEQ = 40
 GPT = "nanochat/gpt.py"
 ENGINE = "nanochat/engine.py"
 
@@ -115,16 +112,6 @@ def apply_diff(root: Path, diff: str, tool: str) -> None:
         p = subprocess.run(c, cwd=root, capture_output=True, text=True)
         assert p.returncode == 0, f"{' '.join(c)} failed:\n{p.stdout}{p.stderr}\n{diff}"
     (root / "fix.diff").unlink()
-
-
-@pytest.fixture(scope="module")
-def ours():
-    return weights.random_model(weights.random_config(depth=2), seed=0).model
-
-
-@pytest.fixture(scope="module")
-def tokens(ours):
-    return random_tokens(ours.config, SEQ, batch=1, seed=1)
 
 
 def run_audit(root, ours, tokens):

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import dataclasses
 import os
 import sys
 from dataclasses import dataclass, replace
@@ -18,7 +17,7 @@ import torch
 
 from ..config import ConfigError
 from ..errors import UserError
-from ..inputs import load_tokens, random_tokens, read_text_file, text_tokens
+from ..inputs import load_tokens, random_tokens, read_text_bytes, read_text_file, text_tokens
 from ..preflight import TooLarge, check_dtype, check_run_memory
 from ..schedules import ScheduleOptions, chunk_plan
 from ..checkpoint import NoSmearParameters, NoSuchStep, find_step
@@ -177,13 +176,9 @@ def build_setup(spec: RunSpec, sequence_len: int = 512) -> Setup:
         except NoSmearParameters as e:
             e.found = found  # the commands report which checkpoint has no smear
             raise
-    elif spec.model_kind() == ModelKind.tiny:
-        if spec.step is not None:
-            raise UserError("--step needs --checkpoint")
+    elif spec.model_kind() == ModelKind.tiny:  # (--step without a checkpoint: check_arguments)
         loaded = tiny_model(device=device, dtype=dtype)
     else:
-        if spec.step is not None:
-            raise UserError("--step needs --checkpoint")
         try:
             if spec.preset is not None:
                 config = preset_config(spec.preset.value, spec.depth)
@@ -205,7 +200,7 @@ def build_setup(spec: RunSpec, sequence_len: int = 512) -> Setup:
     cfg = loaded.model.config
     if spec.text is not None or spec.text_file is not None:
         tokens, chat = text_input(spec, cfg, found)
-        if chat is not None and "chunked" in schedules and chunk_sizes is None and not spec.was_given("chunks"):
+        if chat is not None and "chunked" in schedules and chunk_sizes is None and spec.chunks is None:
             chunk_sizes = tuple(chat.chunk_sizes)  # one chunk per turn, as a chat reuses its cache
             opts = replace(opts, chunk_sizes=chunk_sizes)
     elif spec.tokens is not None:
@@ -215,7 +210,7 @@ def build_setup(spec: RunSpec, sequence_len: int = 512) -> Setup:
         preflight(cfg, device, dtype, spec.batch, spec.seq_len_value(), schedules, logics, spec, chunk_sizes)
         tokens = random_tokens(cfg, spec.seq_len_value(), spec.batch, spec.seed)
     T = tokens.size(1)
-    opts = dataclasses.replace(opts, chunks=spec.chunks_for(T))
+    opts = replace(opts, chunks=spec.chunks_for(T))
     preflight(cfg, device, dtype, tokens.size(0), T, schedules, logics, spec, chunk_sizes)
     _check_plan(T, schedules, opts)
     return Setup(loaded, tokens.to(device), opts, schedules, logics, impl, audited, found, threads)
@@ -269,13 +264,11 @@ def text_input(spec: RunSpec, cfg, found):
 
     text = spec.text
     with flag(name, ": "):
-        if spec.text_file is not None:
+        if spec.text_file is not None:  # the same checks as a byte-level model's file: size, kind
             try:
-                text = Path(spec.text_file).read_text(encoding="utf-8")
-            except FileNotFoundError:
-                raise UserError(f"{spec.text_file}: file not found") from None
-            except (OSError, UnicodeDecodeError) as e:
-                raise UserError(f"{spec.text_file}: cannot read it as UTF-8 text ({e})") from None
+                text = read_text_bytes(spec.text_file).decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise UserError(f"{spec.text_file}: not UTF-8 text ({e})") from None
         if not text:
             raise UserError("the text is empty")
         what = "a chat (--chat)" if spec.chat else f"a model with a vocabulary of {cfg.vocab_size:,} (not bytes)"

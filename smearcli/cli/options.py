@@ -102,7 +102,7 @@ class RunSpec:
     impl: Impl = Impl.ours
     nanochat_path: Optional[Path] = None
     hf_model: Optional[str] = None  # --impl hf: a built-in tiny config's name or a model directory
-    user_code_timeout: float = 600.0  # impls.nanochat.guard.DEFAULT_TIMEOUT (not imported: --help stays fast)
+    user_code_timeout: float = names.USER_CODE_TIMEOUT
     threads: Optional[int] = None  # None: the rule in smearcli.threads
     preset: Optional[PresetName] = None
     quiet: bool = False
@@ -136,10 +136,6 @@ class RunSpec:
     def discovers(self) -> bool:
         """A nanochat checkpoint is to be found (--checkpoint, --source or --model-tag given)."""
         return self.checkpoint is not None or self.source is not None or self.model_tag is not None
-
-    def was_given(self, name: str) -> bool:
-        """Whether option `name` (a RunSpec field) was on the command line (see shared_options)."""
-        return name in getattr(self, "given", ())
 
     def depth_value(self) -> int:
         return 4 if self.depth is None else self.depth
@@ -283,12 +279,8 @@ def shared_options(fn):
     @functools.wraps(fn)
     @guarded
     def wrapper(**kwargs):
-        ctx = kwargs.pop("click_context", None)  # Typer passes it (annotated typer.Context)
         spec = RunSpec(**{k: kwargs.pop(k) for k in SHARED})
-        spec.given = frozenset(k for k in SHARED if ctx is not None  # Typer may vendor its own click:
-                               and getattr(ctx.get_parameter_source(k), "name", "") == "COMMANDLINE")
         return fn(spec, **kwargs)
 
-    context = inspect.Parameter("click_context", inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context)
-    wrapper.__signature__ = sig.replace(parameters=[context] + extra + own, return_annotation=None)
+    wrapper.__signature__ = sig.replace(parameters=extra + own, return_annotation=None)
     return wrapper

@@ -31,6 +31,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 from torch import Tensor
 
+from .. import inputs
 from ..errors import UserError
 from ..names import NOISE_MARGIN
 from ..schedules import ScheduleOptions
@@ -266,8 +267,8 @@ def vocab_size(model) -> int:
 
 
 def random_tokens(model, seq_len: int, batch: int = 1, seed: int = 0) -> Tensor:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, vocab_size(model), (batch, seq_len), generator=g)
+    """`inputs.random_tokens` over the model's vocabulary."""
+    return inputs.random_tokens(vocab_size(model), seq_len, batch, seed)
 
 
 def check_model(model, tokens: Tensor, chunk_sizes: Optional[Sequence[int]] = None, *, chunks: int = 3,

@@ -17,7 +17,7 @@ from rich.table import Table
 
 from ..compare import Comparison
 from ..names import NOISE_MARGIN
-from ..units import sci
+from ..units import sci, times
 
 # the comparison's columns; the verdict (last, unnamed) and the error columns are never left out
 COLUMNS = [("schedule", "left"), ("logic", "left"), ("steps", "right"), ("max|Δlogit|", "right"),
@@ -81,7 +81,7 @@ def comparison_table(c: Comparison, width: int = 10_000, share=None,
         fd = m.first_departure
         share = share_of(m)
         rows.append([
-            m.schedule, *[m.logic] * logic, str(len(m.steps)), sci(m.max_abs_logits), f"{m.logits_multiple:.2g}",
+            m.schedule, *[m.logic] * logic, str(len(m.steps)), sci(m.max_abs_logits), times(m.logits_multiple),
             sci(m.kl_max), f"{100 * m.top1_agreement:.1f}%",
             "-" if share is None else f"{100 * share:.0f}%",
             "-" if fd is None else f"{c.layers[fd[0]]}@{fd[1]}",

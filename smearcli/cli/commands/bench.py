@@ -25,15 +25,11 @@ class Clock(str, Enum):
 BENCH_SCHEDULES = "prefill,chunked,decode"
 
 
-def _given(ctx: typer.Context) -> set[str]:
-    """Options the user set (command line or environment), not left at their defaults. Compared by
-    name: typer may bring its own copy of click's ParameterSource."""
-    out = set()
-    for name in ("schedules",):
-        src = ctx.get_parameter_source(name)
-        if src is not None and src.name not in ("DEFAULT", "DEFAULT_MAP"):
-            out.add(name)
-    return out
+def _schedules_given(ctx: typer.Context) -> bool:
+    """Whether the user set --schedules (command line or environment) rather than leaving compare's
+    default. Compared by name: typer may bring its own copy of click's ParameterSource."""
+    src = ctx.get_parameter_source("schedules")
+    return src is not None and src.name not in ("DEFAULT", "DEFAULT_MAP")
 
 
 @shared_options
@@ -82,8 +78,7 @@ def bench(
     if getattr(spec.impl, "value", spec.impl) != "ours":
         raise UserError("--impl: bench times smearcli's own model under both smear logics; "
                         "audit your checkout's code with `smearcli compare --impl`")
-    given = _given(ctx)
-    if "schedules" not in given:
+    if not _schedules_given(ctx):
         spec = dataclasses.replace(spec, schedules=BENCH_SCHEDULES)
     schedules = spec.schedule_list(allow_reference=True)  # bench may time the full forward too
     others = [s for s in schedules if s != REFERENCE] or ["prefill"]

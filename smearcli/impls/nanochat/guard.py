@@ -24,8 +24,9 @@ import traceback
 from pathlib import Path
 
 from ...errors import UserCodeError, UserError
+from ...names import USER_CODE_TIMEOUT
 
-DEFAULT_TIMEOUT = 600.0  # seconds per call into the user's code (an import, one forward pass)
+DEFAULT_TIMEOUT = USER_CODE_TIMEOUT  # seconds per call into the user's code (names.py)
 MAX_TIMEOUT = 1e6
 
 
