@@ -125,6 +125,9 @@ def test_unknown_name_lists_the_names():
     (["--impl", "hf", "--hf-model", "llama", "--model", "tiny"], "--model"),
     (["--impl", "hf", "--hf-model", "llama", "--depth", "2"], "--depth"),
     (["--impl", "hf", "--hf-model", "llama", "--text", "hi"], "--text"),
+    (["--impl", "hf", "--hf-model", "llama", "--source", "sft"], "--source"),
+    (["--impl", "hf", "--hf-model", "llama", "--preset", "d12"], "--preset"),
+    (["--impl", "hf", "--hf-model", "llama", "--chat"], "--chat"),
     (["--impl", "hf", "--hf-model", "llama", "--schedules", "chunked,engine"], "engine"),
     (["--impl", "hf", "--hf-model", "llama", "--seq-len", "8", "--chunk-sizes", "4,5"], "--chunk-sizes"),
 ])

@@ -26,7 +26,8 @@ SUBTITLE = ("The model runs each schedule through its own cache API (use_cache=T
 # options that configure nanochat models or inputs, refused with --impl hf: (flag, RunSpec field)
 NANOCHAT_ONLY = (("--checkpoint", "checkpoint"), ("--step", "step"), ("--model", "model"),
                  ("--depth", "depth"), ("--text", "text"), ("--text-file", "text_file"),
-                 ("--nanochat-path", "nanochat_path"))
+                 ("--nanochat-path", "nanochat_path"), ("--source", "source"), ("--model-tag", "model_tag"),
+                 ("--preset", "preset"))
 
 
 @dataclass
@@ -63,6 +64,8 @@ def check_hf_spec(spec: RunSpec) -> tuple[list[str], ScheduleOptions]:
         if getattr(spec, attr) is not None:
             raise UserError(f"{name} configures a nanochat model and does not apply to --impl hf "
                             "(--hf-model names the model)")
+    if spec.chat:
+        raise UserError("--chat encodes a nanochat conversation; it does not apply to --impl hf")
     if spec.logic != Logic.both:
         raise UserError("--logic picks nanochat's smear logic; with --impl hf the model's own code runs")
     if spec.samples != RunSpec().samples:
