@@ -51,7 +51,7 @@ def _smear_within(x: Tensor, gate_weight: Tensor, smear_lambda: Tensor) -> Tenso
 
 
 def smear_old(x: Tensor, gate_weight: Tensor, smear_lambda: Tensor,
-               prev: Optional[Tensor], cached: bool) -> Tensor:
+              prev: Optional[Tensor], cached: bool) -> Tensor:
     """Upstream nanochat's smear (commit 92d63d4), bug included."""
     T = x.size(1)
     if not cached:
@@ -70,7 +70,7 @@ def smear_one_token(x: Tensor, gate_weight: Tensor, smear_lambda: Tensor, prev: 
 
 
 def smear_fixed(x: Tensor, gate_weight: Tensor, smear_lambda: Tensor,
-               prev: Optional[Tensor], cached: bool) -> Tensor:
+                prev: Optional[Tensor], cached: bool) -> Tensor:
     """The fix proposed in issue #756: the chunk's first token takes `prev` when it is set."""
     if x.size(1) == 1:
         # a lone uncached token has no predecessor; a cached one is a decode step
