@@ -1,7 +1,9 @@
-"""`compare` as a library call: every schedule under every logic against the full forward pass.
+"""`compare` as a library call: every schedule on every runner against the full forward pass.
 
-Owns the `Comparison` (runs, metrics, noise floor, analytic checks), its one-line verdict, its
-JSON document (schema `smearcli.compare/1`) and the payload `--save` writes.
+Owns the one result type, `Comparison` (runs, metrics, noise floor, analytic checks, what ran), the
+plan of runs it makes, its verdict and its plain-text table; `smearcli.documents` writes its JSON
+document (schema `smearcli.compare/1`) and the payload `--save` writes. `smearcli.testing`, the Hugging Face adapter and the audit of a user's nanochat
+checkout are thin layers on it.
 
 ```python
 from smearcli import compare, inputs, weights
@@ -10,8 +12,8 @@ result = compare.compare(lm.model, inputs.random_tokens(lm.model.config, 256))
 print(result.verdict)
 ```
 
-`model` is anything with our GPT's interface (see `smearcli.impls`): our own model, or a user's
-nanochat code behind its adapter.
+The first argument is our GPT (run under each of `logics`), one `smearcli.runner.Runner`, or a
+list of them: one series each, all measured against the first runner's full forward pass.
 """
 
 from __future__ import annotations
@@ -20,135 +22,315 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
+import torch
 from torch import Tensor
 
-from .metrics import (AnalyticCheck, NoiseFloor, RunMetrics, analytic_check, layer_names, measure,
-                      noise_floor)
+from .metrics import AnalyticCheck, NoiseFloor, RunMetrics, analytic_check, measure, noise_floor
 from .names import DEFAULT_SCHEDULES, LOGIC_NAMES, NOISE_MARGIN, REFERENCE
-from .schedules import RunResult, ScheduleOptions, run_schedule
-from .smear import same_one_token_step
-from .units import sig3
+from .runner import Described, Runner
+from .schedules import RunResult, ScheduleOptions, run_schedule, runnable
+from .units import sci, sig3, times
 
-SCHEMA = "smearcli.compare/1"
+NOISE_SCHEDULE = "decode"  # the noise floor: token-by-token decode against the full pass
+# token-by-token decode this many ulps (of the dtype, at the logits' scale) off the full pass is
+# no longer rounding: the floor measured from it would hide real errors, so the verdict says so
+SUSPECT_NOISE_ULPS = 1e3
 
 
 @dataclass
 class Comparison:
-    model: object  # our GPT or an adapter with its interface (smearcli.impls)
+    """What `compare` measured. Everything a table, a figure or a JSON document needs is here;
+    nothing reads the model again."""
+    described: list[Described]  # one per runner, in series order
     tokens: Tensor
     options: ScheduleOptions
-    layers: list[str]
+    layers: list[str]  # capture-point names, "logits" last
     noise: NoiseFloor
     reference: RunResult
     runs: list[RunResult]
-    metrics: list[RunMetrics]
+    metrics: list[RunMetrics]  # one per run, same order
     analytic: dict[str, list[AnalyticCheck]] = field(default_factory=dict)  # schedule -> checks
     tolerance: float = NOISE_MARGIN
+    dtype: torch.dtype = torch.float32  # the compute dtype: one ulp of it bounds the floor
+    notes: list[str] = field(default_factory=list)  # what ran, for the report
+    analytic_labels: dict[str, str] = field(default_factory=dict)  # schedule -> the checked run's label
 
-    def get(self, schedule: str, logic: str) -> RunMetrics:
+    @property
+    def labels(self) -> list[str]:
+        return [d.label for d in self.described]
+
+    def description(self, label: Optional[str] = None) -> Described:
+        """The Described of one series (default: the first, the reference's)."""
+        return next((d for d in self.described if label is None or d.label == label), self.described[0])
+
+    def get(self, schedule: str, label: Optional[str] = None) -> RunMetrics:
+        """The metrics of one run; `label` may be left out when one runner ran."""
         for m in self.metrics:
-            if m.schedule == schedule and m.logic == logic:
+            if m.schedule == schedule and (label is None or m.logic == label):
                 return m
-        raise KeyError((schedule, logic))
+        raise KeyError((schedule, label))
 
     @property
     def failures(self) -> list[RunMetrics]:
         return [m for m in self.metrics if not m.passed]
 
     @property
+    def passed(self) -> bool:
+        return not self.failures
+
+    def run_name(self, m: RunMetrics) -> str:
+        return f"{m.schedule}/{m.logic}" if len(self.labels) > 1 else m.schedule
+
+    def born_at(self, m: RunMetrics) -> Optional[tuple[str, int]]:
+        """(capture point, position) where the run first leaves NOISE_MARGIN x the floor."""
+        fd = m.first_departure
+        return None if fd is None else (self.layers[fd[0]], fd[1])
+
+    def start_share(self, m: RunMetrics) -> Optional[float]:
+        """Share of the error at the capture point where it is born that sits on chunk starts
+        (None: no chunk starts, or a run that never leaves the noise)."""
+        fd = m.first_departure
+        return None if fd is None else m.chunk_start_share_at(fd[0])
+
+    @property
+    def decode_ulps(self) -> float:
+        """Token-by-token decode's logits distance from the full pass, in ulps at the logits' scale."""
+        scale = float(self.reference.logits.abs().max()) * torch.finfo(self.dtype).eps
+        d = self.noise.measured_logits
+        return d / scale if scale > 0 else (0.0 if d == 0 else float("inf"))
+
+    @property
+    def noise_suspect(self) -> bool:
+        return self.decode_ulps > SUSPECT_NOISE_ULPS
+
+    def describe(self, m: RunMetrics) -> str:
+        """One sentence for one run: where its error is born, how big, how far it spreads."""
+        T = self.tokens.size(1)
+        born = self.born_at(m)
+        first = m.chunk_starts[0] if m.chunk_starts else None
+        msg = f"{self.run_name(m)} (steps {fmt_steps(m.steps)}) diverges from the full pass"
+        if born is not None:
+            msg += f": born at {born[0]}@{born[1]}{born_where(born[1], m.chunk_starts)}"
+        elif first is not None:
+            msg += f" (first chunk start: {first})"
+        msg += (f"; max |dlogit| {m.max_abs_logits:.3g} ({times(m.logits_multiple)}x noise); "
+                f"{m.positions_above_noise}/{T} positions above {NOISE_MARGIN:g}x noise")
+        share = self.start_share(m)
+        if share is not None and born is not None:
+            msg += f"; {share:.0%} of the error at {born[0]} sits on chunk starts"
+        return msg
+
+    @property
     def verdict(self) -> str:
         return verdict(self)
 
+    def table(self) -> str:
+        """A plain-text table, one row per run, the notes and the verdict (for assertion messages;
+        `render.table` draws the rich one)."""
+        T = self.tokens.size(1)
+        several = len(self.labels) > 1
+        head = ["schedule", *["logic"] * several, "steps", "max|dlogit|", "xnoise", "KL max", "top-1",
+                "@starts", "born at", "spread", ""]
+        rows = []
+        for m in self.metrics:
+            born, share = self.born_at(m), self.start_share(m)
+            rows.append([m.schedule, *[m.logic] * several, fmt_steps(m.steps), sci(m.max_abs_logits),
+                         times(m.logits_multiple), sci(m.kl_max), f"{m.top1_agreement:.1%}",
+                         "-" if share is None else f"{share:.0%}",
+                         "-" if born is None else f"{born[0]}@{born[1]}",
+                         f"{m.positions_above_noise}/{T}", "ok" if m.passed else "BUG"])
+        widths = [max(len(r[i]) for r in [head] + rows) for i in range(len(head))]
+        text = len(head) - 3  # born at, spread, verdict: left-aligned like the names
+        line = lambda r: "  ".join(c.ljust(w) if i < 2 + several or i >= text else c.rjust(w)
+                                   for i, (c, w) in enumerate(zip(r, widths))).rstrip()
+        out = [f"{self.tokens.size(0)} x {T} tokens; noise floor (logits) {sci(self.noise.per_layer[-1])} "
+               f"from token-by-token decode; a run passes within {self.tolerance:g}x",
+               line(head)] + [line(r) for r in rows]
+        out += self.notes
+        out += ["BUG: " + self.describe(m) for m in self.failures]
+        out.append(self.verdict)
+        return "\n".join(out)
 
-def compare(model, tokens: Tensor, schedules: Sequence[str] = DEFAULT_SCHEDULES,
+
+def fmt_steps(steps: Sequence[int]) -> str:
+    """16,16,16 as 3x16: runs of equal steps counted."""
+    runs: list[list[int]] = []
+    for n in steps:
+        if runs and runs[-1][0] == n:
+            runs[-1][1] += 1
+        else:
+            runs.append([n, 1])
+    return ",".join(str(n) if k == 1 else f"{k}x{n}" for n, k in runs)
+
+
+def as_runners(target, logics: Sequence[str] = LOGIC_NAMES, name: Optional[str] = None) -> list[Runner]:
+    """A list of runners from a runner, a list of them, or our GPT (one runner per logic)."""
+    if isinstance(target, Runner):
+        return [target]
+    if isinstance(target, (list, tuple)):
+        if not target or not all(isinstance(r, Runner) for r in target):
+            raise TypeError("compare takes our GPT, a Runner, or a non-empty list of Runners")
+        return list(target)
+    from .ours import runners  # our GPT
+
+    return runners(target, logics, name)
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    """One forward run `compare` makes: `runner` on `schedule`, or a copy of an earlier run of
+    `same_as` (a runner whose one-token step is the same computation)."""
+    schedule: str
+    runner: Runner
+    label: str  # what the progress bar shows
+    same_as: Optional[Runner] = None
+    measured: bool = True  # False: the reference, and a decode run for the noise floor only
+
+
+def plan(runners: Sequence[Runner], schedules: Sequence[str]) -> list[PlannedRun]:
+    """Every run `compare` makes, in order: the reference, each (schedule, runner) (decode once
+    per group of runners sharing a one-token step), and a decode for the noise floor when no
+    schedule is decode. The CLI's progress totals come from here."""
+    ref = runners[0]
+    several = len(runners) > 1
+    out = [PlannedRun(REFERENCE, ref, "full (reference)", measured=False)]
+    decoded: dict = {}
+    for sched in schedules:
+        for r in runners:
+            label = f"{sched} / {r.label}" if several else sched
+            if sched == NOISE_SCHEDULE and r.one_token_step is not None and r.one_token_step in decoded:
+                out.append(PlannedRun(sched, r, label, same_as=decoded[r.one_token_step]))
+                continue
+            out.append(PlannedRun(sched, r, label))
+            if sched == NOISE_SCHEDULE and r.one_token_step is not None:
+                decoded[r.one_token_step] = r
+    if NOISE_SCHEDULE not in schedules:
+        out.append(PlannedRun(NOISE_SCHEDULE, ref, "decode (noise floor)", measured=False))
+    return out
+
+
+def forward_runs(planned: Sequence[PlannedRun]) -> int:
+    """How many of the planned runs call the model (the rest copy a shared decode)."""
+    return sum(p.same_as is None for p in planned)
+
+
+def compare(target, tokens: Tensor, schedules: Sequence[str] = DEFAULT_SCHEDULES,
             logics: Sequence[str] = LOGIC_NAMES, options: ScheduleOptions = ScheduleOptions(),
-            tolerance: float = NOISE_MARGIN, progress=None, first_capture: str = "emb",
+            tolerance: float = NOISE_MARGIN, progress=None,
             check_runs: Optional[Callable[[RunMetrics], bool]] = None,
-            tokens_progress: Optional[Callable[[int, int], None]] = None) -> Comparison:
-    """Run the reference, the noise-floor pair and every (schedule, logic); measure each.
+            tokens_progress: Optional[Callable[[int, int], None]] = None,
+            name: Optional[str] = None, notes: Sequence[str] = ()) -> Comparison:
+    """Run the reference, the noise-floor pair and every (schedule, runner); measure each.
 
-    `progress`, if given, is called with a short label before each run; `tokens_progress(done,
-    total)` after every forward step, with the positions fed so far over all runs. `first_capture`
-    names the model's first capture point; `check_runs` picks the runs that get the analytic
-    check (default: those of the old logic).
+    `target`: our GPT (with `logics`), a Runner or a list of Runners (see `as_runners`); the first
+    runner's full forward pass is the reference and its decode the noise floor. `progress`, if
+    given, is called with a short label before each run; `tokens_progress(done, total)` after
+    every forward step, with the positions fed so far over all runs. `check_runs` picks the runs
+    that get the analytic check (default: those that fail, on runners that give smear terms).
 
-    The decode schedule runs once when every logic's one-token step is the same code
-    (`smear.same_one_token_step`, checked by tests) and the model takes its logics from that
-    registry: the one result then stands for each logic."""
-    tokens = tokens.to(model.device)
+    Decode runs once for runners whose `one_token_step` keys are equal (our GPT's logics share it,
+    checked by tests): the one result then stands for each of them."""
+    runners = as_runners(target, logics, name)
+    ref_runner = runners[0]
+    for s in schedules:
+        for r in runners:
+            if not runnable(r, s):
+                raise ValueError(f"{r.label} cannot run the {s} schedule")
+    tokens = tokens.to(ref_runner.device)
     step = progress or (lambda label: None)
-    share = shares_decode(model, schedules, logics)
-    total = planned_runs(schedules, logics, share) * tokens.size(1)
+    planned = plan(runners, schedules)
+    total = forward_runs(planned) * tokens.size(1)
     done = [0]
 
-    def run(sched, logic):
+    def run(p: PlannedRun) -> RunResult:
         base = done[0]
 
         def on_step(n, _T):
             done[0] = base + n
             if tokens_progress is not None:
                 tokens_progress(done[0], total)
-        r = run_schedule(model, tokens, sched, logic, options, progress=on_step)
+        r = run_schedule(p.runner, tokens, p.schedule, opts=options, progress=on_step)
         done[0] = base + tokens.size(1)
         return r
 
-    step("full (reference)")
-    ref = run(REFERENCE, "fixed")
-    runs: list[RunResult] = []
-    decode_for_noise = None
-    for sched in schedules:
-        for logic in logics:
-            if sched == "decode" and share and decode_for_noise is not None:
-                r = dataclasses.replace(decode_for_noise, logic=logic)  # the same computation
-            else:
-                step(f"{sched} / {logic}")
-                r = run(sched, logic)
+    ref, decode_for_noise, runs = None, None, []
+    by_runner: dict = {}
+    for p in planned:
+        if p.same_as is not None:
+            r = dataclasses.replace(by_runner[(id(p.same_as), p.schedule)], logic=p.runner.label)
+        else:
+            step(p.label)
+            r = run(p)
+        by_runner[(id(p.runner), p.schedule)] = r
+        if p.schedule == REFERENCE:
+            ref = r
+        elif p.measured:
             runs.append(r)
-            if sched == "decode" and decode_for_noise is None:
-                decode_for_noise = r
-    if decode_for_noise is None:
-        step("decode (noise floor)")
-        decode_for_noise = run("decode", "fixed")
-    noise = noise_floor(ref, decode_for_noise, model.dtype)
+        if p.schedule == NOISE_SCHEDULE and p.runner is ref_runner:
+            decode_for_noise = r
+    layers = list(ref_runner.layers)
+    for r in [ref] + runs:
+        got = len(r.hiddens or []) + 1
+        if got != len(layers) and r.hiddens is not None:
+            raise ValueError(f"{r.logic} returned {got} capture points on {r.schedule}; its runner "
+                             f"declares {len(layers)} ({', '.join(layers)})")
+    if ref.hiddens is None or any(r.hiddens is None for r in runs):  # compare what all have
+        layers = ["logits"]
+        ref = dataclasses.replace(ref, hiddens=None)
+        runs = [dataclasses.replace(r, hiddens=None) for r in runs]
+        decode_for_noise = dataclasses.replace(decode_for_noise, hiddens=None)
+    dtype = ref_runner.dtype or ref.logits.dtype
+    noise = noise_floor(ref, decode_for_noise, dtype)
     metrics = [measure(ref, r, noise, tolerance) for r in runs]
-    pick = check_runs or (lambda m: m.logic == "old")
-    analytic = {r.schedule: analytic_check(model, tokens, ref, r) for r, m in zip(runs, metrics) if pick(m)}
-    layers = [first_capture] + layer_names(model.config.n_layer)[1:]
-    return Comparison(model, tokens, options, layers, noise, ref, runs,
-                      metrics, {k: v for k, v in analytic.items() if v}, tolerance)
-
-
-def shares_decode(model, schedules: Sequence[str], logics: Sequence[str]) -> bool:
-    """Whether `compare` runs decode once for all `logics`: several logics, one one-token step
-    (`smear.same_one_token_step`), and a model whose `smear=` picks from smearcli's registry."""
-    return ("decode" in schedules and len(set(logics)) > 1 and same_one_token_step(logics)
-            and getattr(model, "smear_registry", None) == "smearcli")
-
-
-def planned_runs(schedules: Sequence[str], logics: Sequence[str], share_decode: bool) -> int:
-    """Forward runs `compare` makes: the reference, each (schedule, logic) (decode once when it is
-    shared), and a decode for the noise floor when no schedule is decode."""
-    n = 1 + len(schedules) * len(logics) + ("decode" not in schedules)
-    return n - (len(logics) - 1 if share_decode and "decode" in schedules else 0)
+    pick = check_runs or (lambda m: not m.passed)
+    by_label = {r.label: r for r in runners}
+    analytic, checked = {}, {}
+    for r, m in zip(runs, metrics):
+        if r.schedule not in analytic and pick(m):
+            checks = analytic_check(by_label[r.logic], tokens, ref, r)
+            if checks:
+                analytic[r.schedule], checked[r.schedule] = checks, r.logic
+    return Comparison([r.describe() for r in runners], tokens, options, layers, noise, ref, runs, metrics,
+                      analytic, tolerance, dtype, list(notes), checked)
 
 
 def verdict(c: Comparison) -> str:
     """One line a person can act on."""
+    tail = ""
+    if c.noise_suspect:
+        tail = (f" (note: token-by-token decode itself is {c.decode_ulps:.3g} ulps off the full pass, "
+                f"so the noise floor it sets may hide errors)")
     bad = c.failures
     if not bad:
-        lam = float(c.model.smear_lambda.detach().abs().max())
-        tail = " (smear_lambda is 0: this model cannot show the bug)" if lam == 0.0 else ""
+        lams = [d.smear_lambda for d in c.described]
+        if lams and all(lam == 0.0 for lam in lams):
+            tail += " (smear_lambda is 0: this model cannot show the bug)"
         return f"OK: every schedule matches the full forward pass within {c.tolerance:g}x the noise floor{tail}"
     worst = max(bad, key=lambda m: m.max_abs_logits)
-    logics = sorted({m.logic for m in bad})
-    names = ", ".join(f"{m.schedule}/{m.logic}" for m in bad)
-    where = f" at {starts_phrase(worst.chunk_starts, worst.schedule)}" if worst.chunk_starts else ""
-    msg = (f"BUG: {names} diverge from the full forward pass: max |dlogit| "
+    labels = sorted({m.logic for m in bad})
+    names = ", ".join(c.run_name(m) for m in bad)
+    verb = "diverge" if len(c.labels) > 1 or len(bad) > 1 else "diverges"
+    born = c.born_at(worst)
+    on_start = born is not None and born[1] in worst.chunk_starts
+    where = f" at {starts_phrase(worst.chunk_starts, worst.schedule)}" if on_start else ""
+    msg = (f"BUG: {names} {verb} from the full forward pass: max |dlogit| "
            f"{sig3(worst.max_abs_logits)} ({sig3(worst.logits_multiple)}x noise){where}")
-    good = sorted({m.logic for m in c.metrics} - set(logics))
-    if good:
-        msg += f"; the {'/'.join(good)} logic matches every schedule"
-    return msg
+    if born is not None:
+        msg += f"; born at {born[0]}@{born[1]}{born_where(born[1], worst.chunk_starts)}"
+    good = [lb for lb in c.labels if lb not in labels]
+    if good and len(c.labels) > 1:
+        msg += f"; the {'/'.join(sorted(good))} logic matches every schedule"
+    return msg + tail
+
+
+def born_where(pos: int, starts: Sequence[int]) -> str:
+    """", the first chunk start (16)", ", a chunk start (32)", ", not on a chunk start (first
+    chunk start: 16)", or "" for a run without chunk starts."""
+    if not starts:
+        return ""
+    if pos in starts:
+        return f", {'the first chunk start' if pos == starts[0] else 'a chunk start'} ({pos})"
+    return f", not on a chunk start (first chunk start: {starts[0]})"
 
 
 def starts_phrase(starts: Sequence[int], schedule: str, shown: int = 4) -> str:
@@ -156,73 +338,3 @@ def starts_phrase(starts: Sequence[int], schedule: str, shown: int = 4) -> str:
     more = f" and {len(starts) - shown} more" if len(starts) > shown else ""
     what = "chunk start" if len(starts) == 1 else f"{len(starts)} chunk starts"
     return f"the {what} of {schedule}: {', '.join(map(str, starts[:shown]))}{more}"
-
-
-def _floats(t) -> list[float]:
-    return [float(f"{v:.6g}") for v in (t.tolist() if isinstance(t, Tensor) else t)]
-
-
-def run_json(m: RunMetrics, layers: Sequence[str]) -> dict:
-    """One entry of a document's `runs` (schema compare/1, reused by hf/1)."""
-    fd = m.first_departure
-    return {
-        "schedule": m.schedule,
-        "logic": m.logic,
-        "steps": m.steps,
-        "chunk_starts": m.chunk_starts,
-        "passed": m.passed,
-        "max_abs_logits": float(f"{m.max_abs_logits:.6g}"),
-        "logits_noise_multiple": float(f"{m.logits_multiple:.6g}"),
-        "max_abs_per_layer": _floats(m.abs_err.amax(dim=1)),
-        "max_rel_per_layer": _floats(m.rel_err.amax(dim=1)),
-        "noise_multiple_per_layer": _floats(m.multiple_of_noise),
-        "chunk_start_share": None if m.chunk_start_share is None else float(f"{m.chunk_start_share:.6g}"),
-        "first_departure": None if fd is None else {"layer": layers[fd[0]], "position": fd[1]},
-        "positions_above_noise": m.positions_above_noise,
-        "kl_max": float(f"{m.kl_max:.6g}"),
-        "kl_mean": float(f"{m.kl_mean:.6g}"),
-        "top1_agreement": float(f"{m.top1_agreement:.6g}"),
-        "per_position": {
-            "abs_logits": _floats(m.abs_err[-1]),
-            "abs_emb": _floats(m.abs_err[0]),
-            "kl": _floats(m.kl),
-        },
-        "rel_error": [_floats(row) for row in m.rel_err],
-    }
-
-
-def to_json(c: Comparison, model_info: Optional[dict] = None) -> dict:
-    """The stable `--json` document (schema "smearcli.compare/1", see
-    [docs/json-schema.md](../json-schema.md))."""
-    runs = [run_json(m, c.layers) for m in c.metrics]
-    cfg = c.model.config
-    return {
-        "schema": SCHEMA,
-        "model": {**(model_info or {}), "config": cfg.to_dict(), "dtype": str(c.model.dtype).removeprefix("torch."),
-                  "device": str(c.model.device), "smear_lambda": float(f"{float(c.model.smear_lambda):.6g}")},
-        "input": {"batch": int(c.tokens.size(0)), "seq_len": int(c.tokens.size(1))},
-        "options": {"chunks": c.options.chunks,
-                    "chunk_sizes": list(c.options.chunk_sizes) if c.options.chunk_sizes else None,
-                    "samples": c.options.samples, "gen_len": c.options.gen_len, "draft": c.options.draft},
-        "layers": c.layers,
-        "tolerance": c.tolerance,
-        "noise_floor": {"source": c.noise.source, "per_layer": _floats(c.noise.per_layer)},
-        "runs": runs,
-        "analytic_check": {s: [{"position": a.position, "predicted": float(f"{a.predicted:.6g}"),
-                                "measured": float(f"{a.measured:.6g}"), "residual": float(f"{a.residual:.3g}")}
-                               for a in checks] for s, checks in c.analytic.items()},
-        "verdict": c.verdict,
-    }
-
-
-def save_payload(document: dict, comparisons: dict) -> dict:
-    """What `--save` writes: the JSON `document`, the tokens, and every run's logits, keyed
-    `logits_{prefix}full` and `logits_{prefix}{schedule}_{logic}` for each `prefix -> Comparison`
-    in `comparisons` (prefix "" for the main one)."""
-    first = next(iter(comparisons.values()))
-    payload = {"meta": document, "tokens": first.tokens.cpu()}
-    for prefix, c in comparisons.items():
-        payload[f"logits_{prefix}full"] = c.reference.logits.cpu()
-        for r in c.runs:
-            payload[f"logits_{prefix}{r.schedule}_{r.logic}"] = r.logits.cpu()
-    return payload

@@ -23,12 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .names import NOISE_MARGIN
+from .names import NOISE_MARGIN, layer_names  # noqa: F401 (layer_names: re-exported)
 from .schedules import RunResult
-
-
-def layer_names(n_layer: int) -> list[str]:
-    return ["emb"] + [f"block{i}" for i in range(n_layer)] + ["logits"]
 
 
 def _stack(run: RunResult) -> list[Tensor]:
@@ -52,6 +48,7 @@ def ref_scale(ref: RunResult) -> Tensor:
 class NoiseFloor:
     per_layer: list[float]  # one value per capture point
     source: str = "decode vs full, max over positions, at least one ulp of the layer's scale"
+    measured_logits: float = 0.0  # decode's logits distance from the full pass, before the ulp minimum
 
     def tensor(self) -> Tensor:
         return torch.tensor(self.per_layer).unsqueeze(1)
@@ -62,7 +59,7 @@ def noise_floor(ref: RunResult, decode: RunResult, dtype: torch.dtype) -> NoiseF
     # one ulp of the compute dtype at the layer's largest value: a zero floor would make every
     # multiple infinite, and rounding in the compute dtype is the least noise any run can have
     ulp = torch.finfo(dtype).eps * ref_scale(ref).amax(dim=1)
-    return NoiseFloor(torch.maximum(measured, ulp).tolist())
+    return NoiseFloor(torch.maximum(measured, ulp).tolist(), measured_logits=float(measured[-1]))
 
 
 KL_CHUNK = 32  # positions per block of the double-precision KL: stays in cache, no (R, T, V) doubles
@@ -119,14 +116,15 @@ class RunMetrics:
         return self.chunk_start_share_at(0)
 
     def chunk_start_share_at(self, layer: int) -> Optional[float]:
-        """Share of one capture point's error that sits on chunk starts (None: no starts, no error)."""
+        """Share of one capture point's error that sits on chunk starts. None when there are no
+        starts or when that capture point never leaves NOISE_MARGIN x its floor: the share of pure
+        rounding noise that happens to sit on chunk starts says nothing, and differs between CPUs."""
         if not self.chunk_starts:
             return None
         e = self.abs_err[layer]
-        total = float(e.sum())
-        if total == 0.0:
+        if not bool((e > NOISE_MARGIN * self.noise.per_layer[layer]).any()):
             return None
-        return float(e[self.chunk_starts].sum()) / total
+        return float(e[self.chunk_starts].sum()) / float(e.sum())
 
     @property
     def first_departure(self) -> Optional[tuple[int, int]]:
@@ -177,16 +175,21 @@ class AnalyticCheck:
 
 
 @torch.inference_mode()
-def analytic_check(model, tokens: Tensor, ref: RunResult, old: RunResult) -> list[AnalyticCheck]:
+def analytic_check(runner, tokens: Tensor, ref: RunResult, old: RunResult) -> list[AnalyticCheck]:
     """The error the old logic makes at each chunk start, against the exact term it drops.
 
-    `model.smear_terms(tokens)` gives the pre-smear embedding x (B, T, C), the gate (B, T, 1) and
-    the scale between the post-smear embedding and the first capture point (1 for our model,
-    whose first capture point is the post-smear embedding itself). Empty when the runs carry no
-    hidden states, rows differ, there are no chunk starts, or the model has no smear terms."""
+    `runner.smear_terms(tokens)` (a runner that declares `runner.SMEAR_TERMS`) gives the pre-smear
+    embedding x (B, T, C), the gate (B, T, 1) and the scale between the post-smear embedding and
+    the first capture point (1 for our model, whose first capture point is the post-smear
+    embedding itself). Empty when the runs carry no hidden states, rows differ, there are no
+    chunk starts, or the runner has no smear terms."""
+    from .runner import SMEAR_TERMS
+
     if ref.hiddens is None or old.hiddens is None or old.row_map != ref.row_map or not old.chunk_starts:
         return []
-    terms = model.smear_terms(tokens.to(model.device))
+    if not runner.can(SMEAR_TERMS):
+        return []
+    terms = runner.smear_terms(tokens.to(runner.device))
     if terms is None:
         return []
     x, gate, scale = terms

@@ -22,6 +22,11 @@ NOISE_MARGIN = 10.0  # an error this many times the measured noise floor is no l
 CHUNK_START_SCHEDULES = ("chunked", "speculative")
 
 
+def layer_names(n_layer: int) -> list[str]:
+    """Our GPT's capture points: the post-smear embedding, every block's output, the logits."""
+    return ["emb"] + [f"block{i}" for i in range(n_layer)] + ["logits"]
+
+
 def figure_schedule(names) -> str:
     """The one schedule a figure shows when none is named: chunked if among `names`, else the first
     of them that has chunk starts, else the first."""

@@ -1,8 +1,11 @@
 """Execution schedules: the ways an inference stack feeds the same tokens to the model.
 
 The registry `SCHEDULES` is the one list every caller uses (CLI, plots, bench, notebooks, tests).
-Each schedule turns (model, tokens, logic, options) into a `RunResult` holding the logits and,
-on request, every captured hidden state, laid out as if the whole sequence had run at once.
+Each schedule turns (runner, tokens, options) into a `RunResult` holding the logits and, on
+request, every captured hidden state, laid out as if the whole sequence had run at once, and the
+boundaries it crossed by kind (`CHUNK_START`, `CACHE_COPY`). A runner (`smearcli.runner`) is any
+implementation; a schedule that needs a capability (engine: copying a cache) declares it. A new
+schedule is one entry of `SCHEDULES` (and its name in `names.SCHEDULE_NAMES`).
 
 - full: one forward pass without a cache. The reference every other run is measured against.
 - prefill: one cached step over all tokens.
@@ -22,8 +25,13 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor
 
-from .model import GPT
 from .names import CHUNKS, DRAFT, GEN_LEN, SAMPLES, SCHEDULE_NAMES
+from .runner import EXPAND, Runner
+
+# The kinds of boundary a run records (`RunResult.boundaries`): positions where per-token state
+# crosses from one call, row or document into the next.
+CHUNK_START = "chunk_start"  # a multi-token cached step begins after position 0
+CACHE_COPY = "cache_copy"  # the first position after a cache was copied into more rows
 
 
 @dataclass(frozen=True)
@@ -38,12 +46,12 @@ class ScheduleOptions:
 @dataclass
 class RunResult:
     schedule: str
-    logic: str
+    logic: str  # the runner's label
     logits: Tensor  # (R, T, V) fp32
-    hiddens: Optional[list[Tensor]]  # [post-smear emb, block 0 .. block L-1], each (R, T, C) fp32
+    hiddens: Optional[list[Tensor]]  # one (R, T, C) fp32 tensor per capture point before the logits
     steps: list[int]  # the sizes of the forward steps, in order (per input row)
     row_map: list[int]  # input row each output row reproduces (engine expands rows)
-    expand_at: Optional[int] = None  # position where engine-style expansion happened
+    marks: dict = field(default_factory=dict)  # boundaries the schedule adds: kind -> positions
 
     @property
     def step_starts(self) -> list[int]:
@@ -63,6 +71,19 @@ class RunResult:
                 out.append(pos)
             pos += n
         return out
+
+    @property
+    def boundaries(self) -> dict[str, list[int]]:
+        """Every boundary of this run by kind (CHUNK_START, CACHE_COPY, ...), positions in the
+        reference's coordinates; kinds without a position are left out."""
+        out = {CHUNK_START: self.chunk_starts, **self.marks}
+        return {k: list(v) for k, v in out.items() if v}
+
+    @property
+    def expand_at(self) -> Optional[int]:
+        """Where engine-style expansion happened (the first position after the cache copy)."""
+        at = self.marks.get(CACHE_COPY)
+        return at[0] if at else None
 
 
 def split_even(T: int, n: int) -> list[int]:
@@ -92,45 +113,55 @@ def _prompt_len(T: int, opts: ScheduleOptions) -> int:
     return T - min(opts.gen_len, T - 1)
 
 
-def _run_steps(model: GPT, tokens: Tensor, steps: list[int], logic: str, capture: bool,
+def _run_steps(runner: Runner, tokens: Tensor, steps: list[int], capture: bool,
                cache=None, on_step=None) -> tuple[Tensor, Optional[list[Tensor]]]:
-    """Feed `tokens` (B, T) through the cache in steps; stitch outputs back along T.
+    """Feed `tokens` (B, T) through the runner's cache in steps; stitch outputs back along T.
     `on_step(n)` is called after each step of n tokens."""
     B, T = tokens.shape
     if cache is None:
-        cache = model.new_cache(B, T)
-    pos0 = cache.get_pos()
+        cache = runner.new_cache(B, T)
     logits, caps = [], []
     pos = 0
     for n in steps:
-        cap = [] if capture else None
-        logits.append(model(tokens[:, pos:pos + n], cache=cache, smear=logic, capture=cap))
-        caps.append(cap)
+        out = runner.step(tokens[:, pos:pos + n], cache, capture)
+        if out.logits.shape[:2] != (B, n):
+            raise ValueError(f"{runner.label}: a step over {n} tokens returned logits of shape "
+                             f"{tuple(out.logits.shape)}")
+        logits.append(out.logits.float())
+        caps.append(out.hiddens if capture else None)
         pos += n
         if on_step is not None:
             on_step(n)
-    assert pos == T and cache.get_pos() == pos0 + T
-    hiddens = [torch.cat([c[i] for c in caps], dim=1) for i in range(len(caps[0]))] if capture else None
-    return torch.cat(logits, dim=1), hiddens
+    assert pos == T
+    return torch.cat(logits, dim=1), _stitch(caps, dim=1)
 
 
-def _full(model, tokens, logic, opts, capture, on_step=None):
-    cap = [] if capture else None
-    logits = model(tokens, smear=logic, capture=cap)
+def _stitch(parts: list, dim: int) -> Optional[list[Tensor]]:
+    """Concatenate per-step hidden-state lists along `dim`; None when any step had none."""
+    if not parts or any(p is None for p in parts):
+        return None
+    depth = {len(p) for p in parts}
+    if len(depth) != 1:
+        raise ValueError("steps returned different numbers of hidden states")
+    return [torch.cat([p[i].float() for p in parts], dim=dim) for i in range(depth.pop())]
+
+
+def _full(runner, tokens, opts, capture, on_step=None):
+    out = runner.forward(tokens, capture)
     if on_step is not None:
         on_step(tokens.size(1))
-    return logits, cap, [tokens.size(1)], None
+    return out.logits.float(), _stitch([out.hiddens], 1) if capture else None, [tokens.size(1)], {}
 
 
 def _stepped(plan: Callable[[int, ScheduleOptions], list[int]]):
-    def run(model, tokens, logic, opts, capture, on_step=None):
+    def run(runner, tokens, opts, capture, on_step=None):
         steps = plan(tokens.size(1), opts)
-        logits, hiddens = _run_steps(model, tokens, steps, logic, capture, on_step=on_step)
-        return logits, hiddens, steps, None
+        logits, hiddens = _run_steps(runner, tokens, steps, capture, on_step=on_step)
+        return logits, hiddens, steps, {}
     return run
 
 
-def _engine(model, tokens, logic, opts, capture, on_step=None):
+def _engine(runner, tokens, opts, capture, on_step=None):
     B, T = tokens.shape
     S = opts.samples
     if S < 1:
@@ -139,23 +170,22 @@ def _engine(model, tokens, logic, opts, capture, on_step=None):
     logits_rows, hidden_rows = [], []
     for b in range(B):
         # 1) batch-1 prefill of the prompt
-        c1 = model.new_cache(1, P)
-        cap = [] if capture else None
-        lp = model(tokens[b:b + 1, :P], cache=c1, smear=logic, capture=cap)
+        c1 = runner.new_cache(1, P)
+        first = runner.step(tokens[b:b + 1, :P], c1, capture)
         if on_step is not None and b == B - 1:
             on_step(P)
-        # 2) copy the cache (prev_embedding included) into S rows, then decode the rest
-        cS = model.new_cache(S, T)
-        cS.expand_from(c1)
+        # 2) copy the cache (the smear state included) into S rows, then decode the rest
+        cS = runner.expand(c1, S, T)
         rest = tokens[b:b + 1, P:].expand(S, -1)
-        ld, hd = _run_steps(model, rest, [1] * (T - P), logic, capture, cache=cS,
+        ld, hd = _run_steps(runner, rest, [1] * (T - P), capture, cache=cS,
                             on_step=on_step if b == B - 1 else None)
-        logits_rows.append(torch.cat([lp.expand(S, -1, -1), ld], dim=1))
+        logits_rows.append(torch.cat([first.logits.float().expand(S, -1, -1), ld], dim=1))
         if capture:
-            hidden_rows.append([torch.cat([p.expand(S, -1, -1), d], dim=1) for p, d in zip(cap, hd)])
+            hidden_rows.append([torch.cat([p.float().expand(S, -1, -1), d], dim=1)
+                                for p, d in zip(first.hiddens, hd)])
     logits = torch.cat(logits_rows, dim=0)
-    hiddens = [torch.cat([h[i] for h in hidden_rows], dim=0) for i in range(len(hidden_rows[0]))] if capture else None
-    return logits, hiddens, [P] + [1] * (T - P), P
+    hiddens = _stitch(hidden_rows, 0) if capture else None
+    return logits, hiddens, [P] + [1] * (T - P), {CACHE_COPY: [P]}
 
 
 def _speculative_plan(T: int, opts: ScheduleOptions) -> list[int]:
@@ -189,6 +219,7 @@ class Schedule:
     name: str
     summary: str
     run: Callable = field(repr=False)
+    needs: frozenset = frozenset()  # runner capabilities it needs (smearcli.runner)
 
 
 SCHEDULES: dict[str, Schedule] = {s.name: s for s in [
@@ -196,20 +227,40 @@ SCHEDULES: dict[str, Schedule] = {s.name: s for s in [
     Schedule("prefill", "one cached step over all tokens", _stepped(STEP_PLANS["prefill"])),
     Schedule("decode", "one cached step per token", _stepped(STEP_PLANS["decode"])),
     Schedule("chunked", "cached chunks: N near-equal ones, or explicit sizes", _stepped(chunk_plan)),
-    Schedule("engine", "batch-1 prefill, cache copied to `samples` rows, then `gen_len` one-token steps", _engine),
+    Schedule("engine", "batch-1 prefill, cache copied to `samples` rows, then `gen_len` one-token steps", _engine,
+             frozenset({EXPAND})),
     Schedule("speculative", "prefill, then verify steps of `draft` tokens over the last `gen_len`", _stepped(STEP_PLANS["speculative"])),
 ]}
 assert tuple(SCHEDULES) == SCHEDULE_NAMES
 
 
-def run_schedule(model: GPT, tokens: Tensor, schedule: str, logic: str,
+def runnable(runner: Runner, schedule: str) -> bool:
+    """Whether `runner` declares every capability `schedule` needs."""
+    return all(runner.can(c) for c in SCHEDULES[schedule].needs)
+
+
+def as_runner(target, logic: Optional[str] = None) -> Runner:
+    """`target` itself when it is a Runner (then `logic` must be None); our GPT under `logic`."""
+    if isinstance(target, Runner):
+        if logic is not None:
+            raise ValueError(f"a runner brings its own logic ({target.label}); leave logic out")
+        return target
+    from .ours import GPTRunner  # our GPT: the one model smearcli itself implements
+    return GPTRunner(target, logic or "fixed")
+
+
+def run_schedule(target, tokens: Tensor, schedule: str, logic: Optional[str] = None,
                  opts: ScheduleOptions = ScheduleOptions(), capture: bool = True,
                  progress: Optional[Callable[[int, int], None]] = None) -> RunResult:
-    """Run `tokens` (B, T) under one schedule and one smear logic, without gradients.
-    `progress(done, total)`, if given, is called after each forward step with the positions fed
-    so far and T (engine: counted on its last input row)."""
+    """Run `tokens` (B, T) under one schedule on a runner (or on our GPT under `logic`), without
+    gradients. `progress(done, total)`, if given, is called after each forward step with the
+    positions fed so far and T (engine: counted on its last input row)."""
     if schedule not in SCHEDULES:
         raise ValueError(f"unknown schedule {schedule!r}; choose from {', '.join(SCHEDULES)}")
+    runner = as_runner(target, logic)
+    if not runnable(runner, schedule):
+        missing = ", ".join(sorted(c for c in SCHEDULES[schedule].needs if not runner.can(c)))
+        raise ValueError(f"{runner.label} cannot run the {schedule} schedule (it needs: {missing})")
     B, T = tokens.shape
     done = [0]
 
@@ -217,8 +268,13 @@ def run_schedule(model: GPT, tokens: Tensor, schedule: str, logic: str,
         done[0] += n
         progress(done[0], T)
     with torch.inference_mode():
-        logits, hiddens, steps, expand_at = SCHEDULES[schedule].run(model, tokens, logic, opts, capture,
-                                                                    on_step if progress else None)
+        whole = runner.run(schedule, tokens, opts)  # an engine that schedules by itself
+        if whole is not None:
+            if progress:
+                progress(T, T)
+            return whole
+        logits, hiddens, steps, marks = SCHEDULES[schedule].run(runner, tokens, opts, capture,
+                                                                on_step if progress else None)
     rows = logits.size(0)
     row_map = [r * B // rows for r in range(rows)] if rows != B else list(range(B))
-    return RunResult(schedule, logic, logits, hiddens, steps, row_map, expand_at)
+    return RunResult(schedule, runner.label, logits, hiddens, steps, row_map, marks)

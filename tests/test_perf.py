@@ -95,7 +95,8 @@ def test_compare_runs_decode_once_and_reports_both(small, monkeypatch):
     toks = random_tokens(small.config, 12, 1, 0)
     c = cmp.compare(small, toks, ["decode", "chunked"], ["old", "fixed"])
     assert [s for s, _ in calls].count("decode") == 1
-    doc = cmp.to_json(c)
+    from smearcli import documents
+    doc = documents.to_json(c)
     rows = [(r["schedule"], r["logic"]) for r in doc["runs"]]
     assert rows == [("decode", "old"), ("decode", "fixed"), ("chunked", "old"), ("chunked", "fixed")]
     # what sharing stands for: a decode run under each logic is the same, bit for bit

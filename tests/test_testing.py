@@ -7,8 +7,7 @@ from smearcli.metrics import layer_names
 from smearcli.weights import random_config, random_model
 from smearcli.smear import smear_gate
 from smearcli.model import rms_norm
-from smearcli.testing import (CacheCheck, assert_cache_consistent, check_cache_consistency, gpt_step,
-                              run_steps)
+from smearcli.testing import CacheCheck, assert_cache_consistent, check_cache_consistency, gpt_step
 
 T = 48
 CHUNKS = (16, 16, 16)
@@ -75,7 +74,8 @@ def test_logits_only_step_still_locates_position(model, tokens):
     check = check_cache_consistency(logits_only, tokens, chunk_sizes=(20, 28))
     assert check.layers == ["logits"]
     assert check.born_at(check.get("chunked")) == ("logits", 20)
-    assert "first chunk start (20)" in check.verdict
+    assert "first chunk start (20)" in check.describe(check.get("chunked"))
+    assert "at the chunk start of chunked: 20" in check.verdict
 
 
 def test_full_reference_and_more_schedules(model, tokens):
@@ -95,6 +95,6 @@ def test_bad_step_and_sizes(model, tokens):
     with pytest.raises(ValueError, match="sum to"):
         check_cache_consistency(gpt_step(model), tokens, chunk_sizes=(10, 10))
     with pytest.raises(TypeError, match="must return"):
-        run_steps(lambda ids, cache: ids, tokens, [T], "full")
+        check_cache_consistency(lambda ids, cache: ids, tokens)
     with pytest.raises(ValueError, match="layer names"):
         check_cache_consistency(gpt_step(model), tokens, layer_names=["a", "b"])

@@ -23,6 +23,7 @@ from ..config import PRESETS
 from ..errors import UserError
 from ..names import DEFAULT_SCHEDULES, LOGIC_NAMES, REFERENCE, SCHEDULE_NAMES
 from .errors import guarded
+from .registry import REGISTRY
 from .threads import HELP as THREADS_HELP
 
 
@@ -61,13 +62,6 @@ class Source(str, Enum):  # nanochat's checkpoint sources (discover.SOURCES)
     rl = "rl"
 
 
-class Impl(str, Enum):
-    ours = "ours"
-    nanochat = "nanochat"
-    both = "both"
-    hf = "hf"
-
-
 M = "Model"
 D = "Device"
 N = "Whose code (--impl)"
@@ -99,7 +93,7 @@ class RunSpec:
     samples: int = names.SAMPLES
     gen_len: int = names.GEN_LEN
     draft: int = names.DRAFT
-    impl: Impl = Impl.ours
+    impl: str = "ours"  # a name in cli.impls.REGISTRY
     nanochat_path: Optional[Path] = None
     hf_model: Optional[str] = None  # --impl hf: a built-in tiny config's name or a model directory
     user_code_timeout: float = names.USER_CODE_TIMEOUT
@@ -167,15 +161,8 @@ class RunSpec:
         return self.chunks if self.chunks is not None else min(names.CHUNKS, max(T, 1))
 
     def check_impl(self) -> None:
-        if (self.impl == Impl.hf) != (self.hf_model is not None):
-            raise UserError("--impl hf needs --hf-model NAME|DIR" if self.impl == Impl.hf
-                            else "--hf-model is used by --impl hf; add --impl hf")
-        if self.impl == Impl.hf:
-            return  # the rest is checked by cli.hf.check_hf_spec
-        if self.impl != Impl.ours and self.nanochat_path is None:
-            raise UserError(f"--impl {self.impl.value} needs --nanochat-path DIR (a nanochat checkout)")
-        if self.impl == Impl.ours and self.nanochat_path is not None:
-            raise UserError("--nanochat-path is used by --impl nanochat or --impl both; add one of them")
+        """The option checks every implementation shares (the registry, cli.impls, checks which
+        options an implementation needs, owns or refuses)."""
         if not 0 < self.user_code_timeout <= 1e6:  # also refuses nan and inf
             raise UserError(f"--user-code-timeout must be a number of seconds in (0, 1e6], got {self.user_code_timeout}")
 
@@ -236,11 +223,8 @@ SHARED = {
     "gen_len": (int, typer.Option("--gen-len", help="engine, speculative: tokens after the prompt "
                 "(decoded one by one, or verified --draft at a time).", rich_help_panel=S)),
     "draft": (int, typer.Option("--draft", help="speculative: tokens per verify step.", rich_help_panel=S)),
-    "impl": (Impl, typer.Option("--impl", help="Whose code runs the model: ours (smearcli's reimplementation, "
-             "--logic picks the smear), nanochat (your checkout at --nanochat-path: its own GPT, forward "
-             "pass and KVCache, on the same weights), or both side by side (ours then runs old and fixed); "
-             "hf: a Hugging Face transformers model (--hf-model) through its own cache API.",
-             rich_help_panel=N)),
+    "impl": (str, typer.Option("--impl", help="Whose code runs the model: " + "; ".join(
+             f"{i.name}: {i.help}" for i in REGISTRY.values()) + ".", rich_help_panel=N, metavar="NAME")),
     "nanochat_path": (Optional[Path], typer.Option("--nanochat-path", help="A nanochat checkout (the "
                       "directory holding nanochat/gpt.py and nanochat/engine.py) for --impl nanochat|both. "
                       "Imported in isolation, never written to; SDPA attention is forced.", rich_help_panel=N)),

@@ -16,7 +16,8 @@ Each schedule runs through the model's own cache API: a first call without a cac
 keyword the installed version's `forward` takes (`cache` in transformers 5.24; `past_key_values`
 or, for Mamba-style models, `cache_params` with `cache_position` in older releases, detected from
 the signature). The reference is one call with `use_cache=False`. Hidden states come from
-`output_hidden_states=True`; the metrics are `smearcli.testing.check_cache_consistency`'s.
+`output_hidden_states=True`. `HFRunner` is the model as a `smearcli.runner.Runner`, so
+`smearcli.compare` measures it like any other implementation.
 
 transformers is imported lazily, only here: nothing on the nanochat paths imports this module.
 """
@@ -26,7 +27,7 @@ from __future__ import annotations
 import inspect
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -34,8 +35,9 @@ from torch import Tensor
 from .. import inputs
 from ..errors import UserError
 from ..names import NOISE_MARGIN
+from ..compare import Comparison, compare
+from ..runner import Described, Holder, Output, Runner
 from ..schedules import ScheduleOptions
-from ..testing import CacheCheck, Step, check_cache_consistency
 
 HF_SCHEDULES = ("prefill", "decode", "chunked", "speculative")
 CACHE_KEYWORDS = ("cache", "past_key_values", "cache_params")  # newest first
@@ -193,43 +195,50 @@ def _out_cache(out):
     raise UserError("the model returned no cache with use_cache=True")
 
 
-@dataclass
-class _Cached:
-    """The model's own cache object and how many tokens it has seen."""
-    inner: Any
-    pos: int
-
-
 def _device(model) -> torch.device:
     return next(model.parameters()).device
 
 
-def hf_step(model, api: Optional[CacheAPI] = None) -> Step:
-    """The model as a `step(ids, cache) -> (logits, hidden_states, cache)` for smearcli.testing."""
-    api = api or cache_api(model)
-    dev = _device(model)
+class HFRunner(Runner):
+    """A transformers causal LM behind `smearcli.runner.Runner`: the reference is one call over
+    every token with use_cache=False; a cached step passes the model's own cache back under the
+    keyword its forward takes (`cache_api`), the first one without a cache so the model makes it."""
 
-    def step(ids: Tensor, cache: Optional[_Cached]):
-        n = ids.size(1)
-        pos = 0 if cache is None else cache.pos
-        kw: dict = dict(use_cache=True, output_hidden_states=True, return_dict=True)
-        if cache is not None:
-            kw[api.keyword] = cache.inner
-        if api.cache_position:
-            kw["cache_position"] = torch.arange(pos, pos + n, device=dev)
-        out = model(input_ids=ids.to(dev), **kw)
-        return out.logits, out.hidden_states, _Cached(_out_cache(out), pos + n)
-    return step
+    label = "hf"
+    series = "the model's own cache"
 
+    def __init__(self, model, info: "HFModelInfo", layers: Sequence[str]):
+        self.model, self.info, self.layers = model, info, tuple(layers)
+        self.api = CacheAPI(info.cache_keyword, info.cache_position)
+        self.name = info.source
+        self.dtype = next(model.parameters()).dtype
+        self.device = next(model.parameters()).device
 
-def hf_full(model) -> Callable:
-    """The reference: one call over all tokens with use_cache=False."""
-    dev = _device(model)
+    def describe(self) -> Described:
+        cfg = getattr(self.model, "config", None)
+        config = cfg.to_dict() if hasattr(cfg, "to_dict") else None
+        return Described(self.label, self.series, self.name, self.info.model_class,
+                         str(self.dtype).removeprefix("torch."), str(self.device), config, None,
+                         (self.info.describe(),))
 
-    def full(ids: Tensor):
-        out = model(input_ids=ids.to(dev), use_cache=False, output_hidden_states=True, return_dict=True)
-        return out.logits, out.hidden_states
-    return full
+    def forward(self, tokens, capture):
+        out = self.model(input_ids=tokens.to(self.device), use_cache=False, output_hidden_states=capture,
+                         return_dict=True)
+        return Output(out.logits, list(out.hidden_states) if capture else None)
+
+    def new_cache(self, batch, max_len):
+        return Holder()
+
+    def step(self, tokens, cache: Holder, capture):
+        n = tokens.size(1)
+        kw: dict = dict(use_cache=True, output_hidden_states=capture, return_dict=True)
+        if cache.started:
+            kw[self.api.keyword] = cache.inner
+        if self.api.cache_position:
+            kw["cache_position"] = torch.arange(cache.pos, cache.pos + n, device=self.device)
+        out = self.model(input_ids=tokens.to(self.device), **kw)
+        cache.inner, cache.started, cache.pos = _out_cache(out), True, cache.pos + n
+        return Output(out.logits, list(out.hidden_states) if capture else None)
 
 
 def hidden_names(model, ids: Tensor, hidden_states: Sequence[Tensor]) -> list[str]:
@@ -271,32 +280,39 @@ def random_tokens(model, seq_len: int, batch: int = 1, seed: int = 0) -> Tensor:
     return inputs.random_tokens(vocab_size(model), seq_len, batch, seed)
 
 
+def runner(model, source: str = "model", tokens: Optional[Tensor] = None) -> HFRunner:
+    """The model as a runner, its capture points named from a two-token probe (`hidden_names`)."""
+    info = model_info(model, source)
+    probe_ids = tokens[:, :2] if tokens is not None else random_tokens(model, 2)
+    with torch.inference_mode():
+        out = model(input_ids=probe_ids.to(_device(model)), use_cache=False, output_hidden_states=True,
+                    return_dict=True)
+    names = hidden_names(model, probe_ids, out.hidden_states) if out.hidden_states else ["logits"]
+    return HFRunner(model, info, names)
+
+
 def check_model(model, tokens: Tensor, chunk_sizes: Optional[Sequence[int]] = None, *, chunks: int = 3,
                 schedules: Sequence[str] = HF_SCHEDULES, options: Optional[ScheduleOptions] = None,
-                tolerance: float = NOISE_MARGIN, source: str = "model") -> CacheCheck:
-    """Every schedule through the model's own cache against one uncached call, measured with
-    smearcli's metrics; `notes` on the result say exactly what ran."""
-    info = model_info(model, source)
-    with torch.inference_mode():
-        _, probe = hf_full(model)(tokens[:, :2])
-    names = hidden_names(model, tokens[:, :2], probe) if probe else None
-    check = check_cache_consistency(hf_step(model), tokens, chunk_sizes, chunks=chunks, schedules=schedules,
-                                    options=options, tolerance=tolerance, full=hf_full(model),
-                                    layer_names=names,
-                                    dtype=next(model.parameters()).dtype, logic="hf")
-    check.notes.append(info.describe())
-    return check
+                tolerance: float = NOISE_MARGIN, source: str = "model", progress=None,
+                tokens_progress=None) -> Comparison:
+    """Every schedule through the model's own cache against one uncached call, measured by
+    `smearcli.compare`; the result's notes say exactly what ran."""
+    if options is None:
+        options = ScheduleOptions(chunks=chunks, chunk_sizes=None if chunk_sizes is None else tuple(chunk_sizes))
+    r = runner(model, source, tokens)
+    return compare(r, tokens, list(schedules), options=options, tolerance=tolerance, progress=progress,
+                   tokens_progress=tokens_progress, notes=[r.info.describe()])
 
 
 # -- the --json document ----------------------------------------------------------------------------
 SCHEMA = "smearcli.hf/1"
 
 
-def to_json(check: CacheCheck, info: HFModelInfo, options: Optional[ScheduleOptions] = None,
+def to_json(check: Comparison, info: HFModelInfo, options: Optional[ScheduleOptions] = None,
             device: str = "cpu") -> dict:
     """The `--json` document of a Hugging Face check (schema "smearcli.hf/1", docs/json-schema.md):
     compare/1's run entries, plus where each run's error is born and its share on chunk starts."""
-    from ..compare import run_json
+    from ..documents import run_json
 
     runs = []
     for m in check.metrics:

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Optional, Sequence
 
 from ..names import figure_schedule
+from .axes import positive_min, value_axis
 
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
@@ -38,15 +39,11 @@ if TYPE_CHECKING:  # pragma: no cover
 KINDS = ("all", "error", "heatmap", "kl")
 FORMATS = (".png", ".svg", ".pdf")
 
-# Okabe-Ito colours (safe for the common colour-vision deficiencies), one per logic; the two
-# logics also differ in line style so the figure survives greyscale printing.
-COLORS = {"old": "#D55E00", "fixed": "#0072B2"}
-STYLES = {"old": "-", "fixed": "--"}
-LABELS = {"old": "old logic (upstream)", "fixed": "fixed logic"}
-# --impl nanochat|both: the user's own code (smearcli.audit), its own smear logic
-COLORS["yours"], STYLES["yours"], LABELS["yours"] = "#009E73", (0, (6, 2, 1, 2)), "your code (nanochat checkout)"
-# --impl hf: a testing.CacheCheck (same metrics, layers, noise, tolerance, tokens, and a dtype)
-COLORS["hf"], STYLES["hf"], LABELS["hf"] = "#CC79A7", "-", "the model's own cache"
+# One palette for every series, whoever's code ran: Okabe-Ito colours (safe for the common
+# colour-vision deficiencies), each with its own line style so a figure survives greyscale
+# printing. Series take them in the order they appear in a comparison.
+PALETTE = (("#D55E00", "-"), ("#0072B2", "--"), ("#009E73", (0, (6, 2, 1, 2))), ("#CC79A7", ":"),
+           ("#E69F00", (0, (3, 1, 1, 1, 1, 1))), ("#56B4E9", (0, (1, 1))), ("#F0E442", (0, (8, 3))))
 START_COLOR = "#000000"
 NOISE_COLOR = "#999999"
 HEATMAP_CMAP = "viridis"
@@ -64,21 +61,32 @@ HEATMAP_FLOOR_EPS = 0.1
 
 @dataclass
 class PlotData:
-    """Exactly what a figure draws, per logic, taken from the Comparison's RunMetrics."""
+    """Exactly what a figure draws, per series, taken from the Comparison's RunMetrics."""
     schedule: str
-    logics: list[str]
+    logics: list[str]  # the series' labels, in order
     layers: list[str]  # heat-map rows, bottom to top: emb, block0.., logits
     positions: "np.ndarray"  # (T,) 0..T-1
     steps: list[int]
     chunk_starts: list[int]
-    abs_logits: dict  # logic -> (T,) max |Δlogit|, = RunMetrics.abs_err[-1]
-    kl: dict  # logic -> (T,) KL(ref || run) in nats, = RunMetrics.kl
-    rel_err: dict  # logic -> (layers, T), = RunMetrics.rel_err
-    log10_rel: dict  # logic -> (layers, T), log10(max(rel_err, rel_floor)): the heat map
+    abs_logits: dict  # label -> (T,) max |Δlogit|, = RunMetrics.abs_err[-1]
+    kl: dict  # label -> (T,) KL(ref || run) in nats, = RunMetrics.kl
+    rel_err: dict  # label -> (layers, T), = RunMetrics.rel_err
+    log10_rel: dict  # label -> (layers, T), log10(max(rel_err, rel_floor)): the heat map
     rel_floor: float
     noise_logits: float  # measured noise floor of the logits, = NoiseFloor.per_layer[-1]
     tolerance: float  # --check passes below tolerance x noise_logits
     title: str
+    legend: dict = None  # label -> the legend's words (Described.series)
+    departs_at_starts: list = None  # labels whose error is born on a chunk start
+
+    def color(self, label: str) -> str:
+        return PALETTE[self.logics.index(label) % len(PALETTE)][0]
+
+    def style(self, label: str):
+        return PALETTE[self.logics.index(label) % len(PALETTE)][1]
+
+    def words(self, label: str) -> str:
+        return (self.legend or {}).get(label, label)
 
 
 def plottable_schedules(c: "Comparison") -> list[str]:
@@ -107,11 +115,10 @@ def describe_steps(steps: Sequence[int]) -> str:
 
 
 def default_title(c: "Comparison", schedule: str, model_name: Optional[str] = None) -> str:
-    cfg = c.model.config
+    d = c.description()
     m = next(m for m in c.metrics if m.schedule == schedule)
-    name = model_name or "model"
-    dtype = str(c.model.dtype).removeprefix("torch.")
-    return (f"{name} (d{cfg.n_layer}, n_embd {cfg.n_embd}), {dtype} on {c.model.device}, "
+    shape = f" ({d.shape})" if d.shape else ""
+    return (f"{model_name or d.name}{shape}, {d.dtype} on {d.device}, "
             f"{c.tokens.size(0)} x {c.tokens.size(1)} tokens; schedule {schedule}: "
             f"{describe_steps(m.steps)}, vs the full forward pass")
 
@@ -124,7 +131,7 @@ def plot_data(c: "Comparison", schedule: Optional[str] = None, model_name: Optio
 
     schedule = pick_schedule(c, schedule)
     runs = [m for m in c.metrics if m.schedule == schedule]
-    floor = float(torch.finfo(getattr(c, "dtype", None) or c.model.dtype).eps) * HEATMAP_FLOOR_EPS
+    floor = float(torch.finfo(c.dtype).eps) * HEATMAP_FLOOR_EPS
     first = runs[0]
 
     def arr(t):
@@ -146,59 +153,13 @@ def plot_data(c: "Comparison", schedule: Optional[str] = None, model_name: Optio
         noise_logits=float(c.noise.per_layer[-1]),
         tolerance=float(c.tolerance),
         title=title or default_title(c, schedule, model_name),
+        legend={d.label: d.series for d in c.described},
+        departs_at_starts=[m.logic for m in runs
+                           if m.first_departure is not None and m.first_departure[1] in m.chunk_starts],
     )
 
 
 # -- panels -------------------------------------------------------------------------------------
-
-def _positive_min(arrays, default: float) -> float:
-    vals = [a[a > 0] for a in arrays]
-    vals = [v for v in vals if v.size]
-    return float(min(v.min() for v in vals)) if vals else default
-
-
-_SUPERSCRIPT = str.maketrans("-0123456789", "⁻⁰¹²³⁴⁵⁶⁷⁸⁹")
-
-
-def _pow10_label(v: float, pos=None) -> str:
-    """10⁻⁶ as plain text: the look of matplotlib's default, without the cost of mathtext."""
-    import math
-
-    if v == 0:
-        return "0"
-    if v < 0:
-        return ""
-    e = math.log10(v)
-    return "10" + str(round(e)).translate(_SUPERSCRIPT) if abs(e - round(e)) < 1e-9 else ""
-
-
-def _value_axis(ax, arrays, lo: float, hi: float) -> float:
-    """A log y axis from `lo` to `hi`; if any value is exactly 0, a symlog axis whose linear
-    part runs from 0 to `lo`, so that exact agreement is drawn (on the bottom edge) instead of
-    being dropped. Returns the bottom of the axis."""
-    import math
-
-    import numpy as np
-    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
-
-    zeros = any(bool(np.any(a == 0)) for a in arrays)
-    if zeros:
-        ax.set_yscale("symlog", linthresh=lo, linscale=0.5)
-        bottom = 0.0
-    else:
-        ax.set_yscale("log")
-        bottom = lo
-    ax.set_ylim(bottom, hi)
-    # whole decades, at most ~8 of them, and 0 where the axis has it (the decade at the end of
-    # the linear part would crowd the 0, so the decades start one above it)
-    first, last = math.ceil(math.log10(lo)) + (1 if zeros else 0), math.floor(math.log10(hi))
-    stride = max(1, math.ceil((last - first + 1) / 8))
-    ticks = [10.0 ** e for e in range(last, first - 1, -stride)][::-1]
-    ax.yaxis.set_major_locator(FixedLocator(([0.0] if zeros else []) + ticks))
-    ax.yaxis.set_major_formatter(FuncFormatter(_pow10_label))
-    ax.yaxis.set_minor_locator(NullLocator())  # the axes span many decades: majors suffice
-    return bottom
-
 
 def _start_color() -> str:
     """Black, or the transparent figures' grey (see TRANSPARENT_RC) while those are drawn."""
@@ -225,11 +186,11 @@ def draw_error(ax, d: PlotData, panel: str = "") -> None:
     import numpy as np
 
     for logic in d.logics:
-        ax.plot(d.positions, d.abs_logits[logic], color=COLORS[logic], ls=STYLES[logic], lw=1.4,
-                label=LABELS[logic], gid=f"abs_logits:{logic}", zorder=3)
-    lo = min(_positive_min(d.abs_logits.values(), d.noise_logits), d.noise_logits) / 10
+        ax.plot(d.positions, d.abs_logits[logic], color=d.color(logic), ls=d.style(logic), lw=1.4,
+                label=d.words(logic), gid=f"abs_logits:{logic}", zorder=3)
+    lo = min(positive_min(d.abs_logits.values(), d.noise_logits), d.noise_logits) / 10
     hi = max([float(np.max(a)) for a in d.abs_logits.values()] + [d.tolerance * d.noise_logits]) * 3
-    bottom = _value_axis(ax, d.abs_logits.values(), lo, hi)
+    bottom = value_axis(ax, d.abs_logits.values(), lo, hi)
     ax.axhspan(bottom, d.noise_logits, color=NOISE_COLOR, alpha=0.25, lw=0, zorder=0, gid="noise-floor",
                label=f"below the measured noise floor ({d.noise_logits:.1e})")
     ax.axhline(d.tolerance * d.noise_logits, color=NOISE_COLOR, lw=1.0, ls="-.", zorder=2,
@@ -237,7 +198,8 @@ def draw_error(ax, d: PlotData, panel: str = "") -> None:
     _chunk_lines(ax, d, label=True)
     _position_axis(ax, d)
     ax.set_ylabel("max |Δlogit| (logit units)")
-    claim = "" if d.logics == ["hf"] else ": the old logic departs at chunk starts"
+    departs = [d.words(g) for g in d.departs_at_starts or []]
+    claim = f": the {' and the '.join(departs)} departs at chunk starts" if departs else ""
     ax.set_title(f"{panel}logit error per position{claim}", loc="left", fontsize="medium")
 
 
@@ -246,11 +208,11 @@ def draw_kl(ax, d: PlotData, panel: str = "") -> None:
     import numpy as np
 
     for logic in d.logics:
-        ax.plot(d.positions, d.kl[logic], color=COLORS[logic], ls=STYLES[logic], lw=1.4,
-                label=LABELS[logic], gid=f"kl:{logic}", zorder=3)
-    pos = _positive_min(d.kl.values(), 1e-12)
+        ax.plot(d.positions, d.kl[logic], color=d.color(logic), ls=d.style(logic), lw=1.4,
+                label=d.words(logic), gid=f"kl:{logic}", zorder=3)
+    pos = positive_min(d.kl.values(), 1e-12)
     top = max([float(np.max(a)) for a in d.kl.values()] + [pos])
-    _value_axis(ax, d.kl.values(), pos / 10, top * 3)
+    value_axis(ax, d.kl.values(), pos / 10, top * 3)
     _chunk_lines(ax, d, label=True)
     _position_axis(ax, d)
     ax.set_ylabel("KL(reference ‖ run) (nats)")
@@ -277,7 +239,7 @@ def draw_heatmaps(fig, axes, d: PlotData, panel: str = "") -> None:
         ax.set_xlabel("token position")
         if ax is axes[0]:
             ax.set_title(f"{panel}relative error per layer", loc="left", fontsize="medium")
-        ax.set_title(LABELS[logic], loc="right", fontsize="medium", color=COLORS[logic],
+        ax.set_title(d.words(logic), loc="right", fontsize="medium", color=d.color(logic),
                      fontweight="bold")
         if d.chunk_starts:
             trans = blended_transform_factory(ax.transData, ax.transAxes)
@@ -298,12 +260,16 @@ SUBTITLE = ("Token smearing adds gₜ·xₜ₋₁ (a gate times the previous tok
             "every later chunk (nanochat #756); the fixed logic takes xₜ₋₁ from the KV cache.")
 
 
+GENERIC_SUBTITLE = ("Every schedule feeds the same tokens through the implementation's own cache; "
+                    "the reference is one forward pass over every token without a cache.")
+
+
 def _legend_handles(d: PlotData, kind: str) -> list:
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
     handles = [] if kind == "heatmap" else [
-        Line2D([], [], color=COLORS[g], ls=STYLES[g], lw=1.6, label=LABELS[g]) for g in d.logics]
+        Line2D([], [], color=d.color(g), ls=d.style(g), lw=1.6, label=d.words(g)) for g in d.logics]
     if d.chunk_starts:
         handles.append(Line2D([], [], color=_start_color(), ls=":", marker="v", ms=6, lw=1.0,
                               label="chunk start"))
@@ -321,8 +287,8 @@ def figure(c: "Comparison", schedule: Optional[str] = None, kind: str = "all",
     """A matplotlib Figure of `c` for one schedule (default: `pick_schedule`), never shown.
 
     `kind`: "all" (three panels), "error", "heatmap" or "kl"; the drawn arrays are at
-    `fig.smearcli_data`. `c` may be a `testing.CacheCheck` when `title` is given; `subtitle`
-    replaces the smear explanation; `transparent=True` uses `TRANSPARENT_RC`."""
+    `fig.smearcli_data`. `subtitle` replaces the smear explanation; `transparent=True` uses
+    `TRANSPARENT_RC`."""
     import matplotlib
     from matplotlib.figure import Figure
 
@@ -351,7 +317,8 @@ def figure(c: "Comparison", schedule: Optional[str] = None, kind: str = "all",
         if handles:
             fig.legend(handles=handles, loc="outside lower center", ncols=min(len(handles), 3),
                        fontsize="small", frameon=False)
-        fig.suptitle(d.title + "\n" + (subtitle or SUBTITLE), fontsize="medium")
+        smear = any(x.smear_lambda is not None for x in c.described)
+        fig.suptitle(d.title + "\n" + (subtitle or (SUBTITLE if smear else GENERIC_SUBTITLE)), fontsize="medium")
     fig.smearcli_data = d
     return fig
 

@@ -1,5 +1,6 @@
-"""Rendering a `Comparison` (or a `testing.CacheCheck`) for people: the title line, a rich table, the analytic check and the
-verdict, on a console sized for the terminal (or COLUMNS, else 120 columns, when piped).
+"""Rendering a `Comparison` for people (whichever runners it holds): the title line, a rich
+table, what ran, the analytic check and the verdict, on a console sized for the terminal (or
+COLUMNS, else 120 columns, when piped).
 
 Tables fit the console: `fitted_table` leaves out the least needed columns, in a stated order,
 until the table fits, and says which it left out; prose lines are written whole when piped
@@ -67,75 +68,61 @@ def left_out_note(left_out: list[str], width: int) -> str:
             f"output shows them)" if left_out else "")
 
 
-def comparison_table(c: Comparison, width: int = 10_000, share=None,
-                     logic: bool = True) -> tuple[Table, list[str]]:
-    """One row per (schedule, logic), fitted to `width`. Relative errors and per-position arrays
-    are in --json. Returns the table and the columns left out.
-
-    `c` may also be a `testing.CacheCheck` (the same metrics, layers and runs); `share(m)` then
-    gives @starts (default: the embedding's share) and `logic=False` drops the logic column."""
-    share_of = share or (lambda m: m.chunk_start_share)
+def comparison_table(c: Comparison, width: int = 10_000) -> tuple[Table, list[str]]:
+    """One row per run, fitted to `width`; the logic column only when several runners ran.
+    Relative errors and per-position arrays are in --json. Returns the table and the columns
+    left out."""
+    logic = len(c.labels) > 1
     columns = COLUMNS if logic else [col for col in COLUMNS if col[0] != "logic"]
     rows = []
     for m in c.metrics:
-        fd = m.first_departure
-        share = share_of(m)
+        born, share = c.born_at(m), c.start_share(m)
         rows.append([
             m.schedule, *[m.logic] * logic, str(len(m.steps)), sci(m.max_abs_logits), times(m.logits_multiple),
             sci(m.kl_max), f"{100 * m.top1_agreement:.1f}%",
             "-" if share is None else f"{100 * share:.0f}%",
-            "-" if fd is None else f"{c.layers[fd[0]]}@{fd[1]}",
+            "-" if born is None else f"{born[0]}@{born[1]}",
             f"{m.positions_above_noise}/{m.abs_err.size(1)}",
             "[green]ok[/]" if m.passed else "[bold red]BUG[/]",
         ])
     return fitted_table(columns, rows, width, DROP_ORDER)
 
 
-def print_table_of(c: Comparison, console: Console, title: str = "", **kw) -> list[str]:
-    """The title line and the comparison's table, fitted to the console; the columns left out.
-    `kw`: `comparison_table`'s `share` and `logic`."""
+def print_table_of(c: Comparison, console: Console, title: str = "") -> list[str]:
+    """The title line and the comparison's table, fitted to the console; the columns left out."""
     if title:
         say(console, title)
-    table, left_out = comparison_table(c, console.width, **kw)
+    table, left_out = comparison_table(c, console.width)
     print_table(console, table)
     return left_out
 
 
+LEGEND = (f"born at: first layer@position above {NOISE_MARGIN:g}x noise; @starts: share of the error "
+          f"at that layer on chunk starts; spread: positions whose logits are above {NOISE_MARGIN:g}x noise.")
+
+
 def print_comparison(c: Comparison, console: Console, title: str = "", footer: str = "") -> None:
+    """Title, table, noise floor and legend, what ran, the analytic check, the verdict."""
     left_out = print_table_of(c, console, title)
     say(console, f"noise floor (logits): {sci(c.noise.per_layer[-1])} ({c.noise.source}); "
-                 f"a run passes within {c.tolerance:g}x. @starts: share of the embedding error on "
-                 f"chunk starts; born at: first layer@position above {NOISE_MARGIN:g}x noise; spread: "
-                 f"positions whose logits are above {NOISE_MARGIN:g}x noise.")
-    for line in (left_out_note(left_out, console.width), footer):
+                 f"a run passes within {c.tolerance:g}x. {LEGEND}")
+    notes = list(dict.fromkeys(list(c.notes) + [n for d in c.described for n in d.notes]))
+    for line in [left_out_note(left_out, console.width), footer] + [f"what ran: {n}" for n in notes]:
         if line:
-            say(console, line)
-    print_analytic(c.analytic, console, "old logic, layer 0", "equals gate*x_prev to within")
-    style = "bold green" if c.verdict.startswith("OK") else "bold red"
+            say(console, line, highlight=False)
+    print_analytic(c, console, "equals gate*x_prev to within")
+    style = "bold green" if c.passed else "bold red"
     say(console, f"[{style}]{c.verdict}[/]")
 
 
-def print_cache_check(check, console: Console, title: str = "", what_ran: str = "") -> None:
-    """A `testing.CacheCheck` the way `print_comparison` prints a Comparison: table, noise floor,
-    what ran, verdict."""
-    left_out = print_table_of(check, console, title, share=check.start_share, logic=False)
-    say(console, f"noise floor (logits): {sci(check.noise.per_layer[-1])} ({check.noise.source}); "
-                 f"a run passes within {check.tolerance:g}x. born at: first layer@position above "
-                 f"{NOISE_MARGIN:g}x noise; @starts: share of the error at that layer on chunk starts; "
-                 f"spread: positions whose logits are above {NOISE_MARGIN:g}x noise.")
-    for line in (left_out_note(left_out, console.width), f"what ran: {what_ran}" if what_ran else ""):
-        if line:
-            say(console, line, highlight=False)
-    style = "bold green" if check.passed else "bold red"
-    say(console, f"[{style}]{check.verdict}[/]")
-
-
-def print_analytic(analytic: dict, console: Console, where: str, claim: str) -> None:
+def print_analytic(c: Comparison, console: Console, claim: str) -> None:
     """One line per schedule: the error at its chunk starts against the dropped smear term."""
-    for sched, checks in analytic.items():
+    for sched, checks in c.analytic.items():
         worst = max(checks, key=lambda a: a.residual)
-        say(console, f"analytic check ({sched}, {where}): the error at each of {len(checks)} chunk "
-                     f"starts {claim} {sci(worst.residual)} (e.g. position {checks[0].position}: "
+        label = c.analytic_labels.get(sched)
+        who = f"{c.description(label).series}, " if label else ""
+        say(console, f"analytic check ({sched}, {who}{c.layers[0]}): the error at each of {len(checks)} "
+                     f"chunk starts {claim} {sci(worst.residual)} (e.g. position {checks[0].position}: "
                      f"predicted {checks[0].predicted:.4g}, measured {checks[0].measured:.4g})")
 
 
@@ -153,8 +140,12 @@ def console(stderr: bool = False) -> Console:
     return Console(stderr=stderr) if stream.isatty() else Console(stderr=stderr, width=piped_width())
 
 
-def title_line(name: str, model, tokens) -> str:
-    """The line above a table: which model, how it ran, on what input."""
-    cfg = model.config
-    return (f"{name}: d{cfg.n_layer} n_embd {cfg.n_embd}, {str(model.dtype).removeprefix('torch.')} "
-            f"on {model.device}, {tokens.size(0)} x {tokens.size(1)} tokens")
+def title_line(c_or_described, tokens=None) -> str:
+    """The line above a table: which model, how it ran, on what input ("tiny@500: d4 n_embd 256,
+    float32 on cpu, 1 x 256 tokens"), from a Comparison or a runner's Described and the tokens."""
+    if isinstance(c_or_described, Comparison):
+        d, tokens = c_or_described.description(), c_or_described.tokens
+    else:
+        d = c_or_described
+    shape = f"{d.shape}, " if d.shape else ""
+    return f"{d.name}: {shape}{d.dtype} on {d.device}, {tokens.size(0)} x {tokens.size(1)} tokens"

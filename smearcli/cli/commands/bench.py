@@ -75,9 +75,8 @@ def bench(
     if output is not None:
         from ...files import check_output_path
         check_output_path(output, (".json",))
-    if getattr(spec.impl, "value", spec.impl) != "ours":
-        raise UserError("--impl: bench times smearcli's own model under both smear logics; "
-                        "audit your checkout's code with `smearcli compare --impl`")
+    from ..impls import implementation
+    implementation(spec, "bench")  # bench times smearcli's own model: the registry says which run it
     if not _schedules_given(ctx):
         spec = dataclasses.replace(spec, schedules=BENCH_SCHEDULES)
     schedules = spec.schedule_list(allow_reference=True)  # bench may time the full forward too

@@ -22,11 +22,15 @@ from torch import Tensor
 from ...config import ConfigError, GPTConfig
 from ...errors import UserCodeError, UserError
 from ...model import param_shapes, rms_norm
+from ...names import layer_names
 from ...preflight import check_model_memory
+from ...runner import EXPAND, SMEAR_TERMS, Described, Output, Runner
 from ...smear import smear_gate
 from ...checkpoint import NoSmearParameters, check_tensors, find_step, read_meta, read_state_dict, smear_keys_missing
 from .guard import user_code
-from .sandbox import NanochatCode
+from .sandbox import FIRST_CAPTURE, NanochatCode
+
+USER_LOGIC = "yours"  # the label of the user's runs: their code has its own smear logic
 
 
 class NanochatCache:
@@ -141,6 +145,56 @@ class NanochatModel:
             raise UserCodeError(f"your nanochat code: GPT.forward returned {got}, not logits "
                                 f"of shape (batch, tokens, vocab) = {tuple(idx.shape)} + (vocab,)")
         return out
+
+
+class NanochatRunner(Runner):
+    """The user's nanochat code as a `smearcli.runner.Runner` (label "yours"): their GPT, forward
+    pass and KVCache, their KVCache.prefill for the engine's cache copy. Their one-token step is
+    their own code, so decode is never shared with another runner."""
+
+    label = USER_LOGIC
+    series = "your code (nanochat checkout)"
+    capabilities = frozenset({EXPAND, SMEAR_TERMS})
+
+    def __init__(self, model: NanochatModel, name: str = "model"):
+        self.model, self.name = model, name
+        self.layers = tuple([FIRST_CAPTURE] + layer_names(model.config.n_layer)[1:])
+
+    @property
+    def dtype(self):
+        return self.model.dtype
+
+    @property
+    def device(self):
+        return self.model.device
+
+    def describe(self) -> Described:
+        cfg, code = self.model.config, self.model.code
+        lam = self.model.smear_lambda.detach()
+        return Described(self.label, self.series, self.name, f"d{cfg.n_layer} n_embd {cfg.n_embd}",
+                         str(self.dtype).removeprefix("torch."), str(self.device), cfg.to_dict(),
+                         float(f"{float(lam.abs().max()):.6g}"),
+                         (f"your code ran with attention {code.attention}, compute dtype "
+                          f"{str(code.compute_dtype).removeprefix('torch.')} ({code.dtype_source})",))
+
+    def forward(self, tokens, capture):
+        cap = [] if capture else None
+        return Output(self.model(tokens, capture=cap), cap)
+
+    def new_cache(self, batch, max_len):
+        return self.model.new_cache(batch, max_len)
+
+    def step(self, tokens, cache, capture):
+        cap = [] if capture else None
+        return Output(self.model(tokens, cache=cache, capture=cap), cap)
+
+    def expand(self, cache, rows, max_len):
+        out = self.model.new_cache(rows, max_len)
+        out.expand_from(cache)  # their own KVCache.prefill
+        return out
+
+    def smear_terms(self, tokens):
+        return self.model.smear_terms(tokens)
 
 
 def _our_config(cfg, root: Path) -> GPTConfig:

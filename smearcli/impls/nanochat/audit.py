@@ -22,16 +22,16 @@ from typing import Optional, Sequence
 from torch import Tensor
 
 from ... import compare as cmp
+from ... import documents
 from ...metrics import RunMetrics
 from ...names import DEFAULT_SCHEDULES, LOGIC_NAMES, NOISE_MARGIN
 from ...render.table import left_out_note, print_analytic, print_table_of, say
 from ...schedules import ScheduleOptions
 from ...units import compact, sci
-from .adapter import NanochatModel
+from .adapter import USER_LOGIC, NanochatModel, NanochatRunner  # noqa: F401 (USER_LOGIC: re-exported)
 from .sandbox import FIRST_CAPTURE
 
 SCHEMA = "smearcli.audit/1"
-USER_LOGIC = "yours"  # the label of the user's runs: their code has its own smear logic
 
 
 @dataclass
@@ -135,36 +135,44 @@ class Audit:
 
 def audit(model: NanochatModel, tokens: Tensor, schedules: Sequence[str] = DEFAULT_SCHEDULES,
           options: ScheduleOptions = ScheduleOptions(), tolerance: float = NOISE_MARGIN,
-          reference=None, progress=None) -> Audit:
+          reference=None, progress=None, tokens_progress=None, name: str = "model") -> Audit:
     """Run every schedule on the user's code; with `reference` (our GPT with the same weights),
     also run ours under both logics and say which one the user's code behaves like."""
-    # the analytic check where a run failed at chunk starts: the user's logic has no name to pick by
-    c = cmp.compare(model, tokens, schedules, [USER_LOGIC], options, tolerance, progress,
-                    first_capture=FIRST_CAPTURE, check_runs=lambda m: not m.passed)
+    c = cmp.compare(NanochatRunner(model, name), tokens, schedules, options=options, tolerance=tolerance,
+                    progress=progress, tokens_progress=tokens_progress)
     ours = like = None
     if reference is not None:
-        ours = cmp.compare(reference, tokens, schedules, LOGIC_NAMES, options, tolerance, progress)
+        ours = cmp.compare(reference, tokens, schedules, LOGIC_NAMES, options, tolerance, progress,
+                           tokens_progress=tokens_progress, name=name)
         like = likeness(c, ours, tolerance)
     return Audit(model, c, ours, like)
 
 
+def planned(model: NanochatModel, schedules: Sequence[str], reference=None) -> list:
+    """The forward runs `audit` makes (`compare.plan` of each comparison), for progress totals."""
+    runs = cmp.plan([NanochatRunner(model)], schedules)
+    if reference is not None:
+        runs += cmp.plan(cmp.as_runners(reference, LOGIC_NAMES), schedules)
+    return runs
+
+
 def merged(a: Audit) -> cmp.Comparison:
     """One Comparison holding ours (old, fixed) and the user's runs (logic "yours"), for figures.
-    Reference, noise floor and model are ours; each run keeps its own metrics. The first capture
-    point is our post-smear embedding and the user's block-0 input, so it is named for both."""
+    Reference and noise floor are ours; each run keeps its own metrics. The first capture point
+    is our post-smear embedding and the user's block-0 input, so it is named for both."""
     if a.ours is None:
         return a.comparison
     o = a.ours
     layers = [f"emb | {FIRST_CAPTURE}"] + list(o.layers[1:])
-    return cmp.Comparison(o.model, o.tokens, o.options, layers, o.noise, o.reference,
-                          o.runs + a.comparison.runs, o.metrics + a.comparison.metrics,
-                          dict(o.analytic), o.tolerance)
+    return cmp.Comparison(o.described + a.comparison.described, o.tokens, o.options, layers, o.noise,
+                          o.reference, o.runs + a.comparison.runs, o.metrics + a.comparison.metrics,
+                          dict(o.analytic), o.tolerance, o.dtype)
 
 
 def for_plot(model: NanochatModel, tokens: Tensor, schedule: str, options: ScheduleOptions,
-             tolerance: float = NOISE_MARGIN, reference=None, progress=None):
+             tolerance: float = NOISE_MARGIN, reference=None, progress=None, tokens_progress=None):
     """A figure of the user's code on one schedule: (the Comparison to draw, the audit verdict)."""
-    a = audit(model, tokens, [schedule], options, tolerance, reference, progress)
+    a = audit(model, tokens, [schedule], options, tolerance, reference, progress, tokens_progress)
     return merged(a), a.verdict
 
 
@@ -224,8 +232,7 @@ def audit_verdict(c: cmp.Comparison) -> str:
            f"within {c.tolerance:g}x the noise floor")
     if not any(m.chunk_starts for m in c.metrics):
         msg += " (no schedule here feeds several tokens to a non-empty cache: add chunked to test for the bug)"
-    lam = c.model.smear_lambda.detach()
-    if bool((lam == 0).all()):
+    if c.description().smear_lambda == 0.0:
         msg += " (smear_lambda is 0: this model cannot show the bug)"
     return msg
 
@@ -239,8 +246,8 @@ def to_json(a: Audit, model_info: Optional[dict] = None) -> dict:
         "schema": SCHEMA,
         "impl": "both" if a.ours is not None else "nanochat",
         "code": a.model.code.info(),
-        "nanochat": cmp.to_json(a.comparison, info),
-        "ours": None if a.ours is None else cmp.to_json(a.ours, {**(model_info or {}), "impl": "ours"}),
+        "nanochat": documents.to_json(a.comparison, info),
+        "ours": None if a.ours is None else documents.to_json(a.ours, {**(model_info or {}), "impl": "ours"}),
         "likeness": None,
         "findings": [{"kind": f.kind, "schedules": f.runs, "text": f.text} for f in a.findings],
         "passed": not a.failed,
@@ -264,7 +271,7 @@ def save_payload(a: Audit, model_info: Optional[dict] = None) -> dict:
     """What `--save` writes: the JSON document, the tokens and every run's logits (ours prefixed
     `ours_`)."""
     runs = {"": a.comparison} if a.ours is None else {"": a.comparison, "ours_": a.ours}
-    return cmp.save_payload(to_json(a, model_info), runs)
+    return documents.save_payload(to_json(a, model_info), runs)
 
 
 def print_audit(a: Audit, console, title: str = "", footer: str = "") -> None:
@@ -286,7 +293,7 @@ def print_audit(a: Audit, console, title: str = "", footer: str = "") -> None:
     if code.stand_ins:
         say(console, f"stood in at import for modules that are not installed and that inference does not "
                       f"use: {', '.join(code.stand_ins)}")
-    print_analytic(c.analytic, console, FIRST_CAPTURE, "vs (r0 + l0)*gate*x_prev: residual at most")
+    print_analytic(c, console, "vs (r0 + l0)*gate*x_prev: residual at most")
     if a.likeness is not None:
         lk = a.likeness
         say(console, f"full forward pass, your code vs ours: max |Δlogit| {sci(lk.full_forward_diff)} "

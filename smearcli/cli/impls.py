@@ -1,0 +1,60 @@
+"""The option checks of `--impl`: which implementation runs, and whether the options given fit it
+(the facts are the registry's, `cli.registry`)."""
+
+from __future__ import annotations
+
+from ..errors import UserError
+from .options import SHARED, RunSpec
+from .registry import REGISTRY, Implementation
+
+
+def flag_of(field: str) -> str:
+    """The command-line flag of a RunSpec field ("hf_model" -> "--hf-model")."""
+    opt = SHARED[field][1]
+    return (opt.param_decls or (opt.default,))[0]  # typer keeps the first flag as `default` under Annotated
+
+
+def given(spec, field: str) -> bool:
+    return getattr(spec, field) != getattr(RunSpec(), field)
+
+
+def implementation(spec, command: str) -> Implementation:
+    """The implementation `--impl` names, with every option-level check: unknown names, options
+    it needs or refuses, options another implementation owns, and commands it does not serve."""
+    impl = REGISTRY.get(spec.impl)
+    if impl is None:
+        raise UserError(f"--impl: unknown implementation {spec.impl!r}; choose from {', '.join(REGISTRY)}")
+    if command not in impl.commands:
+        served = [n for n, i in REGISTRY.items() if command in i.commands]
+        raise UserError(f"--impl {impl.name}: {command} does not run this implementation "
+                        f"(it runs {', '.join(served)})")
+    for field, what in impl.needs:
+        if not given(spec, field):
+            raise UserError(f"--impl {impl.name} needs {flag_of(field)} {what}")
+    for other in REGISTRY.values():
+        for field in other.owns:
+            if field not in impl.owns and given(spec, field):
+                users = [i.name for i in REGISTRY.values() if field in i.owns]
+                raise UserError(f"{flag_of(field)} is used by --impl {' or --impl '.join(users)}; "
+                                f"add {'one of them' if len(users) > 1 else f'--impl {users[0]}'}")
+    for field, why in impl.refuses:
+        if given(spec, field):
+            raise UserError(f"{flag_of(field)} {why}")
+    return impl
+
+
+def schedules_for(spec, impl: Implementation, allow_reference: bool = False) -> list[str]:
+    """--schedules for `impl`: one it cannot run is refused when listed by name and left out of
+    the default list."""
+    from ..names import DEFAULT_SCHEDULES
+
+    listed = spec.schedule_list(allow_reference=allow_reference)
+    if impl.schedules is None:
+        return listed
+    cannot = [s for s in listed if s not in impl.schedules]
+    if cannot and spec.schedules != ",".join(DEFAULT_SCHEDULES):
+        raise UserError(f"--schedules: {', '.join(cannot)} cannot run with --impl {impl.name}; choose from "
+                        f"{', '.join(impl.schedules)}")
+    return [s for s in listed if s in impl.schedules]
+
+

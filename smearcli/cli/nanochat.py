@@ -1,0 +1,96 @@
+"""`--impl ours|nanochat|both`: nanochat-shaped models from the CLI, as registry jobs.
+
+ours: our GPT under each `--logic` (runners from `smearcli.ours`), the standard report. nanochat
+and both: the audit of the user's checkout (`impls.nanochat.audit`), with its own report (its
+table, findings and likeness; schema smearcli.audit/1). A checkpoint from before the smear is an
+answer, not an error: a report without runs that exits 0, also with --check.
+"""
+
+from __future__ import annotations
+
+from .reports import AnswerReport, Job, Report, comparison_job
+
+
+def _model_info(setup) -> dict:
+    from .build import checkpoint_info
+
+    info = {"name": setup.loaded.name, "source": setup.loaded.source, "step": setup.loaded.step}
+    if setup.found is not None:
+        info["checkpoint"] = checkpoint_info(setup.found)
+    return info
+
+
+def prepare(spec, schedules, tolerance) -> Job:
+    from ..checkpoint import NoSmearParameters
+    from ..ours import runners
+    from .build import build_setup
+
+    spec.schedules = ",".join(schedules)
+    try:
+        setup = build_setup(spec)
+    except NoSmearParameters as e:
+        found = getattr(e, "found", None)
+        return Job(lambda bar: no_smear(spec, found))
+    if setup.audited is not None:
+        return Job(lambda bar: _audit(setup, tolerance, bar), setup.loaded.name)
+    return comparison_job(runners(setup.model, setup.logics, setup.loaded.name), setup.tokens, setup.schedules,
+                          setup.options, tolerance, _model_info(setup), setup.threads)
+
+
+def no_smear(spec, found) -> Report:
+    from .build import NO_SMEAR_VERDICT, checkpoint_info
+
+    info = {"name": None if found is None else f"{found.leaf}@{found.step}",
+            "source": None if found is None else str(found.leaf),
+            "step": None if found is None else found.step, "checkpoint": checkpoint_info(found)}
+    doc = {"schema": "smearcli.compare/1" if spec.impl == "ours" else "smearcli.audit/1", "model": info,
+           "no_smear": True, "runs": [], "verdict": NO_SMEAR_VERDICT}
+    return AnswerReport(NO_SMEAR_VERDICT, doc)
+
+
+class AuditReport(Report):
+    """The audit of a user's checkout: its report, the smearcli.audit/1 document, --save."""
+
+    def __init__(self, a, setup):
+        self.audit, self.setup, self.footer = a, setup, setup.threads
+        self.verdict, self.failed = a.verdict, a.failed
+        self.info = _model_info(setup)
+
+    def document(self) -> dict:
+        from ..impls.nanochat import audit
+
+        return audit.to_json(self.audit, self.info)
+
+    def render(self, console) -> None:
+        from ..impls.nanochat import audit
+        from ..render.table import title_line
+
+        audit.print_audit(self.audit, console, title_line(self.audit.comparison), footer=self.footer)
+
+    def payload(self) -> dict:
+        from ..impls.nanochat import audit
+
+        return audit.save_payload(self.audit, self.info)
+
+    def figure(self, schedule: str):
+        from ..impls.nanochat.audit import merged
+
+        return merged(self.audit), None, ""
+
+
+def _audit(setup, tolerance, bar) -> Report:
+    from .. import compare
+    from ..impls.nanochat import audit
+
+    reference = setup.model if setup.impl == "both" else None
+    total = compare.forward_runs(audit.planned(setup.audited, setup.schedules, reference)) * setup.tokens.size(1)
+    seen = {"base": 0, "last": 0}
+
+    def tokens(done, _total):  # the audit's comparisons one after the other, on one bar
+        if done < seen["last"]:
+            seen["base"] += seen["last"]
+        seen["last"] = done
+        bar.tokens(seen["base"] + done, total)
+    a = audit.audit(setup.audited, setup.tokens, setup.schedules, setup.options, tolerance,
+                    reference=reference, progress=bar.label, tokens_progress=tokens, name=setup.loaded.name)
+    return AuditReport(a, setup)

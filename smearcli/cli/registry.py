@@ -1,0 +1,77 @@
+"""The implementations `--impl` can run, in one registry.
+
+An `Implementation` names itself, says which shared options it needs, owns or refuses (each
+refusal with its one-line reason), which commands and schedules it serves, and how to prepare a
+run: `prepare(spec, schedules, tolerance) -> cli.reports.Job`. The commands (`cli/commands/*`) ask
+`cli.impls.implementation(spec, command)` and never name an implementation.
+
+```python
+from smearcli.cli import registry
+registry.register(registry.Implementation("toy", "a toy model", prepare=my_prepare))
+```
+
+A built-in entry names its `prepare` as "module:function", imported when it runs: `--help` imports
+no implementation's code (and no torch), and this module imports nothing of the CLI.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Callable, Optional, Union
+
+COMMANDS = ("compare", "plot", "bench")
+
+
+@dataclass(frozen=True)
+class Implementation:
+    name: str
+    help: str  # one phrase, for --impl's help
+    prepare: Union[Callable, str]  # (spec, schedules, tolerance) -> Job, or "module:function" naming it
+    needs: tuple[tuple[str, str], ...] = ()  # (RunSpec field, what to give) that must be set
+    owns: tuple[str, ...] = ()  # RunSpec fields only this implementation (and those sharing them) use
+    refuses: tuple[tuple[str, str], ...] = ()  # (RunSpec field, why it does not apply)
+    commands: tuple[str, ...] = ("compare", "plot")
+    schedules: Optional[tuple[str, ...]] = None  # the schedules it can run (None: every one)
+
+
+    def job(self, spec, schedules, tolerance: float):
+        """Prepare a run (imports the implementation's code now)."""
+        fn = self.prepare
+        if isinstance(fn, str):
+            module, _, name = fn.partition(":")
+            fn = getattr(importlib.import_module(module), name)
+        return fn(spec, schedules, tolerance)
+
+
+REGISTRY: dict[str, Implementation] = {}
+
+
+def register(impl: Implementation) -> Implementation:
+    """Add (or replace) an implementation; `--impl NAME` then runs it."""
+    REGISTRY[impl.name] = impl
+    return impl
+
+
+# -- the built-in implementations ----------------------------------------------------------------
+
+NANOCHAT_OPTIONS = ("nanochat_path", "user_code_timeout")
+# options that configure nanochat models or inputs, refused with --impl hf
+NOT_HF = tuple((f, "configures a nanochat model and does not apply to --impl hf (--hf-model names the model)")
+               for f in ("checkpoint", "step", "model", "depth", "text", "text_file", "source",
+                         "model_tag", "preset")) + (
+    ("chat", "encodes a nanochat conversation; it does not apply to --impl hf"),
+    ("logic", "picks nanochat's smear logic; with --impl hf the model's own code runs"),
+    ("samples", "sizes the engine schedule, which --impl hf does not run"))
+
+register(Implementation("ours", "smearcli's reimplementation of nanochat's GPT; --logic picks the smear",
+                        "smearcli.cli.nanochat:prepare", commands=COMMANDS))
+register(Implementation("nanochat", "your checkout at --nanochat-path: its own GPT, forward pass and "
+                        "KVCache, on the same weights", "smearcli.cli.nanochat:prepare",
+                        needs=(("nanochat_path", "DIR (a nanochat checkout)"),), owns=NANOCHAT_OPTIONS))
+register(Implementation("both", "your checkout and ours side by side (ours then runs old and fixed)",
+                        "smearcli.cli.nanochat:prepare", needs=(("nanochat_path", "DIR (a nanochat checkout)"),),
+                        owns=NANOCHAT_OPTIONS))
+register(Implementation("hf", "a Hugging Face transformers model (--hf-model) through its own cache API",
+                        "smearcli.cli.hf:prepare", needs=(("hf_model", "NAME|DIR"),), owns=("hf_model",), refuses=NOT_HF,
+                        schedules=("full", "prefill", "decode", "chunked", "speculative")))

@@ -1,0 +1,76 @@
+"""Our GPT (`smearcli.model`) as runners: one per smear logic, on the same weights.
+
+```python
+from smearcli import ours, weights
+model = weights.tiny_model().model
+old, fixed = ours.runners(model, ["old", "fixed"], name="tiny@500")
+```
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+from .model import GPT
+from .names import layer_names
+from .runner import EXPAND, SMEAR_TERMS, Described, Output, Runner
+from .smear import ONE_TOKEN_STEP, get_logic
+
+SERIES = {"old": "old logic (upstream)", "fixed": "fixed logic"}  # the legend's words per logic
+
+
+class GPTRunner(Runner):
+    """Our GPT with its KVCache under one smear logic (`smearcli.smear.LOGICS`). Captures the
+    post-smear embedding (`emb`) and every block's output."""
+
+    capabilities = frozenset({EXPAND, SMEAR_TERMS})
+
+    def __init__(self, model: GPT, logic: str, name: str = "model"):
+        get_logic(logic)  # an unknown logic fails here, not in the first forward
+        self.model, self.label, self.name = model, logic, name
+        self.series = SERIES.get(logic, f"{logic} logic")
+        self.layers = tuple(layer_names(model.config.n_layer))
+        # logics whose one-token step is the same function run the same decode, bit for bit
+        fn = ONE_TOKEN_STEP.get(logic)
+        self.one_token_step = None if fn is None else (id(model), fn)
+
+    @property
+    def dtype(self):
+        return self.model.dtype
+
+    @property
+    def device(self):
+        return self.model.device
+
+    def describe(self) -> Described:
+        cfg = self.model.config
+        return Described(self.label, self.series, self.name, f"d{cfg.n_layer} n_embd {cfg.n_embd}",
+                         str(self.dtype).removeprefix("torch."), str(self.device), cfg.to_dict(),
+                         float(f"{float(self.model.smear_lambda):.6g}"))
+
+    def _call(self, tokens, cache, capture: bool) -> Output:
+        cap = [] if capture else None
+        logits = self.model(tokens, cache=cache, smear=self.label, capture=cap)
+        return Output(logits, cap)
+
+    def forward(self, tokens, capture):
+        return self._call(tokens, None, capture)
+
+    def new_cache(self, batch, max_len):
+        return self.model.new_cache(batch, max_len)
+
+    def step(self, tokens, cache, capture):
+        return self._call(tokens, cache, capture)
+
+    def expand(self, cache, rows, max_len):
+        out = self.model.new_cache(rows, max_len)
+        out.expand_from(cache)  # prev_embedding included
+        return out
+
+    def smear_terms(self, tokens):
+        return self.model.smear_terms(tokens)
+
+
+def runners(model: GPT, logics: Sequence[str], name: Optional[str] = None) -> list[GPTRunner]:
+    """One runner per logic, in the order given."""
+    return [GPTRunner(model, logic, name or "model") for logic in logics]

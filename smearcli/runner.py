@@ -1,0 +1,176 @@
+"""The one interface every implementation meets: a `Runner`.
+
+`smearcli.schedules` feeds tokens to a runner, `smearcli.compare` measures what it returns, and
+the renderers draw the result; none of them knows whose code ran. A runner is one series of a
+comparison: our GPT under one smear logic, a user's nanochat checkout, a Hugging Face model, or
+anything else that can run a forward pass without a cache and one cached step.
+
+```python
+class Toy(Runner):
+    label = "toy"
+    layers = ("logits",)
+    def forward(self, tokens, capture):            # (B, T) -> logits (B, T, V), no hiddens
+        return Output(self.net(tokens), None)
+    def new_cache(self, batch, max_len):
+        return {"pos": 0}
+    def step(self, tokens, cache, capture):        # the cache advances in place
+        ...
+```
+
+What a runner is (`describe()`), stored on every result, so nothing reads a live model after a
+run. Optional capabilities are declared in `capabilities`, never probed:
+
+- `EXPAND`: `expand(cache, rows, max_len)` copies a one-row cache into `rows` rows (the engine
+  schedule);
+- `CROP`: `crop(cache, length)` drops every position from `length` on (rolled-back drafts);
+- `SMEAR_TERMS`: `smear_terms(tokens)` gives (pre-smear embedding, gate, scale) for the analytic
+  check at chunk starts.
+
+An engine that chunks by itself (and may return log-probabilities and no hidden states) overrides
+`run(schedule, tokens, options)` instead of `step`: the schedules call it first and fall back to
+their own step plan when it returns None. `one_token_step` is a key: runners with the same non-None
+key run the same computation for a one-token cached step, so `compare` runs decode once for them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Hashable, NamedTuple, Optional
+
+EXPAND = "expand"
+CROP = "crop"
+SMEAR_TERMS = "smear_terms"
+CAPABILITIES = (EXPAND, CROP, SMEAR_TERMS)
+
+
+class Output(NamedTuple):
+    """What one call returns: logits (B, T, V) and, when captured, one (B, T, C) tensor per capture
+    point before the logits (lowest first), or None."""
+    logits: Any
+    hiddens: Optional[list]
+
+
+@dataclass(frozen=True)
+class Described:
+    """What ran, as a result stores it: enough for a title, a legend and a JSON document."""
+    label: str  # the series name in tables, JSON ("logic") and figures: old, fixed, yours, hf, ...
+    series: str  # the legend's words for it: "old logic (upstream)"
+    name: str = "model"  # the model: "tiny@500", a directory, a built-in config's name
+    shape: str = ""  # "d4 n_embd 256", "LlamaForCausalLM"
+    dtype: str = "float32"
+    device: str = "cpu"
+    config: Optional[dict] = None  # the model's configuration, for JSON documents
+    smear_lambda: Optional[float] = None  # None: no smear to speak of; 0.0: a smear that is off
+    notes: tuple[str, ...] = ()  # what ran, one sentence each (cache keyword, attention, ...)
+
+
+class Runner:
+    """Base class of every implementation (see the module docstring for the contract)."""
+
+    label: str = "model"
+    series: str = ""
+    layers: tuple[str, ...] = ("logits",)  # capture-point names, "logits" last
+    capabilities: frozenset = frozenset()
+    one_token_step: Optional[Hashable] = None
+    name: str = "model"
+    dtype: Any = None  # torch.dtype of the computation (its one ulp bounds the noise floor)
+    device: Any = "cpu"
+
+    def describe(self) -> Described:
+        return Described(self.label, self.series or self.label, self.name, "",
+                         "" if self.dtype is None else str(self.dtype).removeprefix("torch."), str(self.device))
+
+    def can(self, capability: str) -> bool:
+        return capability in self.capabilities
+
+    # -- what every runner implements ------------------------------------------------------------
+    def forward(self, tokens, capture: bool) -> Output:
+        """One call over all of `tokens` (B, T), without a cache: the reference."""
+        raise NotImplementedError
+
+    def new_cache(self, batch: int, max_len: int):
+        raise NotImplementedError
+
+    def step(self, tokens, cache, capture: bool) -> Output:
+        """One cached step over `tokens` (B, n) at the cache's position; the cache advances."""
+        raise NotImplementedError
+
+    # -- optional: declared in `capabilities` ----------------------------------------------------
+    def expand(self, cache, rows: int, max_len: int):
+        raise NotImplementedError(f"{self.label}: cannot copy a cache into more rows")
+
+    def crop(self, cache, length: int) -> None:
+        raise NotImplementedError(f"{self.label}: cannot crop a cache")
+
+    def smear_terms(self, tokens):
+        return None
+
+    def run(self, schedule: str, tokens, options) -> Optional[Any]:
+        """A whole run of `schedule` done by the implementation itself (a `schedules.RunResult`),
+        or None to be driven step by step."""
+        return None
+
+
+@dataclass
+class StepRunner(Runner):
+    """A runner around one callable `step(ids, cache) -> (logits, cache)` or `(logits,
+    hidden_states, cache)`, where `cache` is None on a run's first call (`smearcli.testing`).
+    `full(ids) -> logits | (logits, hidden_states)`, if given, is the reference instead of one
+    cached call over every token."""
+    fn: Any = None
+    full: Any = None
+    label: str = "model"
+    layers: tuple = ("logits",)
+    dtype: Any = None
+    device: Any = "cpu"
+    name: str = "model"
+    notes: tuple = field(default_factory=tuple)
+
+    def describe(self) -> Described:
+        d = super().describe()
+        return Described(d.label, d.series, d.name, d.shape, d.dtype, d.device, notes=tuple(self.notes))
+
+    def forward(self, tokens, capture):
+        if self.full is None:
+            out = self.step(tokens, self.new_cache(tokens.size(0), tokens.size(1)), capture)
+            return out
+        return unpack(self.full(tokens), cached=False)[0]
+
+    def new_cache(self, batch, max_len):
+        return Holder()
+
+    def step(self, tokens, cache, capture):
+        out, inner = unpack(self.fn(tokens, cache.inner if cache.started else None), cached=True)
+        cache.inner, cache.started = inner, True
+        return out
+
+
+@dataclass
+class Holder:
+    """A cache whose implementation returns a new object each step: the latest one."""
+    inner: Any = None
+    started: bool = False
+    pos: int = 0
+
+
+def unpack(out, cached: bool) -> tuple[Output, Any]:
+    """(Output, cache) from what a step or full callable returned; TypeError when it is neither
+    `(logits, cache)` nor `(logits, hidden_states, cache)` (a full call: logits or `(logits,
+    hidden_states)`)."""
+    from torch import Tensor
+
+    cache = None
+    if cached:
+        if not isinstance(out, (tuple, list)) or len(out) not in (2, 3):
+            raise TypeError("a step must return (logits, cache) or (logits, hidden_states, cache)")
+        *out, cache = out
+        out = out[0] if len(out) == 1 else tuple(out)
+    logits, hiddens = (out, None) if isinstance(out, Tensor) else (tuple(out) + (None,))[:2]
+    if not isinstance(logits, Tensor) or logits.dim() != 3:
+        raise TypeError("a step's logits must be a (batch, tokens, vocab) tensor")
+    if hiddens is not None:
+        hiddens = list(hiddens)
+        for h in hiddens:
+            if not isinstance(h, Tensor) or h.dim() != 3:
+                raise TypeError("a step's hidden states must be (batch, tokens, channels) tensors")
+    return Output(logits, hiddens), cache

@@ -1,0 +1,119 @@
+"""compare: one result type for every implementation, its plan of runs, what it stores, its verdict."""
+
+import json
+
+import pytest
+import torch
+
+from smearcli import compare as cmp
+from smearcli import documents, ours
+from smearcli.names import LOGIC_NAMES
+from smearcli.runner import Output, Runner
+from smearcli.schedules import ScheduleOptions
+from smearcli.weights import random_config, random_model
+
+T = 32
+OPTS = ScheduleOptions(chunks=4, gen_len=8)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return random_model(random_config(2), seed=4).model
+
+
+@pytest.fixture(scope="module")
+def tokens():
+    return torch.randint(0, 256, (1, T), generator=torch.Generator().manual_seed(6))
+
+
+def test_the_plan_is_what_runs(model, tokens):
+    """The progress totals the CLI shows come from `plan`: every label announced is a planned run
+    that calls the model, and the tokens counted reach the total exactly."""
+    runners = ours.runners(model, LOGIC_NAMES)
+    schedules = ["prefill", "decode", "chunked", "engine", "speculative"]
+    planned = cmp.plan(runners, schedules)
+    labels, ticks = [], []
+    cmp.compare(runners, tokens, schedules, options=OPTS, progress=labels.append,
+                tokens_progress=lambda d, t: ticks.append((d, t)))
+    assert len(labels) == cmp.forward_runs(planned) == 1 + 2 * len(schedules) - 1  # decode shared
+    assert [p.label for p in planned if p.same_as is None] == labels
+    assert ticks[-1] == (cmp.forward_runs(planned) * T,) * 2
+    # no schedule is decode: one more run, for the noise floor
+    assert cmp.forward_runs(cmp.plan(runners, ["chunked"])) == 1 + 2 + 1
+
+
+def test_the_result_stores_what_ran(model, tokens):
+    """Nothing reads the live model after the run: changing it does not change the document."""
+    m = random_model(random_config(2), seed=4).model
+    c = cmp.compare(m, tokens, ["chunked"], options=OPTS, name="mine")
+    before = json.dumps(documents.to_json(c), sort_keys=True)
+    with torch.no_grad():
+        m.smear_lambda.fill_(0.0)
+    assert json.dumps(documents.to_json(c), sort_keys=True) == before
+    d = c.description()
+    assert (d.name, d.shape, d.config["n_layer"]) == ("mine", "d2 n_embd 128", 2)
+    assert c.labels == ["old", "fixed"] and c.get("chunked", "old").logic == "old"
+
+
+def test_one_verdict_for_one_runner_and_for_several(model, tokens):
+    both = cmp.compare(model, tokens, ["chunked"], options=OPTS)
+    assert both.verdict.startswith("BUG: chunked/old diverge from the full forward pass")
+    assert "born at emb@8, the first chunk start (8)" in both.verdict
+    assert both.verdict.endswith("the fixed logic matches every schedule")
+    fixed = cmp.compare(ours.GPTRunner(model, "fixed"), tokens, ["chunked"], options=OPTS)
+    assert fixed.passed and fixed.verdict.startswith("OK: every schedule matches")
+    old = cmp.compare(ours.GPTRunner(model, "old"), tokens, ["chunked"], options=OPTS)
+    assert old.verdict.startswith("BUG: chunked diverges") and "matches every schedule" not in old.verdict
+    assert "BUG: chunked (steps 4x8) diverges from the full pass: born at emb@8" in old.table()
+
+
+def test_a_model_whose_smear_is_off_says_so(tokens):
+    m = random_model(random_config(1), seed=4).model
+    with torch.no_grad():
+        m.smear_lambda.zero_()
+    c = cmp.compare(m, tokens, ["chunked"], options=OPTS)
+    assert c.passed and "smear_lambda is 0: this model cannot show the bug" in c.verdict
+
+
+def test_chunk_start_share_is_blank_for_rounding_noise(model, tokens):
+    """A run inside the floor has no share on chunk starts: that share of pure rounding differs
+    between CPUs, and is no finding."""
+    c = cmp.compare(model, tokens, ["chunked"], options=OPTS)
+    fixed, old = c.get("chunked", "fixed"), c.get("chunked", "old")
+    assert fixed.passed and fixed.chunk_start_share is None and c.start_share(fixed) is None
+    assert old.chunk_start_share > 0.999 and c.start_share(old) > 0.999
+
+
+class LogitsOnly(Runner):
+    """A runner that returns no hidden states (as an engine returning log-probabilities would)."""
+    label = "logits-only"
+
+    def __init__(self, model):
+        self.inner, self.dtype = ours.GPTRunner(model, "old"), torch.float32
+
+    def forward(self, toks, capture):
+        return Output(self.inner.forward(toks, False).logits, None)
+
+    def new_cache(self, batch, max_len):
+        return self.inner.new_cache(batch, max_len)
+
+    def step(self, toks, cache, capture):
+        return Output(self.inner.step(toks, cache, False).logits, None)
+
+
+def test_metrics_use_what_the_runner_returns(model, tokens):
+    c = cmp.compare(LogitsOnly(model), tokens, ["chunked"], options=OPTS)
+    assert c.layers == ["logits"] and c.born_at(c.get("chunked")) == ("logits", 8)
+    assert c.analytic == {}  # no smear terms declared: no analytic check, and no error
+    with pytest.raises(ValueError, match="logits-only cannot run the engine schedule"):
+        cmp.compare(LogitsOnly(model), tokens, ["engine"], options=OPTS)
+
+
+def test_runners_of_two_models_share_nothing(model, tokens):
+    """Decode is shared only between runners whose one-token step is the same computation: never
+    across models."""
+    other = random_model(random_config(2), seed=5).model
+    planned = cmp.plan([ours.GPTRunner(model, "old"), ours.GPTRunner(other, "fixed")], ["decode"])
+    assert all(p.same_as is None for p in planned)
+    shared = cmp.plan(ours.runners(model, LOGIC_NAMES), ["decode"])
+    assert [p.same_as is not None for p in shared] == [False, False, True]

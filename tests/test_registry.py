@@ -1,0 +1,98 @@
+"""A new implementation plugs in through the registry alone: a toy runner gets the table, --json,
+plot and --check of every other implementation, with no edit to compare, render or cli/commands."""
+
+import json
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from smearcli.cli import registry
+from smearcli.cli.app import app
+from smearcli.cli.reports import comparison_job
+from smearcli.runner import Output, Runner
+from smearcli.schedules import ScheduleOptions
+
+V, C = 64, 16
+
+
+# -- the toy implementation: about 30 lines -------------------------------------------------------
+class Toy(Runner):
+    """h_t = E[x_t] + 0.5 E[x_{t-1}]; the cache keeps the last token's embedding, and with
+    `drop` a multi-token cached step forgets it (the chunk-start bug class)."""
+    label, layers, dtype = "toy", ("emb", "logits"), torch.float32
+
+    def __init__(self, drop: bool):
+        g = torch.Generator().manual_seed(0)
+        self.E, self.W, self.drop = torch.randn(V, C, generator=g), torch.randn(C, V, generator=g), drop
+
+    def _run(self, ids, prev):
+        e = self.E[ids]
+        prev = torch.zeros_like(e[:, :1]) if prev is None else prev
+        h = e + 0.5 * torch.cat([prev, e[:, :-1]], dim=1)
+        return Output(h @ self.W, [h])
+
+    def forward(self, ids, capture):
+        return self._run(ids, None)
+
+    def new_cache(self, batch, max_len):
+        return {"prev": None}
+
+    def step(self, ids, cache, capture):
+        out = self._run(ids, None if self.drop and ids.size(1) > 1 else cache["prev"])
+        cache["prev"] = self.E[ids[:, -1:]]
+        return out
+
+
+def toy_prepare(spec, schedules, tolerance):
+    tokens = torch.randint(0, V, (spec.batch, spec.seq_len or 48), generator=torch.Generator().manual_seed(spec.seed))
+    return comparison_job([Toy(drop=spec.seed == 0)], tokens, schedules, ScheduleOptions(chunks=spec.chunks or 3),
+                          tolerance)
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def toy(monkeypatch):
+    impl = registry.Implementation("toy", "a toy model", toy_prepare,
+                                   schedules=("prefill", "decode", "chunked", "speculative"))
+    monkeypatch.setitem(registry.REGISTRY, "toy", impl)
+    return impl
+
+
+runner = CliRunner()
+
+
+def test_toy_gets_the_table_and_the_verdict(toy):
+    r = runner.invoke(app, ["compare", "--impl", "toy"])
+    assert r.exit_code == 0, r.output
+    assert "model: " in r.output.splitlines()[0]  # the title line, from the runner's description
+    rows = {line.split()[0]: line for line in r.output.splitlines() if line.strip().startswith(("chunked", "decode"))}
+    assert rows["chunked"].rstrip().endswith("BUG") and "emb@16" in rows["chunked"]
+    assert rows["decode"].rstrip().endswith("ok")
+    assert "BUG: chunked, speculative diverge from the full forward pass" in r.output
+
+
+def test_toy_gets_json_check_and_plot(toy, tmp_path):
+    r = runner.invoke(app, ["compare", "--impl", "toy", "--json", "--schedules", "chunked"])
+    doc = json.loads(r.stdout)
+    assert doc["schema"] == "smearcli.compare/1" and doc["layers"] == ["emb", "logits"]
+    (run,) = doc["runs"]
+    assert run["logic"] == "toy" and run["chunk_starts"] == [16, 32] and not run["passed"]
+    assert run["first_departure"] == {"layer": "emb", "position": 16}
+    assert runner.invoke(app, ["compare", "--impl", "toy", "--check"]).exit_code == 1
+    assert runner.invoke(app, ["compare", "--impl", "toy", "--check", "--seed", "1"]).exit_code == 0  # no drop
+    out = tmp_path / "toy.png"
+    r = runner.invoke(app, ["plot", "--impl", "toy", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert out.stat().st_size > 10_000 and "schedule chunked" in r.output
+
+
+def test_registry_refuses_what_an_implementation_cannot_do(toy):
+    r = runner.invoke(app, ["compare", "--impl", "toy", "--schedules", "engine"])
+    assert r.exit_code == 2 and "engine cannot run with --impl toy" in r.output
+    r = runner.invoke(app, ["bench", "--impl", "toy"])
+    assert r.exit_code == 2 and "bench does not run this implementation" in r.output
+    r = runner.invoke(app, ["compare", "--impl", "toy", "--hf-model", "llama"])
+    assert r.exit_code == 2 and "--hf-model is used by --impl hf" in r.output
+    r = runner.invoke(app, ["compare", "--impl", "nope"])
+    assert r.exit_code == 2 and "choose from ours, nanochat, both, hf, toy" in r.output

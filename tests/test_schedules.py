@@ -1,0 +1,101 @@
+"""Schedules: what each feeds a runner, the boundaries it records, and what a runner must declare."""
+
+import pytest
+import torch
+
+from smearcli import ours
+from smearcli.runner import Output, Runner
+from smearcli.schedules import (CACHE_COPY, CHUNK_START, SCHEDULES, RunResult, ScheduleOptions, plan_steps,
+                                run_schedule, runnable)
+from smearcli.weights import random_config, random_model
+
+T = 24
+
+
+@pytest.fixture(scope="module")
+def model():
+    return random_model(random_config(1), seed=2).model
+
+
+@pytest.fixture(scope="module")
+def tokens():
+    return torch.randint(0, 256, (1, T), generator=torch.Generator().manual_seed(3))
+
+
+def test_boundaries_are_recorded_by_kind(model, tokens):
+    opts = ScheduleOptions(chunk_sizes=(10, 4, 10), gen_len=8, samples=3, draft=3)
+    fixed = ours.GPTRunner(model, "fixed")
+    chunked = run_schedule(fixed, tokens, "chunked", opts=opts)
+    assert chunked.boundaries == {CHUNK_START: [10, 14]}
+    engine = run_schedule(fixed, tokens, "engine", opts=opts)
+    assert engine.boundaries == {CACHE_COPY: [16]} and engine.expand_at == 16
+    assert engine.row_map == [0, 0, 0] and engine.logits.shape[0] == 3
+    spec = run_schedule(fixed, tokens, "speculative", opts=opts)
+    assert spec.boundaries[CHUNK_START] == [16, 19, 22] == spec.chunk_starts
+    assert run_schedule(fixed, tokens, "decode", opts=opts).boundaries == {}  # one-token steps only
+
+
+def test_every_schedule_covers_every_position_once(model, tokens):
+    opts = ScheduleOptions(chunks=5, gen_len=7, draft=2)
+    for name in SCHEDULES:
+        r = run_schedule(model, tokens, name, "fixed", opts)
+        assert sum(r.steps) == T and r.logits.shape[1] == T
+        assert len(r.hiddens) == model.config.n_layer + 1 and all(h.shape[1] == T for h in r.hiddens)
+        if name not in ("full", "engine"):
+            assert r.steps == plan_steps(name, T, opts)
+
+
+class Minimal(Runner):
+    """Only forward and step: no cache copy, so the engine schedule is not for it."""
+    label, layers = "minimal", ("logits",)
+
+    def __init__(self, model):
+        self.inner = ours.GPTRunner(model, "fixed")
+
+    def forward(self, tokens, capture):
+        return Output(self.inner.forward(tokens, False).logits, None)
+
+    def new_cache(self, batch, max_len):
+        return self.inner.new_cache(batch, max_len)
+
+    def step(self, tokens, cache, capture):
+        return Output(self.inner.step(tokens, cache, False).logits, None)
+
+
+def test_a_schedule_needs_what_the_runner_declares(model, tokens):
+    m = Minimal(model)
+    assert not runnable(m, "engine") and runnable(m, "chunked")
+    with pytest.raises(ValueError, match="minimal cannot run the engine schedule.*expand"):
+        run_schedule(m, tokens, "engine")
+    r = run_schedule(m, tokens, "chunked", opts=ScheduleOptions(chunks=3))
+    assert r.hiddens is None and r.logic == "minimal" and r.chunk_starts == [8, 16]
+
+
+def test_an_engine_that_schedules_itself_is_asked_first(model, tokens):
+    class Engine(Minimal):
+        label = "engine-like"
+        asked = []
+
+        def run(self, schedule, toks, options):
+            self.asked.append(schedule)
+            if schedule != "chunked":
+                return None  # driven step by step
+            logits = self.inner.forward(toks, False).logits
+            return RunResult(schedule, self.label, logits, None, [T // 2, T // 2], [0])
+
+    e = Engine(model)
+    r = run_schedule(e, tokens, "chunked", opts=ScheduleOptions(chunks=3))
+    assert r.steps == [12, 12] and r.chunk_starts == [12]  # its own chunking, not the plan's
+    assert run_schedule(e, tokens, "prefill").steps == [T]
+    assert e.asked == ["chunked", "prefill"]
+
+
+def test_a_wrong_step_is_named(model, tokens):
+    class Short(Minimal):
+        label = "short"
+
+        def step(self, toks, cache, capture):
+            return Output(super().step(toks, cache, capture).logits[:, :1], None)
+
+    with pytest.raises(ValueError, match="short: a step over 8 tokens returned logits of shape"):
+        run_schedule(Short(model), tokens, "chunked", opts=ScheduleOptions(chunks=3))
