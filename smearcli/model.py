@@ -1,4 +1,5 @@
-"""The nanochat GPT, reimplemented from the architecture facts (shared/spec), number for number.
+"""The nanochat GPT, reimplemented from the architecture facts (the nanochat-architecture spec of
+issue #756's report; upstream's numbers are in tests/fixtures/), number for number.
 
 Parameter names and shapes match upstream, so a nanochat state dict loads with strict=True.
 Shapes in comments: B batch, T tokens in this step, C n_embd, H query heads, Hkv kv heads,

@@ -58,3 +58,17 @@ def ours():
 def tokens(ours):
     from smearcli.inputs import random_tokens
     return random_tokens(ours.config, AUDIT_SEQ, batch=1, seed=1)
+
+
+# The slow families, each a marker, so the fast loop can leave them out (README, Development):
+#   python -m pytest -m "not (notebooks or docs or browser or slow)"
+FAMILIES = {"test_docs.py": "docs", "test_browser.py": "browser", "test_errors_table.py": "docs"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        name = Path(str(item.fspath)).name
+        if name.endswith(".ipynb"):
+            item.add_marker(pytest.mark.notebooks)
+        elif name in FAMILIES:
+            item.add_marker(getattr(pytest.mark, FAMILIES[name]))

@@ -1,14 +1,9 @@
-"""Who runs the model. `smearcli.compare`, `smearcli.schedules` and the renderers drive any model
-with our GPT's interface, so another implementation plugs in without touching them:
+"""Implementations of code we did not write, each behind `smearcli.runner.Runner`:
 
-- `model(idx, cache=None, smear=None, capture=None) -> logits (B, T, V)`: one step; with a cache
-  the tokens sit at the cache's position and the cache advances; `capture`, a list, receives the
-  first capture point and every block's output, (B, T, C) in fp32;
-- `new_cache(batch_size, max_len)`: a cache with `get_pos()`, `prev_embedding` and
-  `expand_from(other)` (engine-style batch expansion);
-- `config` (`smearcli.config.GPTConfig`), `dtype`, `device`, `smear_lambda`;
-- `smear_terms(idx)`: (pre-smear embedding, gate, scale) for the analytic check, or None.
+- `impls.nanochat`: a user's nanochat checkout (import sandbox, `adapter.NanochatRunner`, the
+  audit, the fix);
+- `impls.hf`: a Hugging Face transformers model through its own cache API (`hf.HFRunner`).
 
-Our own model (`smearcli.model.GPT`) runs the old and the fixed logic; `impls.nanochat` wraps a
-user's nanochat checkout (its own GPT and KVCache; the logic is whatever their code does).
+Our own GPT's runners are core (`smearcli.ours`). `smearcli.compare` measures any runner the
+same way, and the CLI reaches each through its registry (`smearcli.cli.registry`).
 """

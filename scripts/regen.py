@@ -1,0 +1,69 @@
+"""Regenerate every committed output from fresh runs, in one command:
+
+    python scripts/regen.py              # everything
+    python scripts/regen.py --only notebooks,errors
+
+- snippets: `docs/gen_snippets.py` (docs/snippets/*.txt, docs/figures/smear-error.png and the
+  README blocks between `<!-- snippet: NAME -->` markers);
+- errors: docs/errors.md, the table of every error and exit code (`tests/test_errors_table.py`
+  with SMEARCLI_REGEN_DOCS=1);
+- notebooks: every notebooks/*.ipynb executed in place (nbclient, one kernel each, one torch
+  thread as the notebooks themselves set), so their outputs are what nbval compares.
+
+Run it after any change to what the CLI or the library prints; CONTRIBUTING.md says when. Each
+step runs in its own process and stops the script on failure, naming the step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+STEPS = ("snippets", "errors", "notebooks")
+
+
+def run(step: str, cmd: list[str], env: dict) -> None:
+    t0 = time.time()
+    print(f"regen: {step}: {' '.join(cmd)}", flush=True)
+    p = subprocess.run(cmd, cwd=ROOT, env=env)
+    if p.returncode != 0:
+        sys.exit(f"regen: {step} failed (exit {p.returncode})")
+    print(f"regen: {step} done in {time.time() - t0:.0f} s", flush=True)
+
+
+def execute_notebooks(paths: list[Path]) -> None:
+    import nbformat
+    from nbclient import NotebookClient
+
+    for path in paths:
+        t0 = time.time()
+        nb = nbformat.read(path, as_version=4)
+        NotebookClient(nb, timeout=1200, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
+        nbformat.write(nb, path)
+        print(f"regen: notebooks: {path.name} in {time.time() - t0:.0f} s", flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--only", default=",".join(STEPS), help=f"comma-separated steps of {', '.join(STEPS)}")
+    steps = [s.strip() for s in ap.parse_args().only.split(",") if s.strip()]
+    unknown = [s for s in steps if s not in STEPS]
+    if unknown:
+        ap.error(f"unknown step(s) {', '.join(unknown)}; choose from {', '.join(STEPS)}")
+    env = {**os.environ, "MPLBACKEND": "Agg", "PYTHONPATH": str(ROOT)}
+    if "snippets" in steps:
+        run("snippets", [sys.executable, "docs/gen_snippets.py"], env)
+    if "errors" in steps:
+        run("errors", [sys.executable, "-m", "pytest", "-q", "-o", "addopts=", "tests/test_errors_table.py"],
+            {**env, "SMEARCLI_REGEN_DOCS": "1"})
+    if "notebooks" in steps:
+        execute_notebooks(sorted((ROOT / "notebooks").glob("*.ipynb")))
+
+
+if __name__ == "__main__":
+    main()
