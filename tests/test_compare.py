@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from smearcli import compare as cmp
-from smearcli import documents, ours
+from smearcli import documents, ours, schedules, smear
+from smearcli.inputs import random_tokens
 from smearcli.names import LOGIC_NAMES
 from smearcli.runner import Output, Runner
 from smearcli.schedules import ScheduleOptions
@@ -117,3 +118,80 @@ def test_runners_of_two_models_share_nothing(model, tokens):
     assert all(p.same_as is None for p in planned)
     shared = cmp.plan(ours.runners(model, LOGIC_NAMES), ["decode"])
     assert [p.same_as is not None for p in shared] == [False, False, True]
+
+
+# -- decode run once where the one-token steps are the same code; progress inside runs ----------
+@pytest.fixture(scope="module")
+def small():
+    return random_model(random_config(2, sequence_len=64), seed=1).model
+
+
+def _count_runs(monkeypatch):
+    calls = []
+    real = cmp.run_schedule
+
+    def counting(runner, tokens, sched, *a, **k):
+        calls.append((sched, runner.label))
+        return real(runner, tokens, sched, *a, **k)
+    monkeypatch.setattr(cmp, "run_schedule", counting)
+    return calls
+
+
+def test_compare_runs_decode_once_and_reports_both(small, monkeypatch):
+    calls = _count_runs(monkeypatch)
+    toks = random_tokens(small.config, 12, 1, 0)
+    c = cmp.compare(small, toks, ["decode", "chunked"], ["old", "fixed"])
+    assert [s for s, _ in calls].count("decode") == 1
+    from smearcli import documents
+    doc = documents.to_json(c)
+    rows = [(r["schedule"], r["logic"]) for r in doc["runs"]]
+    assert rows == [("decode", "old"), ("decode", "fixed"), ("chunked", "old"), ("chunked", "fixed")]
+    # what sharing stands for: a decode run under each logic is the same, bit for bit
+    a = schedules.run_schedule(small, toks, "decode", "old")
+    b = schedules.run_schedule(small, toks, "decode", "fixed")
+    assert torch.equal(a.logits, b.logits) and all(torch.equal(x, y) for x, y in zip(a.hiddens, b.hiddens))
+    assert torch.equal(c.get("decode", "old").abs_err, c.get("decode", "fixed").abs_err)
+
+
+def test_compare_does_not_share_when_one_token_steps_differ(small, monkeypatch):
+    def other_one(x, w, lam, prev):
+        return x if prev is None else x + 0.5 * smear.smear_gate(x, w, lam) * prev
+
+    def other(x, w, lam, prev, cached):
+        return other_one(x, w, lam, prev) if cached and x.size(1) == 1 else smear.smear_fixed(x, w, lam, prev, cached)
+    monkeypatch.setitem(smear.LOGICS, "other", other)
+    monkeypatch.setitem(smear.ONE_TOKEN_STEP, "other", other_one)
+    calls = _count_runs(monkeypatch)
+    toks = random_tokens(small.config, 10, 1, 0)
+    c = cmp.compare(small, toks, ["decode"], ["old", "other"])
+    assert calls.count(("decode", "old")) == 1 and calls.count(("decode", "other")) == 1
+    assert not torch.equal(c.runs[0].logits, c.runs[1].logits)  # sharing would have hidden this
+
+
+def test_no_sharing_for_a_runner_without_a_one_token_key(small):
+    pair = ours.runners(small, ["old", "fixed"])
+    for r in pair:  # as a user's code behind an adapter: its one-token step is its own
+        r.one_token_step = None
+    assert all(p.same_as is None for p in cmp.plan(pair, ["decode"]))
+    assert any(p.same_as is not None for p in cmp.plan(ours.runners(small, ["old", "fixed"]), ["decode"]))
+
+
+def test_run_schedule_reports_every_step(small):
+    toks = random_tokens(small.config, 9, 1, 0)
+    seen = []
+    schedules.run_schedule(small, toks, "chunked", "old", schedules.ScheduleOptions(chunks=3),
+                           progress=lambda d, t: seen.append((d, t)))
+    assert seen == [(3, 9), (6, 9), (9, 9)]
+    seen.clear()
+    schedules.run_schedule(small, toks, "decode", "old", progress=lambda d, t: seen.append((d, t)))
+    assert seen == [(i, 9) for i in range(1, 10)]
+
+
+def test_compare_token_progress_counts_every_run(small):
+    toks = random_tokens(small.config, 8, 1, 0)
+    seen = []
+    cmp.compare(small, toks, ["prefill", "decode"], ["old", "fixed"], tokens_progress=lambda d, t: seen.append((d, t)))
+    total = cmp.forward_runs(cmp.plan(ours.runners(small, ["old", "fixed"]), ["prefill", "decode"])) * 8
+    assert total == 4 * 8  # full, prefill x2, decode once
+    assert {t for _, t in seen} == {total} and seen[-1] == (total, total)
+    assert all(a[0] < b[0] for a, b in zip(seen, seen[1:]))

@@ -1,5 +1,5 @@
-"""Real model sizes (presets), decode run once when the logics' one-token steps are the same code,
-and progress inside runs."""
+"""Real model sizes (presets), the progress bar, memory-mapped checkpoints and the preflight at real
+sizes (decode sharing and progress counts are tests/test_compare.py's)."""
 
 import io
 import json
@@ -8,12 +8,10 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from smearcli import compare as cmp
-from smearcli import schedules, smear
+from smearcli import smear
 from smearcli.cli.app import app
 from smearcli.cli.options import RunSpec
 from smearcli.config import PRESETS, preset_config
-from smearcli.inputs import random_tokens
 from smearcli.model import param_shapes
 from smearcli.weights import random_config, random_model
 
@@ -72,83 +70,6 @@ def test_one_token_step_is_the_same_code_for_every_logic(B, C, dtype, with_prev)
         assert torch.equal(outs["old"], outs["fixed"])
     assert smear.same_one_token_step(["old", "fixed"])
     assert not smear.same_one_token_step(["old", "users-own"])
-
-
-@pytest.fixture(scope="module")
-def small():
-    return random_model(random_config(2, sequence_len=64), seed=1).model
-
-
-def _count_runs(monkeypatch):
-    calls = []
-    real = cmp.run_schedule
-
-    def counting(model, tokens, sched, logic, *a, **k):
-        calls.append((sched, logic))
-        return real(model, tokens, sched, logic, *a, **k)
-    monkeypatch.setattr(cmp, "run_schedule", counting)
-    return calls
-
-
-def test_compare_runs_decode_once_and_reports_both(small, monkeypatch):
-    calls = _count_runs(monkeypatch)
-    toks = random_tokens(small.config, 12, 1, 0)
-    c = cmp.compare(small, toks, ["decode", "chunked"], ["old", "fixed"])
-    assert [s for s, _ in calls].count("decode") == 1
-    from smearcli import documents
-    doc = documents.to_json(c)
-    rows = [(r["schedule"], r["logic"]) for r in doc["runs"]]
-    assert rows == [("decode", "old"), ("decode", "fixed"), ("chunked", "old"), ("chunked", "fixed")]
-    # what sharing stands for: a decode run under each logic is the same, bit for bit
-    a = schedules.run_schedule(small, toks, "decode", "old")
-    b = schedules.run_schedule(small, toks, "decode", "fixed")
-    assert torch.equal(a.logits, b.logits) and all(torch.equal(x, y) for x, y in zip(a.hiddens, b.hiddens))
-    assert torch.equal(c.get("decode", "old").abs_err, c.get("decode", "fixed").abs_err)
-
-
-def test_compare_does_not_share_when_one_token_steps_differ(small, monkeypatch):
-    def other_one(x, w, lam, prev):
-        return x if prev is None else x + 0.5 * smear.smear_gate(x, w, lam) * prev
-
-    def other(x, w, lam, prev, cached):
-        return other_one(x, w, lam, prev) if cached and x.size(1) == 1 else smear.smear_fixed(x, w, lam, prev, cached)
-    monkeypatch.setitem(smear.LOGICS, "other", other)
-    monkeypatch.setitem(smear.ONE_TOKEN_STEP, "other", other_one)
-    calls = _count_runs(monkeypatch)
-    toks = random_tokens(small.config, 10, 1, 0)
-    c = cmp.compare(small, toks, ["decode"], ["old", "other"])
-    assert calls.count(("decode", "old")) == 1 and calls.count(("decode", "other")) == 1
-    assert not torch.equal(c.runs[0].logits, c.runs[1].logits)  # sharing would have hidden this
-
-
-def test_no_sharing_for_a_model_outside_the_registry(small):
-    class Foreign:  # e.g. a user's code behind an adapter: its smear= is not ours
-        pass
-    assert not cmp.shares_decode(Foreign(), ["decode"], ["old", "fixed"])
-    assert cmp.shares_decode(small, ["decode"], ["old", "fixed"])
-    assert not cmp.shares_decode(small, ["decode"], ["old"])
-
-
-# -- progress inside runs -------------------------------------------------------------------------
-def test_run_schedule_reports_every_step(small):
-    toks = random_tokens(small.config, 9, 1, 0)
-    seen = []
-    schedules.run_schedule(small, toks, "chunked", "old", schedules.ScheduleOptions(chunks=3),
-                           progress=lambda d, t: seen.append((d, t)))
-    assert seen == [(3, 9), (6, 9), (9, 9)]
-    seen.clear()
-    schedules.run_schedule(small, toks, "decode", "old", progress=lambda d, t: seen.append((d, t)))
-    assert seen == [(i, 9) for i in range(1, 10)]
-
-
-def test_compare_token_progress_counts_every_run(small):
-    toks = random_tokens(small.config, 8, 1, 0)
-    seen = []
-    cmp.compare(small, toks, ["prefill", "decode"], ["old", "fixed"], tokens_progress=lambda d, t: seen.append((d, t)))
-    total = cmp.planned_runs(["prefill", "decode"], ["old", "fixed"], True) * 8
-    assert total == 4 * 8  # full, prefill x2, decode once
-    assert {t for _, t in seen} == {total} and seen[-1] == (total, total)
-    assert all(a[0] < b[0] for a, b in zip(seen, seen[1:]))
 
 
 class FakeTTY(io.StringIO):

@@ -21,6 +21,7 @@ def given(spec, field: str) -> bool:
 def implementation(spec, command: str) -> Implementation:
     """The implementation `--impl` names, with every option-level check: unknown names, options
     it needs or refuses, options another implementation owns, and commands it does not serve."""
+    spec.check_impl()  # values every implementation checks alike (a timeout in seconds)
     impl = REGISTRY.get(spec.impl)
     if impl is None:
         raise UserError(f"--impl: unknown implementation {spec.impl!r}; choose from {', '.join(REGISTRY)}")

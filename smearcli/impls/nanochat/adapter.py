@@ -186,7 +186,12 @@ class NanochatRunner(Runner):
 
     def step(self, tokens, cache, capture):
         cap = [] if capture else None
-        return Output(self.model(tokens, cache=cache, capture=cap), cap)
+        pos = cache.get_pos()  # their KVCache keeps the position: it must advance by the step
+        logits = self.model(tokens, cache=cache, capture=cap)
+        if cache.get_pos() != pos + tokens.size(1):
+            raise UserCodeError(f"your nanochat code: KVCache.get_pos went from {pos} to {cache.get_pos()} "
+                                f"over a step of {tokens.size(1)} tokens")
+        return Output(logits, cap)
 
     def expand(self, cache, rows, max_len):
         out = self.model.new_cache(rows, max_len)
