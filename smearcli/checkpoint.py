@@ -186,11 +186,12 @@ def _fd_dir():
 
 
 @contextlib.contextmanager
-def torch_name(path: Path):
+def torch_name(path: Path, mmap: bool = True):
     """A name of `path` for torch.load(mmap=True), whose memory map is opened by C++ code: the
     path itself, or, when C++ would read its name as other bytes (see `_name_passes`), the name of
-    a descriptor open on it (/proc/self/fd/N: ASCII, the same file)."""
-    if _name_passes(path) or _fd_dir() is None:
+    a descriptor open on it (/proc/self/fd/N: ASCII, the same file). Without mmap, Python opens
+    the file: the path itself."""
+    if not mmap or _name_passes(path) or _fd_dir() is None:
         yield os.fspath(path)
         return
     fd = os.open(path, os.O_RDONLY)
@@ -203,7 +204,7 @@ def torch_name(path: Path):
 def torch_load(path: Path, mmap: bool = False):
     """`torch.load(weights_only=True)` on the CPU, its warnings kept off stderr (an error's one
     line is all the user sees: torch warns about the storages and dtypes it is refusing)."""
-    with torch_name(path) as name, warnings.catch_warnings():
+    with torch_name(path, mmap) as name, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return torch.load(name, map_location="cpu", weights_only=True, mmap=mmap)
 

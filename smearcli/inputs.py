@@ -73,7 +73,7 @@ def load_tokens(path: Path, vocab_size: int, max_len: Optional[int] = None) -> T
 def _check_length(path: Path, n: int, max_len: Optional[int]) -> None:
     if max_len is not None and n > max_len:
         raise UserError(f"{path}: {n:,} tokens per row exceed what the model's rotary table covers "
-                            f"({max_len:,} positions)")
+                        f"({max_len:,} positions)")
 
 
 def _input_file(path: Path) -> int:

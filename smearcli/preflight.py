@@ -8,6 +8,8 @@
   `check_memory` compares an estimate with the memory available now (on Linux MemAvailable and
   the effective limit of this process's own cgroup, v1 or v2, its ancestors included; on CUDA `torch.cuda.mem_get_info`) and raises a `UserError` that states
   both, so a run that cannot fit is refused up front instead of being killed by the OS.
+- `check_inflation`: a checkpoint's compressed records, from the zip index, against what the
+  config's weights can take (a deflate bomb is refused before anything is inflated).
 
 The estimates aim at an upper bound of the peak: they were checked against the measured peak
 resident memory of `compare` runs on CPU, and tests/test_hardening.py checks that they cover
