@@ -9,9 +9,11 @@ Format (upstream checkpoint_manager): `model_{step:06d}.pt` (a torch.save'd stat
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import warnings
 import zipfile
 from pathlib import Path
 from typing import Optional
@@ -156,9 +158,9 @@ def _load_error(path: Path, e: Exception) -> UserError:
 def can_mmap(path: Path) -> bool:
     """Whether torch.load can memory-map the file: the zip format torch.save has written since
     torch 1.6, every member stored uncompressed (a legacy pickle, or a compressed member, is read
-    into memory, and the preflight counts it inflated). Never opens what is not a regular file (a
-    FIFO would block the read)."""
-    if not os.path.isfile(path):
+    into memory, and the preflight counts it inflated), and a name torch's C++ code can open (see
+    `torch_name`). Never opens what is not a regular file (a FIFO would block the read)."""
+    if not os.path.isfile(path) or not (_name_passes(path) or _fd_dir() is not None):
         return False
     try:
         with zipfile.ZipFile(path) as z:
@@ -167,12 +169,52 @@ def can_mmap(path: Path) -> bool:
         return False
 
 
+def _name_passes(path) -> bool:
+    """Whether torch's C++ code opens the same file as Python for this name: it encodes the name
+    as UTF-8, Python with the file system's encoding (under LC_ALL=C, ASCII with the other bytes
+    escaped as lone surrogates, which UTF-8 cannot encode; so are bytes that are not UTF-8)."""
+    name = os.fspath(path)
+    try:
+        return name.encode("utf-8") == os.fsencode(name)
+    except UnicodeError:
+        return False
+
+
+def _fd_dir():
+    """Where this process's open files have names of their own (Linux /proc, the BSDs' /dev/fd)."""
+    return next((d for d in ("/proc/self/fd", "/dev/fd") if os.path.isdir(d)), None)
+
+
+@contextlib.contextmanager
+def torch_name(path: Path, mmap: bool = True):
+    """A name of `path` for torch.load(mmap=True), whose memory map is opened by C++ code: the
+    path itself, or, when C++ would read its name as other bytes (see `_name_passes`), the name of
+    a descriptor open on it (/proc/self/fd/N: ASCII, the same file). Without mmap, Python opens
+    the file: the path itself."""
+    if not mmap or _name_passes(path) or _fd_dir() is None:
+        yield os.fspath(path)
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        yield f"{_fd_dir()}/{fd}"
+    finally:
+        os.close(fd)
+
+
+def torch_load(path: Path, mmap: bool = False):
+    """`torch.load(weights_only=True)` on the CPU, its warnings kept off stderr (an error's one
+    line is all the user sees: torch warns about the storages and dtypes it is refusing)."""
+    with torch_name(path, mmap) as name, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return torch.load(name, map_location="cpu", weights_only=True, mmap=mmap)
+
+
 def read_state_dict(path: Path) -> dict:
     """The file's tensors. A zip-format file is memory-mapped (torch.load mmap=True): its tensors
     stay in the page cache, read as they are used, instead of being copied into memory first."""
     check_torch_file(path)
     try:
-        sd = torch.load(path, map_location="cpu", weights_only=True, mmap=can_mmap(path))
+        sd = torch_load(path, mmap=can_mmap(path))
     except MemoryError:
         raise
     except Exception as e:  # noqa: BLE001 - every failure here means the same to the user

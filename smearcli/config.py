@@ -11,6 +11,9 @@ from dataclasses import asdict, dataclass, fields
 SMEAR_GATE_CHANNELS = 24  # the smear gate reads the first 24 channels of the current token
 VE_GATE_CHANNELS = 12  # each value-embedding gate reads the first 12 channels of its block input
 BYTE_VOCAB = 256  # a byte-level model: its token ids are byte values, its text needs no tokenizer
+# torch counts a tensor's bytes in a signed 64-bit integer: at 8 bytes a value (float64), a tensor
+# holds fewer than 2^60 values; a larger size overflows inside torch, before a preflight can refuse it
+MAX_TENSOR_VALUES = 1 << 60
 
 
 class ConfigError(ValueError):
@@ -49,6 +52,20 @@ class GPTConfig:
                               f"reads {SMEAR_GATE_CHANNELS} channels")
         if not self.window_pattern or any(c not in "SL" for c in self.window_pattern.upper()):
             raise ConfigError(f"window_pattern {self.window_pattern!r} may only contain 'S' and 'L'")
+        self._check_addressable()
+
+    def _check_addressable(self) -> None:
+        """Refuse, by the field that sets it, a size whose largest tensor torch cannot address."""
+        C = self.n_embd
+        largest = (("n_embd", 4 * C * C, f"the MLP's {4 * C:,} x {C:,} matrix"),
+                   ("vocab_size", self.padded_vocab_size * C, f"the {self.padded_vocab_size:,} x {C:,} embedding"),
+                   ("sequence_len", self.rotary_len * (self.head_dim // 2),
+                    f"the rotary table of {self.rotary_len:,} x {self.head_dim // 2:,}"),
+                   ("n_layer", self.n_layer, "the per-layer scalars"))
+        for name, values, what in largest:
+            if values >= MAX_TENSOR_VALUES:
+                raise ConfigError(f"{name} {getattr(self, name):,} is too large: {what} is beyond what "
+                                  "a tensor can hold (2^60 values)")
 
     @classmethod
     def from_dict(cls, d: dict) -> "GPTConfig":

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -31,23 +32,25 @@ def random_tokens(config, seq_len: int, batch: int = 1, seed: int = 0) -> Tensor
 
 
 # -- token files ----------------------------------------------------------------------------------
-def load_tokens(path: Path, vocab_size: int) -> Tensor:
-    """A JSON list of ids (or list of equal-length lists), or a torch.save'd integer tensor."""
+def load_tokens(path: Path, vocab_size: int, max_len: Optional[int] = None) -> Tensor:
+    """A JSON list of ids (or list of equal-length lists), or a torch.save'd integer tensor.
+    `max_len`: the most ids a row may hold (the model's rotary table), checked before any id is."""
     path = Path(path)
     size = _input_file(path)
     if size > TOKENS_MAX_BYTES:
         raise UserError(f"{path}: {size:,} bytes is too large for a token file (at most {TOKENS_MAX_BYTES >> 20} MiB)")
     if path.suffix == ".json":
-        t = _json_tokens(path, vocab_size)
+        t = _json_tokens(path, vocab_size, max_len)
     else:
-        from .checkpoint import check_torch_file, describe_load_failure
+        from .checkpoint import check_torch_file, describe_load_failure, torch_load
 
-        check_torch_file(path, str(path))  # a FIFO, a corrupt zip (CRC) refused before torch reads it
-        if uncompressed_size(path) > TOKENS_MAX_BYTES:
-            raise UserError(f"{path}: its tensors take {uncompressed_size(path):,} bytes once read, too large "
+        inflated = uncompressed_size(path)  # the zip index's sizes, before anything is inflated
+        if inflated > TOKENS_MAX_BYTES:
+            raise UserError(f"{path}: its tensors take {inflated:,} bytes once read, too large "
                             f"for a token file (at most {TOKENS_MAX_BYTES >> 20} MiB)")
+        check_torch_file(path, str(path))  # a FIFO, a corrupt zip (CRC) refused before torch reads it
         try:
-            t = torch.load(path, map_location="cpu", weights_only=True)
+            t = torch_load(path)
         except Exception as e:  # noqa: BLE001
             raise UserError(f"{path}: {describe_load_failure(e, 'JSON list or saved tensor')}") from e
         if not isinstance(t, torch.Tensor):
@@ -56,6 +59,7 @@ def load_tokens(path: Path, vocab_size: int) -> Tensor:
                                  or t.is_floating_point() or t.is_complex() else None)
         if kind is not None or t.dim() not in (1, 2):
             raise UserError(f"{path}: expected a 1-D or 2-D integer tensor, found {kind or f'{t.dim()}-D'}")
+        _check_length(path, t.size(-1), max_len)
         t = t.long().reshape(-1, t.size(-1)) if t.dim() == 2 else t.long().unsqueeze(0)
     if t.numel() == 0:
         raise UserError(f"{path}: no tokens")
@@ -64,6 +68,12 @@ def load_tokens(path: Path, vocab_size: int) -> Tensor:
         v = int(t[bad][0])
         raise UserError(f"{path}: id {v} is outside the vocabulary [0, {vocab_size})")
     return t
+
+
+def _check_length(path: Path, n: int, max_len: Optional[int]) -> None:
+    if max_len is not None and n > max_len:
+        raise UserError(f"{path}: {n:,} tokens per row exceed what the model's rotary table covers "
+                        f"({max_len:,} positions)")
 
 
 def _input_file(path: Path) -> int:
@@ -76,9 +86,27 @@ def _input_file(path: Path) -> int:
         raise
 
 
-def _json_tokens(path: Path, vocab_size: int) -> Tensor:
+# the first row of a JSON token file, when it is plain: "[[1, 2, 3], ..." or "[1, 2, 3]"
+_FIRST_ROW = re.compile(rb"\s*\[\s*\[?([-0-9,\s]*)\]")
+
+
+def _json_row_length(raw: bytes) -> Optional[int]:
+    """The ids in a JSON token file's first row, counted from its text (a regular expression and a
+    count, in C) before the file is parsed, or None when the row is not plain digits and commas."""
+    m = _FIRST_ROW.match(raw)
+    if m is None or not m.group(1).strip():
+        return None
+    return m.group(1).count(b",") + 1
+
+
+def _json_tokens(path: Path, vocab_size: int, max_len: Optional[int] = None) -> Tensor:
     try:
-        data = json.loads(path.read_bytes().decode("utf-8"))
+        raw = path.read_bytes()
+        if max_len is not None:  # a file far too long is refused before 10 MB of ids are parsed
+            n = _json_row_length(raw)
+            if n is not None:
+                _check_length(path, n, max_len)
+        data = json.loads(raw.decode("utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise UserError(f"{path}: invalid JSON ({e})") from e
     except RecursionError as e:
@@ -96,6 +124,7 @@ def _json_tokens(path: Path, vocab_size: int) -> Tensor:
         raise UserError(f"{path}: expected a list of integer ids or a list of such lists")
     if len({len(r) for r in data}) != 1:
         raise UserError(f"{path}: rows have different lengths")
+    _check_length(path, len(data[0]), max_len)
     bad_id = next((v for r in data for v in r if not 0 <= v < vocab_size), None)
     if bad_id is not None:  # before torch.tensor, which cannot hold ids beyond int64
         raise UserError(f"{path}: id {bad_id} is outside the vocabulary [0, {vocab_size})")

@@ -8,6 +8,8 @@
   `check_memory` compares an estimate with the memory available now (on Linux MemAvailable and
   the effective limit of this process's own cgroup, v1 or v2, its ancestors included; on CUDA `torch.cuda.mem_get_info`) and raises a `UserError` that states
   both, so a run that cannot fit is refused up front instead of being killed by the OS.
+- `check_inflation`: a checkpoint's compressed records, from the zip index, against what the
+  config's weights can take (a deflate bomb is refused before anything is inflated).
 
 The estimates aim at an upper bound of the peak: they were checked against the measured peak
 resident memory of `compare` runs on CPU, and tests/test_hardening.py checks that they cover
@@ -16,6 +18,7 @@ every tensor `compare` keeps. Where the available memory cannot be read, nothing
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 from typing import Optional, Sequence
@@ -32,8 +35,26 @@ class TooLarge(UserError):
     """A model or run that does not fit in the memory available now."""
 
 
+EXACT_LAYERS = 8  # deeper models are counted from the inventory of 1, 2 and 3 layers
+
+
 def param_count(config) -> int:
-    """Parameters of `GPT(config)`, from the model's own inventory (nothing allocated)."""
+    """Parameters of `GPT(config)`, from the model's own inventory (nothing allocated).
+
+    The inventory builds the model on the meta device, about a millisecond a layer: a config of a
+    million layers would keep the preflight busy for minutes before it could refuse it. Beyond
+    EXACT_LAYERS, the count comes from the inventories of 1, 2 and 3 layers: every layer adds the
+    same block, and every other layer a value embedding (the last always has one)."""
+    n = config.n_layer
+    if n <= EXACT_LAYERS:
+        return _inventory_count(config)
+    p1, p2, p3 = (_inventory_count(dataclasses.replace(config, n_layer=k)) for k in (1, 2, 3))
+    block = p2 - p1  # n=1 and n=2 both have one value-embedding layer
+    ve = p3 - p2 - block  # n=3 has two
+    return p1 - block - ve + n * block + (n + 1) // 2 * ve
+
+
+def _inventory_count(config) -> int:
     return sum(math.prod(shape) for shape in param_shapes(config).values())
 
 
@@ -195,12 +216,36 @@ def check_model_memory(config, device, file: Optional[Path] = None, mmap: bool =
         check_memory(load_bytes(config, size, mmap), "cpu", f"{file.name}: loading it ({nbytes(size)} of "
                      f"tensors, {param_count(config):,} parameters)", "free memory or use a machine with more"
                      + (" (the file is memory-mapped: its bytes are not counted)" if mmap else ""))
+        check_inflation(config, file)
     else:
         check_memory(model_bytes(config), "cpu", f"the model ({param_count(config):,} parameters)",
                      "choose a smaller model")
     if kind == "cuda":
         check_memory(model_bytes(config), device, f"the model ({param_count(config):,} parameters)",
                      "use a smaller model or run on the CPU")
+
+
+RECORD_SLACK = 16 << 20  # beside the tensors: the pickle and the format's records, kilobytes in practice
+
+
+def check_inflation(config, file: Path) -> None:
+    """Refuse, from the zip index alone (before anything is inflated), a torch file whose compressed
+    records declare more bytes than the tensors of `config` can take: torch.save compresses
+    nothing, a compressed record is inflated whole in memory, and a few KiB of zeros on disk can
+    declare a GiB. The bound: every parameter at 8 bytes (float64), plus RECORD_SLACK."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(file) as z:
+            inflated = sum(i.file_size for i in z.infolist() if i.compress_type != zipfile.ZIP_STORED)
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError):
+        return  # not a zip archive (a legacy pickle), or a corrupt one: the file check says which
+    params = param_count(config)
+    bound = params * 8 + RECORD_SLACK
+    if inflated > bound:
+        raise UserError(f"{file.name}: its compressed records inflate to {nbytes(inflated)}, more than the "
+                        f"{params:,} parameters of model_config take ({nbytes(bound)} at most); it holds "
+                        "more than this model's weights (torch.save compresses nothing: was it re-zipped?)")
 
 
 def check_run_memory(config, device, batch: int, seq_len: int, schedules: Sequence[str],

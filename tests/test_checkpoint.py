@@ -1,11 +1,15 @@
-"""Loading nanochat checkpoint directories: format details upstream checkpoints carry."""
+"""Loading nanochat checkpoint directories: format details upstream checkpoints carry, and names
+of them torch's own code cannot take."""
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 import torch
 
 from smearcli.errors import UserError
+from smearcli.checkpoint import can_mmap, read_state_dict
 from smearcli.weights import load_checkpoint, random_config, random_model, save_checkpoint
 
 
@@ -90,3 +94,36 @@ def test_bad_state_dicts_are_named(tmp_path, src, mutate, fragment):
     with pytest.raises(UserError) as e:
         load_checkpoint(tmp_path)
     assert fragment in str(e.value)
+
+
+def _mapped_inodes() -> set[int]:
+    """Inodes of the files this process has memory-mapped (/proc/self/maps' fifth column)."""
+    with open("/proc/self/maps", "rb") as f:  # binary: the paths are the file system's bytes
+        return {int(line.split()[4]) for line in f if len(line.split()) >= 6}
+
+
+# directory names torch's C++ code cannot be given as they are (it encodes a name as UTF-8):
+# a byte that is not UTF-8 (a surrogate escape in Python's name of it), and "café" as Python
+# names it under LC_ALL=C PYTHONUTF8=0 (its two UTF-8 bytes escaped, the file system encoding ASCII)
+ODD_NAMES = {"not-utf8": b"ckpt-\xff", "c-locale": "caf\u00e9".encode()}
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="checks Linux's /proc memory maps")
+@pytest.mark.parametrize("kind", sorted(ODD_NAMES))
+def test_names_torch_cannot_take_load_and_stay_memory_mapped(tmp_path, src, kind):
+    raw = os.fsencode(tmp_path) + b"/" + ODD_NAMES[kind]
+    name = os.fsdecode(raw) if kind == "not-utf8" else \
+        f"{tmp_path}/" + ODD_NAMES[kind].decode("ascii", "surrogateescape")
+    assert os.fsencode(name) == raw  # the same directory, as Python names it in that locale
+    try:
+        save_checkpoint(src, name, 1)
+    except OSError as e:  # a file system that takes UTF-8 names only
+        pytest.skip(f"the file system refuses the name ({e})")
+    with pytest.raises(UnicodeEncodeError):
+        name.encode("utf-8")  # what torch's mmap (UntypedStorage.from_file) would have to do
+    path = Path(name) / "model_000001.pt"
+    assert can_mmap(path)
+    sd = read_state_dict(path)
+    assert os.stat(path).st_ino in _mapped_inodes()  # memory-mapped, not read into memory
+    assert torch.equal(sd["lm_head.weight"], src.state_dict()["lm_head.weight"])
+    assert torch.equal(_logits(load_checkpoint(name).model), _logits(src))

@@ -26,6 +26,7 @@ import torch
 import smearcli.preflight as validate
 from hardening_util import (FAST, META, PT, copy_checkpoint, edit_config, edit_meta, edit_state,
                             invoke, leftovers, malicious_state, malicious_torch_file, write_checkpoint)
+from zip_util import rezip_deflated
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "errors.md"
@@ -152,6 +153,13 @@ def inflating(d: Path):
         z.writestr("model_000001/data/999", bytes(64 << 20))  # 64 MiB of zeros, ~64 KiB on disk
 
 
+def deflate_bomb(d: Path):
+    import zipfile
+    with zipfile.ZipFile(d / PT) as z:
+        record = next(n for n in z.namelist() if n.endswith("/data/0"))
+    rezip_deflated(d / PT, d / PT, {record: 1 << 30})  # 1 GiB of zeros, about 1 MiB on disk
+
+
 FORWARD = "        B, T = idx.shape\n"
 IMPORT = "import torch.nn.functional as F\n"
 
@@ -221,6 +229,9 @@ CASES = [
     Case("meta file", "n_head % n_kv_head != 0", [*C, "--checkpoint", "kvheads"],
          prepare=ck("kvheads", lambda d: edit_config(d, n_head=2, n_kv_head=3, n_embd=128)),
          expect="not divisible by n_kv_head"),
+    Case("meta file", "n_embd beyond what a tensor can hold", [*C, "--checkpoint", "wide"],
+         prepare=ck("wide", lambda d: edit_config(d, n_embd=10**9, n_head=1, n_kv_head=1)),
+         expect="n_embd 1,000,000,000 is too large"),
     Case("meta file", "bad window_pattern", [*C, "--checkpoint", "window"],
          prepare=ck("window", lambda d: edit_config(d, window_pattern="SSXL")), expect="window_pattern"),
     # -- state dict vs model_config -------------------------------------------------------------
@@ -280,6 +291,8 @@ CASES = [
     Case("memory", "compressed checkpoint member that inflates beyond free memory (48 MiB simulated)",
          [*C, "--checkpoint", "inflates"], prepare=ck("inflates", inflating), simulate="little_memory",
          expect="64.4 MiB of tensors"),
+    Case("memory", "compressed record declaring far more than model_config's weights (1 GiB in 1 MiB)",
+         [*C, "--checkpoint", "bomb"], prepare=ck("bomb", deflate_bomb), expect="inflate to 1.0 GiB"),
     Case("memory", "run beyond this process's own cgroup limit (768 MiB simulated)",
          ["compare", "--depth", "4", "--seq-len", "4096", "--batch", "4"], simulate="cgroup",
          expect="768.0 MiB available"),
@@ -288,6 +301,10 @@ CASES = [
     # -- input ----------------------------------------------------------------------------------
     Case("input", "--seq-len beyond the model's rotary table", ["compare", "--depth", "1", "--seq-len", "6000"],
          expect="rotary table"),
+    Case("input", "token file row beyond the model's rotary table", [*C, "--tokens", "long.json"],
+         prepare=write("long.json", json.dumps([7] * 6000)), expect="rotary table"),
+    Case("input", "--depth beyond what a tensor can hold", ["compare", "--depth", str(2**60)],
+         expect="beyond what a tensor can hold"),
     Case("input", "--seq-len too short", ["compare", "--depth", "1", "--seq-len", "1"], expect="--seq-len"),
     Case("input", "--batch zero", [*C, "--batch", "0"], expect="--batch"),
     Case("input", "--seed out of range", [*C, "--seed", "-1"], expect="--seed"),
@@ -581,5 +598,8 @@ def test_cases_cover_the_issue():
                   "quantized tensor", "bool token ids", "--budget nan", "--budget inf", "failing midway",
                   "exception in their GPT.forward", "KVCache", "wrong type", "sys.exit(0)", "endless loop",
                   "NaN weights under --impl nanochat", "CRC-32", "inflates", "cgroup", "over 64 MiB",
-                  "over 16 MiB", "does not match the weights"]:
+                  "over 16 MiB", "does not match the weights",
+                  # issue 26
+                  "beyond what a tensor can hold", "far more than model_config's weights",
+                  "token file row beyond"]:
         assert words in whats, words

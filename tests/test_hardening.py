@@ -114,7 +114,7 @@ def test_source_never_unpickles_arbitrary_objects():
             if isinstance(node, (ast.Import, ast.ImportFrom)):
                 mods = [a.name for a in node.names] + [getattr(node, "module", None) or ""]
                 assert not {"pickle", "dill", "cloudpickle", "_pickle"} & set(mods), f"{path.name}: imports pickle"
-    assert loads >= 2  # the checkpoint and the --tokens loaders were found
+    assert loads >= 1  # the loader was found (checkpoint.torch_load: the checkpoint and --tokens readers share it)
 
 
 # -- one error path --------------------------------------------------------------------------------

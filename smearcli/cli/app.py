@@ -92,6 +92,9 @@ def main(
                        help="Print the version and exit.")] = False,
 ) -> None:
     DEBUG["on"] = debug or env_debug()  # per invocation: a test's --debug must not leak into the next
+    from .streams import escape_unprintable
+
+    escape_unprintable(sys.stdout)  # LC_ALL=C: an ASCII stdout, and tables that print "Δ"
 
 
 app.command(cls=Command, short_help="Every schedule, old and fixed smear logic, against the full "

@@ -205,7 +205,7 @@ def build_setup(spec: RunSpec, sequence_len: int = 512) -> Setup:
             opts = replace(opts, chunk_sizes=chunk_sizes)
     elif spec.tokens is not None:
         with flag("--tokens"):
-            tokens = load_tokens(spec.tokens, cfg.vocab_size)
+            tokens = load_tokens(spec.tokens, cfg.vocab_size, max_len=cfg.rotary_len)
     else:
         preflight(cfg, device, dtype, spec.batch, spec.seq_len_value(), schedules, logics, spec, chunk_sizes)
         tokens = random_tokens(cfg, spec.seq_len_value(), spec.batch, spec.seed)
