@@ -11,7 +11,7 @@ from typing import Optional
 
 import torch
 
-from .config import PRESETS, ConfigError, GPTConfig, preset_config  # noqa: F401 - presets: torch-free data, exposed here
+from .config import PRESETS, ConfigError, GPTConfig, nanochat_shape, preset_config  # noqa: F401 - presets: torch-free data, exposed here
 from .errors import UserError
 # what loading needs from the files; also re-exported here, where callers look for checkpoints
 from .checkpoint import (NoSmearParameters, can_mmap, check_tensors, find_step, list_steps,  # noqa: F401
@@ -24,18 +24,12 @@ TINY_DIR = Path(__file__).resolve().parent / "data" / "tiny"
 
 def random_config(depth: int = 4, sequence_len: int = 512, vocab_size: int = 256,
                   window_pattern: str = "SSSL") -> GPTConfig:
-    """nanochat's sizing rule: width 64 x depth, heads of 128 dims (d4: 256 wide, 2 heads).
+    """nanochat's sizing rule (`config.nanochat_shape`, the one rule of --depth and the presets):
+    width 64 x depth rounded up to 128-dim heads (d4: 256 wide, 2 heads; d5: 384 wide, 3 heads).
 
-    The default (d4, byte vocabulary, context 512 so the short window is 128 tokens) runs in
-    seconds on a CPU and has the fixture checkpoint's shape."""
-    if depth < 1:
-        raise ConfigError(f"depth must be >= 1, got {depth}")
-    n_embd = 64 * depth
-    n_head = -(-n_embd // 128)
-    while n_embd % n_head:
-        n_head += 1
-    return GPTConfig(sequence_len=sequence_len, vocab_size=vocab_size, n_layer=depth, n_head=n_head,
-                     n_kv_head=n_head, n_embd=n_embd, window_pattern=window_pattern)
+    The default (d4, byte vocabulary, context 512 so the short window is 128 tokens) is the small
+    preset: it runs in seconds on a CPU and has the fixture checkpoint's shape."""
+    return nanochat_shape(depth, vocab_size=vocab_size, sequence_len=sequence_len, window_pattern=window_pattern)
 
 
 def preset_model(name: str, seed: int = 0, device="cpu", dtype: torch.dtype = torch.float32,
