@@ -54,6 +54,20 @@ class LoadedModel:
         return f"{self.source}@{self.step}"
 
 
+def uniform_(t: torch.Tensor, bound: float, g: torch.Generator) -> torch.Tensor:
+    """Fill `t` in place, in its own dtype, with U(-bound, bound) from `g`. In float32 these are the
+    values of `(torch.rand(t.shape, generator=g) * 2 - 1) * bound` bit for bit (u - 0.5 and the
+    doubling are exact), without the temporaries."""
+    return t.uniform_(-0.5, 0.5, generator=g).mul_(2 * bound)
+
+
+def normal_(t: torch.Tensor, std: float, g: torch.Generator) -> torch.Tensor:
+    """Fill `t` in place, in its own dtype, with N(0, std^2) from `g`. In float32 these are the
+    values of `torch.randn(t.shape, generator=g) * std` bit for bit (a standard draw, then the same
+    one rounding of the product; `normal_(0, std)` rounds differently on tensors under 16 elements)."""
+    return t.normal_(0.0, 1.0, generator=g).mul_(std)
+
+
 @torch.no_grad()
 def init_random(model: GPT, seed: int = 0) -> GPT:
     """Fill `model` with seeded random weights that make the smear bug visible.
@@ -62,38 +76,35 @@ def init_random(model: GPT, seed: int = 0) -> GPT:
     upstream zeroes `smear_lambda` and both output projections, so a fresh model has no smear
     and no attention/MLP output at all. Here `smear_lambda` = 0.5 (trained nanochat models learn
     about 0.5-0.6), the smear gate is spread so gates differ per token, both projections get
-    small uniform weights, and lm_head is larger so logits carry signal."""
+    small uniform weights, and lm_head is larger so logits carry signal.
+
+    Every tensor is drawn in place, in the dtype it is stored in, in one fixed order: a float32
+    model gets the same values for the same seed whatever its compute dtype was at draw time; an
+    embedding stored in bfloat16 gets bfloat16 draws (not float32 draws rounded)."""
     g = torch.Generator().manual_seed(seed)
     cfg = model.config
     C = cfg.n_embd
     s = 3 ** 0.5 * C ** -0.5  # uniform bound with std 1/sqrt(C)
-
-    def uniform_(t, bound):
-        t.copy_((torch.rand(t.shape, generator=g) * 2 - 1) * bound)
-
-    def normal_(t, std):
-        t.copy_(torch.randn(t.shape, generator=g) * std)
-
-    normal_(model.transformer.wte.weight, 0.8)
-    normal_(model.lm_head.weight, 0.05)
+    normal_(model.transformer.wte.weight, 0.8, g)
+    normal_(model.lm_head.weight, 0.05, g)
     for block in model.transformer.h:
-        uniform_(block.attn.c_q.weight, s)
-        uniform_(block.attn.c_k.weight, s)
-        uniform_(block.attn.c_v.weight, s)
-        uniform_(block.attn.c_proj.weight, s * 0.5)  # upstream: zeros
-        uniform_(block.mlp.c_fc.weight, s * 0.4)
-        uniform_(block.mlp.c_proj.weight, s * 0.25)  # upstream: zeros
+        uniform_(block.attn.c_q.weight, s, g)
+        uniform_(block.attn.c_k.weight, s, g)
+        uniform_(block.attn.c_v.weight, s, g)
+        uniform_(block.attn.c_proj.weight, s * 0.5, g)  # upstream: zeros
+        uniform_(block.mlp.c_fc.weight, s * 0.4, g)
+        uniform_(block.mlp.c_proj.weight, s * 0.25, g)  # upstream: zeros
         if block.attn.ve_gate is not None:
-            uniform_(block.attn.ve_gate.weight, 0.5)
+            uniform_(block.attn.ve_gate.weight, 0.5, g)
     n = cfg.n_layer
     for i in range(n):
         model.resid_lambdas[i] = 1.15 - 0.10 * i / max(n - 1, 1)
         model.x0_lambdas[i] = 0.20 - 0.15 * i / max(n - 1, 1)
     model.smear_lambda.fill_(0.5)  # upstream: 0
-    normal_(model.smear_gate.weight, 0.5)  # upstream: uniform(0, 0.02)
+    normal_(model.smear_gate.weight, 0.5, g)  # upstream: uniform(0, 0.02)
     model.backout_lambda.fill_(0.2)
     for ve in model.value_embeds.values():
-        uniform_(ve.weight, s)
+        uniform_(ve.weight, s, g)
     return model
 
 
@@ -103,9 +114,10 @@ def random_model(config: Optional[GPTConfig] = None, seed: int = 0, device="cpu"
     check_model_memory(config, device)
     with torch.device("meta"):  # no memory and no default init: init_random writes every tensor
         model = GPT(config)
+    model.set_dtype(dtype)  # the dtypes the tensors are stored in, chosen before any memory exists
     model.to_empty(device="cpu")
     init_random(model, seed)
-    model.set_dtype(dtype).to(device).eval().requires_grad_(False)
+    model.to(device).eval().requires_grad_(False)
     return LoadedModel(model, "random", meta={"seed": seed, "model_config": config.to_dict()})
 
 

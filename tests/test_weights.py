@@ -61,3 +61,52 @@ def test_depth_5_in_compare_json_is_the_small_presets():
     alone = cfg()
     assert alone == cfg("--preset", "small")
     assert (alone["n_embd"], alone["n_head"]) == (384, 3)
+
+
+# -- random weights drawn in place ----------------------------------------------------------------
+def old_uniform_(t, bound, g):  # how weights were drawn before: a float32 draw, then a copy
+    t.copy_((torch.rand(t.shape, generator=g) * 2 - 1) * bound)
+
+
+def old_normal_(t, std, g):
+    t.copy_(torch.randn(t.shape, generator=g) * std)
+
+
+@pytest.mark.parametrize("shape,scale", [((7,), 0.3), ((33, 17), 0.0625), ((128, 256), 1.7), ((1, 24), 0.5)])
+def test_draws_in_place_are_the_old_draws_bit_for_bit(shape, scale):
+    for new, old in ((weights.uniform_, old_uniform_), (weights.normal_, old_normal_)):
+        a, b = torch.empty(shape), torch.empty(shape)
+        ga, gb = torch.Generator().manual_seed(11), torch.Generator().manual_seed(11)
+        new(a, scale, ga)
+        old(b, scale, gb)
+        assert torch.equal(a, b), new.__name__
+        assert torch.equal(torch.rand(3, generator=ga), torch.rand(3, generator=gb))  # same stream left
+
+
+@pytest.mark.parametrize("depth", [1, 3])
+def test_random_model_has_the_old_values_for_the_same_seed(monkeypatch, depth):
+    cfg = weights.random_config(depth, sequence_len=64)
+    new = weights.random_model(cfg, seed=7).model.state_dict()
+    monkeypatch.setattr(weights, "uniform_", old_uniform_)
+    monkeypatch.setattr(weights, "normal_", old_normal_)
+    old = weights.random_model(cfg, seed=7).model.state_dict()
+    assert new.keys() == old.keys()
+    for k in new:
+        assert torch.equal(new[k], old[k]), k
+
+
+def test_random_model_draws_without_temporaries_in_its_stored_dtypes(monkeypatch):
+    def refuse(*a, **k):
+        raise AssertionError("a temporary draw")
+    monkeypatch.setattr(torch, "rand", refuse)
+    monkeypatch.setattr(torch, "randn", refuse)
+    cfg = weights.random_config(2, sequence_len=64)
+    m = weights.random_model(cfg, seed=0, dtype=torch.bfloat16).model
+    assert m.transformer.wte.weight.dtype == torch.bfloat16 and m.lm_head.weight.dtype == torch.float32
+    assert all(ve.weight.dtype == torch.bfloat16 for ve in m.value_embeds.values())
+    assert m.dtype == torch.bfloat16
+    again = weights.random_model(cfg, seed=0, dtype=torch.bfloat16).model
+    assert all(torch.equal(a, b) for a, b in zip(m.state_dict().values(), again.state_dict().values()))
+    # the float32 tensors of a bfloat16 model are the float32 model's own
+    f32 = weights.random_model(cfg, seed=0).model.state_dict()
+    assert torch.equal(m.lm_head.weight, f32["lm_head.weight"])
