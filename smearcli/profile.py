@@ -37,7 +37,7 @@ def env_enabled() -> bool:
 @dataclass
 class Profile:
     """Exclusive wall seconds and entries per section since `started`."""
-    started: float = field(default_factory=time.perf_counter)
+    started: float = field(default_factory=lambda: time.perf_counter())
     seconds: dict = field(default_factory=dict)
     calls: dict = field(default_factory=dict)
     stack: list = field(default_factory=list)  # open sections: [name, entered at, seconds of children]
