@@ -12,6 +12,11 @@ the `logits`. For each run against the reference (same inputs, same weights):
 - where the error is born: its share on chunk starts and the first (layer, position) above
   `NOISE_MARGIN` x the floor;
 - the analytic check: at a chunk start t the old logic misses exactly gate_t * x_{t-1}.
+
+`measure` reads each run once: one pass over its logits gives the abs error, KL and top-1
+together, a few positions at a time (so a block's float64 stays in cache and no (T, V) double
+tensor is made), and run rows that reproduce one reference row are compared by broadcasting, not
+gathered. The numbers are those of the whole-tensor formulas, bit for bit (tests/test_metrics.py).
 """
 
 from __future__ import annotations
@@ -86,8 +91,8 @@ MEMO_SIZE = 4
 
 def _memo(tensors: list[Tensor], key: tuple, compute):
     """`compute()` once for the same tensors (the same objects, alive) and `key`: compare measures
-    the one decode run under each logic, and every run against one reference. Runs are made under
-    inference mode, so their tensors cannot be changed in place afterwards."""
+    the one decode run under each logic, and every run against one reference. Schedules make runs
+    under inference mode, and outside it their tensors cannot be changed in place."""
     for refs, k, result in _MEMO:
         if k == key and len(refs) == len(tensors) and all(w() is t for w, t in zip(refs, tensors)):
             return result
@@ -108,6 +113,11 @@ def ref_scale(ref: RunResult) -> Tensor:
     return torch.stack([_max_abs(x) for x in _stack(ref)])
 
 
+def _ref_scale(ref: RunResult) -> Tensor:
+    """ref_scale, computed once per reference."""
+    return _memo(_stack(ref), ("scale",), lambda: ref_scale(ref))
+
+
 @dataclass
 class NoiseFloor:
     per_layer: list[float]  # one value per capture point
@@ -122,7 +132,7 @@ def noise_floor(ref: RunResult, decode: RunResult, dtype: torch.dtype) -> NoiseF
         measured = abs_error(ref, decode).amax(dim=1)
         # one ulp of the compute dtype at the layer's largest value: a zero floor would make every
         # multiple infinite, and rounding in the compute dtype is the least noise any run can have
-        ulp = torch.finfo(dtype).eps * ref_scale(ref).amax(dim=1)
+        ulp = torch.finfo(dtype).eps * _ref_scale(ref).amax(dim=1)
         return NoiseFloor(torch.maximum(measured, ulp).tolist())
 
 
@@ -132,7 +142,9 @@ KL_CHUNK = 32  # at most this many positions per block of the logits pass, also 
 def _same_rows_before(run: Tensor, groups, until: Optional[int]) -> bool:
     """Whether the run rows that reproduce one ref row are copies of one another before position
     `until` (the engine's expanded prompt): there, one row stands for all of them."""
-    if not until or any(rs.stop - rs.start != 1 for rs, _ in groups) or all(xs.stop - xs.start == 1 for _, xs in groups):
+    if not until or any(rs.stop - rs.start != 1 for rs, _ in groups):
+        return False  # every row in order: no row stands for another
+    if all(xs.stop - xs.start == 1 for _, xs in groups):
         return False
     return all(torch.equal(run[i, :until], run[xs.start, :until]) for _, xs in groups
                for i in range(xs.start + 1, xs.stop))
@@ -149,7 +161,7 @@ def _logits_pass(ref: Tensor, run: Tensor, row_map: list[int], expand_at: Option
     err = torch.zeros(T, dtype=run.dtype, device=run.device)
     kl = torch.empty(R, T, dtype=torch.float64, device=run.device)
     run_top = torch.empty(R, T, dtype=torch.long, device=run.device)
-    ref_top = ref.argmax(-1)
+    ref_top = _memo([ref], ("top1",), lambda: ref.argmax(-1))  # the same for every run
     shared = expand_at if _same_rows_before(run, groups, expand_at) else 0
     for rs, xs in groups:
         for lo, hi, rows in ((0, shared, slice(xs.start, xs.start + 1)), (shared, T, xs)):
@@ -250,7 +262,7 @@ def _errors(ref: RunResult, run: RunResult) -> tuple[Tensor, Tensor, Tensor, flo
     logits_err, kl, agree = _logits_pass(ref.logits, run.logits, run.row_map, run.expand_at)
     hidden = [_max_abs_diff(r, x, groups) for r, x in zip(ref.hiddens or [], run.hiddens or [])]
     err = torch.stack(hidden + [logits_err])
-    scale = _memo(_stack(ref), ("scale",), lambda: ref_scale(ref))[-err.size(0):]
+    scale = _ref_scale(ref)[-err.size(0):]
     rel = err / scale.clamp_min(torch.finfo(torch.float32).tiny)
     return err, rel, kl.amax(dim=0).clamp_min(0).float(), agree.float().mean().item()
 

@@ -8,8 +8,10 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
+from unittest import mock
 
 import torch
+import torch.nn as nn
 
 from .config import PRESETS, ConfigError, GPTConfig, nanochat_shape, preset_config  # noqa: F401 - presets: torch-free data, exposed here
 from .errors import UserError
@@ -112,7 +114,9 @@ def random_model(config: Optional[GPTConfig] = None, seed: int = 0, device="cpu"
                  dtype: torch.dtype = torch.float32) -> LoadedModel:
     config = config or random_config()
     check_model_memory(config, device)
-    with torch.device("meta"):  # no memory and no default init: init_random writes every tensor
+    # no memory and no default init: init_random writes every tensor. nn.Embedding's own init
+    # (normal_) would import torch's compiler on the meta device (over a second): it is skipped
+    with torch.device("meta"), mock.patch.object(nn.Embedding, "reset_parameters", lambda self: None):
         model = GPT(config)
     model.set_dtype(dtype)  # the dtypes the tensors are stored in, chosen before any memory exists
     model.to_empty(device="cpu")
