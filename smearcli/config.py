@@ -126,7 +126,9 @@ class GPTConfig:
 # -- nanochat's model sizes ----------------------------------------------------------------------
 # How upstream's scripts/base_train.py (commit 92d63d4) sizes a model from its one dial, --depth:
 # width = depth x aspect ratio 64, rounded up to a multiple of the 128-dim head; heads = width /
-# 128; as many key/value heads as query heads; context 2048; windows "SSSL".
+# 128; as many key/value heads as query heads; context 2048; windows "SSSL". The one sizing rule
+# here: the presets, --depth alone (the small preset's byte vocabulary and context 512) and
+# weights.random_config all call nanochat_shape.
 NANOCHAT_ASPECT_RATIO = 64
 NANOCHAT_HEAD_DIM = 128
 NANOCHAT_CONTEXT = 2048

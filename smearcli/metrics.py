@@ -12,10 +12,16 @@ the `logits`. For each run against the reference (same inputs, same weights):
 - where the error is born: its share on chunk starts and the first (layer, position) above
   `NOISE_MARGIN` x the floor;
 - the analytic check: at a chunk start t the old logic misses exactly gate_t * x_{t-1}.
+
+`measure` reads each run once: one pass over its logits gives the abs error, KL and top-1
+together, a few positions at a time (so a block's float64 stays in cache and no (T, V) double
+tensor is made), and run rows that reproduce one reference row are compared by broadcasting, not
+gathered. The numbers are those of the whole-tensor formulas, bit for bit (tests/test_metrics.py).
 """
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Optional
 
@@ -23,25 +29,89 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from . import profile
 from .names import NOISE_MARGIN, layer_names  # noqa: F401 (layer_names: re-exported)
 from .schedules import RunResult
+
+
+BLOCK = 1 << 17  # elements per block of the one pass (a float32 block stays in a core's L2 cache)
+
+
+def _groups(row_map: list[int], ref_rows: int) -> list[tuple[slice, slice]]:
+    """(ref rows, run rows) slices that cover a run: every row in order is one pair of equal
+    slices; otherwise each stretch of run rows that reproduce one ref row is compared against
+    that row by broadcasting. Nothing is gathered, so nothing is copied."""
+    R = len(row_map)
+    if row_map == list(range(ref_rows)):
+        return [(slice(0, R), slice(0, R))]
+    out, i = [], 0
+    while i < R:
+        j = i
+        while j + 1 < R and row_map[j + 1] == row_map[i]:
+            j += 1
+        out.append((slice(row_map[i], row_map[i] + 1), slice(i, j + 1)))
+        i = j + 1
+    return out
+
+
+def _positions(rows: int, width: int, T: int) -> int:
+    return max(1, min(T, BLOCK // max(rows * width, 1)))
+
+
+def _max_abs_diff(ref: Tensor, run: Tensor, groups) -> Tensor:
+    """(T,): max |run - ref| over rows and channels, a block of positions at a time."""
+    R, T, C = run.shape
+    out = torch.zeros(T, dtype=run.dtype, device=run.device)
+    K = _positions(R, C, T)
+    for rs, xs in groups:
+        for s in range(0, T, K):
+            d = torch.sub(run[xs, s:s + K], ref[rs, s:s + K])
+            out[s:s + K] = torch.maximum(out[s:s + K], d.abs_().amax(dim=(0, 2)))
+    return out
+
+
+def _max_abs(x: Tensor) -> Tensor:
+    """(T,): max |x| over rows and channels, without a full-size temporary."""
+    B, T, C = x.shape
+    K = _positions(B, C, T)
+    return torch.cat([x[:, s:s + K].abs().amax(dim=(0, 2)) for s in range(0, T, K)])
 
 
 def _stack(run: RunResult) -> list[Tensor]:
     return list(run.hiddens or []) + [run.logits]
 
 
+_MEMO: list = []  # [(weak references to the tensors read, other inputs, result)], newest first
+MEMO_SIZE = 4
+
+
+def _memo(tensors: list[Tensor], key: tuple, compute):
+    """`compute()` once for the same tensors (the same objects, alive) and `key`: compare measures
+    the one decode run under each logic, and every run against one reference. Schedules make runs
+    under inference mode, and outside it their tensors cannot be changed in place."""
+    for refs, k, result in _MEMO:
+        if k == key and len(refs) == len(tensors) and all(w() is t for w, t in zip(refs, tensors)):
+            return result
+    result = compute()
+    _MEMO.insert(0, ([weakref.ref(t) for t in tensors], key, result))
+    del _MEMO[MEMO_SIZE:]
+    return result
+
+
 def abs_error(ref: RunResult, run: RunResult) -> Tensor:
     """(layers, T): max |run - ref| over rows and channels at every capture point."""
-    out = []
-    for r, x in zip(_stack(ref), _stack(run)):
-        out.append((x - _rows(r, run.row_map)).abs().amax(dim=(0, 2)))
-    return torch.stack(out)
+    groups = _groups(run.row_map, ref.logits.size(0))
+    return torch.stack([_max_abs_diff(r, x, groups) for r, x in zip(_stack(ref), _stack(run))])
 
 
 def ref_scale(ref: RunResult) -> Tensor:
     """(layers, T): max |ref| over rows and channels."""
-    return torch.stack([x.abs().amax(dim=(0, 2)) for x in _stack(ref)])
+    return torch.stack([_max_abs(x) for x in _stack(ref)])
+
+
+def _ref_scale(ref: RunResult) -> Tensor:
+    """ref_scale, computed once per reference."""
+    return _memo(_stack(ref), ("scale",), lambda: ref_scale(ref))
 
 
 @dataclass
@@ -55,33 +125,61 @@ class NoiseFloor:
 
 
 def noise_floor(ref: RunResult, decode: RunResult, dtype: torch.dtype) -> NoiseFloor:
-    measured = abs_error(ref, decode).amax(dim=1)
-    # one ulp of the compute dtype at the layer's largest value: a zero floor would make every
-    # multiple infinite, and rounding in the compute dtype is the least noise any run can have
-    ulp = torch.finfo(dtype).eps * ref_scale(ref).amax(dim=1)
-    return NoiseFloor(torch.maximum(measured, ulp).tolist(), measured_logits=float(measured[-1]))
+    with profile.section("metrics"):
+        measured = abs_error(ref, decode).amax(dim=1)
+        # one ulp of the compute dtype at the layer's largest value: a zero floor would make every
+        # multiple infinite, and rounding in the compute dtype is the least noise any run can have
+        ulp = torch.finfo(dtype).eps * _ref_scale(ref).amax(dim=1)
+        return NoiseFloor(torch.maximum(measured, ulp).tolist(), measured_logits=float(measured[-1]))
 
 
-KL_CHUNK = 32  # positions per block of the double-precision KL: stays in cache, no (R, T, V) doubles
+KL_CHUNK = 32  # at most this many positions per block of the logits pass, also for small vocabularies
 
 
-def _rows(ref: Tensor, row_map: list[int]) -> Tensor:
-    """ref's rows in run order; ref itself when that is every row in order (no copy)."""
-    return ref if row_map == list(range(ref.size(0))) else ref[torch.tensor(row_map)]
+def _same_rows_before(run: Tensor, groups, until: Optional[int]) -> bool:
+    """Whether the run rows that reproduce one ref row are copies of one another before position
+    `until` (the engine's expanded prompt): there, one row stands for all of them."""
+    if not until or any(rs.stop - rs.start != 1 for rs, _ in groups):
+        return False  # every row in order: no row stands for another
+    if all(xs.stop - xs.start == 1 for _, xs in groups):
+        return False
+    return all(torch.equal(run[i, :until], run[xs.start, :until]) for _, xs in groups
+               for i in range(xs.start + 1, xs.stop))
+
+
+def _logits_pass(ref: Tensor, run: Tensor, row_map: list[int], expand_at: Optional[int] = None):
+    """One pass over the logits, a block of positions at a time: max |run - ref| (T,), KL(ref ||
+    run) per row (R, T) in float64 and top-1 agreement per row (R, T). Every number is what the
+    whole-tensor formulas give, bit for bit: the maxima and argmaxes are exact, and each KL is the
+    same double-precision reduction over one position's vocabulary, however positions are blocked.
+    No (T, V) double tensor is made; each block's doubles stay in cache."""
+    R, T, V = run.shape
+    groups = _groups(row_map, ref.size(0))
+    err = torch.zeros(T, dtype=run.dtype, device=run.device)
+    kl = torch.empty(R, T, dtype=torch.float64, device=run.device)
+    run_top = torch.empty(R, T, dtype=torch.long, device=run.device)
+    ref_top = _memo([ref], ("top1",), lambda: ref.argmax(-1))  # the same for every run
+    shared = expand_at if _same_rows_before(run, groups, expand_at) else 0
+    for rs, xs in groups:
+        for lo, hi, rows in ((0, shared, slice(xs.start, xs.start + 1)), (shared, T, xs)):
+            K = min(_positions(rows.stop - rows.start, V, T), KL_CHUNK)
+            for s in range(lo, hi, K):
+                e = min(s + K, hi)
+                r, x = ref[rs, s:e], run[rows, s:e]
+                err[s:e] = torch.maximum(err[s:e], torch.sub(x, r).abs_().amax(dim=(0, 2)))
+                run_top[xs, s:e] = x.argmax(-1)
+                p = F.log_softmax(r.double(), dim=-1)
+                q = F.log_softmax(x.double(), dim=-1)
+                q.neg_().add_(p)  # p - q
+                kl[xs, s:e] = q.mul_(p.exp_()).sum(-1)  # exp(p) * (p - q), summed over the vocabulary
+    agree = run_top == ref_top[torch.tensor(row_map, device=ref_top.device)]
+    return err, kl, agree
 
 
 def kl_per_position(ref_logits: Tensor, run_logits: Tensor, row_map: list[int]) -> Tensor:
-    """(T,): KL(ref || run) in nats, max over rows. Computed KL_CHUNK positions at a time: each
-    position's sum is the same reduction either way (tests/test_perf.py checks it bit for bit),
-    with a fraction of the memory traffic."""
-    ref_logits = _rows(ref_logits, row_map)
-    R, T = run_logits.shape[:2]
-    kl = torch.empty(R, T, dtype=torch.float64, device=run_logits.device)
-    for s in range(0, T, KL_CHUNK):
-        p = F.log_softmax(ref_logits[:, s:s + KL_CHUNK].double(), dim=-1)
-        q = F.log_softmax(run_logits[:, s:s + KL_CHUNK].double(), dim=-1)
-        kl[:, s:s + KL_CHUNK] = (p.exp() * (p - q)).sum(-1)
-    return kl.amax(dim=0).clamp_min(0).float()
+    """(T,): KL(ref || run) in nats, max over rows (tests/test_metrics.py checks it bit for bit
+    against the whole-tensor formula)."""
+    return _logits_pass(ref_logits, run_logits, row_map)[1].amax(dim=0).clamp_min(0).float()
 
 
 @dataclass
@@ -156,12 +254,24 @@ class RunMetrics:
         return self.logits_multiple <= self.tolerance
 
 
+def _errors(ref: RunResult, run: RunResult) -> tuple[Tensor, Tensor, Tensor, float]:
+    """abs error (layers, T), relative error, KL (T,) and top-1 agreement of `run` against `ref`."""
+    groups = _groups(run.row_map, ref.logits.size(0))
+    logits_err, kl, agree = _logits_pass(ref.logits, run.logits, run.row_map, run.expand_at)
+    hidden = [_max_abs_diff(r, x, groups) for r, x in zip(ref.hiddens or [], run.hiddens or [])]
+    err = torch.stack(hidden + [logits_err])
+    scale = _ref_scale(ref)[-err.size(0):]
+    rel = err / scale.clamp_min(torch.finfo(torch.float32).tiny)
+    return err, rel, kl.amax(dim=0).clamp_min(0).float(), agree.float().mean().item()
+
+
 def measure(ref: RunResult, run: RunResult, noise: NoiseFloor, tolerance: float = NOISE_MARGIN) -> RunMetrics:
-    err = abs_error(ref, run)
-    rel = err / ref_scale(ref).clamp_min(torch.finfo(torch.float32).tiny)
-    top1 = (_rows(ref.logits, run.row_map).argmax(-1) == run.logits.argmax(-1)).float().mean().item()
-    return RunMetrics(run.schedule, run.logic, list(run.steps), run.chunk_starts, err, rel,
-                      kl_per_position(ref.logits, run.logits, run.row_map), top1, noise, tolerance)
+    """One run against the reference: one pass over its logits, one over each hidden state."""
+    with profile.section("metrics"):
+        key = ("run", tuple(run.row_map), run.expand_at, ref.hiddens is None, run.hiddens is None)
+        err, rel, kl, top1 = _memo(_stack(ref) + _stack(run), key, lambda: _errors(ref, run))
+        return RunMetrics(run.schedule, run.logic, list(run.steps), run.chunk_starts, err.clone(), rel.clone(),
+                          kl.clone(), top1, noise, tolerance)
 
 
 @dataclass

@@ -8,10 +8,12 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
+from unittest import mock
 
 import torch
+import torch.nn as nn
 
-from .config import PRESETS, ConfigError, GPTConfig, preset_config  # noqa: F401 - presets: torch-free data, exposed here
+from .config import PRESETS, ConfigError, GPTConfig, nanochat_shape, preset_config  # noqa: F401 - presets: torch-free data, exposed here
 from .errors import UserError
 # what loading needs from the files; also re-exported here, where callers look for checkpoints
 from .checkpoint import (NoSmearParameters, can_mmap, check_tensors, find_step, list_steps,  # noqa: F401
@@ -24,18 +26,12 @@ TINY_DIR = Path(__file__).resolve().parent / "data" / "tiny"
 
 def random_config(depth: int = 4, sequence_len: int = 512, vocab_size: int = 256,
                   window_pattern: str = "SSSL") -> GPTConfig:
-    """nanochat's sizing rule: width 64 x depth, heads of 128 dims (d4: 256 wide, 2 heads).
+    """nanochat's sizing rule (`config.nanochat_shape`, the one rule of --depth and the presets):
+    width 64 x depth rounded up to 128-dim heads (d4: 256 wide, 2 heads; d5: 384 wide, 3 heads).
 
-    The default (d4, byte vocabulary, context 512 so the short window is 128 tokens) runs in
-    seconds on a CPU and has the fixture checkpoint's shape."""
-    if depth < 1:
-        raise ConfigError(f"depth must be >= 1, got {depth}")
-    n_embd = 64 * depth
-    n_head = -(-n_embd // 128)
-    while n_embd % n_head:
-        n_head += 1
-    return GPTConfig(sequence_len=sequence_len, vocab_size=vocab_size, n_layer=depth, n_head=n_head,
-                     n_kv_head=n_head, n_embd=n_embd, window_pattern=window_pattern)
+    The default (d4, byte vocabulary, context 512 so the short window is 128 tokens) is the small
+    preset: it runs in seconds on a CPU and has the fixture checkpoint's shape."""
+    return nanochat_shape(depth, vocab_size=vocab_size, sequence_len=sequence_len, window_pattern=window_pattern)
 
 
 def preset_model(name: str, seed: int = 0, device="cpu", dtype: torch.dtype = torch.float32,
@@ -60,6 +56,20 @@ class LoadedModel:
         return f"{self.source}@{self.step}"
 
 
+def uniform_(t: torch.Tensor, bound: float, g: torch.Generator) -> torch.Tensor:
+    """Fill `t` in place, in its own dtype, with U(-bound, bound) from `g`. In float32 these are the
+    values of `(torch.rand(t.shape, generator=g) * 2 - 1) * bound` bit for bit (u - 0.5 and the
+    doubling are exact), without the temporaries."""
+    return t.uniform_(-0.5, 0.5, generator=g).mul_(2 * bound)
+
+
+def normal_(t: torch.Tensor, std: float, g: torch.Generator) -> torch.Tensor:
+    """Fill `t` in place, in its own dtype, with N(0, std^2) from `g`. In float32 these are the
+    values of `torch.randn(t.shape, generator=g) * std` bit for bit (a standard draw, then the same
+    one rounding of the product; `normal_(0, std)` rounds differently on tensors under 16 elements)."""
+    return t.normal_(0.0, 1.0, generator=g).mul_(std)
+
+
 @torch.no_grad()
 def init_random(model: GPT, seed: int = 0) -> GPT:
     """Fill `model` with seeded random weights that make the smear bug visible.
@@ -68,38 +78,35 @@ def init_random(model: GPT, seed: int = 0) -> GPT:
     upstream zeroes `smear_lambda` and both output projections, so a fresh model has no smear
     and no attention/MLP output at all. Here `smear_lambda` = 0.5 (trained nanochat models learn
     about 0.5-0.6), the smear gate is spread so gates differ per token, both projections get
-    small uniform weights, and lm_head is larger so logits carry signal."""
+    small uniform weights, and lm_head is larger so logits carry signal.
+
+    Every tensor is drawn in place, in the dtype it is stored in, in one fixed order: a float32
+    model gets the same values for the same seed whatever its compute dtype was at draw time; an
+    embedding stored in bfloat16 gets bfloat16 draws (not float32 draws rounded)."""
     g = torch.Generator().manual_seed(seed)
     cfg = model.config
     C = cfg.n_embd
     s = 3 ** 0.5 * C ** -0.5  # uniform bound with std 1/sqrt(C)
-
-    def uniform_(t, bound):
-        t.copy_((torch.rand(t.shape, generator=g) * 2 - 1) * bound)
-
-    def normal_(t, std):
-        t.copy_(torch.randn(t.shape, generator=g) * std)
-
-    normal_(model.transformer.wte.weight, 0.8)
-    normal_(model.lm_head.weight, 0.05)
+    normal_(model.transformer.wte.weight, 0.8, g)
+    normal_(model.lm_head.weight, 0.05, g)
     for block in model.transformer.h:
-        uniform_(block.attn.c_q.weight, s)
-        uniform_(block.attn.c_k.weight, s)
-        uniform_(block.attn.c_v.weight, s)
-        uniform_(block.attn.c_proj.weight, s * 0.5)  # upstream: zeros
-        uniform_(block.mlp.c_fc.weight, s * 0.4)
-        uniform_(block.mlp.c_proj.weight, s * 0.25)  # upstream: zeros
+        uniform_(block.attn.c_q.weight, s, g)
+        uniform_(block.attn.c_k.weight, s, g)
+        uniform_(block.attn.c_v.weight, s, g)
+        uniform_(block.attn.c_proj.weight, s * 0.5, g)  # upstream: zeros
+        uniform_(block.mlp.c_fc.weight, s * 0.4, g)
+        uniform_(block.mlp.c_proj.weight, s * 0.25, g)  # upstream: zeros
         if block.attn.ve_gate is not None:
-            uniform_(block.attn.ve_gate.weight, 0.5)
+            uniform_(block.attn.ve_gate.weight, 0.5, g)
     n = cfg.n_layer
     for i in range(n):
         model.resid_lambdas[i] = 1.15 - 0.10 * i / max(n - 1, 1)
         model.x0_lambdas[i] = 0.20 - 0.15 * i / max(n - 1, 1)
     model.smear_lambda.fill_(0.5)  # upstream: 0
-    normal_(model.smear_gate.weight, 0.5)  # upstream: uniform(0, 0.02)
+    normal_(model.smear_gate.weight, 0.5, g)  # upstream: uniform(0, 0.02)
     model.backout_lambda.fill_(0.2)
     for ve in model.value_embeds.values():
-        uniform_(ve.weight, s)
+        uniform_(ve.weight, s, g)
     return model
 
 
@@ -107,11 +114,14 @@ def random_model(config: Optional[GPTConfig] = None, seed: int = 0, device="cpu"
                  dtype: torch.dtype = torch.float32) -> LoadedModel:
     config = config or random_config()
     check_model_memory(config, device)
-    with torch.device("meta"):  # no memory and no default init: init_random writes every tensor
+    # no memory and no default init: init_random writes every tensor. nn.Embedding's own init
+    # (normal_) would import torch's compiler on the meta device (over a second): it is skipped
+    with torch.device("meta"), mock.patch.object(nn.Embedding, "reset_parameters", lambda self: None):
         model = GPT(config)
+    model.set_dtype(dtype)  # the dtypes the tensors are stored in, chosen before any memory exists
     model.to_empty(device="cpu")
     init_random(model, seed)
-    model.set_dtype(dtype).to(device).eval().requires_grad_(False)
+    model.to(device).eval().requires_grad_(False)
     return LoadedModel(model, "random", meta={"seed": seed, "model_config": config.to_dict()})
 
 

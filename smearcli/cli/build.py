@@ -22,7 +22,7 @@ from ..preflight import TooLarge, check_dtype, check_run_memory
 from ..schedules import ScheduleOptions, chunk_plan
 from ..checkpoint import NoSmearParameters, NoSuchStep, find_step
 from ..weights import LoadedModel, load_checkpoint, preset_config, random_config, random_model, tiny_model
-from .. import names
+from .. import names, profile
 from .options import Device, DType, ModelKind, RunSpec
 from .threads import apply_threads
 
@@ -167,6 +167,33 @@ def build_setup(spec: RunSpec, sequence_len: int = 512) -> Setup:
     dtype = resolve_dtype(spec.dtype, device)
     with flag("--dtype"):
         check_dtype(device, dtype)
+    with profile.section("build"):
+        loaded, audited, logics, found = _build_models(spec, impl, logics, device, dtype, sequence_len)
+    for m in (loaded.model, audited):  # --profile: each forward is timed (a no-op otherwise)
+        if m is not None:
+            profile.watch_forwards(m)
+    cfg = loaded.model.config
+    if spec.text is not None or spec.text_file is not None:
+        tokens, chat = text_input(spec, cfg, found)
+        if chat is not None and "chunked" in schedules and chunk_sizes is None and spec.chunks is None:
+            chunk_sizes = tuple(chat.chunk_sizes)  # one chunk per turn, as a chat reuses its cache
+            opts = replace(opts, chunk_sizes=chunk_sizes)
+    elif spec.tokens is not None:
+        with flag("--tokens"):
+            tokens = load_tokens(spec.tokens, cfg.vocab_size, max_len=cfg.rotary_len)
+    else:
+        preflight(cfg, device, dtype, spec.batch, spec.seq_len_value(), schedules, logics, spec, chunk_sizes)
+        tokens = random_tokens(cfg, spec.seq_len_value(), spec.batch, spec.seed)
+    T = tokens.size(1)
+    opts = replace(opts, chunks=spec.chunks_for(T))
+    preflight(cfg, device, dtype, tokens.size(0), T, schedules, logics, spec, chunk_sizes)
+    _check_plan(T, schedules, opts)
+    return Setup(loaded, tokens.to(device), opts, schedules, logics, impl, audited, found, threads)
+
+
+def _build_models(spec: RunSpec, impl: str, logics, device, dtype, sequence_len: int):
+    """The model to run (loaded, built at random or tiny) and, with --impl nanochat|both, the
+    user's: (loaded, audited or None, logics, discovered checkpoint or None)."""
     found = None
     if spec.discovers():
         found = locate(spec)
@@ -197,23 +224,7 @@ def build_setup(spec: RunSpec, sequence_len: int = 512) -> Setup:
         except NoSmearParameters as e:
             e.found = found
             raise
-    cfg = loaded.model.config
-    if spec.text is not None or spec.text_file is not None:
-        tokens, chat = text_input(spec, cfg, found)
-        if chat is not None and "chunked" in schedules and chunk_sizes is None and spec.chunks is None:
-            chunk_sizes = tuple(chat.chunk_sizes)  # one chunk per turn, as a chat reuses its cache
-            opts = replace(opts, chunk_sizes=chunk_sizes)
-    elif spec.tokens is not None:
-        with flag("--tokens"):
-            tokens = load_tokens(spec.tokens, cfg.vocab_size, max_len=cfg.rotary_len)
-    else:
-        preflight(cfg, device, dtype, spec.batch, spec.seq_len_value(), schedules, logics, spec, chunk_sizes)
-        tokens = random_tokens(cfg, spec.seq_len_value(), spec.batch, spec.seed)
-    T = tokens.size(1)
-    opts = replace(opts, chunks=spec.chunks_for(T))
-    preflight(cfg, device, dtype, tokens.size(0), T, schedules, logics, spec, chunk_sizes)
-    _check_plan(T, schedules, opts)
-    return Setup(loaded, tokens.to(device), opts, schedules, logics, impl, audited, found, threads)
+    return loaded, audited, logics, found
 
 
 NO_SMEAR_VERDICT = "no smear parameters: issue #756 cannot affect this model"

@@ -186,10 +186,10 @@ SHARED = {
                   "largest dN). Without --checkpoint, looked for under $NANOCHAT_BASE_DIR.", rich_help_panel=M)),
     "step": (Optional[int], typer.Option("--step", help="Checkpoint step to load (default: the newest).", rich_help_panel=M)),
     "depth": (Optional[int], typer.Option("--depth", help="Layers of the random model (default 4; giving it "
-              "selects --model random). Alone it builds width 64 x depth, heads of 128 dims, one kv head "
-              "per head, a byte vocabulary (256) and context 512: nanochat's width rule at a size a CPU "
-              "runs in seconds, not its real models (see --preset). With --preset: that preset's shape "
-              "at this depth.",
+              "selects --model random). nanochat's sizing rule: width 64 x depth rounded up to heads of 128 "
+              "dims (--depth 5: 384 wide, 3 heads), one kv head per head. Alone: the small preset at this "
+              "depth, a byte vocabulary (256) and context 512, seconds on a CPU, not nanochat's real "
+              "models (see --preset). With --preset: that preset's vocabulary and context at this depth.",
               rich_help_panel=M, show_default=False)),
     "seed": (int, typer.Option("--seed", help="Seed for the random model's weights and the random input.", rich_help_panel=M)),
     "device": (Device, typer.Option("--device", help="Where to run; auto picks cuda, then mps, then cpu.", rich_help_panel=D)),

@@ -26,11 +26,21 @@ def compare(
                      "leaves the tolerance: a CI gate for a fork's fix (use with --logic fixed).")] = False,
     tolerance: Annotated[float, typer.Option("--tolerance", help="Allowed max |Δlogit| as a multiple "
                          "of the measured noise floor.")] = NOISE_MARGIN,
+    profile: Annotated[bool, typer.Option("--profile", help="Print to stderr, at the end, the wall time "
+                       "spent building the model, in its forwards, in the metrics and in the rest "
+                       "(also SMEARCLI_PROFILE=1).")] = False,
 ) -> None:
     """Run each schedule with the old and the fixed smear logic and measure it against the full
     forward pass: per position, per layer, logits, KL, top-1, and a one-line verdict. Try
     `smearcli compare --chunk-sizes 100,60,1,159` or, as a CI gate for a fix,
     `smearcli compare --logic fixed --check`."""
+    from ...profile import session
+
+    with session(profile):  # --profile / SMEARCLI_PROFILE=1: the table goes to stderr at the end
+        return _compare(spec, json_out, save, check, tolerance)
+
+
+def _compare(spec: RunSpec, json_out: bool, save: Optional[Path], check: bool, tolerance: float) -> None:
     from ...files import atomic_write, check_output_path
     from ...render.table import console
     from ..impls import implementation, schedules_for

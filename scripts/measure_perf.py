@@ -1,0 +1,199 @@
+#!/usr/bin/env python3
+"""Where a compare's time goes (issue 24), measured on the tree given (default: this checkout).
+
+Three measurements, each printed as a row of one table (and, with --out, written as JSON):
+
+1. build: `weights.random_model` of the d12 preset against a bare seeded `uniform_` fill of one
+   tensor with the same number of elements, in the same process (target: at most 1.5x).
+2. d12: `smearcli compare --preset d12 --seq-len 1024 --threads 1 --quiet` in a child process,
+   under cProfile: its wall time, the share spent in the model's forwards (GPT.forward's
+   cumulative time; target: the rest is at most 10%), model building and metrics, and the child's
+   peak RSS. When the tree has smearcli.profile, the same run also gets SMEARCLI_PROFILE=1 and its
+   table (stderr) is shown too.
+3. chunks4: `smearcli compare --chunks 4` in a child process, its wall time beyond `import torch`
+   in that same process (target: at most 2 s); median of --repeat runs.
+
+Usage: python scripts/measure_perf.py [--tree DIR] [--skip-d12] [--seq-len 1024] [--out f.json]
+The load average is printed with every row: on a shared machine read the shares, not the seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pstats
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+CHILD_CLI = r"""
+import sys, time
+t0 = time.perf_counter()
+import torch
+t1 = time.perf_counter()
+import cProfile
+from smearcli.cli.app import run
+sys.argv = ["smearcli"] + sys.argv[2:]
+prof = cProfile.Profile() if sys.argv[1:2] == ["--cprofile"] else None
+prof_out = None
+if prof is not None:
+    prof_out = sys.argv[2]
+    sys.argv = ["smearcli"] + sys.argv[3:]
+code = 0
+try:
+    if prof is not None:
+        prof.enable()
+    run()
+except SystemExit as e:
+    code = e.code or 0
+finally:
+    if prof is not None:
+        prof.disable()
+        prof.dump_stats(prof_out)
+t2 = time.perf_counter()
+import resource
+rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+sys.stderr.write(f"\nMEASURE import_torch={t1 - t0:.3f} rest={t2 - t1:.3f} code={code} rss_kib={rss}\n")
+"""
+
+
+def load() -> str:
+    return "/".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def env_for(tree: Path, **extra) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(tree), **extra)
+    env.pop("SMEARCLI_PROFILE", None)
+    env.update(extra)
+    return env
+
+
+def child(tree: Path, args: list[str], cprofile: str | None = None, **extra) -> dict:
+    pre = ["--cprofile", cprofile] if cprofile else []
+    t0 = time.perf_counter()
+    p = subprocess.run([sys.executable, "-c", CHILD_CLI, "x", *pre, *args], cwd=tree, env=env_for(tree, **extra),
+                       capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    line = [ln for ln in p.stderr.splitlines() if ln.startswith("MEASURE ")]
+    if not line:
+        raise SystemExit(f"child failed ({p.returncode}):\n{p.stderr[-3000:]}")
+    vals = dict(kv.split("=") for kv in line[-1].split()[1:])
+    if int(vals["code"]) != 0:
+        raise SystemExit(f"smearcli {' '.join(args)} exited {vals['code']}:\n{p.stderr[-3000:]}")
+    profile_table = p.stderr[:p.stderr.rfind("MEASURE")].strip()
+    return {"wall_s": wall, "import_torch_s": float(vals["import_torch"]), "rest_s": float(vals["rest"]),
+            "code": int(vals["code"]), "peak_rss_mib": int(vals["rss_kib"]) / 1024,
+            "stderr": profile_table, "load": load()}
+
+
+def cprofile_shares(path: str) -> dict:
+    """Cumulative seconds of the outermost forward, random_model and the metrics, from a stats file."""
+    st = pstats.Stats(path).stats
+    def cum(file_end: str, names: tuple[str, ...]) -> float:
+        return max((v[3] for (f, _, n), v in st.items() if f.replace("\\", "/").endswith(file_end) and n in names),
+                   default=0.0)
+    total = max(v[3] for v in st.values())
+    return {"total_s": total,
+            "forward_s": cum("smearcli/model.py", ("forward",)),
+            "build_s": cum("smearcli/weights.py", ("random_model",)),
+            "metrics_s": cum("smearcli/metrics.py", ("measure",)) + cum("smearcli/metrics.py", ("noise_floor",))}
+
+
+def measure_build(tree: Path, repeat: int) -> dict:
+    code = r"""
+import sys, time, json, torch
+from smearcli.config import preset_config
+from smearcli import weights
+from smearcli.model import param_shapes
+torch.set_num_threads(1)
+cfg = preset_config("d12")
+n = 0
+for s in param_shapes(cfg).values():
+    k = 1
+    for d in s: k *= d
+    n += k
+out = {"params": n, "fill_s": [], "build_s": []}
+for _ in range(int(sys.argv[1])):
+    t0 = time.perf_counter()
+    t = torch.empty(n)
+    t.uniform_(-1, 1, generator=torch.Generator().manual_seed(0))
+    out["fill_s"].append(time.perf_counter() - t0)
+    del t
+    t0 = time.perf_counter()
+    lm = weights.random_model(cfg, seed=0)
+    out["build_s"].append(time.perf_counter() - t0)
+    del lm
+print(json.dumps(out))
+"""
+    p = subprocess.run([sys.executable, "-c", code, str(repeat)], cwd=tree, env=env_for(tree),
+                       capture_output=True, text=True)
+    if p.returncode:
+        raise SystemExit(p.stderr[-3000:])
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    out["ratio"] = min(out["build_s"]) / min(out["fill_s"])
+    out["load"] = load()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tree", type=Path, default=ROOT, help="the smearcli checkout to measure")
+    ap.add_argument("--seq-len", type=int, default=1024)
+    ap.add_argument("--repeat", type=int, default=3, help="runs of the build and chunks-4 measurements")
+    ap.add_argument("--skip-d12", action="store_true")
+    ap.add_argument("--skip-build", action="store_true")
+    ap.add_argument("--skip-chunks", action="store_true")
+    ap.add_argument("--out", type=Path)
+    ap.add_argument("--keep-prof", type=Path, help="keep the d12 run's cProfile stats in this file")
+    a = ap.parse_args()
+    tree = a.tree.resolve()
+    has_profile = (tree / "smearcli" / "profile.py").exists()
+    res: dict = {"tree": str(tree), "cores": os.cpu_count()}
+    rows = []
+    if not a.skip_build:
+        b = res["build"] = measure_build(tree, a.repeat)
+        rows.append(("d12 random model build", f"{min(b['build_s']):.2f} s", f"bare fill {min(b['fill_s']):.2f} s",
+                     f"{b['ratio']:.2f}x (target <= 1.5x)", b["load"]))
+    if not a.skip_chunks:
+        runs = [child(tree, ["compare", "--chunks", "4"]) for _ in range(a.repeat)]
+        beyond = statistics.median(r["wall_s"] - r["import_torch_s"] for r in runs)
+        res["chunks4"] = {"runs": runs, "beyond_torch_s": beyond}
+        rows.append(("compare --chunks 4", f"{statistics.median(r['wall_s'] for r in runs):.2f} s",
+                     f"import torch {statistics.median(r['import_torch_s'] for r in runs):.2f} s",
+                     f"beyond torch {beyond:.2f} s (target <= 2 s)", runs[-1]["load"]))
+    if not a.skip_d12:
+        with tempfile.TemporaryDirectory() as tmp:
+            prof = os.path.join(tmp, "d12.prof")
+            extra = {"SMEARCLI_PROFILE": "1"} if has_profile else {}
+            r = child(tree, ["compare", "--preset", "d12", "--seq-len", str(a.seq_len), "--threads", "1", "--quiet"],
+                      cprofile=prof, **extra)
+            r.update(cprofile_shares(prof))
+            if a.keep_prof:
+                shutil.copyfile(prof, a.keep_prof)
+        res["d12"] = r
+        outside = 1 - r["forward_s"] / r["total_s"]
+        rows.append((f"d12 compare, {a.seq_len} tokens (cProfile)", f"{r['total_s']:.1f} s",
+                     f"forwards {r['forward_s']:.1f} s, build {r['build_s']:.1f} s, metrics {r['metrics_s']:.1f} s",
+                     f"outside forwards {outside:.1%} (target <= 10%)", r["load"]))
+        rows.append(("d12 compare peak RSS", f"{r['peak_rss_mib']:.0f} MiB", "", "", r["load"]))
+    w = [max(len(str(row[i])) for row in rows) for i in range(5)]
+    head = ("measurement", "time", "parts", "result", "load 1/5/15")
+    w = [max(wi, len(h)) for wi, h in zip(w, head)]
+    print(f"tree: {tree}  ({os.cpu_count()} cores)")
+    for row in (head, tuple("-" * x for x in w), *rows):
+        print("  ".join(str(c).ljust(x) for c, x in zip(row, w)).rstrip())
+    if "d12" in res and res["d12"]["stderr"]:
+        print("\nprofile table of the d12 run (SMEARCLI_PROFILE=1, under cProfile):\n" + res["d12"]["stderr"])
+    if a.out:
+        a.out.write_text(json.dumps(res, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,161 @@
+"""metrics.measure against the whole-tensor formulas it replaced, bit for bit, on random runs:
+every row in order, engine rows expanded from one prompt, rows out of order; small and large
+vocabularies; and no (T, V) float64 tensor on the way."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from smearcli import metrics
+from smearcli.metrics import NoiseFloor, abs_error, kl_per_position, measure, noise_floor, ref_scale
+from smearcli.schedules import RunResult
+
+
+# -- the formulas measure used before (one whole-tensor expression each) ----------------------------
+def old_rows(ref, row_map):
+    return ref if row_map == list(range(ref.size(0))) else ref[torch.tensor(row_map)]
+
+
+def old_stack(run):
+    return list(run.hiddens or []) + [run.logits]
+
+
+def old_abs_error(ref, run):
+    return torch.stack([(x - old_rows(r, run.row_map)).abs().amax(dim=(0, 2))
+                        for r, x in zip(old_stack(ref), old_stack(run))])
+
+
+def old_ref_scale(ref):
+    return torch.stack([x.abs().amax(dim=(0, 2)) for x in old_stack(ref)])
+
+
+def old_kl(ref_logits, run_logits, row_map):
+    p = F.log_softmax(old_rows(ref_logits, row_map).double(), dim=-1)
+    q = F.log_softmax(run_logits.double(), dim=-1)
+    return (p.exp() * (p - q)).sum(-1).amax(dim=0).clamp_min(0).float()
+
+
+def old_measure(ref, run):
+    err = old_abs_error(ref, run)
+    rel = err / old_ref_scale(ref).clamp_min(torch.finfo(torch.float32).tiny)
+    top1 = (old_rows(ref.logits, run.row_map).argmax(-1) == run.logits.argmax(-1)).float().mean().item()
+    return err, rel, old_kl(ref.logits, run.logits, run.row_map), top1
+
+
+# -- random runs ----------------------------------------------------------------------------------
+def make(B, T, V, C, layers, row_map, seed, expand_at=None, noise=1e-2, ties=False):
+    g = torch.Generator().manual_seed(seed)
+    ref_logits = torch.randn(B, T, V, generator=g) * 4
+    if ties:  # equal maxima in a row: argmax must pick the same one
+        ref_logits[:, :, 1] = ref_logits[:, :, 0] = ref_logits.amax(-1) + 1
+    ref_h = [torch.randn(B, T, C, generator=g) for _ in range(layers)]
+    idx = torch.tensor(row_map)
+    R = len(row_map)
+
+    def perturb(x):
+        y = x[idx] + torch.randn(R, T, x.size(-1), generator=g) * noise
+        if expand_at:  # engine: rows expanded from one prompt are copies before expand_at
+            for i in range(1, R):
+                if row_map[i] == row_map[i - 1]:
+                    y[i, :expand_at] = y[i - 1, :expand_at]
+        return y
+    ref = RunResult("full", "fixed", ref_logits, ref_h, [T], list(range(B)))
+    run = RunResult("engine" if expand_at else "chunked", "old", perturb(ref_logits),
+                    [perturb(h) for h in ref_h], [T], list(row_map), expand_at)
+    return ref, run
+
+
+CASES = [
+    dict(B=1, T=50, V=256, C=32, layers=3, row_map=[0]),
+    dict(B=2, T=37, V=1000, C=48, layers=2, row_map=[0, 1]),
+    dict(B=1, T=40, V=300, C=24, layers=2, row_map=[0, 0], expand_at=31),  # engine, samples 2
+    dict(B=2, T=21, V=500, C=24, layers=1, row_map=[0, 0, 0, 1, 1, 1], expand_at=13),
+    dict(B=2, T=9, V=130, C=16, layers=1, row_map=[1, 0]),  # rows out of order
+    dict(B=2, T=9, V=130, C=16, layers=1, row_map=[0, 0, 1, 1]),  # expanded, no expand_at
+    dict(B=1, T=6, V=70000, C=16, layers=1, row_map=[0, 0], expand_at=4),  # a block of one position
+    dict(B=1, T=30, V=256, C=32, layers=2, row_map=[0], ties=True),
+    dict(B=1, T=12, V=256, C=32, layers=0, row_map=[0]),  # logits only
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"B{c['B']}T{c['T']}V{c['V']}rows{len(c['row_map'])}")
+def test_measure_is_the_whole_tensor_formulas_bit_for_bit(case):
+    ref, run = make(seed=len(str(case)), **case)
+    if case["layers"] == 0:
+        ref.hiddens = run.hiddens = None
+    noise = NoiseFloor([1e-3] * (case["layers"] + 1))
+    m = measure(ref, run, noise)
+    err, rel, kl, top1 = old_measure(ref, run)
+    assert torch.equal(m.abs_err, err)
+    assert torch.equal(m.rel_err, rel)
+    assert torch.equal(m.kl, kl)
+    assert m.top1_agreement == top1
+    assert torch.equal(abs_error(ref, run), err)
+    assert torch.equal(ref_scale(ref), old_ref_scale(ref))
+    assert torch.equal(kl_per_position(ref.logits, run.logits, run.row_map), kl)
+    assert (m.schedule, m.logic, m.steps, m.chunk_starts, m.noise, m.tolerance) == \
+        (run.schedule, run.logic, run.steps, run.chunk_starts, noise, metrics.NOISE_MARGIN)
+
+
+def test_engine_rows_that_are_not_copies_are_each_measured():
+    # expand_at says rows were expanded, but row 1 differs before it: measured as its own row
+    ref, run = make(B=1, T=20, V=200, C=16, layers=1, row_map=[0, 0], seed=3)
+    run.expand_at = 15
+    run.logits[1, 2, 7] += 50.0
+    m = measure(ref, run, NoiseFloor([1e-3, 1e-3]))
+    assert torch.equal(m.abs_err, old_abs_error(ref, run)) and torch.equal(m.kl, old_kl(ref.logits, run.logits, [0, 0]))
+    assert float(m.abs_err[-1, 2]) >= 49.0
+
+
+def test_noise_floor_is_the_old_floor():
+    ref, dec = make(B=1, T=33, V=256, C=24, layers=2, row_map=[0], seed=5)
+    floor = noise_floor(ref, dec, torch.float32)
+    ulp = torch.finfo(torch.float32).eps * old_ref_scale(ref).amax(dim=1)
+    assert floor.per_layer == torch.maximum(old_abs_error(ref, dec).amax(dim=1), ulp).tolist()
+
+
+def test_measuring_a_run_twice_gives_equal_but_separate_results():
+    ref, run = make(B=1, T=16, V=256, C=16, layers=1, row_map=[0], seed=8)
+    noise = NoiseFloor([1e-3, 1e-3])
+    a, b = measure(ref, run, noise), measure(ref, run, noise)
+    assert torch.equal(a.abs_err, b.abs_err) and a.abs_err is not b.abs_err
+    other = RunResult(run.schedule, run.logic, run.logits + 1.0, run.hiddens, run.steps, run.row_map)
+    assert float(measure(ref, other, noise).abs_err[-1].min()) > 0.5  # new tensors: measured anew
+
+
+class LargestDouble(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in (out if isinstance(out, (tuple, list)) else [out]):
+            if isinstance(t, torch.Tensor) and t.dtype == torch.float64:
+                self.largest = max(self.largest, t.numel())
+        return out
+
+
+def test_no_position_by_vocabulary_double_tensor_is_made():
+    T, V = 64, 20000
+    ref, run = make(B=1, T=T, V=V, C=16, layers=1, row_map=[0, 0], seed=2, expand_at=50)
+    with LargestDouble() as mode:
+        measure(ref, run, NoiseFloor([1e-3, 1e-3]))
+    assert 0 < mode.largest <= metrics.BLOCK * 2 < T * V
+
+
+def test_hidden_errors_copy_no_hidden_state():
+    # expanded rows are compared by broadcasting: nothing of a hidden state's size is allocated
+    ref, run = make(B=1, T=256, V=64, C=512, layers=2, row_map=[0, 0, 0, 0], seed=4)
+    seen = []
+
+    class Sizes(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if isinstance(out, torch.Tensor) and out.dtype == torch.float32:
+                seen.append(out.numel())
+            return out
+    with Sizes():
+        abs_error(ref, run)
+    assert max(seen) <= metrics.BLOCK < run.hiddens[0].numel()
