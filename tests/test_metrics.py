@@ -9,7 +9,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from smearcli import metrics
 from smearcli.metrics import NoiseFloor, abs_error, kl_per_position, measure, noise_floor, ref_scale
-from smearcli.schedules import RunResult
+from smearcli.schedules import CACHE_COPY, RunResult
 
 
 # -- the formulas measure used before (one whole-tensor expression each) ----------------------------
@@ -62,7 +62,7 @@ def make(B, T, V, C, layers, row_map, seed, expand_at=None, noise=1e-2, ties=Fal
         return y
     ref = RunResult("full", "fixed", ref_logits, ref_h, [T], list(range(B)))
     run = RunResult("engine" if expand_at else "chunked", "old", perturb(ref_logits),
-                    [perturb(h) for h in ref_h], [T], list(row_map), expand_at)
+                    [perturb(h) for h in ref_h], [T], list(row_map), {CACHE_COPY: [expand_at]} if expand_at else {})
     return ref, run
 
 
@@ -101,7 +101,7 @@ def test_measure_is_the_whole_tensor_formulas_bit_for_bit(case):
 def test_engine_rows_that_are_not_copies_are_each_measured():
     # expand_at says rows were expanded, but row 1 differs before it: measured as its own row
     ref, run = make(B=1, T=20, V=200, C=16, layers=1, row_map=[0, 0], seed=3)
-    run.expand_at = 15
+    run.marks[CACHE_COPY] = [15]
     run.logits[1, 2, 7] += 50.0
     m = measure(ref, run, NoiseFloor([1e-3, 1e-3]))
     assert torch.equal(m.abs_err, old_abs_error(ref, run)) and torch.equal(m.kl, old_kl(ref.logits, run.logits, [0, 0]))
