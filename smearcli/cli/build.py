@@ -173,22 +173,30 @@ def build_setup(spec: RunSpec, sequence_len: int = 512) -> Setup:
         if m is not None:
             profile.watch_forwards(m)
     cfg = loaded.model.config
+    tokens, opts, chunk_sizes = _given_input(spec, cfg, found, schedules, opts, chunk_sizes)
+    B, T = tuple(tokens.shape) if tokens is not None else (spec.batch, spec.seq_len_value())
+    opts = replace(opts, chunks=spec.chunks_for(T))
+    # once, before a random input is drawn: positions and memory of the whole run
+    preflight(cfg, device, dtype, B, T, schedules, logics, spec, chunk_sizes)
+    _check_plan(T, schedules, opts)
+    if tokens is None:
+        tokens = random_tokens(cfg, T, B, spec.seed)
+    return Setup(loaded, tokens.to(device), opts, schedules, logics, impl, audited, found, threads)
+
+
+def _given_input(spec: RunSpec, cfg, found, schedules, opts: ScheduleOptions, chunk_sizes):
+    """(tokens or None for a random input, options, chunk sizes) from --text, --text-file (a
+    chat's turns become its chunks) or --tokens."""
     if spec.text is not None or spec.text_file is not None:
         tokens, chat = text_input(spec, cfg, found)
         if chat is not None and "chunked" in schedules and chunk_sizes is None and spec.chunks is None:
             chunk_sizes = tuple(chat.chunk_sizes)  # one chunk per turn, as a chat reuses its cache
             opts = replace(opts, chunk_sizes=chunk_sizes)
-    elif spec.tokens is not None:
+        return tokens, opts, chunk_sizes
+    if spec.tokens is not None:
         with flag("--tokens"):
-            tokens = load_tokens(spec.tokens, cfg.vocab_size, max_len=cfg.rotary_len)
-    else:
-        preflight(cfg, device, dtype, spec.batch, spec.seq_len_value(), schedules, logics, spec, chunk_sizes)
-        tokens = random_tokens(cfg, spec.seq_len_value(), spec.batch, spec.seed)
-    T = tokens.size(1)
-    opts = replace(opts, chunks=spec.chunks_for(T))
-    preflight(cfg, device, dtype, tokens.size(0), T, schedules, logics, spec, chunk_sizes)
-    _check_plan(T, schedules, opts)
-    return Setup(loaded, tokens.to(device), opts, schedules, logics, impl, audited, found, threads)
+            return load_tokens(spec.tokens, cfg.vocab_size, max_len=cfg.rotary_len), opts, chunk_sizes
+    return None, opts, chunk_sizes
 
 
 def _build_models(spec: RunSpec, impl: str, logics, device, dtype, sequence_len: int):
