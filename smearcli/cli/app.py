@@ -6,6 +6,7 @@ Exit status: 0 ok, 1 a --check failure (or an internal error), 2 bad usage or in
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from typing import Annotated
 
@@ -17,7 +18,7 @@ from .commands.bench import bench
 from .commands.compare import compare
 from .commands.fix import fix
 from .commands.plot import plot
-from .errors import DEBUG, describe_unexpected, env_debug, print_error
+from .errors import DEBUG, TERMINATED, describe_unexpected, env_debug, print_error
 
 
 class PlainFlags:
@@ -102,4 +103,16 @@ app.command(cls=Command, short_help="The patch that fixes the smear in your nano
 
 
 def run() -> None:
-    app(prog_name="smearcli")
+    """The `smearcli` program: a SIGTERM becomes an exception (files.Terminated), so that output
+    being written is cleaned up as on Ctrl-C, and the exit status is 143."""
+    import signal
+
+    from ..files import Terminated, on_sigterm
+
+    with contextlib.suppress(ValueError, OSError):  # not the main thread, or no SIGTERM here
+        signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        app(prog_name="smearcli")
+    except Terminated:  # outside a command (its guard reports it there)
+        print_error("terminated (SIGTERM)")
+        sys.exit(TERMINATED)
