@@ -7,6 +7,7 @@ Exit status: 0 ok, 1 a --check failure (or an internal error), 2 bad usage or in
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 from typing import Annotated
 
@@ -36,11 +37,23 @@ class Command(PlainFlags, TyperCommand):
     pass
 
 
+MIN_COLUMNS = 40
+
+
+def clamp_columns() -> None:
+    """COLUMNS below MIN_COLUMNS (COLUMNS=0 made --help print one blank line) raised to it: rich
+    lays out --help and the tables at that width."""
+    cols = os.environ.get("COLUMNS", "").strip()
+    if cols.isdigit() and int(cols) < MIN_COLUMNS:
+        os.environ["COLUMNS"] = str(MIN_COLUMNS)
+
+
 class OneLineErrors(PlainFlags, TyperGroup):
     """Usage errors (unknown option, bad value) as one line on stderr with exit status 2, like
     every other user error, instead of a multi-line panel."""
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        clamp_columns()
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         try:
