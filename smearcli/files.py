@@ -80,16 +80,14 @@ def _final_mode(path: Path) -> int:
         return 0o666 & ~mask
 
 
-def check_output_path(path, suffixes: tuple[str, ...]) -> Path:
+def check_output_path(path, suffixes: tuple[str, ...]) -> None:
     """Refuse, before any work, an output path we could not write: wrong suffix, missing or
-    read-only directory. Returns it absolute, so that code that changes the working
-    directory later (a user's checkout under audit) cannot move where it is written."""
+    read-only directory. (A relative path stays relative to this working directory: the guard
+    around a user's audited code restores it after every call, see impls.nanochat.guard.)"""
     from .errors import UserError
 
     try:
-        path = Path(os.path.abspath(os.fspath(path)))
-        _check_output_path(path, suffixes)
-        return path
+        _check_output_path(Path(path), suffixes)
     except OSError as e:  # a name too long, a symlink loop in the directory
         raise UserError(f"{path}: cannot write there ({e.strerror or e})") from e
     except ValueError as e:  # an embedded NUL byte

@@ -41,7 +41,7 @@ def compare(
     if not 0 < tolerance < float("inf"):  # also refuses nan, which would fail every run
         raise UserError(f"--tolerance must be a positive finite number, got {tolerance}")
     if save is not None:
-        save = check_output_path(save, (".pt",))  # absolute: the user's code may change directory
+        check_output_path(save, (".pt",))
     if spec.impl == "hf":  # a Hugging Face model (cli.hf imports transformers, only here)
         from .. import hf
         return hf.compare(spec, json_out, save, check, tolerance)

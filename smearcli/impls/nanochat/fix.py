@@ -198,21 +198,21 @@ def checkout_root(path) -> Path:
     return p
 
 
-def _read(path: Path) -> tuple[bytes, str]:
+def _read(path: Path, shown: str) -> tuple[bytes, str]:
     """The bytes and text of a source file, at most MAX_SOURCE_BYTES (parsing a file of tens of
-    megabytes takes gigabytes of memory)."""
+    megabytes takes gigabytes of memory); `shown` names it in messages."""
     size = path.stat().st_size
     if size <= MAX_SOURCE_BYTES:
         with open(path, "rb") as f:
             raw = f.read(MAX_SOURCE_BYTES + 1)
         size = len(raw)
     if size > MAX_SOURCE_BYTES:
-        raise FixError(f"{path}: {size / 2**20:.1f} MiB, larger than the {MAX_SOURCE_BYTES // 2**20} MiB "
+        raise FixError(f"{shown}: {size / 2**20:.1f} MiB, larger than the {MAX_SOURCE_BYTES // 2**20} MiB "
                        f"fix reads (upstream's gpt.py is about 20 KB); nothing changed")
     try:
         return raw, raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise FixError(f"{path}: not UTF-8 text ({e})") from None
+        raise FixError(f"{shown}: not UTF-8 text ({e})") from None
 
 
 def apply_fix(checkout_dir, write: bool = False) -> FixResult:
@@ -225,20 +225,24 @@ def apply_fix(checkout_dir, write: bool = False) -> FixResult:
     root = checkout_root(checkout_dir)
     pkg = root / PACKAGE
     raw = {}
-    gpt_raw, gpt_text = _read(pkg / GPT_FILE)
+
+    def shown(rel: str) -> str:  # as the user named the checkout, not resolved
+        return f"{checkout_dir}: {rel}"
+    gpt_raw, gpt_text = _read(pkg / GPT_FILE, shown(f"{PACKAGE}/{GPT_FILE}"))
     raw[f"{PACKAGE}/{GPT_FILE}"] = gpt_raw
     engine_text = None
     if (pkg / ENGINE_FILE).is_file():
-        raw[f"{PACKAGE}/{ENGINE_FILE}"], engine_text = _read(pkg / ENGINE_FILE)
+        raw[f"{PACKAGE}/{ENGINE_FILE}"], engine_text = _read(pkg / ENGINE_FILE, shown(f"{PACKAGE}/{ENGINE_FILE}"))
     r = make_fix(gpt_text, engine_text)
     r = replace(r, root=root)
     if not write or r.status != FIXABLE:
         return r
     targets = [root / rel for rel in r.files]
-    for t in targets:  # os.replace would turn the link into a file (and leave its target unfixed)
+    for t, rel in zip(targets, r.files):  # os.replace would turn the link into a file, its target unfixed
         if t.is_symlink():
-            raise FixError(f"{t} is a symbolic link to {os.readlink(t)}; fix does not write through links: "
-                           f"nothing written; without writing, fix prints the diff to apply to the file it points to")
+            raise FixError(f"{shown(rel)} is a symbolic link to {os.readlink(t)}; fix does not write through "
+                           f"links: nothing written; without writing, fix prints the diff to apply to the file "
+                           f"it points to")
     backups = [t.with_name(t.name + BACKUP_SUFFIX) for t in targets]
     there = [str(b) for b in backups if os.path.lexists(b)]
     if there:
