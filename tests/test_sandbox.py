@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from hardening_util import invoke
+from smearcli.errors import UserError
 from smearcli.impls.nanochat import sandbox
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -105,6 +106,12 @@ def test_the_users_ctrl_c_stays_an_interruption(tmp_path):
     finally:
         p.kill()
     assert p.returncode == 130 and error_lines(err) == ["smearcli: error: interrupted"], err
+
+
+def test_a_file_given_as_the_checkout_is_named_as_such(tmp_path):
+    root = standin(tmp_path)
+    with pytest.raises(UserError, match="gpt.py: not a directory; give the checkout"):
+        sandbox.import_nanochat(root / "nanochat" / "gpt.py")
 
 
 # -- nothing of theirs leaks into our run -----------------------------------------------------------
