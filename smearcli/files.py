@@ -19,11 +19,28 @@ from pathlib import Path
 from typing import Optional
 
 
+class Terminated(BaseException):
+    """A SIGTERM, raised in the main thread (the CLI installs the handler, `on_sigterm`) so that
+    `finally` blocks run: atomic_write removes its temporary file. A BaseException, so that no
+    `except Exception` mistakes it for a failure, and the user's code under audit is never blamed."""
+
+
+def on_sigterm(signum, frame):
+    """A SIGTERM handler: raise Terminated."""
+    raise Terminated()
+
+
 @contextlib.contextmanager
 def atomic_write(path, mode: str = "w", **kwargs):
+    """Write `path` through a temporary file `.NAME.XXXXXXXX.tmp` beside it, renamed over it once
+    complete; removed on any failure, Ctrl-C, or a SIGTERM turned into Terminated. A directory
+    that has gone away meanwhile is a UserError."""
+    from .errors import UserError
+
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    tmp = None
     try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         with os.fdopen(fd, mode, **kwargs) as f:
             yield f
             f.flush()
@@ -31,8 +48,12 @@ def atomic_write(path, mode: str = "w", **kwargs):
         os.chmod(tmp, _final_mode(path))  # mkstemp's 0600 would make outputs private
         os.replace(tmp, path)
     except BaseException as e:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
+        if tmp is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+        if isinstance(e, FileNotFoundError) and not path.parent.is_dir():  # removed after mkstemp
+            raise UserError(f"{path}: directory {path.parent} no longer exists (removed during the "
+                            "run?); nothing written") from e
         cause = _write_error(e)  # torch's zip writer wraps the OSError (disk full) in a RuntimeError
         if cause is not None and (cause is not e or cause.filename is None):
             raise OSError(cause.errno, cause.strerror or str(cause), cause.filename or str(path)) from None
@@ -61,7 +82,8 @@ def _final_mode(path: Path) -> int:
 
 def check_output_path(path, suffixes: tuple[str, ...]) -> None:
     """Refuse, before any work, an output path we could not write: wrong suffix, missing or
-    read-only directory."""
+    read-only directory. (A relative path stays relative to this working directory: the guard
+    around a user's audited code restores it after every call, see impls.nanochat.guard.)"""
     from .errors import UserError
 
     try:

@@ -264,8 +264,22 @@ def encode_text(enc, text: str, *, bos: bool = True, vocab_size: Optional[int] =
     `vocab_size`, a UserError when an id does not fit the model."""
     if not isinstance(text, str):
         raise ValueError(f"text must be a string, got {type(text).__name__}")
-    ids = ([special_id(enc, BOS)] if bos else []) + enc.encode_ordinary(text)
+    ids = ([special_id(enc, BOS)] if bos else []) + enc.encode_ordinary(utf8_text(text))
     return _check_ids(ids, vocab_size)
+
+
+def utf8_text(text: str, what: str = "the text") -> str:
+    """`text`, if UTF-8 can encode it; a UserError otherwise. A shell passes bytes that are not
+    UTF-8 as lone surrogates (U+DC80-U+DCFF), which the tokenizer would turn into U+FFFD without a
+    word: the ids would not be those of the bytes given."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        c = text[e.start]
+        shown = f"byte 0x{ord(c) - 0xDC00:02x}" if 0xDC80 <= ord(c) <= 0xDCFF else f"{c!r}"
+        raise UserError(f"{what} is not UTF-8 ({shown} at character {e.start}); a tokenizer model "
+                        "takes text, so give it as UTF-8") from None
+    return text
 
 
 @dataclass(frozen=True)
@@ -349,9 +363,9 @@ def encode_chat(enc, turns, *, prime: bool = True, vocab_size: Optional[int] = N
     for i, (role, content) in enumerate(rendered):
         start = 0 if i == 0 else len(ids)
         if role == "user":
-            ids += [sid[USER_START], *enc.encode_ordinary(content), sid[USER_END]]
+            ids += [sid[USER_START], *enc.encode_ordinary(utf8_text(content, f"chat turn {i + 1}")), sid[USER_END]]
         else:
-            ids += [sid[ASSISTANT_START], *enc.encode_ordinary(content), sid[ASSISTANT_END]]
+            ids += [sid[ASSISTANT_START], *enc.encode_ordinary(utf8_text(content, f"chat turn {i + 1}")), sid[ASSISTANT_END]]
         spans.append(TurnSpan(role, start, len(ids), content))
     if prime and rendered[-1][0] == "user":
         ids.append(sid[ASSISTANT_START])

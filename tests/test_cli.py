@@ -33,6 +33,14 @@ def test_command_help(command):
         assert opt in r.output
 
 
+@pytest.mark.parametrize("columns", ["0", "1", "12"])
+def test_help_on_a_tiny_or_zero_width_terminal(columns):
+    r = runner.invoke(app, ["compare", "--help"], env={"COLUMNS": columns})
+    assert r.exit_code == 0
+    for opt in ("--chunks", "--seq-len", "--check"):  # rich breaks names at narrow widths: they stay whole
+        assert opt in r.output, r.output[:500]
+
+
 def test_help_does_not_import_torch():
     code = ("import sys; from smearcli.cli.app import app; from typer.testing import CliRunner; "
             "r = CliRunner().invoke(app, ['compare', '--help']); assert r.exit_code == 0; "

@@ -3,6 +3,7 @@ the audit before and after, and unrecognised code left untouched with the reason
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -74,3 +75,39 @@ def test_existing_backup_refuses_to_write(checkout):
     r = invoke("fix", "--nanochat-path", checkout, "--write")
     assert r.exit_code == 2 and "already exists" in r.stderr
     assert (checkout / "nanochat" / "gpt.py").read_text() == before
+
+
+def error_lines(r) -> list:
+    return [line for line in r.stderr.splitlines() if line.startswith("smearcli: error:")]
+
+
+def test_refusals_are_one_line_and_exit_2(checkout, tmp_path):
+    gpt = checkout / "nanochat" / "gpt.py"
+    r = invoke("fix", "--nanochat-path", gpt)  # a file, not a checkout
+    assert r.exit_code == 2 and error_lines(r) == [f"smearcli: error: {gpt}: not a directory; give the "
+                                                   "checkout (the directory holding nanochat/gpt.py)"]
+    real = tmp_path / "gpt.py"
+    gpt.rename(real)
+    gpt.symlink_to(real)
+    r = invoke("fix", "--nanochat-path", checkout, "--write")
+    assert r.exit_code == 2 and len(error_lines(r)) == 1 and "symbolic link" in r.stderr, r.output
+    assert gpt.is_symlink() and not (checkout / "nanochat" / "gpt.py.orig").exists()
+    gpt.unlink()
+    real.rename(gpt)
+    with open(gpt, "ab") as f:  # 3 MiB of comment: over the cap, refused before it is read
+        f.write((b"#" * 1023 + b"\n") * 3 * 1024)
+    r = invoke("fix", "--nanochat-path", checkout)
+    assert r.exit_code == 2 and len(error_lines(r)) == 1 and "3.0 MiB, larger than" in r.stderr, r.output
+
+
+def test_out_of_memory_suggests_only_what_fix_has(checkout, monkeypatch):
+    from smearcli.impls.nanochat import fix as nf
+
+    def oom(*args, **kwargs):
+        raise MemoryError()
+    monkeypatch.setattr(nf, "apply_fix", oom)
+    r = invoke("fix", "--nanochat-path", checkout)
+    assert r.exit_code == 2 and len(error_lines(r)) == 1 and "out of memory" in r.stderr
+    fix_help = invoke("fix", "--help").output
+    flags = set(re.findall(r"--[a-z][a-z-]+", r.stderr))
+    assert flags <= set(re.findall(r"--[a-z][a-z-]+", fix_help)), flags  # no --seq-len, --batch, ...

@@ -185,3 +185,15 @@ def test_other_missing_keys_stay_an_error(tmp_path, model):
     torch.save(sd, d / "model_000001.pt")
     r = invoke("compare", "--checkpoint", d, *FAST)
     assert r.exit_code == 2 and "lm_head.weight" in r.stderr
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_text_that_is_not_utf8_is_refused_not_replaced(layouts, chat):
+    """A shell hands bytes that are not UTF-8 (here 0xe9, latin-1's é) over as a lone surrogate; the
+    tokenizer would have encoded U+FFFD in their place."""
+    text = "caf\udce9 au lait"  # what Python makes of argv b"caf\xe9 au lait" under a UTF-8 locale
+    args = ["--chat", "--text", json.dumps([text], ensure_ascii=False)] if chat else ["--text", text]
+    r = invoke("compare", "--checkpoint", layouts["flat"], *args, *FAST)
+    assert r.exit_code == 2, r.output
+    errors = [line for line in r.stderr.splitlines() if line.startswith("smearcli: error:")]
+    assert len(errors) == 1 and "--text" in errors[0] and "not UTF-8 (byte 0xe9 at character 3)" in errors[0], r.stderr

@@ -104,6 +104,14 @@ def mine(old: str = "", new: str = "", file: str = "gpt.py"):
     return prepare
 
 
+def symlinked_gpt(cwd: Path):
+    """mine/, its nanochat/gpt.py a symbolic link to a file beside the checkout."""
+    mine()(cwd)
+    gpt = cwd / "mine" / "nanochat" / "gpt.py"
+    gpt.rename(cwd / "gpt_elsewhere.py")
+    gpt.symlink_to("../../gpt_elsewhere.py")
+
+
 def link(name, target):
     def prepare(cwd: Path):
         d = copy_checkpoint(cwd / "good", cwd / name)
@@ -363,6 +371,16 @@ CASES = [
     Case("your code", "an endless loop at import (--user-code-timeout 1; exit 1)",
          [*AUDIT, "--user-code-timeout", "1"], status=1, prepare=mine(IMPORT, IMPORT + "while True:\n    pass\n"),
          expect="did not finish within 1 s"),
+    Case("your code", "a BaseException subclass raised in their GPT.forward (exit 1, with file:line)", AUDIT,
+         status=1, prepare=mine(FORWARD, FORWARD + "        class Boom(BaseException):\n            pass\n"
+                                "        raise Boom('big')\n"), expect="(a BaseException, not an Exception)"),
+    Case("your code", "a KeyboardInterrupt raised by their code, not by Ctrl-C (exit 1)", AUDIT, status=1,
+         prepare=mine(FORWARD, FORWARD + "        raise KeyboardInterrupt\n"), expect="no Ctrl-C was pressed"),
+    Case("your code", "os._exit(0) in their GPT.forward under --check (exit 1, not a pass)", [*AUDIT, "--check"],
+         status=1, prepare=mine(FORWARD, FORWARD + "        import os; os._exit(0)\n"), expect="called os._exit(0)"),
+    Case("your code", "their cached calls return logits of the wrong width (exit 1)", AUDIT, status=1,
+         prepare=mine("        return logits\n", "        if kv_cache is not None:\n            logits = logits[..., :-1]\n"
+                      "        return logits\n"), expect="255 wide"),
     Case("your code", "--user-code-timeout not a positive number", [*AUDIT, "--user-code-timeout", "nan"],
          prepare=mine(), expect="--user-code-timeout"),
     Case("your code", "NaN weights under --impl nanochat", [*AUDIT, "--checkpoint", "nan"],
@@ -371,6 +389,14 @@ CASES = [
          [*AUDIT, "--checkpoint", "wide"],
          prepare=lambda cwd: (mine()(cwd), ck("wide", lambda d: edit_config(d, vocab_size=512))(cwd)),
          expect="model_config expects (512, 64)"),
+    # -- smearcli fix: the patch for a checkout -------------------------------------------------
+    Case("fix", "--nanochat-path names a file, not the checkout", ["fix", "--nanochat-path", "mine/nanochat/gpt.py"],
+         prepare=mine(), expect="not a directory"),
+    Case("fix", "gpt.py over 1 MiB (refused before it is read)", ["fix", "--nanochat-path", "mine"],
+         prepare=lambda cwd: (mine()(cwd), os.truncate(cwd / "mine" / "nanochat" / "gpt.py", (1 << 20) + 1)),
+         expect="larger than the 1 MiB"),
+    Case("fix", "--write where gpt.py is a symbolic link (never replaced by a file)",
+         ["fix", "--nanochat-path", "mine", "--write"], prepare=symlinked_gpt, expect="symbolic link"),
     # -- device ---------------------------------------------------------------------------------
     Case("device", "--device cuda without CUDA", [*C, "--device", "cuda"], simulate="no_cuda", expect="CUDA"),
     Case("device", "--dtype the device cannot run (simulated: no float16 attention kernel)",
@@ -384,6 +410,8 @@ CASES = [
     Case("output", "--save naming a directory", [*C, "--save", "adir.pt"],
          prepare=lambda cwd: (cwd / "adir.pt").mkdir(), expect="is a directory"),
     Case("output", "plot --out with an unknown suffix", ["plot", *FAST, "--out", "fig.jpg"], expect="unknown suffix"),
+    Case("output", "--save whose directory is removed during the run (simulated)", [*C, "--save", "gone/runs.pt"],
+         simulate="gone", expect="no longer exists"),
     Case("output", "bench --output in a missing directory", ["bench", *FAST, "--output", "nodir/b.json"],
          expect="does not exist"),
     # -- outcomes that are not bad input ------------------------------------------------------
@@ -435,6 +463,19 @@ def _simulate(name: Optional[str], monkeypatch, cwd: Path) -> None:
         ro = cwd / "readonly"
         monkeypatch.setattr(os, "access", lambda p, mode, *a, **k: False if Path(p).resolve() == ro.resolve()
                             else real_access(p, mode, *a, **k))
+    elif name == "gone":  # the directory exists when the path is checked, then is removed
+        import shutil
+
+        import smearcli.files as files
+
+        (cwd / "gone").mkdir()
+        checked = files.check_output_path
+
+        def check_then_remove(path, suffixes):
+            result = checked(path, suffixes)
+            shutil.rmtree(cwd / "gone")
+            return result
+        monkeypatch.setattr(files, "check_output_path", check_then_remove)
     elif name == "bug":
         import smearcli.compare as lib
 
@@ -517,9 +558,11 @@ def render(rows) -> str:
         "",
         "Checkpoints are read with `torch.load(..., weights_only=True)` only, after checking that the",
         "file is a complete zip archive or torch pickle; a file that would need arbitrary unpickling is",
-        "refused and nothing in it runs. A nanochat `tokenizer.pkl` is never read (unpickling it could",
-        "run code): smearcli feeds byte-level models their UTF-8 bytes (`--text`) and takes token ids",
-        "from `--tokens` for any other vocabulary. Memory is estimated from `model_config` before",
+        "refused and nothing in it runs. A nanochat `tokenizer.pkl` (read for `--text` and `--chat` on a",
+        "model whose vocabulary is not bytes) goes through a restricted unpickler that resolves only",
+        "the `tiktoken` encoding's one global, to an inert stand-in, and refuses any other before it is",
+        "called; byte-level models take their UTF-8 bytes, and `--tokens` takes ids for any model.",
+        "Memory is estimated from `model_config` before",
         "anything is loaded or allocated (Linux `MemAvailable` and the cgroup limit; on CUDA the free",
         "device memory), so a run that cannot fit is refused with the estimate instead of being killed",
         "by the operating system. What smearcli trusts and what it checks: [the threat model](threat-model.md).",
@@ -531,7 +574,8 @@ def render(rows) -> str:
         "Every message is printed after `smearcli: error: `. Rows marked *simulated* need a condition",
         "the test machine lacks (little memory: 16 GiB free is simulated, or 48 MiB, or a 768 MiB cgroup;",
         "no GPU; a device without float16 kernels; a read-only directory when running as root; a",
-        "file-size limit, set for real with RLIMIT_FSIZE while torch writes), set up with a monkeypatch.",
+        "file-size limit, set for real with RLIMIT_FSIZE while torch writes; an output directory removed",
+        "after its path was checked), set up with a monkeypatch.",
         "`n...n` stands for a name of 300 characters; `mine` is a copy of a nanochat checkout.",
         f"Generated with {versions()}. Regenerate after changing a message: `{REGEN}`.",
         "",
@@ -601,5 +645,8 @@ def test_cases_cover_the_issue():
                   "over 16 MiB", "does not match the weights",
                   # issue 26
                   "beyond what a tensor can hold", "far more than model_config's weights",
-                  "token file row beyond"]:
+                  "token file row beyond",
+                  # round 3 (issue 25)
+                  "BaseException", "KeyboardInterrupt raised by their code", "os._exit(0)", "wrong width",
+                  "names a file", "over 1 MiB", "symbolic link", "removed during the run"]:
         assert words in whats, words

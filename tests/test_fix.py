@@ -103,7 +103,7 @@ def patch_tools() -> list:
 
 def apply_diff(root: Path, diff: str, tool: str) -> None:
     """Apply `diff` from the checkout root as a maintainer would."""
-    (root / "fix.diff").write_text(diff)
+    (root / "fix.diff").write_bytes(diff.encode("utf-8"))
     if tool == "patch":
         cmd = [["patch", "-p1", "--dry-run", "-i", "fix.diff"], ["patch", "-p1", "-i", "fix.diff"]]
     else:
@@ -171,6 +171,108 @@ def test_crlf_file_keeps_its_line_endings(tmp_path, ours, tokens):
     raw = gpt.read_bytes()
     assert raw.count(b"\n") == raw.count(b"\r\n")
     assert not run_audit(root, ours, tokens).failed
+
+
+# -- files as Python reads them: odd characters, line endings, a byte order mark ---------------
+
+# characters str.splitlines() ends a line at, though Python's tokenizer (and so ast's line numbers)
+# does not; a form feed is also legal between statements (PEP 8 uses it to separate sections)
+NOT_LINE_BREAKS = ["\x0c", "\x1c", "\x1d", "\x1e", "\x85", "\u2028", "\u2029"]
+
+
+def sprinkle(text: str, c: str) -> str:
+    """`text` with `c` in a comment above the smear and, for a form feed, on a line of its own."""
+    out = text.replace("        # smear: mix", f"        # {c}smear:{c}{c} mix", 1)
+    out = out.replace("\nclass GPT(", f"\n#{c}\nclass GPT(", 1)
+    if c == "\x0c":
+        out = out.replace("\nclass GPT(", "\n\x0c\nclass GPT(", 1)
+    assert out.count(c) >= 4, "the stand-in changed: put the characters elsewhere"
+    return out
+
+
+def fixed_standin(tmp_path: Path) -> tuple[str, str]:
+    """The stand-in's gpt.py and its fix (checked against the audit by the loop tests above)."""
+    root = copy_standin(tmp_path / "plain")
+    r = nf.apply_fix(root)
+    assert r.status == nf.FIXABLE
+    return (root / GPT).read_bytes().decode(), r.fixed[GPT]
+
+
+def as_bytes(path: Path) -> str:
+    return path.read_bytes().decode("utf-8")  # read_text() would turn a lone CR into LF
+
+
+@pytest.mark.parametrize("tool", [*patch_tools(), "write"])
+@pytest.mark.parametrize("c", NOT_LINE_BREAKS, ids=lambda c: f"U+{ord(c):04X}")
+def test_characters_splitlines_breaks_at_do_not_move_the_patch(tmp_path, c, tool):
+    plain, plain_fixed = fixed_standin(tmp_path)
+    root = copy_standin(tmp_path)
+    (root / GPT).write_bytes(sprinkle(plain, c).encode())
+    r = nf.apply_fix(root, write=tool == "write")
+    assert r.status == nf.FIXABLE, r.message
+    assert r.fixed[GPT] == sprinkle(plain_fixed, c)  # the same rewrite, the characters where they were
+    if tool != "write":
+        apply_diff(root, r.diff, tool)
+    assert as_bytes(root / GPT) == r.fixed[GPT]
+
+
+def test_a_form_feed_file_fixed_passes_the_audit(tmp_path, ours, tokens):
+    root = copy_standin(tmp_path)
+    (root / GPT).write_bytes(sprinkle(as_bytes(root / GPT), "\x0c").encode())
+    assert nf.apply_fix(root, write=True).status == nf.FIXABLE
+    after = run_audit(root, ours, tokens)
+    assert not after.failed and after.likeness.behaves_like == "fixed", after.verdict
+
+
+@pytest.mark.parametrize("tool", [*patch_tools(), "write"])
+@pytest.mark.parametrize("ending", ["\r\n", "\r"], ids=["CRLF", "CR"])
+def test_line_endings_are_kept(tmp_path, ending, tool):
+    plain, plain_fixed = fixed_standin(tmp_path)
+    root = copy_standin(tmp_path)
+    (root / GPT).write_bytes(plain.replace("\n", ending).encode())
+    r = nf.apply_fix(root, write=tool == "write")
+    assert r.status == nf.FIXABLE, r.message
+    assert r.fixed[GPT] == plain_fixed.replace("\n", ending)  # no LF mixed in
+    if tool != "write":
+        apply_diff(root, r.diff, tool)
+    assert as_bytes(root / GPT) == r.fixed[GPT]
+    assert (ending == "\r") == any("CR alone" in n for n in r.notes)
+
+
+@pytest.mark.parametrize("tool", [*patch_tools(), "write"])
+def test_a_byte_order_mark_is_accepted_and_kept(tmp_path, tool):
+    plain, plain_fixed = fixed_standin(tmp_path)
+    root = copy_standin(tmp_path)
+    (root / GPT).write_bytes(b"\xef\xbb\xbf" + plain.encode())
+    compile((root / GPT).read_bytes(), "gpt.py", "exec")  # Python accepts the file as it is
+    r = nf.apply_fix(root, write=tool == "write")
+    assert r.status == nf.FIXABLE, r.message
+    if tool != "write":
+        apply_diff(root, r.diff, tool)
+    assert (root / GPT).read_bytes() == b"\xef\xbb\xbf" + plain_fixed.encode()
+
+
+def test_a_symlinked_gpt_py_is_never_replaced_by_a_file(tmp_path):
+    root = copy_standin(tmp_path)
+    real = tmp_path / "elsewhere" / "gpt.py"
+    real.parent.mkdir()
+    (root / GPT).rename(real)
+    (root / GPT).symlink_to(real)
+    original = real.read_bytes()
+    assert nf.apply_fix(root).status == nf.FIXABLE  # read through the link: the diff is printed
+    with pytest.raises(nf.FixError, match="symbolic link.*nothing written"):
+        nf.apply_fix(root, write=True)
+    assert (root / GPT).is_symlink() and real.read_bytes() == original
+    assert not (root / (GPT + ".orig")).exists()
+
+
+def test_a_huge_gpt_py_is_refused_before_it_is_parsed(tmp_path, monkeypatch):
+    root = copy_standin(tmp_path)
+    with open(root / GPT, "ab") as f:
+        f.write(b"#" * (nf.MAX_SOURCE_BYTES + 1) + b"\n")
+    monkeypatch.setattr(nf, "make_fix", lambda *a: pytest.fail("the file was parsed"))
+    with pytest.raises(nf.FixError, match=r"1\.0 MiB, larger than the 1 MiB"):
+        nf.apply_fix(root)
 
 
 # -- writing ------------------------------------------------------------------------------------
@@ -319,6 +421,9 @@ def test_code_that_does_not_parse(tmp_path):
 def test_not_a_checkout(tmp_path):
     with pytest.raises(nf.FixError, match="directory not found"):
         nf.apply_fix(tmp_path / "nope")
+    (tmp_path / "gpt.py").write_text("")
+    with pytest.raises(nf.FixError, match="gpt.py: not a directory"):
+        nf.apply_fix(tmp_path / "gpt.py")
     with pytest.raises(nf.FixError, match="not a nanochat checkout"):
         nf.apply_fix(tmp_path)
     root = copy_standin(tmp_path)

@@ -6,6 +6,8 @@ Exit status: 0 ok, 1 a --check failure (or an internal error), 2 bad usage or in
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
 from typing import Annotated
 
@@ -17,7 +19,7 @@ from .commands.bench import bench
 from .commands.compare import compare
 from .commands.fix import fix
 from .commands.plot import plot
-from .errors import DEBUG, describe_unexpected, env_debug, print_error
+from .errors import DEBUG, TERMINATED, describe_unexpected, env_debug, print_error
 
 
 class PlainFlags:
@@ -35,11 +37,23 @@ class Command(PlainFlags, TyperCommand):
     pass
 
 
+MIN_COLUMNS = 40
+
+
+def clamp_columns() -> None:
+    """COLUMNS below MIN_COLUMNS (COLUMNS=0 made --help print one blank line) raised to it: rich
+    lays out --help and the tables at that width."""
+    cols = os.environ.get("COLUMNS", "").strip()
+    if cols.isdigit() and int(cols) < MIN_COLUMNS:
+        os.environ["COLUMNS"] = str(MIN_COLUMNS)
+
+
 class OneLineErrors(PlainFlags, TyperGroup):
     """Usage errors (unknown option, bad value) as one line on stderr with exit status 2, like
     every other user error, instead of a multi-line panel."""
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        clamp_columns()
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         try:
@@ -105,4 +119,16 @@ app.command(cls=Command, short_help="The patch that fixes the smear in your nano
 
 
 def run() -> None:
-    app(prog_name="smearcli")
+    """The `smearcli` program: a SIGTERM becomes an exception (files.Terminated), so that output
+    being written is cleaned up as on Ctrl-C, and the exit status is 143."""
+    import signal
+
+    from ..files import Terminated, on_sigterm
+
+    with contextlib.suppress(ValueError, OSError):  # not the main thread, or no SIGTERM here
+        signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        app(prog_name="smearcli")
+    except Terminated:  # outside a command (its guard reports it there)
+        print_error("terminated (SIGTERM)")
+        sys.exit(TERMINATED)

@@ -14,6 +14,9 @@ import os
 import sys
 
 from ..errors import UserError
+from ..files import Terminated
+
+TERMINATED = 143  # the exit status of a run stopped by SIGTERM (128 + 15, as a shell reports it)
 
 
 class CheckFailed(Exception):
@@ -48,7 +51,10 @@ _NEEDED = {
 }
 
 
-def describe_unexpected(e: BaseException) -> tuple[str, int]:
+MEMORY_HINT = "lower --seq-len, --batch or --samples, or use a smaller model"
+
+
+def describe_unexpected(e: BaseException, memory_hint: str = MEMORY_HINT) -> tuple[str, int]:
     """The one line and the exit status for an exception that is not a UserError: running out of
     memory or disk, or a path the file system refuses (too long, a symlink loop) is the machine's limit
     or bad input (2); anything else is a bug in smearcli (1)."""
@@ -56,8 +62,7 @@ def describe_unexpected(e: BaseException) -> tuple[str, int]:
     text = str(e)
     if isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError" or (
             isinstance(e, RuntimeError) and ("can't allocate memory" in text or "out of memory" in text)):
-        return (f"out of memory ({type(e).__name__}: {first}); lower --seq-len, --batch or --samples, "
-                "or use a smaller model"), 2
+        return f"out of memory ({type(e).__name__}: {first}); {memory_hint}", 2
     cause = e.__context__ if isinstance(e, RuntimeError) else None  # torch's zip writer wraps the OSError
     if isinstance(cause, OSError) and cause.errno in _ENVIRONMENT_ERRNOS:
         e = cause
@@ -70,9 +75,13 @@ def describe_unexpected(e: BaseException) -> tuple[str, int]:
             "--debug and report the traceback"), 1
 
 
-def guarded(fn):
+def guarded(fn=None, *, memory_hint: str = MEMORY_HINT):
     """Wrap a command: user errors become one line on stderr and an exit status, never a
-    traceback (unless --debug or SMEARCLI_DEBUG=1)."""
+    traceback (unless --debug or SMEARCLI_DEBUG=1). `@guarded(memory_hint=...)`: what to suggest
+    when memory runs out, for a command without the default's options."""
+    if fn is None:
+        return functools.partial(guarded, memory_hint=memory_hint)
+
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         import typer
@@ -93,6 +102,9 @@ def guarded(fn):
         except KeyboardInterrupt:
             print_error("interrupted")
             raise typer.Exit(130) from None
+        except Terminated:  # SIGTERM (app.run installs the handler): temporary files are gone by now
+            print_error("terminated (SIGTERM)")
+            raise typer.Exit(TERMINATED) from None
         except BrokenPipeError:
             # the reader went away (`smearcli compare --json | head`): stop quietly
             with contextlib.suppress(Exception):
@@ -102,7 +114,7 @@ def guarded(fn):
         except Exception as e:  # noqa: BLE001 - last line of defence: no raw tracebacks
             if DEBUG["on"]:
                 raise
-            msg, status = describe_unexpected(e)
+            msg, status = describe_unexpected(e, memory_hint)
             print_error(msg)
             raise typer.Exit(status) from None
     return wrapper

@@ -50,7 +50,7 @@ def _run(nanochat_path: Path, write: bool) -> None:
                 "root, or rerun with --write")
 
 
-@guarded
+@guarded(memory_hint="free some memory, or fix a smaller file by hand")
 def fix(
     nanochat_path: Annotated[Path, typer.Option("--nanochat-path", help="A nanochat checkout (the directory "
                              "holding nanochat/gpt.py and nanochat/engine.py). Read, never imported.",

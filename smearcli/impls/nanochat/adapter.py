@@ -144,6 +144,10 @@ class NanochatModel:
             got = f"a tensor of shape {tuple(out.shape)}" if isinstance(out, Tensor) else f"a {type(out).__name__}"
             raise UserCodeError(f"your nanochat code: GPT.forward returned {got}, not logits "
                                 f"of shape (batch, tokens, vocab) = {tuple(idx.shape)} + (vocab,)")
+        if out.shape[2] != self.config.vocab_size:  # every call must give the same width
+            step = "without a cache" if cache is None else "with a KVCache"
+            raise UserCodeError(f"your nanochat code: GPT.forward {step} returned logits {out.shape[2]} wide, "
+                                f"but its config's vocab_size is {self.config.vocab_size}")
         return out
 
 

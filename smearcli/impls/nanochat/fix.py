@@ -67,6 +67,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -82,6 +83,7 @@ PACKAGE = "nanochat"
 GPT_FILE = "gpt.py"
 ENGINE_FILE = "engine.py"
 BACKUP_SUFFIX = ".orig"
+MAX_SOURCE_BYTES = 1 << 20  # per file: ast.parse of a 4 MiB file takes over a GiB and seconds
 
 
 class FixError(ValueError):
@@ -118,12 +120,18 @@ class FixResult:
 # Small AST helpers
 
 
+def patch_lines(text: str) -> list[str]:
+    """The lines of a file as `patch` and `git apply` see them: ended by \\n alone (a \\r before
+    it, a form feed or a \\u2028 is part of the line). A file with CR-only line endings is one line
+    to them, so its diff replaces that one line."""
+    return re.findall(r"[^\n]*\n|[^\n]+\Z", text)
+
+
 def unified_diff(old: str, new: str, path: str) -> str:
     """A unified diff of one file, `a/<path>` -> `b/<path>`, that `git apply` and `patch -p1`
     accept (a last line without a newline is marked as such)."""
     out = []
-    for line in difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
-                                     f"a/{path}", f"b/{path}"):
+    for line in difflib.unified_diff(patch_lines(old), patch_lines(new), f"a/{path}", f"b/{path}"):
         if not line.endswith("\n"):
             line += "\n\\ No newline at end of file\n"
         out.append(line)
@@ -132,9 +140,14 @@ def unified_diff(old: str, new: str, path: str) -> str:
 
 def make_fix(gpt_text: str, engine_text: Optional[str] = None) -> FixResult:
     """The fix for a checkout given the texts of its nanochat/gpt.py and (optionally)
-    nanochat/engine.py: FIXABLE with a diff over both files, or a status that changes nothing."""
-    g = fix_gpt_source(gpt_text)
+    nanochat/engine.py: FIXABLE with a diff over both files, or a status that changes nothing. A
+    UTF-8 byte order mark (which Python accepts at the start of a file) is kept, and left out of
+    what is parsed."""
+    g = _keeping_bom(fix_gpt_source, gpt_text)
     notes = list(g.notes)
+    if "\r" in gpt_text and "\n" not in gpt_text:
+        notes.append("gpt.py ends its lines with CR alone, so patch and git apply see it as one line: the "
+                     "diff replaces that line whole")
     if g.status in (NO_SMEAR, UNRECOGNISED):
         return FixResult(g.status, g.message, notes=tuple(notes))
     fixed = {}
@@ -144,7 +157,7 @@ def make_fix(gpt_text: str, engine_text: Optional[str] = None) -> FixResult:
     if engine_text is None:
         notes.append("engine.py was not given, so KVCache was not checked")
     else:
-        e = fix_engine_source(engine_text)
+        e = _keeping_bom(fix_engine_source, engine_text)
         notes += e.notes
         if e.status == UNRECOGNISED:
             return FixResult(UNRECOGNISED, f"{g.message}. But {e.message}; nothing changed", notes=tuple(notes))
@@ -158,10 +171,24 @@ def make_fix(gpt_text: str, engine_text: Optional[str] = None) -> FixResult:
                      tuple(notes), {path: new for path, (_, new) in fixed.items()})
 
 
+BOM = "\ufeff"
+
+
+def _keeping_bom(fix_source, text: str) -> SourceFix:
+    """fix_source's verdict on `text` without its byte order mark, the mark put back in the fix."""
+    if not text.startswith(BOM):
+        return fix_source(text)
+    r = fix_source(text[len(BOM):])
+    return replace(r, fixed=BOM + r.fixed) if r.fixed is not None else r
+
+
 def checkout_root(path) -> Path:
     """The directory holding nanochat/gpt.py (`path` may also be the nanochat/ package itself)."""
     p = Path(os.path.expanduser(str(path)))
     if not p.is_dir():
+        if p.exists():  # a file (a dangling link is not found)
+            raise FixError(f"{path}: not a directory; give the checkout (the directory holding "
+                           f"{PACKAGE}/{GPT_FILE})")
         raise FixError(f"{path}: directory not found")
     p = p.resolve()
     if not (p / PACKAGE / GPT_FILE).is_file() and p.name == PACKAGE and (p / GPT_FILE).is_file():
@@ -171,33 +198,51 @@ def checkout_root(path) -> Path:
     return p
 
 
-def _read(path: Path) -> tuple[bytes, str]:
-    raw = path.read_bytes()
+def _read(path: Path, shown: str) -> tuple[bytes, str]:
+    """The bytes and text of a source file, at most MAX_SOURCE_BYTES (parsing a file of tens of
+    megabytes takes gigabytes of memory); `shown` names it in messages."""
+    size = path.stat().st_size
+    if size <= MAX_SOURCE_BYTES:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_SOURCE_BYTES + 1)
+        size = len(raw)
+    if size > MAX_SOURCE_BYTES:
+        raise FixError(f"{shown}: {size / 2**20:.1f} MiB, larger than the {MAX_SOURCE_BYTES // 2**20} MiB "
+                       f"fix reads (upstream's gpt.py is about 20 KB); nothing changed")
     try:
         return raw, raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise FixError(f"{path}: not UTF-8 text ({e})") from None
+        raise FixError(f"{shown}: not UTF-8 text ({e})") from None
 
 
 def apply_fix(checkout_dir, write: bool = False) -> FixResult:
     """Read `<checkout_dir>/nanochat/gpt.py` (and engine.py beside it, if present) and return
     `make_fix`'s result. With write=True and a FIXABLE result, write the fixed files: each
     original is first copied to `<file>.orig` (refused, with nothing written, if such a backup
-    exists), and each new text goes to a temporary file in the same directory that then replaces
-    the original (os.replace), so no file is ever half-written. Raises FixError."""
+    exists or the file is a symbolic link), and each new text goes to a temporary file in the same
+    directory that then replaces the original (os.replace), so no file is ever half-written. Files
+    over MAX_SOURCE_BYTES are refused. Raises FixError."""
     root = checkout_root(checkout_dir)
     pkg = root / PACKAGE
     raw = {}
-    gpt_raw, gpt_text = _read(pkg / GPT_FILE)
+
+    def shown(rel: str) -> str:  # as the user named the checkout, not resolved
+        return f"{checkout_dir}: {rel}"
+    gpt_raw, gpt_text = _read(pkg / GPT_FILE, shown(f"{PACKAGE}/{GPT_FILE}"))
     raw[f"{PACKAGE}/{GPT_FILE}"] = gpt_raw
     engine_text = None
     if (pkg / ENGINE_FILE).is_file():
-        raw[f"{PACKAGE}/{ENGINE_FILE}"], engine_text = _read(pkg / ENGINE_FILE)
+        raw[f"{PACKAGE}/{ENGINE_FILE}"], engine_text = _read(pkg / ENGINE_FILE, shown(f"{PACKAGE}/{ENGINE_FILE}"))
     r = make_fix(gpt_text, engine_text)
     r = replace(r, root=root)
     if not write or r.status != FIXABLE:
         return r
     targets = [root / rel for rel in r.files]
+    for t, rel in zip(targets, r.files):  # os.replace would turn the link into a file, its target unfixed
+        if t.is_symlink():
+            raise FixError(f"{shown(rel)} is a symbolic link to {os.readlink(t)}; fix does not write through "
+                           f"links: nothing written; without writing, fix prints the diff to apply to the file "
+                           f"it points to")
     backups = [t.with_name(t.name + BACKUP_SUFFIX) for t in targets]
     there = [str(b) for b in backups if os.path.lexists(b)]
     if there:

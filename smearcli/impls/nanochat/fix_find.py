@@ -16,6 +16,7 @@ See `smearcli.impls.nanochat.fix` for the shapes that are rewritten.
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass
 from typing import Optional
 
@@ -42,6 +43,21 @@ class SourceFix:
     fixed: Optional[str] = None  # the whole new text, only when status is FIXABLE
     shape: Optional[str] = None  # one of KNOWN_SHAPES, when the smear block was rewritten
     notes: tuple[str, ...] = ()  # things worth knowing that need no change
+
+
+_LINE = re.compile(r"[^\r\n]*(?:\r\n|\r|\n)|[^\r\n]+\Z")
+
+
+def source_lines(text: str) -> list[str]:
+    """The lines of Python source as the tokenizer counts them (and `ast` numbers them), endings
+    kept: only \\n, \\r\\n and \\r end a line. Not `str.splitlines()`, which also breaks at a form
+    feed, \\x1c-\\x1e, \\x85, \\u2028 and \\u2029 (legal inside comments and strings)."""
+    return _LINE.findall(text)
+
+
+def line_ending(line: str) -> str:
+    """The end of one of `source_lines`: "\\r\\n", "\\r", "\\n" or "" (a last line without one)."""
+    return "\r\n" if line.endswith("\r\n") else line[-1:] if line.endswith(("\r", "\n")) else ""
 
 
 class Unknown(Exception):

@@ -9,7 +9,7 @@ import ast
 
 from .fix_find import (
     ALREADY_FIXED, FIXABLE, MARK, NO_SMEAR, SHAPE_GATE_BEFORE, SHAPE_UPSTREAM, UNRECOGNISED, SourceFix,
-    Smear, Unknown, find_smear, gate_covers_chunk, gate_over_every_position, is_attr, is_name, loads, none_test, prev_used_on_multi, read_and_write, smear_add, stores, t_test, torch_imported,
+    Smear, Unknown, find_smear, line_ending, source_lines, gate_covers_chunk, gate_over_every_position, is_attr, is_name, loads, none_test, prev_used_on_multi, read_and_write, smear_add, stores, t_test, torch_imported,
 )
 
 
@@ -71,7 +71,7 @@ def fix_gpt_source(text: str) -> SourceFix:
                                        f"or `idx.shape`, so the step kinds cannot be told apart; nothing "
                                        f"changed")
     # the bug: prev is used only when one token is fed. Is it a shape we rewrite?
-    lines = text.splitlines(keepends=True)
+    lines = source_lines(text)
     try:
         fixed, shape = _rewrite(text, lines, func, smear_if, s)
     except Unknown as e:
@@ -130,7 +130,7 @@ def _rewrite(text: str, lines: list[str], func, smear_if, s: Smear) -> tuple[str
     if not torch_imported(ast.parse(text)):
         raise Unknown("gpt.py does not `import torch` at module level")
 
-    nl = "\r\n" if lines[d.lineno - 1].endswith("\r\n") else "\n"
+    nl = line_ending(lines[d.lineno - 1]) or "\n"  # the file's own: LF, CRLF or CR
     indent = _line_start(lines, d)
     if indent.strip():
         raise Unknown("the dispatch `if` does not start its own line")
@@ -196,7 +196,7 @@ def fix_engine_source(text: str) -> SourceFix:
     if reset is None or sets_prev(reset):
         return SourceFix(ALREADY_FIXED, "engine.py: KVCache needs no change", notes=tuple(notes))
     last = reset.body[-1]
-    lines = text.splitlines(keepends=True)
+    lines = source_lines(text)
     if isinstance(last, (ast.Return, ast.Raise)) or any(isinstance(n, (ast.Return, ast.Yield)) for n in ast.walk(reset)):
         return SourceFix(UNRECOGNISED, "engine.py: KVCache.reset does not clear prev_embedding, and its body "
                                        "returns early; add `self.prev_embedding = None` to it by hand",
@@ -205,7 +205,7 @@ def fix_engine_source(text: str) -> SourceFix:
     if indent.strip():
         return SourceFix(UNRECOGNISED, "engine.py: KVCache.reset is written on one line; add "
                                            "`self.prev_embedding = None` to it by hand", notes=tuple(notes))
-    nl = "\r\n" if lines[last.end_lineno - 1].endswith("\r\n") else "\n"
+    nl = line_ending(lines[last.end_lineno - 1]) or line_ending(lines[0]) or "\n"
     end = last.end_lineno
     if not lines[end - 1].endswith(("\n", "\r")):
         lines[end - 1] += nl

@@ -1,9 +1,10 @@
 """Importing the `nanochat` package of a user's checkout, in isolation.
 
-The checkout is never written to (no bytecode); sys.path, sys.modules, NANOCHAT_DTYPE, the root
-logger and stdout are restored afterwards (the imported objects stay usable); upstream's attempt to
-fetch a flash-attention kernel is blocked and its SDPA path forced; third-party modules the code
-imports but inference never uses (upstream's common.py needs `filelock`, its engine.py pulls in the
+The checkout is never written to (no bytecode); sys.path, sys.modules, the import hooks
+(sys.meta_path, sys.path_hooks), NANOCHAT_DTYPE, the root logger and stdout are restored
+afterwards (the imported objects stay usable); upstream's attempt to fetch a flash-attention
+kernel is blocked and its SDPA path forced; third-party modules the code imports but inference
+never uses (upstream's common.py needs `filelock`, its engine.py pulls in the
 tokenizer's `rustbpe` and `tiktoken`) are stood in for when missing, and named.
 
 ```python
@@ -92,6 +93,9 @@ def checkout_root(path) -> Path:
     p = Path(os.path.expanduser(str(path)))
     try:
         if not p.is_dir():
+            if p.exists():  # a file (a dangling link is not found)
+                raise UserError(f"nanochat checkout {path}: not a directory; give the checkout (the "
+                                f"directory holding {PACKAGE}/gpt.py)")
             raise UserError(f"nanochat checkout {path}: directory not found")
         return _checkout_root(p, path)
     except OSError as e:  # a name too long, a symlink loop
@@ -129,11 +133,13 @@ def git_commit(root: Path) -> Optional[str]:
 
 @contextlib.contextmanager
 def _isolated_import(root: Path, dtype: Optional[torch.dtype], block: Sequence[str]):
-    """sys.path, sys.modules, bytecode writing, NANOCHAT_DTYPE, the root logger and stdout, all
-    restored on exit; yields the dict of stand-in modules it may add to."""
+    """sys.path, sys.modules, the import hooks (sys.meta_path, sys.path_hooks and the finders
+    cached for paths), bytecode writing, NANOCHAT_DTYPE, the root logger and stdout, all restored on
+    exit; yields the dict of stand-in modules it may add to."""
     saved_modules = {k: sys.modules.pop(k) for k in list(sys.modules) if _is_ours(k)}
     saved_blocked = {k: sys.modules[k] for k in block if k in sys.modules}
     saved_path = list(sys.path)
+    saved_hooks = (list(sys.meta_path), list(sys.path_hooks), dict(sys.path_importer_cache))
     saved_bytecode = sys.dont_write_bytecode
     saved_env = os.environ.get("NANOCHAT_DTYPE")
     saved_log = (list(logging.root.handlers), logging.root.level)
@@ -154,7 +160,9 @@ def _isolated_import(root: Path, dtype: Optional[torch.dtype], block: Sequence[s
         sys.modules.update(saved_modules)
         sys.modules.update(saved_blocked)
         sys.path[:] = saved_path
-        sys.path_importer_cache.pop(str(root), None)
+        sys.meta_path[:], sys.path_hooks[:] = saved_hooks[0], saved_hooks[1]  # no import hook of theirs stays
+        sys.path_importer_cache.clear()
+        sys.path_importer_cache.update(saved_hooks[2])
         sys.dont_write_bytecode = saved_bytecode
         if saved_env is None:
             os.environ.pop("NANOCHAT_DTYPE", None)
