@@ -77,4 +77,4 @@ register(Implementation("both", "your checkout and ours side by side (ours then 
                         owns=NANOCHAT_OPTIONS, schedules=NANOCHAT_SCHEDULES))
 register(Implementation("hf", "a Hugging Face transformers model (--hf-model) through its own cache API",
                         "smearcli.cli.hf:prepare", needs=(("hf_model", "NAME|DIR"),), owns=("hf_model",), refuses=NOT_HF,
-                        schedules=("full", "prefill", "decode", "chunked", "speculative")))
+                        schedules=("full", "prefill", "decode", "chunked", "speculative", "padded", "rollback")))
