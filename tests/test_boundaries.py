@@ -207,3 +207,11 @@ def test_cli_packed_prints_every_logic_and_gates_on_a_limit():
     assert cli.invoke(app, ARGS + ["--check", "--leak-limit", str(worst / 2)]).exit_code == 1
     r = cli.invoke(app, ARGS[:-3] + ["chunked,packed"])
     assert r.exit_code == 2
+
+
+def test_cli_hf_padded_and_rollback_pass_on_a_consistent_model():
+    pytest.importorskip("transformers")
+    r = CliRunner().invoke(app, ["compare", "--impl", "hf", "--hf-model", "llama", "--schedules", "padded,rollback",
+                                 "--seq-len", "32", "--gen-len", "12", "-q"])
+    assert r.exit_code == 0 and r.output.rstrip().endswith("within 10x the noise floor"), r.output
+    assert "restored from a copy" in r.output
