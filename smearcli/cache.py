@@ -83,6 +83,15 @@ class KVCache:
         self._pos = length
         self.prev_embedding = prev_embedding
 
+    def copy(self) -> "KVCache":
+        """An independent copy: positions, keys, values and the smear state (a rolled-back draft
+        restores one where a cache is not cropped)."""
+        out = KVCache.__new__(KVCache)
+        out.k, out.v, out.seqlens = self.k.clone(), self.v.clone(), self.seqlens.clone()
+        out._pos = self._pos
+        out.prev_embedding = None if self.prev_embedding is None else self.prev_embedding.clone()
+        return out
+
     def expand_from(self, other: "KVCache") -> None:
         """Engine-style batch expansion: copy a batch-1 cache into every row of this empty one.
 

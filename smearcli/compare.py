@@ -25,10 +25,11 @@ from typing import Callable, Optional, Sequence
 import torch
 from torch import Tensor
 
+from .boundaries import ROLLBACK, SHAPES
 from .metrics import AnalyticCheck, NoiseFloor, RunMetrics, analytic_check, measure, noise_floor
 from .names import DEFAULT_SCHEDULES, LOGIC_NAMES, NOISE_MARGIN, REFERENCE
 from .runner import Described, Runner
-from .schedules import RunResult, ScheduleOptions, run_schedule, runnable
+from .schedules import RunResult, ScheduleOptions, missing, run_schedule, runnable
 from .units import sci, sig3, times
 
 NOISE_SCHEDULE = "decode"  # the noise floor: token-by-token decode against the full pass
@@ -235,7 +236,7 @@ def compare(target, tokens: Tensor, schedules: Sequence[str] = DEFAULT_SCHEDULES
     for s in schedules:
         for r in runners:
             if not runnable(r, s):
-                raise ValueError(f"{r.label} cannot run the {s} schedule")
+                raise ValueError(f"{r.label} cannot run the {s} schedule ({missing(r, s)})")
     tokens = tokens.to(ref_runner.device)
     step = progress or (lambda label: None)
     planned = plan(runners, schedules)
@@ -290,8 +291,9 @@ def compare(target, tokens: Tensor, schedules: Sequence[str] = DEFAULT_SCHEDULES
             checks = analytic_check(by_label[r.logic], tokens, ref, r)
             if checks:
                 analytic[r.schedule], checked[r.schedule] = checks, r.logic
+    notes = list(notes) + list(dict.fromkeys(n for r in runs for n in r.notes))  # rollback: crop or copy
     return Comparison([r.describe() for r in runners], tokens, options, layers, noise, ref, runs, metrics,
-                      analytic, tolerance, dtype, list(notes), checked)
+                      analytic, tolerance, dtype, notes, checked)
 
 
 def verdict(c: Comparison) -> str:
@@ -317,10 +319,27 @@ def verdict(c: Comparison) -> str:
            f"{sig3(worst.max_abs_logits)} ({sig3(worst.logits_multiple)}x noise){where}")
     if born is not None:
         msg += f"; born at {born[0]}@{born[1]}{born_where(born[1], worst.chunk_starts)}"
+    shapes = list(dict.fromkeys(s for s in (shape_of(c, m) for m in bad) if s))
+    if shapes:
+        msg += f" ({', '.join(shapes)})"
     good = [lb for lb in c.labels if lb not in labels]
     if good and len(c.labels) > 1:
         msg += f"; the {'/'.join(sorted(good))} logic matches every schedule"
     return msg + tail
+
+
+def shape_of(c: Comparison, m: RunMetrics) -> Optional[str]:
+    """The shape of a failing run of a boundary schedule (`boundaries.SHAPES`): always for packed
+    and padded; for rollback only when the error is born where a draft was taken back (born at the
+    prompt's end it is the chunk-start bug, not the rollback)."""
+    if m.schedule not in SHAPES:
+        return None
+    if m.schedule == "rollback":
+        run = next(r for r, x in zip(c.runs, c.metrics) if x is m)
+        born = c.born_at(m)
+        if born is None or born[1] not in run.marks.get(ROLLBACK, ()):
+            return None
+    return SHAPES[m.schedule]
 
 
 def born_where(pos: int, starts: Sequence[int]) -> str:

@@ -22,7 +22,7 @@ from torch import Tensor
 
 from .cache import KVCache
 from .config import VE_GATE_CHANNELS, GPTConfig
-from .smear import GATE_CHANNELS, get_logic, smear_gate
+from .smear import GATE_CHANNELS, TAKES_BOS, get_logic, smear_gate
 
 ROTARY_BASE = 100000
 SOFTCAP = 15.0
@@ -52,7 +52,17 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return torch.cat([x1 * cos + x2 * sin, x1 * (-sin) + x2 * cos], dim=3)
 
 
-def attention(q: Tensor, k: Tensor, v: Tensor, window: int) -> Tensor:
+def document_mask(lengths, device=None) -> Tensor:
+    """(T, T) bool: query i may see key j when j <= i and both lie in the same document (documents
+    of `lengths`, back to back): the document-causal mask of packed training rows."""
+    doc = torch.repeat_interleave(torch.arange(len(lengths), device=device),
+                                  torch.tensor(list(lengths), device=device))
+    T = doc.numel()
+    causal = torch.ones(T, T, dtype=torch.bool, device=device).tril()
+    return causal & (doc.unsqueeze(1) == doc.unsqueeze(0))
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, window: int, doc_mask: Optional[Tensor] = None) -> Tensor:
     """Causal attention of Tq queries on the last Tq of Tk keys, with a left window.
 
     q: (B, H, Tq, D), k and v: (B, Hkv, Tk, D). A query at absolute position i sees keys
@@ -61,6 +71,10 @@ def attention(q: Tensor, k: Tensor, v: Tensor, window: int) -> Tensor:
     and an explicit mask aligned to the cache position otherwise."""
     Tq, Tk = q.size(2), k.size(2)
     gqa = q.size(1) != k.size(1)
+    if doc_mask is not None:  # a packed row without a cache, each document seeing only itself
+        rows, cols = torch.arange(Tq, device=q.device).unsqueeze(1), torch.arange(Tk, device=q.device).unsqueeze(0)
+        mask = doc_mask & ((rows - cols) <= window)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
     if Tq == Tk and window >= Tq:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
     if Tq == 1:
@@ -90,7 +104,7 @@ class CausalSelfAttention(nn.Module):
         self.ve_gate = Linear(VE_GATE_CHANNELS, self.n_kv_head) if config.has_ve(layer) else None
 
     def forward(self, x: Tensor, ve: Optional[Tensor], cos: Tensor, sin: Tensor, window: int,
-                cache: Optional[KVCache]) -> Tensor:
+                cache: Optional[KVCache], doc_mask: Optional[Tensor] = None) -> Tensor:
         B, T, C = x.shape
         q = self.c_q(x).view(B, T, self.n_head, self.head_dim)
         k = self.c_k(x).view(B, T, self.n_kv_head, self.head_dim)
@@ -104,7 +118,7 @@ class CausalSelfAttention(nn.Module):
         q, k = rms_norm(q) * QK_SCALE, rms_norm(k) * QK_SCALE
         if cache is not None:
             k, v = cache.write(self.layer, k, v)  # (B, pos+T, Hkv, D): everything seen so far
-        y = attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), window)
+        y = attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), window, doc_mask)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.c_proj(y)
 
@@ -125,8 +139,8 @@ class Block(nn.Module):
         self.attn = CausalSelfAttention(config, layer)
         self.mlp = MLP(config)
 
-    def forward(self, x, ve, cos, sin, window, cache):
-        x = x + self.attn(rms_norm(x), ve, cos, sin, window, cache)
+    def forward(self, x, ve, cos, sin, window, cache, doc_mask=None):
+        x = x + self.attn(rms_norm(x), ve, cos, sin, window, cache, doc_mask)
         return x + self.mlp(rms_norm(x))
 
 
@@ -193,21 +207,27 @@ class GPT(nn.Module):
         return KVCache.for_model(self.config, batch_size, max_len, device=self.device, dtype=self.dtype)
 
     @torch.inference_mode()
-    def smear_terms(self, idx: Tensor) -> tuple[Tensor, Tensor, float]:
+    def smear_terms(self, idx: Tensor, bos: Optional[int] = None) -> tuple[Tensor, Tensor, float]:
         """What smearing mixes in, for the analytic check (`smearcli.metrics`): the pre-smear
         embedding x (B, T, C), the gate (B, T, 1), and the scale from the post-smear embedding to
-        our first capture point (1: we capture the post-smear embedding itself)."""
+        our first capture point (1: we capture the post-smear embedding itself). With `bos`, the
+        gate of a BOS-masked logic: zero where the token is `bos`."""
         x = rms_norm(self.transformer.wte(idx).to(self.dtype))
-        return x, smear_gate(x, self.smear_gate.weight, self.smear_lambda), 1.0
+        gate = smear_gate(x, self.smear_gate.weight, self.smear_lambda)
+        if bos is not None:
+            gate = gate.masked_fill((idx == bos).unsqueeze(-1), 0.0)
+        return x, gate, 1.0
 
     # -- forward --------------------------------------------------------------------------------
     def forward(self, idx: Tensor, cache: Optional[KVCache] = None, smear: Optional[str] = None,
-                capture: Optional[list] = None) -> Tensor:
+                capture: Optional[list] = None, bos: Optional[int] = None, documents=None) -> Tensor:
         """idx: (B, T) token ids -> logits (B, T, vocab_size) in fp32.
 
         With a cache, the tokens sit at positions [pos, pos+T) and the cache advances by T once
         the step has succeeded. `capture`, if a list, receives fp32 copies of the post-smear
-        embedding and every block's output, each (B, T, C)."""
+        embedding and every block's output, each (B, T, C). `bos`: the BOS id, which a BOS-masked
+        logic (`smear.TAKES_BOS`) needs. `documents`: lengths of the documents packed in the row
+        (no cache): attention then stays inside each document (the smear does not)."""
         B, T = idx.shape
         cfg = self.config
         pos = 0 if cache is None else cache.get_pos()
@@ -220,9 +240,21 @@ class GPT(nn.Module):
 
         x = rms_norm(self.transformer.wte(idx).to(self.dtype))  # (B, T, C), pre-smear
         prev = None if cache is None else cache.prev_embedding
-        smear_fn = get_logic(smear or self.smear)
+        logic = smear or self.smear
+        smear_fn = get_logic(logic)
         x_pre = x
-        x = smear_fn(x, self.smear_gate.weight, self.smear_lambda, prev, cache is not None)
+        if logic in TAKES_BOS:
+            if bos is None:
+                raise ValueError(f"the {logic} smear logic needs the BOS token id (bos=)")
+            x = smear_fn(x, self.smear_gate.weight, self.smear_lambda, prev, cache is not None,
+                         is_bos=(idx == bos).unsqueeze(-1))
+        else:
+            x = smear_fn(x, self.smear_gate.weight, self.smear_lambda, prev, cache is not None)
+        doc_mask = None
+        if documents is not None:
+            if cache is not None or sum(documents) != T:
+                raise ValueError(f"documents {list(documents)} must cover the {T} tokens of an uncached call")
+            doc_mask = document_mask(documents, idx.device)
         if capture is not None:
             capture.append(x.float())
 
@@ -231,7 +263,7 @@ class GPT(nn.Module):
         for i, block in enumerate(self.transformer.h):
             x = self.resid_lambdas[i] * x + self.x0_lambdas[i] * x0
             ve = self.value_embeds[str(i)](idx).to(x.dtype) if str(i) in self.value_embeds else None
-            x = block(x, ve, cos, sin, self.windows[i], cache)
+            x = block(x, ve, cos, sin, self.windows[i], cache, doc_mask)
             if capture is not None:
                 capture.append(x.float())
             if i == cfg.backout_layer:

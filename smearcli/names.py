@@ -4,16 +4,24 @@
 there); the CLI's option defaults, the library's keyword defaults, the notebooks and the docs all
 read them from here."""
 
-SCHEDULE_NAMES = ("full", "prefill", "decode", "chunked", "engine", "speculative")
+SCHEDULE_NAMES = ("full", "prefill", "decode", "chunked", "engine", "speculative", "packed", "padded", "rollback")
 REFERENCE = "full"  # the schedule every other run is measured against
-DEFAULT_SCHEDULES = tuple(s for s in SCHEDULE_NAMES if s != REFERENCE)  # what compare runs
-LOGIC_NAMES = ("old", "fixed")
+# what compare runs by default: the chunk-boundary schedules (packed, padded and rollback are asked for)
+DEFAULT_SCHEDULES = ("prefill", "decode", "chunked", "engine", "speculative")
+LOGIC_NAMES = ("old", "fixed")  # what `--logic both` runs: upstream and the #756 fix
+# Every logic `smear.LOGICS` implements: the two above and the variant that skips the smear where
+# the current token is BOS (parameter-golf's `not_bos` mask), which the packed schedule adds.
+BOS_MASKED = "bosmask"
+ALL_LOGICS = LOGIC_NAMES + (BOS_MASKED,)
+PACKED = "packed"  # the schedule that runs every logic of ALL_LOGICS by default
 
 # Defaults of the schedules' own options (`schedules.ScheduleOptions`).
 CHUNKS = 4  # chunked: near-equal chunks
 SAMPLES = 2  # engine: rows the batch-1 prefill is expanded to
 GEN_LEN = 32  # engine, speculative: tokens after the prompt
 DRAFT = 4  # speculative: tokens per verify step
+REJECT = 2  # rollback: draft tokens rejected at each verify step (of DRAFT)
+FIRST_TOKENS = 8  # packed: a document's "first tokens", where a leak is measured beside its BOS
 
 USER_CODE_TIMEOUT = 600.0  # seconds per call into a user's nanochat code (an import, one forward)
 

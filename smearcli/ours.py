@@ -11,23 +11,29 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
+import torch
+
 from .model import GPT
 from .names import layer_names
-from .runner import EXPAND, SMEAR_TERMS, Described, Output, Runner
-from .smear import ONE_TOKEN_STEP, get_logic
+from .runner import COPY, CROP, DOCUMENT_MASK, EXPAND, SMEAR_TERMS, Described, Output, Runner
+from .smear import ONE_TOKEN_STEP, TAKES_BOS, get_logic
 
-SERIES = {"old": "old logic (upstream)", "fixed": "fixed logic"}  # the legend's words per logic
+SERIES = {"old": "old logic (upstream)", "fixed": "fixed logic",  # the legend's words per logic
+          "bosmask": "fixed logic, no smear at BOS"}
 
 
 class GPTRunner(Runner):
     """Our GPT with its KVCache under one smear logic (`smearcli.smear.LOGICS`). Captures the
-    post-smear embedding (`emb`) and every block's output."""
+    post-smear embedding (`emb`) and every block's output. `bos`: the BOS id, which a BOS-masked
+    logic needs (and which the packed schedule's documents begin with)."""
 
-    capabilities = frozenset({EXPAND, SMEAR_TERMS})
+    capabilities = frozenset({EXPAND, SMEAR_TERMS, CROP, COPY, DOCUMENT_MASK})
 
-    def __init__(self, model: GPT, logic: str, name: str = "model"):
+    def __init__(self, model: GPT, logic: str, name: str = "model", bos: Optional[int] = None):
         get_logic(logic)  # an unknown logic fails here, not in the first forward
-        self.model, self.label, self.name = model, logic, name
+        if logic in TAKES_BOS and bos is None:
+            raise ValueError(f"the {logic} logic needs the BOS token id (bos=)")
+        self.model, self.label, self.name, self.bos = model, logic, name, bos
         self.series = SERIES.get(logic, f"{logic} logic")
         self.layers = tuple(layer_names(model.config.n_layer))
         # logics whose one-token step is the same function run the same decode, bit for bit
@@ -48,10 +54,17 @@ class GPTRunner(Runner):
                          str(self.dtype).removeprefix("torch."), str(self.device), cfg.to_dict(),
                          float(f"{float(self.model.smear_lambda):.6g}"))
 
-    def _call(self, tokens, cache, capture: bool) -> Output:
+    def _call(self, tokens, cache, capture: bool, documents=None) -> Output:
         cap = [] if capture else None
-        logits = self.model(tokens, cache=cache, smear=self.label, capture=cap)
+        logits = self.model(tokens, cache=cache, smear=self.label, capture=cap, bos=self.bos,
+                            documents=documents)
+        if cache is not None:  # the ids seen, for the smear state of a cropped cache
+            seen = getattr(cache, "ids", None)
+            cache.ids = tokens if seen is None else torch.cat([seen, tokens], dim=1)
         return Output(logits, cap)
+
+    def forward_documents(self, tokens, lengths, capture):
+        return self._call(tokens, None, capture, documents=list(lengths))
 
     def forward(self, tokens, capture):
         return self._call(tokens, None, capture)
@@ -67,10 +80,22 @@ class GPTRunner(Runner):
         out.expand_from(cache)  # prev_embedding included
         return out
 
+    def crop(self, cache, length):
+        """Keep positions [0, length): the smear state is the pre-smear embedding of the last kept token."""
+        cache.ids = cache.ids[:, :length]
+        prev = self.model.smear_terms(cache.ids[:, -1:])[0]
+        cache.truncate(length, prev)
+
+    def copy(self, cache):
+        out = cache.copy()
+        out.ids = getattr(cache, "ids", None)
+        return out
+
     def smear_terms(self, tokens):
-        return self.model.smear_terms(tokens)
+        return self.model.smear_terms(tokens, self.bos if self.label in TAKES_BOS else None)
 
 
-def runners(model: GPT, logics: Sequence[str], name: Optional[str] = None) -> list[GPTRunner]:
+def runners(model: GPT, logics: Sequence[str], name: Optional[str] = None,
+            bos: Optional[int] = None) -> list[GPTRunner]:
     """One runner per logic, in the order given."""
-    return [GPTRunner(model, logic, name or "model") for logic in logics]
+    return [GPTRunner(model, logic, name or "model", bos) for logic in logics]

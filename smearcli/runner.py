@@ -23,8 +23,14 @@ run. Optional capabilities are declared in `capabilities`, never probed:
 - `EXPAND`: `expand(cache, rows, max_len)` copies a one-row cache into `rows` rows (the engine
   schedule);
 - `CROP`: `crop(cache, length)` drops every position from `length` on (rolled-back drafts);
+- `COPY`: `copy(cache)` an independent copy (rolled-back drafts restore one where a cache cannot
+  be cropped);
 - `SMEAR_TERMS`: `smear_terms(tokens)` gives (pre-smear embedding, gate, scale) for the analytic
-  check at chunk starts.
+  check at chunk starts;
+- `DOCUMENT_MASK`: `forward_documents(tokens, lengths, capture)`, the forward pass of a packed row
+  whose attention stays inside each document (the packed schedule's split of a leak);
+- `PADDING`: `forward_padded(tokens, attention_mask, capture)`, one cached prefill of a padded
+  batch, positions counted over the mask's real tokens (the padded schedule).
 
 An engine that chunks by itself (and may return log-probabilities and no hidden states) overrides
 `run(schedule, tokens, options)` instead of `step`: the schedules call it first and fall back to
@@ -40,7 +46,10 @@ from typing import Any, Hashable, NamedTuple, Optional
 EXPAND = "expand"
 CROP = "crop"
 SMEAR_TERMS = "smear_terms"
-CAPABILITIES = (EXPAND, CROP, SMEAR_TERMS)
+COPY = "copy"
+DOCUMENT_MASK = "document_mask"
+PADDING = "padding"
+CAPABILITIES = (EXPAND, CROP, SMEAR_TERMS, COPY, DOCUMENT_MASK, PADDING)
 
 
 class Output(NamedTuple):
@@ -102,8 +111,17 @@ class Runner:
     def crop(self, cache, length: int) -> None:
         raise NotImplementedError(f"{self.label}: cannot crop a cache")
 
+    def copy(self, cache):
+        raise NotImplementedError(f"{self.label}: cannot copy a cache")
+
     def smear_terms(self, tokens):
         return None
+
+    def forward_documents(self, tokens, lengths, capture: bool) -> Output:
+        raise NotImplementedError(f"{self.label}: cannot mask attention to documents")
+
+    def forward_padded(self, tokens, attention_mask, capture: bool) -> Output:
+        raise NotImplementedError(f"{self.label}: cannot run a padded batch")
 
     def run(self, schedule: str, tokens, options) -> Optional[Any]:
         """A whole run of `schedule` done by the implementation itself (a `schedules.RunResult`),

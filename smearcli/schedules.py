@@ -15,6 +15,8 @@ schedule is one entry of `SCHEDULES` (and its name in `names.SCHEDULE_NAMES`).
   tokens, the cache copied into `samples` rows, then one token per step on every row.
 - speculative: a prefill of all but the last `gen_len` tokens, then verify steps of `draft`
   tokens at once, as speculative decoding feeds accepted drafts.
+- packed, padded, rollback: documents packed in one row, padded batches, rejected drafts
+  (`smearcli.boundaries`, which records DOCUMENT_START, PADDING and ROLLBACK boundaries).
 """
 
 from __future__ import annotations
@@ -25,8 +27,10 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor
 
-from .names import CHUNKS, DRAFT, GEN_LEN, SAMPLES, SCHEDULE_NAMES
-from .runner import EXPAND, Runner
+from . import boundaries
+from .boundaries import DOCUMENT_START, PADDING, ROLLBACK  # noqa: F401 (boundary kinds, re-exported)
+from .names import CHUNKS, DRAFT, GEN_LEN, REJECT, SAMPLES, SCHEDULE_NAMES
+from .runner import COPY, CROP, EXPAND, PADDING as PADDED_BATCH, Runner
 
 # The kinds of boundary a run records (`RunResult.boundaries`): positions where per-token state
 # crosses from one call, row or document into the next.
@@ -41,6 +45,8 @@ class ScheduleOptions:
     samples: int = SAMPLES  # rows after engine-style expansion
     gen_len: int = GEN_LEN  # tokens generated after the prompt (engine, speculative)
     draft: int = DRAFT  # tokens per speculative verify step
+    documents: Optional[tuple[int, ...]] = None  # packed: document lengths (None: `chunks` near-equal ones)
+    reject: int = REJECT  # rollback: draft tokens rejected per verify step
 
 
 @dataclass
@@ -52,6 +58,8 @@ class RunResult:
     steps: list[int]  # the sizes of the forward steps, in order (per input row)
     row_map: list[int]  # input row each output row reproduces (engine expands rows)
     marks: dict = field(default_factory=dict)  # boundaries the schedule adds: kind -> positions
+    starts: Optional[list[int]] = None  # chunk starts, where the steps' running sums are not (packed, rollback)
+    notes: tuple[str, ...] = ()  # what the run did that a reader must know (rollback: crop or copy)
 
     @property
     def step_starts(self) -> list[int]:
@@ -65,6 +73,8 @@ class RunResult:
     @property
     def chunk_starts(self) -> list[int]:
         """Starts of multi-token steps after position 0: where the old logic drops a predecessor."""
+        if self.starts is not None:
+            return list(self.starts)
         out, pos = [], 0
         for n in self.steps:
             if pos > 0 and n > 1:
@@ -199,6 +209,24 @@ def _speculative_plan(T: int, opts: ScheduleOptions) -> list[int]:
     return steps
 
 
+def document_lengths(T: int, opts: ScheduleOptions) -> list[int]:
+    """The packed schedule's documents: as given (they must cover T), else `chunks` near-equal ones."""
+    if opts.documents is None:
+        return split_even(T, opts.chunks)
+    lengths = list(opts.documents)
+    if any(n < 1 for n in lengths) or sum(lengths) != T:
+        raise ValueError(f"documents of lengths {','.join(map(str, lengths))} do not cover the {T} tokens")
+    return lengths
+
+
+def _packed(runner, tokens, opts, capture, on_step=None):
+    return boundaries.packed(runner, tokens, opts, capture, on_step, document_lengths(tokens.size(1), opts))
+
+
+def _rollback(runner, tokens, opts, capture, on_step=None):
+    return boundaries.rollback(runner, tokens, opts, capture, on_step, _prompt_len(tokens.size(1), opts))
+
+
 STEP_PLANS: dict[str, Callable[[int, ScheduleOptions], list[int]]] = {
     "prefill": lambda T, o: [T],
     "decode": lambda T, o: [1] * T,
@@ -220,6 +248,7 @@ class Schedule:
     summary: str
     run: Callable = field(repr=False)
     needs: frozenset = frozenset()  # runner capabilities it needs (smearcli.runner)
+    needs_one_of: frozenset = frozenset()  # of these, at least one (rollback: crop, or a copy)
 
 
 SCHEDULES: dict[str, Schedule] = {s.name: s for s in [
@@ -230,13 +259,28 @@ SCHEDULES: dict[str, Schedule] = {s.name: s for s in [
     Schedule("engine", "batch-1 prefill, cache copied to `samples` rows, then `gen_len` one-token steps", _engine,
              frozenset({EXPAND})),
     Schedule("speculative", "prefill, then verify steps of `draft` tokens over the last `gen_len`", _stepped(STEP_PLANS["speculative"])),
+    Schedule("packed", "each BOS-started document of the packed row alone, against the packed row", _packed),
+    Schedule("padded", "the row beside its prefix right- and left-padded in one batch, with the mask",
+             boundaries.padded, frozenset({PADDED_BATCH})),
+    Schedule("rollback", "prefill, then drafts of `draft` tokens whose last `reject` are rejected and "
+             "taken back out of the cache", _rollback, needs_one_of=frozenset({CROP, COPY})),
 ]}
 assert tuple(SCHEDULES) == SCHEDULE_NAMES
 
 
 def runnable(runner: Runner, schedule: str) -> bool:
     """Whether `runner` declares every capability `schedule` needs."""
-    return all(runner.can(c) for c in SCHEDULES[schedule].needs)
+    s = SCHEDULES[schedule]
+    one_of = not s.needs_one_of or any(runner.can(c) for c in s.needs_one_of)
+    return one_of and all(runner.can(c) for c in s.needs)
+
+
+def missing(runner: Runner, schedule: str) -> str:
+    """What `runner` lacks for `schedule`, in words: "it needs: expand", "it can neither crop nor copy its cache"."""
+    s = SCHEDULES[schedule]
+    if s.needs_one_of and not any(runner.can(c) for c in s.needs_one_of):
+        return f"it can neither {' nor '.join(sorted(s.needs_one_of))} its cache"
+    return "it needs: " + ", ".join(sorted(c for c in s.needs if not runner.can(c)))
 
 
 def as_runner(target, logic: Optional[str] = None) -> Runner:
@@ -259,8 +303,7 @@ def run_schedule(target, tokens: Tensor, schedule: str, logic: Optional[str] = N
         raise ValueError(f"unknown schedule {schedule!r}; choose from {', '.join(SCHEDULES)}")
     runner = as_runner(target, logic)
     if not runnable(runner, schedule):
-        missing = ", ".join(sorted(c for c in SCHEDULES[schedule].needs if not runner.can(c)))
-        raise ValueError(f"{runner.label} cannot run the {schedule} schedule (it needs: {missing})")
+        raise ValueError(f"{runner.label} cannot run the {schedule} schedule ({missing(runner, schedule)})")
     B, T = tokens.shape
     done = [0]
 
@@ -273,8 +316,8 @@ def run_schedule(target, tokens: Tensor, schedule: str, logic: Optional[str] = N
             if progress:
                 progress(T, T)
             return whole
-        logits, hiddens, steps, marks = SCHEDULES[schedule].run(runner, tokens, opts, capture,
-                                                                on_step if progress else None)
+        logits, hiddens, steps, marks, *extra = SCHEDULES[schedule].run(runner, tokens, opts, capture,
+                                                                        on_step if progress else None)
     rows = logits.size(0)
     row_map = [r * B // rows for r in range(rows)] if rows != B else list(range(B))
-    return RunResult(schedule, runner.label, logits, hiddens, steps, row_map, marks)
+    return RunResult(schedule, runner.label, logits, hiddens, steps, row_map, marks, **(extra[0] if extra else {}))

@@ -1,4 +1,4 @@
-"""Token smearing, in its two variants: the one source of truth for both.
+"""Token smearing, in its variants: the one source of truth for all of them.
 
 Smearing mixes a gated copy of the previous token's (normed, pre-smear) embedding into the
 current token, a cheap bigram feature:
@@ -12,7 +12,9 @@ Three code paths exist upstream: no cache (training / full forward), a cached st
 tokens and a cached step with T == 1. `old` reproduces upstream exactly, bug included: a cached
 T > 1 step assumes it starts the sequence, so the first token of a later chunk loses its
 predecessor even though the cache holds it in `prev_embedding` (nanochat issue #756).
-`fixed` uses `prev_embedding` as that predecessor whenever it is set.
+`fixed` uses `prev_embedding` as that predecessor whenever it is set. `bosmask` is `fixed` that
+also skips the smear where the current token is BOS (parameter-golf's `not_bos` mask), so a
+document packed after another one starts as it would alone: it takes `is_bos` (B, T, 1) besides.
 
 Both functions take x of shape (B, T, C), the pre-smear embedding, and return the post-smear
 embedding of the same shape. `prev` is the cache's `prev_embedding` (B, 1, C) or None; `cached`
@@ -28,7 +30,7 @@ import torch
 from torch import Tensor
 
 from .config import SMEAR_GATE_CHANNELS as GATE_CHANNELS
-from .names import LOGIC_NAMES
+from .names import ALL_LOGICS, BOS_MASKED
 
 
 def smear_gate(x: Tensor, gate_weight: Tensor, smear_lambda: Tensor) -> Tensor:
@@ -88,11 +90,20 @@ def smear_fixed(x: Tensor, gate_weight: Tensor, smear_lambda: Tensor,
     return x + gate * predecessors
 
 
+def smear_bos_masked(x: Tensor, gate_weight: Tensor, smear_lambda: Tensor, prev: Optional[Tensor],
+                     cached: bool, is_bos: Optional[Tensor] = None) -> Tensor:
+    """The fixed smear, skipped where the current token is BOS (`is_bos` (B, T, 1); None: no
+    token is BOS, and this is `smear_fixed` bit for bit)."""
+    out = smear_fixed(x, gate_weight, smear_lambda, prev, cached)
+    return out if is_bos is None else torch.where(is_bos, x, out)
+
+
 SmearFn = Callable[[Tensor, Tensor, Tensor, Optional[Tensor], bool], Tensor]
 
 # The registry every caller (model, CLI, notebooks, tests) picks a logic from, in display order.
-LOGICS: dict[str, SmearFn] = {"old": smear_old, "fixed": smear_fixed}
-assert tuple(LOGICS) == LOGIC_NAMES
+LOGICS: dict[str, SmearFn] = {"old": smear_old, "fixed": smear_fixed, BOS_MASKED: smear_bos_masked}
+assert tuple(LOGICS) == ALL_LOGICS
+TAKES_BOS = frozenset({BOS_MASKED})  # logics called with `is_bos=` (the model needs the BOS id)
 
 
 # The function each logic's cached one-token step (T == 1, cached=True) calls, whatever `prev`.

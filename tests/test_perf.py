@@ -64,12 +64,14 @@ def test_one_token_step_is_the_same_code_for_every_logic(B, C, dtype, with_prev)
         x = torch.randn(B, 1, C, generator=g).to(dtype)
         prev = torch.randn(B, 1, C, generator=g).to(dtype) if with_prev else None
         w, lam = torch.randn(1, 24, generator=g), torch.rand(1, generator=g)
-        outs = {name: fn(x, w, lam, prev, True) for name, fn in smear.LOGICS.items()}
+        outs = {name: fn(x, w, lam, prev, True) for name, fn in smear.LOGICS.items() if name in smear.ONE_TOKEN_STEP}
         for name, out in outs.items():
             assert torch.equal(out, smear.ONE_TOKEN_STEP[name](x, w, lam, prev)), name
         assert torch.equal(outs["old"], outs["fixed"])
     assert smear.same_one_token_step(["old", "fixed"])
     assert not smear.same_one_token_step(["old", "users-own"])
+    # the BOS mask skips the smear of a decoded BOS: its decode is its own run
+    assert not smear.same_one_token_step(["fixed", "bosmask"])
 
 
 class FakeTTY(io.StringIO):

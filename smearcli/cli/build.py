@@ -105,9 +105,13 @@ def check_arguments(spec: RunSpec, schedules, chunk_sizes) -> ScheduleOptions:
     T = spec.seq_len_value() if not inputs else None  # random input: its length is known now
     opts = ScheduleOptions(chunks=spec.chunks_for(T or names.CHUNKS), chunk_sizes=chunk_sizes, samples=spec.samples,
                            gen_len=spec.gen_len, draft=spec.draft)
-    for name, value in (("--samples", spec.samples), ("--gen-len", spec.gen_len), ("--draft", spec.draft)):
+    for name, value in (("--samples", spec.samples), ("--gen-len", spec.gen_len), ("--draft", spec.draft),
+                        ("--reject", spec.reject)):
         if value < 1:
             raise UserError(f"{name} must be >= 1, got {value}")
+    if "rollback" in schedules and spec.reject >= spec.draft:
+        raise UserError(f"--reject {spec.reject}: rollback rejects fewer tokens than each --draft ({spec.draft})")
+    opts = replace(opts, reject=spec.reject, documents=spec.document_lengths())
     if T is not None:
         if T < 2:
             raise UserError(f"--seq-len must be >= 2, got {T}")

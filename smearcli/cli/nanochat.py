@@ -22,9 +22,18 @@ def _model_info(setup) -> dict:
 
 def prepare(spec, schedules, tolerance) -> Job:
     from ..checkpoint import NoSmearParameters
+    from ..errors import UserError
+    from ..names import PACKED
     from ..ours import runners
     from .build import build_setup
 
+    if PACKED in schedules and len(schedules) > 1:
+        raise UserError("--schedules packed measures documents against the packed row and runs on its own; "
+                        "give it alone")
+    if spec.documents is not None and PACKED not in schedules:
+        raise UserError("--documents sizes the packed schedule; add --schedules packed")
+    if spec.leak_limit is not None and PACKED not in schedules:
+        raise UserError("--leak-limit gates the packed schedule; add --schedules packed")
     spec.schedules = ",".join(schedules)
     try:
         setup = build_setup(spec)
@@ -33,6 +42,10 @@ def prepare(spec, schedules, tolerance) -> Job:
         return Job(lambda bar: no_smear(spec, found))
     if setup.audited is not None:
         return Job(lambda bar: _audit(setup, tolerance, bar), setup.loaded.name)
+    if PACKED in schedules:
+        from .packed import packed_job
+
+        return packed_job(spec, setup, tolerance, _model_info(setup))
     return comparison_job(runners(setup.model, setup.logics, setup.loaded.name), setup.tokens, setup.schedules,
                           setup.options, tolerance, _model_info(setup), setup.threads)
 

@@ -21,7 +21,7 @@ import typer
 from .. import names
 from ..config import PRESETS
 from ..errors import UserError
-from ..names import DEFAULT_SCHEDULES, LOGIC_NAMES, REFERENCE, SCHEDULE_NAMES
+from ..names import ALL_LOGICS, DEFAULT_SCHEDULES, LOGIC_NAMES, PACKED, REFERENCE, SCHEDULE_NAMES
 from .errors import guarded
 from .registry import REGISTRY
 from .threads import HELP as THREADS_HELP
@@ -53,6 +53,7 @@ class DType(str, Enum):
 class Logic(str, Enum):
     old = "old"
     fixed = "fixed"
+    bosmask = "bosmask"
     both = "both"
 
 
@@ -93,6 +94,9 @@ class RunSpec:
     samples: int = names.SAMPLES
     gen_len: int = names.GEN_LEN
     draft: int = names.DRAFT
+    reject: int = names.REJECT
+    documents: Optional[str] = None  # packed: document lengths, "100,60,96" (None: split the input on BOS)
+    leak_limit: Optional[float] = None  # packed: what --check gates on
     impl: str = "ours"  # a name in cli.impls.REGISTRY
     nanochat_path: Optional[Path] = None
     hf_model: Optional[str] = None  # --impl hf: a built-in tiny config's name or a model directory
@@ -135,7 +139,22 @@ class RunSpec:
         return 4 if self.depth is None else self.depth
 
     def logic_list(self) -> list[str]:
-        return list(LOGIC_NAMES) if self.logic == Logic.both else [self.logic.value]
+        """The logics to run: `both` is old and fixed, and with the packed schedule also bosmask."""
+        if self.logic != Logic.both:
+            return [self.logic.value]
+        return list(ALL_LOGICS) if PACKED in self.schedule_list() else list(LOGIC_NAMES)
+
+    def document_lengths(self) -> Optional[tuple[int, ...]]:
+        if self.documents is None:
+            return None
+        try:
+            sizes = tuple(int(s) for s in self.documents.split(","))
+        except ValueError:
+            raise UserError(f"--documents: expected comma-separated document lengths like 100,60,96, "
+                            f"got {self.documents!r}") from None
+        if any(n < 1 for n in sizes):
+            raise UserError(f"--documents: every document needs at least one token (its BOS), got {self.documents}")
+        return sizes
 
     def chunk_size_tuple(self) -> Optional[tuple[int, ...]]:
         if self.chunk_sizes is None:
@@ -151,7 +170,7 @@ class RunSpec:
         """Random input's length: as given, else the sum of --chunk-sizes, else the preset's, else 256."""
         if self.seq_len is not None:
             return self.seq_len
-        sizes = self.chunk_size_tuple()
+        sizes = self.chunk_size_tuple() or self.document_lengths()
         if sizes:
             return sum(sizes)
         return PRESETS[self.preset.value].seq_len if self.preset is not None else 256
@@ -214,7 +233,8 @@ SHARED = {
     "schedules": (str, typer.Option("--schedules", help="Comma-separated schedules to run against the full "
                   "forward pass: " + ", ".join(DEFAULT_SCHEDULES) + " (default: all; bench: prefill,chunked,decode).",
                   rich_help_panel=S, show_default=False)),
-    "logic": (Logic, typer.Option("--logic", help="Smear logic: old (upstream, with the #756 bug), fixed, or both.", rich_help_panel=S)),
+    "logic": (Logic, typer.Option("--logic", help="Smear logic: old (upstream, with the #756 bug), fixed, bosmask (fixed, no smear where the "
+              "token is BOS), or both (old and fixed; with --schedules packed also bosmask).", rich_help_panel=S)),
     "chunks": (Optional[int], typer.Option("--chunks", help="chunked: split the sequence into N near-equal "
                "chunks (default 4, at most one per token).", rich_help_panel=S, show_default=False)),
     "chunk_sizes": (Optional[str], typer.Option("--chunk-sizes", help="chunked: explicit sizes, e.g. "
@@ -222,7 +242,17 @@ SHARED = {
     "samples": (int, typer.Option("--samples", help="engine: rows the batch-1 prefill is expanded to.", rich_help_panel=S)),
     "gen_len": (int, typer.Option("--gen-len", help="engine, speculative: tokens after the prompt "
                 "(decoded one by one, or verified --draft at a time).", rich_help_panel=S)),
-    "draft": (int, typer.Option("--draft", help="speculative: tokens per verify step.", rich_help_panel=S)),
+    "draft": (int, typer.Option("--draft", help="speculative, rollback: tokens per verify step.", rich_help_panel=S)),
+    "reject": (int, typer.Option("--reject", help="rollback: tokens of each draft rejected and taken back "
+               "out of the cache (fewer than --draft).", rich_help_panel=S)),
+    "documents": (Optional[str], typer.Option("--documents", help="packed: the lengths of the documents "
+                  "packed in one row, e.g. 100,60,96 (sets --seq-len; BOS is written at each start). "
+                  "Without it, a --tokens/--text input is split at each BOS. --logic both then runs old, "
+                  "fixed and bosmask (no smear at BOS).", rich_help_panel=S, show_default=False)),
+    "leak_limit": (Optional[float], typer.Option("--leak-limit", help="packed: with --check, exit 1 when "
+                   "any document's first tokens leak more than this max |Δlogit| (a leak is a measurement "
+                   "of training against inference, not a bug, so the limit is yours).", rich_help_panel=S,
+                   show_default=False)),
     "impl": (str, typer.Option("--impl", help="Whose code runs the model: " + "; ".join(
              f"{i.name}: {i.help}" for i in REGISTRY.values()) + ".", rich_help_panel=N, metavar="NAME")),
     "nanochat_path": (Optional[Path], typer.Option("--nanochat-path", help="A nanochat checkout (the "

@@ -64,14 +64,17 @@ NOT_HF = tuple((f, "configures a nanochat model and does not apply to --impl hf 
     ("logic", "picks nanochat's smear logic; with --impl hf the model's own code runs"),
     ("samples", "sizes the engine schedule, which --impl hf does not run"))
 
+# our GPT has no padding mask; a user's checkout runs neither documents nor padding through the audit
+OURS_SCHEDULES = ("full", "prefill", "decode", "chunked", "engine", "speculative", "packed", "rollback")
+NANOCHAT_SCHEDULES = ("full", "prefill", "decode", "chunked", "engine", "speculative", "rollback")
 register(Implementation("ours", "smearcli's reimplementation of nanochat's GPT; --logic picks the smear",
-                        "smearcli.cli.nanochat:prepare", commands=COMMANDS))
+                        "smearcli.cli.nanochat:prepare", commands=COMMANDS, schedules=OURS_SCHEDULES))
 register(Implementation("nanochat", "your checkout at --nanochat-path: its own GPT, forward pass and "
                         "KVCache, on the same weights", "smearcli.cli.nanochat:prepare",
                         needs=(("nanochat_path", "DIR (a nanochat checkout)"),), owns=NANOCHAT_OPTIONS))
 register(Implementation("both", "your checkout and ours side by side (ours then runs old and fixed)",
                         "smearcli.cli.nanochat:prepare", needs=(("nanochat_path", "DIR (a nanochat checkout)"),),
-                        owns=NANOCHAT_OPTIONS))
+                        owns=NANOCHAT_OPTIONS, schedules=NANOCHAT_SCHEDULES))
 register(Implementation("hf", "a Hugging Face transformers model (--hf-model) through its own cache API",
                         "smearcli.cli.hf:prepare", needs=(("hf_model", "NAME|DIR"),), owns=("hf_model",), refuses=NOT_HF,
-                        schedules=("full", "prefill", "decode", "chunked", "speculative")))
+                        schedules=("full", "prefill", "decode", "chunked", "speculative", "padded", "rollback")))

@@ -36,7 +36,7 @@ from .. import inputs
 from ..errors import UserError
 from ..names import NOISE_MARGIN
 from ..compare import Comparison, compare
-from ..runner import Described, Holder, Output, Runner
+from ..runner import COPY, PADDING, Described, Holder, Output, Runner
 from ..schedules import ScheduleOptions
 
 HF_SCHEDULES = ("prefill", "decode", "chunked", "speculative")
@@ -206,6 +206,7 @@ class HFRunner(Runner):
 
     label = "hf"
     series = "the model's own cache"
+    capabilities = frozenset({COPY, PADDING})
 
     def __init__(self, model, info: "HFModelInfo", layers: Sequence[str]):
         self.model, self.info, self.layers = model, info, tuple(layers)
@@ -238,6 +239,25 @@ class HFRunner(Runner):
             kw["cache_position"] = torch.arange(cache.pos, cache.pos + n, device=self.device)
         out = self.model(input_ids=tokens.to(self.device), **kw)
         cache.inner, cache.started, cache.pos = _out_cache(out), True, cache.pos + n
+        return Output(out.logits, list(out.hidden_states) if capture else None)
+
+
+    def copy(self, cache: Holder) -> Holder:
+        """A deep copy of the model's own cache object (rolled-back drafts restore it)."""
+        import copy
+
+        return Holder(copy.deepcopy(cache.inner), cache.started, cache.pos)
+
+    def forward_padded(self, tokens, attention_mask, capture):
+        """One cached prefill of a padded batch with its attention mask; where the forward takes
+        position ids, they count the real tokens only (as `generate()` passes them)."""
+        import inspect
+
+        kw: dict = dict(attention_mask=attention_mask.to(self.device), use_cache=True,
+                        output_hidden_states=capture, return_dict=True)
+        if "position_ids" in inspect.signature(self.model.forward).parameters:
+            kw["position_ids"] = (attention_mask.cumsum(-1) - 1).clamp_min(0).to(self.device)
+        out = self.model(input_ids=tokens.to(self.device), **kw)
         return Output(out.logits, list(out.hidden_states) if capture else None)
 
 

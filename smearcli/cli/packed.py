@@ -1,0 +1,101 @@
+"""`--schedules packed` from the CLI: the packed row's input (BOS at each document's start), the
+per-document measurement of `smearcli.packed`, and its report (table, smearcli.packed/1, --save,
+the figure of the first logic's run)."""
+
+from __future__ import annotations
+
+from ..errors import UserError
+from .reports import Job, Report
+
+
+def bos_for(setup) -> int:
+    """The BOS id: the checkpoint tokenizer's <|bos|> where there is one, else `packed.default_bos`."""
+    from ..packed import default_bos
+
+    found = setup.found
+    if found is not None and found.tokenizer is not None and not setup.model.config.is_byte_level:
+        from .. import tokenizer as tok
+
+        try:
+            return tok.special_id(tok.load_tokenizer(found.tokenizer), tok.BOS)
+        except (UserError, KeyError, ValueError):
+            pass
+    return default_bos(setup.model.config)
+
+
+def packed_input(spec, setup):
+    """(tokens, lengths): with --documents, the lengths and BOS written at each start (random input:
+    seeded ids with no other BOS); without, the input split at each BOS."""
+    from ..boundaries import document_starts, split_on_bos
+    from ..packed import packed_tokens
+
+    bos, tokens = bos_for(setup), setup.tokens
+    lengths = spec.document_lengths()
+    given = any(v is not None for v in (spec.tokens, spec.text, spec.text_file))
+    if lengths is not None:
+        if sum(lengths) != tokens.size(1):
+            raise UserError(f"--documents: the lengths sum to {sum(lengths)} but the input has {tokens.size(1)} tokens")
+        if not given:
+            return packed_tokens(setup.model.config.vocab_size, lengths, bos, spec.seed,
+                                 tokens.size(0)).to(tokens.device), list(lengths)
+        tokens = tokens.clone()
+        tokens[:, document_starts(lengths)] = bos
+        return tokens, list(lengths)
+    if not given:
+        raise UserError("--schedules packed needs --documents LENGTHS (e.g. 100,60,96), or an input whose "
+                        f"documents each begin with BOS (id {bos})")
+    splits = []
+    for row in tokens:
+        try:
+            splits.append(split_on_bos(row, bos))
+        except ValueError as e:
+            raise UserError(f"--schedules packed: {e}; give --documents LENGTHS") from None
+    if any(s != splits[0] for s in splits):
+        raise UserError("--schedules packed: the rows split into different documents at BOS; give one row")
+    return tokens, splits[0]
+
+
+class PackedReport(Report):
+    def __init__(self, result, info, footer):
+        self.result, self.info, self.footer = result, info, footer
+        self.verdict, self.failed = result.verdict, result.failed
+
+    def document(self) -> dict:
+        from ..packed import to_json
+
+        return to_json(self.result, self.info)
+
+    def render(self, console) -> None:
+        from ..render.table import title_line
+
+        console.print(title_line(self.result.logics[0].comparison), soft_wrap=True, highlight=False)
+        console.print(self.result.table(), soft_wrap=True, highlight=False, markup=False)
+        if self.footer:
+            console.print(self.footer, soft_wrap=True, highlight=False)
+
+    def payload(self) -> dict:
+        from ..documents import save_payload
+
+        return save_payload(self.document(), {f"{lg.label}_": lg.comparison for lg in self.result.logics})
+
+    def figure(self, schedule: str):
+        return self.result.logics[0].comparison, None, ""
+
+
+def packed_job(spec, setup, tolerance, info) -> Job:
+    from ..names import FIRST_TOKENS
+    from ..ours import runners
+
+    if spec.leak_limit is not None and not 0 <= spec.leak_limit < float("inf"):
+        raise UserError(f"--leak-limit must be a finite number >= 0, got {spec.leak_limit}")
+    tokens, lengths = packed_input(spec, setup)
+    bos = int(tokens[0, 0])
+    group = runners(setup.model, setup.logics, setup.loaded.name, bos=bos)
+
+    def run(bar):
+        from .. import packed
+
+        result = packed.measure(group, tokens, lengths, FIRST_TOKENS, spec.leak_limit, tolerance,
+                                progress=bar.label, tokens_progress=bar.tokens)
+        return PackedReport(result, info, setup.threads)
+    return Job(run, setup.loaded.name)
