@@ -61,7 +61,10 @@ def test_auto_map_of_a_builtin_type_is_ignored_and_trust_remote_code_stays_off(d
                       (tf.AutoModelForCausalLM, "from_config")):
         real = getattr(cls, meth)
         monkeypatch.setattr(cls, meth, lambda *a, _real=real, _m=meth, **k: (calls.append((_m, k)), _real(*a, **k))[1])
+    log = tf.utils.logging
+    before = log.get_verbosity(), log.is_progress_bar_enabled()
     model, info = hf.load(str(d))
+    assert (log.get_verbosity(), log.is_progress_bar_enabled()) == before  # silenced while loading only
     assert type(model).__name__ == "LlamaForCausalLM" and not (d / "PWNED").exists()
     assert len(calls) == 3 and all(k.get("trust_remote_code") is False for _, k in calls), calls
     assert any("auto_map" in n and "modeling_evil.py" in n for n in info.notes), info.notes

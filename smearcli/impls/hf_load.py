@@ -39,7 +39,6 @@ def require_transformers():
     return transformers
 
 
-
 # -- transformers -----------------------------------------------------------------------------------
 @contextlib.contextmanager
 def quiet(tf):
