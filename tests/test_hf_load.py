@@ -95,6 +95,21 @@ def test_weights_that_do_not_fit_the_model(dirs, name):
     check_refused(dirs[name], name)
 
 
+def test_good_directories_still_load(tmp_path):
+    """The checks refuse none of what save_pretrained writes: shards with an index, tied embeddings
+    (gemma3 saves no lm_head), bfloat16 weights; every tensor loads as it was saved."""
+    import torch
+
+    model = hf.tiny_model("gemma3")
+    for name, dtype in (("sharded", torch.float32), ("bf16", torch.bfloat16)):
+        model.to(dtype).save_pretrained(tmp_path / name, max_shard_size="100KB" if name == "sharded" else "5GB")
+        loaded, info = hf.load(str(tmp_path / name))
+        assert (tmp_path / name / "model.safetensors.index.json").exists() == (name == "sharded")
+        assert info.dtype == str(dtype).removeprefix("torch.")
+        saved, got = model.state_dict(), loaded.state_dict()
+        assert saved.keys() == got.keys() and all(torch.equal(saved[k], got[k]) for k in saved), name
+
+
 def test_header_parser_agrees_with_safetensors_on_a_good_file(dirs):
     """read_header's offsets and shapes are those the safetensors library reads."""
     from safetensors import safe_open
