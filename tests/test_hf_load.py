@@ -95,6 +95,19 @@ def test_weights_that_do_not_fit_the_model(dirs, name):
     check_refused(dirs[name], name)
 
 
+def test_a_config_beyond_memory_is_refused_before_loading(dirs, tmp_path, monkeypatch):
+    """40 layers in config.json, 2 in the weights: the model it describes is sized on the meta
+    device and refused before transformers allocates it (2 MiB free, simulated)."""
+    import smearcli.preflight as preflight
+
+    monkeypatch.setattr(preflight, "host_available", lambda: 2 << 20)
+    hf.load(str(dirs["good"]))  # 2 layers fit
+    d = shutil.copytree(dirs["good"], tmp_path / "deep")
+    edit_config(lambda c: c.__setitem__("num_hidden_layers", 40))(d)
+    with pytest.raises(UserError, match=r"config.json's LlamaForCausalLM \([\d,]+ parameters\) needs about"):
+        hf.load(str(d))
+
+
 def test_good_directories_still_load(tmp_path):
     """The checks refuse none of what save_pretrained writes: shards with an index, tied embeddings
     (gemma3 saves no lm_head), bfloat16 weights; every tensor loads as it was saved."""

@@ -248,12 +248,12 @@ def weight_files(path: Path) -> tuple[list[Path], dict]:
     return shards, wmap
 
 
-def check_weights(files: list[Path], wmap: dict) -> dict[str, tuple[str, tuple]]:
+def check_weights(files: list[Path], wmap: dict) -> dict[str, tuple[str, tuple, int]]:
     """Every tensor's header (and the index's `wmap` against them), then its values: float and
-    finite. name -> (file, shape)."""
+    finite. name -> (file, shape, bytes per element)."""
     from safetensors import safe_open
 
-    found: dict[str, tuple[str, tuple]] = {}
+    found: dict[str, tuple[str, tuple, int]] = {}
     headers = {f: read_header(f, str(f)) for f in files}  # every header before any data
     for f, tensors in headers.items():
         for k, (dtype, shape, _, _) in tensors.items():
@@ -263,7 +263,7 @@ def check_weights(files: list[Path], wmap: dict) -> dict[str, tuple[str, tuple]]
                                 "transformers would cast it silently")
             if k in found:
                 raise UserError(f"{f}: {k} is also in {found[k][0]}")
-            found[k] = (str(f), shape)
+            found[k] = (str(f), shape, DTYPES[dtype][0])
     absent = [k for k, shard in wmap.items() if k not in found or Path(found[k][0]).name != shard]
     if absent:
         raise UserError(f"{files[0].parent / INDEX}: names tensors its shards do not hold ({listed(absent)})")

@@ -27,6 +27,7 @@ import torch
 
 from ..checkpoint import one_line_reason
 from ..errors import UserError
+from ..preflight import check_memory
 from .hf_files import CONFIG, GENERATION, check_config, check_weights, listed, read_json, weight_files
 
 
@@ -88,13 +89,18 @@ def config_and_skeleton(tf, path: Path):
     return cfg, skeleton, notes
 
 
-def check_shapes(skeleton, found: dict[str, tuple[str, tuple]]) -> None:
-    """Every saved tensor the model has under the same name has the model's shape."""
-    expected = {k: tuple(v.shape) for k, v in skeleton.state_dict().items()}
-    for k, (file, shape) in sorted(found.items()):
-        if k in expected and expected[k] != shape:
+def check_shapes(skeleton, found: dict[str, tuple[str, tuple, int]], dtype: Optional[torch.dtype]) -> None:
+    """Every saved tensor the model has under the same name has the model's shape, and the model
+    fits in memory (a config can describe far more layers than its weights hold)."""
+    state = skeleton.state_dict()
+    for k, (file, shape, _) in sorted(found.items()):
+        if k in state and tuple(state[k].shape) != shape:
             raise UserError(f"{file}: {k} has shape {shape}, {type(skeleton).__name__} from {CONFIG} "
-                            f"expects {expected[k]}")
+                            f"expects {tuple(state[k].shape)}")
+    n = sum(t.numel() for t in (*skeleton.parameters(), *skeleton.buffers()))  # a tied tensor once
+    itemsize = dtype.itemsize if dtype is not None else max((b for _, _, b in found.values()), default=4)
+    check_memory(n * itemsize, "cpu", f"{CONFIG}'s {type(skeleton).__name__} ({n:,} parameters)",
+                 "free memory, or check that config.json describes these weights")
 
 
 def check_loading_info(path: Path, cls: str, info: dict) -> None:
@@ -127,7 +133,7 @@ def load_dir_with_notes(path, dtype: Optional[torch.dtype] = None):
     with quiet(tf):
         cfg, skeleton, notes = config_and_skeleton(tf, path)
         found = check_weights(files, wmap)
-        check_shapes(skeleton, found)
+        check_shapes(skeleton, found, dtype)
         try:
             model, info = tf.AutoModelForCausalLM.from_pretrained(
                 str(path), config=cfg, local_files_only=True, use_safetensors=True, trust_remote_code=False,
