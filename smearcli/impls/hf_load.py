@@ -9,8 +9,9 @@ prompt or load report:
   before transformers is asked (so it never prompts "Do you wish to run the custom code?").
 - **No pickle is read**: safetensors only, every shard checked.
 - **Shapes** are compared with the model the config describes (built on the meta device, no
-  memory) before loading; after loading, transformers' own loading info must list no missing
-  (randomly initialised), unexpected or mismatched key.
+  memory), and that model must fit in memory (`preflight.check_memory`), before loading; after
+  loading, transformers' own loading info must list no missing (randomly initialised),
+  unexpected or mismatched key.
 - **Quiet**: its load report, progress bars and warnings are silenced while it loads, and
   anything it prints goes to stderr, never stdout (which carries --json).
 """
