@@ -516,6 +516,44 @@ def _invoke_status_1(args):
     return r
 
 
+# -- Hugging Face model directories (issue 25): a tiny llama saved, then corrupted (tests/hf_bad_dirs.py)
+HF = ["compare", "--impl", "hf", "--hf-model", "hf", "--seq-len", "8", "--chunks", "2"]
+
+
+def hf_dir(name):
+    def prepare(cwd: Path):
+        from hf_bad_dirs import bad_dir, good_dir
+
+        src = cwd.parent / "hf_good"  # saved once, copied for each case
+        if not src.exists():
+            good_dir(src)
+        bad_dir(src, cwd / "hf", name)
+    return prepare
+
+
+HF_ROWS = [  # (what, case in hf_bad_dirs, extra flags, a fragment of the message)
+    ("auto_map naming the directory's own .py, model_type unknown (never run, never prompted)",
+     "remote_code", [], "never runs code"),
+    ("model.safetensors.index.json naming a pickled .bin shard (never unpickled)", "index_to_bin", [],
+     "not a .safetensors file"),
+    ("config.json nested 100,000 deep", "nested_100k", [], "nested too deeply"),
+    ("config.json over 64 MiB (refused before reading)", "config_200mib", [], "at most 64 MiB"),
+    ("config.json asking for bitsandbytes quantization", "bitsandbytes", [], "bitsandbytes"),
+    ("config.json asking for flash_attention_2", "flash_attention_2", [], "flash_attention_2"),
+    ('num_hidden_layers "two"', "layers_two", [], "num_hidden_layers"),
+    ("num_hidden_layers -1", "layers_negative", [], "num_hidden_layers"),
+    ("safetensors header longer than the file", "header_too_long", [], "truncated"),
+    ("safetensors tensors whose bytes overlap", "overlap", [], "overlap"),
+    ("a weight of the wrong shape", "wrong_shape", [], "has shape (65,)"),
+    ("a whole layer missing, --check (not initialised at random)", "missing_layer", ["--check"], "at random"),
+    ("a tensor the model does not have", "unexpected_key", [], "does not have"),
+    ("NaN weights, --check", "nan", ["--check"], "NaN or Inf"),
+    ("int64 weights (refused, not cast)", "int64", [], "is int64"),
+]
+CASES.extend(Case("hugging face", what, [*HF, *extra], prepare=hf_dir(name), expect=expect)
+             for what, name, extra, expect in HF_ROWS)
+
+
 def _md(text: str) -> str:
     return text.replace("|", "\\|")
 

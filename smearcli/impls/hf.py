@@ -8,8 +8,9 @@ print(check.table())
 ```
 
 Built-in names (`TINY_CONFIGS`): tiny random configs (hidden 64, 2 layers, vocab 128, float32),
-seeded, built on the CPU in well under a second. A directory is loaded offline
-(`local_files_only`, safetensors only: pickled `.bin` weights are refused).
+seeded, built on the CPU in well under a second. A directory is loaded offline by
+`smearcli.impls.hf_load` (safetensors only, `trust_remote_code` never on, every file checked
+before transformers reads it).
 
 Each schedule runs through the model's own cache API: a first call without a cache and
 `use_cache=True` makes the model create its cache, which every later call passes back under the
@@ -38,20 +39,12 @@ from ..names import NOISE_MARGIN
 from ..compare import Comparison, compare
 from ..runner import COPY, PADDING, Described, Holder, Output, Runner
 from ..schedules import ScheduleOptions
+from .hf_load import load_dir, load_dir_with_notes, require_transformers  # noqa: F401 - re-exported
 
 HF_SCHEDULES = ("prefill", "decode", "chunked", "speculative")
 CACHE_KEYWORDS = ("cache", "past_key_values", "cache_params")  # newest first
 OUTPUT_CACHE_FIELDS = ("cache", "past_key_values", "cache_params")
 TESTED_VERSIONS = ("5.24.0",)
-
-
-def require_transformers():
-    try:
-        import transformers
-    except ImportError:
-        raise UserError("Hugging Face models need the optional dependency transformers: "
-                        "pip install 'smearcli[hf]'") from None
-    return transformers
 
 
 # -- built-in tiny configs ------------------------------------------------------------------------
@@ -125,48 +118,21 @@ def tiny_model(name: str, seed: int = 0):
     return model.float().eval()
 
 
-def _check_model_dir(path: Path) -> None:
-    if not path.is_dir():
-        raise UserError(f"{path} is not a directory")
-    if not (path / "config.json").is_file():
-        raise UserError(f"{path} has no config.json: not a Hugging Face model directory")
-    has_st = any(path.glob("*.safetensors")) or (path / "model.safetensors.index.json").is_file()
-    if not has_st:
-        bins = sorted(p.name for p in path.glob("*.bin"))
-        if bins:
-            raise UserError(f"{path} holds only pickled weights ({', '.join(bins[:3])}); smearcli loads "
-                            "safetensors only, since unpickling can run code: convert the weights to "
-                            "safetensors (save_pretrained writes them by default)")
-        raise UserError(f"{path} has no .safetensors weights")
-
-
-def load_dir(path, dtype: Optional[torch.dtype] = None):
-    """A local model directory, offline and safetensors-only, in eval mode."""
-    tf = require_transformers()
-    path = Path(path)
-    _check_model_dir(path)
-    kw = {}
-    if dtype is not None:
-        kw["dtype"] = dtype
-    try:
-        model = tf.AutoModelForCausalLM.from_pretrained(str(path), local_files_only=True, use_safetensors=True, **kw)
-    except (OSError, ValueError, KeyError) as e:
-        raise UserError(f"cannot load the Hugging Face model in {path}: {e}") from None
-    return model.eval()
-
-
 def load(name_or_dir: str, seed: int = 0, dtype: Optional[torch.dtype] = None):
     """(model, HFModelInfo) for a built-in name or a local directory."""
+    notes: list[str] = []
     if name_or_dir in TINY_CONFIGS:
         model = tiny_model(name_or_dir, seed)
         source = f"{name_or_dir} (tiny random config, seed {seed})"
     elif Path(name_or_dir).exists():
-        model = load_dir(name_or_dir, dtype)
+        model, notes = load_dir_with_notes(name_or_dir, dtype)
         source = str(name_or_dir)
     else:
         raise UserError(f"{name_or_dir!r} is neither a built-in test model ({', '.join(TINY_CONFIGS)}) "
                         "nor an existing directory")
-    return model, model_info(model, source)
+    info = model_info(model, source)
+    info.notes.extend(notes)  # what the directory asked for and did not get (an auto_map)
+    return model, info
 
 
 # -- the cache API ----------------------------------------------------------------------------------
@@ -220,7 +186,7 @@ class HFRunner(Runner):
         config = cfg.to_dict() if hasattr(cfg, "to_dict") else None
         return Described(self.label, self.series, self.name, self.info.model_class,
                          str(self.dtype).removeprefix("torch."), str(self.device), config, None,
-                         (self.info.describe(),))
+                         (self.info.describe(), *self.info.notes))
 
     def forward(self, tokens, capture):
         out = self.model(input_ids=tokens.to(self.device), use_cache=False, output_hidden_states=capture,
