@@ -21,6 +21,7 @@ gathered. The numbers are those of the whole-tensor formulas, bit for bit (tests
 
 from __future__ import annotations
 
+import functools
 import weakref
 from dataclasses import dataclass
 from typing import Optional
@@ -147,6 +148,40 @@ def _same_rows_before(run: Tensor, groups, until: Optional[int]) -> bool:
                for i in range(xs.start + 1, xs.stop))
 
 
+def _ref_softmax_terms(ref: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """The reference's argmax (B, T) and, in float64, each position's max and log-sum-exp (B, T, 1),
+    as log_softmax computes them: its output at the argmax is exactly -lse."""
+    top = ref.argmax(-1)
+    B, T, V = ref.shape
+    K = min(_positions(B, V, T), KL_CHUNK)
+    mx = torch.empty(B, T, 1, dtype=torch.float64, device=ref.device)
+    lse = torch.empty_like(mx)
+    for s in range(0, T, K):
+        r, i = ref[:, s:s + K].double(), top[:, s:s + K, None]
+        mx[:, s:s + K] = r.gather(-1, i)
+        lse[:, s:s + K] = F.log_softmax(r, dim=-1).gather(-1, i).neg_()
+    return top, mx, lse
+
+
+@functools.lru_cache(maxsize=None)
+def _log_softmax_is_shifted_input() -> bool:
+    """Whether this torch's log_softmax is (x - max) - lse, bit for bit (checked once on random
+    rows): then the reference's is rebuilt from its cached max and lse in two subtractions."""
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(3, 2, 4099, generator=g) * 5).double()
+    x[0, 0, :7] = x[0, 0].amax()  # ties at the max
+    top = x.argmax(-1, keepdim=True)
+    p = F.log_softmax(x, dim=-1)
+    return torch.equal((x - x.gather(-1, top)) - p.gather(-1, top).neg(), p)
+
+
+def _ref_log_softmax(r: Tensor, mx: Tensor, lse: Tensor) -> Tensor:
+    """log_softmax of a block of reference logits in float64, bit for bit."""
+    if _log_softmax_is_shifted_input():
+        return r.double().sub_(mx).sub_(lse)
+    return F.log_softmax(r.double(), dim=-1)
+
+
 def _logits_pass(ref: Tensor, run: Tensor, row_map: list[int], expand_at: Optional[int] = None):
     """One pass over the logits, a block of positions at a time: max |run - ref| (T,), KL(ref ||
     run) per row (R, T) in float64 and top-1 agreement per row (R, T). Every number is what the
@@ -158,7 +193,7 @@ def _logits_pass(ref: Tensor, run: Tensor, row_map: list[int], expand_at: Option
     err = torch.zeros(T, dtype=run.dtype, device=run.device)
     kl = torch.empty(R, T, dtype=torch.float64, device=run.device)
     run_top = torch.empty(R, T, dtype=torch.long, device=run.device)
-    ref_top = _memo([ref], ("top1",), lambda: ref.argmax(-1))  # the same for every run
+    ref_top, ref_max, ref_lse = _memo([ref], ("softmax",), lambda: _ref_softmax_terms(ref))  # for every run
     shared = expand_at if _same_rows_before(run, groups, expand_at) else 0
     for rs, xs in groups:
         for lo, hi, rows in ((0, shared, slice(xs.start, xs.start + 1)), (shared, T, xs)):
@@ -168,9 +203,9 @@ def _logits_pass(ref: Tensor, run: Tensor, row_map: list[int], expand_at: Option
                 r, x = ref[rs, s:e], run[rows, s:e]
                 err[s:e] = torch.maximum(err[s:e], torch.sub(x, r).abs_().amax(dim=(0, 2)))
                 run_top[xs, s:e] = x.argmax(-1)
-                p = F.log_softmax(r.double(), dim=-1)
+                p = _ref_log_softmax(r, ref_max[rs, s:e], ref_lse[rs, s:e])
                 q = F.log_softmax(x.double(), dim=-1)
-                q.neg_().add_(p)  # p - q
+                torch.sub(p, q, out=q)
                 kl[xs, s:e] = q.mul_(p.exp_()).sum(-1)  # exp(p) * (p - q), summed over the vocabulary
     agree = run_top == ref_top[torch.tensor(row_map, device=ref_top.device)]
     return err, kl, agree

@@ -159,3 +159,11 @@ def test_hidden_errors_copy_no_hidden_state():
     with Sizes():
         abs_error(ref, run)
     assert max(seen) <= metrics.BLOCK < run.hiddens[0].numel()
+
+
+def test_without_the_log_softmax_shortcut_the_numbers_are_the_same(monkeypatch):
+    # on a torch whose log_softmax is not (x - max) - lse bit for bit, the reference's is computed
+    ref, run = make(B=1, T=40, V=300, C=24, layers=1, row_map=[0, 0], seed=9, expand_at=31)
+    monkeypatch.setattr(metrics, "_log_softmax_is_shifted_input", lambda: False)
+    m = measure(ref, run, NoiseFloor([1e-3, 1e-3]))
+    assert torch.equal(m.kl, old_kl(ref.logits, run.logits, run.row_map))
