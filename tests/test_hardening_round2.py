@@ -396,10 +396,11 @@ def test_endless_loops_are_stopped_by_the_time_limit(tmp_path, file, old, new, w
     root = standin(tmp_path, file, old, new)
     t0 = time.perf_counter()
     with no_hang(30):
-        r = invoke([*AUDIT, "--nanochat-path", root, "--user-code-timeout", "1"], allowed=(1,))
-    assert time.perf_counter() - t0 < 15
+        # 3 s: under load, building their GPT before the looping forward can take over a second
+        r = invoke([*AUDIT, "--nanochat-path", root, "--user-code-timeout", "3"], allowed=(1,))
+    assert time.perf_counter() - t0 < 20
     msg = error_line(r)
-    assert f"your nanochat code: {what} did not finish within 1 s and was stopped at nanochat/gpt.py:" in msg
+    assert f"your nanochat code: {what} did not finish within 3 s and was stopped at nanochat/gpt.py:" in msg
     assert msg.endswith("--user-code-timeout SECONDS changes the limit")
     assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)  # no timer left behind
     assert signal.getsignal(signal.SIGALRM) in (signal.SIG_DFL, signal.default_int_handler, None)

@@ -123,7 +123,9 @@ def test_help_reads_cleanly_at_80_columns():
 
 
 def test_shell_completion_prints_a_script():
-    env = {**os.environ, "SHELL": "/bin/bash"}
+    # typer detects the shell from the process tree (shellingham), which a CI runner or a process
+    # without a shell parent does not have; its test switch makes --show-completion take the name
+    env = {**os.environ, "SHELL": "/bin/bash", "_TYPER_COMPLETE_TEST_DISABLE_SHELL_DETECTION": "1"}
     r = subprocess.run([sys.executable, "-m", "smearcli", "--show-completion", "bash"], env=env,
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr

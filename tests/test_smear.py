@@ -20,7 +20,8 @@ def expected_full(x):
 
 
 def test_registry_order():
-    assert list(LOGICS) == ["old", "fixed"]
+    from smearcli.names import ALL_LOGICS, LOGIC_NAMES
+    assert list(LOGICS) == list(ALL_LOGICS) == [*LOGIC_NAMES, "bosmask"]
 
 
 def test_no_cache_both_logics_match_definition():
