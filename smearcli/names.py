@@ -4,9 +4,12 @@
 there); the CLI's option defaults, the library's keyword defaults, the notebooks and the docs all
 read them from here."""
 
-SCHEDULE_NAMES = ("full", "prefill", "decode", "chunked", "engine", "speculative")
+SCHEDULE_NAMES = ("full", "prefill", "decode", "chunked", "engine", "speculative", "prefix")
 REFERENCE = "full"  # the schedule every other run is measured against
-DEFAULT_SCHEDULES = tuple(s for s in SCHEDULE_NAMES if s != REFERENCE)  # what compare runs
+# run only by an engine that does them itself (a prefix cache shared between requests): not in
+# the default list of implementations that are driven step by step
+ENGINE_SCHEDULES = ("prefix",)
+DEFAULT_SCHEDULES = tuple(s for s in SCHEDULE_NAMES if s != REFERENCE and s not in ENGINE_SCHEDULES)
 LOGIC_NAMES = ("old", "fixed")
 
 # Defaults of the schedules' own options (`schedules.ScheduleOptions`).

@@ -75,3 +75,10 @@ register(Implementation("both", "your checkout and ours side by side (ours then 
 register(Implementation("hf", "a Hugging Face transformers model (--hf-model) through its own cache API",
                         "smearcli.cli.hf:prepare", needs=(("hf_model", "NAME|DIR"),), owns=("hf_model",), refuses=NOT_HF,
                         schedules=("full", "prefill", "decode", "chunked", "speculative")))
+NOT_VLLM = tuple((f, why.replace("--impl hf", "--impl vllm")) for f, why in NOT_HF) + tuple(
+    (f, "sizes the engine and speculative schedules, which --impl vllm does not run") for f in ("gen_len", "draft"))
+register(Implementation("vllm", "the model of --hf-model DIR run by vLLM (its chunked prefill and prefix cache, "
+                        "in its own environment: --vllm-python), against its full forward in transformers",
+                        "smearcli.cli.vllm:prepare", needs=(("hf_model", "DIR (a local safetensors model)"),),
+                        owns=("hf_model", "vllm_python", "tensor_parallel_size"), refuses=NOT_VLLM,
+                        schedules=("full", "prefill", "decode", "chunked", "prefix")))
