@@ -9,7 +9,7 @@ import torch
 from typer.testing import CliRunner
 
 from smearcli.cli.app import app
-from smearcli.names import LOGIC_NAMES, SCHEDULE_NAMES
+from smearcli.names import DEFAULT_SCHEDULES, LOGIC_NAMES
 
 runner = CliRunner()
 SMALL = ["--model", "random", "--depth", "2", "--seq-len", "48", "--gen-len", "8"]
@@ -61,7 +61,7 @@ def test_json_schema():
                         "analytic_check", "verdict"}
     assert doc["layers"] == ["emb", "block0", "block1", "logits"]
     pairs = [(r["schedule"], r["logic"]) for r in doc["runs"]]
-    assert pairs == [(s, l) for s in SCHEDULE_NAMES[1:] for l in LOGIC_NAMES]
+    assert pairs == [(s, l) for s in DEFAULT_SCHEDULES for l in LOGIC_NAMES]
     runs = {(r["schedule"], r["logic"]): r for r in doc["runs"]}
     old, fixed = runs["chunked", "old"], runs["chunked", "fixed"]
     assert old["steps"] == [20, 1, 27] and old["chunk_starts"] == [21]  # the 1-token chunk is fine

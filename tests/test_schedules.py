@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from smearcli import ours
+from smearcli.names import ENGINE_SCHEDULES
 from smearcli.runner import Output, Runner
 from smearcli.schedules import (CACHE_COPY, CHUNK_START, SCHEDULES, RunResult, ScheduleOptions, plan_steps,
                                 run_schedule, runnable)
@@ -37,7 +38,7 @@ def test_boundaries_are_recorded_by_kind(model, tokens):
 
 def test_every_schedule_covers_every_position_once(model, tokens):
     opts = ScheduleOptions(chunks=5, gen_len=7, draft=2)
-    for name in SCHEDULES:
+    for name in [s for s in SCHEDULES if s not in ENGINE_SCHEDULES]:  # prefix: only engines run it
         r = run_schedule(model, tokens, name, "fixed", opts)
         assert sum(r.steps) == T and r.logits.shape[1] == T
         assert len(r.hiddens) == model.config.n_layer + 1 and all(h.shape[1] == T for h in r.hiddens)
@@ -99,3 +100,8 @@ def test_a_wrong_step_is_named(model, tokens):
 
     with pytest.raises(ValueError, match="short: a step over 8 tokens returned logits of shape"):
         run_schedule(Short(model), tokens, "chunked", opts=ScheduleOptions(chunks=3))
+
+
+def test_the_prefix_schedule_is_only_for_engines_with_a_prefix_cache(model, tokens):
+    with pytest.raises(ValueError, match="cannot run the prefix schedule .*prefix_cache"):
+        run_schedule(model, tokens, "prefix", "fixed")

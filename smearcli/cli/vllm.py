@@ -46,6 +46,19 @@ def check_vllm_spec(spec: RunSpec, schedules):
     return opts
 
 
+def check_plan(T: int, schedules, opts) -> None:
+    """The chunk plan and the prefix schedule against what vLLM can run on T tokens."""
+    from ..impls import vllm
+    from .build import flag
+
+    if "chunked" in schedules:
+        with flag("--chunk-sizes" if opts.chunk_sizes else "--chunks", ": "):
+            vllm.chunk_budget(T, opts)
+    if "prefix" in schedules:
+        with flag("--schedules prefix", ": "):
+            vllm.prefix_len(T)
+
+
 def prepare(spec: RunSpec, schedules, tolerance: float):
     """A Job that runs vLLM on `schedules` against the transformers reference (compare/1 document)."""
     from ..impls import hf, vllm
@@ -58,24 +71,21 @@ def prepare(spec: RunSpec, schedules, tolerance: float):
     schedules = [s for s in schedules if s != "full"]
     opts = check_vllm_spec(spec, schedules)
     python = vllm_python(spec)
+    with flag("--vllm-python"):
+        vllm.check_python(python)
+    if spec.tokens is None:  # random input: its length is known before the model loads
+        check_plan(spec.seq_len_value(), schedules, opts)
     threads = apply_threads(spec.threads)
     model, info, device = load(spec)
     tokens = tokens_for(spec, model)
     T = tokens.size(1)
-    if "chunked" in schedules:
-        with flag("--chunk-sizes" if opts.chunk_sizes else "--chunks", ": "):
-            vllm.chunk_budget(T, opts)
-    if "prefix" in schedules:
-        with flag("--schedules prefix", ": "):
-            vllm.prefix_len(T)
+    check_plan(T, schedules, opts)
     with flag_model(spec):
         reference = LogProbs(hf.runner(model, info.source, tokens))
     dtype = "float32" if spec.dtype == DType.auto and device.type == "cpu" else info.dtype
     settings = vllm.Settings(python=python, model=spec.hf_model, vocab=int(model.config.vocab_size), dtype=dtype,
                              device=device.type, tensor_parallel_size=spec.tensor_parallel_size)
     runner = vllm.VLLMRunner(settings, schedules)
-    with flag("--vllm-python"):
-        vllm.check_python(python)
     return comparison_job([runner], tokens, schedules, opts, tolerance, footer=threads, reference=reference,
                           info={"name": spec.hf_model, "source": "vllm"},
                           title=f"{spec.hf_model}: {info.model_class} in vLLM, {dtype} on {device}, "
