@@ -140,3 +140,12 @@ def test_chunk_budget_and_prefix_length():
     with pytest.raises(Exception, match="4,4,2"):
         vllm.chunk_budget(10, ScheduleOptions(chunks=3))  # 4,3,3 is not a fixed budget
     assert vllm.prefix_len(64) == 32 and vllm.prefix_len(65) == 64 and vllm.prefix_len(33) == 32
+
+
+def test_plot_draws_a_vllm_run(model_dir, fake_python, monkeypatch, tmp_path):
+    monkeypatch.setenv("SMEARCLI_STANDIN_MODE", "skew")
+    out = tmp_path / "vllm.png"
+    r = runner.invoke(app, ["plot", "--impl", "vllm", "--hf-model", str(model_dir), "--vllm-python",
+                            str(fake_python), "--seq-len", str(T), "--schedules", "chunked", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert out.stat().st_size > 10_000 and "schedule chunked" in r.output

@@ -56,7 +56,7 @@ def main(request_path, outdir):
             entry["steps"] = [b] * (T // b) + ([T % b] if T % b else [])
             arr = lp.copy()
             if name == "chunked" and mode == "skew":
-                arr[:, b] += 0.5
+                arr[:, b, 0] += 0.5  # one token: the distribution itself moves
             np.save(os.path.join(outdir, f"{name}.npy"), arr)
             entry["arrays"]["logprobs"] = f"{name}.npy"
         elif name == "prefix":
