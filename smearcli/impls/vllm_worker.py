@@ -115,7 +115,7 @@ def make_force_processor(base):
 
 
 def crash_message(e: BaseException) -> str:
-    frames = [f for f in traceback.extract_tb(e.__traceback__) if "vllm" in f.filename]
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if f"{os.sep}vllm{os.sep}" in f.filename]
     where = ""
     if frames:
         f = frames[-1]
