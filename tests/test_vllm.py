@@ -94,7 +94,8 @@ def test_a_worker_that_dies_crashes_every_schedule(model_dir, fake_python, monke
 
 
 def test_a_chunk_boundary_error_is_found_where_it_is_born(model_dir, fake_python, monkeypatch, tmp_path):
-    r, doc = compare(model_dir, fake_python, monkeypatch, tmp_path, "skew")
+    r, doc = compare(model_dir, fake_python, monkeypatch, tmp_path, "skew", "--batch", "2")
+    assert doc["input"] == {"batch": 2, "seq_len": T}
     runs = {x["schedule"]: x for x in doc["runs"]}
     assert not runs["chunked"]["passed"] and runs["chunked"]["first_departure"] == {"layer": "logits", "position": 16}
     assert runs["prefill"]["passed"] and runs["prefix"]["passed"]
@@ -129,6 +130,9 @@ def test_refusals(model_dir, fake_python, monkeypatch, tmp_path):
     assert r.exit_code == 2 and "needs a local model directory" in r.stderr
     r = runner.invoke(app, ["compare", "--vllm-python", str(fake_python)])
     assert r.exit_code == 2 and "--vllm-python is used by --impl vllm" in r.stderr
+    for impl in ("ours", "hf"):  # the prefix schedule is for engines with a prefix cache only
+        r = runner.invoke(app, ["compare", "--impl", impl, "--schedules", "prefix"] + ["--hf-model", "llama"] * (impl == "hf"))
+        assert r.exit_code == 2 and f"prefix cannot run with --impl {impl}" in r.stderr, r.output
     monkeypatch.setenv(vllm.ENV_PYTHON, str(tmp_path / "from-env"))
     r = runner.invoke(app, base)
     assert r.exit_code == 2 and "from-env: no Python" in r.stderr
