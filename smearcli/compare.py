@@ -13,7 +13,12 @@ print(result.verdict)
 ```
 
 The first argument is our GPT (run under each of `logics`), one `smearcli.runner.Runner`, or a
-list of them: one series each, all measured against the first runner's full forward pass.
+list of them: one series each, all measured against the first runner's full forward pass, or
+against `reference`'s when given (a runner that is the yardstick only: its full pass is the
+reference, its decode the noise floor, and it runs no schedule of its own).
+
+A run whose `outcome` is set (the engine crashed, or checked nothing) is not measured: it is kept
+in `Comparison.unmeasured`, printed under the table and named in the verdict; a crash fails it.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from .boundaries import ROLLBACK, SHAPES
 from .metrics import AnalyticCheck, NoiseFloor, RunMetrics, analytic_check, measure, noise_floor
 from .names import DEFAULT_SCHEDULES, LOGIC_NAMES, NOISE_MARGIN, REFERENCE
 from .runner import Described, Runner
-from .schedules import RunResult, ScheduleOptions, missing, run_schedule, runnable
+from .schedules import CRASHED, RunResult, ScheduleOptions, missing, run_schedule, runnable
 from .units import sci, sig3, times
 
 NOISE_SCHEDULE = "decode"  # the noise floor: token-by-token decode against the full pass
@@ -55,6 +60,7 @@ class Comparison:
     dtype: torch.dtype = torch.float32  # the compute dtype: one ulp of it bounds the floor
     notes: list[str] = field(default_factory=list)  # what ran, for the report
     analytic_labels: dict[str, str] = field(default_factory=dict)  # schedule -> the checked run's label
+    unmeasured: list[RunResult] = field(default_factory=list)  # runs with an outcome (crashed, ...)
 
     @property
     def labels(self) -> list[str]:
@@ -76,8 +82,17 @@ class Comparison:
         return [m for m in self.metrics if not m.passed]
 
     @property
+    def crashed(self) -> list[RunResult]:
+        return [r for r in self.unmeasured if r.outcome == CRASHED]
+
+    @property
     def passed(self) -> bool:
-        return not self.failures
+        return not self.failures and not self.crashed
+
+    def outcome_line(self, r: RunResult) -> str:
+        """"prefix/vllm crashed: IndexError: ..." for a run that was not measured."""
+        name = f"{r.schedule}/{r.logic}" if len(self.labels) > 1 else r.schedule
+        return f"{name} {r.outcome}: {r.message}"
 
     def run_name(self, m: RunMetrics) -> str:
         return f"{m.schedule}/{m.logic}" if len(self.labels) > 1 else m.schedule
@@ -147,6 +162,7 @@ class Comparison:
         out = [f"{self.tokens.size(0)} x {T} tokens; noise floor (logits) {sci(self.noise.per_layer[-1])} "
                f"from token-by-token decode; a run passes within {self.tolerance:g}x",
                line(head)] + [line(r) for r in rows]
+        out += [self.outcome_line(r) for r in self.unmeasured]
         out += self.notes
         out += ["BUG: " + self.describe(m) for m in self.failures]
         out.append(self.verdict)
@@ -188,11 +204,13 @@ class PlannedRun:
     measured: bool = True  # False: the reference, and a decode run for the noise floor only
 
 
-def plan(runners: Sequence[Runner], schedules: Sequence[str]) -> list[PlannedRun]:
+def plan(runners: Sequence[Runner], schedules: Sequence[str],
+         reference: Optional[Runner] = None) -> list[PlannedRun]:
     """Every run `compare` makes, in order: the reference, each (schedule, runner) (decode once
     per group of runners sharing a one-token step), and a decode for the noise floor when no
-    schedule is decode. The CLI's progress totals come from here."""
-    ref = runners[0]
+    schedule is decode on the reference's runner (always, with a separate `reference`). The CLI's
+    progress totals come from here."""
+    ref = reference or runners[0]
     several = len(runners) > 1
     out = [PlannedRun(REFERENCE, ref, "full (reference)", measured=False)]
     decoded: dict = {}
@@ -205,7 +223,7 @@ def plan(runners: Sequence[Runner], schedules: Sequence[str]) -> list[PlannedRun
             out.append(PlannedRun(sched, r, label))
             if sched == NOISE_SCHEDULE and r.one_token_step is not None:
                 decoded[r.one_token_step] = r
-    if NOISE_SCHEDULE not in schedules:
+    if NOISE_SCHEDULE not in schedules or reference is not None:
         out.append(PlannedRun(NOISE_SCHEDULE, ref, "decode (noise floor)", measured=False))
     return out
 
@@ -220,7 +238,8 @@ def compare(target, tokens: Tensor, schedules: Sequence[str] = DEFAULT_SCHEDULES
             tolerance: float = NOISE_MARGIN, progress=None,
             check_runs: Optional[Callable[[RunMetrics], bool]] = None,
             tokens_progress: Optional[Callable[[int, int], None]] = None,
-            name: Optional[str] = None, notes: Sequence[str] = ()) -> Comparison:
+            name: Optional[str] = None, notes: Sequence[str] = (),
+            reference: Optional[Runner] = None) -> Comparison:
     """Run the reference, the noise-floor pair and every (schedule, runner); measure each.
 
     `target`: our GPT (with `logics`), a Runner or a list of Runners (see `as_runners`); the first
@@ -232,14 +251,14 @@ def compare(target, tokens: Tensor, schedules: Sequence[str] = DEFAULT_SCHEDULES
     Decode runs once for runners whose `one_token_step` keys are equal (our GPT's logics share it,
     checked by tests): the one result then stands for each of them."""
     runners = as_runners(target, logics, name)
-    ref_runner = runners[0]
+    ref_runner = reference or runners[0]
     for s in schedules:
         for r in runners:
             if not runnable(r, s):
                 raise ValueError(f"{r.label} cannot run the {s} schedule ({missing(r, s)})")
     tokens = tokens.to(ref_runner.device)
     step = progress or (lambda label: None)
-    planned = plan(runners, schedules)
+    planned = plan(runners, schedules, reference)
     total = forward_runs(planned) * tokens.size(1)
     done = [0]
 
@@ -269,6 +288,8 @@ def compare(target, tokens: Tensor, schedules: Sequence[str] = DEFAULT_SCHEDULES
             runs.append(r)
         if p.schedule == NOISE_SCHEDULE and p.runner is ref_runner:
             decode_for_noise = r
+    unmeasured = [r for r in runs if r.outcome is not None]
+    runs = [r for r in runs if r.outcome is None]
     layers = list(ref_runner.layers)
     for r in [ref] + runs:
         got = len(r.hiddens or []) + 1
@@ -292,8 +313,10 @@ def compare(target, tokens: Tensor, schedules: Sequence[str] = DEFAULT_SCHEDULES
             if checks:
                 analytic[r.schedule], checked[r.schedule] = checks, r.logic
     notes = list(notes) + list(dict.fromkeys(n for r in runs for n in r.notes))  # rollback: crop or copy
+    if reference is not None:
+        notes += ["reference: " + n for n in reference.describe().notes]
     return Comparison([r.describe() for r in runners], tokens, options, layers, noise, ref, runs, metrics,
-                      analytic, tolerance, dtype, notes, checked)
+                      analytic, tolerance, dtype, notes, checked, unmeasured)
 
 
 def verdict(c: Comparison) -> str:
@@ -302,7 +325,14 @@ def verdict(c: Comparison) -> str:
     if c.noise_suspect:
         tail = (f" (note: token-by-token decode itself is {c.decode_ulps:.3g} ulps off the full pass, "
                 f"so the noise floor it sets may hide errors)")
+    tail += "".join(f"; {c.outcome_line(r)}" for r in c.unmeasured if r.outcome != CRASHED)
     bad = c.failures
+    if c.crashed:
+        crash = "BUG: " + "; ".join(c.outcome_line(r) for r in c.crashed)
+        if not bad:
+            return crash + (f"; every run measured matches the full forward pass within {c.tolerance:g}x "
+                            f"the noise floor" if c.metrics else "") + tail
+        tail = "; " + crash.removeprefix("BUG: ") + tail
     if not bad:
         lams = [d.smear_lambda for d in c.described]
         if lams and all(lam == 0.0 for lam in lams):

@@ -65,6 +65,8 @@ def to_json(c, model_info: Optional[dict] = None) -> dict:
         "tolerance": c.tolerance,
         "noise_floor": {"source": c.noise.source, "per_layer": _floats(c.noise.per_layer)},
         "runs": [run_json(m, c.layers) for m in c.metrics],
+        "not_measured": [{"schedule": r.schedule, "logic": r.logic, "outcome": r.outcome, "message": r.message,
+                          "steps": r.steps} for r in c.unmeasured],
         "analytic_check": {s: [{"position": a.position, "predicted": float(f"{a.predicted:.6g}"),
                                 "measured": float(f"{a.measured:.6g}"), "residual": float(f"{a.residual:.3g}")}
                                for a in checks] for s, checks in c.analytic.items()},

@@ -4,8 +4,12 @@
 there); the CLI's option defaults, the library's keyword defaults, the notebooks and the docs all
 read them from here."""
 
-SCHEDULE_NAMES = ("full", "prefill", "decode", "chunked", "engine", "speculative", "packed", "padded", "rollback")
+SCHEDULE_NAMES = ("full", "prefill", "decode", "chunked", "engine", "speculative", "packed", "padded", "rollback",
+                  "prefix")
 REFERENCE = "full"  # the schedule every other run is measured against
+# run only by an engine that does them itself (a prefix cache shared between requests): not in
+# the default list of implementations that are driven step by step
+ENGINE_SCHEDULES = ("prefix",)
 # what compare runs by default: the chunk-boundary schedules (packed, padded and rollback are asked for)
 DEFAULT_SCHEDULES = ("prefill", "decode", "chunked", "engine", "speculative")
 LOGIC_NAMES = ("old", "fixed")  # what `--logic both` runs: upstream and the #756 fix

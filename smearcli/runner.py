@@ -31,6 +31,11 @@ run. Optional capabilities are declared in `capabilities`, never probed:
   whose attention stays inside each document (the packed schedule's split of a leak);
 - `PADDING`: `forward_padded(tokens, attention_mask, capture)`, one cached prefill of a padded
   batch, positions counted over the mask's real tokens (the padded schedule).
+- `PREFIX_CACHE`: the runner's own `run()` does the prefix schedule (a second request reading the
+  blocks a first one cached), as only an engine with a prefix cache can.
+
+`LogProbs(runner)` is a runner's log-probabilities (log_softmax of its logits) and no hidden
+states: the form an engine that returns log-probabilities is compared in.
 
 An engine that chunks by itself (and may return log-probabilities and no hidden states) overrides
 `run(schedule, tokens, options)` instead of `step`: the schedules call it first and fall back to
@@ -49,7 +54,8 @@ SMEAR_TERMS = "smear_terms"
 COPY = "copy"
 DOCUMENT_MASK = "document_mask"
 PADDING = "padding"
-CAPABILITIES = (EXPAND, CROP, SMEAR_TERMS, COPY, DOCUMENT_MASK, PADDING)
+PREFIX_CACHE = "prefix_cache"
+CAPABILITIES = (EXPAND, CROP, SMEAR_TERMS, COPY, DOCUMENT_MASK, PADDING, PREFIX_CACHE)
 
 
 class Output(NamedTuple):
@@ -161,6 +167,36 @@ class StepRunner(Runner):
         out, inner = unpack(self.fn(tokens, cache.inner if cache.started else None), cached=True)
         cache.inner, cache.started = inner, True
         return out
+
+
+class LogProbs(Runner):
+    """`inner`'s log-probabilities (log_softmax over the vocabulary, in float32) on every call,
+    and no hidden states: compares a runner with an engine that returns only log-probabilities."""
+
+    layers = ("logits",)
+
+    def __init__(self, inner: Runner):
+        self.inner = inner
+        self.label, self.series, self.name = inner.label, inner.series, inner.name
+        self.dtype, self.device = inner.dtype, inner.device
+
+    def describe(self) -> Described:
+        d = self.inner.describe()
+        return Described(d.label, d.series, d.name, d.shape, d.dtype, d.device, d.config, d.smear_lambda,
+                         d.notes + ("compared as log-probabilities (log_softmax of the logits)",))
+
+    @staticmethod
+    def _lp(out: Output) -> Output:
+        return Output(out.logits.float().log_softmax(dim=-1), None)
+
+    def forward(self, tokens, capture):
+        return self._lp(self.inner.forward(tokens, False))
+
+    def new_cache(self, batch, max_len):
+        return self.inner.new_cache(batch, max_len)
+
+    def step(self, tokens, cache, capture):
+        return self._lp(self.inner.step(tokens, cache, False))
 
 
 @dataclass

@@ -17,6 +17,13 @@ schedule is one entry of `SCHEDULES` (and its name in `names.SCHEDULE_NAMES`).
   tokens at once, as speculative decoding feeds accepted drafts.
 - packed, padded, rollback: documents packed in one row, padded batches, rejected drafts
   (`smearcli.boundaries`, which records DOCUMENT_START, PADDING and ROLLBACK boundaries).
+- prefix: a first request over a prefix of whole cache blocks, then the whole sequence as a second
+  request that reads those blocks from the engine's prefix cache. Only a runner that declares
+  `PREFIX_CACHE` runs it, in its own `run()`.
+
+A run an engine could not complete is still a result: `RunResult.outcome` is CRASHED (with the
+engine's message) or UNCHECKED (it ran, but did not exercise what the schedule tests, e.g. a
+prefix cache that was never read), and `compare` reports it without measuring it.
 """
 
 from __future__ import annotations
@@ -30,12 +37,17 @@ from torch import Tensor
 from . import boundaries
 from .boundaries import DOCUMENT_START, PADDING, ROLLBACK  # noqa: F401 (boundary kinds, re-exported)
 from .names import CHUNKS, DRAFT, GEN_LEN, REJECT, SAMPLES, SCHEDULE_NAMES
-from .runner import COPY, CROP, EXPAND, PADDING as PADDED_BATCH, Runner
+from .runner import COPY, CROP, EXPAND, PADDING as PADDED_BATCH, PREFIX_CACHE, Runner
 
 # The kinds of boundary a run records (`RunResult.boundaries`): positions where per-token state
 # crosses from one call, row or document into the next.
 CHUNK_START = "chunk_start"  # a multi-token cached step begins after position 0
 CACHE_COPY = "cache_copy"  # the first position after a cache was copied into more rows
+PREFIX_HIT = "prefix_hit"  # the first position a request computed after the blocks it read from a prefix cache
+
+# What became of a run (`RunResult.outcome`): None for a run that returned numbers to measure.
+CRASHED = "crashed"  # the implementation raised; `message` is its error
+UNCHECKED = "checked nothing"  # it ran but did not exercise what the schedule tests; `message` says why
 
 
 @dataclass(frozen=True)
@@ -60,6 +72,8 @@ class RunResult:
     marks: dict = field(default_factory=dict)  # boundaries the schedule adds: kind -> positions
     starts: Optional[list[int]] = None  # chunk starts, where the steps' running sums are not (packed, rollback)
     notes: tuple[str, ...] = ()  # what the run did that a reader must know (rollback: crop or copy)
+    outcome: Optional[str] = None  # CRASHED or UNCHECKED: not measured (logits may be empty)
+    message: str = ""  # why, for an outcome: the engine's error, or what was not exercised
 
     @property
     def step_starts(self) -> list[int]:
@@ -198,6 +212,10 @@ def _engine(runner, tokens, opts, capture, on_step=None):
     return logits, hiddens, [P] + [1] * (T - P), {CACHE_COPY: [P]}
 
 
+def _engine_only(runner, tokens, opts, capture, on_step=None):
+    raise ValueError(f"{runner.label}: the prefix schedule needs an engine's own prefix cache (Runner.run)")
+
+
 def _speculative_plan(T: int, opts: ScheduleOptions) -> list[int]:
     if opts.draft < 1:
         raise ValueError(f"draft must be >= 1, got {opts.draft}")
@@ -264,6 +282,8 @@ SCHEDULES: dict[str, Schedule] = {s.name: s for s in [
              boundaries.padded, frozenset({PADDED_BATCH})),
     Schedule("rollback", "prefill, then drafts of `draft` tokens whose last `reject` are rejected and "
              "taken back out of the cache", _rollback, needs_one_of=frozenset({CROP, COPY})),
+    Schedule("prefix", "a request for a prefix of whole blocks, then the sequence reading them from the prefix cache",
+             _engine_only, frozenset({PREFIX_CACHE})),
 ]}
 assert tuple(SCHEDULES) == SCHEDULE_NAMES
 

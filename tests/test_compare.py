@@ -195,3 +195,62 @@ def test_compare_token_progress_counts_every_run(small):
     assert total == 4 * 8  # full, prefill x2, decode once
     assert {t for _, t in seen} == {total} and seen[-1] == (total, total)
     assert all(a[0] < b[0] for a, b in zip(seen, seen[1:]))
+
+
+class Engine(Runner):
+    """An engine that runs whole schedules itself and returns log-probs (a toy vLLM): prefill is
+    the reference's own log-probs, chunked is off by `skew` at position 8, and prefix crashes."""
+    label, layers, dtype = "engine", ("logits",), torch.float32
+
+    def __init__(self, reference, skew=0.0):
+        self.reference, self.skew = reference, skew
+
+    def run(self, schedule, tokens, options):
+        T = tokens.size(1)
+        if schedule == "prefix":
+            return schedules.RunResult(schedule, self.label, torch.empty(1, 0, 1), None, [], [0],
+                                       outcome=schedules.CRASHED, message="IndexError: out of bounds")
+        lp = self.reference.forward(tokens, False).logits.clone()
+        if schedule == "chunked":
+            lp[:, 8] += self.skew
+        return schedules.RunResult(schedule, self.label, lp, None, [T] if schedule == "prefill" else [8, T - 8], [0])
+
+
+def test_a_separate_reference_and_runs_that_crashed(model, tokens):
+    from smearcli.runner import PREFIX_CACHE, LogProbs
+
+    ref = LogProbs(ours.GPTRunner(model, "fixed"))
+    engine = Engine(ref, skew=0.0)
+    engine.capabilities = frozenset({PREFIX_CACHE})
+    planned = cmp.plan([engine], ["prefill", "chunked", "prefix"], reference=ref)
+    assert [(p.schedule, p.runner is ref, p.measured) for p in planned] == [
+        ("full", True, False), ("prefill", False, True), ("chunked", False, True), ("prefix", False, True),
+        ("decode", True, False)]  # the noise floor: the reference's own decode, not the engine's
+    c = cmp.compare(engine, tokens, ["prefill", "chunked", "prefix"], reference=ref)
+    lp = ref.forward(tokens, False).logits
+    assert torch.allclose(lp.exp().sum(-1), torch.ones(()), atol=1e-5) and c.layers == ["logits"]
+    assert c.labels == ["engine"] and [m.schedule for m in c.metrics] == ["prefill", "chunked"]
+    assert [r.schedule for r in c.unmeasured] == ["prefix"] and c.crashed and not c.passed
+    assert c.verdict.startswith("BUG: prefix crashed: IndexError: out of bounds; every run measured matches")
+    assert "prefix crashed: IndexError" in c.table()
+    doc = documents.to_json(c)
+    assert doc["not_measured"] == [{"schedule": "prefix", "logic": "engine", "outcome": "crashed",
+                                    "message": "IndexError: out of bounds", "steps": []}]
+    skewed = cmp.compare(Engine(ref, skew=1.0), tokens, ["prefill", "chunked"], reference=ref)
+    assert not skewed.get("chunked").passed and skewed.get("prefill").passed
+    assert skewed.born_at(skewed.get("chunked")) == ("logits", 8)
+
+
+def test_a_run_that_checked_nothing_is_named_but_does_not_fail(model, tokens):
+    from smearcli.runner import LogProbs
+
+    ref = LogProbs(ours.GPTRunner(model, "fixed"))
+
+    class Cold(Engine):
+        def run(self, schedule, tokens, options):
+            r = super().run("prefill", tokens, options)
+            return schedules.RunResult(schedule, self.label, r.logits, None, r.steps, [0],
+                                       outcome=schedules.UNCHECKED, message="the cache was not read")
+    c = cmp.compare(Cold(ref), tokens, ["prefill"], reference=ref)
+    assert c.passed and not c.metrics and c.unmeasured[0].outcome == "checked nothing"
+    assert c.verdict.startswith("OK") and "prefill checked nothing: the cache was not read" in c.verdict

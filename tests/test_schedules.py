@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from smearcli import ours
+from smearcli.names import ENGINE_SCHEDULES
 from smearcli.runner import Output, Runner
 from smearcli.schedules import (CACHE_COPY, CHUNK_START, SCHEDULES, STEP_PLANS, RunResult, ScheduleOptions,
                                 plan_steps, run_schedule, runnable)
@@ -39,7 +40,7 @@ def test_every_schedule_covers_every_position_once(model, tokens):
     opts = ScheduleOptions(chunks=5, gen_len=7, draft=2, reject=1)
     for name in SCHEDULES:
         if not runnable(ours.GPTRunner(model, "fixed"), name):
-            assert name == "padded"  # our GPT has no padding mask
+            assert name == "padded" or name in ENGINE_SCHEDULES  # no padding mask; prefix: only engines
             continue
         r = run_schedule(model, tokens, name, "fixed", opts)
         assert r.logits.shape[1] == T
@@ -103,3 +104,8 @@ def test_a_wrong_step_is_named(model, tokens):
 
     with pytest.raises(ValueError, match="short: a step over 8 tokens returned logits of shape"):
         run_schedule(Short(model), tokens, "chunked", opts=ScheduleOptions(chunks=3))
+
+
+def test_the_prefix_schedule_is_only_for_engines_with_a_prefix_cache(model, tokens):
+    with pytest.raises(ValueError, match="cannot run the prefix schedule .*prefix_cache"):
+        run_schedule(model, tokens, "prefix", "fixed")

@@ -47,15 +47,17 @@ def implementation(spec, command: str) -> Implementation:
 def schedules_for(spec, impl: Implementation, allow_reference: bool = False) -> list[str]:
     """--schedules for `impl`: one it cannot run is refused when listed by name and left out of
     the default list."""
-    from ..names import DEFAULT_SCHEDULES
+    from ..names import DEFAULT_SCHEDULES, ENGINE_SCHEDULES, SCHEDULE_NAMES
 
     listed = spec.schedule_list(allow_reference=allow_reference)
-    if impl.schedules is None:
-        return listed
-    cannot = [s for s in listed if s not in impl.schedules]
-    if cannot and spec.schedules != ",".join(DEFAULT_SCHEDULES):
+    can = impl.schedules if impl.schedules is not None else tuple(s for s in SCHEDULE_NAMES if s not in ENGINE_SCHEDULES)
+    default = spec.schedules == ",".join(DEFAULT_SCHEDULES)
+    cannot = [s for s in listed if s not in can]
+    if cannot and not default:
         raise UserError(f"--schedules: {', '.join(cannot)} cannot run with --impl {impl.name}; choose from "
-                        f"{', '.join(impl.schedules)}")
-    return [s for s in listed if s in impl.schedules]
+                        f"{', '.join(s for s in can if s != 'full')}")
+    if default:  # the default: every schedule it can run, those only engines run (prefix) included
+        listed = [s for s in SCHEDULE_NAMES if s in listed or (s in ENGINE_SCHEDULES and s in can)]
+    return [s for s in listed if s in can]
 
 

@@ -100,6 +100,8 @@ class RunSpec:
     impl: str = "ours"  # a name in cli.impls.REGISTRY
     nanochat_path: Optional[Path] = None
     hf_model: Optional[str] = None  # --impl hf: a built-in tiny config's name or a model directory
+    vllm_python: Optional[Path] = None  # --impl vllm: vLLM's interpreter (else $SMEARCLI_VLLM_PYTHON)
+    tensor_parallel_size: int = 1  # --impl vllm: passed to vLLM
     user_code_timeout: float = names.USER_CODE_TIMEOUT
     threads: Optional[int] = None  # None: the rule in smearcli.threads
     preset: Optional[PresetName] = None
@@ -260,8 +262,15 @@ SHARED = {
                       "Imported in isolation, never written to; SDPA attention is forced.", rich_help_panel=N)),
     "hf_model": (Optional[str], typer.Option("--hf-model", help="For --impl hf: a built-in tiny random "
                  "config (llama, gemma3, mamba, mamba2, zamba2) or a local Hugging Face model directory "
-                 "(loaded offline, safetensors only). Needs transformers: pip install 'smearcli[hf]'.",
+                 "(loaded offline, safetensors only); for --impl vllm: a local model directory. Needs transformers: pip install 'smearcli[hf]'.",
                  rich_help_panel=N, show_default=False)),
+    "vllm_python": (Optional[Path], typer.Option("--vllm-python", metavar="PATH", help="For --impl vllm: the "
+                    "Python interpreter of an environment with vLLM (scripts/make_vllm_env.sh DIR makes one; "
+                    "then DIR/bin/python). Default: $SMEARCLI_VLLM_PYTHON.", rich_help_panel=N,
+                    show_default=False)),
+    "tensor_parallel_size": (int, typer.Option("--tensor-parallel-size", metavar="N", help="For --impl vllm on "
+                             "a GPU machine (with --device cuda): vLLM's tensor parallelism over N GPUs. "
+                             "Passed through; the CPU backend runs 1.", rich_help_panel=N)),
     "user_code_timeout": (float, typer.Option("--user-code-timeout", metavar="SECONDS", help="With --impl "
                           "nanochat|both: the most seconds each call into your checkout's code may take (its "
                           "import, building its model, one forward pass); past it the run stops with exit "

@@ -71,10 +71,18 @@ register(Implementation("ours", "smearcli's reimplementation of nanochat's GPT; 
                         "smearcli.cli.nanochat:prepare", commands=COMMANDS, schedules=OURS_SCHEDULES))
 register(Implementation("nanochat", "your checkout at --nanochat-path: its own GPT, forward pass and "
                         "KVCache, on the same weights", "smearcli.cli.nanochat:prepare",
-                        needs=(("nanochat_path", "DIR (a nanochat checkout)"),), owns=NANOCHAT_OPTIONS))
+                        needs=(("nanochat_path", "DIR (a nanochat checkout)"),), owns=NANOCHAT_OPTIONS,
+                        schedules=NANOCHAT_SCHEDULES))
 register(Implementation("both", "your checkout and ours side by side (ours then runs old and fixed)",
                         "smearcli.cli.nanochat:prepare", needs=(("nanochat_path", "DIR (a nanochat checkout)"),),
                         owns=NANOCHAT_OPTIONS, schedules=NANOCHAT_SCHEDULES))
 register(Implementation("hf", "a Hugging Face transformers model (--hf-model) through its own cache API",
                         "smearcli.cli.hf:prepare", needs=(("hf_model", "NAME|DIR"),), owns=("hf_model",), refuses=NOT_HF,
                         schedules=("full", "prefill", "decode", "chunked", "speculative", "padded", "rollback")))
+NOT_VLLM = tuple((f, why.replace("--impl hf", "--impl vllm")) for f, why in NOT_HF) + tuple(
+    (f, "sizes the engine and speculative schedules, which --impl vllm does not run") for f in ("gen_len", "draft"))
+register(Implementation("vllm", "the model of --hf-model DIR run by vLLM (its chunked prefill and prefix cache, "
+                        "in its own environment: --vllm-python), against its full forward in transformers",
+                        "smearcli.cli.vllm:prepare", needs=(("hf_model", "DIR (a local safetensors model)"),),
+                        owns=("hf_model", "vllm_python", "tensor_parallel_size"), refuses=NOT_VLLM,
+                        schedules=("full", "prefill", "decode", "chunked", "prefix")))

@@ -89,13 +89,14 @@ class Job:
 
 
 def comparison_job(runners, tokens, schedules, options, tolerance: float, info: Optional[dict] = None,
-                   footer: str = "", notes: Sequence[str] = (), **report_kw) -> Job:
-    """A Job that compares `runners` on `tokens` and reports with `ComparisonReport`."""
+                   footer: str = "", notes: Sequence[str] = (), reference=None, **report_kw) -> Job:
+    """A Job that compares `runners` on `tokens` and reports with `ComparisonReport`; `reference`,
+    if given, is the runner measured against (see `compare.compare`)."""
     def run(bar):
         from .. import compare
 
         c = compare.compare(list(runners), tokens, schedules, options=options, tolerance=tolerance,
-                            progress=bar.label, tokens_progress=bar.tokens, notes=notes)
+                            progress=bar.label, tokens_progress=bar.tokens, notes=notes, reference=reference)
         return ComparisonReport(c, info, footer, **report_kw)
     return Job(run, runners[0].name)
 

@@ -104,6 +104,8 @@ LEGEND = (f"born at: first layer@position above {NOISE_MARGIN:g}x noise; @starts
 def print_comparison(c: Comparison, console: Console, title: str = "", footer: str = "") -> None:
     """Title, table, noise floor and legend, what ran, the analytic check, the verdict."""
     left_out = print_table_of(c, console, title)
+    for r in c.unmeasured:
+        say(console, f"[{'bold red' if r in c.crashed else 'yellow'}]{c.outcome_line(r)}[/]", highlight=False)
     say(console, f"noise floor (logits): {sci(c.noise.per_layer[-1])} ({c.noise.source}); "
                  f"a run passes within {c.tolerance:g}x. {LEGEND}")
     notes = list(dict.fromkeys(list(c.notes) + [n for d in c.described for n in d.notes]))

@@ -1,0 +1,92 @@
+"""`--impl vllm`: the model of `--hf-model DIR` run by vLLM (smearcli.impls.vllm) as a registry job.
+
+Owns what only vLLM needs from the CLI: its interpreter (`--vllm-python`, else
+$SMEARCLI_VLLM_PYTHON), `--device` and `--tensor-parallel-size` passed through, the checks of the
+chunk plan and the prefix schedule against what vLLM can do, and the reference: the same
+directory loaded in transformers here (`cli.hf.load`), compared as log-probabilities. Imported
+only when `--impl vllm` runs.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ..errors import UserError
+from .options import Device, DType, RunSpec
+
+SUBTITLE = ("vLLM runs each schedule with its own scheduler and caches (in its own environment); "
+            "the reference is\nthe same model's full forward in transformers; both as log-probabilities.")
+
+
+def vllm_python(spec: RunSpec) -> str:
+    from ..impls.vllm import ENV_PYTHON
+
+    if spec.vllm_python is not None:
+        return str(spec.vllm_python)
+    env = os.environ.get(ENV_PYTHON, "").strip()
+    if env:
+        return env
+    raise UserError(f"--impl vllm needs --vllm-python PATH (or ${ENV_PYTHON}): the Python of an environment "
+                    "with vLLM; scripts/make_vllm_env.sh DIR makes one (then DIR/bin/python)")
+
+
+def check_vllm_spec(spec: RunSpec, schedules):
+    """What the options alone decide for --impl vllm, before anything is loaded."""
+    from .hf import check_hf_spec
+
+    opts = check_hf_spec(spec, [s for s in schedules if s != "prefix"])
+    if not Path(spec.hf_model).is_dir():
+        raise UserError(f"--hf-model {spec.hf_model}: --impl vllm needs a local model directory "
+                        "(vLLM loads it from disk; the built-in tiny configs are for --impl hf)")
+    if spec.tensor_parallel_size < 1:
+        raise UserError(f"--tensor-parallel-size must be >= 1, got {spec.tensor_parallel_size}")
+    if spec.tensor_parallel_size > 1 and spec.device != Device.cuda:
+        raise UserError("--tensor-parallel-size splits the model over GPUs; give --device cuda with it")
+    return opts
+
+
+def check_plan(T: int, schedules, opts) -> None:
+    """The chunk plan and the prefix schedule against what vLLM can run on T tokens."""
+    from ..impls import vllm
+    from .build import flag
+
+    if "chunked" in schedules:
+        with flag("--chunk-sizes" if opts.chunk_sizes else "--chunks", ": "):
+            vllm.chunk_budget(T, opts)
+    if "prefix" in schedules:
+        with flag("--schedules prefix", ": "):
+            vllm.prefix_len(T)
+
+
+def prepare(spec: RunSpec, schedules, tolerance: float):
+    """A Job that runs vLLM on `schedules` against the transformers reference (compare/1 document)."""
+    from ..impls import hf, vllm
+    from ..runner import LogProbs
+    from .build import flag
+    from .hf import flag_model, load, tokens_for
+    from .reports import comparison_job
+    from .threads import apply_threads
+
+    schedules = [s for s in schedules if s != "full"]
+    opts = check_vllm_spec(spec, schedules)
+    python = vllm_python(spec)
+    with flag("--vllm-python"):
+        vllm.check_python(python)
+    if spec.tokens is None:  # random input: its length is known before the model loads
+        check_plan(spec.seq_len_value(), schedules, opts)
+    threads = apply_threads(spec.threads)
+    model, info, device = load(spec)
+    tokens = tokens_for(spec, model)
+    T = tokens.size(1)
+    check_plan(T, schedules, opts)
+    with flag_model(spec):
+        reference = LogProbs(hf.runner(model, info.source, tokens))
+    dtype = "float32" if spec.dtype == DType.auto and device.type == "cpu" else info.dtype
+    settings = vllm.Settings(python=python, model=spec.hf_model, vocab=int(model.config.vocab_size), dtype=dtype,
+                             device=device.type, tensor_parallel_size=spec.tensor_parallel_size)
+    runner = vllm.VLLMRunner(settings, schedules)
+    return comparison_job([runner], tokens, schedules, opts, tolerance, footer=threads, reference=reference,
+                          info={"name": spec.hf_model, "source": "vllm"},
+                          title=f"{spec.hf_model}: {info.model_class} in vLLM, {dtype} on {device}, "
+                                f"{tokens.size(0)} x {T} tokens", subtitle=SUBTITLE)

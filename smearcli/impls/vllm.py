@@ -1,0 +1,244 @@
+"""vLLM as a runner: its own scheduler and caches, in its own environment, through a subprocess.
+
+```python
+from smearcli.impls import vllm
+runner = vllm.VLLMRunner(vllm.Settings(python="/opt/vllm-env/bin/python", model="tiny-llama/", vocab=256))
+result = compare.compare([runner], tokens, ["prefill", "chunked", "prefix"], reference=LogProbs(hf_runner))
+```
+
+vLLM pins torch and transformers versions of its own, so it runs in another interpreter
+(`Settings.python`): smearcli writes a request (JSON: the model directory, the token ids, what
+each schedule sets), `vllm_worker.py` (shipped beside this module, importing only vLLM and numpy)
+runs every schedule once, and the answers come back as `.npy` arrays of full-vocabulary
+log-probabilities, never pickles. `VLLMRunner.run` turns them into one `RunResult` per schedule:
+log-probs in place of logits and no hidden states, so a comparison of it is on log-probabilities
+(the reference, the model's full forward in transformers, goes through `runner.LogProbs`).
+
+What each schedule is in vLLM: prefill, one engine step for the whole prompt; chunked, chunked
+prefill at a token budget (`max_num_batched_tokens`) of the first chunk's size, so the steps are
+that size and a smaller remainder; decode, a one-token prompt and every later token generated
+one per step, forced to the given ones; prefix, a first request for a prefix of whole blocks,
+then the whole sequence with `skip_reading_prefix_cache=False` (without it a request for prompt
+log-probs never reads the cache). Below `num_cached_tokens` the second request's prompt log-probs
+are uninitialised memory: they are dropped here and taken from the first request; a second
+request that read nothing (`num_cached_tokens == 0`) checked nothing, and says so. A crash inside
+vLLM is that schedule's result (`schedules.CRASHED`), as is a worker that dies.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional, Sequence
+
+import torch
+
+from ..errors import UserError
+from ..runner import PREFIX_CACHE, Described, Runner
+from ..schedules import CRASHED, PREFIX_HIT, UNCHECKED, RunResult, ScheduleOptions, chunk_plan
+
+PROTOCOL = 1
+WORKER = Path(__file__).with_name("vllm_worker.py")
+VLLM_SCHEDULES = ("prefill", "decode", "chunked", "prefix")
+BLOCK_SIZE = 32  # vLLM's CPU backend takes block sizes that are multiples of 32
+ENV_PYTHON = "SMEARCLI_VLLM_PYTHON"
+
+
+@dataclass(frozen=True)
+class Settings:
+    python: str  # the interpreter of vLLM's environment
+    model: str  # a local model directory (safetensors)
+    vocab: int
+    dtype: str = "float32"
+    device: str = "cpu"  # "cuda" on a GPU machine (vLLM picks its platform by what it was built for)
+    tensor_parallel_size: int = 1
+    block_size: int = BLOCK_SIZE
+    kv_cache_memory_bytes: int = 64 << 20
+    timeout_s: float = 1800.0
+    worker: str = str(WORKER)
+    env: dict = field(default_factory=dict)  # extra environment for the worker
+
+
+def chunk_budget(T: int, opts: ScheduleOptions) -> int:
+    """The token budget that makes vLLM chunk `T` tokens as `opts` asks: the first chunk's size.
+    vLLM chunks at a fixed budget, so the plan must be equal chunks and at most one smaller last
+    one (UserError otherwise, naming the plan)."""
+    try:
+        plan = chunk_plan(T, opts)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    b = plan[0]
+    fixed = [b] * (T // b) + ([T % b] if T % b else [])
+    if plan != fixed:
+        raise UserError(f"vLLM chunks a prompt at a fixed token budget, so chunks {','.join(map(str, plan))} "
+                        f"cannot be run; give equal chunk sizes (the last may be smaller), e.g. "
+                        f"{','.join(map(str, fixed))}")
+    return b
+
+
+def prefix_len(T: int, block: int = BLOCK_SIZE) -> int:
+    """The prefix the first request of the prefix schedule covers: whole blocks, leaving at least
+    one token for the second request to compute."""
+    P = (T - 1) // block * block
+    if P < block:
+        raise UserError(f"the prefix schedule needs more than one cache block ({block} tokens) of input, "
+                        f"got {T} tokens")
+    return P
+
+
+def request(s: Settings, tokens: torch.Tensor, schedules: Sequence[str], opts: ScheduleOptions) -> dict:
+    T = tokens.size(1)
+    entries = []
+    for name in schedules:
+        if name not in VLLM_SCHEDULES:
+            raise ValueError(f"vllm cannot run the {name} schedule")
+        e: dict = {"name": name}
+        if name == "chunked":
+            e["budget"] = chunk_budget(T, opts)
+        if name == "prefix":
+            e["prefix"] = prefix_len(T, s.block_size)
+        entries.append(e)
+    max_len = -(-(T + 1) // s.block_size) * s.block_size  # decode generates T tokens after one
+    return {"protocol": PROTOCOL, "model": str(Path(s.model).resolve()), "rows": tokens.tolist(), "vocab": s.vocab,
+            "dtype": s.dtype, "device": s.device, "tensor_parallel_size": s.tensor_parallel_size,
+            "max_model_len": max_len, "block_size": s.block_size,
+            "kv_cache_memory_bytes": s.kv_cache_memory_bytes, "schedules": entries}
+
+
+def check_python(python: str) -> None:
+    if not Path(python).is_file() or not os.access(python, os.X_OK):
+        raise UserError(f"{python}: no Python interpreter there (make vLLM's environment with "
+                        f"scripts/make_vllm_env.sh DIR and name DIR/bin/python)")
+
+
+def call_worker(s: Settings, req: dict, workdir: Path) -> dict:
+    """Run the worker on `req`; its result.json (arrays stay in `workdir`). A worker that cannot
+    start is the user's setup (UserError); one that dies is returned as every schedule crashed."""
+    check_python(s.python)
+    (workdir / "request.json").write_text(json.dumps(req))
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "PYTHONNOUSERSITE": "1", **s.env}
+    env.pop("PYTHONPATH", None)  # our environment's packages must not shadow vLLM's
+    start = time.time()
+    try:
+        p = subprocess.run([s.python, s.worker, str(workdir / "request.json"), str(workdir)], env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=s.timeout_s)
+        rc, err = p.returncode, p.stderr
+    except subprocess.TimeoutExpired as e:
+        rc, err = None, f"the vLLM worker ran past {s.timeout_s:g} s"
+        err = (e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")) + "\n" + err
+    out = workdir / "result.json"
+    if rc == 0 and out.is_file():
+        res = json.loads(out.read_text())
+        if res.get("protocol") != PROTOCOL:
+            raise UserError(f"{s.worker} speaks protocol {res.get('protocol')}, smearcli {PROTOCOL}")
+        res["wall_s"] = round(time.time() - start, 2)
+        return res
+    last = [ln for ln in (err or "").splitlines() if ln.strip()][-1:] or ["(no output)"]
+    why = f"the vLLM worker exited with status {rc}: {last[0].strip()}" if rc is not None else last[0]
+    return {"schedules": [{"name": e["name"], "outcome": CRASHED, "message": why} for e in req["schedules"]],
+            "died": True, "stderr_tail": (err or "")[-4000:]}
+
+
+class VLLMRunner(Runner):
+    """vLLM's runs of the schedules as one series. `run()` calls the worker once, for every
+    schedule of the comparison (`schedules`), the first time it is asked; it has no forward pass of
+    its own (the reference is another runner: `compare(..., reference=...)`)."""
+
+    label = "vllm"
+    series = "vLLM (its own scheduler, chunked prefill and prefix cache)"
+    layers = ("logits",)
+    capabilities = frozenset({PREFIX_CACHE})
+
+    def __init__(self, settings: Settings, schedules: Sequence[str] = VLLM_SCHEDULES):
+        self.settings, self.schedules = settings, [s for s in schedules if s in VLLM_SCHEDULES]
+        self.name, self.device = str(settings.model), torch.device("cpu")
+        self.dtype = getattr(torch, settings.dtype)
+        self.result: Optional[dict] = None
+        self._runs: Optional[dict] = None
+
+    def describe(self) -> Described:
+        return Described(self.label, self.series, self.name, "vLLM", self.settings.dtype, self.settings.device,
+                         notes=tuple(self.notes()))
+
+    def notes(self) -> list[str]:
+        r = self.result
+        if r is None:
+            return []
+        if r.get("died"):
+            return ["vLLM worker died; its last output: " + r["stderr_tail"].strip().splitlines()[-1][:300]
+                    if r.get("stderr_tail", "").strip() else "vLLM worker died without output"]
+        starts = ", ".join(f"{e['start_s']:g} s" for e in r.get("engines", []))
+        return [f"vLLM {r.get('vllm_version')} on {self.settings.device} (tensor parallel "
+                f"{self.settings.tensor_parallel_size}): import {r.get('import_s')} s, engine starts {starts}, "
+                f"peak memory {r.get('peak_rss_mb')} MB, {r.get('wall_s')} s in all; compared as "
+                f"log-probabilities"]
+
+    def forward(self, tokens, capture):
+        raise NotImplementedError("vLLM runs whole schedules (run()); the reference is another runner")
+
+    def run(self, schedule, tokens, options):
+        if self._runs is None:
+            with tempfile.TemporaryDirectory(prefix="smearcli-vllm-") as d:
+                req = request(self.settings, tokens.cpu(), self.schedules, options)
+                self.result = call_worker(self.settings, req, Path(d))
+                self._runs = {e["name"]: to_run(e, Path(d), tokens.cpu(), req) for e in self.result["schedules"]}
+        if schedule not in self._runs:
+            raise ValueError(f"vllm was not asked for the {schedule} schedule")
+        return self._runs[schedule]
+
+
+def _load(workdir: Path, name: str, shape: tuple) -> torch.Tensor:
+    import numpy as np
+
+    a = np.load(workdir / name, allow_pickle=False)
+    if a.shape != shape:
+        raise ValueError(f"{name}: shape {a.shape}, expected {shape}")
+    return torch.from_numpy(a.astype(np.float32, copy=False))
+
+
+def _bad_positions(t: torch.Tensor) -> list[int]:
+    return (~torch.isfinite(t)).any(dim=-1).any(dim=0).nonzero().flatten().tolist()
+
+
+def to_run(entry: dict, workdir: Path, tokens: torch.Tensor, req: dict) -> RunResult:
+    """One schedule's answer from the worker as a RunResult (log-probs as its logits)."""
+    R, T = tokens.shape
+    V, name = req["vocab"], entry["name"]
+    rows = list(range(R))
+
+    def unmeasured(outcome, message, steps=()):
+        return RunResult(name, "vllm", torch.empty(R, 0, V), None, list(steps), rows, outcome=outcome,
+                         message=message)
+    if entry.get("outcome"):
+        return unmeasured(entry["outcome"], entry.get("message", ""), entry.get("steps") or ())
+    try:
+        if name != "prefix":
+            lp = _load(workdir, entry["arrays"]["logprobs"], (R, T, V))
+            steps, marks = list(entry["steps"]), {}
+        else:
+            P = next(e["prefix"] for e in req["schedules"] if e["name"] == "prefix")
+            cold = _load(workdir, entry["arrays"]["cold"], (R, P, V))
+            warm = _load(workdir, entry["arrays"]["warm"], (R, T, V))
+            cached = [int(n) for n in entry["num_cached_tokens"]]
+            if any(n == 0 for n in cached):
+                return unmeasured(UNCHECKED, "vLLM read nothing from the prefix cache (num_cached_tokens 0 on the "
+                                  "second request): it ran as a cold prefill and checked nothing", [T])
+            if len(set(cached)) > 1 or cached[0] > P:
+                return unmeasured(CRASHED, f"vLLM reported {','.join(map(str, cached))} cached tokens for a "
+                                  f"{P}-token prefix")
+            nc = cached[0]
+            # below num_cached_tokens the second request's prompt log-probs are uninitialised memory
+            lp = torch.cat([cold[:, :nc], warm[:, nc:]], dim=1)
+            steps, marks = [nc, T - nc], {PREFIX_HIT: [nc]}
+    except (KeyError, ValueError, OSError) as e:
+        return unmeasured(CRASHED, f"the vLLM worker's answer is unreadable: {e}")
+    bad = _bad_positions(lp)
+    if bad:
+        return unmeasured(CRASHED, f"vLLM returned no full-vocabulary log-probs at {len(bad)} positions "
+                          f"(first: {bad[0]})", steps)
+    return RunResult(name, "vllm", lp, None, steps, rows, marks)

@@ -1,0 +1,228 @@
+"""The process that runs vLLM for `smearcli.impls.vllm`, in vLLM's own environment.
+
+It imports only vLLM, numpy and the standard library (never smearcli: it runs under another
+interpreter, with other versions of torch and transformers). Usage, by the adapter:
+
+    VLLM_PYTHON vllm_worker.py REQUEST.json OUTDIR
+
+The request (protocol 1) is JSON: `model` (a local model directory), `rows` (token ids, one list
+per row), `vocab`, `dtype`, `device`, `tensor_parallel_size`, `max_model_len`, `block_size`,
+`kv_cache_memory_bytes` and `schedules`, a list of `{"name": ..., ...}`:
+
+- `prefill`: each row as one prompt in one engine step (`max_num_batched_tokens` >= its length);
+- `chunked` with `budget`: the same with `max_num_batched_tokens = budget`, so vLLM's chunked
+  prefill feeds the prompt `budget` tokens per step;
+- `decode` : a one-token prompt, then every later token generated one per step, forced to the
+  row's own tokens by a logits processor (log-probs are vLLM's raw ones, taken before it);
+- `prefix` with `prefix`: prefix caching on; a first request for the first `prefix` tokens (whole
+  blocks), then the whole row as a second request with `skip_reading_prefix_cache=False` (a
+  request for prompt log-probs does not read the cache otherwise).
+
+The answer is OUTDIR/result.json plus one .npy array (float32, never a pickle) per result: the
+log-probs over the full vocabulary at every position, (rows, positions, vocab), position p being
+the distribution of the token after it. `prefix` returns `cold` (the first request, prefix
+positions) and `warm` (the second, every position, as vLLM returned them: below each row's
+`num_cached_tokens` those are uninitialised memory, NaN where they name no token) and leaves
+the stitching and the checks to the adapter. An exception inside vLLM is that schedule's result:
+`"outcome": "crashed"` with the message and the innermost vLLM frame; the worker goes on with the
+next schedule on a fresh engine.
+"""
+
+import json
+import os
+import resource
+import sys
+import time
+import traceback
+
+# run as a script, this file's directory comes first on sys.path, and smearcli's adapter beside it
+# is named vllm.py: drop the directory so `import vllm` finds vLLM
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != HERE]
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process: the logits processor class travels
+PROTOCOL = 1
+
+
+def rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def dense(entries, vocab, np):
+    """One position's {token id: Logprob} as a (vocab,) array; NaN where an id is missing or the
+    entries name ids outside the vocabulary (uninitialised memory)."""
+    row = np.full(vocab, np.nan, dtype=np.float32)
+    if entries is None:
+        return row
+    for tok, lp in entries.items():
+        if not 0 <= tok < vocab:
+            row[:] = np.nan
+            return row
+        row[tok] = lp.logprob if hasattr(lp, "logprob") else lp
+    return row
+
+
+def per_position(out, vocab, np):
+    """(positions, vocab): prompt log-probs moved to the position that computed them, then each
+    generated token's (the first generated one comes from the last prompt position)."""
+    rows = [dense(e, vocab, np) for e in (out.prompt_logprobs or [None])[1:]]
+    rows += [dense(e, vocab, np) for e in (out.outputs[0].logprobs or [])]
+    return np.stack(rows)
+
+
+def make_force_processor(base):
+    """A logits processor that makes a request generate `extra_args["force"]` in order."""
+    import torch
+
+    class Force(base):
+        def __init__(self, vllm_config, device, is_pin_memory):
+            self.rows = {}  # batch index -> (forced ids, the request's live output ids)
+
+        def is_argmax_invariant(self):
+            return False
+
+        def update_state(self, batch_update):
+            if batch_update is None:
+                return
+            for i in batch_update.removed:
+                self.rows.pop(i, None)
+            for i, params, _prompt, output in batch_update.added:
+                force = (params.extra_args or {}).get("force") if params is not None else None
+                if force is not None:
+                    self.rows[i] = (force, output)
+                else:
+                    self.rows.pop(i, None)
+            for a, b, kind in batch_update.moved:
+                ra, rb = self.rows.pop(a, None), self.rows.pop(b, None)
+                if ra is not None:
+                    self.rows[b] = ra
+                if rb is not None and str(kind).endswith("SWAP"):
+                    self.rows[a] = rb
+
+        def apply(self, logits):
+            for i, (force, output) in self.rows.items():
+                k = len(output)
+                if k < len(force):
+                    keep = logits[i, force[k]].clone()
+                    logits[i] = float("-inf")
+                    logits[i, force[k]] = keep if torch.isfinite(keep) else 0.0
+            return logits
+
+    return Force
+
+
+def crash_message(e: BaseException) -> str:
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if f"{os.sep}vllm{os.sep}" in f.filename]
+    where = ""
+    if frames:
+        f = frames[-1]
+        where = f" (at {f.filename.split('site-packages/')[-1]}:{f.lineno} in {f.name})"
+    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}{where}"
+
+
+def main(request_path: str, outdir: str) -> None:
+    t0 = time.time()
+    req = json.load(open(request_path))
+    import numpy as np
+    import vllm
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+    from vllm.v1.sample.logits_processor import LogitsProcessor
+
+    Force = make_force_processor(LogitsProcessor)
+    V, rows = int(req["vocab"]), req["rows"]
+    result = {"protocol": PROTOCOL, "vllm_version": vllm.__version__, "import_s": round(time.time() - t0, 2),
+              "engines": [], "schedules": []}
+    # every engine stays alive to the end: a dropped one tears down vLLM's process-wide parallel
+    # state, and the next LLM in this process then fails ("pipeline model parallel group is not
+    # initialized"); a crashed one is set aside and a fresh one built for the next schedule
+    engines, retired = {}, []
+
+    def llm_for(budget, prefix_caching):
+        key = (budget, prefix_caching)
+        if key in engines:
+            return engines[key]
+        kw = dict(model=req["model"], skip_tokenizer_init=True, dtype=req["dtype"], enforce_eager=True,
+                  max_logprobs=V, kv_cache_memory_bytes=int(req["kv_cache_memory_bytes"]),
+                  max_model_len=int(req["max_model_len"]), enable_prefix_caching=prefix_caching,
+                  enable_chunked_prefill=True, max_num_batched_tokens=int(budget), max_num_seqs=1,
+                  tensor_parallel_size=int(req["tensor_parallel_size"]), seed=0, logits_processors=[Force])
+        if req.get("block_size"):
+            kw["block_size"] = int(req["block_size"])
+        s = time.time()
+        llm = LLM(**kw)
+        result["engines"].append({"max_num_batched_tokens": budget, "enable_prefix_caching": prefix_caching,
+                                  "start_s": round(time.time() - s, 2), "rss_mb": round(rss_mb())})
+        engines[key] = llm
+        return llm
+
+    def retire(key):
+        if key in engines:
+            retired.append(engines.pop(key))
+
+    def generate(llm, ids, max_tokens, force=None):
+        sp = SamplingParams(prompt_logprobs=V, logprobs=V, temperature=0.0, max_tokens=max_tokens,
+                            ignore_eos=True, skip_reading_prefix_cache=False,
+                            extra_args={"force": force} if force is not None else None)
+        (out,) = llm.generate([TokensPrompt(prompt_token_ids=list(ids))], sp, use_tqdm=False)
+        return out
+
+    T = max(len(r) for r in rows)
+    full_budget = int(req["max_model_len"])
+    for sched in req["schedules"]:
+        name = sched["name"]
+        entry = {"name": name, "outcome": None, "message": "", "arrays": {}}
+        key = (int(sched["budget"]) if name == "chunked" else full_budget, name == "prefix")
+        try:
+            if name in ("prefill", "chunked"):
+                budget = int(sched["budget"]) if name == "chunked" else full_budget
+                llm = llm_for(budget, False)
+                arr = np.stack([per_position(generate(llm, r, 1), V, np) for r in rows])
+                entry["steps"] = [budget] * (T // budget) + ([T % budget] if T % budget else [])
+                np.save(os.path.join(outdir, f"{name}.npy"), arr)
+                entry["arrays"]["logprobs"] = f"{name}.npy"
+            elif name == "decode":
+                llm = llm_for(full_budget, False)
+                outs = [generate(llm, r[:1], len(r), force=list(r[1:])) for r in rows]
+                got = [list(o.outputs[0].token_ids[:len(r) - 1]) for o, r in zip(outs, rows)]
+                if any(g != list(r[1:]) for g, r in zip(got, rows)):
+                    raise RuntimeError("the forced decode did not follow the given tokens")
+                arr = np.stack([per_position(o, V, np) for o in outs])
+                entry["steps"] = [1] * T
+                np.save(os.path.join(outdir, "decode.npy"), arr)
+                entry["arrays"]["logprobs"] = "decode.npy"
+            elif name == "prefix":
+                P = int(sched["prefix"])
+                llm = llm_for(full_budget, True)
+                llm.reset_prefix_cache()
+                cold, warm, cached = [], [], []
+                for r in rows:
+                    llm.reset_prefix_cache()
+                    first = generate(llm, r[:P], 1)
+                    second = generate(llm, r, 1)
+                    cold.append(per_position(first, V, np))
+                    warm.append(per_position(second, V, np))
+                    cached.append(int(second.num_cached_tokens or 0))
+                np.save(os.path.join(outdir, "prefix_cold.npy"), np.stack(cold))
+                np.save(os.path.join(outdir, "prefix_warm.npy"), np.stack(warm))
+                entry["arrays"] = {"cold": "prefix_cold.npy", "warm": "prefix_warm.npy"}
+                entry["num_cached_tokens"] = cached
+            else:
+                raise ValueError(f"unknown schedule {name!r}")
+        except Exception as e:  # vLLM's failure is this schedule's result
+            entry.update(outcome="crashed", message=crash_message(e), arrays={})
+            retire(key)
+        result["schedules"].append(entry)
+    result["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    result["total_s"] = round(time.time() - t0, 2)
+    with open(os.path.join(outdir, "result.json"), "w") as f:
+        json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 3:
+        sys.exit("usage: vllm_worker.py REQUEST.json OUTDIR")
+    main(sys.argv[1], sys.argv[2])
