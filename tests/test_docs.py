@@ -598,7 +598,7 @@ def test_figure_matches_a_fresh_compare_json(figure, snippet, opts):
     assert r.exit_code == 0, r.output
     j = json.loads(r.stdout)
     m = j["model"]
-    assert s["title"].startswith(f"{m['name']} (d{m['config']['n_layer']}, n_embd {m['config']['n_embd']}), "
+    assert s["title"].startswith(f"{m['name']} (d{m['config']['n_layer']} n_embd {m['config']['n_embd']}), "
                                   f"{m['dtype']} on {m['device']}, {j['input']['batch']} x {j['input']['seq_len']} tokens"), s["title"]
     runs = {x["logic"]: x for x in j["runs"] if x["schedule"] == s["schedule"]}
     assert runs["old"]["steps"] == s["steps"] and runs["old"]["chunk_starts"] == s["chunk_starts"]
