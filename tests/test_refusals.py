@@ -1,5 +1,6 @@
-"""Hardening: nothing from a file runs, one error path, atomic outputs, memory refused up front,
-transactional cache steps."""
+"""Refusals and safe outputs: nothing from a file runs, one error path (one line, --debug for the
+traceback), atomic outputs, memory refused up front, and cache steps that fail without changing
+the cache."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Hardening, second round (issue 15): the file system (long names, symlinks, FIFOs), odd tensors,
+"""Bad inputs, each one line and the right exit status: the file system (long names, symlinks, FIFOs), odd tensors,
 JSON beyond Python's digit limit, shell bytes that are not UTF-8, writes that fail midway, the
 user's own code in the audit (exceptions, sys.exit, prints, endless loops, NaN weights), zip CRCs,
 and memory from real numbers (uncompressed sizes, file sizes, this process's cgroup).

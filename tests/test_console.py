@@ -1,4 +1,4 @@
-"""A newcomer's first runs (issue 12): tables that fit 80 columns without losing a verdict or a
+"""What a person sees in the console: tables that fit 80 columns without losing a verdict or a
 ratio, whole prose lines when piped, --help at 80 columns, shell completion, the input length
 from --chunk-sizes, a short --text, the thread rule, and a missing torch."""
 
