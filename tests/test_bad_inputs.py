@@ -392,6 +392,7 @@ def test_prints_in_their_code_stay_off_stdout(tmp_path):
     ("gpt.py", FORWARD, FORWARD + "        while True:\n            try:\n                pass\n"
      "            except Exception:\n                pass\n", "GPT.forward"),
 ])
+@pytest.mark.slow  # a subprocess of its own, seconds each (the fast loop leaves it out)
 def test_endless_loops_are_stopped_by_the_time_limit(tmp_path, file, old, new, what):
     root = standin(tmp_path, file, old, new)
     t0 = time.perf_counter()

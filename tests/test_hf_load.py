@@ -159,6 +159,7 @@ print(json.dumps(results))
 """
 
 
+@pytest.mark.slow  # a subprocess of its own, seconds each (the fast loop leaves it out)
 def test_every_bad_directory_through_the_cli(dirs, tmp_path):
     env = {**os.environ, "HF_MODULES_CACHE": str(tmp_path / "modules"), "HF_HUB_OFFLINE": "1",
            "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1])] + sys.path)}

@@ -84,6 +84,7 @@ def test_failures_that_are_not_exceptions_are_theirs(tmp_path, old, new, marker,
     (FORWARD, FORWARD + "        import os; os._exit(0)\n", "os._exit", "GPT.forward"),
     (IMPORT, IMPORT + "import os\nos._exit(0)\n", "os._exit", "importing nanochat"),
 ], ids=["in forward", "at import"])
+@pytest.mark.slow  # a subprocess of its own, seconds each (the fast loop leaves it out)
 def test_os_exit_does_not_pass_a_check(tmp_path, old, new, marker, what):
     root = standin(tmp_path, old, new)
     r = cli(*AUDIT, "--nanochat-path", root, "--check", "--json")
@@ -92,6 +93,7 @@ def test_os_exit_does_not_pass_a_check(tmp_path, old, new, marker, what):
                                      f"nanochat/gpt.py:{line_of(root, marker)}; nothing was checked"]
 
 
+@pytest.mark.slow  # a subprocess of its own, seconds each (the fast loop leaves it out)
 def test_the_users_ctrl_c_stays_an_interruption(tmp_path):
     root = standin(tmp_path, FORWARD, FORWARD + "        import sys; sys.stderr.write('IN-FORWARD\\n')\n"
                    "        sys.stderr.flush()\n        while True:\n            pass\n")
@@ -116,6 +118,7 @@ def test_a_file_given_as_the_checkout_is_named_as_such(tmp_path):
 
 # -- nothing of theirs leaks into our run -----------------------------------------------------------
 
+@pytest.mark.slow  # a subprocess of its own, seconds each (the fast loop leaves it out)
 def test_a_chdir_at_import_does_not_move_the_output(tmp_path):
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
@@ -148,6 +151,7 @@ def test_import_and_calls_restore_the_working_directory(tmp_path, monkeypatch):
     assert not [t for t in threading.enumerate() if t.name.startswith("smearcli-user-code-watchdog")]
 
 
+@pytest.mark.slow  # a subprocess of its own, seconds each (the fast loop leaves it out)
 def test_a_child_process_writing_to_fd_1_stays_off_the_json(tmp_path):
     root = standin(tmp_path, FORWARD, FORWARD + "        import subprocess; subprocess.run(['echo', 'CHILD-SAYS-HI'])\n")
     (root / "nanochat" / "gpt.py").write_text((root / "nanochat" / "gpt.py").read_text().replace(
@@ -178,6 +182,7 @@ def test_an_import_hook_they_add_does_not_outlive_the_import(tmp_path):
 
 # -- the time limit holds when SIGALRM does not ----------------------------------------------------
 
+@pytest.mark.slow  # a subprocess of its own, seconds each (the fast loop leaves it out)
 def test_a_forward_that_ignores_sigalrm_is_still_stopped(tmp_path):
     root = standin(tmp_path, FORWARD, FORWARD + "        import signal; signal.signal(signal.SIGALRM, signal.SIG_IGN)\n"
                    "        while True:\n            pass\n")

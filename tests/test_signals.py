@@ -49,6 +49,7 @@ def error_lines(stderr: str) -> list:
     (["compare", *FAST, "--save", "runs.pt"], "runs.pt"),
     (["plot", *FAST, "--out", "fig.png"], "fig.png"),
 ], ids=["compare --save", "plot --out"])
+@pytest.mark.slow  # a subprocess of its own, seconds each (the fast loop leaves it out)
 def test_sigterm_while_writing_leaves_no_temporary_file(tmp_path, args, target):
     if args[0] == "plot":
         pytest.importorskip("matplotlib")
@@ -60,6 +61,7 @@ def test_sigterm_while_writing_leaves_no_temporary_file(tmp_path, args, target):
     assert (tmp_path / target).read_bytes() == b"the previous run's"  # never half-replaced
 
 
+@pytest.mark.slow  # a subprocess of its own, seconds each (the fast loop leaves it out)
 def test_sigterm_during_their_code_is_not_their_failure(tmp_path):
     root = tmp_path / "mine"
     shutil.copytree(STANDIN, root)

@@ -66,6 +66,7 @@ def test_every_schedule_against_the_transformers_reference(model_dir, fake_pytho
     assert doc["verdict"].startswith("OK")
 
 
+@pytest.mark.slow  # a subprocess of its own, seconds each (the fast loop leaves it out)
 def test_a_cache_that_was_never_read_checked_nothing(model_dir, fake_python, monkeypatch, tmp_path):
     r, doc = compare(model_dir, fake_python, monkeypatch, tmp_path, "nocache")
     assert r.exit_code == 0, r.output
@@ -75,6 +76,7 @@ def test_a_cache_that_was_never_read_checked_nothing(model_dir, fake_python, mon
     assert "prefix checked nothing" in doc["verdict"]
 
 
+@pytest.mark.slow  # a subprocess of its own, seconds each (the fast loop leaves it out)
 def test_a_crash_in_vllm_is_that_schedules_result(model_dir, fake_python, monkeypatch, tmp_path):
     r, doc = compare(model_dir, fake_python, monkeypatch, tmp_path, "crash", "--check")
     assert r.exit_code == 1, r.output  # the engine's failure, not ours: no "internal error"
@@ -86,6 +88,7 @@ def test_a_crash_in_vllm_is_that_schedules_result(model_dir, fake_python, monkey
     assert "every run measured matches" in doc["verdict"]
 
 
+@pytest.mark.slow  # a subprocess of its own, seconds each (the fast loop leaves it out)
 def test_a_worker_that_dies_crashes_every_schedule(model_dir, fake_python, monkeypatch, tmp_path):
     r, doc = compare(model_dir, fake_python, monkeypatch, tmp_path, "die")
     assert r.exit_code == 0 and doc["runs"] == []  # without --check: reported, exit 0
@@ -93,6 +96,7 @@ def test_a_worker_that_dies_crashes_every_schedule(model_dir, fake_python, monke
     assert all("exited with status 1: Fatal Python error" in x["message"] for x in doc["not_measured"])
 
 
+@pytest.mark.slow  # a subprocess of its own, seconds each (the fast loop leaves it out)
 def test_a_chunk_boundary_error_is_found_where_it_is_born(model_dir, fake_python, monkeypatch, tmp_path):
     r, doc = compare(model_dir, fake_python, monkeypatch, tmp_path, "skew", "--batch", "2")
     assert doc["input"] == {"batch": 2, "seq_len": T}
@@ -101,6 +105,7 @@ def test_a_chunk_boundary_error_is_found_where_it_is_born(model_dir, fake_python
     assert runs["prefill"]["passed"] and runs["prefix"]["passed"]
 
 
+@pytest.mark.slow  # a subprocess of its own, seconds each (the fast loop leaves it out)
 def test_the_table_says_what_ran(model_dir, fake_python, monkeypatch, tmp_path):
     monkeypatch.setenv("SMEARCLI_STANDIN_MODE", "crash")
     r = runner.invoke(app, ["compare", "--impl", "vllm", "--hf-model", str(model_dir), "--vllm-python",
@@ -146,6 +151,7 @@ def test_chunk_budget_and_prefix_length():
     assert vllm.prefix_len(64) == 32 and vllm.prefix_len(65) == 64 and vllm.prefix_len(33) == 32
 
 
+@pytest.mark.slow  # a subprocess of its own, seconds each (the fast loop leaves it out)
 def test_plot_draws_a_vllm_run(model_dir, fake_python, monkeypatch, tmp_path):
     monkeypatch.setenv("SMEARCLI_STANDIN_MODE", "skew")
     out = tmp_path / "vllm.png"
