@@ -97,9 +97,12 @@ def test_os_exit_does_not_pass_a_check(tmp_path, old, new, marker, what):
 def test_the_users_ctrl_c_stays_an_interruption(tmp_path):
     root = standin(tmp_path, FORWARD, FORWARD + "        import sys; sys.stderr.write('IN-FORWARD\\n')\n"
                    "        sys.stderr.flush()\n        while True:\n            pass\n")
+    # SIGINT back to its default in the child: a suite started in the background by a shell
+    # inherits it ignored, and Python then installs no KeyboardInterrupt handler at all
     p = subprocess.Popen([sys.executable, "-m", "smearcli", *AUDIT, "--nanochat-path", str(root)],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+                         env={**os.environ, "PYTHONPATH": str(ROOT)},
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         while "IN-FORWARD" not in p.stderr.readline():
             assert p.poll() is None, "ended before the forward ran"
