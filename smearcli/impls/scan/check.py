@@ -138,24 +138,42 @@ def record(model_type: str, verdict: str, **kw) -> dict:
     out = {"model_type": model_type, "verdict": verdict, "worst_schedule": None, "max_abs": None,
            "multiple": None, "shape": None, "born_at": None, "floor": None, "floor_source": None,
            "init": None, "live_state": None, "model_class": None, "reason": None, "notes": [],
-           "schedules": {}, "steps": None, "config": None}
+           "schedules": {}, "steps": None, "config": None, "reproducer": None,
+           "reproducer_status": None, "vocab": 256}
     out.update(kw)
     return out
 
 
 def check(model_type: str, seed: int = 0, tolerance: float = NOISE_MARGIN, total: int = T,
-          config=None) -> dict:
-    """The record of one architecture (see the module docstring); `config` replaces the derived one."""
+          config=None, repro_dir=None) -> dict:
+    """The record of one architecture (see the module docstring); `config` replaces the derived
+    one. With `repro_dir`, a finding gets a standalone reproducer there, run once: its path and
+    exit status are in the record (`reproducer`, `reproducer_status`)."""
+    rec = _check(model_type, seed, tolerance, total, config)
+    if rec["verdict"] == BUG and repro_dir is not None and rec.get("_config") is not None:
+        from pathlib import Path
+
+        from . import repro
+
+        path = repro.write(rec, rec["_config"], Path(repro_dir) / f"{model_type}.py", seed, rec["vocab"], tolerance)
+        rec["reproducer"] = str(path)
+        rec["reproducer_status"], rec["reproducer_output"] = repro.run(path)
+    rec.pop("_config", None)
+    return rec
+
+
+def _check(model_type, seed, tolerance, total, config) -> dict:
     d = None
     if config is None:
         d = derive(model_type)
         if d.error:
             return record(model_type, NOT_BUILT, reason=d.error)
         config = d.config
-    tokens = torch.randint(0, min(256, int(getattr(config.get_text_config(), "vocab_size", 256) or 256)),
+    vocab = min(256, int(getattr(config.get_text_config(), "vocab_size", 256) or 256))
+    tokens = torch.randint(0, vocab,
                            (1, total), generator=torch.Generator().manual_seed(seed))
     plans = split_points(config, total, seed)
-    base = dict(config=d.summary() if d else None)
+    base = dict(config=d.summary() if d else None, vocab=vocab)
     last = None
     for init in INIT_LADDER:
         try:
@@ -172,7 +190,7 @@ def check(model_type: str, seed: int = 0, tolerance: float = NOISE_MARGIN, total
         if res["verdict"] != INCONCLUSIVE:
             if init is not None:
                 res["notes"].append(f"the state was shown to matter only at initializer_range={init}")
-            return record(model_type, **res)
+            return record(model_type, **res, _config=config)
         last = res
     last["notes"].append("zeroing the carried state never moved the logits past the floor, at every "
                          f"init scale tried ({', '.join('default' if i is None else str(i) for i in INIT_LADDER)})")
