@@ -252,7 +252,8 @@ def live_state(runner: CacheRunner, tokens: Tensor, floor: float, split: Optiona
         runner.step(tokens[:, :split], probe, False)
     kinds = state_kinds(probe.inner)
     out = LiveState(split, floor=floor, margin=margin)
-    for steps in ([split, T - split], [split] + [1] * (T - split)):
+    tail = min(4, T - split)  # a few single tokens, then the rest as one chunk
+    for steps in ([split, T - split], [split] + [1] * tail + ([T - split - tail] if T - split > tail else [])):
         base = run_steps(runner, tokens, steps)
         for kind in kinds:
             runner.perturb = Perturb((split,), kind)

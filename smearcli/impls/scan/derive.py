@@ -65,7 +65,18 @@ EXACT: dict[str, Any] = {
     "n_head_kv": 2,
     "num_kv_heads": 2,
     "multi_query_group_num": 2,
+    "num_experts_per_token": 2,
+    **{k: 1 for k in ("num_expert_group", "num_group", "group_topk", "num_dense_layers")},
+    "linear_head_dim": HEAD_DIM,
+    "linear_num_heads": HEADS,
+    "rotary_dim": HEAD_DIM // 2,
+    "rotary_emb_dim": HEAD_DIM // 2,
+    "vocab_size_per_layer_input": VOCAB,
+    "hidden_size_per_layer_input": 16,
+    "laurel_rank": 8,
+    "num_kv_shared_layers": 0,
 }
+NONE_TO = {"head_dim": HEAD_DIM, "num_key_value_heads": 2}  # a None default the model reads as a number
 WINDOWS = ("sliding_window", "window_size", "local_window_size", "attention_window")
 LAYER_COUNTS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "decoder_layers", "num_blocks")
 PERIODS = {"attn_layer_period": ("attn_layer_offset", 2, 1), "expert_layer_period": ("expert_layer_offset", 2, 1)}
@@ -79,8 +90,23 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "mamba2": {"num_heads": 8, "head_dim": 16, "expand": 2},
     # RecurrentGemma's attention width is heads x head_dim and must equal hidden_size (64)
     "recurrent_gemma": {"num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 16},
-    # xLSTM ties its width to embedding_dim and heads; qk_dim_factor keeps the head dims even
-    "xlstm": {"num_heads": 4, "chunk_size": SSM_CHUNK},
+    # the defaults have no attention layer at all (attn_layer_indices None: every layer Mamba),
+    # so derivation cannot find both kinds; layer 1 is the attention layer
+    "bamba": {"attn_layer_indices": [1]},
+    # every default layer is linear attention (Mamba): one of them becomes attention
+    "granitemoehybrid": {"layer_types": ["linear_attention", "attention"]},
+    # the default leaves layer_types None, which the model indexes; one conv and one attention layer
+    "lfm2_moe": {"layer_types": ["conv", "full_attention"]},
+    # the Mamba heads must tile mamba_d_ssm (128): 8 heads of 16, not the default head of 8
+    "falcon_h1": {"mamba_d_head": 16},
+    # the shared transformer block is tied across hybrid layers: it needs two of them (1 and 3)
+    # (and its attention reads the concatenated input and embedding: twice the width)
+    "zamba": {"attention_hidden_size": 2 * WIDTH, "num_hidden_layers": 4, "layers_block_type": ["linear_attention", "hybrid"] * 2},
+    # block_types is a 3-layer cycle, not a per-layer list: three layers reach its attention layer
+    "recurrent_gemma": {"num_hidden_layers": 3},
+    # xLSTM: at chunk_size 8 the chunkwise kernel fails on the first call (a shape), at 16 the
+    # full pass runs and the cached steps reach their xLSTMCache
+    "xlstm": {"num_heads": 4, "chunk_size": 16},
 }
 
 
@@ -100,8 +126,9 @@ class Derived:
 def _per_layer_keys(d: dict, L: int) -> list[str]:
     return [k for k, v in d.items() if isinstance(v, (list, str)) and not isinstance(v, bool)
             and len(v) == L and L > 2 and not k.endswith("_name") and k not in ("model_type",)
-            and (isinstance(v, str) and len(set(v)) <= 8 or isinstance(v, list) and all(
-                isinstance(x, (str, int, bool, type(None))) for x in v) and _looks_per_layer(k))]
+            and (isinstance(v, str) and len(set(v)) <= 8 or isinstance(v, list) and (all(
+                isinstance(x, (str, int, bool, type(None))) for x in v) and _looks_per_layer(k) or all(
+                isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)))]
 
 
 def _looks_per_layer(key: str) -> bool:
@@ -144,6 +171,11 @@ def shrink(d: dict, model_type: str = "") -> tuple[dict, dict, list]:
         if k in out and isinstance(out[k], int) and not isinstance(out[k], bool):
             # never raise a value: a default smaller than the tiny one stays
             setk(k, min(out[k], v) if k not in ("max_position_embeddings", "n_positions") else v)
+    for k, v in NONE_TO.items():
+        if k in out and out[k] is None:
+            setk(k, v)
+    if out.get("rope_parameters") == {}:  # an empty default that __init__ fills from the layer types
+        out.pop("rope_parameters")
     for k in WINDOWS:
         if isinstance(out.get(k), int) and out[k] > WINDOW:
             setk(k, WINDOW)
@@ -164,6 +196,12 @@ def shrink(d: dict, model_type: str = "") -> tuple[dict, dict, list]:
             setk(k, "".join(v[i] for i in keep) if isinstance(v, str) else [v[i] for i in keep])
         for k in idx:
             setk(k, [n for n, i in enumerate(keep) if i in out[k]])
+        for k in per:  # per-layer sizes shrink like the scalar ones
+            if k in EXACT and all(isinstance(x, int) for x in out[k]):
+                setk(k, [min(x, EXACT[k]) for x in out[k]])
+        for k, v in list(out.items()):  # per-layer settings keyed by layer index
+            if isinstance(v, dict) and v and all(str(x).isdigit() for x in v) and k not in ("id2label",):
+                setk(k, {n: v[i] if i in v else v[str(i)] for n, i in enumerate(keep) if i in v or str(i) in v})
         for k in LAYER_COUNTS:
             if isinstance(out.get(k), int) and out[k] == L:
                 setk(k, len(keep))
@@ -184,9 +222,14 @@ def shrink(d: dict, model_type: str = "") -> tuple[dict, dict, list]:
             out[k] = sub
             changed.update({f"{k}.{a}": b for a, b in ch.items()})
             kinds = kinds or sk
+    if isinstance(out.get("kv_lora_rank"), int):  # MLA: keys come out with one head per query head
+        setk("num_key_value_heads", out.get("num_attention_heads", HEADS))
+    if "qk_head_dim" in out and isinstance(out.get("qk_nope_head_dim"), int):  # derived in __init__
+        setk("qk_head_dim", out["qk_nope_head_dim"] + (out.get("qk_rope_head_dim") or 0))
     for k, v in OVERRIDES.get(model_type, {}).items():
-        if k in out:
-            setk(k, v)
+        if k in out and out[k] != v:
+            changed[k] = (out[k], v)
+            out[k] = v
     return out, changed, kinds
 
 
