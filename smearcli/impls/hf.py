@@ -40,8 +40,8 @@ from ..runner import Described, Holder, Output, Runner
 from ..schedules import ScheduleOptions
 
 HF_SCHEDULES = ("prefill", "decode", "chunked", "speculative")
-CACHE_KEYWORDS = ("cache", "past_key_values", "cache_params")  # newest first
-OUTPUT_CACHE_FIELDS = ("cache", "past_key_values", "cache_params")
+CACHE_KEYWORDS = ("cache", "past_key_values", "cache_params", "state")  # newest first; RWKV: state
+OUTPUT_CACHE_FIELDS = ("cache", "past_key_values", "cache_params", "state")
 TESTED_VERSIONS = ("5.24.0",)
 
 

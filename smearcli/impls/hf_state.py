@@ -7,8 +7,8 @@ Shared by `smearcli scan` and `compare --impl hf`:
   (RecurrentGemma: `DynamicCache(config=...)` when the first call returns none); optional explicit
   `position_ids` / attention mask (to tell "positions restart" and "mask wrong" apart), and a
   perturbation hook that zeroes what the cache carries at chosen positions.
-- `cache_tensors(cache)`: every tensor a cache object holds, by path and kind (`KV`: attention
-  keys and values; `STATE`: conv, SSM, recurrent and every other state).
+- `cache_tensors(cache)`: every floating-point tensor a cache object holds, by path and kind
+  (`KV`: attention keys and values; `CONV`: conv taps; `STATE`: SSM, recurrent and every other).
 - `floor_run(runner, tokens)`: the full pass in float64, as the noise floor's partner: rounding in
   float32 is all it measures, and no schedule under test (decode included) can raise it.
 - `live_state(runner, tokens, floor)`: zero each kind of carried state at a boundary and measure
@@ -31,7 +31,7 @@ from ..runner import Described, Holder, Output, Runner
 from ..schedules import RunResult
 
 KEYWORDS = ("cache", "past_key_values", "cache_params", "state")  # newest first; RWKV: state
-KV, STATE = "kv", "state"
+KV, CONV, STATE = "kv", "conv", "recurrent"  # attention keys/values, conv taps, every other (SSM, RNN) state
 KV_NAMES = ("keys", "values", "key_cache", "value_cache", "key", "value", "k_cache", "v_cache")
 
 
@@ -56,8 +56,10 @@ def cache_tensors(obj, path: str = "", depth: int = 0, seen=None) -> list[tuple[
         return []
     seen.add(id(obj))
     if isinstance(obj, Tensor):
+        if not obj.is_floating_point():  # lengths, positions: bookkeeping, not state
+            return []
         last = path.split(".")
-        kind = KV if any(p in KV_NAMES for p in last) else STATE
+        kind = KV if any(p in KV_NAMES for p in last) else CONV if "conv" in path.lower() else STATE
         return [(path, obj, kind)]
     items: list = []
     if isinstance(obj, dict):
@@ -80,7 +82,8 @@ def state_kinds(cache) -> list[str]:
 
 @dataclass
 class Perturb:
-    """Zero the cache's tensors of `kind` after the step that ends at each of `at`."""
+    """Zero the cache's tensors of the kinds in `kind` (one kind or several, space-separated)
+    after the step that ends at each of `at`."""
     at: tuple[int, ...]
     kind: str
 
@@ -121,7 +124,7 @@ class CacheRunner(Runner):
     def describe(self) -> Described:
         return Described(self.label, self.series, self.name, type(self.model).__name__,
                          str(self.dtype).removeprefix("torch."), str(self.device), None, None,
-                         ("; ".join(self.notes()),))
+                         tuple(self.notes()[1:]))
 
     def _call(self, tokens, capture, **kw):
         out = self.model(input_ids=tokens.to(self.device), output_hidden_states=capture, return_dict=True, **kw)
@@ -170,7 +173,7 @@ class CacheRunner(Runner):
         if self.perturb is not None and cache.pos in self.perturb.at:
             with torch.no_grad():
                 for _, t, kind in cache_tensors(cache.inner):
-                    if kind == self.perturb.kind:
+                    if kind in self.perturb.kind.split():
                         t.zero_()
         return Output(out.logits, hs)
 

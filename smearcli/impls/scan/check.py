@@ -29,7 +29,7 @@ import torch
 from ...metrics import RunMetrics, measure, noise_floor
 from ...names import NOISE_MARGIN
 from .. import hf_state
-from ..hf_state import STATE, CacheRunner, full_run, run_steps
+from ..hf_state import KV, CacheRunner, full_run, run_steps
 from . import shapes
 from .derive import derive
 
@@ -216,9 +216,11 @@ def check_model(model, tokens, plans: dict, tolerance: float = NOISE_MARGIN) -> 
         fd = worst.first_departure
         out.update(verdict=BUG, worst_schedule=name, max_abs=worst.max_abs_logits, multiple=worst.logits_multiple,
                    steps=plans[name], born_at=None if fd is None else f"{(runner.layers)[fd[0]] if fd[0] < len(runner.layers) else 'logits'}@{fd[1]}")
-        out["shape"], fixed = name_shape(model, tokens, plans, name, worst, ms, ref, noise, tolerance)
+        out["shape"], fixed, note = name_shape(model, tokens, plans, name, worst, ms, ref, noise, tolerance)
         if fixed:
             out["notes"].append(f"explicit {fixed} makes {name} pass")
+        if note:
+            out["notes"].append(note)
         return out
     live = hf_state.live_state(runner, tokens, floor)
     out["live_state"] = {k: float(v) for k, v in live.effects.items()}
@@ -227,8 +229,8 @@ def check_model(model, tokens, plans: dict, tolerance: float = NOISE_MARGIN) -> 
     return out
 
 
-def name_shape(model, tokens, plans, name, worst, ms, ref, noise, tolerance) -> tuple[str, Optional[str]]:
-    """The failing run's shape and the explicit argument that fixes it (or None)."""
+def name_shape(model, tokens, plans, name, worst, ms, ref, noise, tolerance):
+    """(the failing run's shape, the explicit argument that fixes it or None, a note or None)."""
     thr = NOISE_MARGIN * noise.per_layer[-1]
     fixed = None
     for arg, kw in (("position_ids", dict(positions=True)), ("attention_mask", dict(mask=True))):
@@ -246,16 +248,39 @@ def name_shape(model, tokens, plans, name, worst, ms, ref, noise, tolerance) -> 
     chunks_pass = ms["chunks of 16"].passed and ms["prefill"].passed
     steps = plans[name]
     starts = shapes.boundaries(steps)
-    matches = False
+    matches = None
     if fixed is None and starts and not decode_fails:
+        matches = dropped_state(model, tokens, steps, starts, thr)
+    err = worst.abs_err[-1].tolist()
+    shape = shapes.classify(err, steps, thr, fixed, decode_fails, chunks_pass, matches is not None)
+    note = None
+    if matches:
+        note = f"token-by-token decode with the {matches} at each chunk start equals {name} to the floor"
+    return shape, fixed, note
+
+
+def dropped_state(model, tokens, steps, starts, thr) -> Optional[str]:
+    """The kinds of carried state whose zeroing at each multi-token chunk start makes token-by-token
+    decode equal the failing run (the hypothesis "the chunk forgot its state" replayed), or None."""
+    probe = CacheRunner(model)
+    held = probe.new_cache(1, 2)
+    with torch.inference_mode():
+        probe.step(tokens[:, :2], held, False)
+    kinds = [k for k in hf_state.state_kinds(held.inner) if k != KV]
+    if not kinds:
+        return None
+    cache_starts = tuple(s for s, n in zip(starts, steps[1:]) if n > 1)
+    try:
+        run = run_steps(CacheRunner(model), tokens, steps)
+    except Exception:
+        return None
+    for subset in ([[k] for k in kinds] if len(kinds) > 1 else []) + [kinds]:
         r = CacheRunner(model)
-        cache_starts = tuple(s for s, n in zip(starts, steps[1:]) if n > 1)
-        r.perturb = hf_state.Perturb(cache_starts, STATE)
+        r.perturb = hf_state.Perturb(cache_starts, " ".join(subset))
         try:
             replay = run_steps(r, tokens, [1] * tokens.size(1))
-            run = run_steps(CacheRunner(model), tokens, steps)
-            matches = float((replay.logits - run.logits).abs().max()) <= thr
         except Exception:
-            matches = False
-    err = worst.abs_err[-1].tolist()
-    return shapes.classify(err, steps, thr, fixed, decode_fails, chunks_pass, matches), fixed
+            continue
+        if float((replay.logits - run.logits).abs().max()) <= thr:
+            return " and ".join(subset) + " state zeroed"
+    return None

@@ -102,6 +102,8 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     # the shared transformer block is tied across hybrid layers: it needs two of them (1 and 3)
     # (and its attention reads the concatenated input and embedding: twice the width)
     "zamba": {"attention_hidden_size": 2 * WIDTH, "num_hidden_layers": 4, "layers_block_type": ["linear_attention", "hybrid"] * 2},
+    # Zamba2's shared attention reads the concatenated input and embedding as well
+    "zamba2": {"attention_hidden_size": 2 * WIDTH},
     # block_types is a 3-layer cycle, not a per-layer list: three layers reach its attention layer
     "recurrent_gemma": {"num_hidden_layers": 3},
     # xLSTM: at chunk_size 8 the chunkwise kernel fails on the first call (a shape), at 16 the
@@ -185,12 +187,12 @@ def shrink(d: dict, model_type: str = "") -> tuple[dict, dict, list]:
         L = out[lkey]
         per = _per_layer_keys(out, L)
         idx = _index_keys(out, L, per)
-        keep = pick_layers(out, L, per) if per or idx else [0, 1]
+        keep = pick_layers(out, L, per) if per or idx else list(range(min(L, 2)))
         if idx and not per:  # layers named by index: keep one listed and one unlisted layer each
             listed = set().union(*[set(out[k]) for k in idx])
             inside = [i for i in range(L) if i in listed][:1]
             outside = [i for i in range(L) if i not in listed][:1]
-            keep = sorted(set(inside + outside)) if inside and outside else [0, 1]
+            keep = sorted(set(inside + outside)) if inside and outside else list(range(min(L, 2)))
         for k in per:
             v = out[k]
             setk(k, "".join(v[i] for i in keep) if isinstance(v, str) else [v[i] for i in keep])
