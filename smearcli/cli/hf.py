@@ -67,14 +67,14 @@ def prepare(spec: RunSpec, schedules, tolerance: float):
     from ..impls import hf_check
     from .reports import ComparisonReport, Job
 
-    with flag_model(spec), their_code(spec):
+    with their_code(spec), flag_model(spec):
         runner = hf_check.runner(model, info.source, tokens)
     report_kw = dict(document=lambda c: hf.to_json(c, info, opts, str(device)),
                      title=f"{info.source}: {info.model_class}, {info.dtype} on {device}, "
                            f"{tokens.size(0)} x {tokens.size(1)} tokens", subtitle=SUBTITLE)
 
     def run(bar):
-        with flag_model(spec), their_code(spec):
+        with their_code(spec), flag_model(spec):
             c = hf_check.sound_compare(runner, tokens, schedules, opts, tolerance, progress=bar.label,
                                        tokens_progress=bar.tokens, notes=[info.describe()])
         report = ComparisonReport(c, None, threads, **report_kw)
