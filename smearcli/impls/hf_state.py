@@ -196,6 +196,37 @@ def run_steps(runner: Runner, tokens: Tensor, steps: Sequence[int], capture: boo
                      list(range(tokens.size(0))))
 
 
+def rejected_draft_run(runner: CacheRunner, tokens: Tensor, prompt: int, draft: int = 4, rejected: int = 2,
+                       seed: int = 0, schedule: str = "verify, draft rejected") -> Optional[RunResult]:
+    """Speculative decoding with rejections: after a prefill of `prompt` tokens, each verify step
+    feeds `draft` tokens whose last `rejected` are wrong, keeps the logits of the accepted ones,
+    crops the cache back to them and continues. None when the cache cannot be cropped (no `crop`,
+    or recurrent state that a crop cannot roll back)."""
+    B, T = tokens.shape
+    g = torch.Generator().manual_seed(seed)
+    cache = runner.new_cache(B, T)
+    keep = draft - rejected
+    logits, steps = [], []
+    with torch.inference_mode():
+        logits.append(runner.step(tokens[:, :prompt], cache, False).logits.float())
+        steps.append(prompt)
+        if not hasattr(cache.inner, "crop") or any(k != KV for k in state_kinds(cache.inner)):
+            return None
+        pos = prompt
+        while pos < T:
+            n = min(keep, T - pos)
+            wrong = torch.randint(0, int(tokens.max()) + 1, (B, draft - n), generator=g).to(tokens.device)
+            fed = torch.cat([tokens[:, pos:pos + n], wrong], dim=1)
+            out = runner.step(fed, cache, False)
+            logits.append(out.logits[:, :n].float())
+            if draft > n:  # transformers 5.24 crops by a negative count: drop the rejected tail
+                cache.inner.crop(n - draft)
+            cache.pos = pos + n
+            steps.append(n)
+            pos += n
+    return RunResult(schedule, runner.label, torch.cat(logits, dim=1), None, steps, list(range(B)))
+
+
 def full_run(runner: Runner, tokens: Tensor, capture: bool = False, schedule: str = "full") -> RunResult:
     with torch.inference_mode():
         o = runner.forward(tokens, capture)

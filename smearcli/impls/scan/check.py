@@ -6,7 +6,8 @@
    it (`hf_state.floor_run`), so no schedule under test, decode included, can raise the floor;
 2. every schedule of `split_points` (decode, prefill, chunks of 16, a prefill then single tokens,
    chunk widths below and at the conv width, around the sliding window and the SSM chunk size,
-   seeded odd widths, a verify step with a rejected draft) is measured against the reference;
+   seeded odd widths; verify steps whose drafts are partly rejected, the cache cropped back, on
+   caches that can be cropped) is measured against the reference;
 3. a failure is a `bug`, its shape named (`shapes.classify`) from reruns with explicit
    `position_ids` / attention mask, the dropped-state hypothesis replayed, and the error profile;
 4. no failure: before `ok`, the state the cache carries must be shown to matter
@@ -206,10 +207,19 @@ def check_model(model, tokens, plans: dict, tolerance: float = NOISE_MARGIN) -> 
     noise = noise_floor(ref, f64 if f64 is not None else ref, torch.float32)
     noise.source = floor_source
     ms = run_all(runner, tokens, plans, ref, noise, tolerance)
+    notes = []
+    try:
+        draft = hf_state.rejected_draft_run(runner, tokens, tokens.size(1) - 12)
+    except Exception as e:  # the crop is our call into their API: not the model's result
+        draft = None
+        notes.append(f"verify with a rejected draft not run: {transformers_frame(e)}")
+    if draft is not None:
+        ms[draft.schedule] = measure(_logits_only(ref), draft, _logits_noise(noise), tolerance)
+        plans = {**plans, draft.schedule: draft.steps}
     floor = noise.per_layer[-1]
     out = {"model_class": type(model).__name__, "floor": floor, "floor_source": floor_source,
            "schedules": {k: {"max_abs": m.max_abs_logits, "multiple": m.logits_multiple, "passed": m.passed}
-                         for k, m in ms.items()}, "notes": runner.notes()}
+                         for k, m in ms.items()}, "notes": runner.notes() + notes}
     bad = {k: m for k, m in ms.items() if not m.passed}
     if bad:
         name, worst = max(bad.items(), key=lambda kv: kv[1].max_abs_logits)
