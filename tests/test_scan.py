@@ -129,3 +129,20 @@ def test_document_and_markdown():
     json.dumps(doc)
     md = report.markdown(RECORDS, {"transformers_version": "x"})
     assert "## Findings" in md and "`a.py` (1)" in md and md.count("\n| ") >= len(RECORDS) + 2
+
+
+def test_suspect_lines_in_a_modeling_file(tmp_path):
+    from smearcli.impls.scan import draft
+
+    src = tmp_path / "modeling_toy.py"
+    src.write_text("\n".join([
+        "x = 1",
+        "if recurrent_state is not None and seq_len == 1:",
+        "    position_ids = torch.arange(hidden_states.shape[1]).unsqueeze(0)",
+        "position_ids = torch.arange(T) + past_seen_tokens",
+        "out = scan(x, initial_state=None)",
+        "if cache.has_previous_state:",
+    ]))
+    found = {n: what for what, n, _ in draft.suspects(src)}
+    assert set(found) == {2, 3, 5, 6}  # line 4 adds the cache offset
+    assert "arange" in found[3] and "one-token" in found[2]

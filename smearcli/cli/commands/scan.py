@@ -65,7 +65,7 @@ def scan(
     from each config class's defaults, the full pass against fuzzed cached schedules over a float64
     noise floor, the carried state shown to matter before an ok, the error's shape named, and a
     standalone reproducer per finding. Each architecture runs in its own process with --timeout
-    and --memory-mb; records stream to --out. Try `smearcli scan --only bamba,llama`."""
+    and --memory-mb; records stream to --out. Try: smearcli scan --only bamba,llama."""
     from ...impls.scan import report
     from ...impls.scan import isolate
 

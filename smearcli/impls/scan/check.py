@@ -159,6 +159,12 @@ def check(model_type: str, seed: int = 0, tolerance: float = NOISE_MARGIN, total
         path = repro.write(rec, rec["_config"], Path(repro_dir) / f"{model_type}.py", seed, rec["vocab"], tolerance)
         rec["reproducer"] = str(path)
         rec["reproducer_status"], rec["reproducer_output"] = repro.run(path)
+        import transformers
+
+        from . import draft
+
+        rec["report_draft"] = str(draft.write(rec, path.with_suffix(".md"), {
+            "transformers": transformers.__version__, "torch": torch.__version__}))
     rec.pop("_config", None)
     return rec
 

@@ -12,7 +12,7 @@ SCHEMA = "smearcli.scan/1"
 ORDER = ("bug", "crashed", "inconclusive", "ok", "not built")
 FIELDS = ("model_type", "verdict", "worst_schedule", "max_abs", "multiple", "shape", "born_at", "init",
           "floor", "floor_source", "live_state", "model_class", "reason", "notes", "schedules", "steps",
-          "config", "reproducer", "reproducer_status", "wall_s")
+          "config", "reproducer", "reproducer_status", "report_draft", "wall_s")
 
 
 def counts(records: Sequence[dict]) -> dict[str, int]:
