@@ -129,7 +129,13 @@ class CacheRunner(Runner):
     def _call(self, tokens, capture, **kw):
         out = self.model(input_ids=tokens.to(self.device), output_hidden_states=capture, return_dict=True, **kw)
         hs = getattr(out, "hidden_states", None)
-        return out, (list(hs) if capture and hs else None)
+        if not (capture and hs):
+            return out, None
+        hs = list(hs)
+        T = tokens.size(1)
+        if not all(isinstance(h, Tensor) and h.dim() == 3 and h.size(1) == T for h in hs):
+            return out, None  # not one (B, T, C) tensor per layer: compare the logits alone
+        return out, hs
 
     def forward(self, tokens, capture):
         out, hs = self._call(tokens, capture, use_cache=False)
@@ -186,6 +192,8 @@ def run_steps(runner: Runner, tokens: Tensor, steps: Sequence[int], capture: boo
     with torch.inference_mode():
         for n in steps:
             o = runner.step(tokens[:, pos:pos + n], cache, capture)
+            if o.logits.dim() != 3 or tuple(o.logits.shape[:2]) != (tokens.size(0), n):
+                raise ValueError(f"a cached step over {n} tokens returned logits of shape {tuple(o.logits.shape)}")
             logits.append(o.logits.float())
             hid.append(o.hiddens)
             pos += n

@@ -53,8 +53,16 @@ def cycle(widths, total: int) -> list[int]:
     return out
 
 
+def text_config(cfg):
+    """The config's text part (itself when there is none, or when the choice is ambiguous)."""
+    try:
+        return cfg.get_text_config()
+    except Exception:
+        return getattr(cfg, "decoder", None) or cfg
+
+
 def _first(cfg, keys) -> Optional[int]:
-    for src in (cfg, getattr(cfg, "get_text_config", lambda: cfg)()):
+    for src in (cfg, text_config(cfg)):
         for k in keys:
             v = getattr(src, k, None)
             if isinstance(v, int) and not isinstance(v, bool) and v > 1:
@@ -94,7 +102,7 @@ def build(cfg, init: Optional[float], seed: int):
     from transformers import AutoModelForCausalLM
 
     if init is not None:
-        for sub in {id(c): c for c in (cfg, cfg.get_text_config())}.values():
+        for sub in {id(c): c for c in (cfg, text_config(cfg))}.values():
             if hasattr(sub, "initializer_range"):
                 sub.initializer_range = init
     with torch.random.fork_rng(devices=[]):
@@ -176,7 +184,7 @@ def _check(model_type, seed, tolerance, total, config) -> dict:
         if d.error:
             return record(model_type, NOT_BUILT, reason=d.error)
         config = d.config
-    vocab = min(256, int(getattr(config.get_text_config(), "vocab_size", 256) or 256))
+    vocab = min(256, int(getattr(text_config(config), "vocab_size", 256) or 256))
     tokens = torch.randint(0, vocab,
                            (1, total), generator=torch.Generator().manual_seed(seed))
     plans = split_points(config, total, seed)
@@ -206,9 +214,16 @@ def _check(model_type, seed, tolerance, total, config) -> dict:
 
 def check_model(model, tokens, plans: dict, tolerance: float = NOISE_MARGIN) -> dict:
     """Verdict fields of one built model on `plans` (name -> steps)."""
+    if hf_state.cache_keyword(model) is None:
+        return {"verdict": NOT_BUILT, "model_class": type(model).__name__, "notes": [],
+                "reason": f"{type(model).__name__}.forward takes no cache (none of {', '.join(hf_state.KEYWORDS)})"}
     probe = CacheRunner(model)
     runner = CacheRunner(model, layer_names(probe, tokens))
     ref = full_run(runner, tokens, capture=len(runner.layers) > 1)
+    if ref.logits.dim() != 3 or ref.logits.shape[:2] != tokens.shape:
+        return {"verdict": NOT_BUILT, "model_class": type(model).__name__, "notes": [],
+                "reason": f"the full pass returns logits of shape {tuple(ref.logits.shape)}, not (batch, "
+                          f"{tokens.size(1)}, vocab): not a causal LM over its input"}
     f64, floor_source = hf_state.floor_run(runner, tokens, capture=ref.hiddens is not None)
     noise = noise_floor(ref, f64 if f64 is not None else ref, torch.float32)
     noise.source = floor_source

@@ -173,6 +173,8 @@ def shrink(d: dict, model_type: str = "") -> tuple[dict, dict, list]:
         if k in out and isinstance(out[k], int) and not isinstance(out[k], bool):
             # never raise a value: a default smaller than the tiny one stays
             setk(k, min(out[k], v) if k not in ("max_position_embeddings", "n_positions") else v)
+    if out.get("is_decoder") is False:  # an encoder's LM head: causal only as a decoder (BERT kin)
+        setk("is_decoder", True)
     for k, v in NONE_TO.items():
         if k in out and out[k] is None:
             setk(k, v)
@@ -253,4 +255,7 @@ def derive(model_type: str) -> Derived:
     except Exception as e:
         return Derived(model_type, error=f"the shrunk config is refused: {type(e).__name__}: {str(e)[:160]}",
                        changed=changed)
+    if getattr(cfg, "is_decoder", None) is False:  # an encoder's LM head is causal only as a decoder
+        cfg.is_decoder = True  # (BERT kin; to_dict() leaves the flag out, so shrink() cannot see it)
+        changed["is_decoder"] = (False, True)
     return Derived(model_type, cfg, None, changed, kinds)
