@@ -73,3 +73,19 @@ def test_one_architecture_then_resume_skips_it(tmp_path):
     before = out.read_text()
     r = invoke("--only", "llama", "--out", out, "--resume", "-q")
     assert r.exit_code == 0 and out.read_text() == before and "1 architectures: 1 ok" in r.stdout
+
+
+def test_figure_of_architectures_by_schedules(tmp_path):
+    from smearcli.render import scan_figure
+
+    recs = [{"model_type": "a", "verdict": "bug", "schedules": {"decode": {"multiple": 1.0}, "chunks": {"multiple": 1e4}}},
+            {"model_type": "b", "verdict": "ok", "schedules": {"decode": {"multiple": 0.5}}},
+            {"model_type": "c", "verdict": "not built"}]
+    rows, cols, cells = scan_figure.grid(recs)
+    assert rows == ["a (bug)", "b (ok)"] and cols == ["decode", "chunks"]
+    assert cells[0][1] == pytest.approx(4.0) and cells[1][1] != cells[1][1]  # nan: not run
+    p = tmp_path / "s.jsonl"
+    p.write_text("\n".join(json.dumps(r) for r in recs) + "\n")
+    r = invoke("--merge", p, "--figure", tmp_path / "scan.png")
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "scan.png").read_bytes()[:4] == b"\x89PNG"

@@ -58,6 +58,8 @@ def scan(
                         "instead of the table.")] = False,
     markdown: Annotated[Optional[Path], typer.Option("--markdown", help="Also write the census as "
                         "Markdown to this file.")] = None,
+    figure: Annotated[Optional[Path], typer.Option("--figure", help="Also draw architectures x "
+                      "schedules (error over the floor) to this .png, .svg or .pdf.")] = None,
     check: Annotated[bool, typer.Option("--check", help="Exit 1 if any architecture is a bug.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No line per architecture on stderr.")] = False,
 ) -> None:
@@ -76,6 +78,10 @@ def scan(
     if memory_mb < 64:
         raise UserError(f"--memory-mb must be at least 64, got {memory_mb}")
     part = parse_shard(shard)
+    if figure is not None:
+        from ...files import check_output_path
+
+        check_output_path(figure, (".png", ".svg", ".pdf"))
     t0 = time.monotonic()
     if merge:
         records = isolate.merge(merge)
@@ -88,6 +94,10 @@ def scan(
         sys.stdout.write(report.table(records) + "\n")
     if markdown is not None:
         markdown.write_text(report.markdown(records, info))
+    if figure is not None and any(r.get("schedules") for r in records):
+        from ...render import figures, scan_figure
+
+        figures.save(scan_figure.figure(records), figure)
     bugs = [r["model_type"] for r in records if r.get("verdict") == "bug"]
     if check and bugs:
         raise CheckFailed(f"{len(bugs)} architectures disagree with their full pass: {', '.join(bugs)}")
