@@ -88,13 +88,23 @@ def split_points(cfg, total: int = T, seed: int = 0) -> dict[str, list[int]]:
     return out
 
 
+def short_path(filename: str) -> str:
+    """A frame's file from the package on: "transformers/models/x/modeling_x.py", "smearcli/..."."""
+    path = filename.replace("\\", "/")
+    for root in ("/site-packages/", "/smearcli/"):
+        if root in path:
+            rest = path.rsplit(root, 1)[1]
+            return rest if root == "/site-packages/" else "smearcli/" + rest
+    return path
+
+
 def transformers_frame(exc: BaseException) -> str:
     """"transformers/models/x/modeling_x.py:123 in fn: Error: message" for the deepest frame in
     transformers (the deepest frame at all when none is)."""
     frames = traceback.extract_tb(exc.__traceback__)
     theirs = [f for f in frames if "/transformers/" in f.filename.replace("\\", "/")]
     f = (theirs or frames or [None])[-1]
-    where = "?" if f is None else f"{f.filename.replace(chr(92), '/').split('/site-packages/')[-1]}:{f.lineno} in {f.name}"
+    where = "?" if f is None else f"{short_path(f.filename)}:{f.lineno} in {f.name}"
     return f"{where}: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
 
 
