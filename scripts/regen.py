@@ -1,12 +1,15 @@
 """Regenerate every committed output from fresh runs, in one command:
 
-    python scripts/regen.py              # everything
+    python scripts/regen.py              # snippets, errors, notebooks
+    python scripts/regen.py --only census  # the scan census (minutes)
     python scripts/regen.py --only notebooks,errors
 
 - snippets: `docs/gen_snippets.py` (docs/snippets/*.txt, docs/figures/smear-error.png and the
   README blocks between `<!-- snippet: NAME -->` markers);
 - errors: docs/errors.md, the table of every error and exit code (`tests/test_errors_table.py`
   with SMEARCLI_REGEN_DOCS=1);
+- census: `docs/gen_census.py` (the `smearcli scan` census in docs/guide/scan.md; about 15
+  minutes on 2 cores, the one step not in the default list: `--only census`);
 - notebooks: every notebooks/*.ipynb executed in place (nbclient, one kernel each, one torch
   thread as the notebooks themselves set), so their outputs are what nbval compares.
 
@@ -24,7 +27,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-STEPS = ("snippets", "errors", "notebooks")
+STEPS = ("snippets", "errors", "notebooks", "census")
+DEFAULT = ("snippets", "errors", "notebooks")
 
 
 def run(step: str, cmd: list[str], env: dict) -> None:
@@ -50,7 +54,7 @@ def execute_notebooks(paths: list[Path]) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--only", default=",".join(STEPS), help=f"comma-separated steps of {', '.join(STEPS)}")
+    ap.add_argument("--only", default=",".join(DEFAULT), help=f"comma-separated steps of {', '.join(STEPS)}")
     steps = [s.strip() for s in ap.parse_args().only.split(",") if s.strip()]
     unknown = [s for s in steps if s not in STEPS]
     if unknown:
@@ -61,6 +65,8 @@ def main() -> None:
     if "errors" in steps:
         run("errors", [sys.executable, "-m", "pytest", "-q", "-o", "addopts=", "tests/test_errors_table.py"],
             {**env, "SMEARCLI_REGEN_DOCS": "1"})
+    if "census" in steps:
+        run("census", [sys.executable, "docs/gen_census.py"], env)
     if "notebooks" in steps:
         execute_notebooks(sorted((ROOT / "notebooks").glob("*.ipynb")))
 

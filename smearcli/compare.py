@@ -61,6 +61,8 @@ class Comparison:
     notes: list[str] = field(default_factory=list)  # what ran, for the report
     analytic_labels: dict[str, str] = field(default_factory=dict)  # schedule -> the checked run's label
     unmeasured: list[RunResult] = field(default_factory=list)  # runs with an outcome (crashed, ...)
+    # why no schedule's agreement means anything (the state under test never mattered), or None
+    inconclusive: Optional[str] = None
 
     @property
     def labels(self) -> list[str]:
@@ -159,8 +161,9 @@ class Comparison:
         text = len(head) - 3  # born at, spread, verdict: left-aligned like the names
         line = lambda r: "  ".join(c.ljust(w) if i < 2 + several or i >= text else c.rjust(w)
                                    for i, (c, w) in enumerate(zip(r, widths))).rstrip()
+        src = "token-by-token decode" if self.noise.source == NoiseFloor.source else self.noise.source
         out = [f"{self.tokens.size(0)} x {T} tokens; noise floor (logits) {sci(self.noise.per_layer[-1])} "
-               f"from token-by-token decode; a run passes within {self.tolerance:g}x",
+               f"from {src}; a run passes within {self.tolerance:g}x",
                line(head)] + [line(r) for r in rows]
         out += [self.outcome_line(r) for r in self.unmeasured]
         out += self.notes
@@ -204,12 +207,12 @@ class PlannedRun:
     measured: bool = True  # False: the reference, and a decode run for the noise floor only
 
 
-def plan(runners: Sequence[Runner], schedules: Sequence[str],
-         reference: Optional[Runner] = None) -> list[PlannedRun]:
+def plan(runners: Sequence[Runner], schedules: Sequence[str], reference: Optional[Runner] = None,
+         floor_given: bool = False) -> list[PlannedRun]:
     """Every run `compare` makes, in order: the reference, each (schedule, runner) (decode once
     per group of runners sharing a one-token step), and a decode for the noise floor when no
-    schedule is decode on the reference's runner (always, with a separate `reference`). The CLI's
-    progress totals come from here."""
+    schedule is decode on the reference's runner (always, with a separate `reference`), unless the
+    caller gives the floor run. The CLI's progress totals come from here."""
     ref = reference or runners[0]
     several = len(runners) > 1
     out = [PlannedRun(REFERENCE, ref, "full (reference)", measured=False)]
@@ -223,7 +226,7 @@ def plan(runners: Sequence[Runner], schedules: Sequence[str],
             out.append(PlannedRun(sched, r, label))
             if sched == NOISE_SCHEDULE and r.one_token_step is not None:
                 decoded[r.one_token_step] = r
-    if NOISE_SCHEDULE not in schedules or reference is not None:
+    if (NOISE_SCHEDULE not in schedules or reference is not None) and not floor_given:
         out.append(PlannedRun(NOISE_SCHEDULE, ref, "decode (noise floor)", measured=False))
     return out
 
@@ -239,7 +242,8 @@ def compare(target, tokens: Tensor, schedules: Sequence[str] = DEFAULT_SCHEDULES
             check_runs: Optional[Callable[[RunMetrics], bool]] = None,
             tokens_progress: Optional[Callable[[int, int], None]] = None,
             name: Optional[str] = None, notes: Sequence[str] = (),
-            reference: Optional[Runner] = None) -> Comparison:
+            reference: Optional[Runner] = None, floor: Optional[RunResult] = None,
+            floor_source: str = "") -> Comparison:
     """Run the reference, the noise-floor pair and every (schedule, runner); measure each.
 
     `target`: our GPT (with `logics`), a Runner or a list of Runners (see `as_runners`); the first
@@ -258,7 +262,7 @@ def compare(target, tokens: Tensor, schedules: Sequence[str] = DEFAULT_SCHEDULES
                 raise ValueError(f"{r.label} cannot run the {s} schedule ({missing(r, s)})")
     tokens = tokens.to(ref_runner.device)
     step = progress or (lambda label: None)
-    planned = plan(runners, schedules, reference)
+    planned = plan(runners, schedules, reference, floor_given=floor is not None)
     total = forward_runs(planned) * tokens.size(1)
     done = [0]
 
@@ -300,9 +304,18 @@ def compare(target, tokens: Tensor, schedules: Sequence[str] = DEFAULT_SCHEDULES
         layers = ["logits"]
         ref = dataclasses.replace(ref, hiddens=None)
         runs = [dataclasses.replace(r, hiddens=None) for r in runs]
-        decode_for_noise = dataclasses.replace(decode_for_noise, hiddens=None)
+        if decode_for_noise is not None:
+            decode_for_noise = dataclasses.replace(decode_for_noise, hiddens=None)
     dtype = ref_runner.dtype or ref.logits.dtype
-    noise = noise_floor(ref, decode_for_noise, dtype)
+    if floor is not None:
+        if ref.hiddens is None or floor.hiddens is None or len(floor.hiddens) != len(ref.hiddens):
+            # layers the floor run lacks get the ulp minimum (the reference's own hidden states)
+            floor = dataclasses.replace(floor, hiddens=ref.hiddens)
+        noise = noise_floor(ref, floor, dtype)
+        noise.source = floor_source or "a floor run given by the caller"
+        noise.measured_logits = 0.0  # decode is a schedule here: its ulps are its own metric
+    else:
+        noise = noise_floor(ref, decode_for_noise, dtype)
     metrics = [measure(ref, r, noise, tolerance) for r in runs]
     pick = check_runs or (lambda m: not m.passed)
     by_label = {r.label: r for r in runners}
@@ -321,6 +334,9 @@ def compare(target, tokens: Tensor, schedules: Sequence[str] = DEFAULT_SCHEDULES
 
 def verdict(c: Comparison) -> str:
     """One line a person can act on."""
+    if c.inconclusive and not c.failures:
+        return (f"INCONCLUSIVE: every schedule matches the full forward pass within {c.tolerance:g}x the "
+                f"noise floor, but {c.inconclusive}")
     tail = ""
     if c.noise_suspect:
         tail = (f" (note: token-by-token decode itself is {c.decode_ulps:.3g} ulps off the full pass, "

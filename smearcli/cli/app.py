@@ -19,6 +19,7 @@ from .commands.bench import bench
 from .commands.compare import compare
 from .commands.fix import fix
 from .commands.plot import plot
+from .commands.scan import scan
 from .errors import DEBUG, TERMINATED, describe_unexpected, env_debug, print_error
 
 
@@ -115,6 +116,8 @@ app.command(cls=Command, short_help="Every schedule, old and fixed smear logic, 
             "forward pass; a one-line verdict.")(compare)
 app.command(cls=Command, short_help="A figure of where the smear bug is born and how far it spreads.")(plot)
 app.command(cls=Command, short_help="What the fixed smear and each schedule cost on this machine.")(bench)
+app.command(cls=Command, short_help="A census of every causal LM in transformers: tiny configs, fuzzed "
+            "split points, live state, the error's shape, a reproducer per finding.")(scan)
 app.command(cls=Command, short_help="The patch that fixes the smear in your nanochat checkout: print it, or apply it.")(fix)
 
 

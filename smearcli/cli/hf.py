@@ -53,7 +53,6 @@ def prepare(spec: RunSpec, schedules, tolerance: float):
     """A Job that checks the model of --hf-model on `schedules`; its report writes smearcli.hf/1."""
     from ..impls import hf
     from ..schedules import chunk_plan
-    from .reports import comparison_job
     from .threads import apply_threads
 
     schedules = [s for s in schedules if s != "full"]
@@ -65,21 +64,47 @@ def prepare(spec: RunSpec, schedules, tolerance: float):
         chunk_plan(tokens.size(1), opts)
     except ValueError as e:
         raise UserError(f"{'--chunk-sizes' if opts.chunk_sizes else '--chunks'}: {e}") from e
-    with flag_model(spec):
-        runner = hf.runner(model, info.source, tokens)
-    job = comparison_job([runner], tokens, schedules, opts, tolerance, footer=threads,
-                         notes=[info.describe()],
-                         document=lambda c: hf.to_json(c, info, opts, str(device)),
-                         title=f"{info.source}: {info.model_class}, {info.dtype} on {device}, "
-                               f"{tokens.size(0)} x {tokens.size(1)} tokens",
-                         subtitle=SUBTITLE)
-    inner = job.run
+    from ..impls import hf_check
+    from .reports import ComparisonReport, Job
+
+    with their_code(spec), flag_model(spec):
+        runner = hf_check.runner(model, info.source, tokens)
+    report_kw = dict(document=lambda c: hf.to_json(c, info, opts, str(device)),
+                     title=f"{info.source}: {info.model_class}, {info.dtype} on {device}, "
+                           f"{tokens.size(0)} x {tokens.size(1)} tokens", subtitle=SUBTITLE)
 
     def run(bar):
-        with flag_model(spec):
-            return inner(bar)
-    job.run = run
-    return job
+        with their_code(spec), flag_model(spec):
+            c = hf_check.sound_compare(runner, tokens, schedules, opts, tolerance, progress=bar.label,
+                                       tokens_progress=bar.tokens, notes=[info.describe()])
+        report = ComparisonReport(c, None, threads, **report_kw)
+        report.failed = report.failed or c.inconclusive is not None  # --check cannot pass it
+        return report
+    return Job(run, runner.name)
+
+
+class their_code:
+    """An exception raised inside transformers is the model's result: exit 1 naming the frame in
+    transformers that raised, never "a bug in smearcli"."""
+
+    def __init__(self, spec: RunSpec):
+        self.spec = spec
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, exc, tb):
+        from ..errors import UserCodeError
+        from ..impls.hf_check import their_frame
+
+        if exc is None or isinstance(exc, (UserError, KeyboardInterrupt)):
+            return False
+        where = their_frame(exc)
+        if where is None:
+            return False
+        first = (str(exc).splitlines() or [""])[0][:200]
+        raise UserCodeError(f"--hf-model {self.spec.hf_model}: the model's own code raised "
+                            f"{type(exc).__name__} at {where}: {first}") from exc
 
 
 def flag_model(spec: RunSpec):

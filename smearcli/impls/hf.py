@@ -42,8 +42,8 @@ from ..schedules import ScheduleOptions
 from .hf_load import load_dir, load_dir_with_notes, require_transformers  # noqa: F401 - re-exported
 
 HF_SCHEDULES = ("prefill", "decode", "chunked", "speculative")
-CACHE_KEYWORDS = ("cache", "past_key_values", "cache_params")  # newest first
-OUTPUT_CACHE_FIELDS = ("cache", "past_key_values", "cache_params")
+CACHE_KEYWORDS = ("cache", "past_key_values", "cache_params", "state")  # newest first; RWKV: state
+OUTPUT_CACHE_FIELDS = ("cache", "past_key_values", "cache_params", "state")
 TESTED_VERSIONS = ("5.24.0",)
 
 

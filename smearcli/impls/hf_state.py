@@ -1,0 +1,308 @@
+"""What a cached step carries, and checks that cannot pass a wrong model (issue 21).
+
+Shared by `smearcli scan` and `compare --impl hf`:
+
+- `CacheRunner`: a transformers causal LM as a `Runner` that also runs the models the plain
+  adapter refuses: a cache passed under `state=` (RWKV), a cache the caller must create
+  (RecurrentGemma: `DynamicCache(config=...)` when the first call returns none); optional explicit
+  `position_ids` / attention mask (to tell "positions restart" and "mask wrong" apart), and a
+  perturbation hook that zeroes what the cache carries at chosen positions.
+- `cache_tensors(cache)`: every floating-point tensor a cache object holds, by path and kind
+  (`KV`: attention keys and values; `CONV`: conv taps; `STATE`: SSM, recurrent and every other).
+- `floor_run(runner, tokens)`: the full pass in float64, as the noise floor's partner: rounding in
+  float32 is all it measures, and no schedule under test (decode included) can raise it.
+- `live_state(runner, tokens, floor)`: zero each kind of carried state at a boundary and measure
+  how far the logits after it move; a kind whose effect stays under the floor is not shown to
+  matter, and a consistent verdict on it says nothing.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
+
+import torch
+from torch import Tensor
+
+from ..names import NOISE_MARGIN
+from ..runner import Described, Holder, Output, Runner
+from ..schedules import RunResult
+
+KEYWORDS = ("cache", "past_key_values", "cache_params", "state")  # newest first; RWKV: state
+KV, CONV, STATE = "kv", "conv", "recurrent"  # attention keys/values, conv taps, every other (SSM, RNN) state
+KV_NAMES = ("keys", "values", "key_cache", "value_cache", "key", "value", "k_cache", "v_cache")
+
+
+def cache_keyword(model) -> Optional[str]:
+    params = inspect.signature(model.forward).parameters
+    return next((k for k in KEYWORDS if k in params), None)
+
+
+def out_cache(out):
+    for name in KEYWORDS:
+        c = getattr(out, name, None)
+        if c is not None:
+            return c
+    return None
+
+
+def cache_tensors(obj, path: str = "", depth: int = 0, seen=None) -> list[tuple[str, Tensor, str]]:
+    """(path, tensor, kind) for every tensor reachable from a cache object (attributes, lists,
+    tuples, dicts; four levels deep)."""
+    seen = set() if seen is None else seen
+    if id(obj) in seen or depth > 4:
+        return []
+    seen.add(id(obj))
+    if isinstance(obj, Tensor):
+        if not obj.is_floating_point():  # lengths, positions: bookkeeping, not state
+            return []
+        last = path.split(".")
+        kind = KV if any(p in KV_NAMES for p in last) else CONV if "conv" in path.lower() else STATE
+        return [(path, obj, kind)]
+    items: list = []
+    if isinstance(obj, dict):
+        items = list(obj.items())
+    elif isinstance(obj, (list, tuple)):
+        items = list(enumerate(obj))
+    elif hasattr(obj, "__dict__") and not isinstance(obj, (torch.nn.Module, type)):
+        items = list(vars(obj).items())
+    out = []
+    for k, v in items:
+        if isinstance(v, (torch.dtype, torch.device, str, int, float, bool)) or v is None:
+            continue
+        out += cache_tensors(v, f"{path}.{k}" if path else str(k), depth + 1, seen)
+    return out
+
+
+def state_kinds(cache) -> list[str]:
+    return sorted({kind for _, t, kind in cache_tensors(cache) if t.numel()})
+
+
+@dataclass
+class Perturb:
+    """Zero the cache's tensors of the kinds in `kind` (one kind or several, space-separated)
+    after the step that ends at each of `at`."""
+    at: tuple[int, ...]
+    kind: str
+
+
+class CacheRunner(Runner):
+    """A transformers causal LM behind `Runner`, through its own cache, under whichever keyword
+    its forward takes (see the module docstring)."""
+
+    label = "hf"
+    series = "the model's own cache"
+
+    def __init__(self, model, layers: Sequence[str] = ("logits",), name: str = "model",
+                 positions: bool = False, mask: bool = False):
+        self.model, self.layers, self.name = model, tuple(layers), name
+        self.keyword = cache_keyword(model)
+        if self.keyword is None:
+            raise TypeError(f"{type(model).__name__}.forward takes none of {', '.join(KEYWORDS)}")
+        params = inspect.signature(model.forward).parameters
+        self.takes_positions = "position_ids" in params
+        self.takes_mask = "attention_mask" in params
+        self.cache_position = "cache_position" in params
+        self.positions, self.mask = positions and self.takes_positions, mask and self.takes_mask
+        self.dtype = next(model.parameters()).dtype
+        self.device = next(model.parameters()).device
+        self.perturb: Optional[Perturb] = None
+        self.caller_cache = False  # set when the model returned no cache and the caller made one
+
+    def notes(self) -> list[str]:
+        out = [f"cache passed back as {self.keyword}="]
+        if self.caller_cache:
+            out.append("the model returned no cache: the caller creates DynamicCache(config=...)")
+        if self.positions:
+            out.append("explicit position_ids")
+        if self.mask:
+            out.append("explicit attention_mask")
+        return out
+
+    def describe(self) -> Described:
+        return Described(self.label, self.series, self.name, type(self.model).__name__,
+                         str(self.dtype).removeprefix("torch."), str(self.device), None, None,
+                         tuple(self.notes()[1:]))
+
+    def _call(self, tokens, capture, **kw):
+        out = self.model(input_ids=tokens.to(self.device), output_hidden_states=capture, return_dict=True, **kw)
+        hs = getattr(out, "hidden_states", None)
+        if not (capture and hs):
+            return out, None
+        hs = list(hs)
+        T = tokens.size(1)
+        if not all(isinstance(h, Tensor) and h.dim() == 3 and h.size(1) == T for h in hs):
+            return out, None  # not one (B, T, C) tensor per layer: compare the logits alone
+        return out, hs
+
+    def forward(self, tokens, capture):
+        out, hs = self._call(tokens, capture, use_cache=False)
+        return Output(out.logits, hs)
+
+    def new_cache(self, batch, max_len):
+        return Holder()
+
+    def _kw(self, cache: Holder, B: int, n: int) -> dict:
+        kw: dict = {"use_cache": True}
+        if cache.started:
+            kw[self.keyword] = cache.inner
+        pos = torch.arange(cache.pos, cache.pos + n, device=self.device)
+        if self.positions:
+            kw["position_ids"] = pos.unsqueeze(0).expand(B, -1)
+        if self.mask:
+            kw["attention_mask"] = torch.ones(B, cache.pos + n, dtype=torch.long, device=self.device)
+        if self.cache_position and self.keyword == "cache_params":
+            kw["cache_position"] = pos
+        return kw
+
+    def make_cache(self):
+        from transformers import DynamicCache
+
+        return DynamicCache(config=self.model.config)
+
+    def step(self, tokens, cache: Holder, capture):
+        B, n = tokens.shape
+        kw = self._kw(cache, B, n)
+        out, hs = self._call(tokens, capture, **kw)
+        got = out_cache(out)
+        if got is None and not cache.started:  # the caller must create the cache (RecurrentGemma)
+            made = self.make_cache()
+            kw[self.keyword] = made
+            out, hs = self._call(tokens, capture, **kw)
+            got = out_cache(out) or made
+            self.caller_cache = True
+        elif got is None:
+            got = cache.inner  # updated in place
+        cache.inner, cache.started, cache.pos = got, True, cache.pos + n
+        if self.perturb is not None and cache.pos in self.perturb.at:
+            with torch.no_grad():
+                for _, t, kind in cache_tensors(cache.inner):
+                    if kind in self.perturb.kind.split():
+                        t.zero_()
+        return Output(out.logits, hs)
+
+
+def run_steps(runner: Runner, tokens: Tensor, steps: Sequence[int], capture: bool = False,
+              schedule: str = "steps") -> RunResult:
+    """A RunResult of `tokens` fed in `steps` through the runner's cache."""
+    cache = runner.new_cache(tokens.size(0), tokens.size(1))
+    logits, hid, pos = [], [], 0
+    with torch.inference_mode():
+        for n in steps:
+            o = runner.step(tokens[:, pos:pos + n], cache, capture)
+            if o.logits.dim() != 3 or tuple(o.logits.shape[:2]) != (tokens.size(0), n):
+                raise ValueError(f"a cached step over {n} tokens returned logits of shape {tuple(o.logits.shape)}")
+            logits.append(o.logits.float())
+            hid.append(o.hiddens)
+            pos += n
+    hiddens = None
+    if capture and all(h is not None for h in hid):
+        hiddens = [torch.cat([h[i].float() for h in hid], dim=1) for i in range(len(hid[0]))]
+    return RunResult(schedule, runner.label, torch.cat(logits, dim=1), hiddens, list(steps),
+                     list(range(tokens.size(0))))
+
+
+def rejected_draft_run(runner: CacheRunner, tokens: Tensor, prompt: int, draft: int = 4, rejected: int = 2,
+                       seed: int = 0, schedule: str = "verify, draft rejected") -> Optional[RunResult]:
+    """Speculative decoding with rejections: after a prefill of `prompt` tokens, each verify step
+    feeds `draft` tokens whose last `rejected` are wrong, keeps the logits of the accepted ones,
+    crops the cache back to them and continues. None when the cache cannot be cropped (no `crop`,
+    or recurrent state that a crop cannot roll back)."""
+    B, T = tokens.shape
+    g = torch.Generator().manual_seed(seed)
+    cache = runner.new_cache(B, T)
+    keep = draft - rejected
+    logits, steps = [], []
+    with torch.inference_mode():
+        logits.append(runner.step(tokens[:, :prompt], cache, False).logits.float())
+        steps.append(prompt)
+        if not hasattr(cache.inner, "crop") or any(k != KV for k in state_kinds(cache.inner)):
+            return None
+        pos = prompt
+        while pos < T:
+            n = min(keep, T - pos)
+            wrong = torch.randint(0, int(tokens.max()) + 1, (B, draft - n), generator=g).to(tokens.device)
+            fed = torch.cat([tokens[:, pos:pos + n], wrong], dim=1)
+            out = runner.step(fed, cache, False)
+            logits.append(out.logits[:, :n].float())
+            if draft > n:  # transformers 5.24 crops by a negative count: drop the rejected tail
+                cache.inner.crop(n - draft)
+            cache.pos = pos + n
+            steps.append(n)
+            pos += n
+    return RunResult(schedule, runner.label, torch.cat(logits, dim=1), None, steps, list(range(B)))
+
+
+def full_run(runner: Runner, tokens: Tensor, capture: bool = False, schedule: str = "full") -> RunResult:
+    with torch.inference_mode():
+        o = runner.forward(tokens, capture)
+    hs = [h.float() for h in o.hiddens] if capture and o.hiddens else None
+    return RunResult(schedule, runner.label, o.logits.float(), hs, [tokens.size(1)], list(range(tokens.size(0))))
+
+
+def floor_run(runner: CacheRunner, tokens: Tensor, capture: bool = False) -> tuple[Optional[RunResult], str]:
+    """(the full pass in float64 cast to float32, what it is) or (None, why not): the partner of
+    the reference for a noise floor that no schedule under test can raise."""
+    model = runner.model
+    try:
+        m64 = copy.deepcopy(model).double()
+        r64 = CacheRunner(m64, runner.layers, runner.name)
+        run = full_run(r64, tokens, capture, schedule="full (float64)")
+        del m64
+        return run, "the full pass in float64 against float32, at least one ulp of each layer's scale"
+    except Exception as e:  # their code may not run in float64 (a kernel, a dtype assert)
+        return None, f"the full pass does not run in float64 ({type(e).__name__}); one ulp of each layer's scale"
+
+
+@dataclass
+class LiveState:
+    """How far zeroing each kind of carried state at `split` moves the logits after it."""
+    split: int
+    effects: dict = field(default_factory=dict)  # kind -> max |dlogit| after the split
+    floor: float = 0.0  # the logits noise floor
+    margin: float = NOISE_MARGIN
+
+    def matters(self, kind: str) -> bool:
+        return self.effects.get(kind, 0.0) > self.margin * self.floor
+
+    @property
+    def dead(self) -> list[str]:
+        """Kinds present whose zeroing stays under margin x the floor."""
+        return [k for k in self.effects if not self.matters(k)]
+
+    @property
+    def shown(self) -> bool:
+        """Every kind of state the cache carries is shown to matter."""
+        return bool(self.effects) and not self.dead
+
+    def describe(self) -> str:
+        parts = [f"{k} {v:.3g} ({'matters' if self.matters(k) else 'under the floor'})" for k, v in self.effects.items()]
+        return f"zeroing the cache at {self.split} moves the later logits by " + ", ".join(parts)
+
+
+def live_state(runner: CacheRunner, tokens: Tensor, floor: float, split: Optional[int] = None,
+               margin: float = NOISE_MARGIN) -> LiveState:
+    """Zero each kind of state the cache carries after a prefill of `split` tokens and measure the
+    later logits against the same steps unperturbed, both as one chunk and as single tokens (the
+    larger effect counts: a chunk path that ignores its state is the schedules' business)."""
+    T = tokens.size(1)
+    split = split or T // 2
+    probe = runner.new_cache(tokens.size(0), T)
+    with torch.inference_mode():
+        runner.step(tokens[:, :split], probe, False)
+    kinds = state_kinds(probe.inner)
+    out = LiveState(split, floor=floor, margin=margin)
+    tail = min(4, T - split)  # a few single tokens, then the rest as one chunk
+    for steps in ([split, T - split], [split] + [1] * tail + ([T - split - tail] if T - split > tail else [])):
+        base = run_steps(runner, tokens, steps)
+        for kind in kinds:
+            runner.perturb = Perturb((split,), kind)
+            try:
+                moved = run_steps(runner, tokens, steps)
+            finally:
+                runner.perturb = None
+            eff = float((moved.logits[:, split:] - base.logits[:, split:]).abs().max())
+            out.effects[kind] = max(out.effects.get(kind, 0.0), eff)
+    return out

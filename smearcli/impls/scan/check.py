@@ -1,0 +1,327 @@
+"""One architecture checked the way the scan checks every one (smearcli scan, issue 21).
+
+`check(model_type)` derives a tiny config (`derive`), builds the model seeded, and runs it:
+
+1. the reference is the full pass in float32; the noise floor is the full pass in float64 against
+   it (`hf_state.floor_run`), so no schedule under test, decode included, can raise the floor;
+2. every schedule of `split_points` (decode, prefill, chunks of 16, a prefill then single tokens,
+   chunk widths below and at the conv width, around the sliding window and the SSM chunk size,
+   seeded odd widths; verify steps whose drafts are partly rejected, the cache cropped back, on
+   caches that can be cropped) is measured against the reference;
+3. a failure is a `bug`, its shape named (`shapes.classify`) from reruns with explicit
+   `position_ids` / attention mask, the dropped-state hypothesis replayed, and the error profile;
+4. no failure: before `ok`, the state the cache carries must be shown to matter
+   (`hf_state.live_state`); when it does not, the init scale is raised (seeded) and the whole check
+   repeats; when nothing makes it matter the verdict is `inconclusive`.
+
+An exception inside the model is the architecture's result (`crashed`, with the frame that
+raised); a config or a model that cannot be built is `not built` with the reason. The record is a
+plain dict (JSON-ready), see `record`.
+"""
+
+from __future__ import annotations
+
+import random
+import traceback
+from typing import Optional
+
+import torch
+
+from ...metrics import RunMetrics, measure, noise_floor
+from ...names import NOISE_MARGIN
+from .. import hf_state
+from ..hf_state import KV, CacheRunner, full_run, run_steps
+from . import shapes
+from .derive import derive
+
+T = 49  # one past a multiple of the 16-token chunks
+OK, BUG, INCONCLUSIVE, CRASHED, NOT_BUILT = "ok", "bug", "inconclusive", "crashed", "not built"
+VERDICTS = (OK, BUG, INCONCLUSIVE, CRASHED, NOT_BUILT)
+INIT_LADDER = (None, 0.1, 0.3, 1.0)  # initializer_range: the default, then larger (seeded)
+CONV_KEYS = ("conv_kernel", "mamba_d_conv", "conv1d_width", "linear_conv_kernel_dim", "d_conv", "conv_L_cache")
+WINDOW_KEYS = ("sliding_window", "attention_window_size", "window_size")
+SSM_KEYS = ("chunk_size", "mamba_chunk_size")
+
+
+def cycle(widths, total: int) -> list[int]:
+    """Steps cycling through `widths` (each >= 1) until they sum to `total`."""
+    out, i = [], 0
+    widths = [max(1, int(w)) for w in widths]
+    while sum(out) < total:
+        out.append(min(widths[i % len(widths)], total - sum(out)))
+        i += 1
+    return out
+
+
+def text_config(cfg):
+    """The config's text part (itself when there is none, or when the choice is ambiguous)."""
+    try:
+        return cfg.get_text_config()
+    except Exception:
+        return getattr(cfg, "decoder", None) or cfg
+
+
+def _first(cfg, keys) -> Optional[int]:
+    for src in (cfg, text_config(cfg)):
+        for k in keys:
+            v = getattr(src, k, None)
+            if isinstance(v, int) and not isinstance(v, bool) and v > 1:
+                return v
+    return None
+
+
+def split_points(cfg, total: int = T, seed: int = 0) -> dict[str, list[int]]:
+    """name -> steps: the schedules the scan runs on one architecture, from its config."""
+    out = {"decode": [1] * total, "prefill": [total], "chunks of 16": cycle([16], total),
+           "prefill, then single tokens": [total - 6] + [1] * 6}
+    conv = _first(cfg, CONV_KEYS)
+    if conv:
+        out[f"widths {conv - 1},{conv} (conv {conv})"] = [conv + 1] + cycle([conv - 1, conv], total - conv - 1)
+    win = _first(cfg, WINDOW_KEYS)
+    if win and win < total:
+        out[f"widths around the window {win}"] = cycle([win - 1, win, win + 1], total)
+    ssm = _first(cfg, SSM_KEYS)
+    if ssm and ssm < total:
+        out[f"widths around the SSM chunk {ssm}"] = cycle([ssm - 1, ssm + 1, ssm], total)
+    rng = random.Random(seed)
+    out["odd widths (seeded)"] = cycle([rng.randint(2, 13) for _ in range(12)], total)
+    return out
+
+
+def short_path(filename: str) -> str:
+    """A frame's file from the package on: "transformers/models/x/modeling_x.py", "smearcli/..."."""
+    path = filename.replace("\\", "/")
+    for root in ("/site-packages/", "/smearcli/"):
+        if root in path:
+            rest = path.rsplit(root, 1)[1]
+            return rest if root == "/site-packages/" else "smearcli/" + rest
+    return path
+
+
+def transformers_frame(exc: BaseException) -> str:
+    """"transformers/models/x/modeling_x.py:123 in fn: Error: message" for the deepest frame in
+    transformers (the deepest frame at all when none is)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    theirs = [f for f in frames if "/transformers/" in f.filename.replace("\\", "/")]
+    f = (theirs or frames or [None])[-1]
+    where = "?" if f is None else f"{short_path(f.filename)}:{f.lineno} in {f.name}"
+    return f"{where}: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+
+
+def build(cfg, init: Optional[float], seed: int):
+    from transformers import AutoModelForCausalLM
+
+    if init is not None:
+        for sub in {id(c): c for c in (cfg, text_config(cfg))}.values():
+            if hasattr(sub, "initializer_range"):
+                sub.initializer_range = init
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(cfg)
+    return model.float().eval()
+
+
+def layer_names(runner: CacheRunner, tokens) -> list[str]:
+    try:
+        out = runner.forward(tokens[:, :2], True)
+    except Exception:
+        return ["logits"]
+    n = len(out.hiddens or [])
+    return [f"hidden_states[{i}]" for i in range(n)] + ["logits"]
+
+
+def run_all(runner, tokens, plans: dict, ref, noise, tolerance) -> dict[str, RunMetrics]:
+    out = {}
+    for name, steps in plans.items():
+        run = run_steps(runner, tokens, steps, capture=ref.hiddens is not None, schedule=name)
+        if (run.hiddens is None) != (ref.hiddens is None):
+            run.hiddens = None
+        out[name] = measure(ref if run.hiddens is not None else _logits_only(ref), run, noise if run.hiddens
+                            is not None else _logits_noise(noise), tolerance)
+    return out
+
+
+def _logits_only(ref):
+    import dataclasses
+
+    return dataclasses.replace(ref, hiddens=None)
+
+
+def _logits_noise(noise):
+    import dataclasses
+
+    return dataclasses.replace(noise, per_layer=noise.per_layer[-1:])
+
+
+def record(model_type: str, verdict: str, **kw) -> dict:
+    out = {"model_type": model_type, "verdict": verdict, "worst_schedule": None, "max_abs": None,
+           "multiple": None, "shape": None, "born_at": None, "floor": None, "floor_source": None,
+           "init": None, "live_state": None, "model_class": None, "reason": None, "notes": [],
+           "schedules": {}, "steps": None, "config": None, "reproducer": None,
+           "reproducer_status": None, "vocab": 256}
+    out.update(kw)
+    return out
+
+
+def check(model_type: str, seed: int = 0, tolerance: float = NOISE_MARGIN, total: int = T,
+          config=None, repro_dir=None) -> dict:
+    """The record of one architecture (see the module docstring); `config` replaces the derived
+    one. With `repro_dir`, a finding gets a standalone reproducer there, run once: its path and
+    exit status are in the record (`reproducer`, `reproducer_status`)."""
+    rec = _check(model_type, seed, tolerance, total, config)
+    if rec["verdict"] == BUG and repro_dir is not None and rec.get("_config") is not None:
+        from pathlib import Path
+
+        from . import repro
+
+        path = repro.write(rec, rec["_config"], Path(repro_dir) / f"{model_type}.py", seed, rec["vocab"], tolerance)
+        rec["reproducer"] = str(path)
+        rec["reproducer_status"], rec["reproducer_output"] = repro.run(path)
+        import transformers
+
+        from . import draft
+
+        rec["report_draft"] = str(draft.write(rec, path.with_suffix(".md"), {
+            "transformers": transformers.__version__, "torch": torch.__version__}))
+    rec.pop("_config", None)
+    return rec
+
+
+def _check(model_type, seed, tolerance, total, config) -> dict:
+    d = None
+    if config is None:
+        d = derive(model_type)
+        if d.error:
+            return record(model_type, NOT_BUILT, reason=d.error)
+        config = d.config
+    vocab = min(256, int(getattr(text_config(config), "vocab_size", 256) or 256))
+    tokens = torch.randint(0, vocab,
+                           (1, total), generator=torch.Generator().manual_seed(seed))
+    plans = split_points(config, total, seed)
+    base = dict(config=d.summary() if d else None, vocab=vocab)
+    last = None
+    for init in INIT_LADDER:
+        try:
+            model = build(config, init, seed)
+        except Exception as e:
+            return record(model_type, NOT_BUILT, reason="the model cannot be built from the tiny config: "
+                          + transformers_frame(e), **base)
+        try:
+            res = check_model(model, tokens, plans, tolerance)
+        except Exception as e:
+            return record(model_type, CRASHED, reason=transformers_frame(e), model_class=type(model).__name__,
+                          init=init, **base)
+        res.update(base, init=init)
+        if res["verdict"] != INCONCLUSIVE:
+            if init is not None:
+                res["notes"].append(f"the state was shown to matter only at initializer_range={init}")
+            return record(model_type, **res, _config=config)
+        last = res
+    last["notes"].append("zeroing the carried state never moved the logits past the floor, at every "
+                         f"init scale tried ({', '.join('default' if i is None else str(i) for i in INIT_LADDER)})")
+    return record(model_type, **last)
+
+
+def check_model(model, tokens, plans: dict, tolerance: float = NOISE_MARGIN) -> dict:
+    """Verdict fields of one built model on `plans` (name -> steps)."""
+    if hf_state.cache_keyword(model) is None:
+        return {"verdict": NOT_BUILT, "model_class": type(model).__name__, "notes": [],
+                "reason": f"{type(model).__name__}.forward takes no cache (none of {', '.join(hf_state.KEYWORDS)})"}
+    probe = CacheRunner(model)
+    runner = CacheRunner(model, layer_names(probe, tokens))
+    ref = full_run(runner, tokens, capture=len(runner.layers) > 1)
+    if ref.logits.dim() != 3 or ref.logits.shape[:2] != tokens.shape:
+        return {"verdict": NOT_BUILT, "model_class": type(model).__name__, "notes": [],
+                "reason": f"the full pass returns logits of shape {tuple(ref.logits.shape)}, not (batch, "
+                          f"{tokens.size(1)}, vocab): not a causal LM over its input"}
+    f64, floor_source = hf_state.floor_run(runner, tokens, capture=ref.hiddens is not None)
+    noise = noise_floor(ref, f64 if f64 is not None else ref, torch.float32)
+    noise.source = floor_source
+    ms = run_all(runner, tokens, plans, ref, noise, tolerance)
+    notes = []
+    try:
+        draft = hf_state.rejected_draft_run(runner, tokens, tokens.size(1) - 12)
+    except Exception as e:  # the crop is our call into their API: not the model's result
+        draft = None
+        notes.append(f"verify with a rejected draft not run: {transformers_frame(e)}")
+    if draft is not None:
+        ms[draft.schedule] = measure(_logits_only(ref), draft, _logits_noise(noise), tolerance)
+        plans = {**plans, draft.schedule: draft.steps}
+    floor = noise.per_layer[-1]
+    out = {"model_class": type(model).__name__, "floor": floor, "floor_source": floor_source,
+           "schedules": {k: {"max_abs": m.max_abs_logits, "multiple": m.logits_multiple, "passed": m.passed}
+                         for k, m in ms.items()}, "notes": runner.notes() + notes}
+    bad = {k: m for k, m in ms.items() if not m.passed}
+    if bad:
+        name, worst = max(bad.items(), key=lambda kv: kv[1].max_abs_logits)
+        fd = worst.first_departure
+        out.update(verdict=BUG, worst_schedule=name, max_abs=worst.max_abs_logits, multiple=worst.logits_multiple,
+                   steps=plans[name], born_at=None if fd is None else f"{(runner.layers)[fd[0]] if fd[0] < len(runner.layers) else 'logits'}@{fd[1]}")
+        out["shape"], fixed, note = name_shape(model, tokens, plans, name, worst, ms, ref, noise, tolerance)
+        if fixed:
+            out["notes"].append(f"explicit {fixed} makes {name} pass")
+        if note:
+            out["notes"].append(note)
+        return out
+    live = hf_state.live_state(runner, tokens, floor)
+    out["live_state"] = {k: float(v) for k, v in live.effects.items()}
+    out["notes"].append(live.describe())
+    out["verdict"] = OK if live.shown else INCONCLUSIVE
+    return out
+
+
+def name_shape(model, tokens, plans, name, worst, ms, ref, noise, tolerance):
+    """(the failing run's shape, the explicit argument that fixes it or None, a note or None)."""
+    thr = NOISE_MARGIN * noise.per_layer[-1]
+    fixed = None
+    for arg, kw in (("position_ids", dict(positions=True)), ("attention_mask", dict(mask=True))):
+        r = CacheRunner(model, **kw)
+        if not (r.positions or r.mask):
+            continue
+        try:
+            m = run_all(r, tokens, {name: plans[name]}, _logits_only(ref), _logits_noise(noise), tolerance)[name]
+        except Exception:
+            continue
+        if m.passed:
+            fixed = arg
+            break
+    decode_fails = not ms["decode"].passed
+    chunks_pass = ms["chunks of 16"].passed and ms["prefill"].passed
+    steps = plans[name]
+    starts = shapes.boundaries(steps)
+    matches = None
+    if fixed is None and starts and not decode_fails:
+        matches = dropped_state(model, tokens, steps, starts, thr)
+    err = worst.abs_err[-1].tolist()
+    shape = shapes.classify(err, steps, thr, fixed, decode_fails, chunks_pass, matches is not None)
+    note = None
+    if matches:
+        note = f"token-by-token decode with the {matches} at each chunk start equals {name} to the floor"
+    return shape, fixed, note
+
+
+def dropped_state(model, tokens, steps, starts, thr) -> Optional[str]:
+    """The kinds of carried state whose zeroing at each multi-token chunk start makes token-by-token
+    decode equal the failing run (the hypothesis "the chunk forgot its state" replayed), or None."""
+    probe = CacheRunner(model)
+    held = probe.new_cache(1, 2)
+    with torch.inference_mode():
+        probe.step(tokens[:, :2], held, False)
+    kinds = [k for k in hf_state.state_kinds(held.inner) if k != KV]
+    if not kinds:
+        return None
+    cache_starts = tuple(s for s, n in zip(starts, steps[1:]) if n > 1)
+    try:
+        run = run_steps(CacheRunner(model), tokens, steps)
+    except Exception:
+        return None
+    for subset in ([[k] for k in kinds] if len(kinds) > 1 else []) + [kinds]:
+        r = CacheRunner(model)
+        r.perturb = hf_state.Perturb(cache_starts, " ".join(subset))
+        try:
+            replay = run_steps(r, tokens, [1] * tokens.size(1))
+        except Exception:
+            continue
+        if float((replay.logits - run.logits).abs().max()) <= thr:
+            return " and ".join(subset) + " state zeroed"
+    return None

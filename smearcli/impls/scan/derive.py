@@ -1,0 +1,261 @@
+"""Tiny configs derived from each config class's defaults (smearcli scan, issue 21).
+
+`derive(model_type)` takes the installed transformers' config class for `model_type`, reads its
+defaults (`to_dict()`) and shrinks them: width, intermediate sizes, layers, heads, vocabulary,
+experts, low-rank projections, SSM heads and state; per-layer lists (layer kinds, block types,
+hybrid patterns) are cut to the first layer of each distinct kind, so a hybrid keeps both kinds;
+index lists (attention layers, dense layers) are renumbered; periods and offsets are set so that
+two layers hold both kinds. Sliding windows become shorter than a chunk (`WINDOW`), conv widths
+and SSM chunk sizes small enough that the scan's split points straddle them (`SSM_CHUNK`).
+Composite configs (a text and a vision config) are shrunk part by part.
+
+Names are matched on the config's own keys, so a new architecture that reuses the common names
+is derived with no entry here. `OVERRIDES` holds the few families where derivation alone fails,
+each with a comment saying why.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+VOCAB = 256
+WIDTH = 64
+HEADS = 4
+HEAD_DIM = 16
+WINDOW = 8  # sliding windows: shorter than the scan's chunks (16)
+SSM_CHUNK = 8  # SSM chunk sizes: the scan's chunk widths (16, 5, 9) straddle multiples of it
+
+# key -> value, for every key a config class spells this way (exact names)
+EXACT: dict[str, Any] = {
+    "vocab_size": VOCAB,
+    **{k: WIDTH for k in ("hidden_size", "d_model", "n_embd", "embedding_dim", "dim", "hidden_dim",
+                          "embed_dim", "lru_width", "attention_hidden_size", "word_embed_proj_dim",
+                          "d_embed", "hidden_size_per_head_dim")},
+    **{k: 128 for k in ("intermediate_size", "ffn_dim", "n_inner", "d_ff", "ffn_hidden_size",
+                        "decoder_ffn_dim", "encoder_ffn_dim", "inner_hidden_size", "mlp_dim",
+                        "intermediate_dim", "ffn_intermediate_size")},
+    **{k: 32 for k in ("moe_intermediate_size", "shared_expert_intermediate_size",
+                       "moe_shared_expert_intermediate_size", "expert_intermediate_size")},
+    **{k: HEADS for k in ("num_attention_heads", "n_head", "num_heads", "n_heads", "encoder_attention_heads",
+                          "decoder_attention_heads", "linear_num_value_heads")},
+    **{k: 2 for k in ("linear_num_key_heads",)},
+    "head_dim": HEAD_DIM,
+    "kv_channels": HEAD_DIM,
+    **{k: HEAD_DIM for k in ("linear_key_head_dim", "linear_value_head_dim", "qk_nope_head_dim",
+                             "v_head_dim", "qk_rope_head_dim", "mamba_d_head", "mamba_headdim",
+                             "mamba_head_dim", "ssm_head_dim")},
+    **{k: 4 for k in ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts",
+                      "num_experts_total")},
+    **{k: 2 for k in ("num_experts_per_tok", "moe_topk", "top_k", "moe_k")},
+    **{k: 1 for k in ("n_shared_experts", "num_shared_experts", "n_group", "topk_group",
+                      "first_k_dense_replace", "n_groups", "mamba_n_groups")},
+    **{k: 32 for k in ("kv_lora_rank", "q_lora_rank", "mamba_dt_rank", "time_step_rank")},
+    **{k: 16 for k in ("state_size", "mamba_d_state", "ssm_state_size", "d_state")},
+    **{k: 8 for k in ("mamba_n_heads", "n_mamba_heads", "mamba_num_heads")},
+    **{k: SSM_CHUNK for k in ("chunk_size", "mamba_chunk_size")},
+    "mamba_d_ssm": 128,
+    "num_nextn_predict_layers": 0,
+    "max_position_embeddings": 256,
+    "n_positions": 256,
+    "context_length": 256,
+    "max_sequence_length": 256,
+    "attention_window_size": WINDOW,
+    "num_key_value_heads": 2,
+    "n_head_kv": 2,
+    "num_kv_heads": 2,
+    "multi_query_group_num": 2,
+    "num_experts_per_token": 2,
+    **{k: 1 for k in ("num_expert_group", "num_group", "group_topk", "num_dense_layers")},
+    "linear_head_dim": HEAD_DIM,
+    "linear_num_heads": HEADS,
+    "rotary_dim": HEAD_DIM // 2,
+    "rotary_emb_dim": HEAD_DIM // 2,
+    "vocab_size_per_layer_input": VOCAB,
+    "hidden_size_per_layer_input": 16,
+    "laurel_rank": 8,
+    "num_kv_shared_layers": 0,
+}
+NONE_TO = {"head_dim": HEAD_DIM, "num_key_value_heads": 2}  # a None default the model reads as a number
+WINDOWS = ("sliding_window", "window_size", "local_window_size", "attention_window")
+LAYER_COUNTS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "decoder_layers", "num_blocks")
+PERIODS = {"attn_layer_period": ("attn_layer_offset", 2, 1), "expert_layer_period": ("expert_layer_offset", 2, 1)}
+TOKEN_IDS = ("pad_token_id", "bos_token_id", "eos_token_id", "sep_token_id", "cls_token_id",
+             "decoder_start_token_id", "mask_token_id", "unk_token_id")
+SUBCONFIGS = ("text_config", "decoder", "language_config", "llm_config", "decoder_config")
+
+# Families whose defaults the rules above do not shrink into a model that builds, key by key.
+OVERRIDES: dict[str, dict[str, Any]] = {
+    # the Mamba mixers need expand * hidden == heads * head_dim; the generic head count is 8 x 16
+    "mamba2": {"num_heads": 8, "head_dim": 16, "expand": 2},
+    # RecurrentGemma's attention width is heads x head_dim and must equal hidden_size (64)
+    "recurrent_gemma": {"num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 16},
+    # the defaults have no attention layer at all (attn_layer_indices None: every layer Mamba),
+    # so derivation cannot find both kinds; layer 1 is the attention layer
+    "bamba": {"attn_layer_indices": [1]},
+    # every default layer is linear attention (Mamba): one of them becomes attention
+    "granitemoehybrid": {"layer_types": ["linear_attention", "attention"]},
+    # the default leaves layer_types None, which the model indexes; one conv and one attention layer
+    "lfm2_moe": {"layer_types": ["conv", "full_attention"]},
+    # the Mamba heads must tile mamba_d_ssm (128): 8 heads of 16, not the default head of 8
+    "falcon_h1": {"mamba_d_head": 16},
+    # the shared transformer block is tied across hybrid layers: it needs two of them (1 and 3)
+    # (and its attention reads the concatenated input and embedding: twice the width)
+    "zamba": {"attention_hidden_size": 2 * WIDTH, "num_hidden_layers": 4, "layers_block_type": ["linear_attention", "hybrid"] * 2},
+    # Zamba2's shared attention reads the concatenated input and embedding as well
+    "zamba2": {"attention_hidden_size": 2 * WIDTH},
+    # block_types is a 3-layer cycle, not a per-layer list: three layers reach its attention layer
+    "recurrent_gemma": {"num_hidden_layers": 3},
+    # xLSTM: at chunk_size 8 the chunkwise kernel fails on the first call (a shape), at 16 the
+    # full pass runs and the cached steps reach their xLSTMCache
+    "xlstm": {"num_heads": 4, "chunk_size": 16},
+}
+
+
+@dataclass
+class Derived:
+    """A tiny config (or why there is none) and what derivation changed."""
+    model_type: str
+    config: Any = None  # a PretrainedConfig
+    error: Optional[str] = None  # why no config could be made
+    changed: dict = field(default_factory=dict)  # key -> (default, tiny)
+    layer_kinds: list = field(default_factory=list)  # the distinct layer kinds kept
+
+    def summary(self) -> dict:
+        return {k: v[1] for k, v in sorted(self.changed.items())}
+
+
+def _per_layer_keys(d: dict, L: int) -> list[str]:
+    return [k for k, v in d.items() if isinstance(v, (list, str)) and not isinstance(v, bool)
+            and len(v) == L and L > 2 and not k.endswith("_name") and k not in ("model_type",)
+            and (isinstance(v, str) and len(set(v)) <= 8 or isinstance(v, list) and (all(
+                isinstance(x, (str, int, bool, type(None))) for x in v) and _looks_per_layer(k) or all(
+                isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)))]
+
+
+def _looks_per_layer(key: str) -> bool:
+    return any(w in key for w in ("layer", "block", "type", "pattern", "sliding", "mlp", "attn", "kind"))
+
+
+def _index_keys(d: dict, L: int, per_layer: list[str]) -> list[str]:
+    return [k for k, v in d.items() if k not in per_layer and isinstance(v, list) and v
+            and all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < L for x in v)
+            and any(w in k for w in ("idx", "indices", "layers", "layer_ids"))]
+
+
+def pick_layers(d: dict, L: int, per_layer: list[str]) -> list[int]:
+    """Indices of the layers kept: the first of each distinct combination of per-layer values,
+    at least two (the first two layers when every layer is alike)."""
+    seen, keep = set(), []
+    for i in range(L):
+        kind = tuple(str(d[k][i]) for k in per_layer)
+        if kind not in seen:
+            seen.add(kind)
+            keep.append(i)
+    for i in range(L):
+        if len(keep) >= 2:
+            break
+        if i not in keep:
+            keep.append(i)
+    return sorted(keep)
+
+
+def shrink(d: dict, model_type: str = "") -> tuple[dict, dict, list]:
+    """(shrunk dict, changes, kept layer kinds) for a config's `to_dict()` (sub-configs too)."""
+    out, changed = dict(d), {}
+
+    def setk(k, v):
+        if k in out and out[k] != v and not isinstance(out[k], bool):
+            changed[k] = (out[k], v)
+            out[k] = v
+
+    for k, v in EXACT.items():
+        if k in out and isinstance(out[k], int) and not isinstance(out[k], bool):
+            # never raise a value: a default smaller than the tiny one stays
+            setk(k, min(out[k], v) if k not in ("max_position_embeddings", "n_positions") else v)
+    if out.get("is_decoder") is False:  # an encoder's LM head: causal only as a decoder (BERT kin)
+        setk("is_decoder", True)
+    for k, v in NONE_TO.items():
+        if k in out and out[k] is None:
+            setk(k, v)
+    if out.get("rope_parameters") == {}:  # an empty default that __init__ fills from the layer types
+        out.pop("rope_parameters")
+    for k in WINDOWS:
+        if isinstance(out.get(k), int) and out[k] > WINDOW:
+            setk(k, WINDOW)
+    kinds: list = []
+    lkey = next((k for k in LAYER_COUNTS if isinstance(out.get(k), int)), None)
+    if lkey is not None:
+        L = out[lkey]
+        per = _per_layer_keys(out, L)
+        idx = _index_keys(out, L, per)
+        keep = pick_layers(out, L, per) if per or idx else list(range(min(L, 2)))
+        if idx and not per:  # layers named by index: keep one listed and one unlisted layer each
+            listed = set().union(*[set(out[k]) for k in idx])
+            inside = [i for i in range(L) if i in listed][:1]
+            outside = [i for i in range(L) if i not in listed][:1]
+            keep = sorted(set(inside + outside)) if inside and outside else list(range(min(L, 2)))
+        for k in per:
+            v = out[k]
+            setk(k, "".join(v[i] for i in keep) if isinstance(v, str) else [v[i] for i in keep])
+        for k in idx:
+            setk(k, [n for n, i in enumerate(keep) if i in out[k]])
+        for k in per:  # per-layer sizes shrink like the scalar ones
+            if k in EXACT and all(isinstance(x, int) for x in out[k]):
+                setk(k, [min(x, EXACT[k]) for x in out[k]])
+        for k, v in list(out.items()):  # per-layer settings keyed by layer index
+            if isinstance(v, dict) and v and all(str(x).isdigit() for x in v) and k not in ("id2label",):
+                setk(k, {n: v[i] if i in v else v[str(i)] for n, i in enumerate(keep) if i in v or str(i) in v})
+        for k in LAYER_COUNTS:
+            if isinstance(out.get(k), int) and out[k] == L:
+                setk(k, len(keep))
+        kinds = sorted({str(tuple(out[k][i] for k in per)) for i in range(len(keep))}) if per else []
+    for p, (o, pv, ov) in PERIODS.items():
+        if isinstance(out.get(p), int):
+            setk(p, pv)
+            setk(o, ov)
+    for k in TOKEN_IDS:
+        v = out.get(k)
+        if isinstance(v, int) and v >= VOCAB:
+            setk(k, VOCAB - 1 - TOKEN_IDS.index(k))
+        elif isinstance(v, list) and any(isinstance(x, int) and x >= VOCAB for x in v):
+            setk(k, [x if x < VOCAB else VOCAB - 1 for x in v])
+    for k, v in list(out.items()):
+        if isinstance(v, dict) and "model_type" in v:
+            sub, ch, sk = shrink(v, v.get("model_type", ""))
+            out[k] = sub
+            changed.update({f"{k}.{a}": b for a, b in ch.items()})
+            kinds = kinds or sk
+    if isinstance(out.get("kv_lora_rank"), int):  # MLA: keys come out with one head per query head
+        setk("num_key_value_heads", out.get("num_attention_heads", HEADS))
+    if "qk_head_dim" in out and isinstance(out.get("qk_nope_head_dim"), int):  # derived in __init__
+        setk("qk_head_dim", out["qk_nope_head_dim"] + (out.get("qk_rope_head_dim") or 0))
+    for k, v in OVERRIDES.get(model_type, {}).items():
+        if k in out and out[k] != v:
+            changed[k] = (out[k], v)
+            out[k] = v
+    return out, changed, kinds
+
+
+def derive(model_type: str) -> Derived:
+    """The tiny config of one registered architecture, or the reason there is none."""
+    from transformers import CONFIG_MAPPING
+
+    try:
+        cls = CONFIG_MAPPING[model_type]
+        default = cls()
+    except Exception as e:  # the config class itself is theirs
+        return Derived(model_type, error=f"the config class cannot be built with its defaults: "
+                                         f"{type(e).__name__}: {str(e)[:160]}")
+    d = {k: v for k, v in default.to_dict().items() if k not in ("transformers_version", "architectures")}
+    small, changed, kinds = shrink(d, model_type)
+    small["initializer_range"] = small.get("initializer_range", 0.02)
+    try:
+        cfg = cls(**small)
+    except Exception as e:
+        return Derived(model_type, error=f"the shrunk config is refused: {type(e).__name__}: {str(e)[:160]}",
+                       changed=changed)
+    if getattr(cfg, "is_decoder", None) is False:  # an encoder's LM head is causal only as a decoder
+        cfg.is_decoder = True  # (BERT kin; to_dict() leaves the flag out, so shrink() cannot see it)
+        changed["is_decoder"] = (False, True)
+    return Derived(model_type, cfg, None, changed, kinds)

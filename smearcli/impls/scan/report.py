@@ -1,0 +1,101 @@
+"""The scan's report: an 80-column table, a versioned JSON document, a Markdown census.
+
+Records are the dicts `check.check` returns (or `isolate` writes for a process that died); only
+`model_type` and `verdict` are certain, every other field is read with a default.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+SCHEMA = "smearcli.scan/1"
+ORDER = ("bug", "crashed", "inconclusive", "ok", "not built")
+FIELDS = ("model_type", "verdict", "worst_schedule", "max_abs", "multiple", "shape", "born_at", "init",
+          "floor", "floor_source", "live_state", "model_class", "reason", "notes", "schedules", "steps",
+          "config", "reproducer", "reproducer_status", "report_draft", "wall_s")
+
+
+def counts(records: Sequence[dict]) -> dict[str, int]:
+    out = {v: 0 for v in ORDER}
+    for r in records:
+        out[r.get("verdict", "crashed")] = out.get(r.get("verdict", "crashed"), 0) + 1
+    return out
+
+
+def _cut(text: str, width: int) -> str:
+    text = "" if text is None else str(text)
+    return text if len(text) <= width else text[:width - 1] + "~"
+
+
+def _err(r: dict) -> str:
+    v = r.get("max_abs")
+    return "-" if v is None else f"{v:.2g}"
+
+
+def sort_key(r: dict):
+    v = r.get("verdict", "crashed")
+    return (ORDER.index(v) if v in ORDER else len(ORDER), r["model_type"])
+
+
+COLUMNS = (("architecture", 16), ("verdict", 9), ("worst schedule", 20), ("error", 7), ("shape / why", 16),
+           ("born at", 6))
+SHORT = {"state dropped at chunk starts": "state dropped", "decode path differs": "decode path",
+         "positions restart": "positions", "context lost": "context lost", "mask wrong": "mask wrong"}
+
+
+def short_reason(reason: str) -> str:
+    """"modeling_x.py:12" from a crash's frame; the reason's first words otherwise."""
+    head = (reason or "").split(": ")[0]
+    if ".py:" in head:
+        return head.split("/")[-1].split(" in ")[0]
+    return reason or ""
+
+
+def table(records: Sequence[dict], width: int = 80) -> str:
+    """One line per architecture (bugs first), then the counts; every line within `width`."""
+    def line(cells):
+        return " ".join(_cut(c, w).ljust(w) for c, (_, w) in zip(cells, COLUMNS)).rstrip()[:width]
+    out = [line([c for c, _ in COLUMNS]), line(["-" * w for _, w in COLUMNS])]
+    for r in sorted(records, key=sort_key):
+        v = r.get("verdict", "crashed")
+        detail = SHORT.get(r.get("shape"), r.get("shape")) or ("" if v == "ok" else short_reason(r.get("reason")))
+        if v == "bug" and r.get("init") is not None:
+            v = f"bug@{r['init']:g}"
+        out.append(line([r["model_type"], v, r.get("worst_schedule") or "-", _err(r),
+                         detail or "-", (r.get("born_at") or "-").split("@")[-1]]))
+    c = counts(records)
+    out.append(_cut(f"{len(records)} architectures: " + ", ".join(f"{n} {k}" for k, n in c.items() if n), width))
+    return "\n".join(out)
+
+
+def document(records: Sequence[dict], meta: Optional[dict] = None) -> dict:
+    """The --json document (schema smearcli.scan/1): one record per architecture, sorted."""
+    recs = []
+    for r in sorted(records, key=lambda r: r["model_type"]):
+        recs.append({k: r.get(k) for k in FIELDS} | {"model_type": r["model_type"]})
+    return {"schema": SCHEMA, **(meta or {}), "counts": counts(records), "architectures": recs}
+
+
+def markdown(records: Sequence[dict], meta: Optional[dict] = None) -> str:
+    """The census as Markdown: the counts, the findings with their reproducers, then every row."""
+    meta = meta or {}
+    c = counts(records)
+    out = [f"# smearcli scan: transformers {meta.get('transformers_version', '?')}", "",
+           f"{len(records)} causal-LM architectures: " + ", ".join(f"{n} {k}" for k, n in c.items() if n) + ".", ""]
+    bugs = [r for r in sorted(records, key=sort_key) if r.get("verdict") == "bug"]
+    if bugs:
+        out += ["## Findings", "", "| architecture | worst schedule | max abs dlogit | shape | init | reproducer (exit) |",
+                "|---|---|---|---|---|---|"]
+        for r in bugs:
+            rep = r.get("reproducer")
+            rep = f"`{rep.split('/')[-1]}` ({r.get('reproducer_status')})" if rep else "-"
+            out.append(f"| {r['model_type']} | {r.get('worst_schedule')} | {_err(r)} | {r.get('shape')} | "
+                       f"{'default' if r.get('init') is None else r['init']} | {rep} |")
+        out.append("")
+    out += ["## Every architecture", "", "| architecture | verdict | worst schedule | error | shape or reason |",
+            "|---|---|---|---|---|"]
+    for r in sorted(records, key=sort_key):
+        why = r.get("shape") or r.get("reason") or "; ".join(n for n in (r.get("notes") or []) if "zeroing" in n) or ""
+        why = why.replace("|", "/").replace("\n", " ")[:160]
+        out.append(f"| {r['model_type']} | {r.get('verdict')} | {r.get('worst_schedule') or '-'} | {_err(r)} | {why} |")
+    return "\n".join(out) + "\n"

@@ -1,0 +1,90 @@
+"""The shape of a failure, named from its per-position error (smearcli scan, issue 21).
+
+A run's logits error along the positions, against its boundaries, says what kind of bug it is:
+
+- *state dropped at chunk starts*: fine before the first boundary, off from it to the end (the
+  state a chunk should start from was forgotten, and everything after reads the wrong one);
+- *context lost*: off for the first tokens after each boundary, then fading (a short window, a
+  conv's taps, a cache that a chunk does not read);
+- *positions restart*: every cached step off, fixed by explicit `position_ids` (decided by a
+  rerun, `classify`'s `fixed_by`);
+- *mask wrong*: off inside the first call too, or fixed by an explicit attention mask;
+- *decode path differs*: the one-token step disagrees with the chunk path (decode fails, chunks
+  of several tokens pass).
+
+`profile_shape` names the shape from the error alone; `classify` puts reruns first (what an
+explicit argument fixes decides it) and falls back to the profile.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+STATE_DROPPED = "state dropped at chunk starts"
+CONTEXT_LOST = "context lost"
+POSITIONS = "positions restart"
+MASK = "mask wrong"
+DECODE_PATH = "decode path differs"
+OTHER = "other"
+SHAPES = (STATE_DROPPED, CONTEXT_LOST, POSITIONS, MASK, DECODE_PATH, OTHER)
+
+FADED = 0.1  # a chunk's tail under this share of its head's error: the error faded
+SPREAD = 0.9  # share of positions from the first boundary on that must be off: state dropped
+
+
+def boundaries(steps: Sequence[int]) -> list[int]:
+    """Every step start after position 0 (one-token steps included)."""
+    out, pos = [], 0
+    for n in steps[:-1]:
+        pos += n
+        out.append(pos)
+    return out
+
+
+def profile_shape(err: Sequence[float], steps: Sequence[int], threshold: float) -> str:
+    """The shape of a failing run from its per-position logits error (`err`, one value per
+    position), the steps it ran in and the error above which a position is off."""
+    err = [float(e) for e in err]
+    T = len(err)
+    above = [e > threshold for e in err]
+    if not any(above):
+        return OTHER
+    first = above.index(True)
+    starts = boundaries(steps)
+    if not starts or first < starts[0]:
+        return DECODE_PATH if steps and all(n == 1 for n in steps) else MASK
+    if all(n == 1 for n in steps[1:]):
+        return DECODE_PATH
+    tail = above[starts[0]:]
+    if sum(tail) >= SPREAD * len(tail):
+        return STATE_DROPPED
+    # context lost: each chunk that starts off ends (nearly) back in the noise
+    edges = [0] + starts + [T]
+    faded = checked = 0
+    for a, b in zip(edges[1:-1], edges[2:]):
+        if b - a < 3 or not above[a]:
+            continue
+        checked += 1
+        head, end = max(err[a:a + max(1, (b - a) // 4)]), err[b - 1]
+        faded += end < FADED * head or not above[b - 1]
+    if checked and faded == checked:
+        return CONTEXT_LOST
+    return OTHER
+
+
+def classify(err: Sequence[float], steps: Sequence[int], threshold: float,
+             fixed_by: Optional[str] = None, decode_fails: bool = False,
+             chunks_pass: bool = False, matches_dropped_state: bool = False) -> str:
+    """The shape, reruns first: `fixed_by` "position_ids" or "attention_mask" when the run passes
+    with that argument given explicitly; `decode_fails` and `chunks_pass` for the decode path;
+    `matches_dropped_state` when decode with the state zeroed at the run's chunk starts equals the
+    run (the hypothesis replayed)."""
+    if fixed_by == "position_ids":
+        return POSITIONS
+    if fixed_by == "attention_mask":
+        return MASK
+    if decode_fails and chunks_pass:
+        return DECODE_PATH
+    if matches_dropped_state:
+        return STATE_DROPPED
+    return profile_shape(err, steps, threshold)

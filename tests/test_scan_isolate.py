@@ -1,0 +1,76 @@
+"""smearcli scan's isolation: a hang, a crash and a runaway allocation stay that architecture's
+result; records stream to JSON Lines; resume, shards and merge give the same list."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+
+from smearcli.errors import UserError
+from smearcli.impls.scan import isolate
+
+
+def stand_in(name: str) -> dict:
+    """A stand-in check: the name says what the 'model' does."""
+    if name == "hangs":
+        while True:
+            time.sleep(0.05)
+    if name == "raises":
+        raise ZeroDivisionError("their code divided by zero")
+    if name == "dies":
+        os.kill(os.getpid(), 9)
+    if name == "allocates":
+        blocks = []
+        while True:
+            blocks.append(bytearray(64 << 20))  # refused once the address space limit is reached
+    return {"model_type": name, "verdict": "ok", "pid": os.getpid()}
+
+
+def test_hang_crash_and_allocation_are_results(tmp_path):
+    out = tmp_path / "scan.jsonl"
+    t0 = time.monotonic()
+    recs = isolate.scan(["fine", "hangs", "raises", "dies", "allocates", "fine2"], stand_in, out,
+                        jobs=2, timeout=3, memory=1 << 30)
+    assert time.monotonic() - t0 < 30
+    by = {r["model_type"]: r for r in isolate.read_records(out)}
+    assert set(by) == {"fine", "hangs", "raises", "dies", "allocates", "fine2"}
+    assert by["fine"]["verdict"] == by["fine2"]["verdict"] == "ok"
+    assert by["fine"]["pid"] != os.getpid()  # it ran in a child
+    assert by["hangs"]["verdict"] == "crashed" and "timed out" in by["hangs"]["reason"]
+    assert by["raises"]["verdict"] == "crashed" and "ZeroDivisionError" in by["raises"]["reason"]
+    assert by["dies"]["verdict"] == "crashed" and "SIGKILL" in by["dies"]["reason"]
+    assert by["allocates"]["verdict"] == "crashed" and "memory" in by["allocates"]["reason"]
+    assert len(recs) == 6
+
+
+def test_resume_skips_what_is_there_and_a_torn_line(tmp_path):
+    out = tmp_path / "scan.jsonl"
+    out.write_text(json.dumps({"model_type": "a", "verdict": "bug"}) + "\n" + '{"model_type": "b", "verd')
+    recs = isolate.scan(["a", "b", "c"], stand_in, out, resume=True)
+    assert [r["model_type"] for r in recs] == ["b", "c"]
+    by = {r["model_type"]: r for r in isolate.read_records(out)}
+    assert by["a"]["verdict"] == "bug"  # kept, not rerun
+    assert by["b"]["verdict"] == by["c"]["verdict"] == "ok"
+    recs = isolate.scan(["a", "b"], stand_in, out)  # without resume the file starts over
+    assert {r["model_type"] for r in isolate.read_records(out)} == {"a", "b"}
+    assert isolate.read_records(out)[0]["verdict"] == "ok"
+
+
+def test_shards_merge_into_the_single_scan(tmp_path):
+    names = [f"m{i}" for i in range(7)]
+    isolate.scan(names, stand_in, tmp_path / "all.jsonl", jobs=2)
+    parts = []
+    for i in (1, 2, 3):
+        p = tmp_path / f"shard{i}.jsonl"
+        isolate.scan(isolate.shard(names, i, 3), stand_in, p)
+        parts.append(p)
+    assert sorted(sum((isolate.shard(names, i, 3) for i in (1, 2, 3)), [])) == names
+    strip = lambda recs: [{k: v for k, v in r.items() if k not in ("pid", "wall_s")} for r in recs]
+    assert strip(isolate.merge(parts)) == strip(isolate.merge([tmp_path / "all.jsonl"]))
+    with pytest.raises(UserError):
+        isolate.shard(names, 4, 3)
+    with pytest.raises(UserError):
+        isolate.merge([tmp_path / "missing.jsonl"])
