@@ -27,8 +27,9 @@ import torch
 from torch import Tensor
 
 from ..names import NOISE_MARGIN
-from ..runner import Described, Holder, Output, Runner
+from ..runner import COPY, PADDING, Described, Holder, Output, Runner
 from ..schedules import RunResult
+from .hf import HFRunner
 
 KEYWORDS = ("cache", "past_key_values", "cache_params", "state")  # newest first; RWKV: state
 KV, CONV, STATE = "kv", "conv", "recurrent"  # attention keys/values, conv taps, every other (SSM, RNN) state
@@ -94,6 +95,9 @@ class CacheRunner(Runner):
 
     label = "hf"
     series = "the model's own cache"
+    capabilities = frozenset({COPY, PADDING})  # rolled-back drafts and padded batches, as HFRunner's
+    copy = HFRunner.copy
+    forward_padded = HFRunner.forward_padded
 
     def __init__(self, model, layers: Sequence[str] = ("logits",), name: str = "model",
                  positions: bool = False, mask: bool = False):
