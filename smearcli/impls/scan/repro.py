@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from ...names import NOISE_MARGIN
+from ...wording import fmt_steps
 
 TEMPLATE = '''"""Reproducer: {model_type} ({model_class}) under transformers {version}.
 
@@ -87,16 +88,6 @@ if __name__ == "__main__":
 '''
 
 
-def steps_short(steps) -> str:
-    out: list[list[int]] = []
-    for n in steps:
-        if out and out[-1][0] == n:
-            out[-1][1] += 1
-        else:
-            out.append([n, 1])
-    return ",".join(str(n) if k == 1 else f"{k}x{n}" for n, k in out)
-
-
 def write(record: dict, config, path: Path, seed: int = 0, vocab: int = 256,
           margin: float = NOISE_MARGIN) -> Path:
     """The reproducer of one finding (`record`: a scan record with `steps`), written to `path`."""
@@ -108,7 +99,7 @@ def write(record: dict, config, path: Path, seed: int = 0, vocab: int = 256,
     path.write_text(TEMPLATE.format(
         model_type=record["model_type"], model_class=record.get("model_class") or "?",
         version=transformers.__version__, schedule=record.get("worst_schedule"),
-        steps_short=steps_short(record["steps"]), max_abs=record.get("max_abs") or 0.0,
+        steps_short=fmt_steps(record["steps"]), max_abs=record.get("max_abs") or 0.0,
         shape=record.get("shape"), config_json=json.dumps(d, default=str), steps=list(record["steps"]),
         seed=seed, margin=margin, vocab=vocab))
     return path
