@@ -37,13 +37,13 @@ from .. import inputs
 from ..errors import UserError
 from ..names import NOISE_MARGIN
 from ..compare import Comparison, compare
-from ..runner import COPY, PADDING, Described, Holder, Output, Runner
+from ..runner import Described
 from ..schedules import ScheduleOptions
 from .hf_load import load_dir, load_dir_with_notes, require_transformers  # noqa: F401 - re-exported
+from .hf_state import CacheRunner
 
 HF_SCHEDULES = ("prefill", "decode", "chunked", "speculative")
 CACHE_KEYWORDS = ("cache", "past_key_values", "cache_params", "state")  # newest first; RWKV: state
-OUTPUT_CACHE_FIELDS = ("cache", "past_key_values", "cache_params", "state")
 TESTED_VERSIONS = ("5.24.0",)
 
 
@@ -143,43 +143,30 @@ class CacheAPI:
 
 
 def cache_api(model) -> CacheAPI:
-    """The keyword the installed model's forward takes its cache under, and whether it wants
-    cache_position (older Mamba releases needed it for every cached step)."""
+    """The keyword the installed model's forward takes its cache under, and whether cache_position
+    is passed (with `cache_params`, as older Mamba releases needed it for every cached step: the
+    rule `hf_state.CacheRunner` follows)."""
     params = inspect.signature(model.forward).parameters
     for kw in CACHE_KEYWORDS:
         if kw in params:
-            return CacheAPI(kw, "cache_position" in params)
+            return CacheAPI(kw, "cache_position" in params and kw == "cache_params")
     raise UserError(f"{type(model).__name__}.forward takes none of {', '.join(CACHE_KEYWORDS)}: "
                     "smearcli cannot pass its cache back")
-
-
-def _out_cache(out):
-    for name in OUTPUT_CACHE_FIELDS:
-        c = getattr(out, name, None)
-        if c is not None:
-            return c
-    raise UserError("the model returned no cache with use_cache=True")
 
 
 def _device(model) -> torch.device:
     return next(model.parameters()).device
 
 
-class HFRunner(Runner):
+class HFRunner(CacheRunner):
     """A transformers causal LM behind `smearcli.runner.Runner`: the reference is one call over
     every token with use_cache=False; a cached step passes the model's own cache back under the
-    keyword its forward takes (`cache_api`), the first one without a cache so the model makes it."""
-
-    label = "hf"
-    series = "the model's own cache"
-    capabilities = frozenset({COPY, PADDING})
+    keyword its forward takes (`hf_state.CacheRunner`, the one HF runner, which `scan` and
+    `compare --impl hf` use too), described with what was loaded (`HFModelInfo`)."""
 
     def __init__(self, model, info: "HFModelInfo", layers: Sequence[str]):
-        self.model, self.info, self.layers = model, info, tuple(layers)
-        self.api = CacheAPI(info.cache_keyword, info.cache_position)
-        self.name = info.source
-        self.dtype = next(model.parameters()).dtype
-        self.device = next(model.parameters()).device
+        super().__init__(model, layers, info.source)
+        self.info = info
 
     def describe(self) -> Described:
         cfg = getattr(self.model, "config", None)
@@ -187,44 +174,6 @@ class HFRunner(Runner):
         return Described(self.label, self.series, self.name, self.info.model_class,
                          str(self.dtype).removeprefix("torch."), str(self.device), config, None,
                          (self.info.describe(), *self.info.notes))
-
-    def forward(self, tokens, capture):
-        out = self.model(input_ids=tokens.to(self.device), use_cache=False, output_hidden_states=capture,
-                         return_dict=True)
-        return Output(out.logits, list(out.hidden_states) if capture else None)
-
-    def new_cache(self, batch, max_len):
-        return Holder()
-
-    def step(self, tokens, cache: Holder, capture):
-        n = tokens.size(1)
-        kw: dict = dict(use_cache=True, output_hidden_states=capture, return_dict=True)
-        if cache.started:
-            kw[self.api.keyword] = cache.inner
-        if self.api.cache_position:
-            kw["cache_position"] = torch.arange(cache.pos, cache.pos + n, device=self.device)
-        out = self.model(input_ids=tokens.to(self.device), **kw)
-        cache.inner, cache.started, cache.pos = _out_cache(out), True, cache.pos + n
-        return Output(out.logits, list(out.hidden_states) if capture else None)
-
-
-    def copy(self, cache: Holder) -> Holder:
-        """A deep copy of the model's own cache object (rolled-back drafts restore it)."""
-        import copy
-
-        return Holder(copy.deepcopy(cache.inner), cache.started, cache.pos)
-
-    def forward_padded(self, tokens, attention_mask, capture):
-        """One cached prefill of a padded batch with its attention mask; where the forward takes
-        position ids, they count the real tokens only (as `generate()` passes them)."""
-        import inspect
-
-        kw: dict = dict(attention_mask=attention_mask.to(self.device), use_cache=True,
-                        output_hidden_states=capture, return_dict=True)
-        if "position_ids" in inspect.signature(self.model.forward).parameters:
-            kw["position_ids"] = (attention_mask.cumsum(-1) - 1).clamp_min(0).to(self.device)
-        out = self.model(input_ids=tokens.to(self.device), **kw)
-        return Output(out.logits, list(out.hidden_states) if capture else None)
 
 
 def hidden_names(model, ids: Tensor, hidden_states: Sequence[Tensor]) -> list[str]:

@@ -29,7 +29,6 @@ from torch import Tensor
 from ..names import NOISE_MARGIN
 from ..runner import COPY, PADDING, Described, Holder, Output, Runner
 from ..schedules import RunResult
-from .hf import HFRunner
 
 KEYWORDS = ("cache", "past_key_values", "cache_params", "state")  # newest first; RWKV: state
 KV, CONV, STATE = "kv", "conv", "recurrent"  # attention keys/values, conv taps, every other (SSM, RNN) state
@@ -95,9 +94,7 @@ class CacheRunner(Runner):
 
     label = "hf"
     series = "the model's own cache"
-    capabilities = frozenset({COPY, PADDING})  # rolled-back drafts and padded batches, as HFRunner's
-    copy = HFRunner.copy
-    forward_padded = HFRunner.forward_padded
+    capabilities = frozenset({COPY, PADDING})  # rolled-back drafts and padded batches
 
     def __init__(self, model, layers: Sequence[str] = ("logits",), name: str = "model",
                  positions: bool = False, mask: bool = False):
@@ -185,6 +182,19 @@ class CacheRunner(Runner):
                 for _, t, kind in cache_tensors(cache.inner):
                     if kind in self.perturb.kind.split():
                         t.zero_()
+        return Output(out.logits, hs)
+
+    def copy(self, cache: Holder) -> Holder:
+        """A deep copy of the model's own cache object (rolled-back drafts restore it)."""
+        return Holder(copy.deepcopy(cache.inner), cache.started, cache.pos)
+
+    def forward_padded(self, tokens, attention_mask, capture):
+        """One cached prefill of a padded batch with its attention mask; where the forward takes
+        position ids, they count the real tokens only (as `generate()` passes them)."""
+        kw: dict = dict(attention_mask=attention_mask.to(self.device), use_cache=True)
+        if self.takes_positions:
+            kw["position_ids"] = (attention_mask.cumsum(-1) - 1).clamp_min(0).to(self.device)
+        out, hs = self._call(tokens, capture, **kw)
         return Output(out.logits, hs)
 
 
