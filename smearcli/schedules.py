@@ -160,6 +160,14 @@ def _run_steps(runner: Runner, tokens: Tensor, steps: list[int], capture: bool,
     return torch.cat(logits, dim=1), _stitch(caps, dim=1)
 
 
+def run_steps(runner: Runner, tokens: Tensor, steps, capture: bool = False, schedule: str = "steps") -> RunResult:
+    """`tokens` (B, T) fed through a fresh cache in any plan of `steps` (a census fuzzes them),
+    without gradients, as a RunResult named `schedule`."""
+    with torch.inference_mode():
+        logits, hiddens = _run_steps(runner, tokens, list(steps), capture)
+    return RunResult(schedule, runner.label, logits, hiddens, list(steps), list(range(tokens.size(0))))
+
+
 def _stitch(parts: list, dim: int) -> Optional[list[Tensor]]:
     """Concatenate per-step hidden-state lists along `dim`; None when any step had none."""
     if not parts or any(p is None for p in parts):

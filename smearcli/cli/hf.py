@@ -68,7 +68,7 @@ def prepare(spec: RunSpec, schedules, tolerance: float):
     from .reports import ComparisonReport, Job
 
     with their_code(spec), flag_model(spec):
-        runner = hf_check.runner(model, info.source, tokens)
+        runner = hf.runner(model, info.source, tokens)
     report_kw = dict(document=lambda c: hf.to_json(c, info, opts, str(device)),
                      title=f"{info.source}: {info.model_class}, {info.dtype} on {device}, "
                            f"{tokens.size(0)} x {tokens.size(1)} tokens", subtitle=SUBTITLE)

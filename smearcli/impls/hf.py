@@ -173,7 +173,7 @@ class HFRunner(CacheRunner):
         config = cfg.to_dict() if hasattr(cfg, "to_dict") else None
         return Described(self.label, self.series, self.name, self.info.model_class,
                          str(self.dtype).removeprefix("torch."), str(self.device), config, None,
-                         (self.info.describe(), *self.info.notes))
+                         (self.info.describe(), *self.info.notes, *self.notes()[1:]))
 
 
 def hidden_names(model, ids: Tensor, hidden_states: Sequence[Tensor]) -> list[str]:
@@ -222,7 +222,8 @@ def runner(model, source: str = "model", tokens: Optional[Tensor] = None) -> HFR
     with torch.inference_mode():
         out = model(input_ids=probe_ids.to(_device(model)), use_cache=False, output_hidden_states=True,
                     return_dict=True)
-    names = hidden_names(model, probe_ids, out.hidden_states) if out.hidden_states else ["logits"]
+    hs = getattr(out, "hidden_states", None)
+    names = hidden_names(model, probe_ids, hs) if hs else ["logits"]
     return HFRunner(model, info, names)
 
 

@@ -10,8 +10,8 @@ guarantees `smearcli scan` gives every architecture:
   (`hf_state.live_state`): a kind of state whose zeroing moves no logit past the floor makes the
   comparison `inconclusive` (its verdict says so), since agreement on it says nothing.
 
-`runner(model, source, tokens)` is the model as an `hf_state.CacheRunner` (a cache under `state=`,
-a cache the caller creates), its capture points named as `hf.runner` names them.
+The runner is `hf.runner(model, source, tokens)`: an `hf_state.CacheRunner` (a cache under
+`state=`, a cache the caller creates) described with what was loaded.
 `their_frame(exc)` says where in transformers an exception was raised, or None when it was not.
 """
 
@@ -20,24 +20,10 @@ from __future__ import annotations
 import traceback
 from typing import Optional, Sequence
 
-import torch
-
 from ..compare import Comparison, compare
 from ..names import NOISE_MARGIN
 from . import hf_state
 from .hf_state import CacheRunner
-
-
-def runner(model, source: str = "model", tokens=None) -> CacheRunner:
-    from .hf import hidden_names, random_tokens
-
-    probe_ids = tokens[:, :2] if tokens is not None else random_tokens(model, 2)
-    with torch.inference_mode():
-        out = model(input_ids=probe_ids.to(next(model.parameters()).device), use_cache=False,
-                    output_hidden_states=True, return_dict=True)
-    hs = getattr(out, "hidden_states", None)
-    names = hidden_names(model, probe_ids, hs) if hs else ["logits"]
-    return CacheRunner(model, names, source)
 
 
 def sound_compare(r: CacheRunner, tokens, schedules: Sequence[str], options=None,

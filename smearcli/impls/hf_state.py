@@ -19,16 +19,17 @@ Shared by `smearcli scan` and `compare --impl hf`:
 from __future__ import annotations
 
 import copy
+import dataclasses
 import inspect
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
 import torch
 from torch import Tensor
 
 from ..names import NOISE_MARGIN
 from ..runner import COPY, PADDING, Described, Holder, Output, Runner
-from ..schedules import RunResult
+from ..schedules import RunResult, run_schedule, run_steps
 
 KEYWORDS = ("cache", "past_key_values", "cache_params", "state")  # newest first; RWKV: state
 KV, CONV, STATE = "kv", "conv", "recurrent"  # attention keys/values, conv taps, every other (SSM, RNN) state
@@ -198,26 +199,6 @@ class CacheRunner(Runner):
         return Output(out.logits, hs)
 
 
-def run_steps(runner: Runner, tokens: Tensor, steps: Sequence[int], capture: bool = False,
-              schedule: str = "steps") -> RunResult:
-    """A RunResult of `tokens` fed in `steps` through the runner's cache."""
-    cache = runner.new_cache(tokens.size(0), tokens.size(1))
-    logits, hid, pos = [], [], 0
-    with torch.inference_mode():
-        for n in steps:
-            o = runner.step(tokens[:, pos:pos + n], cache, capture)
-            if o.logits.dim() != 3 or tuple(o.logits.shape[:2]) != (tokens.size(0), n):
-                raise ValueError(f"a cached step over {n} tokens returned logits of shape {tuple(o.logits.shape)}")
-            logits.append(o.logits.float())
-            hid.append(o.hiddens)
-            pos += n
-    hiddens = None
-    if capture and all(h is not None for h in hid):
-        hiddens = [torch.cat([h[i].float() for h in hid], dim=1) for i in range(len(hid[0]))]
-    return RunResult(schedule, runner.label, torch.cat(logits, dim=1), hiddens, list(steps),
-                     list(range(tokens.size(0))))
-
-
 def rejected_draft_run(runner: CacheRunner, tokens: Tensor, prompt: int, draft: int = 4, rejected: int = 2,
                        seed: int = 0, schedule: str = "verify, draft rejected") -> Optional[RunResult]:
     """Speculative decoding with rejections: after a prefill of `prompt` tokens, each verify step
@@ -250,10 +231,8 @@ def rejected_draft_run(runner: CacheRunner, tokens: Tensor, prompt: int, draft: 
 
 
 def full_run(runner: Runner, tokens: Tensor, capture: bool = False, schedule: str = "full") -> RunResult:
-    with torch.inference_mode():
-        o = runner.forward(tokens, capture)
-    hs = [h.float() for h in o.hiddens] if capture and o.hiddens else None
-    return RunResult(schedule, runner.label, o.logits.float(), hs, [tokens.size(1)], list(range(tokens.size(0))))
+    """The runner's full pass (the `full` schedule), named `schedule`."""
+    return dataclasses.replace(run_schedule(runner, tokens, "full", capture=capture), schedule=schedule)
 
 
 def floor_run(runner: CacheRunner, tokens: Tensor, capture: bool = False) -> tuple[Optional[RunResult], str]:

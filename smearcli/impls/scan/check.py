@@ -30,7 +30,8 @@ import torch
 from ...metrics import RunMetrics, measure, noise_floor
 from ...names import NOISE_MARGIN
 from .. import hf_state
-from ..hf_state import KV, CacheRunner, full_run, run_steps
+from ...schedules import run_steps
+from ..hf_state import KV, CacheRunner, full_run
 from . import shapes
 from .derive import derive
 
