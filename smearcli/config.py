@@ -84,6 +84,11 @@ class GPTConfig:
         d.setdefault("window_pattern", "L")
         return cls(**d)
 
+    @property
+    def shape(self) -> str:
+        """"d4 n_embd 256": how a title line names the model's size."""
+        return f"d{self.n_layer} n_embd {self.n_embd}"
+
     def to_dict(self) -> dict:
         return asdict(self)
 

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import profile
-from .names import NOISE_MARGIN, layer_names  # noqa: F401 (layer_names: re-exported)
+from .names import NOISE_MARGIN
 from .schedules import RunResult
 
 

@@ -50,7 +50,7 @@ class GPTRunner(Runner):
 
     def describe(self) -> Described:
         cfg = self.model.config
-        return Described(self.label, self.series, self.name, f"d{cfg.n_layer} n_embd {cfg.n_embd}",
+        return Described(self.label, self.series, self.name, cfg.shape,
                          str(self.dtype).removeprefix("torch."), str(self.device), cfg.to_dict(),
                          float(f"{float(self.model.smear_lambda):.6g}"))
 

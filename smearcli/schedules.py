@@ -35,12 +35,12 @@ import torch
 from torch import Tensor
 
 from . import boundaries
-from .boundaries import DOCUMENT_START, PADDING, ROLLBACK  # noqa: F401 (boundary kinds, re-exported)
 from .names import CHUNKS, DRAFT, GEN_LEN, REJECT, SAMPLES, SCHEDULE_NAMES
 from .runner import COPY, CROP, EXPAND, PADDING as PADDED_BATCH, PREFIX_CACHE, Runner
 
 # The kinds of boundary a run records (`RunResult.boundaries`): positions where per-token state
-# crosses from one call, row or document into the next.
+# crosses from one call, row or document into the next (documents, padding and rollbacks add
+# theirs: `boundaries.DOCUMENT_START`, `PADDING`, `ROLLBACK`).
 CHUNK_START = "chunk_start"  # a multi-token cached step begins after position 0
 CACHE_COPY = "cache_copy"  # the first position after a cache was copied into more rows
 PREFIX_HIT = "prefix_hit"  # the first position a request computed after the blocks it read from a prefix cache

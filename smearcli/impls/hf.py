@@ -36,7 +36,7 @@ from torch import Tensor
 from .. import inputs
 from ..errors import UserError
 from ..names import NOISE_MARGIN
-from ..compare import Comparison, compare
+from ..compare import Comparison
 from ..runner import Described
 from ..schedules import ScheduleOptions
 from .hf_load import load_dir, load_dir_with_notes, require_transformers  # noqa: F401 - re-exported
@@ -231,13 +231,16 @@ def check_model(model, tokens: Tensor, chunk_sizes: Optional[Sequence[int]] = No
                 schedules: Sequence[str] = HF_SCHEDULES, options: Optional[ScheduleOptions] = None,
                 tolerance: float = NOISE_MARGIN, source: str = "model", progress=None,
                 tokens_progress=None) -> Comparison:
-    """Every schedule through the model's own cache against one uncached call, measured by
-    `smearcli.compare`; the result's notes say exactly what ran."""
+    """Every schedule through the model's own cache against one uncached call, measured as
+    `compare --impl hf` measures it (`hf_check.sound_compare`: a float64 floor, then the live-state
+    check); the result's notes say exactly what ran."""
+    from .hf_check import sound_compare
+
     if options is None:
         options = ScheduleOptions(chunks=chunks, chunk_sizes=None if chunk_sizes is None else tuple(chunk_sizes))
     r = runner(model, source, tokens)
-    return compare(r, tokens, list(schedules), options=options, tolerance=tolerance, progress=progress,
-                   tokens_progress=tokens_progress, notes=[r.info.describe()])
+    return sound_compare(r, tokens, list(schedules), options, tolerance, progress=progress,
+                         tokens_progress=tokens_progress, notes=[r.info.describe()])
 
 
 # -- the --json document ----------------------------------------------------------------------------

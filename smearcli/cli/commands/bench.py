@@ -109,7 +109,7 @@ def bench(
         sys.stdout.write(json.dumps(data, indent=1) + "\n")
         return
     cfg = setup.model.config
-    title = (f"{setup.loaded.name}: d{cfg.n_layer} n_embd {cfg.n_embd} (context {cfg.sequence_len}), "
+    title = (f"{setup.loaded.name}: {cfg.shape} (context {cfg.sequence_len}), "
              f"{str(setup.model.dtype).removeprefix('torch.')} on {setup.model.device}, "
              f"{setup.tokens.size(0)} x {setup.tokens.size(1)} tokens")
     report.render(result, console(), title, footer=setup.threads)

@@ -175,7 +175,7 @@ class NanochatRunner(Runner):
     def describe(self) -> Described:
         cfg, code = self.model.config, self.model.code
         lam = self.model.smear_lambda.detach()
-        return Described(self.label, self.series, self.name, f"d{cfg.n_layer} n_embd {cfg.n_embd}",
+        return Described(self.label, self.series, self.name, cfg.shape,
                          str(self.dtype).removeprefix("torch."), str(self.device), cfg.to_dict(),
                          float(f"{float(lam.abs().max()):.6g}"),
                          (f"your code ran with attention {code.attention}, compute dtype "
