@@ -25,8 +25,10 @@ class KVCache:
     def __init__(self, batch_size: int, n_kv_head: int, head_dim: int, n_layer: int,
                  max_len: int, device=None, dtype=torch.float32):
         shape = (n_layer, batch_size, max_len, n_kv_head, head_dim)
-        self.k = torch.zeros(shape, device=device, dtype=dtype)
-        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        # uninitialised: nothing reads a position before a step has written it (`write` returns
+        # only [0, pos+T)), and a d12 cache's zero fill cost about a second of a compare
+        self.k = torch.empty(shape, device=device, dtype=dtype)
+        self.v = torch.empty(shape, device=device, dtype=dtype)
         self.seqlens = torch.zeros(batch_size, dtype=torch.int32, device=device)
         self._pos = 0  # mirrors seqlens[0] without a device sync per step
         self.prev_embedding: Optional[Tensor] = None

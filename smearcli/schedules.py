@@ -144,20 +144,22 @@ def _run_steps(runner: Runner, tokens: Tensor, steps: list[int], capture: bool,
     B, T = tokens.shape
     if cache is None:
         cache = runner.new_cache(B, T)
-    logits, caps = [], []
+    logits, caps = None, []  # logits: (B, T, V) fp32, filled step by step (no list to concatenate)
     pos = 0
     for n in steps:
         out = runner.step(tokens[:, pos:pos + n], cache, capture)
         if out.logits.shape[:2] != (B, n):
             raise ValueError(f"{runner.label}: a step over {n} tokens returned logits of shape "
                              f"{tuple(out.logits.shape)}")
-        logits.append(out.logits.float())
+        if logits is None:
+            logits = out.logits.new_empty((B, T) + tuple(out.logits.shape[2:]), dtype=torch.float32)
+        logits[:, pos:pos + n] = out.logits
         caps.append(out.hiddens if capture else None)
         pos += n
         if on_step is not None:
             on_step(n)
     assert pos == T
-    return torch.cat(logits, dim=1), _stitch(caps, dim=1)
+    return logits, _stitch(caps, dim=1)
 
 
 def run_steps(runner: Runner, tokens: Tensor, steps, capture: bool = False, schedule: str = "steps") -> RunResult:
