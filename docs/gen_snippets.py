@@ -10,7 +10,8 @@ the site is pasted by this script from a real run, never by hand. Each file star
 command line (`$ smearcli ...`); a non-zero exit status is shown as `$ echo $?` and the number.
 README.md holds copies between `<!-- snippet: NAME -->` and `<!-- /snippet -->`, refreshed from
 docs/snippets/ on every run. docs/figures/smear-error.png is `smearcli plot` with the options of
-compare.txt, drawn transparent for the site's light and dark modes; the PNG carries what it
+compare.txt, and docs/figures/{packed,padded,rollback}.png (`boundaries`) are the figures of
+docs/guide/boundaries.md, all drawn transparent for the site's light and dark modes; the PNG carries what it
 plots as a text chunk (`smearcli.render.figures.read_summary`). tests/test_docs.py runs each
 command again and checks the exit status, the output, the figure's numbers and the README.
 
@@ -117,9 +118,16 @@ FIGURES = HERE / "figures"
 FIGURE_RUNS: list[tuple[str, str, str]] = [
     ("smear-error.png", "compare.txt", "--chunks 4"),
 ]
+# the figures of docs/guide/boundaries.md: (figure file, the plot options), one per boundary kind
+BOUNDARY_FIGURES: list[tuple[str, str]] = [
+    ("packed.png", "--schedules packed --documents 100,60,96 --logic both"),
+    ("padded.png", "--impl hf --hf-model mamba2 --schedules padded --seq-len 48 --kind error"),
+    ("rollback.png", "--schedules rollback --seq-len 64 --kind error"),
+]
 _PLOT = ("import functools, sys\n"
-         "from smearcli.render import figures\n"
+         "from smearcli.render import figures, packed_figure\n"
          "figures.figure = functools.partial(figures.figure, transparent=True)\n"
+         "packed_figure.figure = functools.partial(packed_figure.figure, transparent=True)\n"
          "from smearcli.cli.app import run\n"
          "sys.argv = ['smearcli'] + sys.argv[1:]\n"
          "run()\n")
@@ -127,7 +135,7 @@ _PLOT = ("import functools, sys\n"
 
 def plot_command(figure: str) -> str:
     """The command line that draws `figure` (transparency aside)."""
-    opts = next(o for name, _, o in FIGURE_RUNS if name == figure)
+    opts = dict([(name, o) for name, _, o in FIGURE_RUNS] + BOUNDARY_FIGURES)[figure]
     return f"smearcli plot {opts} --out docs/figures/{figure}"
 
 
@@ -173,7 +181,7 @@ def main(argv: list[str]) -> int:
         stdout, stderr, rc = run(cmd, SETUP.get(name, ""))
         write(name, render(cmd, stdout, stderr, rc, keep))
         print(f"{name}: exit {rc}, {len((stdout + stderr).splitlines())} lines", file=sys.stderr)
-    for figure, snippet, _ in FIGURE_RUNS:
+    for figure, snippet in [(f, s) for f, s, _ in FIGURE_RUNS] + [(f, "boundaries") for f, _ in BOUNDARY_FIGURES]:
         if argv and not any(a in figure or a in snippet for a in argv):
             continue
         draw(figure)

@@ -25,6 +25,7 @@ def run_json(m: RunMetrics, layers: Sequence[str]) -> dict:
         "logic": m.logic,
         "steps": m.steps,
         "chunk_starts": m.chunk_starts,
+        "boundaries": {k: list(v) for k, v in sorted(m.marks.items())},
         "passed": m.passed,
         "max_abs_logits": float(f"{m.max_abs_logits:.6g}"),
         "logits_noise_multiple": float(f"{m.logits_multiple:.6g}"),

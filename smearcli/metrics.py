@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import functools
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
@@ -229,6 +229,7 @@ class RunMetrics:
     top1_agreement: float
     noise: NoiseFloor
     tolerance: float  # multiple of the logits noise floor allowed by --check
+    marks: dict = field(default_factory=dict)  # the run's boundaries beyond chunk starts: kind -> positions
 
     @property
     def max_abs_logits(self) -> float:
@@ -306,7 +307,7 @@ def measure(ref: RunResult, run: RunResult, noise: NoiseFloor, tolerance: float 
         key = ("run", tuple(run.row_map), run.expand_at, ref.hiddens is None, run.hiddens is None)
         err, rel, kl, top1 = _memo(_stack(ref) + _stack(run), key, lambda: _errors(ref, run))
         return RunMetrics(run.schedule, run.logic, list(run.steps), run.chunk_starts, err.clone(), rel.clone(),
-                          kl.clone(), top1, noise, tolerance)
+                          kl.clone(), top1, noise, tolerance, {k: list(v) for k, v in run.marks.items()})
 
 
 @dataclass

@@ -215,3 +215,18 @@ def test_cli_hf_padded_and_rollback_pass_on_a_consistent_model():
                                  "--seq-len", "32", "--gen-len", "12", "-q"])
     assert r.exit_code == 0 and r.output.rstrip().endswith("within 10x the noise floor"), r.output
     assert "restored from a copy" in r.output
+
+
+@pytest.mark.parametrize("model", ["mamba", "mamba2"])
+def test_padded_passes_on_the_mamba_family(model):
+    """transformers #48256 is a right-padded prefill corrupting Mamba-family caches: the built-in
+    tiny Mamba and Mamba-2 keep each row of a padded batch equal to the row alone, with the padding
+    boundary recorded (so padding really was in the batch) and the state shown to matter."""
+    pytest.importorskip("transformers")
+    r = CliRunner().invoke(app, ["compare", "--impl", "hf", "--hf-model", model, "--schedules", "padded",
+                                 "--seq-len", "24", "--json", "-q"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    (run,) = doc["runs"]
+    assert run["passed"] and run["boundaries"]["padding"] == [18], run["boundaries"]
+    assert doc["verdict"].startswith("OK"), doc["verdict"]

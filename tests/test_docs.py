@@ -613,6 +613,39 @@ def test_figure_matches_a_fresh_compare_json(figure, snippet, opts):
     assert s["tolerance"] == j["tolerance"]
 
 
+@pytest.mark.parametrize("figure,opts", gen_snippets.BOUNDARY_FIGURES)
+def test_boundaries_page_shows_each_boundary_figure(figure, opts):
+    """docs/guide/boundaries.md shows each boundary's committed figure with the command that drew
+    it, and the PNG carries the numbers it draws."""
+    from smearcli.render.figures import read_summary
+
+    page = (DOCS / "guide" / "boundaries.md").read_text(encoding="utf-8")
+    assert f"](../figures/{figure})" in page
+    assert gen_snippets.plot_command(figure) in page
+    assert read_summary(DOCS / "figures" / figure), f"docs/figures/{figure} carries no summary; run python docs/gen_snippets.py boundaries"
+
+
+@pytest.mark.slow
+def test_packed_figure_matches_a_fresh_packed_json():
+    """The committed packed figure's leaks are those `compare --json` measures now: the leaks
+    themselves (far above the floor) to 1e-4, the masked smear part of bosmask under 10x noise."""
+    from smearcli.render.figures import read_summary
+
+    opts = dict(gen_snippets.BOUNDARY_FIGURES)["packed.png"]
+    s = read_summary(DOCS / "figures" / "packed.png")
+    r = runner.invoke(app, ["compare", *shlex.split(opts), "--json"], prog_name="smearcli")
+    assert r.exit_code == 0, r.output
+    j = json.loads(r.stdout)
+    assert s["document_starts"] == [d["start"] for d in j["logics"][0]["documents"][1:]]
+    for lg in j["logics"]:
+        drawn = s["parts"][lg["logic"]]
+        for d in lg["documents"][1:]:
+            assert drawn[str(d["index"])]["first"] == pytest.approx(d["first"], rel=1e-4)
+            assert drawn[str(d["index"])]["attention_first"] == pytest.approx(d["attention_first"], rel=1e-4)
+    bos = next(lg for lg in j["logics"] if lg["logic"] == "bosmask")
+    assert all(v["masked_first"] < 10 * bos["noise_floor_logits"] for v in s["parts"]["bosmask"].values())
+
+
 def test_readme_snippet_blocks_are_the_snippets():
     """README.md's copies of command output (between `<!-- snippet: NAME -->` markers) are the
     committed snippets, byte for byte; python docs/gen_snippets.py refreshes them."""

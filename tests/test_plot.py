@@ -297,3 +297,86 @@ def test_exact_zeros_are_drawn_not_dropped(lib_comparison):
     ax2 = Figure().subplots()
     figures.draw_error(ax2, d)  # no zeros: a plain log axis
     assert ax2.get_yscale() == "log"
+
+
+# -- boundaries beyond chunk starts: their own lines, and the packed schedule's own figure -----------
+
+def _saved_figure(monkeypatch, tmp_path, *args):
+    saved = []
+    original = figures.save
+    monkeypatch.setattr(figures, "save", lambda fig, path, dpi=None: (saved.append(fig), original(fig, path, dpi=dpi))[1])
+    out = tmp_path / "fig.png"
+    r = invoke("plot", *args, "--out", str(out))
+    assert r.exit_code == 0, r.output
+    assert len(saved) == 1
+    return saved[0], out
+
+
+def test_rollback_marks_drawn_where_the_json_puts_them(monkeypatch, tmp_path):
+    """Each rejected draft taken back is a dashed line at the position compare --json lists
+    under the run's boundaries; chunk-start lines stay the chunk starts."""
+    args = ["--model", "random", "--depth", "2", "--seq-len", "48", "--schedules", "rollback", "--logic", "fixed"]
+    r = invoke("compare", *args, "--json")
+    assert r.exit_code == 0, r.output
+    run = json.loads(r.stdout)["runs"][0]
+    assert run["boundaries"]["rollback"], run["boundaries"]
+    fig, _ = _saved_figure(monkeypatch, tmp_path, *args, "--kind", "error")
+    drawn = artists(fig)
+    assert sorted(int(a.get_xdata()[0]) for a in drawn["mark:rollback"]) == run["boundaries"]["rollback"]
+    assert sorted(int(a.get_xdata()[0]) for a in drawn["chunk-start"]) == run["chunk_starts"]
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert figures.MARK_WORDS["rollback"] in labels
+
+
+PACKED = ["--model", "random", "--depth", "2", "--seq-len", "48", "--schedules", "packed",
+          "--documents", "20,12,16", "--logic", "both"]
+
+
+def test_packed_figure_draws_the_packed_json(monkeypatch, tmp_path):
+    """plot --schedules packed: one error line per logic equal to nothing but its own run,
+    document starts where the documents begin, and one bar per boundary, logic and part whose
+    height is the number smearcli.packed/1 reports; the PNG carries those numbers."""
+    r = invoke("compare", *PACKED, "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    fig, out = _saved_figure(monkeypatch, tmp_path, *PACKED)
+    drawn = artists(fig)
+    assert sorted(int(a.get_xdata()[0]) for a in drawn["document-start"]) == [20, 32]
+    logics = [lg["logic"] for lg in doc["logics"]]
+    assert logics == ["old", "fixed", "bosmask"]
+    for lg in doc["logics"]:
+        (line,) = drawn[f"abs_logits:{lg['logic']}"]
+        ys = line.get_ydata()
+        for d in lg["documents"][1:]:  # the line's value at each BOS is the reported leak there
+            assert ys[d["start"]] == pytest.approx(d["bos"], rel=1e-5, abs=1e-12)
+        for attr in ("first", "masked_first", "attention_first"):
+            bars = drawn[f"{attr}:{lg['logic']}"]
+            bottom = bars[0].get_y()
+            heights = [b.get_height() + bottom for b in bars]
+            assert heights == pytest.approx([d[attr] for d in lg["documents"][1:]], rel=1e-5)
+    told = figures.read_summary(out)
+    assert told["document_starts"] == [20, 32]
+    bos_masked = told["parts"]["bosmask"]
+    assert max(v["masked_first"] for v in bos_masked.values()) < 10 * told["noise_logits"]  # the masks close it
+    assert min(v["masked_first"] for v in told["parts"]["old"].values()) > 10 * told["noise_logits"]
+
+
+def test_packed_figure_leaves_out_a_part_not_measured(monkeypatch, tmp_path):
+    """A runner without a document mask has no smear/attention split: those bars are absent, not 0."""
+    from smearcli import ours, packed
+    from smearcli.render import packed_figure
+
+    lm = weights.random_model(weights.random_config(2), seed=0)
+    lengths = (20, 12, 16)
+    tokens = packed.packed_tokens(lm.model.config.vocab_size, lengths, packed.default_bos(lm.model.config))
+    result = packed.measure(ours.runners(lm.model, ["old"], bos=int(tokens[0, 0])), tokens, lengths)
+    result.logics[0].documents[2].masked_first = None
+    drawn = artists(packed_figure.figure(result, "split"))
+    assert len(drawn["first:old"]) == 2 and len(drawn["masked_first:old"]) == 1
+    with pytest.raises(ValueError, match="packed figure"):
+        packed_figure.figure(result, "kl")
+
+
+def test_packed_heatmap_is_the_first_logics_standard_panel(monkeypatch, tmp_path):
+    fig, _ = _saved_figure(monkeypatch, tmp_path, *PACKED, "--kind", "heatmap")
+    assert isinstance(fig.smearcli_data, figures.PlotData) and fig.smearcli_data.logics == ["old"]

@@ -81,6 +81,15 @@ class PackedReport(Report):
     def figure(self, schedule: str):
         return self.result.logics[0].comparison, None, ""
 
+    def draw(self, schedule: str, kind: str):
+        """all and error: the packed figure of every logic (`render.packed_figure`); heatmap and
+        kl: the standard panels of the first logic's comparison."""
+        if kind in ("all", "error"):
+            from ..render import packed_figure
+
+            return packed_figure.figure(self.result, kind)
+        return super().draw(schedule, kind)
+
 
 def packed_job(spec, setup, tolerance, info) -> Job:
     from ..names import FIRST_TOKENS

@@ -32,6 +32,16 @@ class Report:
         """(Comparison, title or None, subtitle or "") for a figure of `schedule`; None: none."""
         return None
 
+    def draw(self, schedule: str, kind: str):
+        """The matplotlib Figure `plot` writes (`render.figures.figure` of `figure()`); None: none."""
+        drawn = self.figure(schedule)
+        if drawn is None:
+            return None
+        from ..render import figures
+
+        comparison, title, subtitle = drawn
+        return figures.figure(comparison, schedule, kind, title=title, subtitle=subtitle)
+
 
 class ComparisonReport(Report):
     """The standard report of one `compare.Comparison`: the table, the compare/1 document (or

@@ -45,6 +45,11 @@ FORMATS = (".png", ".svg", ".pdf")
 PALETTE = (("#D55E00", "-"), ("#0072B2", "--"), ("#009E73", (0, (6, 2, 1, 2))), ("#CC79A7", ":"),
            ("#E69F00", (0, (3, 1, 1, 1, 1, 1))), ("#56B4E9", (0, (1, 1))), ("#F0E442", (0, (8, 3))))
 START_COLOR = "#000000"
+# the boundaries a schedule records beyond chunk starts (`RunResult.marks`), drawn as their own
+# lines: the words of the legend, and a colour of the palette's that no series takes first
+MARK_WORDS = {"document_start": "document start (BOS)", "padding": "padding boundary (right: pads begin; "
+              "left: tokens begin)", "rollback": "rejected draft taken back"}
+MARK_COLOR = "#7B3294"
 NOISE_COLOR = "#999999"
 HEATMAP_CMAP = "viridis"
 # figure(..., transparent=True): no background; text, axes and marks in a grey that reads on white
@@ -78,6 +83,7 @@ class PlotData:
     title: str
     legend: dict = None  # label -> the legend's words (Described.series)
     departs_at_starts: list = None  # labels whose error is born on a chunk start
+    marks: dict = None  # boundary kind -> positions, beyond chunk starts (`MARK_WORDS`)
 
     def color(self, label: str) -> str:
         return PALETTE[self.logics.index(label) % len(PALETTE)][0]
@@ -138,6 +144,7 @@ def plot_data(c: "Comparison", schedule: Optional[str] = None, model_name: Optio
         return t.detach().cpu().double().numpy()
 
     rel = {m.logic: arr(m.rel_err) for m in runs}
+    marks = {k: sorted(set(v)) for k, v in first.marks.items() if k in MARK_WORDS and v}
     return PlotData(
         schedule=schedule,
         logics=[m.logic for m in runs],
@@ -156,12 +163,13 @@ def plot_data(c: "Comparison", schedule: Optional[str] = None, model_name: Optio
         legend={d.label: d.series for d in c.described},
         departs_at_starts=[m.logic for m in runs
                            if m.first_departure is not None and m.first_departure[1] in m.chunk_starts],
+        marks=marks,
     )
 
 
 # -- panels -------------------------------------------------------------------------------------
 
-def _start_color() -> str:
+def start_color() -> str:
     """Black, or the transparent figures' grey (see TRANSPARENT_RC) while those are drawn."""
     import matplotlib
     return FOREGROUND_ON_ANY if matplotlib.rcParams["text.color"] == FOREGROUND_ON_ANY else START_COLOR
@@ -169,15 +177,19 @@ def _start_color() -> str:
 
 def _chunk_lines(ax, d: PlotData, label: bool) -> None:
     for i, s in enumerate(d.chunk_starts):
-        ax.axvline(s, color=_start_color(), lw=0.9, ls=":", alpha=0.8, zorder=1, gid="chunk-start",
+        ax.axvline(s, color=start_color(), lw=0.9, ls=":", alpha=0.8, zorder=1, gid="chunk-start",
                    label="chunk start" if (label and i == 0) else None)
+    for kind, positions in (d.marks or {}).items():
+        for i, s in enumerate(positions):
+            ax.axvline(s, color=MARK_COLOR, lw=1.1, ls=(0, (4, 2)), alpha=0.8, zorder=1, gid=f"mark:{kind}",
+                       label=MARK_WORDS[kind] if (label and i == 0) else None)
 
 
 def _position_axis(ax, d: PlotData) -> None:
     T = len(d.positions)
     ax.set_xlim(-0.5, T - 0.5)
     ax.set_xlabel("token position")
-    grey = _start_color() == FOREGROUND_ON_ANY  # transparent: the grid in rc's grey, see-through
+    grey = start_color() == FOREGROUND_ON_ANY  # transparent: the grid in rc's grey, see-through
     ax.grid(True, which="major", axis="y", lw=0.6, **({} if grey else {"color": "#dddddd"}))
 
 
@@ -244,7 +256,7 @@ def draw_heatmaps(fig, axes, d: PlotData, panel: str = "") -> None:
         if d.chunk_starts:
             trans = blended_transform_factory(ax.transData, ax.transAxes)
             ax.plot(d.chunk_starts, [1.0] * len(d.chunk_starts), ls="none", marker="v", ms=7,
-                    color=_start_color(), transform=trans, clip_on=False, gid="chunk-start",
+                    color=start_color(), transform=trans, clip_on=False, gid="chunk-start",
                     label="chunk start")
     axes[0].set_ylabel("layer (capture point)")
     for ax in axes[1:]:
@@ -271,8 +283,10 @@ def _legend_handles(d: PlotData, kind: str) -> list:
     handles = [] if kind == "heatmap" else [
         Line2D([], [], color=d.color(g), ls=d.style(g), lw=1.6, label=d.words(g)) for g in d.logics]
     if d.chunk_starts:
-        handles.append(Line2D([], [], color=_start_color(), ls=":", marker="v", ms=6, lw=1.0,
+        handles.append(Line2D([], [], color=start_color(), ls=":", marker="v", ms=6, lw=1.0,
                               label="chunk start"))
+    for mark in (d.marks or {}):
+        handles.append(Line2D([], [], color=MARK_COLOR, ls=(0, (4, 2)), lw=1.1, label=MARK_WORDS[mark]))
     if kind in ("all", "error"):
         handles.append(Patch(color=NOISE_COLOR, alpha=0.25, lw=0,
                              label=f"below the measured noise floor ({d.noise_logits:.1e})"))
@@ -359,8 +373,11 @@ def save(fig: "Figure", path, dpi: Optional[float] = None) -> Path:
     if f".{fmt}" not in FORMATS:
         raise ValueError(f"{path}: unknown suffix {path.suffix or '(none)'}; use {', '.join(FORMATS)}")
     metadata = {"png": {"Software": None}, "svg": {"Date": None}, "pdf": {"CreationDate": None}}[fmt]
-    if fmt == "png" and isinstance(getattr(fig, "smearcli_data", None), PlotData):
-        metadata[PNG_SUMMARY_KEY] = json.dumps(summary(fig.smearcli_data), sort_keys=True)
+    data = getattr(fig, "smearcli_data", None)
+    if fmt == "png" and data is not None:  # this module's figures, or another's with its own summary()
+        told = summary(data) if isinstance(data, PlotData) else data.summary() if hasattr(data, "summary") else None
+        if told is not None:
+            metadata[PNG_SUMMARY_KEY] = json.dumps(told, sort_keys=True)
     rc = {"svg.hashsalt": "smearcli"}
     with matplotlib.rc_context(rc), atomic_write(path, "wb") as f:
         fig.savefig(f, format=fmt, dpi=dpi, metadata=metadata)

@@ -28,7 +28,9 @@ def plot(
                    "figure is 11 inches wide).")] = 150.0,
     kind: Annotated[Kind, typer.Option("--kind", help="all: the three panels; error: logit error "
                     "per position; heatmap: relative error per layer and position; kl: KL per "
-                    "position.")] = Kind.all,
+                    "position. With --schedules packed, all draws the packed figure's two panels "
+                    "(error per position, and each document boundary's leak split into the smear's "
+                    "and attention's parts); heatmap and kl draw the first logic's.")] = Kind.all,
 ) -> None:
     """Draw where the smear bug is born and how far it spreads, old vs fixed logic, on one
     schedule (chunked if --schedules lists it, else speculative if listed, else the first listed): logit error per position
@@ -51,12 +53,10 @@ def plot(
     job = impl.job(spec, [schedule], NOISE_MARGIN)
     with progress_bar("plot", quiet=spec.quiet, unit="tokens") as bar:
         report = job.run(bar)
-    drawn = report.figure(schedule)
-    if drawn is None:  # an answer without runs
+    fig = report.draw(schedule, kind.value)
+    if fig is None:  # an answer without runs
         typer.echo(f"{report.verdict}; no figure written")
         return
-    comparison, title, subtitle = drawn
-    fig = figures.figure(comparison, schedule, kind.value, title=title, subtitle=subtitle)
     figures.save(fig, out, dpi=dpi)
     footer = f"; {report.footer}" if report.footer else ""
     typer.echo(f"wrote {out} ({kind.value}, schedule {schedule}{footer})")
