@@ -160,9 +160,12 @@ def load_checkpoint(ckpt_dir, step: Optional[int] = None, device="cpu",
             parts.append("it has no smear parameters either, so issue #756 cannot affect it")
         raise UserError(f"{model_path.name}: state dict does not match model_config: " + "; ".join(parts))
     check_tensors(model_path.name, sd, expected)
-    model = GPT(config)
+    # built on the meta device and handed the checkpoint's tensors (assign=True): no memory is
+    # filled by a default init that the weights would overwrite at once (see random_model)
+    with torch.device("meta"), mock.patch.object(nn.Embedding, "reset_parameters", lambda self: None):
+        model = GPT(config)
     # bf16 tensors (GPU-trained embeddings) are widened here; set_dtype picks the compute dtype
-    model.load_state_dict({k: v.float() for k, v in sd.items()}, strict=True)
+    model.load_state_dict({k: v.float() for k, v in sd.items()}, strict=True, assign=True)
     model.set_dtype(dtype).to(device).eval().requires_grad_(False)
     return LoadedModel(model, str(ckpt_dir), step=step, meta=meta)
 
