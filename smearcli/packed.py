@@ -201,7 +201,7 @@ def verdict(p: PackedResult) -> str:
     parts = [f"{sci(lg.worst())} under {lg.label} ({times(lg.worst() / lg.noise)}x noise)" for lg in p.logics]
     msg = (f"across {len(p.lengths) - 1} document boundaries, the largest leak into a document's first "
            f"{p.first} tokens is " + ", ".join(parts))
-    both = [lg for lg in p.logics if lg.gate_at_bos == 0.0 and lg.worst("masked_first") is not None]
+    both = [lg for lg in p.logics if lg.gate_at_bos == 0.0 and lg.unsplit is None]
     if both:
         lg = both[0]
         m = lg.worst("masked_first")
