@@ -71,9 +71,9 @@ class DocumentLeak:
     bos: float  # max |dlogit| at the BOS: packed row against the document alone
     first: float  # the same over the first tokens
     whole: float  # over the whole document
-    smear_predicted: float  # max |gate(BOS) * x_prev| (0 for the first document)
+    smear_predicted: Optional[float]  # max |gate(BOS) * x_prev| (0 for the first; None: no smear terms)
     smear_measured: float  # max |packed - alone| of the BOS's post-smear embedding
-    smear_residual: float  # max |(packed - alone) - gate(BOS) * x_prev| there: rounding
+    smear_residual: Optional[float]  # max |(packed - alone) - gate(BOS) * x_prev| there: rounding
     masked_first: Optional[float] = None  # document mask on: what is left (the smear's part)
     attention_first: Optional[float] = None  # packed against packed with the mask (attention's part)
 
@@ -154,6 +154,8 @@ def measure(runners: Sequence[Runner], tokens: Tensor, lengths: Sequence[int], f
                     x, gate, scale = terms
                     term = (scale * gate[:, s] * x[:, s - 1]).float()
                 d.smear_predicted, d.smear_measured, d.smear_residual = _max(term), _max(diff), _max(diff - term)
+                if terms is None and s > 0:  # no gate to check against: not a zero
+                    d.smear_predicted = d.smear_residual = None
             if masked is not None:
                 ml = masked.logits.float()
                 d.masked_first = _max(ml[:, s:s + k] - alone.logits[:, s:s + k])
@@ -176,7 +178,7 @@ def table(p: PackedResult) -> str:
             opt = lambda v: "-" if v is None else sci(v)  # noqa: E731
             rows.append([lg.label, str(d.index), str(d.start), str(d.length), sci(d.bos), times(d.bos / lg.noise),
                          sci(d.first), times(d.first / lg.noise), opt(d.masked_first), opt(d.attention_first),
-                         sci(d.smear_measured), sci(d.smear_predicted), sci(d.smear_residual)])
+                         sci(d.smear_measured), opt(d.smear_predicted), opt(d.smear_residual)])
     widths = [max(len(r[i]) for r in [head] + rows) for i in range(len(head))]
     line = lambda r: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))  # noqa: E731
     out = [f"{len(p.lengths)} documents packed in one row ({','.join(map(str, p.lengths))}), each "

@@ -21,7 +21,7 @@ from smearcli.impls.nanochat.docmask import document_attention
 from smearcli.model import rms_norm
 from smearcli.names import NOISE_MARGIN
 from smearcli.ours import GPTRunner
-from smearcli.runner import DOCUMENT_MASK, NoDocumentMask
+from smearcli.runner import DOCUMENT_MASK, SMEAR_TERMS, NoDocumentMask
 from smearcli.weights import random_config
 
 OLD = Path(__file__).resolve().parent / "standin" / "old"
@@ -154,6 +154,16 @@ def test_a_runner_without_a_document_mask_says_so(ours, row):
     assert res.get("bosmask").unsplit == "bosmask takes no document mask"
     assert "bosmask: attention's part not measured: bosmask takes no document mask" in res.table()
     assert "with the BOS mask and a document mask" not in res.verdict  # no floor claimed from a mask never run
+
+
+def test_a_runner_without_smear_terms_leaves_the_check_blank_not_zero(ours, row):
+    class NoTerms(GPTRunner):
+        capabilities = GPTRunner.capabilities - {SMEAR_TERMS}
+
+    lg = packed.measure([NoTerms(ours, "old")], row, LENGTHS, first=4).get("old")
+    assert all(d.smear_predicted is None and d.smear_residual is None for d in lg.documents[1:])
+    assert all(d.smear_measured > 1e-3 for d in lg.documents[1:])  # the embedding still differs
+    assert lg.gate_at_bos is None
 
 
 @pytest.mark.parametrize("call,why", [
