@@ -157,6 +157,23 @@ def text_tokens(data: bytes | str, config) -> Tensor:
     return torch.tensor([list(raw)], dtype=torch.long)
 
 
+def text_documents(data: bytes | str, config, bos: int) -> Tensor:
+    """(1, T) ids of a packed text for a byte-level model: the text split at each `<|bos|>` marker
+    (`tokenizer.split_documents`), each document's bytes after the id `bos` (the stand-in for BOS,
+    which must not occur in the text itself)."""
+    from .tokenizer import BOS, split_documents
+
+    raw = text_tokens(data, config)[0].tolist()  # the same checks as any text: UTF-8, not empty
+    if bos in raw:
+        at = raw.index(bos)
+        raise UserError(f"the text holds byte {bos} (at byte {at}), which stands in for BOS in a packed row: "
+                        f"mark each document's start with {BOS} instead")
+    ids: list[int] = []
+    for doc in split_documents(bytes(raw)):
+        ids += [bos] + list(doc)
+    return torch.tensor([ids], dtype=torch.long)
+
+
 def read_text_bytes(path: Path) -> bytes:
     """A text file's bytes, checked before reading: a regular file, at most TEXT_MAX_BYTES."""
     path = Path(path)

@@ -12,7 +12,9 @@ sees). Here, per runner (each against its own packed row) and per document:
   embedding of the previous document's last token), zero under the BOS-masked logic;
 - the packed row run again with a document-causal attention mask (`Runner.forward_documents`):
   what it still differs from the document alone is the smear's part; what it differs from the
-  packed row is attention's part.
+  packed row is attention's part. A runner with no document mask (or whose `forward_documents`
+  raises `runner.NoDocumentMask`) is measured without the split, and the table, verdict and JSON
+  say that attention's part was not measured and why: never a zero.
 
 A leak is a measurement of training against inference, not a bug: the verdict says so, and
 `limit` (a max |dlogit| over each document's first tokens) makes it a gate.
@@ -37,7 +39,7 @@ from torch import Tensor
 from .boundaries import document_starts
 from .compare import Comparison, compare
 from .names import FIRST_TOKENS, NOISE_MARGIN, PACKED
-from .runner import DOCUMENT_MASK, SMEAR_TERMS, Runner
+from .runner import DOCUMENT_MASK, SMEAR_TERMS, NoDocumentMask, Runner
 from .schedules import ScheduleOptions
 from .units import sci, times
 
@@ -69,9 +71,9 @@ class DocumentLeak:
     bos: float  # max |dlogit| at the BOS: packed row against the document alone
     first: float  # the same over the first tokens
     whole: float  # over the whole document
-    smear_predicted: float  # max |gate(BOS) * x_prev| (0 for the first document)
+    smear_predicted: Optional[float]  # max |gate(BOS) * x_prev| (0 for the first; None: no smear terms)
     smear_measured: float  # max |packed - alone| of the BOS's post-smear embedding
-    smear_residual: float  # max |(packed - alone) - gate(BOS) * x_prev| there: rounding
+    smear_residual: Optional[float]  # max |(packed - alone) - gate(BOS) * x_prev| there: rounding
     masked_first: Optional[float] = None  # document mask on: what is left (the smear's part)
     attention_first: Optional[float] = None  # packed against packed with the mask (attention's part)
 
@@ -83,6 +85,7 @@ class LogicLeak:
     documents: list[DocumentLeak]
     gate_at_bos: Optional[float]  # the gate the smear gives a BOS token (0 where the logic masks it)
     noise: float  # the logits noise floor of this runner's comparison
+    unsplit: Optional[str] = None  # why attention's part was not measured (None: it was)
 
     def worst(self, attr: str = "first") -> float:
         vals = [getattr(d, attr) for d in self.documents[1:] if getattr(d, attr) is not None]
@@ -131,7 +134,12 @@ def measure(runners: Sequence[Runner], tokens: Tensor, lengths: Sequence[int], f
         c = compare(r, tokens, [PACKED], options=opts, tolerance=tolerance, progress=progress,
                     tokens_progress=tokens_progress, notes=notes)
         ref, alone = c.reference, c.runs[0]
-        masked = r.forward_documents(tokens.to(r.device), lengths, True) if r.can(DOCUMENT_MASK) else None
+        masked, unsplit = None, f"{r.label} takes no document mask"
+        if r.can(DOCUMENT_MASK):
+            try:
+                masked, unsplit = r.forward_documents(tokens.to(r.device), lengths, True), None
+            except NoDocumentMask as e:
+                unsplit = str(e)
         terms = r.smear_terms(tokens.to(r.device)) if r.can(SMEAR_TERMS) else None
         dl = (ref.logits - alone.logits).abs().amax(dim=(0, 2))  # (T,)
         docs = []
@@ -146,13 +154,15 @@ def measure(runners: Sequence[Runner], tokens: Tensor, lengths: Sequence[int], f
                     x, gate, scale = terms
                     term = (scale * gate[:, s] * x[:, s - 1]).float()
                 d.smear_predicted, d.smear_measured, d.smear_residual = _max(term), _max(diff), _max(diff - term)
+                if terms is None and s > 0:  # no gate to check against: not a zero
+                    d.smear_predicted = d.smear_residual = None
             if masked is not None:
                 ml = masked.logits.float()
                 d.masked_first = _max(ml[:, s:s + k] - alone.logits[:, s:s + k])
                 d.attention_first = _max(ref.logits[:, s:s + k] - ml[:, s:s + k])
             docs.append(d)
         gate = None if terms is None else float(terms[1][:, 0].max())  # position 0 holds a BOS
-        out.append(LogicLeak(r.label, c, docs, gate, c.noise.per_layer[-1]))
+        out.append(LogicLeak(r.label, c, docs, gate, c.noise.per_layer[-1], unsplit))
     return PackedResult(lengths, bos, first, out, limit, list(notes))
 
 
@@ -168,7 +178,7 @@ def table(p: PackedResult) -> str:
             opt = lambda v: "-" if v is None else sci(v)  # noqa: E731
             rows.append([lg.label, str(d.index), str(d.start), str(d.length), sci(d.bos), times(d.bos / lg.noise),
                          sci(d.first), times(d.first / lg.noise), opt(d.masked_first), opt(d.attention_first),
-                         sci(d.smear_measured), sci(d.smear_predicted), sci(d.smear_residual)])
+                         sci(d.smear_measured), opt(d.smear_predicted), opt(d.smear_residual)])
     widths = [max(len(r[i]) for r in [head] + rows) for i in range(len(head))]
     line = lambda r: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))  # noqa: E731
     out = [f"{len(p.lengths)} documents packed in one row ({','.join(map(str, p.lengths))}), each "
@@ -176,6 +186,9 @@ def table(p: PackedResult) -> str:
            line(head)] + [line(r) for r in rows]
     out.append(f"smear part: the packed row with a document-causal attention mask against the document "
                f"alone; attention part: the packed row against that masked row (first {k} tokens)")
+    for lg in p.logics:
+        if lg.unsplit is not None:
+            out.append(f"{lg.label}: attention's part not measured: {lg.unsplit}")
     for lg in p.logics:
         if lg.gate_at_bos is not None:
             out.append(f"{lg.label}: gate at BOS {lg.gate_at_bos:.3g}: each BOS receives "
@@ -190,11 +203,14 @@ def verdict(p: PackedResult) -> str:
     parts = [f"{sci(lg.worst())} under {lg.label} ({times(lg.worst() / lg.noise)}x noise)" for lg in p.logics]
     msg = (f"across {len(p.lengths) - 1} document boundaries, the largest leak into a document's first "
            f"{p.first} tokens is " + ", ".join(parts))
-    both = [lg for lg in p.logics if lg.gate_at_bos == 0.0 and lg.worst("masked_first") is not None]
+    both = [lg for lg in p.logics if lg.gate_at_bos == 0.0 and lg.unsplit is None]
     if both:
         lg = both[0]
         m = lg.worst("masked_first")
         msg += f"; with the BOS mask and a document mask {sci(m)} ({times(m / lg.noise)}x noise)"
+    unsplit = [lg.label for lg in p.logics if lg.unsplit is not None]
+    if unsplit:
+        msg += f"; attention's part not measured under {', '.join(unsplit)} (no document mask)"
     msg += " (a measurement of what training sees against what inference sees, not a bug)"
     if p.limit is None:
         return "MEASURED: " + msg
@@ -216,6 +232,7 @@ def to_json(p: PackedResult, model_info: Optional[dict] = None) -> dict:
         "input": {"batch": int(c.tokens.size(0)), "seq_len": int(c.tokens.size(1))},
         "documents": p.lengths, "bos": p.bos, "first_tokens": p.first, "limit": p.limit,
         "logics": [{"logic": lg.label, "gate_at_bos": f(lg.gate_at_bos), "noise_floor_logits": f(lg.noise),
+                    "attention_part": {"measured": lg.unsplit is None, "why_not": lg.unsplit},
                     "documents": [{"index": x.index, "start": x.start, "length": x.length, "bos": f(x.bos),
                                    "first": f(x.first), "whole": f(x.whole),
                                    "smear": {"predicted": f(x.smear_predicted), "measured": f(x.smear_measured),

@@ -28,7 +28,9 @@ run. Optional capabilities are declared in `capabilities`, never probed:
 - `SMEAR_TERMS`: `smear_terms(tokens)` gives (pre-smear embedding, gate, scale) for the analytic
   check at chunk starts;
 - `DOCUMENT_MASK`: `forward_documents(tokens, lengths, capture)`, the forward pass of a packed row
-  whose attention stays inside each document (the packed schedule's split of a leak);
+  whose attention stays inside each document (the packed schedule's split of a leak); a runner
+  that finds, while running, that it could not keep attention inside the documents raises
+  `NoDocumentMask` with the reason (the split is then reported as not measured, never as zero);
 - `PADDING`: `forward_padded(tokens, attention_mask, capture)`, one cached prefill of a padded
   batch, positions counted over the mask's real tokens (the padded schedule).
 - `PREFIX_CACHE`: the runner's own `run()` does the prefix schedule (a second request reading the
@@ -56,6 +58,11 @@ DOCUMENT_MASK = "document_mask"
 PADDING = "padding"
 PREFIX_CACHE = "prefix_cache"
 CAPABILITIES = (EXPAND, CROP, SMEAR_TERMS, COPY, DOCUMENT_MASK, PADDING, PREFIX_CACHE)
+
+
+class NoDocumentMask(Exception):
+    """`forward_documents` could not keep attention inside each document; the message says why
+    (one phrase: "its attention does not go through ...")."""
 
 
 class Output(NamedTuple):

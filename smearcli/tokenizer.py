@@ -14,6 +14,7 @@ tiktoken is optional: `pip install 'smearcli[text]'`.
 from smearcli import tokenizer as tok
 enc = tok.load_tokenizer(tok.find_tokenizer(ckpt_dir, base_dir, required=True))
 ids = tok.encode_text(enc, "Once upon a time", vocab_size=model.config.vocab_size)
+row = tok.encode_documents(enc, "<|bos|>One.<|bos|>Two.")  # a packed row: BOS before each document
 chat = tok.encode_chat(enc, [("user", "Hi!"), ("assistant", "Hello."), ("user", "Why?")])
 chat.ids, chat.chunk_sizes  # feed one chunk per turn to reuse the cache across turns
 ```
@@ -265,6 +266,26 @@ def encode_text(enc, text: str, *, bos: bool = True, vocab_size: Optional[int] =
     if not isinstance(text, str):
         raise ValueError(f"text must be a string, got {type(text).__name__}")
     ids = ([special_id(enc, BOS)] if bos else []) + enc.encode_ordinary(utf8_text(text))
+    return _check_ids(ids, vocab_size)
+
+
+def split_documents(text):
+    """The documents of a packed text (str or bytes) split at each `<|bos|>` marker, which is
+    dropped (each document gets the BOS id); a text that does not start with one starts one at 0."""
+    marker = BOS if isinstance(text, str) else BOS.encode()
+    pieces = text.split(marker)
+    return pieces[1:] if text.startswith(marker) else pieces
+
+
+def encode_documents(enc, text: str, *, vocab_size: Optional[int] = None) -> list[int]:
+    """One packed row of the documents of `text` (`split_documents`): each one encoded as ordinary
+    text after the BOS id, as nanochat prepends BOS to every document it packs."""
+    if not isinstance(text, str):
+        raise ValueError(f"text must be a string, got {type(text).__name__}")
+    bos = special_id(enc, BOS)
+    ids: list[int] = []
+    for doc in split_documents(utf8_text(text)):
+        ids += [bos] + enc.encode_ordinary(doc)
     return _check_ids(ids, vocab_size)
 
 

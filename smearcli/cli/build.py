@@ -17,7 +17,7 @@ import torch
 
 from ..config import ConfigError
 from ..errors import UserError
-from ..inputs import load_tokens, random_tokens, read_text_bytes, read_text_file, text_tokens
+from ..inputs import load_tokens, random_tokens, read_text_bytes, read_text_file, text_documents, text_tokens
 from ..preflight import TooLarge, check_dtype, check_run_memory
 from ..schedules import ScheduleOptions, chunk_plan
 from ..checkpoint import NoSmearParameters, NoSuchStep, find_step
@@ -192,7 +192,7 @@ def _given_input(spec: RunSpec, cfg, found, schedules, opts: ScheduleOptions, ch
     """(tokens or None for a random input, options, chunk sizes) from --text, --text-file (a
     chat's turns become its chunks) or --tokens."""
     if spec.text is not None or spec.text_file is not None:
-        tokens, chat = text_input(spec, cfg, found)
+        tokens, chat = text_input(spec, cfg, found, packed=names.PACKED in schedules)
         if chat is not None and "chunked" in schedules and chunk_sizes is None and spec.chunks is None:
             chunk_sizes = tuple(chat.chunk_sizes)  # one chunk per turn, as a chat reuses its cache
             opts = replace(opts, chunk_sizes=chunk_sizes)
@@ -273,11 +273,25 @@ def locate(spec: RunSpec):
     return found
 
 
-def text_input(spec: RunSpec, cfg, found):
+def text_input(spec: RunSpec, cfg, found, packed: bool = False):
     """(1, T) ids of --text / --text-file, and the ChatIds with --chat (else None). A byte-level model
-    takes the bytes; any other through the checkpoint's tokenizer.pkl (tokenizer.load_tokenizer)."""
+    takes the bytes; any other through the checkpoint's tokenizer.pkl (tokenizer.load_tokenizer).
+    `packed` (--schedules packed): the text is split into documents at each <|bos|> marker, each
+    one after the BOS id (`tokenizer.encode_documents`, `inputs.text_documents`)."""
     name = "--text-file" if spec.text_file is not None else "--text"
     if cfg.is_byte_level and not spec.chat:
+        if packed:
+            from ..packed import default_bos
+
+            if spec.text_file is None:
+                with flag("--text", ": "):
+                    return text_documents(spec.text, cfg, default_bos(cfg)), None
+            with flag("--text-file"):
+                data = read_text_bytes(spec.text_file)
+                try:
+                    return text_documents(data, cfg, default_bos(cfg)), None
+                except UserError as e:  # as read_text_file's: the file's name first
+                    raise UserError(f"{spec.text_file}: {e}") from e
         if spec.text_file is not None:
             with flag("--text-file"):
                 return read_text_file(spec.text_file, cfg), None
@@ -311,7 +325,8 @@ def text_input(spec: RunSpec, cfg, found):
     with flag(name, ": "):
         tok.check_vocab(enc, cfg.vocab_size)
         if not spec.chat:
-            return torch.tensor([tok.encode_text(enc, text, vocab_size=cfg.vocab_size)]), None
+            encode = tok.encode_documents if packed else tok.encode_text
+            return torch.tensor([encode(enc, text, vocab_size=cfg.vocab_size)]), None
         try:
             chat = tok.encode_chat(enc, json.loads(text), vocab_size=cfg.vocab_size)
         except (json.JSONDecodeError, RecursionError) as e:

@@ -2,7 +2,8 @@
 
 ours: our GPT under each `--logic` (runners from `smearcli.ours`), the standard report. nanochat
 and both: the audit of the user's checkout (`impls.nanochat.audit`), with its own report (its
-table, findings and likeness; schema smearcli.audit/1). A checkpoint from before the smear is an
+table, findings and likeness; schema smearcli.audit/1). `--schedules packed` is the packed
+report (`cli.packed`) for each: the user's runner, with `both` beside ours under old and fixed. A checkpoint from before the smear is an
 answer, not an error: a report without runs that exits 0, also with --check.
 """
 
@@ -40,12 +41,12 @@ def prepare(spec, schedules, tolerance) -> Job:
     except NoSmearParameters as e:
         found = getattr(e, "found", None)
         return Job(lambda bar: no_smear(spec, found))
-    if setup.audited is not None:
-        return Job(lambda bar: _audit(setup, tolerance, bar), setup.loaded.name)
-    if PACKED in schedules:
+    if PACKED in schedules:  # ours, the user's checkout, or both side by side
         from .packed import packed_job
 
         return packed_job(spec, setup, tolerance, _model_info(setup))
+    if setup.audited is not None:
+        return Job(lambda bar: _audit(setup, tolerance, bar), setup.loaded.name)
     return comparison_job(runners(setup.model, setup.logics, setup.loaded.name), setup.tokens, setup.schedules,
                           setup.options, tolerance, _model_info(setup), setup.threads)
 

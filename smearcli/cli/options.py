@@ -224,7 +224,9 @@ SHARED = {
     "text": (Optional[str], typer.Option("--text", help="Input text. A byte-level model (vocabulary 256, like "
              "--model tiny) takes its UTF-8 bytes as ids; a BPE checkpoint's tokenizer.pkl (beside the "
              "weights or in <base>/tokenizer/; read without running code from it; needs pip install "
-             "'smearcli[text]') encodes it after <|bos|>.", rich_help_panel=I)),
+             "'smearcli[text]') encodes it after <|bos|>. With --schedules packed, the text <|bos|> splits it "
+             "into documents there, each one after the BOS id (as nanochat's tokenizer writes a packed row; byte "
+             "0 stands in for BOS in a byte-level model); elsewhere <|bos|> is ordinary text.", rich_help_panel=I)),
     "text_file": (Optional[Path], typer.Option("--text-file", help="Like --text, from a file (its bytes as "
                   "they are; UTF-8 text for a BPE checkpoint).", rich_help_panel=I)),
     "chat": (bool, typer.Option("--chat", help="Read --text/--text-file as a chat: a JSON list of turns, "
@@ -249,7 +251,8 @@ SHARED = {
                "out of the cache (fewer than --draft).", rich_help_panel=S)),
     "documents": (Optional[str], typer.Option("--documents", help="packed: the lengths of the documents "
                   "packed in one row, e.g. 100,60,96 (sets --seq-len; BOS is written at each start). "
-                  "Without it, a --tokens/--text input is split at each BOS. --logic both then runs old, "
+                  "A --text input is split at each <|bos|> marker in it (given both, they must agree); "
+                  "without --documents, a --tokens input is split at each BOS. --logic both then runs old, "
                   "fixed and bosmask (no smear at BOS).", rich_help_panel=S, show_default=False)),
     "leak_limit": (Optional[float], typer.Option("--leak-limit", help="packed: with --check, exit 1 when "
                    "any document's first tokens leak more than this max |Δlogit| (a leak is a measurement "

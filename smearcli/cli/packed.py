@@ -25,9 +25,11 @@ def bos_for(setup) -> int:
 
 def packed_input(spec, setup):
     """(tokens, lengths): with --documents, the lengths and BOS written at each start (random input:
-    seeded ids with no other BOS); without, the input split at each BOS."""
+    seeded ids with no other BOS); without, the input split at each BOS. A text is already split at
+    its <|bos|> markers (`build.text_input`); with --documents too, the two must agree."""
     from ..boundaries import document_starts, split_on_bos
     from ..packed import packed_tokens
+    from ..tokenizer import BOS
 
     bos, tokens = bos_for(setup), setup.tokens
     lengths = spec.document_lengths()
@@ -35,6 +37,10 @@ def packed_input(spec, setup):
     if lengths is not None:
         if sum(lengths) != tokens.size(1):
             raise UserError(f"--documents: the lengths sum to {sum(lengths)} but the input has {tokens.size(1)} tokens")
+        marked = split_on_bos(tokens[0], bos) if spec.text is not None or spec.text_file is not None else []
+        if len(marked) > 1 and marked != list(lengths):
+            raise UserError(f"--documents {','.join(map(str, lengths))}: the text's {BOS} markers split it into "
+                            f"documents of {','.join(map(str, marked))} tokens; give the markers or --documents")
         if not given:
             return packed_tokens(setup.model.config.vocab_size, lengths, bos, spec.seed,
                                  tokens.size(0)).to(tokens.device), list(lengths)
@@ -99,12 +105,24 @@ def packed_job(spec, setup, tolerance, info) -> Job:
         raise UserError(f"--leak-limit must be a finite number >= 0, got {spec.leak_limit}")
     tokens, lengths = packed_input(spec, setup)
     bos = int(tokens[0, 0])
-    group = runners(setup.model, setup.logics, setup.loaded.name, bos=bos)
+    notes = []  # the user's runner, whose document mask is laid over their attention
+    if setup.audited is None:
+        group = runners(setup.model, setup.logics, setup.loaded.name, bos=bos)
+    else:  # the user's checkout; with --impl both, ours (old, fixed) beside it on the same weights
+        from ..impls.nanochat.adapter import NanochatRunner
+
+        group = runners(setup.model, setup.logics, setup.loaded.name, bos=bos) if setup.impl == "both" else []
+        group.append(NanochatRunner(setup.audited, setup.loaded.name))
+        notes.append(group[-1].label)
 
     def run(bar):
         from .. import packed
 
         result = packed.measure(group, tokens, lengths, FIRST_TOKENS, spec.leak_limit, tolerance,
                                 progress=bar.label, tokens_progress=bar.tokens)
+        result.notes += [f"{label}: the document mask was laid over your code's own attention calls "
+                         "(torch.nn.functional.scaled_dot_product_attention); nothing else of it changed; its "
+                         "emb@BOS is block 0's input, (resid_lambdas[0] + x0_lambdas[0]) x the post-smear embedding"
+                         for label in notes if result.get(label).unsplit is None]
         return PackedReport(result, info, setup.threads)
     return Job(run, setup.loaded.name)

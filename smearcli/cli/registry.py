@@ -64,9 +64,10 @@ NOT_HF = tuple((f, "configures a nanochat model and does not apply to --impl hf 
     ("logic", "picks nanochat's smear logic; with --impl hf the model's own code runs"),
     ("samples", "sizes the engine schedule, which --impl hf does not run"))
 
-# our GPT has no padding mask; a user's checkout runs neither documents nor padding through the audit
+# our GPT has no padding mask; a user's checkout runs packed (its documents alone against the packed
+# row, the attention split through its own SDPA calls masked to the documents) but not padded
 OURS_SCHEDULES = ("full", "prefill", "decode", "chunked", "engine", "speculative", "packed", "rollback")
-NANOCHAT_SCHEDULES = ("full", "prefill", "decode", "chunked", "engine", "speculative", "rollback")
+NANOCHAT_SCHEDULES = ("full", "prefill", "decode", "chunked", "engine", "speculative", "packed", "rollback")
 register(Implementation("ours", "smearcli's reimplementation of nanochat's GPT; --logic picks the smear",
                         "smearcli.cli.nanochat:prepare", commands=COMMANDS, schedules=OURS_SCHEDULES))
 register(Implementation("nanochat", "your checkout at --nanochat-path: its own GPT, forward pass and "

@@ -24,7 +24,7 @@ from ...errors import UserCodeError, UserError
 from ...model import param_shapes, rms_norm
 from ...names import layer_names
 from ...preflight import check_model_memory
-from ...runner import EXPAND, SMEAR_TERMS, Described, Output, Runner
+from ...runner import DOCUMENT_MASK, EXPAND, SMEAR_TERMS, Described, Output, Runner
 from ...smear import smear_gate
 from ...checkpoint import NoSmearParameters, check_tensors, find_step, read_meta, read_state_dict, smear_keys_missing
 from .guard import user_code
@@ -154,11 +154,12 @@ class NanochatModel:
 class NanochatRunner(Runner):
     """The user's nanochat code as a `smearcli.runner.Runner` (label "yours"): their GPT, forward
     pass and KVCache, their KVCache.prefill for the engine's cache copy. Their one-token step is
-    their own code, so decode is never shared with another runner."""
+    their own code, so decode is never shared with another runner. A packed row's document mask is
+    laid over their own attention calls (`docmask`): their GPT takes none."""
 
     label = USER_LOGIC
     series = "your code (nanochat checkout)"
-    capabilities = frozenset({EXPAND, SMEAR_TERMS})
+    capabilities = frozenset({EXPAND, SMEAR_TERMS, DOCUMENT_MASK})
 
     def __init__(self, model: NanochatModel, name: str = "model"):
         self.model, self.name = model, name
@@ -184,6 +185,20 @@ class NanochatRunner(Runner):
     def forward(self, tokens, capture):
         cap = [] if capture else None
         return Output(self.model(tokens, capture=cap), cap)
+
+    def forward_documents(self, tokens, lengths, capture):
+        """Their uncached forward with torch's SDPA masked to the documents (`docmask`); a
+        `NoDocumentMask` when their attention did not go through it once per block."""
+        from .docmask import document_attention
+
+        lengths = list(lengths)
+        if sum(lengths) != tokens.size(1):
+            raise ValueError(f"documents {lengths} must cover the {tokens.size(1)} tokens of the row")
+        cap = [] if capture else None
+        with document_attention(lengths, self.model.code.modules.values(), tokens.device) as patch:
+            logits = self.model(tokens, capture=cap)
+        patch.check(self.model.config.n_layer)
+        return Output(logits, cap)
 
     def new_cache(self, batch, max_len):
         return self.model.new_cache(batch, max_len)
