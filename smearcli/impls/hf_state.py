@@ -9,6 +9,9 @@ Shared by `smearcli scan` and `compare --impl hf`:
   perturbation hook that zeroes what the cache carries at chosen positions.
 - `cache_tensors(cache)`: every floating-point tensor a cache object holds, by path and kind
   (`KV`: attention keys and values; `CONV`: conv taps; `STATE`: SSM, recurrent and every other).
+- `croppable(runner, tokens)`: whether the model's cache can be cropped back after a rejected
+  draft (a `crop`, attention keys and values only); `CacheRunner(..., crop=True)` then declares
+  `CROP` and crops with it (a crop their API refuses raises `CropRefused`).
 - `floor_run(runner, tokens)`: the full pass in float64, as the noise floor's partner: rounding in
   float32 is all it measures, and no schedule under test (decode included) can raise it.
 - `live_state(runner, tokens, floor)`: zero each kind of carried state at a boundary and measure

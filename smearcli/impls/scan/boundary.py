@@ -18,6 +18,8 @@ Each gets an entry in the record's `boundaries` (`entry`): its status (`bug`, `c
 frame in transformers, `not run` with why, or once the architecture's verdict is known `ok` /
 `inconclusive` / `passed`: a pass is only `ok` when the carried state was shown to matter), the
 numbers, the rollback's mode and, for a failure, the boundary's own shape (`boundaries.SHAPES`).
+A step plan's failure heads the record before a boundary's (`beside`): the boundaries run cached
+steps too, and may fail with that plan's error.
 """
 
 from __future__ import annotations
