@@ -169,3 +169,17 @@ def test_boundary_reproducers(tmp_path, model_type, schedule, status):
     got, line = repro.run(path)
     assert got == status, line
     assert schedule in line
+
+
+def test_padded_runs_as_the_model_numbers_positions_and_says_which_rows_are_off():
+    from smearcli.impls.scan.check import check
+
+    rob = check("roberta")  # positions from its padding id on: explicit 0-based ones would be wrong
+    e = rob["boundaries"]["padded"]
+    assert e["status"] == OK and e["positions"] is False and e["pad_id"] == 1
+    assert "numbers positions its own way" in e["why"]
+    bart = check("bart")  # learned absolute positions and no position_ids: left padding shifts them
+    e = bart["boundaries"]["padded"]
+    assert e["status"] == BUG and e["shape"] == BOUNDARY_SHAPES["padded"]
+    assert e["rows"]["the row"] == 0.0 or e["rows"]["the row"] < e["rows"]["left-padded"] / 1e3
+    assert "off: left-padded" in e["why"] and "takes no position_ids" in e["why"]

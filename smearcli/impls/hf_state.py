@@ -116,6 +116,8 @@ class CacheRunner(Runner):
         self.dtype = next(model.parameters()).dtype
         self.device = next(model.parameters()).device
         self.perturb: Optional[Perturb] = None
+        self.pad_id: Optional[int] = None  # padded batches: the id padding holds (None: as given)
+        self.pad_positions = True  # padded batches: explicit position_ids where the forward takes them
         self.caller_cache = False  # set when the model returned no cache and the caller made one
 
     def notes(self) -> list[str]:
@@ -207,9 +209,12 @@ class CacheRunner(Runner):
 
     def forward_padded(self, tokens, attention_mask, capture):
         """One cached prefill of a padded batch with its attention mask; where the forward takes
-        position ids, they count the real tokens only (as `generate()` passes them)."""
+        position ids (and `pad_positions`), they count the real tokens only (as `generate()`
+        passes them); with `pad_id`, padding holds that id."""
         kw: dict = dict(attention_mask=attention_mask.to(self.device), use_cache=True)
-        if self.takes_positions:
+        if self.pad_id is not None:  # the model's own pad token (it may number positions by it)
+            tokens = tokens.masked_fill(attention_mask.to(tokens.device) == 0, self.pad_id)
+        if self.takes_positions and self.pad_positions:
             kw["position_ids"] = (attention_mask.cumsum(-1) - 1).clamp_min(0).to(self.device)
         out, hs = self._call(tokens, capture, **kw)
         return Output(out.logits, hs)

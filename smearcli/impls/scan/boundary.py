@@ -35,6 +35,7 @@ from ...schedules import ScheduleOptions, missing, run_schedule, runnable
 from .. import hf_state
 
 SCHEDULES = ("padded", "rollback")
+PADDED_ROWS = ("the row", "right-padded", "left-padded")  # the padded batch's rows (one input row)
 NOT_RUN, CRASHED, PASSED = "not run", "crashed", "passed"
 
 
@@ -75,6 +76,7 @@ def measured(ref, run, noise, tolerance: float = NOISE_MARGIN) -> RunMetrics:
 
 def entry(status: str, **kw) -> dict:
     out = {"status": status, "max_abs": None, "multiple": None, "shape": None, "mode": None, "why": None}
+    # padded adds pad_id, positions (explicit position_ids or not) and rows (max |dlogit| per row)
     out.update(kw)
     return out
 
@@ -102,9 +104,17 @@ def run_boundaries(model, make, layers, tokens, ref, noise, tolerance: float = N
     if runner.can("padding") and not getattr(runner, "takes_mask", True):
         entries["padded"] = entry(NOT_RUN, why=f"{type(model).__name__}.forward takes no attention_mask")
     else:
+        said = prepare_padded(runner, tokens, tolerance * noise.per_layer[-1])
         m, run, entries["padded"] = run_one(runner, tokens, "padded", ref, noise, tolerance)
+        e = entries["padded"]
+        e.update(pad_id=getattr(runner, "pad_id", None), positions=getattr(runner, "pad_positions", None)
+                 and getattr(runner, "takes_positions", False))
         if m is not None:
             ms["padded"], steps["padded"] = m, run.steps
+            e["rows"] = dict(zip(PADDED_ROWS, (float(x) for x in (run.logits - ref.logits).abs().amax(dim=(1, 2)))))
+            if e["status"] == "bug":
+                said = said + why_padded(e["rows"], tolerance * noise.per_layer[-1], e["positions"])
+        e["why"] = "; ".join(filter(None, [e["why"], *said])) or None
     why_not = _why_no_crop(runner, tokens)
     rb = make(model, layers, crop=True) if why_not is None else runner
     try:
@@ -126,6 +136,48 @@ def run_boundaries(model, make, layers, tokens, ref, noise, tolerance: float = N
     if entries["padded"]["status"] in (NOT_RUN, CRASHED):
         notes.append(f"padded {entries['padded']['status']}: {entries['padded']['why']}")
     return ms, entries, steps, notes
+
+
+def prepare_padded(runner, tokens, threshold: float) -> list[str]:
+    """Set the scan's runner up for padded batches as the model expects them: padding holds the
+    config's `pad_token_id` (where it is a token id), and explicit `position_ids` (counted from 0
+    over the real tokens) are passed only where `arange(T)` gives the row alone's logits (RoBERTa
+    numbers positions from its padding id on): what was changed, in words."""
+    import torch
+
+    said = []
+    cfg = getattr(runner.model, "config", None)
+    pad = getattr(cfg, "pad_token_id", None)
+    if pad is None and cfg is not None and hasattr(cfg, "get_text_config"):
+        pad = getattr(cfg.get_text_config(), "pad_token_id", None)
+    if isinstance(pad, int) and 0 <= pad <= int(tokens.max()):
+        runner.pad_id = pad
+    if getattr(runner, "takes_positions", False):
+        ids = tokens.to(runner.device)
+        pos = torch.arange(ids.size(1), device=runner.device).unsqueeze(0).expand(ids.size(0), -1)
+        try:
+            with torch.inference_mode():
+                own = runner.model(input_ids=ids, use_cache=False).logits.float()
+                given = runner.model(input_ids=ids, position_ids=pos, use_cache=False).logits.float()
+            off = float((own - given).abs().max())
+        except Exception:
+            return said
+        if off > threshold:
+            runner.pad_positions = False
+            said.append(f"explicit position_ids counted from 0 move the row alone by {off:.2g}: the model "
+                        "numbers positions its own way, so the padded batch runs without them")
+    return said
+
+
+def why_padded(rows: dict, threshold: float, positions: bool) -> list[str]:
+    """Which rows of a failed padded batch are off, and what that points at."""
+    off = [k for k, v in rows.items() if v > threshold]
+    out = [f"off: {', '.join(off)}"]
+    if off == ["left-padded"] and not positions:
+        out.append("the forward takes no position_ids: a left-padded row may be numbered after its padding")
+    elif "the row" in off:
+        out.append("the row with no padding is off too: the mask path itself differs")
+    return out
 
 
 def _why_no_crop(runner, tokens) -> Optional[str]:

@@ -110,7 +110,7 @@ MODEL_TYPE = {model_type!r}
 CONFIG = json.loads({config_json!r})
 SCHEDULE = {schedule!r}
 T = {total!r}
-L, PAD_ID = {padded_len!r}, {pad_id!r}  # padded: the prefix's real tokens, what padding holds
+L, PAD_ID, POSITIONS = {padded_len!r}, {pad_id!r}, {positions!r}  # padded: real tokens, pad id, position_ids
 PROMPT, DRAFT, REJECT, MODE = {prompt!r}, {draft!r}, {reject!r}, {mode!r}  # rollback: crop or copy
 SEED = {seed!r}
 MARGIN = {margin!r}  # an error this many times the float32 rounding floor is no longer rounding
@@ -150,7 +150,7 @@ def padded(model, ids):
     mask[1, L:] = 0
     mask[2, :T - L] = 0
     kw = dict(attention_mask=mask, use_cache=True)
-    if "position_ids" in inspect.signature(model.forward).parameters:
+    if POSITIONS and "position_ids" in inspect.signature(model.forward).parameters:  # as generate() counts them
         kw["position_ids"] = (mask.cumsum(-1) - 1).clamp_min(0)
     x = model(input_ids=batch, **kw).logits.float()
     return torch.stack([x[0], torch.cat([x[1, :L], x[0, L:]]), torch.cat([x[2, T - L:], x[0, L:]])])
@@ -223,7 +223,8 @@ def write(record: dict, config, path: Path, seed: int = 0, vocab: int = 256,
             model_type=record["model_type"], model_class=record.get("model_class") or "?",
             version=transformers.__version__, what=WHAT[schedule], max_abs=e.get("max_abs") or record.get("max_abs") or 0.0,
             shape=e.get("shape") or record.get("shape"), config_json=json.dumps(d, default=str), schedule=schedule,
-            total=T, padded_len=padded_length(T), pad_id=PAD_ID, prompt=T - min(GEN_LEN, T - 1), draft=DRAFT,
+            total=T, padded_len=padded_length(T), pad_id=PAD_ID if e.get("pad_id") is None else e["pad_id"],
+            positions=bool(e.get("positions", True)), prompt=T - min(GEN_LEN, T - 1), draft=DRAFT,
             reject=REJECT, mode=e.get("mode") or "copy", seed=seed, margin=margin, vocab=vocab))
         return path
     path.write_text(TEMPLATE.format(
