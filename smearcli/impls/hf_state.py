@@ -9,6 +9,9 @@ Shared by `smearcli scan` and `compare --impl hf`:
   perturbation hook that zeroes what the cache carries at chosen positions.
 - `cache_tensors(cache)`: every floating-point tensor a cache object holds, by path and kind
   (`KV`: attention keys and values; `CONV`: conv taps; `STATE`: SSM, recurrent and every other).
+- `croppable(runner, tokens)`: whether the model's cache can be cropped back after a rejected
+  draft (a `crop`, attention keys and values only); `CacheRunner(..., crop=True)` then declares
+  `CROP` and crops with it (a crop their API refuses raises `CropRefused`).
 - `floor_run(runner, tokens)`: the full pass in float64, as the noise floor's partner: rounding in
   float32 is all it measures, and no schedule under test (decode included) can raise it.
 - `live_state(runner, tokens, floor)`: zero each kind of carried state at a boundary and measure
@@ -28,7 +31,7 @@ import torch
 from torch import Tensor
 
 from ..names import NOISE_MARGIN
-from ..runner import COPY, PADDING, Described, Holder, Output, Runner
+from ..runner import COPY, CROP, PADDING, Described, Holder, Output, Runner
 from ..schedules import RunResult, run_schedule, run_steps
 
 KEYWORDS = ("cache", "past_key_values", "cache_params", "state")  # newest first; RWKV: state
@@ -98,8 +101,10 @@ class CacheRunner(Runner):
     capabilities = frozenset({COPY, PADDING})  # rolled-back drafts and padded batches
 
     def __init__(self, model, layers: Sequence[str] = ("logits",), name: str = "model",
-                 positions: bool = False, mask: bool = False):
+                 positions: bool = False, mask: bool = False, crop: bool = False):
         self.model, self.layers, self.name = model, tuple(layers), name
+        if crop:  # the caller found the cache croppable (`croppable`): rolled-back drafts crop it
+            self.capabilities = type(self).capabilities | {CROP}
         self.keyword = cache_keyword(model)
         if self.keyword is None:
             raise TypeError(f"{type(model).__name__}.forward takes none of {', '.join(KEYWORDS)}")
@@ -111,6 +116,8 @@ class CacheRunner(Runner):
         self.dtype = next(model.parameters()).dtype
         self.device = next(model.parameters()).device
         self.perturb: Optional[Perturb] = None
+        self.pad_id: Optional[int] = None  # padded batches: the id padding holds (None: as given)
+        self.pad_positions = True  # padded batches: explicit position_ids where the forward takes them
         self.caller_cache = False  # set when the model returned no cache and the caller made one
 
     def notes(self) -> list[str]:
@@ -189,45 +196,46 @@ class CacheRunner(Runner):
         """A deep copy of the model's own cache object (rolled-back drafts restore it)."""
         return Holder(copy.deepcopy(cache.inner), cache.started, cache.pos)
 
+    def crop(self, cache: Holder, length: int) -> None:
+        """The model's own `cache.crop`, back to `length` positions (transformers 5.24 crops by a
+        negative count: the tokens to drop). A crop their API refuses raises `CropRefused`."""
+        try:
+            if cache.pos > length:
+                cache.inner.crop(length - cache.pos)
+        except Exception as e:
+            raise CropRefused(f"{type(cache.inner).__name__}.crop refused: {type(e).__name__}: "
+                              f"{(str(e).splitlines() or [''])[0][:160]}") from e
+        cache.pos = length
+
     def forward_padded(self, tokens, attention_mask, capture):
         """One cached prefill of a padded batch with its attention mask; where the forward takes
-        position ids, they count the real tokens only (as `generate()` passes them)."""
+        position ids (and `pad_positions`), they count the real tokens only (as `generate()`
+        passes them); with `pad_id`, padding holds that id."""
         kw: dict = dict(attention_mask=attention_mask.to(self.device), use_cache=True)
-        if self.takes_positions:
+        if self.pad_id is not None:  # the model's own pad token (it may number positions by it)
+            tokens = tokens.masked_fill(attention_mask.to(tokens.device) == 0, self.pad_id)
+        if self.takes_positions and self.pad_positions:
             kw["position_ids"] = (attention_mask.cumsum(-1) - 1).clamp_min(0).to(self.device)
         out, hs = self._call(tokens, capture, **kw)
         return Output(out.logits, hs)
 
 
-def rejected_draft_run(runner: CacheRunner, tokens: Tensor, prompt: int, draft: int = 4, rejected: int = 2,
-                       seed: int = 0, schedule: str = "verify, draft rejected") -> Optional[RunResult]:
-    """Speculative decoding with rejections: after a prefill of `prompt` tokens, each verify step
-    feeds `draft` tokens whose last `rejected` are wrong, keeps the logits of the accepted ones,
-    crops the cache back to them and continues. None when the cache cannot be cropped (no `crop`,
-    or recurrent state that a crop cannot roll back)."""
-    B, T = tokens.shape
-    g = torch.Generator().manual_seed(seed)
-    cache = runner.new_cache(B, T)
-    keep = draft - rejected
-    logits, steps = [], []
+class CropRefused(RuntimeError):
+    """The cache's own `crop` raised: our call into their API, not the model's result."""
+
+
+def croppable(runner: CacheRunner, tokens: Tensor) -> Optional[str]:
+    """None when the model's cache can be cropped back (it has `crop` and carries attention keys
+    and values only: a crop cannot roll back a recurrent or conv state); else why not."""
+    probe = runner.new_cache(tokens.size(0), tokens.size(1))
     with torch.inference_mode():
-        logits.append(runner.step(tokens[:, :prompt], cache, False).logits.float())
-        steps.append(prompt)
-        if not hasattr(cache.inner, "crop") or any(k != KV for k in state_kinds(cache.inner)):
-            return None
-        pos = prompt
-        while pos < T:
-            n = min(keep, T - pos)
-            wrong = torch.randint(0, int(tokens.max()) + 1, (B, draft - n), generator=g).to(tokens.device)
-            fed = torch.cat([tokens[:, pos:pos + n], wrong], dim=1)
-            out = runner.step(fed, cache, False)
-            logits.append(out.logits[:, :n].float())
-            if draft > n:  # transformers 5.24 crops by a negative count: drop the rejected tail
-                cache.inner.crop(n - draft)
-            cache.pos = pos + n
-            steps.append(n)
-            pos += n
-    return RunResult(schedule, runner.label, torch.cat(logits, dim=1), None, steps, list(range(B)))
+        runner.step(tokens[:, :2], probe, False)
+    if not hasattr(probe.inner, "crop"):
+        return f"{type(probe.inner).__name__} has no crop"
+    other = [k for k in state_kinds(probe.inner) if k != KV]
+    if other:
+        return f"{type(probe.inner).__name__} carries {' and '.join(other)} state, which a crop cannot roll back"
+    return None
 
 
 def full_run(runner: Runner, tokens: Tensor, capture: bool = False, schedule: str = "full") -> RunResult:

@@ -64,8 +64,8 @@ def scan(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No line per architecture on stderr.")] = False,
 ) -> None:
     """Check every causal-LM architecture of the installed transformers: a tiny config derived
-    from each config class's defaults, the full pass against fuzzed cached schedules over a float64
-    noise floor, the carried state shown to matter before an ok, the error's shape named, and a
+    from each config class's defaults, the full pass against fuzzed cached schedules and the padded
+    and rollback boundaries over a float64 noise floor, the carried state shown to matter before an ok, the error's shape named, and a
     standalone reproducer per finding. Each architecture runs in its own process with --timeout
     and --memory-mb; records stream to --out. Try: smearcli scan --only bamba,llama."""
     from ...impls.scan import report

@@ -6,10 +6,12 @@
    it (`hf_state.floor_run`), so no schedule under test, decode included, can raise the floor;
 2. every schedule of `split_points` (decode, prefill, chunks of 16, a prefill then single tokens,
    chunk widths below and at the conv width, around the sliding window and the SSM chunk size,
-   seeded odd widths; verify steps whose drafts are partly rejected, the cache cropped back, on
-   caches that can be cropped) is measured against the reference;
-3. a failure is a `bug`, its shape named (`shapes.classify`) from reruns with explicit
-   `position_ids` / attention mask, the dropped-state hypothesis replayed, and the error profile;
+   seeded odd widths) and the project's `padded` and `rollback` boundaries (`boundary`: a padded
+   batch with its mask; drafts partly rejected, the cache cropped back or restored from a copy)
+   are measured against the reference;
+3. a failure is a `bug`, its shape named (`shapes.classify`): a boundary's own shape for padded
+   and rollback; otherwise from reruns with explicit `position_ids` / attention mask, the
+   dropped-state hypothesis replayed, and the error profile;
 4. no failure: before `ok`, the state the cache carries must be shown to matter
    (`hf_state.live_state`); when it does not, the init scale is raised (seeded) and the whole check
    repeats; when nothing makes it matter the verdict is `inconclusive`.
@@ -22,17 +24,17 @@ plain dict (JSON-ready), see `record`.
 from __future__ import annotations
 
 import random
-import traceback
 from typing import Optional
 
 import torch
 
-from ...metrics import RunMetrics, measure, noise_floor
+from ...metrics import RunMetrics, noise_floor
 from ...names import NOISE_MARGIN
 from .. import hf_state
 from ...schedules import run_steps
 from ..hf_state import KV, CacheRunner, full_run
-from . import shapes
+from . import boundary, shapes
+from .boundary import logits_noise, logits_only, measured, transformers_frame
 from .derive import derive
 
 T = 49  # one past a multiple of the 16-token chunks
@@ -89,26 +91,6 @@ def split_points(cfg, total: int = T, seed: int = 0) -> dict[str, list[int]]:
     return out
 
 
-def short_path(filename: str) -> str:
-    """A frame's file from the package on: "transformers/models/x/modeling_x.py", "smearcli/..."."""
-    path = filename.replace("\\", "/")
-    for root in ("/site-packages/", "/smearcli/"):
-        if root in path:
-            rest = path.rsplit(root, 1)[1]
-            return rest if root == "/site-packages/" else "smearcli/" + rest
-    return path
-
-
-def transformers_frame(exc: BaseException) -> str:
-    """"transformers/models/x/modeling_x.py:123 in fn: Error: message" for the deepest frame in
-    transformers (the deepest frame at all when none is)."""
-    frames = traceback.extract_tb(exc.__traceback__)
-    theirs = [f for f in frames if "/transformers/" in f.filename.replace("\\", "/")]
-    f = (theirs or frames or [None])[-1]
-    where = "?" if f is None else f"{short_path(f.filename)}:{f.lineno} in {f.name}"
-    return f"{where}: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
-
-
 def build(cfg, init: Optional[float], seed: int):
     from transformers import AutoModelForCausalLM
 
@@ -132,26 +114,8 @@ def layer_names(runner: CacheRunner, tokens) -> list[str]:
 
 
 def run_all(runner, tokens, plans: dict, ref, noise, tolerance) -> dict[str, RunMetrics]:
-    out = {}
-    for name, steps in plans.items():
-        run = run_steps(runner, tokens, steps, capture=ref.hiddens is not None, schedule=name)
-        if (run.hiddens is None) != (ref.hiddens is None):
-            run.hiddens = None
-        out[name] = measure(ref if run.hiddens is not None else _logits_only(ref), run, noise if run.hiddens
-                            is not None else _logits_noise(noise), tolerance)
-    return out
-
-
-def _logits_only(ref):
-    import dataclasses
-
-    return dataclasses.replace(ref, hiddens=None)
-
-
-def _logits_noise(noise):
-    import dataclasses
-
-    return dataclasses.replace(noise, per_layer=noise.per_layer[-1:])
+    return {name: measured(ref, run_steps(runner, tokens, steps, capture=ref.hiddens is not None, schedule=name),
+                           noise, tolerance) for name, steps in plans.items()}
 
 
 def record(model_type: str, verdict: str, **kw) -> dict:
@@ -159,7 +123,7 @@ def record(model_type: str, verdict: str, **kw) -> dict:
            "multiple": None, "shape": None, "born_at": None, "floor": None, "floor_source": None,
            "init": None, "live_state": None, "model_class": None, "reason": None, "notes": [],
            "schedules": {}, "steps": None, "config": None, "reproducer": None,
-           "reproducer_status": None, "vocab": 256}
+           "reproducer_status": None, "vocab": 256, "boundaries": {}}
     out.update(kw)
     return out
 
@@ -175,9 +139,14 @@ def check(model_type: str, seed: int = 0, tolerance: float = NOISE_MARGIN, total
 
         from . import repro
 
-        path = repro.write(rec, rec["_config"], Path(repro_dir) / f"{model_type}.py", seed, rec["vocab"], tolerance)
+        kw = dict(seed=seed, vocab=rec["vocab"], margin=tolerance, total=total)
+        path = repro.write(rec, rec["_config"], Path(repro_dir) / f"{model_type}.py", **kw)
         rec["reproducer"] = str(path)
         rec["reproducer_status"], rec["reproducer_output"] = repro.run(path)
+        for name, e in rec["boundaries"].items():  # a failed boundary beside another headline
+            if e["status"] == BUG and name != rec["worst_schedule"]:
+                p = repro.write(rec, rec["_config"], Path(repro_dir) / f"{model_type}-{name}.py", schedule=name, **kw)
+                e["reproducer"], (e["reproducer_status"], _) = str(p), repro.run(p)
         import transformers
 
         from . import draft
@@ -223,13 +192,14 @@ def _check(model_type, seed, tolerance, total, config) -> dict:
     return record(model_type, **last)
 
 
-def check_model(model, tokens, plans: dict, tolerance: float = NOISE_MARGIN) -> dict:
-    """Verdict fields of one built model on `plans` (name -> steps)."""
+def check_model(model, tokens, plans: dict, tolerance: float = NOISE_MARGIN, make=CacheRunner) -> dict:
+    """Verdict fields of one built model on `plans` (name -> steps), then the padded and rollback
+    boundaries (`boundary`); `make(model, layers, crop=False)` builds the runner they run on."""
     if hf_state.cache_keyword(model) is None:
         return {"verdict": NOT_BUILT, "model_class": type(model).__name__, "notes": [],
                 "reason": f"{type(model).__name__}.forward takes no cache (none of {', '.join(hf_state.KEYWORDS)})"}
     probe = CacheRunner(model)
-    runner = CacheRunner(model, layer_names(probe, tokens))
+    runner = make(model, layer_names(probe, tokens))
     ref = full_run(runner, tokens, capture=len(runner.layers) > 1)
     if ref.logits.dim() != 3 or ref.logits.shape[:2] != tokens.shape:
         return {"verdict": NOT_BUILT, "model_class": type(model).__name__, "notes": [],
@@ -239,26 +209,27 @@ def check_model(model, tokens, plans: dict, tolerance: float = NOISE_MARGIN) -> 
     noise = noise_floor(ref, f64 if f64 is not None else ref, torch.float32)
     noise.source = floor_source
     ms = run_all(runner, tokens, plans, ref, noise, tolerance)
-    notes = []
-    try:
-        draft = hf_state.rejected_draft_run(runner, tokens, tokens.size(1) - 12)
-    except Exception as e:  # the crop is our call into their API: not the model's result
-        draft = None
-        notes.append(f"verify with a rejected draft not run: {transformers_frame(e)}")
-    if draft is not None:
-        ms[draft.schedule] = measure(_logits_only(ref), draft, _logits_noise(noise), tolerance)
-        plans = {**plans, draft.schedule: draft.steps}
+    bms, entries, bsteps, notes = boundary.run_boundaries(model, make, runner.layers, tokens, ref, noise, tolerance)
+    ms.update(bms)
+    plans = {**plans, **bsteps}
     floor = noise.per_layer[-1]
     out = {"model_class": type(model).__name__, "floor": floor, "floor_source": floor_source,
            "schedules": {k: {"max_abs": m.max_abs_logits, "multiple": m.logits_multiple, "passed": m.passed}
-                         for k, m in ms.items()}, "notes": runner.notes() + notes}
+                         for k, m in ms.items()}, "notes": runner.notes() + notes, "boundaries": entries}
     bad = {k: m for k, m in ms.items() if not m.passed}
-    if bad:
-        name, worst = max(bad.items(), key=lambda kv: kv[1].max_abs_logits)
+    if bad:  # the step plans' worst heads the record: padded and rollback run cached steps too
+        plain = {k: m for k, m in bad.items() if k not in boundary.SCHEDULES}
+        name, worst = max((plain or bad).items(), key=lambda kv: kv[1].max_abs_logits)
+        if plain:
+            boundary.beside(entries, name)
         fd = worst.first_departure
         out.update(verdict=BUG, worst_schedule=name, max_abs=worst.max_abs_logits, multiple=worst.logits_multiple,
                    steps=plans[name], born_at=None if fd is None else f"{(runner.layers)[fd[0]] if fd[0] < len(runner.layers) else 'logits'}@{fd[1]}")
-        out["shape"], fixed, note = name_shape(model, tokens, plans, name, worst, ms, ref, noise, tolerance)
+        if name in boundary.SCHEDULES:  # the boundary's own shape (`boundaries.SHAPES`)
+            fixed = note = None
+            out["shape"] = shapes.classify(worst.abs_err[-1].tolist(), plans[name], 0.0, schedule=name)
+        else:
+            out["shape"], fixed, note = name_shape(model, tokens, plans, name, worst, ms, ref, noise, tolerance)
         if fixed:
             out["notes"].append(f"explicit {fixed} makes {name} pass")
         if note:
@@ -268,6 +239,7 @@ def check_model(model, tokens, plans: dict, tolerance: float = NOISE_MARGIN) -> 
     out["live_state"] = {k: float(v) for k, v in live.effects.items()}
     out["notes"].append(live.describe())
     out["verdict"] = OK if live.shown else INCONCLUSIVE
+    boundary.settle(entries, out["verdict"])
     return out
 
 
@@ -280,7 +252,7 @@ def name_shape(model, tokens, plans, name, worst, ms, ref, noise, tolerance):
         if not (r.positions or r.mask):
             continue
         try:
-            m = run_all(r, tokens, {name: plans[name]}, _logits_only(ref), _logits_noise(noise), tolerance)[name]
+            m = run_all(r, tokens, {name: plans[name]}, logits_only(ref), logits_noise(noise), tolerance)[name]
         except Exception:
             continue
         if m.passed:

@@ -17,6 +17,13 @@ PATTERNS = (
      re.compile(r"^(?!.*(past|cache|seen|offset|start)).*position_ids\s*=\s*torch\.arange\(")),
 )
 
+TITLES = {"padded": "a row beside padded rows differs from the row alone",
+          "rollback": "rejected drafts are not taken back out of the cache"}
+BOUNDARY_WORDS = {
+    "padded": "Running a row in one batch beside its prefix right- and left-padded, with the attention mask",
+    "rollback": "A prefill, then drafts whose last tokens are rejected and taken back out of the model's own cache",
+}
+
 
 def modeling_file(model_class: Optional[str]) -> Optional[Path]:
     """The source file of a transformers model class, by name (None when it is not found)."""
@@ -52,10 +59,13 @@ def write(record: dict, path: Path, versions: dict) -> Path:
     """The Markdown draft of one finding."""
     src = modeling_file(record.get("model_class"))
     rel = str(src).split("site-packages/")[-1] if src else "?"
-    lines = [f"# {record.get('model_class') or record['model_type']}: cached steps disagree with the full pass", "",
+    how = BOUNDARY_WORDS.get(record.get("worst_schedule"),
+                             f"Feeding the same tokens through the model's own cache in the steps "
+                             f"{record.get('worst_schedule')!r} ({record.get('steps')})")
+    lines = [f"# {record.get('model_class') or record['model_type']}: "
+             f"{TITLES.get(record.get('worst_schedule'), 'cached steps disagree with the full pass')}", "",
              ", ".join(f"{k} {v}" for k, v in versions.items()), "",
-             f"Feeding the same tokens through the model's own cache in the steps {record.get('worst_schedule')!r} "
-             f"({record.get('steps')}) gives logits up to {record.get('max_abs') or 0:.3g} away from one call "
+             f"{how} gives logits up to {record.get('max_abs') or 0:.3g} away from one call "
              "without a cache (tiny random config, float32, CPU; the float32 rounding floor is measured from "
              "the same pass in float64).", "",
              f"Shape of the error: **{record.get('shape')}**" + (f"; first off at {record['born_at']}" if record.get("born_at") else ""),

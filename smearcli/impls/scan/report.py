@@ -12,7 +12,8 @@ SCHEMA = "smearcli.scan/1"
 ORDER = ("bug", "crashed", "inconclusive", "ok", "not built")
 FIELDS = ("model_type", "verdict", "worst_schedule", "max_abs", "multiple", "shape", "born_at", "init",
           "floor", "floor_source", "live_state", "model_class", "reason", "notes", "schedules", "steps",
-          "config", "reproducer", "reproducer_status", "report_draft", "wall_s")
+          "config", "reproducer", "reproducer_status", "report_draft", "wall_s", "boundaries")
+BOUNDARIES = ("padded", "rollback")  # the boundaries every architecture also runs (check.boundary)
 
 
 def counts(records: Sequence[dict]) -> dict[str, int]:
@@ -40,7 +41,35 @@ def sort_key(r: dict):
 COLUMNS = (("architecture", 16), ("verdict", 9), ("worst schedule", 20), ("error", 7), ("shape / why", 16),
            ("born at", 6))
 SHORT = {"state dropped at chunk starts": "state dropped", "decode path differs": "decode path",
-         "positions restart": "positions", "context lost": "context lost", "mask wrong": "mask wrong"}
+         "positions restart": "positions", "context lost": "context lost", "mask wrong": "mask wrong",
+         "padding leaks into a row": "padding leaks", "state not rolled back": "not rolled back"}
+
+
+def boundary_cell(r: dict, name: str) -> str:
+    """One boundary's result in a few words: "ok", "bug 2.3e+04x", "crashed: modeling_x.py:12",
+    "not run: why"; rollback adds its mode ("(crop)", "(copy)"); "-" when it has no entry."""
+    e = (r.get("boundaries") or {}).get(name)
+    if not e:
+        return "-"
+    st = e.get("status", "?")
+    if st == "bug":
+        text = f"bug {e.get('multiple') or 0:.2g}x"
+    elif st in ("crashed", "not run"):
+        text = f"{st}: {short_reason(e.get('why') or '') if st == 'crashed' else e.get('why') or '?'}"
+    else:
+        text = st
+    return text + (f" ({e['mode']})" if e.get("mode") else "")
+
+
+def boundary_counts(records: Sequence[dict], name: str) -> dict[str, int]:
+    """status -> architectures, for one boundary (rollback: "ok (crop)", "ok (copy)", ...)."""
+    out: dict[str, int] = {}
+    for r in records:
+        e = (r.get("boundaries") or {}).get(name)
+        if e:
+            key = e.get("status", "?") + (f" ({e['mode']})" if e.get("mode") else "")
+            out[key] = out.get(key, 0) + 1
+    return out
 
 
 def short_reason(reason: str) -> str:
@@ -64,6 +93,10 @@ def table(records: Sequence[dict], width: int = 80) -> str:
         out.append(line([r["model_type"], v, r.get("worst_schedule") or "-", _err(r),
                          detail or "-", (r.get("born_at") or "-").split("@")[-1]]))
     c = counts(records)
+    for name in BOUNDARIES:
+        b = boundary_counts(records, name)
+        if b:
+            out.append(_cut(f"{name}: " + ", ".join(f"{n} {k}" for k, n in sorted(b.items())), width))
     out.append(_cut(f"{len(records)} architectures: " + ", ".join(f"{n} {k}" for k, n in c.items() if n), width))
     return "\n".join(out)
 
@@ -92,10 +125,35 @@ def markdown(records: Sequence[dict], meta: Optional[dict] = None) -> str:
             out.append(f"| {r['model_type']} | {r.get('worst_schedule')} | {_err(r)} | {r.get('shape')} | "
                        f"{'default' if r.get('init') is None else r['init']} | {rep} |")
         out.append("")
-    out += ["## Every architecture", "", "| architecture | verdict | worst schedule | error | shape or reason |",
-            "|---|---|---|---|---|"]
+    out += boundaries_md(records)
+    out += ["## Every architecture", "", "| architecture | verdict | worst schedule | error | shape or reason | "
+            "padded | rollback |", "|---|---|---|---|---|---|---|"]
     for r in sorted(records, key=sort_key):
         why = r.get("shape") or r.get("reason") or "; ".join(n for n in (r.get("notes") or []) if "zeroing" in n) or ""
         why = why.replace("|", "/").replace("\n", " ")[:160]
-        out.append(f"| {r['model_type']} | {r.get('verdict')} | {r.get('worst_schedule') or '-'} | {_err(r)} | {why} |")
+        cells = " | ".join(boundary_cell(r, b).replace("|", "/")[:60] for b in BOUNDARIES)
+        out.append(f"| {r['model_type']} | {r.get('verdict')} | {r.get('worst_schedule') or '-'} | {_err(r)} | {why} | "
+                   f"{cells} |")
     return "\n".join(out) + "\n"
+
+
+def boundaries_md(records: Sequence[dict]) -> list[str]:
+    """The padded and rollback section: counts by status (and rollback's mode), then every
+    architecture where one failed, crashed or did not run, with why."""
+    if not any(r.get("boundaries") for r in records):
+        return []
+    out = ["## Padded and rollback", ""]
+    for name in BOUNDARIES:
+        b = boundary_counts(records, name)
+        out.append(f"- {name}: " + (", ".join(f"{n} {k}" for k, n in sorted(b.items())) or "not run") + ".")
+    rows = []
+    for r in sorted(records, key=sort_key):
+        for name in BOUNDARIES:
+            e = (r.get("boundaries") or {}).get(name) or {}
+            if e.get("status") in ("bug", "crashed", "not run"):
+                why = (e.get("shape") or "") + ("; " if e.get("shape") and e.get("why") else "") + (e.get("why") or "")
+                rows.append(f"| {r['model_type']} | {name} | {boundary_cell(r, name).split(':')[0]} | "
+                            f"{why.replace('|', '/')[:160]} |")
+    if rows:
+        out += ["", "| architecture | boundary | result | shape / why |", "|---|---|---|---|", *rows]
+    return out + [""]

@@ -4,7 +4,9 @@
 smearcli import): it rebuilds the tiny config, seeds and builds the model, runs the full pass, the
 failing schedule through the model's own cache, and the full pass in float64 for the noise floor,
 prints the numbers and exits 1 while the schedule is further from the full pass than `MARGIN` x
-the floor, 0 once it is fixed. `run(path)` runs it in an isolated Python (`-I`: no PYTHONPATH,
+the floor, 0 once it is fixed. A padded or rollback finding gets `BOUNDARY` instead: the row
+beside its prefix right- and left-padded in one batch with the mask, or the prefill then drafts
+partly rejected and the cache cropped (or restored from a copy), each against the row alone. `run(path)` runs it in an isolated Python (`-I`: no PYTHONPATH,
 no user site) and returns the exit status, which the scan records.
 """
 
@@ -14,8 +16,10 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Optional
 
-from ...names import NOISE_MARGIN
+from ...boundaries import PAD_ID, padded_length
+from ...names import DRAFT, GEN_LEN, NOISE_MARGIN, REJECT
 from ...wording import fmt_steps
 
 TEMPLATE = '''"""Reproducer: {model_type} ({model_class}) under transformers {version}.
@@ -88,14 +92,141 @@ if __name__ == "__main__":
 '''
 
 
+BOUNDARY = '''"""Reproducer: {model_type} ({model_class}) under transformers {version}.
+
+{what} should give the logits of the row alone (one full pass); found by smearcli scan:
+max |dlogit| {max_abs:.3g}, shape: {shape}. Needs torch and transformers only.
+Exit status: 1 while the bug is there, 0 once fixed.
+"""
+import copy
+import inspect
+import json
+import sys
+
+import torch
+import transformers
+
+MODEL_TYPE = {model_type!r}
+CONFIG = json.loads({config_json!r})
+SCHEDULE = {schedule!r}
+T = {total!r}
+L, PAD_ID, POSITIONS = {padded_len!r}, {pad_id!r}, {positions!r}  # padded: real tokens, pad id, position_ids
+PROMPT, DRAFT, REJECT, MODE = {prompt!r}, {draft!r}, {reject!r}, {mode!r}  # rollback: crop or copy
+SEED = {seed!r}
+MARGIN = {margin!r}  # an error this many times the float32 rounding floor is no longer rounding
+KEYS = ("cache", "past_key_values", "cache_params", "state")
+
+
+def build():
+    cfg = transformers.CONFIG_MAPPING[MODEL_TYPE](**CONFIG)
+    torch.manual_seed(SEED)
+    return transformers.AutoModelForCausalLM.from_config(cfg).float().eval()
+
+
+def step(model, ids, cache, pos):
+    """One cached call over `ids` at position `pos`: (logits, the cache to pass next)."""
+    params = inspect.signature(model.forward).parameters
+    keyword = next(k for k in KEYS if k in params)
+    kw = {{"use_cache": True}}
+    if cache is not None:
+        kw[keyword] = cache
+    if keyword == "cache_params" and "cache_position" in params:
+        kw["cache_position"] = torch.arange(pos, pos + ids.size(1))
+    o = model(input_ids=ids, **kw)
+    got = next((getattr(o, k) for k in KEYS if getattr(o, k, None) is not None), None)
+    if got is None and cache is None:  # the model wants the caller to create its cache
+        kw[keyword] = got = transformers.DynamicCache(config=model.config)
+        o = model(input_ids=ids, **kw)
+    return o.logits.float(), got if got is not None else cache
+
+
+def padded(model, ids):
+    """[row, prefix + right padding, left padding + prefix] in one batch with the mask; the real
+    positions laid where the row alone has them (the rest from the row itself)."""
+    row = ids[0]
+    pad = torch.full((T - L,), PAD_ID, dtype=row.dtype)
+    batch = torch.stack([row, torch.cat([row[:L], pad]), torch.cat([pad, row[:L]])])
+    mask = torch.ones(3, T, dtype=torch.long)
+    mask[1, L:] = 0
+    mask[2, :T - L] = 0
+    kw = dict(attention_mask=mask, use_cache=True)
+    if POSITIONS and "position_ids" in inspect.signature(model.forward).parameters:  # as generate() counts them
+        kw["position_ids"] = (mask.cumsum(-1) - 1).clamp_min(0)
+    x = model(input_ids=batch, **kw).logits.float()
+    return torch.stack([x[0], torch.cat([x[1, :L], x[0, L:]]), torch.cat([x[2, T - L:], x[0, L:]])])
+
+
+def rollback(model, ids):
+    """A prefill, then drafts of DRAFT tokens whose last REJECT are wrong; the cache cropped back
+    (MODE "crop") or restored from a copy taken before the draft ("copy")."""
+    vocab = max(int(ids.max()) + 1, 2)
+    out, cache = step(model, ids[:, :PROMPT], None, 0)
+    logits, pos = [out], PROMPT
+    while pos < T:
+        n = min(DRAFT, T - pos)
+        keep = n if n < DRAFT else n - REJECT
+        draft = ids[:, pos:pos + n]
+        if keep < n:
+            draft = torch.cat([draft[:, :keep], (draft[:, keep:] + 1) % vocab], dim=1)
+        saved = copy.deepcopy(cache) if MODE == "copy" and keep < n else None
+        out, cache = step(model, draft, cache, pos)
+        logits.append(out[:, :keep])
+        if keep < n:
+            if MODE == "crop":
+                cache.crop(keep - n)
+            else:
+                cache = saved
+                if keep:
+                    _, cache = step(model, ids[:, pos:pos + keep], cache, pos)
+        pos += keep
+    return torch.cat(logits, dim=1)
+
+
+def main():
+    model = build()
+    ids = torch.randint(0, {vocab}, (1, T), generator=torch.Generator().manual_seed(SEED))
+    with torch.inference_mode():
+        full = model(input_ids=ids, use_cache=False).logits.float()
+        run = (padded if SCHEDULE == "padded" else rollback)(model, ids)
+        full64 = model.double()(input_ids=ids, use_cache=False).logits.float()
+    floor = max(float((full64 - full).abs().max()), torch.finfo(torch.float32).eps * float(full.abs().max()))
+    err = float((run - full).abs().max())
+    print(f"transformers {{transformers.__version__}}, torch {{torch.__version__}}: {{MODEL_TYPE}}")
+    print(f"the row alone vs {{SCHEDULE}}: max |dlogit| {{err:.3g}}; float32 floor {{floor:.3g}} "
+          f"({{err / floor:.3g}}x); the bug is there above {{MARGIN:g}}x")
+    return 1 if err > MARGIN * floor else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+'''
+WHAT = {"padded": "The row beside its prefix right- and left-padded in one batch, with the attention mask,",
+        "rollback": "A prefill, then drafts partly rejected and taken back out of the cache,"}
+
+
 def write(record: dict, config, path: Path, seed: int = 0, vocab: int = 256,
-          margin: float = NOISE_MARGIN) -> Path:
-    """The reproducer of one finding (`record`: a scan record with `steps`), written to `path`."""
+          margin: float = NOISE_MARGIN, schedule: Optional[str] = None, total: int = 49) -> Path:
+    """The reproducer of one finding (`record`: a scan record with `steps`), written to `path`;
+    `schedule` "padded" or "rollback" (default: the record's worst schedule when it is one of
+    them) writes that boundary's reproducer over `total` tokens, its numbers from
+    `record["boundaries"]`."""
     import transformers
 
     d = {k: v for k, v in config.to_dict().items() if k not in ("transformers_version", "architectures")}
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    schedule = schedule or record.get("worst_schedule")
+    if schedule in WHAT:
+        e = (record.get("boundaries") or {}).get(schedule) or {}
+        T = total
+        path.write_text(BOUNDARY.format(
+            model_type=record["model_type"], model_class=record.get("model_class") or "?",
+            version=transformers.__version__, what=WHAT[schedule], max_abs=e.get("max_abs") or record.get("max_abs") or 0.0,
+            shape=e.get("shape") or record.get("shape"), config_json=json.dumps(d, default=str), schedule=schedule,
+            total=T, padded_len=padded_length(T), pad_id=PAD_ID if e.get("pad_id") is None else e["pad_id"],
+            positions=bool(e.get("positions", True)), prompt=T - min(GEN_LEN, T - 1), draft=DRAFT,
+            reject=REJECT, mode=e.get("mode") or "copy", seed=seed, margin=margin, vocab=vocab))
+        return path
     path.write_text(TEMPLATE.format(
         model_type=record["model_type"], model_class=record.get("model_class") or "?",
         version=transformers.__version__, schedule=record.get("worst_schedule"),
