@@ -33,10 +33,12 @@ from ...metrics import RunMetrics, measure
 from ...names import NOISE_MARGIN
 from ...schedules import ScheduleOptions, missing, run_schedule, runnable
 from .. import hf_state
+from .shapes import LEFT_UNSUPPORTED
 
 SCHEDULES = ("padded", "rollback")
 PADDED_ROWS = ("the row", "right-padded", "left-padded")  # the padded batch's rows (one input row)
 NOT_RUN, CRASHED, PASSED = "not run", "crashed", "passed"
+
 
 
 def short_path(filename: str) -> str:
@@ -113,7 +115,11 @@ def run_boundaries(model, make, layers, tokens, ref, noise, tolerance: float = N
             ms["padded"], steps["padded"] = m, run.steps
             e["rows"] = dict(zip(PADDED_ROWS, (float(x) for x in (run.logits - ref.logits).abs().amax(dim=(1, 2)))))
             if e["status"] == "bug":
-                said = said + why_padded(e["rows"], tolerance * noise.per_layer[-1], e["positions"])
+                thr = tolerance * noise.per_layer[-1]
+                said = said + why_padded(e["rows"], thr, e["positions"])
+                if left_only(e["rows"], thr) and not getattr(runner, "takes_positions", False):
+                    e.update(status=LEFT_UNSUPPORTED, shape=None)
+                    del ms["padded"]  # not a finding: the verdict does not read it
         e["why"] = "; ".join(filter(None, [e["why"], *said])) or None
     why_not = _why_no_crop(runner, tokens)
     rb = make(model, layers, crop=True) if why_not is None else runner
@@ -169,12 +175,18 @@ def prepare_padded(runner, tokens, threshold: float) -> list[str]:
     return said
 
 
+def left_only(rows: dict, threshold: float) -> bool:
+    """Whether only the left-padded row of a padded batch is off."""
+    return [k for k, v in rows.items() if v > threshold] == ["left-padded"]
+
+
 def why_padded(rows: dict, threshold: float, positions: bool) -> list[str]:
     """Which rows of a failed padded batch are off, and what that points at."""
     off = [k for k, v in rows.items() if v > threshold]
     out = [f"off: {', '.join(off)}"]
     if off == ["left-padded"] and not positions:
-        out.append("the forward takes no position_ids: a left-padded row may be numbered after its padding")
+        out.append("the forward takes no position_ids: a left-padded row is numbered after its padding "
+                   "(or, with a recurrent state, its padding runs through that state); right padding passes")
     elif "the row" in off:
         out.append("the row with no padding is off too: the mask path itself differs")
     return out

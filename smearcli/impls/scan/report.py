@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
+from .shapes import LEFT_UNSUPPORTED
+
 SCHEMA = "smearcli.scan/1"
 ORDER = ("bug", "crashed", "inconclusive", "ok", "not built")
 FIELDS = ("model_type", "verdict", "worst_schedule", "max_abs", "multiple", "shape", "born_at", "init",
@@ -139,7 +141,7 @@ def markdown(records: Sequence[dict], meta: Optional[dict] = None) -> str:
 
 def boundaries_md(records: Sequence[dict]) -> list[str]:
     """The padded and rollback section: counts by status (and rollback's mode), then every
-    architecture where one failed, crashed or did not run, with why."""
+    architecture where one failed, crashed, did not run or could not be left-padded, with why."""
     if not any(r.get("boundaries") for r in records):
         return []
     out = ["## Padded and rollback", ""]
@@ -150,7 +152,7 @@ def boundaries_md(records: Sequence[dict]) -> list[str]:
     for r in sorted(records, key=sort_key):
         for name in BOUNDARIES:
             e = (r.get("boundaries") or {}).get(name) or {}
-            if e.get("status") in ("bug", "crashed", "not run"):
+            if e.get("status") in ("bug", "crashed", "not run", LEFT_UNSUPPORTED):
                 why = (e.get("shape") or "") + ("; " if e.get("shape") and e.get("why") else "") + (e.get("why") or "")
                 rows.append(f"| {r['model_type']} | {name} | {boundary_cell(r, name).split(':')[0]} | "
                             f"{why.replace('|', '/')[:160]} |")

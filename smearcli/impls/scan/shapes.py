@@ -34,6 +34,11 @@ DECODE_PATH = "decode path differs"
 PADDING_LEAKS = BOUNDARY_SHAPES["padded"]
 NOT_ROLLED_BACK = BOUNDARY_SHAPES["rollback"]
 OTHER = "other"
+# a padded batch off only in its left-padded row, on a model whose forward takes no position_ids:
+# the row can only be numbered after its padding (absolute positions counted from the cache), or,
+# with a recurrent state, its padding runs through that state. That is what the model's API
+# allows, not a wrong cache: a boundary status of its own, shown, never counted as a bug
+LEFT_UNSUPPORTED = "left padding unsupported"
 SHAPES = (STATE_DROPPED, CONTEXT_LOST, POSITIONS, MASK, DECODE_PATH, PADDING_LEAKS, NOT_ROLLED_BACK, OTHER)
 
 FADED = 0.1  # a chunk's tail under this share of its head's error: the error faded
