@@ -185,8 +185,8 @@ def why_padded(rows: dict, threshold: float, positions: bool) -> list[str]:
     off = [k for k, v in rows.items() if v > threshold]
     out = [f"off: {', '.join(off)}"]
     if off == ["left-padded"] and not positions:
-        out.append("the forward takes no position_ids: a left-padded row is numbered after its padding "
-                   "(or, with a recurrent state, its padding runs through that state); right padding passes")
+        out.append("the forward takes no position_ids: a left-padded row is numbered after its pads "
+                   "(a recurrent state reads them); right padding passes")
     elif "the row" in off:
         out.append("the row with no padding is off too: the mask path itself differs")
     return out
