@@ -6,6 +6,7 @@ Records are the dicts `check.check` returns (or `isolate` writes for a process t
 
 from __future__ import annotations
 
+import re
 from typing import Optional, Sequence
 
 from .shapes import LEFT_UNSUPPORTED
@@ -15,6 +16,7 @@ ORDER = ("bug", "crashed", "inconclusive", "ok", "not built")
 FIELDS = ("model_type", "verdict", "worst_schedule", "max_abs", "multiple", "shape", "born_at", "init",
           "floor", "floor_source", "live_state", "model_class", "reason", "notes", "schedules", "steps",
           "config", "reproducer", "reproducer_status", "report_draft", "wall_s", "boundaries")
+PY_PATH = re.compile(r"\S*/([^/\s]+\.py:\d+)")  # "transformers/models/x/modeling_x.py:12" -> "modeling_x.py:12"
 BOUNDARIES = ("padded", "rollback")  # the boundaries every architecture also runs (check.boundary)
 
 
@@ -129,11 +131,14 @@ def markdown(records: Sequence[dict], meta: Optional[dict] = None) -> str:
         out.append("")
     out += boundaries_md(records)
     out += ["## Every architecture", "", "| architecture | verdict | worst schedule | error | shape or reason | "
-            "padded | rollback |", "|---|---|---|---|---|---|---|"]
+            "padded / rollback |", "|---|---|---|---|---|---|"]
     for r in sorted(records, key=sort_key):
         why = r.get("shape") or r.get("reason") or "; ".join(n for n in (r.get("notes") or []) if "zeroing" in n) or ""
-        why = why.replace("|", "/").replace("\n", " ")[:160]
-        cells = " | ".join(boundary_cell(r, b).replace("|", "/")[:60] for b in BOUNDARIES)
+        why = PY_PATH.sub(r"\1", why)  # a frame by its file's name: a whole path does not wrap on a page
+        why = why.replace("|", "/").replace("\n", " ")[:120]
+        # one column for both (the section above lists every one that is not ok, with why): the
+        # page keeps its width at 1280 px
+        cells = " / ".join(boundary_cell(r, b).replace("|", "/")[:40] for b in BOUNDARIES)
         out.append(f"| {r['model_type']} | {r.get('verdict')} | {r.get('worst_schedule') or '-'} | {_err(r)} | {why} | "
                    f"{cells} |")
     return "\n".join(out) + "\n"
