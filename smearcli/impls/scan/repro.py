@@ -22,6 +22,27 @@ from ...boundaries import PAD_ID, padded_length
 from ...names import DRAFT, GEN_LEN, NOISE_MARGIN, REJECT
 from ...wording import fmt_steps
 
+# the end of every reproducer: the full pass, the run under test and the float64 floor, the numbers
+# printed and the exit status; {length}, {run} and {what} are filled in by each template
+MAIN = '''def main():
+    model = build()
+    ids = torch.randint(0, {vocab}, (1, {length}), generator=torch.Generator().manual_seed(SEED))
+    with torch.inference_mode():
+        full = model(input_ids=ids, use_cache=False).logits.float()
+        run = {run}
+        full64 = model.double()(input_ids=ids, use_cache=False).logits.float()
+    floor = max(float((full64 - full).abs().max()), torch.finfo(torch.float32).eps * float(full.abs().max()))
+    err = float((run - full).abs().max())
+    print(f"transformers {{transformers.__version__}}, torch {{torch.__version__}}: {{MODEL_TYPE}}")
+    print(f"{what}: max |dlogit| {{err:.3g}}; float32 floor {{floor:.3g}} "
+          f"({{err / floor:.3g}}x); the bug is there above {{MARGIN:g}}x")
+    return 1 if err > MARGIN * floor else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+'''
+
 TEMPLATE = '''"""Reproducer: {model_type} ({model_class}) under transformers {version}.
 
 The schedule {schedule!r} (cached steps of {steps_short}) through the model's own cache should
@@ -72,24 +93,8 @@ def cached(model, ids, steps):
     return torch.cat(out, dim=1)
 
 
-def main():
-    model = build()
-    ids = torch.randint(0, {vocab}, (1, sum(STEPS)), generator=torch.Generator().manual_seed(SEED))
-    with torch.inference_mode():
-        full = model(input_ids=ids, use_cache=False).logits.float()
-        run = cached(model, ids, STEPS)
-        full64 = model.double()(input_ids=ids, use_cache=False).logits.float()
-    floor = max(float((full64 - full).abs().max()), torch.finfo(torch.float32).eps * float(full.abs().max()))
-    err = float((run - full).abs().max())
-    print(f"transformers {{transformers.__version__}}, torch {{torch.__version__}}: {{MODEL_TYPE}}")
-    print(f"full pass vs the cached steps: max |dlogit| {{err:.3g}}; float32 floor {{floor:.3g}} "
-          f"({{err / floor:.3g}}x); the bug is there above {{MARGIN:g}}x")
-    return 1 if err > MARGIN * floor else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
-'''
+''' + MAIN.replace("{length}", "sum(STEPS)").replace("{run}", "cached(model, ids, STEPS)").replace(
+    "{what}", "full pass vs the cached steps")
 
 
 BOUNDARY = '''"""Reproducer: {model_type} ({model_class}) under transformers {version}.
@@ -182,24 +187,8 @@ def rollback(model, ids):
     return torch.cat(logits, dim=1)
 
 
-def main():
-    model = build()
-    ids = torch.randint(0, {vocab}, (1, T), generator=torch.Generator().manual_seed(SEED))
-    with torch.inference_mode():
-        full = model(input_ids=ids, use_cache=False).logits.float()
-        run = (padded if SCHEDULE == "padded" else rollback)(model, ids)
-        full64 = model.double()(input_ids=ids, use_cache=False).logits.float()
-    floor = max(float((full64 - full).abs().max()), torch.finfo(torch.float32).eps * float(full.abs().max()))
-    err = float((run - full).abs().max())
-    print(f"transformers {{transformers.__version__}}, torch {{torch.__version__}}: {{MODEL_TYPE}}")
-    print(f"the row alone vs {{SCHEDULE}}: max |dlogit| {{err:.3g}}; float32 floor {{floor:.3g}} "
-          f"({{err / floor:.3g}}x); the bug is there above {{MARGIN:g}}x")
-    return 1 if err > MARGIN * floor else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
-'''
+''' + MAIN.replace("{length}", "T").replace("{run}", '(padded if SCHEDULE == "padded" else rollback)(model, ids)').replace(
+    "{what}", "the row alone vs {{SCHEDULE}}")
 WHAT = {"padded": "The row beside its prefix right- and left-padded in one batch, with the attention mask,",
         "rollback": "A prefill, then drafts partly rejected and taken back out of the cache,"}
 
