@@ -138,28 +138,41 @@ def _prompt_len(T: int, opts: ScheduleOptions) -> int:
 
 
 def _run_steps(runner: Runner, tokens: Tensor, steps: list[int], capture: bool,
-               cache=None, on_step=None) -> tuple[Tensor, Optional[list[Tensor]]]:
-    """Feed `tokens` (B, T) through the runner's cache in steps; stitch outputs back along T.
-    `on_step(n)` is called after each step of n tokens."""
+               cache=None, on_step=None, out=None) -> tuple[Tensor, Optional[list[Tensor]]]:
+    """Feed `tokens` (B, T) through the runner's cache in steps; each step's outputs are written
+    where they belong in one (B, T, ...) fp32 tensor per output, so nothing is concatenated (at
+    d12 and 1024 tokens a logits row is 256 MB). `out`: the logits tensor to write into (a view of
+    a larger one, as the engine schedule gives); `on_step(n)` is called after each step of n tokens."""
     B, T = tokens.shape
     if cache is None:
         cache = runner.new_cache(B, T)
-    logits, caps = None, []  # logits: (B, T, V) fp32, filled step by step (no list to concatenate)
+    logits, hiddens, depth = out, None, None  # hiddens: None until a step returns them, [] if one did not
     pos = 0
     for n in steps:
-        out = runner.step(tokens[:, pos:pos + n], cache, capture)
-        if out.logits.shape[:2] != (B, n):
+        step = runner.step(tokens[:, pos:pos + n], cache, capture)
+        if step.logits.shape[:2] != (B, n):
             raise ValueError(f"{runner.label}: a step over {n} tokens returned logits of shape "
-                             f"{tuple(out.logits.shape)}")
+                             f"{tuple(step.logits.shape)}")
         if logits is None:
-            logits = out.logits.new_empty((B, T) + tuple(out.logits.shape[2:]), dtype=torch.float32)
-        logits[:, pos:pos + n] = out.logits
-        caps.append(out.hiddens if capture else None)
+            logits = step.logits.new_empty((B, T) + tuple(step.logits.shape[2:]), dtype=torch.float32)
+        logits[:, pos:pos + n] = step.logits
+        if capture:
+            got = step.hiddens
+            if got is None or hiddens == []:
+                hiddens = []  # one step without hidden states: the run has none
+            else:
+                if depth is None:
+                    depth = len(got)
+                    hiddens = [h.new_empty((B, T) + tuple(h.shape[2:]), dtype=torch.float32) for h in got]
+                if len(got) != depth:
+                    raise ValueError("steps returned different numbers of hidden states")
+                for buf, h in zip(hiddens, got):
+                    buf[:, pos:pos + n] = h
         pos += n
         if on_step is not None:
             on_step(n)
     assert pos == T
-    return logits, _stitch(caps, dim=1)
+    return logits, (hiddens or None) if capture else None
 
 
 def run_steps(runner: Runner, tokens: Tensor, steps, capture: bool = False, schedule: str = "steps") -> RunResult:
@@ -201,23 +214,25 @@ def _engine(runner, tokens, opts, capture, on_step=None):
     if S < 1:
         raise ValueError(f"samples must be >= 1, got {S}")
     P = _prompt_len(T, opts)
-    logits_rows, hidden_rows = [], []
+    logits, hidden_rows = None, []  # logits: (B * S, T, V), each row block written in place
     for b in range(B):
         # 1) batch-1 prefill of the prompt
         c1 = runner.new_cache(1, P)
         first = runner.step(tokens[b:b + 1, :P], c1, capture)
         if on_step is not None and b == B - 1:
             on_step(P)
+        if logits is None:
+            logits = first.logits.new_empty((B * S, T) + tuple(first.logits.shape[2:]), dtype=torch.float32)
+        rows = logits[b * S:(b + 1) * S]
+        rows[:, :P] = first.logits  # the prompt's logits, the same in every sample row
         # 2) copy the cache (the smear state included) into S rows, then decode the rest
         cS = runner.expand(c1, S, T)
         rest = tokens[b:b + 1, P:].expand(S, -1)
-        ld, hd = _run_steps(runner, rest, [1] * (T - P), capture, cache=cS,
-                            on_step=on_step if b == B - 1 else None)
-        logits_rows.append(torch.cat([first.logits.float().expand(S, -1, -1), ld], dim=1))
+        _, hd = _run_steps(runner, rest, [1] * (T - P), capture, cache=cS,
+                           on_step=on_step if b == B - 1 else None, out=rows[:, P:])
         if capture:
-            hidden_rows.append([torch.cat([p.float().expand(S, -1, -1), d], dim=1)
-                                for p, d in zip(first.hiddens, hd)])
-    logits = torch.cat(logits_rows, dim=0)
+            hidden_rows.append(None if first.hiddens is None or hd is None else
+                               [torch.cat([p.float().expand(S, -1, -1), d], dim=1) for p, d in zip(first.hiddens, hd)])
     hiddens = _stitch(hidden_rows, 0) if capture else None
     return logits, hiddens, [P] + [1] * (T - P), {CACHE_COPY: [P]}
 
