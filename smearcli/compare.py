@@ -24,6 +24,7 @@ in `Comparison.unmeasured`, printed under the table and named in the verdict; a 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
@@ -111,9 +112,10 @@ class Comparison:
         fd = m.first_departure
         return None if fd is None else m.chunk_start_share_at(fd[0])
 
-    @property
+    @functools.cached_property
     def decode_ulps(self) -> float:
-        """Token-by-token decode's logits distance from the full pass, in ulps at the logits' scale."""
+        """Token-by-token decode's logits distance from the full pass, in ulps at the logits' scale
+        (computed once: at d12 each scan of the reference's logits took 0.16 s)."""
         scale = float(self.reference.logits.abs().max()) * torch.finfo(self.dtype).eps
         d = self.noise.measured_logits
         return d / scale if scale > 0 else (0.0 if d == 0 else float("inf"))
