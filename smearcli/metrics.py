@@ -201,6 +201,14 @@ def _logits_pass(ref: Tensor, run: Tensor, row_map: list[int], expand_at: Option
             for s in range(lo, hi, K):
                 e = min(s + K, hi)
                 r, x = ref[rs, s:e], run[rows, s:e]
+                if (torch.equal(x, r) if x.shape == r.shape else  # rows in order, or rows of one ref row
+                        r.size(0) == 1 and all(torch.equal(x[i:i + 1], r) for i in range(x.size(0)))):
+                    # bit-identical to the reference (a first chunk, a prompt): the formulas below
+                    # give exactly this (err 0, the same argmax, p - q = +0.0 so KL +0.0) at the
+                    # cost of one comparison instead of a float64 log-softmax
+                    run_top[xs, s:e] = ref_top[rs, s:e]
+                    kl[xs, s:e] = 0.0
+                    continue
                 err[s:e] = torch.maximum(err[s:e], torch.sub(x, r).abs_().amax(dim=(0, 2)))
                 run_top[xs, s:e] = x.argmax(-1)
                 p = _ref_log_softmax(r, ref_max[rs, s:e], ref_lse[rs, s:e])

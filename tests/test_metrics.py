@@ -44,7 +44,7 @@ def old_measure(ref, run):
 
 
 # -- random runs ----------------------------------------------------------------------------------
-def make(B, T, V, C, layers, row_map, seed, expand_at=None, noise=1e-2, ties=False):
+def make(B, T, V, C, layers, row_map, seed, expand_at=None, noise=1e-2, ties=False, exact_until=0):
     g = torch.Generator().manual_seed(seed)
     ref_logits = torch.randn(B, T, V, generator=g) * 4
     if ties:  # equal maxima in a row: argmax must pick the same one
@@ -55,6 +55,7 @@ def make(B, T, V, C, layers, row_map, seed, expand_at=None, noise=1e-2, ties=Fal
 
     def perturb(x):
         y = x[idx] + torch.randn(R, T, x.size(-1), generator=g) * noise
+        y[:, :exact_until] = x[idx][:, :exact_until]  # bit for bit the reference there (a first chunk)
         if expand_at:  # engine: rows expanded from one prompt are copies before expand_at
             for i in range(1, R):
                 if row_map[i] == row_map[i - 1]:
@@ -76,6 +77,8 @@ CASES = [
     dict(B=1, T=6, V=70000, C=16, layers=1, row_map=[0, 0], expand_at=4),  # a block of one position
     dict(B=1, T=30, V=256, C=32, layers=2, row_map=[0], ties=True),
     dict(B=1, T=12, V=256, C=32, layers=0, row_map=[0]),  # logits only
+    dict(B=1, T=40, V=300, C=24, layers=2, row_map=[0], exact_until=23),  # a first chunk equal to the reference
+    dict(B=2, T=21, V=500, C=24, layers=1, row_map=[0, 0, 1, 1], expand_at=13, exact_until=21),  # all of it
 ]
 
 
@@ -167,3 +170,19 @@ def test_without_the_log_softmax_shortcut_the_numbers_are_the_same(monkeypatch):
     monkeypatch.setattr(metrics, "_log_softmax_is_shifted_input", lambda: False)
     m = measure(ref, run, NoiseFloor([1e-3, 1e-3]))
     assert torch.equal(m.kl, old_kl(ref.logits, run.logits, run.row_map))
+
+
+def test_a_block_equal_to_the_reference_skips_the_float64_pass(monkeypatch):
+    """Positions bit-identical to the reference (a prompt, a first chunk, a prefill from position
+    0) take one comparison, not a float64 log-softmax: measuring a run equal to the reference makes
+    no log_softmax call once the reference's own terms are known, and gives exactly 0 everywhere."""
+    ref, run = make(B=1, T=40, V=300, C=24, layers=1, row_map=[0], seed=5)
+    noise = NoiseFloor([1e-3] * 2)
+    measure(ref, run, noise)  # the reference's softmax terms, computed once for every run
+    same = RunResult("prefill", "old", ref.logits.clone(), [h.clone() for h in ref.hiddens], [40], [0])
+    calls = []
+    real = metrics.F.log_softmax
+    monkeypatch.setattr(metrics.F, "log_softmax", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+    m = measure(ref, same, noise)
+    assert not calls
+    assert float(m.abs_err.max()) == 0.0 and float(m.kl.max()) == 0.0 and m.top1_agreement == 1.0
