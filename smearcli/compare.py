@@ -32,6 +32,7 @@ import torch
 from torch import Tensor
 
 from .boundaries import ROLLBACK, SHAPES
+from .errors import CannotRun
 from .metrics import AnalyticCheck, NoiseFloor, RunMetrics, analytic_check, measure, noise_floor
 from .names import DEFAULT_SCHEDULES, LOGIC_NAMES, NOISE_MARGIN, REFERENCE
 from .runner import Described, Runner
@@ -251,7 +252,7 @@ def compare(target, tokens: Tensor, schedules: Sequence[str] = DEFAULT_SCHEDULES
     for s in schedules:
         for r in runners:
             if not runnable(r, s):
-                raise ValueError(f"{r.label} cannot run the {s} schedule ({missing(r, s)})")
+                raise CannotRun(f"{r.label} cannot run the {s} schedule ({missing(r, s)})")
     tokens = tokens.to(ref_runner.device)
     step = progress or (lambda label: None)
     planned = plan(runners, schedules, reference, floor_given=floor is not None)

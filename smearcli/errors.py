@@ -14,3 +14,9 @@ class UserCodeError(UserError):
 
     status = 1
     timed_out = False
+
+
+class CannotRun(UserError, ValueError):
+    """A schedule asked of a runner that lacks a capability it needs (a cache it can neither crop
+    nor copy, no padded batches): the message names what is missing. Still a ValueError, which the
+    library raised here before."""

@@ -35,6 +35,7 @@ import torch
 from torch import Tensor
 
 from . import boundaries
+from .errors import CannotRun
 from .names import CHUNKS, DRAFT, GEN_LEN, REJECT, SAMPLES, SCHEDULE_NAMES
 from .runner import COPY, CROP, EXPAND, PADDING as PADDED_BATCH, PREFIX_CACHE, Runner
 
@@ -348,7 +349,7 @@ def run_schedule(target, tokens: Tensor, schedule: str, logic: Optional[str] = N
         raise ValueError(f"unknown schedule {schedule!r}; choose from {', '.join(SCHEDULES)}")
     runner = as_runner(target, logic)
     if not runnable(runner, schedule):
-        raise ValueError(f"{runner.label} cannot run the {schedule} schedule ({missing(runner, schedule)})")
+        raise CannotRun(f"{runner.label} cannot run the {schedule} schedule ({missing(runner, schedule)})")
     B, T = tokens.shape
     done = [0]
 

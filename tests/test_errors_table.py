@@ -358,6 +358,9 @@ CASES = [
     Case("schedules", "--tolerance not a positive number", [*C, "--tolerance", "nan"], expect="--tolerance"),
     Case("schedules", "bench --budget nan", ["bench", *FAST, "--budget", "nan"], expect="--budget"),
     Case("schedules", "bench --budget inf", ["bench", *FAST, "--budget", "inf"], expect="--budget"),
+    Case("schedules", "rollback on a checkout whose cache can neither be cropped nor copied",
+         ["compare", "--impl", "nanochat", "--nanochat-path", "mine", "--depth", "1", "--seq-len", "12",
+          "--gen-len", "6", "--schedules", "rollback"], prepare=mine(), expect="neither copy nor crop"),
     # -- the user's own code (--impl nanochat): their failures are theirs, exit 1 ----------------
     Case("your code", "an exception in their GPT.forward (exit 1, with file:line)", AUDIT, status=1,
          prepare=mine(FORWARD, FORWARD + "        raise ValueError('oops')\n"), expect="GPT.forward failed"),
