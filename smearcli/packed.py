@@ -201,7 +201,8 @@ def table(p: PackedResult) -> str:
 def verdict(p: PackedResult) -> str:
     """One line: the largest leak per logic, the floor the masks reach, and the gate if one is set."""
     parts = [f"{sci(lg.worst())} under {lg.label} ({times(lg.worst() / lg.noise)}x noise)" for lg in p.logics]
-    msg = (f"across {len(p.lengths) - 1} document boundaries, the largest leak into a document's first "
+    n = len(p.lengths) - 1
+    msg = (f"across {n} document {'boundary' if n == 1 else 'boundaries'}, the largest leak into a document's first "
            f"{p.first} tokens is " + ", ".join(parts))
     both = [lg for lg in p.logics if lg.gate_at_bos == 0.0 and lg.unsplit is None]
     if both:
