@@ -186,10 +186,11 @@ def read_text_bytes(path: Path) -> bytes:
         raise UserError(f"{path}: cannot read ({e.strerror or e})") from e
 
 
-def read_text_file(path: Path, config) -> Tensor:
-    """(1, T) ids of a file's bytes, as they are (a byte-level model)."""
+def read_text_file(path: Path, config, bos: Optional[int] = None) -> Tensor:
+    """(1, T) ids of a file's bytes, as they are (a byte-level model); with `bos`, a packed text
+    split at its <|bos|> markers (`text_documents`)."""
     raw = read_text_bytes(path)
     try:
-        return text_tokens(raw, config)
+        return text_tokens(raw, config) if bos is None else text_documents(raw, config, bos)
     except UserError as e:
         raise UserError(f"{path}: {e}") from e

@@ -280,23 +280,14 @@ def text_input(spec: RunSpec, cfg, found, packed: bool = False):
     one after the BOS id (`tokenizer.encode_documents`, `inputs.text_documents`)."""
     name = "--text-file" if spec.text_file is not None else "--text"
     if cfg.is_byte_level and not spec.chat:
-        if packed:
-            from ..packed import default_bos
+        from ..packed import default_bos
 
-            if spec.text_file is None:
-                with flag("--text", ": "):
-                    return text_documents(spec.text, cfg, default_bos(cfg)), None
-            with flag("--text-file"):
-                data = read_text_bytes(spec.text_file)
-                try:
-                    return text_documents(data, cfg, default_bos(cfg)), None
-                except UserError as e:  # as read_text_file's: the file's name first
-                    raise UserError(f"{spec.text_file}: {e}") from e
+        bos = default_bos(cfg) if packed else None
         if spec.text_file is not None:
             with flag("--text-file"):
-                return read_text_file(spec.text_file, cfg), None
+                return read_text_file(spec.text_file, cfg, bos), None
         with flag("--text", ": "):
-            return text_tokens(spec.text, cfg), None
+            return (text_tokens(spec.text, cfg) if bos is None else text_documents(spec.text, cfg, bos)), None
     from .. import tokenizer as tok
 
     text = spec.text

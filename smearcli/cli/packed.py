@@ -105,24 +105,22 @@ def packed_job(spec, setup, tolerance, info) -> Job:
         raise UserError(f"--leak-limit must be a finite number >= 0, got {spec.leak_limit}")
     tokens, lengths = packed_input(spec, setup)
     bos = int(tokens[0, 0])
-    notes = []  # the user's runner, whose document mask is laid over their attention
+    theirs = None
     if setup.audited is None:
         group = runners(setup.model, setup.logics, setup.loaded.name, bos=bos)
     else:  # the user's checkout; with --impl both, ours (old, fixed) beside it on the same weights
         from ..impls.nanochat.adapter import NanochatRunner
 
-        group = runners(setup.model, setup.logics, setup.loaded.name, bos=bos) if setup.impl == "both" else []
-        group.append(NanochatRunner(setup.audited, setup.loaded.name))
-        notes.append(group[-1].label)
+        theirs = NanochatRunner(setup.audited, setup.loaded.name)
+        ours = runners(setup.model, setup.logics, setup.loaded.name, bos=bos) if setup.impl == "both" else []
+        group = ours + [theirs]
 
     def run(bar):
         from .. import packed
 
         result = packed.measure(group, tokens, lengths, FIRST_TOKENS, spec.leak_limit, tolerance,
                                 progress=bar.label, tokens_progress=bar.tokens)
-        result.notes += [f"{label}: the document mask was laid over your code's own attention calls "
-                         "(torch.nn.functional.scaled_dot_product_attention); nothing else of it changed; its "
-                         "emb@BOS is block 0's input, (resid_lambdas[0] + x0_lambdas[0]) x the post-smear embedding"
-                         for label in notes if result.get(label).unsplit is None]
+        if theirs is not None and result.get(theirs.label).unsplit is None:
+            result.notes.append(f"{theirs.label}: {theirs.document_note}")
         return PackedReport(result, info, setup.threads)
     return Job(run, setup.loaded.name)

@@ -160,6 +160,10 @@ class NanochatRunner(Runner):
     label = USER_LOGIC
     series = "your code (nanochat checkout)"
     capabilities = frozenset({EXPAND, SMEAR_TERMS, DOCUMENT_MASK})
+    # what a packed table says of this runner when its document mask ran
+    document_note = ("the document mask was laid over your code's own attention calls "
+                     "(torch.nn.functional.scaled_dot_product_attention); nothing else of it changed; its "
+                     "emb@BOS is block 0's input, (resid_lambdas[0] + x0_lambdas[0]) x the post-smear embedding")
 
     def __init__(self, model: NanochatModel, name: str = "model"):
         self.model, self.name = model, name

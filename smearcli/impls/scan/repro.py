@@ -22,6 +22,33 @@ from ...boundaries import PAD_ID, padded_length
 from ...names import DRAFT, GEN_LEN, NOISE_MARGIN, REJECT
 from ...wording import fmt_steps
 
+# what every reproducer builds its model and feeds its cache with (a template fragment: braces doubled)
+MODEL = '''KEYS = ("cache", "past_key_values", "cache_params", "state")
+
+
+def build():
+    cfg = transformers.CONFIG_MAPPING[MODEL_TYPE](**CONFIG)
+    torch.manual_seed(SEED)
+    return transformers.AutoModelForCausalLM.from_config(cfg).float().eval()
+
+
+def step(model, ids, cache, pos):
+    """One cached call over `ids` at position `pos`: (logits, the cache to pass next)."""
+    params = inspect.signature(model.forward).parameters
+    keyword = next(k for k in KEYS if k in params)
+    kw = {{"use_cache": True}}
+    if cache is not None:
+        kw[keyword] = cache
+    if keyword == "cache_params" and "cache_position" in params:
+        kw["cache_position"] = torch.arange(pos, pos + ids.size(1))
+    o = model(input_ids=ids, **kw)
+    got = next((getattr(o, k) for k in KEYS if getattr(o, k, None) is not None), None)
+    if got is None and cache is None:  # the model wants the caller to create its cache
+        kw[keyword] = got = transformers.DynamicCache(config=model.config)
+        o = model(input_ids=ids, **kw)
+    return o.logits.float(), got if got is not None else cache
+'''
+
 # the end of every reproducer: the full pass, the run under test and the float64 floor, the numbers
 # printed and the exit status; {length}, {run} and {what} are filled in by each template
 MAIN = '''def main():
@@ -63,32 +90,13 @@ SEED = {seed!r}
 MARGIN = {margin!r}  # an error this many times the float32 rounding floor is no longer rounding
 
 
-def build():
-    cfg = transformers.CONFIG_MAPPING[MODEL_TYPE](**CONFIG)
-    torch.manual_seed(SEED)
-    return transformers.AutoModelForCausalLM.from_config(cfg).float().eval()
-
+''' + MODEL + '''
 
 def cached(model, ids, steps):
-    params = inspect.signature(model.forward).parameters
-    keyword = next(k for k in ("cache", "past_key_values", "cache_params", "state") if k in params)
     cache, pos, out = None, 0, []
     for n in steps:
-        kw = {{"use_cache": True}}
-        if cache is not None:
-            kw[keyword] = cache
-        if keyword == "cache_params" and "cache_position" in params:
-            kw["cache_position"] = torch.arange(pos, pos + n)
-        o = model(input_ids=ids[:, pos:pos + n], **kw)
-        got = next((getattr(o, k) for k in ("cache", "past_key_values", "cache_params", "state")
-                    if getattr(o, k, None) is not None), None)
-        if got is None and cache is None:  # the model wants the caller to create its cache
-            cache = transformers.DynamicCache(config=model.config)
-            kw[keyword] = cache
-            o = model(input_ids=ids[:, pos:pos + n], **kw)
-        elif got is not None:
-            cache = got
-        out.append(o.logits.float())
+        logits, cache = step(model, ids[:, pos:pos + n], cache, pos)
+        out.append(logits)
         pos += n
     return torch.cat(out, dim=1)
 
@@ -119,31 +127,9 @@ L, PAD_ID, POSITIONS = {padded_len!r}, {pad_id!r}, {positions!r}  # padded: real
 PROMPT, DRAFT, REJECT, MODE = {prompt!r}, {draft!r}, {reject!r}, {mode!r}  # rollback: crop or copy
 SEED = {seed!r}
 MARGIN = {margin!r}  # an error this many times the float32 rounding floor is no longer rounding
-KEYS = ("cache", "past_key_values", "cache_params", "state")
 
 
-def build():
-    cfg = transformers.CONFIG_MAPPING[MODEL_TYPE](**CONFIG)
-    torch.manual_seed(SEED)
-    return transformers.AutoModelForCausalLM.from_config(cfg).float().eval()
-
-
-def step(model, ids, cache, pos):
-    """One cached call over `ids` at position `pos`: (logits, the cache to pass next)."""
-    params = inspect.signature(model.forward).parameters
-    keyword = next(k for k in KEYS if k in params)
-    kw = {{"use_cache": True}}
-    if cache is not None:
-        kw[keyword] = cache
-    if keyword == "cache_params" and "cache_position" in params:
-        kw["cache_position"] = torch.arange(pos, pos + ids.size(1))
-    o = model(input_ids=ids, **kw)
-    got = next((getattr(o, k) for k in KEYS if getattr(o, k, None) is not None), None)
-    if got is None and cache is None:  # the model wants the caller to create its cache
-        kw[keyword] = got = transformers.DynamicCache(config=model.config)
-        o = model(input_ids=ids, **kw)
-    return o.logits.float(), got if got is not None else cache
-
+''' + MODEL + '''
 
 def padded(model, ids):
     """[row, prefix + right padding, left padding + prefix] in one batch with the mask; the real
