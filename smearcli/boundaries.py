@@ -23,11 +23,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from .names import DOCUMENT_START, PADDING, ROLLBACK  # the kinds of boundary recorded here
 from .runner import COPY, CROP, Runner
-
-DOCUMENT_START = "document_start"  # a document's BOS, after position 0 of a packed row
-PADDING = "padding"  # where a row's padding begins (right) or its real tokens begin (left)
-ROLLBACK = "rollback"  # where a verify step's rejected tokens were cut from the cache
 
 # the shape each schedule's failure has, for verdicts and scans
 SHAPES = {"packed": "leak across documents", "padded": "padding leaks into a row",

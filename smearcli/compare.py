@@ -31,10 +31,10 @@ from typing import Callable, Optional, Sequence
 import torch
 from torch import Tensor
 
-from .boundaries import ROLLBACK, SHAPES
+from .boundaries import SHAPES
 from .errors import CannotRun
 from .metrics import AnalyticCheck, NoiseFloor, RunMetrics, analytic_check, measure, noise_floor
-from .names import DEFAULT_SCHEDULES, LOGIC_NAMES, NOISE_MARGIN, REFERENCE
+from .names import DEFAULT_SCHEDULES, LOGIC_NAMES, NOISE_MARGIN, REFERENCE, ROLLBACK
 from .runner import Described, Runner
 from .schedules import CRASHED, RunResult, ScheduleOptions, missing, run_schedule, runnable
 from .units import sci, sig3, times

@@ -26,6 +26,11 @@ GEN_LEN = 32  # engine, speculative: tokens after the prompt
 DRAFT = 4  # speculative: tokens per verify step
 REJECT = 2  # rollback: draft tokens rejected at each verify step (of DRAFT)
 FIRST_TOKENS = 8  # packed: a document's "first tokens", where a leak is measured beside its BOS
+# the kinds of boundary `smearcli.boundaries` records in RunResult.marks (here: figures name them
+# without importing torch)
+DOCUMENT_START = "document_start"  # a document's BOS, after position 0 of a packed row
+PADDING = "padding"  # where a row's padding begins (right) or its real tokens begin (left)
+ROLLBACK = "rollback"  # where a verify step's rejected tokens were cut from the cache
 
 USER_CODE_TIMEOUT = 600.0  # seconds per call into a user's nanochat code (an import, one forward)
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional, Sequence
 
-from ..names import figure_schedule
+from ..names import DOCUMENT_START, PADDING, ROLLBACK, figure_schedule
 from .axes import positive_min, value_axis
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -47,8 +47,8 @@ PALETTE = (("#D55E00", "-"), ("#0072B2", "--"), ("#009E73", (0, (6, 2, 1, 2))), 
 START_COLOR = "#000000"
 # the boundaries a schedule records beyond chunk starts (`RunResult.marks`), drawn as their own
 # lines: the words of the legend, and a colour of the palette's that no series takes first
-MARK_WORDS = {"document_start": "document start (BOS)", "padding": "padding boundary (right: pads begin; "
-              "left: tokens begin)", "rollback": "rejected draft taken back"}
+MARK_WORDS = {DOCUMENT_START: "document start (BOS)", PADDING: "padding boundary (right: pads begin; "
+              "left: tokens begin)", ROLLBACK: "rejected draft taken back"}
 MARK_COLOR = "#7B3294"
 NOISE_COLOR = "#999999"
 HEATMAP_CMAP = "viridis"
