@@ -166,36 +166,47 @@ def measure(runners: Sequence[Runner], tokens: Tensor, lengths: Sequence[int], f
     return PackedResult(lengths, bos, first, out, limit, list(notes))
 
 
-def table(p: PackedResult) -> str:
-    """Per logic and document: the leak at the BOS and over the first tokens, in logits and as
-    multiples of the noise floor, and its split."""
-    k = p.first
-    head = ["logic", "doc", "start", "len", "BOS", "xnoise", f"first {k}", "xnoise", "smear part",
+def title(p: PackedResult) -> str:
+    """The line above the table: what was packed and against what."""
+    return (f"{len(p.lengths)} documents packed in one row ({','.join(map(str, p.lengths))}), each "
+            f"starting with BOS (id {p.bos}), against each document run alone; max |dlogit| per document")
+
+
+def table_data(p: PackedResult) -> tuple[list[str], list[list[str]]]:
+    """(column names, rows): per logic and document, the leak at the BOS and over the first tokens,
+    in logits and as multiples of the noise floor, its split, and the analytic check."""
+    head = ["logic", "doc", "start", "len", "BOS", "xnoise", f"first {p.first}", "xnoise", "smear part",
             "attention part", "emb@BOS", "gate*x_prev", "residual"]
-    rows = []
-    for lg in p.logics:
-        for d in lg.documents:
-            opt = lambda v: "-" if v is None else sci(v)  # noqa: E731
-            rows.append([lg.label, str(d.index), str(d.start), str(d.length), sci(d.bos), times(d.bos / lg.noise),
-                         sci(d.first), times(d.first / lg.noise), opt(d.masked_first), opt(d.attention_first),
-                         sci(d.smear_measured), opt(d.smear_predicted), opt(d.smear_residual)])
+    opt = lambda v: "-" if v is None else sci(v)  # noqa: E731
+    rows = [[lg.label, str(d.index), str(d.start), str(d.length), sci(d.bos), times(d.bos / lg.noise),
+             sci(d.first), times(d.first / lg.noise), opt(d.masked_first), opt(d.attention_first),
+             sci(d.smear_measured), opt(d.smear_predicted), opt(d.smear_residual)]
+            for lg in p.logics for d in lg.documents]
+    return head, rows
+
+
+def legend(p: PackedResult) -> list[str]:
+    """The lines under the table: what the split means, the runners it could not split, each
+    logic's gate at BOS, and the notes."""
+    out = [f"smear part: the packed row with a document-causal attention mask against the document "
+           f"alone; attention part: the packed row against that masked row (first {p.first} tokens)"]
+    out += [f"{lg.label}: attention's part not measured: {lg.unsplit}" for lg in p.logics if lg.unsplit is not None]
+    out += [f"{lg.label}: gate at BOS {lg.gate_at_bos:.3g}: each BOS receives {lg.gate_at_bos:.3g} x the "
+            "previous document's last token embedding (rms 1)" for lg in p.logics if lg.gate_at_bos is not None]
+    for lg in p.logics:  # the table's last columns in one line, which a narrow console leaves out
+        res = [d.smear_residual for d in lg.documents[1:] if d.smear_residual is not None]
+        if res:
+            out.append(f"analytic check ({lg.label}): at each of {len(res)} later BOS, emb@BOS differs from the "
+                       f"document alone by gate*x_prev to within {sci(max(res))}")
+    return out + list(p.notes)
+
+
+def table(p: PackedResult) -> str:
+    """The whole report as plain text: title, table (every column), legend, verdict."""
+    head, rows = table_data(p)
     widths = [max(len(r[i]) for r in [head] + rows) for i in range(len(head))]
     line = lambda r: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))  # noqa: E731
-    out = [f"{len(p.lengths)} documents packed in one row ({','.join(map(str, p.lengths))}), each "
-           f"starting with BOS (id {p.bos}), against each document run alone; max |dlogit| per document",
-           line(head)] + [line(r) for r in rows]
-    out.append(f"smear part: the packed row with a document-causal attention mask against the document "
-               f"alone; attention part: the packed row against that masked row (first {k} tokens)")
-    for lg in p.logics:
-        if lg.unsplit is not None:
-            out.append(f"{lg.label}: attention's part not measured: {lg.unsplit}")
-    for lg in p.logics:
-        if lg.gate_at_bos is not None:
-            out.append(f"{lg.label}: gate at BOS {lg.gate_at_bos:.3g}: each BOS receives "
-                       f"{lg.gate_at_bos:.3g} x the previous document's last token embedding (rms 1)")
-    out += p.notes
-    out.append(p.verdict)
-    return "\n".join(out)
+    return "\n".join([title(p), line(head)] + [line(r) for r in rows] + legend(p) + [p.verdict])
 
 
 def verdict(p: PackedResult) -> str:

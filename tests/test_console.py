@@ -67,6 +67,25 @@ def test_compare_table_keeps_every_verdict_and_ratio(compare_runs, columns):
         assert "steps" not in header and "left out to fit 80 columns: steps, KL max" in out
 
 
+@pytest.mark.parametrize("columns", [80, 200])
+def test_the_packed_table_fits_and_says_what_it_left_out(columns):
+    """The packed table fits the console: at 80 columns the analytic check's columns go first and
+    the table says so, each document row keeps its leak and both parts, and the analytic check
+    stays as one line; wide, every column is there and nothing is said to be left out."""
+    out = run("compare", *SMALL, "--schedules", "packed", "--documents", "12,10,10", columns=columns)
+    table = [ln for ln in out.splitlines() if ln.split()[:1] in (["old"], ["fixed"], ["bosmask"]) and
+             ln.split()[1:2] != [] and ln.split()[1].isdigit()]
+    assert len(table) == 9, out
+    assert all(len(ln.rstrip()) <= columns for ln in table), out
+    header = next(ln for ln in out.splitlines() if ln.split()[:2] == ["logic", "doc"])
+    assert "smear part" in header and "attention part" in header and "first 8" in header
+    assert sum(ln.startswith("analytic check (") for ln in out.splitlines()) == 3
+    if columns == 80:
+        assert "residual" not in header and "left out to fit 80 columns: residual, gate*x_prev" in out
+    else:
+        assert "residual" in header and "left out to fit" not in out
+
+
 def test_piped_prose_is_never_hard_wrapped(compare_runs):
     doc, out80, _ = compare_runs
     lines = out80.splitlines()

@@ -214,7 +214,7 @@ def test_cli_packed_on_a_checkout(impl, labels):
             assert abs(a["first"] - b["first"]) <= NOISE_MARGIN * noise
     r = cli.invoke(app, ["compare", "--impl", impl, "--nanochat-path", str(OLD), *SMALL])
     assert r.exit_code == 0, r.output
-    assert [line.split()[:2] for line in r.output.splitlines() if line.startswith("yours ")] == [
+    assert [line.split()[:2] for line in r.output.splitlines() if line.split()[:1] == ["yours"]] == [
         ["yours", "0"], ["yours", "1"], ["yours", "2"]]
     assert "laid over your code's own attention calls" in r.output
 

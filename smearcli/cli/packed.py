@@ -61,6 +61,11 @@ def packed_input(spec, setup):
     return tokens, splits[0]
 
 
+# the packed table's columns a narrow console leaves out first: the analytic check, then what the
+# JSON and a wider terminal keep
+PACKED_DROP = ("residual", "gate*x_prev", "emb@BOS", "len", "xnoise")
+
+
 class PackedReport(Report):
     def __init__(self, result, info, footer):
         self.result, self.info, self.footer = result, info, footer
@@ -72,12 +77,22 @@ class PackedReport(Report):
         return to_json(self.result, self.info)
 
     def render(self, console) -> None:
-        from ..render.table import title_line
+        """Title, the table fitted to the console (the analytic check's columns, then the lengths
+        and noise multiples, are left out first, and said so), legend, verdict."""
+        from .. import packed
+        from ..render.table import fitted_table, left_out_note, print_table, say, title_line
 
-        console.print(title_line(self.result.logics[0].comparison), soft_wrap=True, highlight=False)
-        console.print(self.result.table(), soft_wrap=True, highlight=False, markup=False)
-        if self.footer:
-            console.print(self.footer, soft_wrap=True, highlight=False)
+        p = self.result
+        say(console, title_line(p.logics[0].comparison), highlight=False)
+        say(console, packed.title(p), highlight=False)
+        head, rows = packed.table_data(p)
+        columns = [(name, "left" if i == 0 else "right") for i, name in enumerate(head)]
+        table, left_out = fitted_table(columns, rows, console.width, drop=PACKED_DROP)
+        print_table(console, table)
+        for line in [*packed.legend(p), left_out_note(left_out, console.width), self.footer]:
+            if line:
+                say(console, line, highlight=False, markup=False)
+        say(console, f"[{'bold red' if self.failed else 'bold'}]{p.verdict}[/]")
 
     def payload(self) -> dict:
         from ..documents import save_payload
