@@ -27,11 +27,16 @@ class KVCache:
         shape = (n_layer, batch_size, max_len, n_kv_head, head_dim)
         # uninitialised: nothing reads a position before a step has written it (`write` returns
         # only [0, pos+T)), and a d12 cache's zero fill cost about a second of a compare
-        self.k = torch.empty(shape, device=device, dtype=dtype)
-        self.v = torch.empty(shape, device=device, dtype=dtype)
+        self._hold(torch.empty(shape, device=device, dtype=dtype), torch.empty(shape, device=device, dtype=dtype))
         self.seqlens = torch.zeros(batch_size, dtype=torch.int32, device=device)
         self._pos = 0  # mirrors seqlens[0] without a device sync per step
         self.prev_embedding: Optional[Tensor] = None
+
+    def _hold(self, k: Tensor, v: Tensor) -> None:
+        """Take k and v, (n_layer, B, max_len, Hkv, D), with a view of each layer made once: a
+        decode step reads and writes every layer, and indexing the layer anew costs ops each time."""
+        self.k, self.v = k, v
+        self._k_layers, self._v_layers = k.unbind(0), v.unbind(0)
 
     @classmethod
     def for_model(cls, config, batch_size: int, max_len: int, device=None, dtype=torch.float32):
@@ -64,11 +69,11 @@ class KVCache:
 
     def write(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Store a step's k, v (B, T, Hkv, D) at [pos, pos+T); return all keys/values so far."""
-        T = k.size(1)
-        end = self._pos + T
-        self.k[layer, :, self._pos:end] = k
-        self.v[layer, :, self._pos:end] = v
-        return self.k[layer, :, :end], self.v[layer, :, :end]
+        end = self._pos + k.size(1)
+        keys, values = self._k_layers[layer], self._v_layers[layer]  # (B, max_len, Hkv, D)
+        keys[:, self._pos:end] = k
+        values[:, self._pos:end] = v
+        return keys[:, :end], values[:, :end]
 
     def commit(self, T: int, last_embedding: Tensor) -> None:
         """Advance by T tokens and remember the step's last pre-smear embedding (B, 1, C)."""
@@ -89,7 +94,8 @@ class KVCache:
         """An independent copy: positions, keys, values and the smear state (a rolled-back draft
         restores one where a cache is not cropped)."""
         out = KVCache.__new__(KVCache)
-        out.k, out.v, out.seqlens = self.k.clone(), self.v.clone(), self.seqlens.clone()
+        out._hold(self.k.clone(), self.v.clone())
+        out.seqlens = self.seqlens.clone()
         out._pos = self._pos
         out.prev_embedding = None if self.prev_embedding is None else self.prev_embedding.clone()
         return out
