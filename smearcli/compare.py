@@ -25,22 +25,24 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import threading
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
 import torch
 from torch import Tensor
 
+from . import profile
 from .boundaries import SHAPES
 from .errors import CannotRun
 from .metrics import AnalyticCheck, NoiseFloor, RunMetrics, analytic_check, measure, noise_floor
 from .names import DEFAULT_SCHEDULES, LOGIC_NAMES, NOISE_MARGIN, REFERENCE, ROLLBACK
 from .runner import Described, Runner
+from .runplan import NOISE_SCHEDULE, PlannedRun, forward_runs, plan, run_planned
 from .schedules import CRASHED, RunResult, ScheduleOptions, missing, run_schedule, runnable
 from .units import sci, sig3, times
 from .wording import born_where, fmt_steps, starts_phrase
 
-NOISE_SCHEDULE = "decode"  # the noise floor: token-by-token decode against the full pass
 # token-by-token decode this many ulps (of the dtype, at the logits' scale) off the full pass is
 # no longer rounding: the floor measured from it would hide real errors, so the verdict says so
 SUSPECT_NOISE_ULPS = 1e3
@@ -189,46 +191,6 @@ def as_runners(target, logics: Sequence[str] = LOGIC_NAMES, name: Optional[str] 
     return runners(target, logics, name)
 
 
-@dataclass(frozen=True)
-class PlannedRun:
-    """One forward run `compare` makes: `runner` on `schedule`, or a copy of an earlier run of
-    `same_as` (a runner whose one-token step is the same computation)."""
-    schedule: str
-    runner: Runner
-    label: str  # what the progress bar shows
-    same_as: Optional[Runner] = None
-    measured: bool = True  # False: the reference, and a decode run for the noise floor only
-
-
-def plan(runners: Sequence[Runner], schedules: Sequence[str], reference: Optional[Runner] = None,
-         floor_given: bool = False) -> list[PlannedRun]:
-    """Every run `compare` makes, in order: the reference, each (schedule, runner) (decode once
-    per group of runners sharing a one-token step), and a decode for the noise floor when no
-    schedule is decode on the reference's runner (always, with a separate `reference`), unless the
-    caller gives the floor run. The CLI's progress totals come from here."""
-    ref = reference or runners[0]
-    several = len(runners) > 1
-    out = [PlannedRun(REFERENCE, ref, "full (reference)", measured=False)]
-    decoded: dict = {}
-    for sched in schedules:
-        for r in runners:
-            label = f"{sched} / {r.label}" if several else sched
-            if sched == NOISE_SCHEDULE and r.one_token_step is not None and r.one_token_step in decoded:
-                out.append(PlannedRun(sched, r, label, same_as=decoded[r.one_token_step]))
-                continue
-            out.append(PlannedRun(sched, r, label))
-            if sched == NOISE_SCHEDULE and r.one_token_step is not None:
-                decoded[r.one_token_step] = r
-    if (NOISE_SCHEDULE not in schedules or reference is not None) and not floor_given:
-        out.append(PlannedRun(NOISE_SCHEDULE, ref, "decode (noise floor)", measured=False))
-    return out
-
-
-def forward_runs(planned: Sequence[PlannedRun]) -> int:
-    """How many of the planned runs call the model (the rest copy a shared decode)."""
-    return sum(p.same_as is None for p in planned)
-
-
 def compare(target, tokens: Tensor, schedules: Sequence[str] = DEFAULT_SCHEDULES,
             logics: Sequence[str] = LOGIC_NAMES, options: ScheduleOptions = ScheduleOptions(),
             tolerance: float = NOISE_MARGIN, progress=None,
@@ -236,7 +198,7 @@ def compare(target, tokens: Tensor, schedules: Sequence[str] = DEFAULT_SCHEDULES
             tokens_progress: Optional[Callable[[int, int], None]] = None,
             name: Optional[str] = None, notes: Sequence[str] = (),
             reference: Optional[Runner] = None, floor: Optional[RunResult] = None,
-            floor_source: str = "") -> Comparison:
+            floor_source: str = "", overlap: bool = False) -> Comparison:
     """Run the reference, the noise-floor pair and every (schedule, runner); measure each.
 
     `target`: our GPT (with `logics`), a Runner or a list of Runners (see `as_runners`); the first
@@ -246,7 +208,10 @@ def compare(target, tokens: Tensor, schedules: Sequence[str] = DEFAULT_SCHEDULES
     that get the analytic check (default: those that fail, on runners that give smear terms).
 
     Decode runs once for runners whose `one_token_step` keys are equal (our GPT's logics share it,
-    checked by tests): the one result then stands for each of them."""
+    checked by tests): the one result then stands for each of them. `overlap`: run that decode on
+    a second thread beside the other runs (CPU, `Runner.thread_safe` runners; see `run_planned`):
+    the same numbers, sooner on two cores. It is off while a `smearcli.profile` session is open,
+    whose sections time one run at a time."""
     runners = as_runners(target, logics, name)
     ref_runner = reference or runners[0]
     for s in schedules:
@@ -257,27 +222,27 @@ def compare(target, tokens: Tensor, schedules: Sequence[str] = DEFAULT_SCHEDULES
     step = progress or (lambda label: None)
     planned = plan(runners, schedules, reference, floor_given=floor is not None)
     total = forward_runs(planned) * tokens.size(1)
-    done = [0]
+    fed = [0] * len(planned)  # positions fed so far by each planned run
+    lock = threading.Lock()  # the side run reports progress from its own thread
 
-    def run(p: PlannedRun) -> RunResult:
-        base = done[0]
-
+    def run(i: int, p: PlannedRun, stop: Callable[[], None]) -> RunResult:
         def on_step(n, _T):
-            done[0] = base + n
-            if tokens_progress is not None:
-                tokens_progress(done[0], total)
+            stop()
+            with lock:
+                fed[i] = n
+                if tokens_progress is not None:
+                    tokens_progress(sum(fed), total)
+        step(p.label)
         r = run_schedule(p.runner, tokens, p.schedule, opts=options, progress=on_step)
-        done[0] = base + tokens.size(1)
+        fed[i] = tokens.size(1)
         return r
 
+    results = run_planned(planned, run, overlap and profile.active() is None)
     ref, decode_for_noise, runs = None, None, []
     by_runner: dict = {}
-    for p in planned:
+    for p, r in zip(planned, results):
         if p.same_as is not None:
             r = dataclasses.replace(by_runner[(id(p.same_as), p.schedule)], logic=p.runner.label)
-        else:
-            step(p.label)
-            r = run(p)
         by_runner[(id(p.runner), p.schedule)] = r
         if p.schedule == REFERENCE:
             ref = r

@@ -28,6 +28,7 @@ class GPTRunner(Runner):
     logic needs (and which the packed schedule's documents begin with)."""
 
     capabilities = frozenset({EXPAND, SMEAR_TERMS, CROP, COPY, DOCUMENT_MASK})
+    thread_safe = True  # GPT.forward writes only the cache it is given (and its rotary table, once)
 
     def __init__(self, model: GPT, logic: str, name: str = "model", bos: Optional[int] = None):
         get_logic(logic)  # an unknown logic fails here, not in the first forward

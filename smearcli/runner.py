@@ -97,6 +97,9 @@ class Runner:
     name: str = "model"
     dtype: Any = None  # torch.dtype of the computation (its one ulp bounds the noise floor)
     device: Any = "cpu"
+    # True: two runs on different caches may go on at once, from two threads (`compare`'s
+    # `overlap`); only a runner whose forward keeps no state of its own between calls may say so
+    thread_safe: bool = False
 
     def describe(self) -> Described:
         return Described(self.label, self.series or self.label, self.name, "",

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from smearcli import compare as cmp
-from smearcli import documents, ours, schedules, smear
+from smearcli import documents, ours, runplan, schedules, smear
 from smearcli.inputs import random_tokens
 from smearcli.names import LOGIC_NAMES
 from smearcli.runner import Output, Runner
@@ -254,3 +254,86 @@ def test_a_run_that_checked_nothing_is_named_but_does_not_fail(model, tokens):
     c = cmp.compare(Cold(ref), tokens, ["prefill"], reference=ref)
     assert c.passed and not c.metrics and c.unmeasured[0].outcome == "checked nothing"
     assert c.verdict.startswith("OK") and "prefill checked nothing: the cache was not read" in c.verdict
+
+
+# -- overlap: the noise-floor decode on a second thread ----------------------------------------------
+class Recording(ours.GPTRunner):
+    """Our runner, noting the thread of every step and able to fail on a chosen schedule."""
+
+    def __init__(self, model, logic, seen, fail_on=None, pace=0.0):
+        super().__init__(model, logic)
+        self.seen, self.fail_on, self.pace = seen, fail_on, pace
+
+    def step(self, tokens, cache, capture):
+        import threading
+        import time
+        self.seen.append((threading.current_thread().name, tokens.size(1)))
+        if self.fail_on is not None and tokens.size(1) == self.fail_on:
+            raise RuntimeError(f"boom at a step of {self.fail_on}")
+        if tokens.size(1) == 1:
+            time.sleep(self.pace)  # a slow decode: one left to run would take pace * T
+        return super().step(tokens, cache, capture)
+
+
+def _results(c):
+    return [(r.schedule, r.logic, r.logits, r.hiddens) for r in [c.reference] + c.runs]
+
+
+def test_overlap_runs_decode_beside_the_others_and_changes_no_number(model, tokens):
+    """The decode for the noise floor goes on its own thread; every run's logits and hidden states
+    are bit for bit those of the runs made one after another, and the metrics are the same."""
+    schedules_ = ["prefill", "decode", "chunked", "engine", "speculative"]
+    alone = cmp.compare(model, tokens, schedules_, options=OPTS)
+    seen: list = []
+    runners = [Recording(model, logic, seen) for logic in LOGIC_NAMES]
+    ticks = []
+    both = cmp.compare(runners, tokens, schedules_, options=OPTS, overlap=True,
+                       tokens_progress=lambda d, t: ticks.append(d))
+    side = {n for name, n in seen if name == "smearcli-decode"}
+    assert side == {1} and sum(1 for name, _ in seen if name == "smearcli-decode") == T  # decode, all of it
+    assert {name for name, n in seen if n > 1} == {"MainThread"}  # prefill, chunks, drafts: here
+    for a, b in zip(_results(alone), _results(both)):
+        assert a[:2] == b[:2] and torch.equal(a[2], b[2])
+        assert all(torch.equal(x, y) for x, y in zip(a[3], b[3]))
+    assert [m.max_abs_logits for m in alone.metrics] == [m.max_abs_logits for m in both.metrics]
+    assert alone.noise.per_layer == both.noise.per_layer and alone.verdict == both.verdict
+    total = cmp.forward_runs(cmp.plan(runners, schedules_)) * T
+    assert ticks[-1] == total and all(a <= b for a, b in zip(ticks, ticks[1:]))  # one count, rising
+
+
+def test_overlap_only_where_it_is_safe(model, tokens):
+    runners = ours.runners(model, LOGIC_NAMES)
+    planned = cmp.plan(runners, ["chunked", "decode"])
+    assert planned[runplan.side_run(planned)].schedule == "decode"
+    assert runplan.side_run(cmp.plan(runners, ["chunked"])) is not None  # the floor's own decode
+    other = ours.runners(model, LOGIC_NAMES)
+    for r in other:
+        r.thread_safe = False  # as a user's code: nobody said two of its runs may go on at once
+    assert runplan.side_run(cmp.plan(other, ["chunked", "decode"])) is None
+    seen: list = []
+    from smearcli import profile
+    with profile.session(True, out=open("/dev/null", "w")):  # a profile times one run at a time
+        cmp.compare([Recording(model, "old", seen)], tokens, ["chunked"], options=OPTS, overlap=True)
+    assert {name for name, _ in seen} == {"MainThread"}
+
+
+def test_a_failure_beside_the_decode_stops_it_and_is_raised(model, tokens):
+    seen: list = []
+    runners = [Recording(model, "old", seen, fail_on=T // 4, pace=0.1)]  # chunked's first step fails
+    import time
+    t0 = time.perf_counter()
+    with pytest.raises(RuntimeError, match="boom at a step of 8"):
+        cmp.compare(runners, tokens, ["chunked", "decode"], options=OPTS, overlap=True)
+    side = [n for name, n in seen if name == "smearcli-decode"]
+    # stopped at its next step (3.2 s of decode left to run otherwise), and no thread is left behind
+    assert len(side) < T and time.perf_counter() - t0 < 0.1 * T / 2
+    import threading
+    assert not any(t.name == "smearcli-decode" for t in threading.enumerate())
+
+
+def test_a_failure_in_the_side_run_is_raised_after_the_others(model, tokens):
+    seen: list = []
+    runners = [Recording(model, "old", seen, fail_on=1)]  # every decode step fails
+    with pytest.raises(RuntimeError, match="boom at a step of 1"):
+        cmp.compare(runners, tokens, ["chunked"], options=OPTS, overlap=True)
+    assert any(name == "MainThread" and n == T // 4 for name, n in seen)  # the chunks still ran

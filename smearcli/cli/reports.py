@@ -106,7 +106,8 @@ def comparison_job(runners, tokens, schedules, options, tolerance: float, info: 
         from .. import compare
 
         c = compare.compare(list(runners), tokens, schedules, options=options, tolerance=tolerance,
-                            progress=bar.label, tokens_progress=bar.tokens, notes=notes, reference=reference)
+                            progress=bar.label, tokens_progress=bar.tokens, notes=notes, reference=reference,
+                            overlap=True)
         return ComparisonReport(c, info, footer, **report_kw)
     return Job(run, runners[0].name)
 

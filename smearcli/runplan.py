@@ -1,0 +1,117 @@
+"""The runs a `compare` makes, and how they are made: `plan` lists them (the reference, each
+(schedule, runner), a shared or extra decode for the noise floor), `run_planned` makes them, one
+after another or with the decode on a second thread beside the others (`overlap`).
+
+Pure planning and threading: torch is not imported here.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence
+
+from .names import REFERENCE
+from .runner import Runner
+
+NOISE_SCHEDULE = "decode"  # the noise floor: token-by-token decode against the full pass
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    """One forward run `compare` makes: `runner` on `schedule`, or a copy of an earlier run of
+    `same_as` (a runner whose one-token step is the same computation)."""
+    schedule: str
+    runner: Runner
+    label: str  # what the progress bar shows
+    same_as: Optional[Runner] = None
+    measured: bool = True  # False: the reference, and a decode run for the noise floor only
+
+
+def plan(runners: Sequence[Runner], schedules: Sequence[str], reference: Optional[Runner] = None,
+         floor_given: bool = False) -> list[PlannedRun]:
+    """Every run `compare` makes, in order: the reference, each (schedule, runner) (decode once
+    per group of runners sharing a one-token step), and a decode for the noise floor when no
+    schedule is decode on the reference's runner (always, with a separate `reference`), unless the
+    caller gives the floor run. The CLI's progress totals come from here."""
+    ref = reference or runners[0]
+    several = len(runners) > 1
+    out = [PlannedRun(REFERENCE, ref, "full (reference)", measured=False)]
+    decoded: dict = {}
+    for sched in schedules:
+        for r in runners:
+            label = f"{sched} / {r.label}" if several else sched
+            if sched == NOISE_SCHEDULE and r.one_token_step is not None and r.one_token_step in decoded:
+                out.append(PlannedRun(sched, r, label, same_as=decoded[r.one_token_step]))
+                continue
+            out.append(PlannedRun(sched, r, label))
+            if sched == NOISE_SCHEDULE and r.one_token_step is not None:
+                decoded[r.one_token_step] = r
+    if (NOISE_SCHEDULE not in schedules or reference is not None) and not floor_given:
+        out.append(PlannedRun(NOISE_SCHEDULE, ref, "decode (noise floor)", measured=False))
+    return out
+
+
+def forward_runs(planned: Sequence[PlannedRun]) -> int:
+    """How many of the planned runs call the model (the rest copy a shared decode)."""
+    return sum(p.same_as is None for p in planned)
+
+
+def side_run(planned: Sequence[PlannedRun]) -> Optional[int]:
+    """The planned run `overlap` starts on a second thread: the first decode run that calls the
+    model, on a CPU runner that allows it (`Runner.thread_safe`); None when there is none.
+
+    Decode is one long chain of one-token steps, each a few hundred small ops: on a CPU most of
+    its time is spent between kernels, holding one core, so the other runs fit beside it."""
+    for i, p in enumerate(planned):
+        if p.schedule == NOISE_SCHEDULE and p.same_as is None:
+            ok = p.runner.thread_safe and str(p.runner.device).startswith("cpu")
+            return i if ok and len(planned) > 1 else None
+    return None
+
+
+class Cancelled(Exception):
+    """The side run stops at its next step: the runs beside it failed or were interrupted."""
+
+
+def run_planned(planned: Sequence[PlannedRun], run: Callable, overlap: bool = False) -> list:
+    """`run(i, p, stop)` for each planned run that calls the model, in plan order; the results in
+    plan order (None for copies). With `overlap`, the `side_run` goes on a second thread while
+    the others run here. Each run computes exactly what it computes alone (its own cache, the
+    same kernels and thread count), so the results are bit for bit those of running one after
+    another. `stop()` raises `Cancelled` in the side run once the others have failed."""
+    results: list = [None] * len(planned)
+    side = side_run(planned) if overlap else None
+    cancel = threading.Event()
+
+    def stop() -> None:
+        if cancel.is_set():
+            raise Cancelled()
+
+    worker, failed = None, []
+    if side is not None:
+        def work() -> None:
+            try:
+                results[side] = run(side, planned[side], stop)
+            except BaseException as e:  # handed to the caller's thread at the join
+                failed.append(e)
+        worker = threading.Thread(target=work, name="smearcli-decode", daemon=True)
+        worker.start()
+    try:
+        for i, p in enumerate(planned):
+            if p.same_as is None and i != side:
+                results[i] = run(i, p, lambda: None)
+    except BaseException:
+        cancel.set()  # the side run stops at its next step; its result is not wanted
+        raise
+    finally:
+        if worker is not None:
+            try:
+                worker.join()
+            except BaseException:  # interrupted while waiting: stop the side run, then go on
+                cancel.set()
+                worker.join()
+                raise
+    if failed and not isinstance(failed[0], Cancelled):
+        raise failed[0]
+    return results
