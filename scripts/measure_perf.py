@@ -17,6 +17,11 @@ Three measurements, each printed as a row of one table (and, with --out, written
    compare. The two other views are printed beside it: the time from the end of `import torch` to
    the end of the command inside the process, and the wall time minus the in-process import time
    (which charges the teardown to the compare).
+   Bytecode: pip compiles an installed package's .py files, so a user's smearcli imports from
+   cached bytecode. This sandbox sets PYTHONDONTWRITEBYTECODE=1 and the checkout is an editable
+   install, so each run here would compile smearcli's ~40 modules from source (about 0.05-0.1 s).
+   The children therefore run with a bytecode cache in a temporary PYTHONPYCACHEPREFIX (nothing is
+   written into the tree), warmed by one untimed run; --no-bytecode measures without it too.
 
 Usage: python scripts/measure_perf.py [--tree DIR] [--skip-d12] [--seq-len 1024] [--out f.json]
 The load average is printed with every row: on a shared machine read the shares, not the seconds.
@@ -73,9 +78,15 @@ def load() -> str:
     return "/".join(f"{x:.2f}" for x in os.getloadavg())
 
 
+PYCACHE: dict = {}  # "prefix": the temporary bytecode cache of this run, when one is used
+
+
 def env_for(tree: Path, **extra) -> dict:
     env = dict(os.environ, PYTHONPATH=str(tree), **extra)
     env.pop("SMEARCLI_PROFILE", None)
+    if PYCACHE.get("prefix"):  # as an installed package runs: from cached bytecode
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        env["PYTHONPYCACHEPREFIX"] = PYCACHE["prefix"]
     env.update(extra)
     return env
 
@@ -163,6 +174,8 @@ def main() -> None:
     ap.add_argument("--skip-d12", action="store_true")
     ap.add_argument("--skip-build", action="store_true")
     ap.add_argument("--skip-chunks", action="store_true")
+    ap.add_argument("--no-bytecode", action="store_true",
+                    help="also measure chunks-4 runs that compile smearcli from source (no bytecode cache)")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--keep-prof", type=Path, help="keep the d12 run's cProfile stats in this file")
     a = ap.parse_args()
@@ -175,20 +188,28 @@ def main() -> None:
         rows.append(("d12 random model build", f"{min(b['build_s']):.2f} s", f"bare fill {min(b['fill_s']):.2f} s",
                      f"{b['ratio']:.2f}x (target <= 1.5x)", b["load"]))
     if not a.skip_chunks:
-        runs, bare = [], []
-        for _ in range(a.repeat):  # interleaved, so both see the same load
-            runs.append(child(tree, ["compare", "--chunks", "4"]))
-            bare.append(bare_torch(tree))
-        beyond = statistics.median(r["wall_s"] for r in runs) - statistics.median(bare)
-        in_process = statistics.median(r["rest_s"] for r in runs)
-        old_way = statistics.median(r["wall_s"] - r["import_torch_s"] for r in runs)
-        res["chunks4"] = {"runs": runs, "bare_torch_wall_s": bare, "beyond_torch_s": beyond,
-                          "in_process_s": in_process, "wall_minus_import_s": old_way}
-        rows.append(("compare --chunks 4", f"{statistics.median(r['wall_s'] for r in runs):.2f} s",
-                     f"a process of import torch {statistics.median(bare):.2f} s",
-                     f"beyond torch {beyond:.2f} s (target <= 2 s)", runs[-1]["load"]))
-        rows.append(("  the same, other views", "", f"after import torch, in process {in_process:.2f} s",
-                     f"wall minus in-process import {old_way:.2f} s", runs[-1]["load"]))
+        modes = [("bytecode cached", True)] + ([("no bytecode cache", False)] if a.no_bytecode else [])
+        for label, cached in modes:
+            with tempfile.TemporaryDirectory() as pyc:
+                PYCACHE["prefix"] = pyc if cached else None
+                if cached:
+                    child(tree, ["compare", "--chunks", "4"])  # untimed: fills the bytecode cache
+                runs, bare = [], []
+                for _ in range(a.repeat):  # interleaved, so both see the same load
+                    runs.append(child(tree, ["compare", "--chunks", "4"]))
+                    bare.append(bare_torch(tree))
+                PYCACHE["prefix"] = None
+            beyond = statistics.median(r["wall_s"] for r in runs) - statistics.median(bare)
+            in_process = statistics.median(r["rest_s"] for r in runs)
+            old_way = statistics.median(r["wall_s"] - r["import_torch_s"] for r in runs)
+            res["chunks4" if cached else "chunks4_no_bytecode"] = {
+                "runs": runs, "bare_torch_wall_s": bare, "beyond_torch_s": beyond,
+                "in_process_s": in_process, "wall_minus_import_s": old_way}
+            rows.append((f"compare --chunks 4, {label}", f"{statistics.median(r['wall_s'] for r in runs):.2f} s",
+                         f"a process of import torch {statistics.median(bare):.2f} s",
+                         f"beyond torch {beyond:.2f} s (target <= 2 s)", runs[-1]["load"]))
+            rows.append(("  the same, other views", "", f"after import torch, in process {in_process:.2f} s",
+                         f"wall minus in-process import {old_way:.2f} s", runs[-1]["load"]))
     if not a.skip_d12:
         with tempfile.TemporaryDirectory() as tmp:
             prof = os.path.join(tmp, "d12.prof")

@@ -211,7 +211,7 @@ def compare(target, tokens: Tensor, schedules: Sequence[str] = DEFAULT_SCHEDULES
     checked by tests): the one result then stands for each of them. `overlap`: run that decode on
     a second thread beside the other runs (CPU, `Runner.thread_safe` runners; see `run_planned`):
     the same numbers, sooner on two cores. It is off while a `smearcli.profile` session is open,
-    whose sections time one run at a time."""
+    whose sections time one run at a time, and when torch is held to one thread."""
     runners = as_runners(target, logics, name)
     ref_runner = reference or runners[0]
     for s in schedules:
@@ -237,7 +237,8 @@ def compare(target, tokens: Tensor, schedules: Sequence[str] = DEFAULT_SCHEDULES
         fed[i] = tokens.size(1)
         return r
 
-    results = run_planned(planned, run, overlap and profile.active() is None)
+    # a profile times one run at a time; a compare held to one thread keeps to one core
+    results = run_planned(planned, run, overlap and profile.active() is None and torch.get_num_threads() > 1)
     ref, decode_for_noise, runs = None, None, []
     by_runner: dict = {}
     for p, r in zip(planned, results):

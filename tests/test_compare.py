@@ -275,11 +275,20 @@ class Recording(ours.GPTRunner):
         return super().step(tokens, cache, capture)
 
 
+@pytest.fixture
+def two_threads():
+    """Overlap needs torch to have more than one thread; a one-core CI machine gives it one."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
 def _results(c):
     return [(r.schedule, r.logic, r.logits, r.hiddens) for r in [c.reference] + c.runs]
 
 
-def test_overlap_runs_decode_beside_the_others_and_changes_no_number(model, tokens):
+def test_overlap_runs_decode_beside_the_others_and_changes_no_number(model, tokens, two_threads):
     """The decode for the noise floor goes on its own thread; every run's logits and hidden states
     are bit for bit those of the runs made one after another, and the metrics are the same."""
     schedules_ = ["prefill", "decode", "chunked", "engine", "speculative"]
@@ -301,7 +310,7 @@ def test_overlap_runs_decode_beside_the_others_and_changes_no_number(model, toke
     assert ticks[-1] == total and all(a <= b for a, b in zip(ticks, ticks[1:]))  # one count, rising
 
 
-def test_overlap_only_where_it_is_safe(model, tokens):
+def test_overlap_only_where_it_is_safe(model, tokens, two_threads):
     runners = ours.runners(model, LOGIC_NAMES)
     planned = cmp.plan(runners, ["chunked", "decode"])
     assert planned[runplan.side_run(planned)].schedule == "decode"
@@ -315,9 +324,17 @@ def test_overlap_only_where_it_is_safe(model, tokens):
     with profile.session(True, out=open("/dev/null", "w")):  # a profile times one run at a time
         cmp.compare([Recording(model, "old", seen)], tokens, ["chunked"], options=OPTS, overlap=True)
     assert {name for name, _ in seen} == {"MainThread"}
+    threads = torch.get_num_threads()
+    seen.clear()
+    try:
+        torch.set_num_threads(1)  # held to one thread: one core
+        cmp.compare([Recording(model, "old", seen)], tokens, ["chunked"], options=OPTS, overlap=True)
+    finally:
+        torch.set_num_threads(threads)
+    assert {name for name, _ in seen} == {"MainThread"}
 
 
-def test_a_failure_beside_the_decode_stops_it_and_is_raised(model, tokens):
+def test_a_failure_beside_the_decode_stops_it_and_is_raised(model, tokens, two_threads):
     seen: list = []
     runners = [Recording(model, "old", seen, fail_on=T // 4, pace=0.1)]  # chunked's first step fails
     import time
@@ -331,7 +348,7 @@ def test_a_failure_beside_the_decode_stops_it_and_is_raised(model, tokens):
     assert not any(t.name == "smearcli-decode" for t in threading.enumerate())
 
 
-def test_a_failure_in_the_side_run_is_raised_after_the_others(model, tokens):
+def test_a_failure_in_the_side_run_is_raised_after_the_others(model, tokens, two_threads):
     seen: list = []
     runners = [Recording(model, "old", seen, fail_on=1)]  # every decode step fails
     with pytest.raises(RuntimeError, match="boom at a step of 1"):
