@@ -130,3 +130,24 @@ def test_bad_input_is_one_line_exit_2(args, fragment):
     assert fragment in r.stderr
     assert "Traceback" not in r.output
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_only_the_program_freezes_the_garbage_collector():
+    """The smearcli process moves what it imported and built out of the collector's way (a full
+    collection after importing torch scans ~170k objects); a caller's process (this test's
+    CliRunner, a notebook) keeps its collector as it was."""
+    import gc
+
+    before = gc.get_freeze_count()
+    r = CliRunner().invoke(app, ["compare", "--schedules", "chunked", "--seq-len", "16", "--quiet"])
+    assert r.exit_code == 0, r.output
+    assert gc.get_freeze_count() == before
+    code = ("import atexit, gc, sys\n"
+            "atexit.register(lambda: sys.stderr.write(f'FROZEN {gc.get_freeze_count()}\\n'))\n"
+            "from smearcli.cli.app import run\n"
+            "sys.argv = ['smearcli', 'compare', '--schedules', 'chunked', '--seq-len', '16', '--quiet']\n"
+            "run()\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    frozen = int(p.stderr.split("FROZEN ")[1].split()[0])
+    assert frozen > 100_000  # torch's modules, the model, the inputs

@@ -20,7 +20,7 @@ from .commands.compare import compare
 from .commands.fix import fix
 from .commands.plot import plot
 from .commands.scan import scan
-from .errors import DEBUG, TERMINATED, describe_unexpected, env_debug, print_error
+from .errors import DEBUG, PROGRAM, TERMINATED, describe_unexpected, env_debug, print_error
 
 
 class PlainFlags:
@@ -128,6 +128,7 @@ def run() -> None:
 
     from ..files import Terminated, on_sigterm
 
+    PROGRAM["own_process"] = True
     with contextlib.suppress(ValueError, OSError):  # not the main thread, or no SIGTERM here
         signal.signal(signal.SIGTERM, on_sigterm)
     try:

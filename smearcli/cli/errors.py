@@ -28,6 +28,9 @@ def env_debug() -> bool:
 
 
 DEBUG = {"on": env_debug()}
+# True once `app.run()`, the smearcli program itself, has started: only then may a command change
+# what belongs to the whole process (the garbage collector), never in a test's or a notebook's
+PROGRAM = {"own_process": False}
 
 
 def one_line(msg: str, limit: int = 600) -> str:
