@@ -255,7 +255,11 @@ def build_nanochat_model(code: NanochatCode, model_config: dict, state_dict: dic
             net.load_state_dict(state_dict, strict=True, assign=True)
     except UserCodeError as e:  # the weights do not fit their model: the input, not their code
         raise UserError(str(e)) from e
-    net.eval().requires_grad_(False)
+    # parameters keep requires_grad=True, as upstream's checkpoint_manager leaves them: torch picks
+    # its matmul kernel for a sliced input from it (see smear.smear_gate), so their smear gate on
+    # a few-token step (speculative's drafts of 4) rounded 1e-6 away from how their engine runs it
+    # when we turned it off. Every call runs under inference_mode, so no gradient state is kept.
+    net.eval()
     return NanochatModel(code, net)
 
 
