@@ -12,12 +12,11 @@ Three measurements, each printed as a row of one table (and, with --out, written
    table (stderr) is shown too.
 3. chunks4: `smearcli compare --chunks 4` in a child process (target: at most 2 s beyond importing
    torch); median of --repeat runs. "Beyond torch" is the wall time of the program itself
-   (`python -m smearcli`) minus the wall time of a process that does nothing but `import torch`,
-   the two interleaved (and the same command in a harness that times its own import too): a torch process's exit (about
-   0.5 s of interpreter teardown on the 2-core AMD EPYC) is a cost of importing torch, not of the
-   compare. The two other views are printed beside it: the time from the end of `import torch` to
-   the end of the command inside the process, and the wall time minus the in-process import time
-   (which charges the teardown to the compare).
+   (`python -m smearcli`) minus that of a process that does nothing but `import torch`, the two
+   interleaved. The bare process pays torch's exit too (about 0.5 s here, most of it the final
+   garbage collection over torch's objects, which the program skips: it freezes them). Beside it,
+   the same command in a harness that times its own `import torch`: the time from the end of that
+   import to the end of the command (no exit), and the wall time minus the import.
    Bytecode: pip compiles an installed package's .py files, so a user's smearcli imports from
    cached bytecode. This sandbox sets PYTHONDONTWRITEBYTECODE=1 and the checkout is an editable
    install, so each run here would compile smearcli's ~40 modules from source (about 0.05-0.1 s).

@@ -67,7 +67,7 @@ def side_run(planned: Sequence[PlannedRun]) -> Optional[int]:
     for i, p in enumerate(planned):
         if p.schedule == NOISE_SCHEDULE and p.same_as is None:
             ok = p.runner.thread_safe and str(p.runner.device).startswith("cpu")
-            return i if ok and len(planned) > 1 else None
+            return i if ok else None
     return None
 
 
@@ -80,7 +80,8 @@ def run_planned(planned: Sequence[PlannedRun], run: Callable, overlap: bool = Fa
     plan order (None for copies). With `overlap`, the `side_run` goes on a second thread while
     the others run here. Each run computes exactly what it computes alone (its own cache, the
     same kernels and thread count), so the results are bit for bit those of running one after
-    another. `stop()` raises `Cancelled` in the side run once the others have failed."""
+    another. Each run calls `stop()` at every step: it raises `Cancelled` once a run here has
+    failed, which stops the side run."""
     results: list = [None] * len(planned)
     side = side_run(planned) if overlap else None
     cancel = threading.Event()
@@ -101,7 +102,7 @@ def run_planned(planned: Sequence[PlannedRun], run: Callable, overlap: bool = Fa
     try:
         for i, p in enumerate(planned):
             if p.same_as is None and i != side:
-                results[i] = run(i, p, lambda: None)
+                results[i] = run(i, p, stop)
     except BaseException:
         cancel.set()  # the side run stops at its next step; its result is not wanted
         raise
@@ -113,6 +114,6 @@ def run_planned(planned: Sequence[PlannedRun], run: Callable, overlap: bool = Fa
                 cancel.set()
                 worker.join()
                 raise
-    if failed and not isinstance(failed[0], Cancelled):
+    if failed:  # (a Cancelled side run only follows a failure here, already raised)
         raise failed[0]
     return results
