@@ -24,7 +24,6 @@ in `Comparison.unmeasured`, printed under the table and named in the verdict; a 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import threading
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
@@ -32,7 +31,7 @@ from typing import Callable, Optional, Sequence
 import torch
 from torch import Tensor
 
-from . import profile
+from . import evidence, profile
 from .boundaries import SHAPES
 from .errors import CannotRun
 from .metrics import AnalyticCheck, NoiseFloor, RunMetrics, analytic_check, measure, noise_floor
@@ -41,11 +40,8 @@ from .runner import Described, Runner
 from .runplan import NOISE_SCHEDULE, PlannedRun, forward_runs, plan, run_planned
 from .schedules import CRASHED, RunResult, ScheduleOptions, missing, run_schedule, runnable
 from .units import sci, sig3, times
+from .verdicts import BUG, CRASHED, INCONCLUSIVE, OK, ROUNDING, UNCONFIRMED, Verdict, line
 from .wording import born_where, fmt_steps, starts_phrase
-
-# token-by-token decode this many ulps (of the dtype, at the logits' scale) off the full pass is
-# no longer rounding: the floor measured from it would hide real errors, so the verdict says so
-SUSPECT_NOISE_ULPS = 1e3
 
 
 @dataclass
@@ -68,6 +64,9 @@ class Comparison:
     unmeasured: list[RunResult] = field(default_factory=list)  # runs with an outcome (crashed, ...)
     # why no schedule's agreement means anything (the state under test never mattered), or None
     inconclusive: Optional[str] = None
+    # (schedule, label) of each run that left the tolerance -> its float64 rerun (`evidence.confirm`)
+    confirmations: dict = field(default_factory=dict)
+    power: Optional[evidence.Power] = None  # how small an error in the carried state could show
 
     @property
     def labels(self) -> list[str]:
@@ -84,17 +83,52 @@ class Comparison:
                 return m
         raise KeyError((schedule, label))
 
+    def confirmation(self, m: RunMetrics) -> Optional[evidence.Confirmation]:
+        return self.confirmations.get((m.schedule, m.logic))
+
+    def status(self, m: RunMetrics) -> str:
+        """One run's word: ok, bug, unconfirmed, or rounding (left the tolerance in its own
+        precision, gone in float64: counted as ok)."""
+        if m.passed:
+            return OK
+        c = self.confirmation(m)
+        return UNCONFIRMED if c is None else c.status
+
     @property
     def failures(self) -> list[RunMetrics]:
-        return [m for m in self.metrics if not m.passed]
+        """Runs that leave the tolerance and are not float32 rounding (bugs and unconfirmed)."""
+        return [m for m in self.metrics if self.status(m) not in (OK, ROUNDING)]
+
+    @property
+    def bugs(self) -> list[RunMetrics]:
+        return [m for m in self.metrics if self.status(m) == BUG]
+
+    @property
+    def rounding(self) -> list[RunMetrics]:
+        return [m for m in self.metrics if self.status(m) == ROUNDING]
 
     @property
     def crashed(self) -> list[RunResult]:
         return [r for r in self.unmeasured if r.outcome == CRASHED]
 
     @property
+    def word(self) -> Verdict:
+        """The verdict word (`smearcli.verdicts`): bug only when confirmed in float64, ok only with
+        power."""
+        if self.bugs:
+            return BUG
+        if self.crashed:
+            return CRASHED
+        if self.failures:
+            return UNCONFIRMED
+        if self.inconclusive or (self.power is not None and self.power.measured and not self.power.sufficient):
+            return INCONCLUSIVE
+        return OK
+
+    @property
     def passed(self) -> bool:
-        return not self.failures and not self.crashed
+        """True for an `ok` verdict alone (never for inconclusive, unconfirmed or crashed)."""
+        return self.word is OK
 
     def outcome_line(self, r: RunResult) -> str:
         """"prefix/vllm crashed: IndexError: ..." for a run that was not measured."""
@@ -115,18 +149,6 @@ class Comparison:
         fd = m.first_departure
         return None if fd is None else m.chunk_start_share_at(fd[0])
 
-    @functools.cached_property
-    def decode_ulps(self) -> float:
-        """Token-by-token decode's logits distance from the full pass, in ulps at the logits' scale
-        (computed once: at d12 each scan of the reference's logits took 0.16 s)."""
-        scale = float(self.reference.logits.abs().max()) * torch.finfo(self.dtype).eps
-        d = self.noise.measured_logits
-        return d / scale if scale > 0 else (0.0 if d == 0 else float("inf"))
-
-    @property
-    def noise_suspect(self) -> bool:
-        return self.decode_ulps > SUSPECT_NOISE_ULPS
-
     def describe(self, m: RunMetrics) -> str:
         """One sentence for one run: where its error is born, how big, how far it spreads."""
         T = self.tokens.size(1)
@@ -142,6 +164,9 @@ class Comparison:
         share = self.start_share(m)
         if share is not None and born is not None:
             msg += f"; {share:.0%} of the error at {born[0]} sits on chunk starts"
+        conf = self.confirmation(m)
+        if conf is not None:
+            msg += f"; {conf.phrase()}"
         return msg
 
     @property
@@ -162,18 +187,19 @@ class Comparison:
                          times(m.logits_multiple), sci(m.kl_max), f"{m.top1_agreement:.1%}",
                          "-" if share is None else f"{share:.0%}",
                          "-" if born is None else f"{born[0]}@{born[1]}",
-                         f"{m.positions_above_noise}/{T}", "ok" if m.passed else "BUG"])
+                         f"{m.positions_above_noise}/{T}", run_word(self.status(m))])
         widths = [max(len(r[i]) for r in [head] + rows) for i in range(len(head))]
         text = len(head) - 3  # born at, spread, verdict: left-aligned like the names
-        line = lambda r: "  ".join(c.ljust(w) if i < 2 + several or i >= text else c.rjust(w)
-                                   for i, (c, w) in enumerate(zip(r, widths))).rstrip()
-        src = "token-by-token decode" if self.noise.source == NoiseFloor.source else self.noise.source
+        row = lambda r: "  ".join(c.ljust(w) if i < 2 + several or i >= text else c.rjust(w)
+                                  for i, (c, w) in enumerate(zip(r, widths))).rstrip()
         out = [f"{self.tokens.size(0)} x {T} tokens; noise floor (logits) {sci(self.noise.per_layer[-1])} "
-               f"from {src}; a run passes within {self.tolerance:g}x",
-               line(head)] + [line(r) for r in rows]
+               f"from {self.noise.source}; a run passes within {self.tolerance:g}x",
+               row(head)] + [row(r) for r in rows]
         out += [self.outcome_line(r) for r in self.unmeasured]
         out += self.notes
-        out += ["BUG: " + self.describe(m) for m in self.failures]
+        if self.power is not None:
+            out.append(f"power: {self.power.describe()}")
+        out += [f"{run_word(self.status(m))}: " + self.describe(m) for m in self.failures + self.rounding]
         out.append(self.verdict)
         return "\n".join(out)
 
@@ -197,21 +223,25 @@ def compare(target, tokens: Tensor, schedules: Sequence[str] = DEFAULT_SCHEDULES
             check_runs: Optional[Callable[[RunMetrics], bool]] = None,
             tokens_progress: Optional[Callable[[int, int], None]] = None,
             name: Optional[str] = None, notes: Sequence[str] = (),
-            reference: Optional[Runner] = None, floor: Optional[RunResult] = None,
-            floor_source: str = "", overlap: bool = False) -> Comparison:
-    """Run the reference, the noise-floor pair and every (schedule, runner); measure each.
+            reference: Optional[Runner] = None, floor=None, overlap: bool = False,
+            confirm: bool = True, power: bool = True) -> Comparison:
+    """Run the reference and every (schedule, runner); measure each; judge by `smearcli.evidence`.
 
     `target`: our GPT (with `logics`), a Runner or a list of Runners (see `as_runners`); the first
-    runner's full forward pass is the reference and its decode the noise floor. `progress`, if
-    given, is called with a short label before each run; `tokens_progress(done, total)` after
-    every forward step, with the positions fed so far over all runs. `check_runs` picks the runs
-    that get the analytic check (default: those that fail, on runners that give smear terms).
+    runner's full forward pass is the reference, or `reference`'s when given (a runner that is
+    the yardstick only). The noise floor is that full pass against itself in float64
+    (`evidence.floor`; `floor`, a `metrics.NoiseFloor`, replaces it); decode is a schedule like any
+    other. A run that leaves `tolerance` x the floor is rerun in float64, lifted
+    (`evidence.confirm`; `confirm=False` skips it and leaves it unconfirmed); when every run agrees,
+    the state the cache carries is zeroed to show the check had power (`power=False` skips it).
 
-    Decode runs once for runners whose `one_token_step` keys are equal (our GPT's logics share it,
-    checked by tests): the one result then stands for each of them. `overlap`: run that decode on
-    a second thread beside the other runs (CPU, `Runner.thread_safe` runners; see `run_planned`):
-    the same numbers, sooner on two cores. It is off while a `smearcli.profile` session is open,
-    whose sections time one run at a time, and when torch is held to one thread."""
+    `progress`, if given, is called with a short label before each run; `tokens_progress(done,
+    total)` after every forward step, with the positions fed so far over all runs. `check_runs`
+    picks the runs that get the analytic check (default: those that fail, on runners that give
+    smear terms). Decode runs once for runners whose `one_token_step` keys are equal (our GPT's
+    logics share it): the one result stands for each. `overlap`: run that decode on a second
+    thread beside the other runs (CPU, `Runner.thread_safe` runners; see `run_planned`): the same
+    numbers, sooner on two cores; off inside a `smearcli.profile` session and on one thread."""
     runners = as_runners(target, logics, name)
     ref_runner = reference or runners[0]
     for s in schedules:
@@ -220,7 +250,64 @@ def compare(target, tokens: Tensor, schedules: Sequence[str] = DEFAULT_SCHEDULES
                 raise CannotRun(f"{r.label} cannot run the {s} schedule ({missing(r, s)})")
     tokens = tokens.to(ref_runner.device)
     step = progress or (lambda label: None)
-    planned = plan(runners, schedules, reference, floor_given=floor is not None)
+    planned = plan(runners, schedules, reference)
+    results = _run_all(planned, tokens, options, step, tokens_progress,
+                       overlap and profile.active() is None and torch.get_num_threads() > 1)
+    ref, runs = _collect(planned, results)
+    unmeasured = [r for r in runs if r.outcome is not None]
+    runs = [r for r in runs if r.outcome is None]
+    layers = list(ref_runner.layers)
+    ref, runs, layers = _common_layers(ref, runs, layers)
+    dtype = ref_runner.dtype or ref.logits.dtype
+    if floor is None:
+        step("noise floor (float64)")
+        floor = evidence.floor(ref_runner, ref, tokens, dtype)
+    metrics = [measure(ref, r, floor, tolerance) for r in runs]
+    by_label = {r.label: r for r in runners}
+    pick = check_runs or (lambda m: not m.passed)
+    analytic, checked = {}, {}
+    for r, m in zip(runs, metrics):
+        if r.schedule not in analytic and pick(m):
+            checks = analytic_check(by_label[r.logic], tokens, ref, r)
+            if checks:
+                analytic[r.schedule], checked[r.schedule] = checks, r.logic
+    notes = list(notes) + list(dict.fromkeys(n for r in runs for n in r.notes))  # rollback: crop or copy
+    if reference is not None:
+        notes += ["reference: " + n for n in reference.describe().notes]
+    notes.append(f"noise floor: {floor.source}")
+    c = Comparison([r.describe() for r in runners], tokens, options, layers, floor, ref, runs, metrics,
+                   analytic, tolerance, dtype, notes, checked, unmeasured)
+    if confirm:
+        for r, m in zip(runs, metrics):
+            if not m.passed:
+                step(f"{r.schedule} / {r.logic} in float64")
+                c.confirmations[(m.schedule, m.logic)] = evidence.confirm(
+                    by_label[r.logic], tokens, _rerun(r.schedule, tokens, options), m.max_abs_logits)
+    if power and not c.failures and not c.crashed and runs:
+        step("power")
+        c.power = measure_power(runners, reference, tokens, tolerance * floor.per_layer[-1])
+    return c
+
+
+def _rerun(schedule: str, tokens: Tensor, options: ScheduleOptions):
+    return lambda r: run_schedule(r, tokens, schedule, opts=options, capture=False)
+
+
+def measure_power(runners: Sequence[Runner], reference: Optional[Runner], tokens: Tensor,
+                  threshold: float) -> evidence.Power:
+    """`evidence.power` on the first runner that steps through a cache of its own (an engine that
+    runs whole schedules has none to zero: then the reference's, the same weights)."""
+    why = ""
+    for r in [*runners, *([reference] if reference is not None else [])]:
+        try:
+            return evidence.power(r, tokens, threshold)
+        except NotImplementedError as e:
+            why = str(e) or f"{r.label} has no cache to zero"
+    return evidence.Power(0, threshold, why=why or "no runner steps through a cache")
+
+
+def _run_all(planned, tokens, options, step, tokens_progress, overlap: bool) -> list[RunResult]:
+    """Every planned run, its progress reported (`run_planned` may put decode on a second thread)."""
     total = forward_runs(planned) * tokens.size(1)
     fed = [0] * len(planned)  # positions fed so far by each planned run
     lock = threading.Lock()  # the side run reports progress from its own thread
@@ -237,10 +324,12 @@ def compare(target, tokens: Tensor, schedules: Sequence[str] = DEFAULT_SCHEDULES
         fed[i] = tokens.size(1)
         return r
 
-    # a profile times one run at a time; a compare held to one thread keeps to one core
-    results = run_planned(planned, run, overlap and profile.active() is None and torch.get_num_threads() > 1)
-    ref, decode_for_noise, runs = None, None, []
-    by_runner: dict = {}
+    return run_planned(planned, run, overlap)
+
+
+def _collect(planned, results) -> tuple[RunResult, list[RunResult]]:
+    """(the reference, the measured runs): a decode shared by several runners stands for each."""
+    ref, runs, by_runner = None, [], {}
     for p, r in zip(planned, results):
         if p.same_as is not None:
             r = dataclasses.replace(by_runner[(id(p.same_as), p.schedule)], logic=p.runner.label)
@@ -249,70 +338,52 @@ def compare(target, tokens: Tensor, schedules: Sequence[str] = DEFAULT_SCHEDULES
             ref = r
         elif p.measured:
             runs.append(r)
-        if p.schedule == NOISE_SCHEDULE and p.runner is ref_runner:
-            decode_for_noise = r
-    unmeasured = [r for r in runs if r.outcome is not None]
-    runs = [r for r in runs if r.outcome is None]
-    layers = list(ref_runner.layers)
+    return ref, runs
+
+
+def _common_layers(ref: RunResult, runs: list[RunResult], layers: list[str]):
+    """The capture points every run has: all of them, or the logits alone when one has none."""
     for r in [ref] + runs:
         got = len(r.hiddens or []) + 1
         if got != len(layers) and r.hiddens is not None:
             raise ValueError(f"{r.logic} returned {got} capture points on {r.schedule}; its runner "
                              f"declares {len(layers)} ({', '.join(layers)})")
-    if ref.hiddens is None or any(r.hiddens is None for r in runs):  # compare what all have
-        layers = ["logits"]
-        ref = dataclasses.replace(ref, hiddens=None)
-        runs = [dataclasses.replace(r, hiddens=None) for r in runs]
-        if decode_for_noise is not None:
-            decode_for_noise = dataclasses.replace(decode_for_noise, hiddens=None)
-    dtype = ref_runner.dtype or ref.logits.dtype
-    if floor is not None:
-        if ref.hiddens is None or floor.hiddens is None or len(floor.hiddens) != len(ref.hiddens):
-            # layers the floor run lacks get the ulp minimum (the reference's own hidden states)
-            floor = dataclasses.replace(floor, hiddens=ref.hiddens)
-        noise = noise_floor(ref, floor, dtype)
-        noise.source = floor_source or "a floor run given by the caller"
-        noise.measured_logits = 0.0  # decode is a schedule here: its ulps are its own metric
-    else:
-        noise = noise_floor(ref, decode_for_noise, dtype)
-    metrics = [measure(ref, r, noise, tolerance) for r in runs]
-    pick = check_runs or (lambda m: not m.passed)
-    by_label = {r.label: r for r in runners}
-    analytic, checked = {}, {}
-    for r, m in zip(runs, metrics):
-        if r.schedule not in analytic and pick(m):
-            checks = analytic_check(by_label[r.logic], tokens, ref, r)
-            if checks:
-                analytic[r.schedule], checked[r.schedule] = checks, r.logic
-    notes = list(notes) + list(dict.fromkeys(n for r in runs for n in r.notes))  # rollback: crop or copy
-    if reference is not None:
-        notes += ["reference: " + n for n in reference.describe().notes]
-    return Comparison([r.describe() for r in runners], tokens, options, layers, noise, ref, runs, metrics,
-                      analytic, tolerance, dtype, notes, checked, unmeasured)
+    if ref.hiddens is None or any(r.hiddens is None for r in runs):
+        return (dataclasses.replace(ref, hiddens=None), [dataclasses.replace(r, hiddens=None) for r in runs],
+                ["logits"])
+    return ref, runs, layers
+
+
+def run_word(status: str) -> str:
+    """A run's status as the tables print it."""
+    return {OK: "ok", BUG: "BUG", ROUNDING: "ok (rounding)", UNCONFIRMED: "unconfirmed"}.get(status, str(status))
 
 
 def verdict(c: Comparison) -> str:
-    """One line a person can act on."""
-    if c.inconclusive and not c.failures:
-        return (f"INCONCLUSIVE: every schedule matches the full forward pass within {c.tolerance:g}x the "
-                f"noise floor, but {c.inconclusive}")
-    tail = ""
-    if c.noise_suspect:
-        tail = (f" (note: token-by-token decode itself is {c.decode_ulps:.3g} ulps off the full pass, "
-                f"so the noise floor it sets may hide errors)")
-    tail += "".join(f"; {c.outcome_line(r)}" for r in c.unmeasured if r.outcome != CRASHED)
-    bad = c.failures
-    if c.crashed:
-        crash = "BUG: " + "; ".join(c.outcome_line(r) for r in c.crashed)
-        if not bad:
-            return crash + (f"; every run measured matches the full forward pass within {c.tolerance:g}x "
-                            f"the noise floor" if c.metrics else "") + tail
-        tail = "; " + crash.removeprefix("BUG: ") + tail
-    if not bad:
+    """One line a person can act on, led by the verdict word (`verdicts.line`)."""
+    word = c.word
+    within = f"within {c.tolerance:g}x the noise floor"
+    tail = "".join(f"; {c.outcome_line(r)}" for r in c.unmeasured if r.outcome != CRASHED)
+    if c.rounding:
+        tail += (f"; {', '.join(c.run_name(m) for m in c.rounding)} left the tolerance in "
+                 f"{str(c.dtype).removeprefix('torch.')} only: float32 rounding, gone in float64")
+    if word is OK or word is INCONCLUSIVE:
         lams = [d.smear_lambda for d in c.described]
         if lams and all(lam == 0.0 for lam in lams):
             tail += " (smear_lambda is 0: this model cannot show the bug)"
-        return f"OK: every schedule matches the full forward pass within {c.tolerance:g}x the noise floor{tail}"
+        head = f"every schedule matches the full forward pass {within}"
+        if word is INCONCLUSIVE:
+            why = c.inconclusive or (f"the check could not see {', '.join(c.power.phrase(k) for k in c.power.weak)} "
+                                     f"(OK needs {evidence.MIN_POWER:.0%})")
+            return line(word, f"{head}, but {why}{tail}")
+        if c.power is not None:
+            tail += f"; it {c.power.describe()}" if c.power.measured else f"; {c.power.describe()}"
+        return line(word, head + tail)
+    if word is CRASHED:
+        return line(word, "; ".join(c.outcome_line(r) for r in c.crashed)
+                    + (f"; every run measured matches the full forward pass {within}" if c.metrics else "") + tail)
+    bad = c.bugs or c.failures
+    crashes = "".join(f"; {c.outcome_line(r)}" for r in c.crashed)
     worst = max(bad, key=lambda m: m.max_abs_logits)
     labels = sorted({m.logic for m in bad})
     names = ", ".join(c.run_name(m) for m in bad)
@@ -320,17 +391,22 @@ def verdict(c: Comparison) -> str:
     born = c.born_at(worst)
     on_start = born is not None and born[1] in worst.chunk_starts
     where = f" at {starts_phrase(worst.chunk_starts, worst.schedule)}" if on_start else ""
-    msg = (f"BUG: {names} {verb} from the full forward pass: max |dlogit| "
+    msg = (f"{names} {verb} from the full forward pass: max |dlogit| "
            f"{sig3(worst.max_abs_logits)} ({sig3(worst.logits_multiple)}x noise){where}")
     if born is not None:
         msg += f"; born at {born[0]}@{born[1]}{born_where(born[1], worst.chunk_starts)}"
     shapes = list(dict.fromkeys(s for s in (shape_of(c, m) for m in bad) if s))
     if shapes:
         msg += f" ({', '.join(shapes)})"
+    conf = c.confirmation(worst)
+    if conf is not None:
+        msg += f"; {conf.phrase()}"
+    if word is BUG and len(c.failures) > len(c.bugs):
+        msg += f"; unconfirmed: {', '.join(c.run_name(m) for m in c.failures if m not in c.bugs)}"
     good = [lb for lb in c.labels if lb not in labels]
     if good and len(c.labels) > 1:
         msg += f"; the {'/'.join(sorted(good))} logic matches every schedule"
-    return msg + tail
+    return line(word, msg + crashes + tail)
 
 
 def shape_of(c: Comparison, m: RunMetrics) -> Optional[str]:

@@ -120,6 +120,7 @@ class NoiseFloor:
     per_layer: list[float]  # one value per capture point
     source: str = "decode vs full, max over positions, at least one ulp of the layer's scale"
     measured_logits: float = 0.0  # decode's logits distance from the full pass, before the ulp minimum
+    float64: bool = False  # measured against the full pass in float64 (`evidence.floor`), not the ulp minimum
 
     def tensor(self) -> Tensor:
         return torch.tensor(self.per_layer).unsqueeze(1)

@@ -95,6 +95,17 @@ class GPTRunner(Runner):
     def smear_terms(self, tokens):
         return self.model.smear_terms(tokens, self.bos if self.label in TAKES_BOS else None)
 
+    def float64(self):
+        """This logic on a float64 copy of the weights (made once per model and kept)."""
+        m64 = self.model.__dict__.get("_float64_twin")
+        if m64 is None:
+            import copy
+
+            m64 = copy.deepcopy(self.model).double()
+            m64.dtype, m64._rotary_device = torch.float64, None  # activations and rotary in float64 too
+            object.__setattr__(self.model, "_float64_twin", m64)  # not a submodule: no state_dict entry
+        return GPTRunner(m64, self.label, self.name, self.bos)
+
 
 def runners(model: GPT, logics: Sequence[str], name: Optional[str] = None,
             bos: Optional[int] = None) -> list[GPTRunner]:

@@ -146,6 +146,12 @@ class Runner:
         or None to be driven step by step."""
         return None
 
+    def float64(self) -> Optional["Runner"]:
+        """The same computation on the same weights in float64, or None when the implementation
+        has no such form. `smearcli.evidence` measures the noise floor against its full pass and
+        reruns a departure on it (under `evidence.lifted()`) before calling it a bug."""
+        return None
+
 
 @dataclass
 class StepRunner(Runner):
@@ -166,6 +172,16 @@ class StepRunner(Runner):
         d = super().describe()
         return Described(d.label, d.series, d.name, d.shape, d.dtype, d.device, notes=tuple(self.notes))
 
+    def float64(self):
+        """The same callables with every torch module they reach (`evidence.modules_in`) switched
+        to float64 for the duration of each call, and back to the very tensors it had after it."""
+        from .evidence import modules_in
+
+        mods = modules_in(self.fn) + modules_in(self.full)
+        if not mods:
+            return None
+        return Float64Calls(self, mods)
+
     def forward(self, tokens, capture):
         if self.full is None:
             out = self.step(tokens, self.new_cache(tokens.size(0), tokens.size(1)), capture)
@@ -179,6 +195,36 @@ class StepRunner(Runner):
         out, inner = unpack(self.fn(tokens, cache.inner if cache.started else None), cached=True)
         cache.inner, cache.started = inner, True
         return out
+
+
+class Float64Calls(Runner):
+    """A `StepRunner` whose calls run with its modules in float64 (`StepRunner.float64`)."""
+
+    def __init__(self, inner: StepRunner, modules):
+        self.inner, self.modules = inner, modules
+        self.label, self.layers, self.name = inner.label, inner.layers, inner.name
+        self.dtype, self.device = _f64(), inner.device
+
+    def _call(self, method, *args):
+        from .evidence import in_float64
+
+        with in_float64(self.modules):
+            return method(*args)
+
+    def forward(self, tokens, capture):
+        return self._call(self.inner.forward, tokens, capture)
+
+    def new_cache(self, batch, max_len):
+        return self.inner.new_cache(batch, max_len)
+
+    def step(self, tokens, cache, capture):
+        return self._call(self.inner.step, tokens, cache, capture)
+
+
+def _f64():
+    import torch
+
+    return torch.float64
 
 
 class LogProbs(Runner):
@@ -209,6 +255,10 @@ class LogProbs(Runner):
 
     def step(self, tokens, cache, capture):
         return self._lp(self.inner.step(tokens, cache, False))
+
+    def float64(self):
+        twin = self.inner.float64()
+        return None if twin is None else LogProbs(twin)
 
 
 @dataclass

@@ -28,12 +28,11 @@ class PlannedRun:
     measured: bool = True  # False: the reference, and a decode run for the noise floor only
 
 
-def plan(runners: Sequence[Runner], schedules: Sequence[str], reference: Optional[Runner] = None,
-         floor_given: bool = False) -> list[PlannedRun]:
-    """Every run `compare` makes, in order: the reference, each (schedule, runner) (decode once
-    per group of runners sharing a one-token step), and a decode for the noise floor when no
-    schedule is decode on the reference's runner (always, with a separate `reference`), unless the
-    caller gives the floor run. The CLI's progress totals come from here."""
+def plan(runners: Sequence[Runner], schedules: Sequence[str], reference: Optional[Runner] = None) -> list[PlannedRun]:
+    """Every run `compare` makes, in order: the reference, then each (schedule, runner) (decode
+    once per group of runners sharing a one-token step). No run is made for the noise floor: it
+    comes from the reference in float64 (`smearcli.evidence.floor`), never from a schedule under
+    test. The CLI's progress totals come from here."""
     ref = reference or runners[0]
     several = len(runners) > 1
     out = [PlannedRun(REFERENCE, ref, "full (reference)", measured=False)]
@@ -47,8 +46,6 @@ def plan(runners: Sequence[Runner], schedules: Sequence[str], reference: Optiona
             out.append(PlannedRun(sched, r, label))
             if sched == NOISE_SCHEDULE and r.one_token_step is not None:
                 decoded[r.one_token_step] = r
-    if (NOISE_SCHEDULE not in schedules or reference is not None) and not floor_given:
-        out.append(PlannedRun(NOISE_SCHEDULE, ref, "decode (noise floor)", measured=False))
     return out
 
 

@@ -16,12 +16,24 @@ def test_cache(my_model):
 - `hidden_states` (optional): a sequence of per-layer tensors (B, T_chunk, C) for that chunk,
   lowest layer first; with them the report says in which layer the error is born.
 
-Three kinds of run feed the same tokens: the full pass (one call with cache None over all tokens,
-the reference), token-by-token decode (one token per call: its distance from the full pass is the
-noise floor, what rounding alone costs), and chunked prefill (the given chunk sizes). Every run is
-measured by `smearcli.compare` itself (the step becomes a `runner.StepRunner`), so the result is
-the same `Comparison` the CLI renders: per position and layer, as multiples of the measured noise
-floor. A run passes when its logits stay within `tolerance` times the floor.
+The full pass (one call with cache None over all tokens, or `full`) is the reference; every
+schedule, token-by-token decode and chunked prefill by default, is measured against it by
+`smearcli.compare` itself (the step becomes a `runner.StepRunner`), so the result is the same
+`Comparison` the CLI renders, judged by `smearcli.evidence` like every other surface:
+
+- **the floor** is the reference against itself in float64: the torch modules the callables reach
+  (a bound method's model, a closure's, a global's) are switched to float64 for one call and back
+  to the very tensors they were. Where none is found the floor is one ulp of each layer's scale,
+  and the table's first line says which. No schedule under test sets it, decode included: a step
+  that is wrong one token at a time fails like any other.
+- **power**: the tensors of the cache the step returns are zeroed after half the tokens; a kind
+  of state whose zeroing moves the later logits by less than 100x the tolerance makes the result
+  INCONCLUSIVE. A cache whose tensors cannot be found is said to be unmeasured, and the check
+  judges on the floor alone.
+- **confirmation**: a run that leaves the tolerance is rerun in float64 with float32 requests
+  lifted (`evidence.confirm`): a bug keeps its size, rounding vanishes.
+
+`assert_cache_consistent` passes an `ok` verdict only.
 """
 
 from __future__ import annotations
@@ -31,7 +43,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 from torch import Tensor
 
-from .compare import NOISE_SCHEDULE, Comparison, compare
+from .compare import Comparison, compare
 from .names import NOISE_MARGIN
 from .runner import StepRunner
 from .schedules import ScheduleOptions, plan_steps
@@ -70,8 +82,8 @@ def check_cache_consistency(step: Step, tokens, chunk_sizes: Optional[Sequence[i
                             options: Optional[ScheduleOptions] = None, tolerance: float = NOISE_MARGIN,
                             layer_names: Optional[Sequence[str]] = None, full: Optional[Callable] = None,
                             dtype: Optional[torch.dtype] = None, logic: str = "model") -> Comparison:
-    """Run the full pass, token-by-token decode and every schedule in `schedules` (prefill,
-    decode, chunked, speculative) through `step`; measure each against the full pass.
+    """Run the full pass and every schedule in `schedules` (prefill, decode, chunked,
+    speculative) through `step`; measure each against the full pass (see the module docstring).
 
     `chunk_sizes` (summing to the sequence length) or `chunks` (near-equal chunks) set the chunked
     run; `options` sets the rest (speculative: gen_len, draft) and wins over both. `full`, if
@@ -83,9 +95,9 @@ def check_cache_consistency(step: Step, tokens, chunk_sizes: Optional[Sequence[i
     T = tokens.size(1)
     if options is None:
         options = ScheduleOptions(chunks=chunks, chunk_sizes=None if chunk_sizes is None else tuple(chunk_sizes))
-    names = list(schedules)
-    if NOISE_SCHEDULE not in names:
-        names.insert(0, NOISE_SCHEDULE)
+    names = list(dict.fromkeys(schedules))
+    if not names:
+        raise ValueError("schedules is empty: name at least one of prefill, decode, chunked, speculative")
     for s in names:
         plan_steps(s, T, options)  # validates names and sizes up front
     n_layers = _probe_layers(step, full, tokens)
@@ -99,7 +111,8 @@ def check_cache_consistency(step: Step, tokens, chunk_sizes: Optional[Sequence[i
 
 def assert_cache_consistent(step: Step, tokens, chunk_sizes: Optional[Sequence[int]] = None, *,
                             tolerance: float = NOISE_MARGIN, **kwargs) -> Comparison:
-    """`check_cache_consistency`, raising AssertionError with the table when any run fails."""
+    """`check_cache_consistency`, raising AssertionError with the table unless the verdict is ok
+    (a bug, an unconfirmed departure, an inconclusive check or a crash all raise)."""
     check = check_cache_consistency(step, tokens, chunk_sizes, tolerance=tolerance, **kwargs)
     if not check.passed:
         raise AssertionError("cache inconsistency\n" + check.table())

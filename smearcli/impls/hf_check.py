@@ -1,18 +1,15 @@
-"""`compare --impl hf`'s sound check of one model, on the scan's machinery (issue 21).
+"""`compare --impl hf`'s check of one model: `smearcli.compare` with the model's own cache.
 
-`sound_compare(runner, tokens, schedules, ...)` is `smearcli.compare.compare` with the two
-guarantees `smearcli scan` gives every architecture:
+`sound_compare(runner, tokens, schedules, ...)` is `smearcli.compare.compare` on an
+`hf_state.CacheRunner`, judged by `smearcli.evidence` like every surface: the floor is the full
+pass in float64 (never decode, which is measured like every other schedule), a departure is
+confirmed in float64 with the float32 islands lifted, and agreement is OK only when zeroing each
+kind of carried state moves the later logits by 100x the tolerance. A cache that carries no
+floating-point state at all makes the comparison `inconclusive`: agreement on it says nothing.
 
-- the noise floor comes from the full pass in float64 against float32 (`hf_state.floor_run`),
-  never from decode, so a wrong one-token step cannot raise it; decode is measured like every
-  other schedule;
-- when every schedule agrees, the state the cache carries must be shown to matter
-  (`hf_state.live_state`): a kind of state whose zeroing moves no logit past the floor makes the
-  comparison `inconclusive` (its verdict says so), since agreement on it says nothing.
-
-The runner is `hf.runner(model, source, tokens)`: an `hf_state.CacheRunner` (a cache under
-`state=`, a cache the caller creates) described with what was loaded.
-`their_frame(exc)` says where in transformers an exception was raised, or None when it was not.
+The runner is `hf.runner(model, source, tokens)`: an `hf_state.CacheRunner` described with what
+was loaded. `their_frame(exc)` says where in transformers an exception was raised, or None when
+it was not.
 """
 
 from __future__ import annotations
@@ -22,30 +19,18 @@ from typing import Optional, Sequence
 
 from ..compare import Comparison, compare
 from ..names import NOISE_MARGIN
-from . import hf_state
 from .hf_state import CacheRunner
 
 
 def sound_compare(r: CacheRunner, tokens, schedules: Sequence[str], options=None,
                   tolerance: float = NOISE_MARGIN, progress=None, tokens_progress=None,
                   notes: Sequence[str] = ()) -> Comparison:
-    """compare() against a float64 floor, then the live-state check (see the module docstring)."""
+    """compare() on the model's own cache (see the module docstring)."""
     kw = {} if options is None else {"options": options}
-    tokens = tokens.to(r.device)
-    floor, source = hf_state.floor_run(r, tokens, capture=len(r.layers) > 1)
-    c = compare(r, tokens, list(schedules), tolerance=tolerance, progress=progress,
-                tokens_progress=tokens_progress, notes=list(notes), floor=floor, floor_source=source, **kw)
-    if c.passed:
-        if progress is not None:
-            progress("live state")
-        live = hf_state.live_state(r, tokens, c.noise.per_layer[-1], margin=tolerance)
-        c.notes.append(live.describe())
-        if not live.effects:
-            c.inconclusive = "the cache carries no floating-point state to perturb"
-        elif live.dead:
-            c.inconclusive = (f"zeroing its {', '.join(live.dead)} state at position {live.split} moves no logit past "
-                              f"{tolerance:g}x the floor, so agreement does not show that state is read "
-                              "(try a larger initializer_range)")
+    c = compare(r, tokens.to(r.device), list(schedules), tolerance=tolerance, progress=progress,
+                tokens_progress=tokens_progress, notes=list(notes), **kw)
+    if c.power is not None and not c.power.measured:
+        c.inconclusive = c.power.why
     return c
 
 

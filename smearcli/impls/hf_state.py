@@ -1,22 +1,18 @@
-"""What a cached step carries, and checks that cannot pass a wrong model (issue 21).
-
-Shared by `smearcli scan` and `compare --impl hf`:
+"""A transformers causal LM driven through its own cache, as `smearcli scan` and `compare --impl
+hf` drive it:
 
 - `CacheRunner`: a transformers causal LM as a `Runner` that also runs the models the plain
   adapter refuses: a cache passed under `state=` (RWKV), a cache the caller must create
   (RecurrentGemma: `DynamicCache(config=...)` when the first call returns none); optional explicit
-  `position_ids` / attention mask (to tell "positions restart" and "mask wrong" apart), and a
-  perturbation hook that zeroes what the cache carries at chosen positions.
-- `cache_tensors(cache)`: every floating-point tensor a cache object holds, by path and kind
-  (`KV`: attention keys and values; `CONV`: conv taps; `STATE`: SSM, recurrent and every other).
+  `position_ids` / attention mask (to tell "positions restart" and "mask wrong" apart), a
+  perturbation hook that zeroes what the cache carries at chosen positions, and a float64 twin
+  (`float64()`, MoE experts made eager) for `smearcli.evidence`'s floor and confirmation.
+- `cache_tensors(cache)` (from `smearcli.evidence`): every floating-point tensor a cache object
+  holds, by path and kind (`KV`: attention keys and values; `CONV`: conv taps; `STATE`: SSM,
+  recurrent and every other).
 - `croppable(runner, tokens)`: whether the model's cache can be cropped back after a rejected
   draft (a `crop`, attention keys and values only); `CacheRunner(..., crop=True)` then declares
   `CROP` and crops with it (a crop their API refuses raises `CropRefused`).
-- `floor_run(runner, tokens)`: the full pass in float64, as the noise floor's partner: rounding in
-  float32 is all it measures, and no schedule under test (decode included) can raise it.
-- `live_state(runner, tokens, floor)`: zero each kind of carried state at a boundary and measure
-  how far the logits after it move; a kind whose effect stays under the floor is not shown to
-  matter, and a consistent verdict on it says nothing.
 """
 
 from __future__ import annotations
@@ -24,19 +20,17 @@ from __future__ import annotations
 import copy
 import dataclasses
 import inspect
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import torch
 from torch import Tensor
 
-from ..names import NOISE_MARGIN
+from ..evidence import CONV, KV, STATE, cache_tensors, float64_model, state_kinds  # noqa: F401 - re-exported
 from ..runner import COPY, CROP, PADDING, Described, Holder, Output, Runner
-from ..schedules import RunResult, run_schedule, run_steps
+from ..schedules import RunResult, run_schedule
 
 KEYWORDS = ("cache", "past_key_values", "cache_params", "state")  # newest first; RWKV: state
-KV, CONV, STATE = "kv", "conv", "recurrent"  # attention keys/values, conv taps, every other (SSM, RNN) state
-KV_NAMES = ("keys", "values", "key_cache", "value_cache", "key", "value", "k_cache", "v_cache")
 
 
 def cache_keyword(model) -> Optional[str]:
@@ -50,38 +44,6 @@ def out_cache(out):
         if c is not None:
             return c
     return None
-
-
-def cache_tensors(obj, path: str = "", depth: int = 0, seen=None) -> list[tuple[str, Tensor, str]]:
-    """(path, tensor, kind) for every tensor reachable from a cache object (attributes, lists,
-    tuples, dicts; four levels deep)."""
-    seen = set() if seen is None else seen
-    if id(obj) in seen or depth > 4:
-        return []
-    seen.add(id(obj))
-    if isinstance(obj, Tensor):
-        if not obj.is_floating_point():  # lengths, positions: bookkeeping, not state
-            return []
-        last = path.split(".")
-        kind = KV if any(p in KV_NAMES for p in last) else CONV if "conv" in path.lower() else STATE
-        return [(path, obj, kind)]
-    items: list = []
-    if isinstance(obj, dict):
-        items = list(obj.items())
-    elif isinstance(obj, (list, tuple)):
-        items = list(enumerate(obj))
-    elif hasattr(obj, "__dict__") and not isinstance(obj, (torch.nn.Module, type)):
-        items = list(vars(obj).items())
-    out = []
-    for k, v in items:
-        if isinstance(v, (torch.dtype, torch.device, str, int, float, bool)) or v is None:
-            continue
-        out += cache_tensors(v, f"{path}.{k}" if path else str(k), depth + 1, seen)
-    return out
-
-
-def state_kinds(cache) -> list[str]:
-    return sorted({kind for _, t, kind in cache_tensors(cache) if t.numel()})
 
 
 @dataclass
@@ -192,6 +154,16 @@ class CacheRunner(Runner):
                         t.zero_()
         return Output(out.logits, hs)
 
+    def float64(self) -> "CacheRunner":
+        """A float64 copy of the model behind the same runner settings (made once and kept)."""
+        if getattr(self, "_twin", None) is None:
+            twin = type(self).__new__(type(self))
+            twin.__dict__.update(self.__dict__)
+            twin.model = float64_model(self.model)
+            twin.dtype, twin.perturb, twin._twin = torch.float64, None, None
+            self._twin = twin
+        return self._twin
+
     def copy(self, cache: Holder) -> Holder:
         """A deep copy of the model's own cache object (rolled-back drafts restore it)."""
         return Holder(copy.deepcopy(cache.inner), cache.started, cache.pos)
@@ -241,69 +213,3 @@ def croppable(runner: CacheRunner, tokens: Tensor) -> Optional[str]:
 def full_run(runner: Runner, tokens: Tensor, capture: bool = False, schedule: str = "full") -> RunResult:
     """The runner's full pass (the `full` schedule), named `schedule`."""
     return dataclasses.replace(run_schedule(runner, tokens, "full", capture=capture), schedule=schedule)
-
-
-def floor_run(runner: CacheRunner, tokens: Tensor, capture: bool = False) -> tuple[Optional[RunResult], str]:
-    """(the full pass in float64 cast to float32, what it is) or (None, why not): the partner of
-    the reference for a noise floor that no schedule under test can raise."""
-    model = runner.model
-    try:
-        m64 = copy.deepcopy(model).double()
-        r64 = CacheRunner(m64, runner.layers, runner.name)
-        run = full_run(r64, tokens, capture, schedule="full (float64)")
-        del m64
-        return run, "the full pass in float64 against float32, at least one ulp of each layer's scale"
-    except Exception as e:  # their code may not run in float64 (a kernel, a dtype assert)
-        return None, f"the full pass does not run in float64 ({type(e).__name__}); one ulp of each layer's scale"
-
-
-@dataclass
-class LiveState:
-    """How far zeroing each kind of carried state at `split` moves the logits after it."""
-    split: int
-    effects: dict = field(default_factory=dict)  # kind -> max |dlogit| after the split
-    floor: float = 0.0  # the logits noise floor
-    margin: float = NOISE_MARGIN
-
-    def matters(self, kind: str) -> bool:
-        return self.effects.get(kind, 0.0) > self.margin * self.floor
-
-    @property
-    def dead(self) -> list[str]:
-        """Kinds present whose zeroing stays under margin x the floor."""
-        return [k for k in self.effects if not self.matters(k)]
-
-    @property
-    def shown(self) -> bool:
-        """Every kind of state the cache carries is shown to matter."""
-        return bool(self.effects) and not self.dead
-
-    def describe(self) -> str:
-        parts = [f"{k} {v:.3g} ({'matters' if self.matters(k) else 'under the floor'})" for k, v in self.effects.items()]
-        return f"zeroing the cache at {self.split} moves the later logits by " + ", ".join(parts)
-
-
-def live_state(runner: CacheRunner, tokens: Tensor, floor: float, split: Optional[int] = None,
-               margin: float = NOISE_MARGIN) -> LiveState:
-    """Zero each kind of state the cache carries after a prefill of `split` tokens and measure the
-    later logits against the same steps unperturbed, both as one chunk and as single tokens (the
-    larger effect counts: a chunk path that ignores its state is the schedules' business)."""
-    T = tokens.size(1)
-    split = split or T // 2
-    probe = runner.new_cache(tokens.size(0), T)
-    with torch.inference_mode():
-        runner.step(tokens[:, :split], probe, False)
-    kinds = state_kinds(probe.inner)
-    out = LiveState(split, floor=floor, margin=margin)
-    tail = min(4, T - split)  # a few single tokens, then the rest as one chunk
-    for steps in ([split, T - split], [split] + [1] * tail + ([T - split - tail] if T - split > tail else [])):
-        base = run_steps(runner, tokens, steps)
-        for kind in kinds:
-            runner.perturb = Perturb((split,), kind)
-            try:
-                moved = run_steps(runner, tokens, steps)
-            finally:
-                runner.perturb = None
-            eff = float((moved.logits[:, split:] - base.logits[:, split:]).abs().max())
-            out.effects[kind] = max(out.effects.get(kind, 0.0), eff)
-    return out

@@ -224,6 +224,18 @@ class NanochatRunner(Runner):
     def smear_terms(self, tokens):
         return self.model.smear_terms(tokens)
 
+    def float64(self):
+        """Their code on a float64 copy of their GPT, its cache made in float64 (their float32
+        requests are lifted by `evidence.lifted()` where a departure is confirmed)."""
+        import copy
+
+        net = copy.deepcopy(self.model.net).double()
+        twin = NanochatModel.__new__(NanochatModel)
+        twin.__dict__.update(self.model.__dict__, net=net, dtype=torch.float64)
+        blocks = net.transformer.h
+        twin.blocks = list(blocks)
+        return NanochatRunner(twin, self.name)
+
 
 def _our_config(cfg, root: Path) -> GPTConfig:
     """Our GPTConfig (shapes, rotary length) from the user's config object."""

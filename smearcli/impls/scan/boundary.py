@@ -99,9 +99,9 @@ def run_one(runner, tokens, name: str, ref, noise, tolerance, opts=ScheduleOptio
 
 
 def run_boundaries(model, make, layers, tokens, ref, noise, tolerance: float = NOISE_MARGIN):
-    """(name -> metrics, name -> entry, name -> steps, notes) of padded and rollback on `model`;
-    `make(model, layers, crop=...)` builds the scan's runner."""
-    ms, entries, steps, notes = {}, {}, {}, []
+    """(name -> metrics, name -> entry, name -> steps, notes, name -> the runner it ran on) of
+    padded and rollback on `model`; `make(model, layers, crop=...)` builds the scan's runner."""
+    ms, entries, steps, notes, used = {}, {}, {}, [], {}
     runner = make(model, layers)
     if runner.can("padding") and not getattr(runner, "takes_mask", True):
         entries["padded"] = entry(NOT_RUN, why=f"{type(model).__name__}.forward takes no attention_mask")
@@ -112,7 +112,7 @@ def run_boundaries(model, make, layers, tokens, ref, noise, tolerance: float = N
         e.update(pad_id=getattr(runner, "pad_id", None), positions=getattr(runner, "pad_positions", None)
                  and getattr(runner, "takes_positions", False))
         if m is not None:
-            ms["padded"], steps["padded"] = m, run.steps
+            ms["padded"], steps["padded"], used["padded"] = m, run.steps, runner
             e["rows"] = dict(zip(PADDED_ROWS, (float(x) for x in (run.logits - ref.logits).abs().amax(dim=(1, 2)))))
             if e["status"] == "bug":
                 thr = tolerance * noise.per_layer[-1]
@@ -137,11 +137,11 @@ def run_boundaries(model, make, layers, tokens, ref, noise, tolerance: float = N
         notes.append(f"rollback not run: {e['why']}")
     entries["rollback"] = e
     if m is not None:
-        ms["rollback"], steps["rollback"] = m, run.steps
+        ms["rollback"], steps["rollback"], used["rollback"] = m, run.steps, rb
         notes += [n for n in run.notes if n.startswith("rollback")]
     if entries["padded"]["status"] in (NOT_RUN, CRASHED):
         notes.append(f"padded {entries['padded']['status']}: {entries['padded']['why']}")
-    return ms, entries, steps, notes
+    return ms, entries, steps, notes, used
 
 
 def prepare_padded(runner, tokens, threshold: float) -> list[str]:

@@ -3,18 +3,23 @@
 `check(model_type)` derives a tiny config (`derive`), builds the model seeded, and runs it:
 
 1. the reference is the full pass in float32; the noise floor is the full pass in float64 against
-   it (`hf_state.floor_run`), so no schedule under test, decode included, can raise the floor;
+   it (`smearcli.evidence.floor`), so no schedule under test, decode included, can raise the floor;
 2. every schedule of `split_points` (decode, prefill, chunks of 16, a prefill then single tokens,
    chunk widths below and at the conv width, around the sliding window and the SSM chunk size,
    seeded odd widths) and the project's `padded` and `rollback` boundaries (`boundary`: a padded
    batch with its mask; drafts partly rejected, the cache cropped back or restored from a copy)
    are measured against the reference;
-3. a failure is a `bug`, its shape named (`shapes.classify`): a boundary's own shape for padded
-   and rollback; otherwise from reruns with explicit `position_ids` / attention mask, the
-   dropped-state hypothesis replayed, and the error profile;
-4. no failure: before `ok`, the state the cache carries must be shown to matter
-   (`hf_state.live_state`); when it does not, the init scale is raised (seeded) and the whole check
-   repeats; when nothing makes it matter the verdict is `inconclusive`.
+3. a run past the tolerance is a candidate: it and the full pass are rerun with the model in
+   float64 under the precision lift (`evidence.confirm`). It is a `bug` when its lifted error
+   keeps at least half its float32 size, float32 rounding (not a finding: the schedule counts as
+   passed, and the record says so) when it falls to float64 rounding, `unconfirmed` otherwise. A
+   finding's shape is named (`shapes.classify`): a boundary's own shape for padded and rollback;
+   otherwise from reruns with explicit `position_ids` / attention mask, the dropped-state
+   hypothesis replayed, and the error profile;
+4. no finding: before `ok`, the check must have power (`evidence.power`): zeroing each kind of
+   state the cache carries must move the later logits by 100x the tolerance. When it does not, the
+   init scale is raised (seeded) and the whole check repeats; when nothing gets there the verdict
+   is `inconclusive`, with the fraction of each state's effect the check could have seen.
 
 An exception inside the model is the architecture's result (`crashed`, with the frame that
 raised); a config or a model that cannot be built is `not built` with the reason. The record is a
@@ -28,18 +33,19 @@ from typing import Optional
 
 import torch
 
-from ...metrics import RunMetrics, noise_floor
+from ... import evidence
+from ...metrics import RunMetrics
 from ...names import NOISE_MARGIN
 from .. import hf_state
-from ...schedules import run_steps
+from ...schedules import run_schedule, run_steps
+from ...verdicts import BUG, CRASHED, INCONCLUSIVE, NOT_BUILT, OK, ROUNDING, UNCONFIRMED, WORDS
 from ..hf_state import KV, CacheRunner, full_run
 from . import boundary, shapes
 from .boundary import logits_noise, logits_only, measured, transformers_frame
 from .derive import derive
 
 T = 49  # one past a multiple of the 16-token chunks
-OK, BUG, INCONCLUSIVE, CRASHED, NOT_BUILT = "ok", "bug", "inconclusive", "crashed", "not built"
-VERDICTS = (OK, BUG, INCONCLUSIVE, CRASHED, NOT_BUILT)
+VERDICTS = WORDS
 INIT_LADDER = (None, 0.1, 0.3, 1.0)  # initializer_range: the default, then larger (seeded)
 CONV_KEYS = ("conv_kernel", "mamba_d_conv", "conv1d_width", "linear_conv_kernel_dim", "d_conv", "conv_L_cache")
 WINDOW_KEYS = ("sliding_window", "attention_window_size", "window_size")
@@ -119,9 +125,9 @@ def run_all(runner, tokens, plans: dict, ref, noise, tolerance) -> dict[str, Run
 
 
 def record(model_type: str, verdict: str, **kw) -> dict:
-    out = {"model_type": model_type, "verdict": verdict, "worst_schedule": None, "max_abs": None,
+    out = {"model_type": model_type, "verdict": str(verdict), "worst_schedule": None, "max_abs": None,
            "multiple": None, "shape": None, "born_at": None, "floor": None, "floor_source": None,
-           "init": None, "live_state": None, "model_class": None, "reason": None, "notes": [],
+           "init": None, "power": None, "confirmation": None, "model_class": None, "reason": None, "notes": [],
            "schedules": {}, "steps": None, "config": None, "reproducer": None,
            "reproducer_status": None, "vocab": 256, "boundaries": {}}
     out.update(kw)
@@ -134,6 +140,7 @@ def check(model_type: str, seed: int = 0, tolerance: float = NOISE_MARGIN, total
     one. With `repro_dir`, a finding gets a standalone reproducer there, run once: its path and
     exit status are in the record (`reproducer`, `reproducer_status`)."""
     rec = _check(model_type, seed, tolerance, total, config)
+    rec["verdict"] = str(rec["verdict"])
     if rec["verdict"] == BUG and repro_dir is not None and rec.get("_config") is not None:
         from pathlib import Path
 
@@ -187,7 +194,7 @@ def _check(model_type, seed, tolerance, total, config) -> dict:
                 res["notes"].append(f"the state was shown to matter only at initializer_range={init}")
             return record(model_type, **res, _config=config)
         last = res
-    last["notes"].append("zeroing the carried state never moved the logits past the floor, at every "
+    last["notes"].append(f"the check never had power (every kind of state at {evidence.MIN_POWER:.0%}) at any "
                          f"init scale tried ({', '.join('default' if i is None else str(i) for i in INIT_LADDER)})")
     return record(model_type, **last)
 
@@ -205,26 +212,30 @@ def check_model(model, tokens, plans: dict, tolerance: float = NOISE_MARGIN, mak
         return {"verdict": NOT_BUILT, "model_class": type(model).__name__, "notes": [],
                 "reason": f"the full pass returns logits of shape {tuple(ref.logits.shape)}, not (batch, "
                           f"{tokens.size(1)}, vocab): not a causal LM over its input"}
-    f64, floor_source = hf_state.floor_run(runner, tokens, capture=ref.hiddens is not None)
-    noise = noise_floor(ref, f64 if f64 is not None else ref, torch.float32)
-    noise.source = floor_source
+    noise = evidence.floor(runner, ref, tokens, torch.float32)
+    floor_source = noise.source
     ms = run_all(runner, tokens, plans, ref, noise, tolerance)
-    bms, entries, bsteps, notes = boundary.run_boundaries(model, make, runner.layers, tokens, ref, noise, tolerance)
+    bms, entries, bsteps, notes, used = boundary.run_boundaries(model, make, runner.layers, tokens, ref, noise,
+                                                                tolerance)
     ms.update(bms)
     plans = {**plans, **bsteps}
     floor = noise.per_layer[-1]
     out = {"model_class": type(model).__name__, "floor": floor, "floor_source": floor_source,
            "schedules": {k: {"max_abs": m.max_abs_logits, "multiple": m.logits_multiple, "passed": m.passed}
                          for k, m in ms.items()}, "notes": runner.notes() + notes, "boundaries": entries}
-    bad = {k: m for k, m in ms.items() if not m.passed}
+    bad = confirmed(runner, used, tokens, plans, {k: m for k, m in ms.items() if not m.passed}, out)
     if bad:  # the step plans' worst heads the record: padded and rollback run cached steps too
-        plain = {k: m for k, m in bad.items() if k not in boundary.SCHEDULES}
-        name, worst = max((plain or bad).items(), key=lambda kv: kv[1].max_abs_logits)
+        bugs = {k: m for k, m in bad.items() if out["schedules"][k]["status"] == BUG}
+        pool = bugs or bad
+        plain = {k: m for k, m in pool.items() if k not in boundary.SCHEDULES}
+        name, worst = max((plain or pool).items(), key=lambda kv: kv[1].max_abs_logits)
         if plain:
             boundary.beside(entries, name)
         fd = worst.first_departure
-        out.update(verdict=BUG, worst_schedule=name, max_abs=worst.max_abs_logits, multiple=worst.logits_multiple,
-                   steps=plans[name], born_at=None if fd is None else f"{(runner.layers)[fd[0]] if fd[0] < len(runner.layers) else 'logits'}@{fd[1]}")
+        out.update(verdict=BUG if bugs else UNCONFIRMED, worst_schedule=name, max_abs=worst.max_abs_logits,
+                   multiple=worst.logits_multiple, steps=plans[name],
+                   confirmation=out["schedules"][name]["confirmation"],
+                   born_at=None if fd is None else f"{(runner.layers)[fd[0]] if fd[0] < len(runner.layers) else 'logits'}@{fd[1]}")
         if name in boundary.SCHEDULES:  # the boundary's own shape (`boundaries.SHAPES`)
             fixed = note = None
             out["shape"] = shapes.classify(worst.abs_err[-1].tolist(), plans[name], 0.0, schedule=name)
@@ -235,12 +246,38 @@ def check_model(model, tokens, plans: dict, tolerance: float = NOISE_MARGIN, mak
         if note:
             out["notes"].append(note)
         return out
-    live = hf_state.live_state(runner, tokens, floor)
-    out["live_state"] = {k: float(v) for k, v in live.effects.items()}
-    out["notes"].append(live.describe())
-    out["verdict"] = OK if live.shown else INCONCLUSIVE
+    power = evidence.power(runner, tokens, tolerance * floor)
+    out["power"] = power.to_json()
+    out["notes"].append(power.describe())
+    out["verdict"] = OK if power.sufficient else INCONCLUSIVE
     boundary.settle(entries, out["verdict"])
     return out
+
+
+def confirmed(runner, used: dict, tokens, plans: dict, bad: dict, out: dict) -> dict:
+    """Each run past the tolerance rerun in float64, lifted (`evidence.confirm`), its result in
+    `out["schedules"][name]`: the runs that are not float32 rounding (bugs and unconfirmed)."""
+    left = {}
+    for name, m in bad.items():
+        r = used.get(name, runner)
+        if name in boundary.SCHEDULES:
+            rerun = lambda t, name=name: run_schedule(t, tokens, name, capture=False)
+        else:
+            rerun = lambda t, steps=plans[name], name=name: run_steps(t, tokens, steps, schedule=name)
+        c = evidence.confirm(r, tokens, rerun, m.max_abs_logits, plain=True)
+        entry = out["schedules"][name]
+        entry.update(status=str(c.status), confirmation=c.to_json())
+        if c.status == ROUNDING:
+            entry["passed"] = True
+            out["notes"].append(f"{name}: {c.phrase()}")
+            if name in out["boundaries"]:
+                e = out["boundaries"][name]
+                e.update(status=boundary.PASSED, shape=None, why=c.why)
+        else:
+            left[name] = m
+            if name in out["boundaries"] and c.status == UNCONFIRMED:
+                out["boundaries"][name]["status"] = UNCONFIRMED
+    return left
 
 
 def name_shape(model, tokens, plans, name, worst, ms, ref, noise, tolerance):

@@ -9,12 +9,13 @@ from __future__ import annotations
 import re
 from typing import Optional, Sequence
 
+from ...verdicts import BUG, CRASHED, INCONCLUSIVE, NOT_BUILT, NOT_RUN, OK, UNCONFIRMED
 from .shapes import LEFT_UNSUPPORTED
 
 SCHEMA = "smearcli.scan/1"
-ORDER = ("bug", "crashed", "inconclusive", "ok", "not built")
+ORDER = tuple(str(v) for v in (BUG, CRASHED, UNCONFIRMED, INCONCLUSIVE, OK, NOT_BUILT))
 FIELDS = ("model_type", "verdict", "worst_schedule", "max_abs", "multiple", "shape", "born_at", "init",
-          "floor", "floor_source", "live_state", "model_class", "reason", "notes", "schedules", "steps",
+          "floor", "floor_source", "power", "confirmation", "model_class", "reason", "notes", "schedules", "steps",
           "config", "reproducer", "reproducer_status", "report_draft", "wall_s", "boundaries")
 PY_PATH = re.compile(r"\S*/([^/\s]+\.py:\d+)")  # "transformers/models/x/modeling_x.py:12" -> "modeling_x.py:12"
 BOUNDARIES = ("padded", "rollback")  # the boundaries every architecture also runs (check.boundary)
@@ -34,6 +35,12 @@ def _cut(text: str, width: int) -> str:
 
 def _err(r: dict) -> str:
     v = r.get("max_abs")
+    return "-" if v is None else f"{v:.2g}"
+
+
+def _f64(r: dict) -> str:
+    """The finding's error in float64 with the float32 islands lifted (`evidence.confirm`)."""
+    v = (r.get("confirmation") or {}).get("float64_lifted")
     return "-" if v is None else f"{v:.2g}"
 
 
@@ -58,8 +65,8 @@ def boundary_cell(r: dict, name: str) -> str:
     st = e.get("status", "?")
     if st == "bug":
         text = f"bug {e.get('multiple') or 0:.2g}x"
-    elif st in ("crashed", "not run"):
-        text = f"{st}: {short_reason(e.get('why') or '') if st == 'crashed' else e.get('why') or '?'}"
+    elif st in (CRASHED, NOT_RUN):
+        text = f"{st}: {short_reason(e.get('why') or '') if st == CRASHED else e.get('why') or '?'}"
     else:
         text = st
     return text + (f" ({e['mode']})" if e.get("mode") else "")
@@ -91,8 +98,8 @@ def table(records: Sequence[dict], width: int = 80) -> str:
     out = [line([c for c, _ in COLUMNS]), line(["-" * w for _, w in COLUMNS])]
     for r in sorted(records, key=sort_key):
         v = r.get("verdict", "crashed")
-        detail = SHORT.get(r.get("shape"), r.get("shape")) or ("" if v == "ok" else short_reason(r.get("reason")))
-        if v == "bug" and r.get("init") is not None:
+        detail = SHORT.get(r.get("shape"), r.get("shape")) or ("" if v == OK else short_reason(r.get("reason")))
+        if v == BUG and r.get("init") is not None:
             v = f"bug@{r['init']:g}"
         out.append(line([r["model_type"], v, r.get("worst_schedule") or "-", _err(r),
                          detail or "-", (r.get("born_at") or "-").split("@")[-1]]))
@@ -119,21 +126,25 @@ def markdown(records: Sequence[dict], meta: Optional[dict] = None) -> str:
     c = counts(records)
     out = [f"# smearcli scan: transformers {meta.get('transformers_version', '?')}", "",
            f"{len(records)} causal-LM architectures: " + ", ".join(f"{n} {k}" for k, n in c.items() if n) + ".", ""]
-    bugs = [r for r in sorted(records, key=sort_key) if r.get("verdict") == "bug"]
+    bugs = [r for r in sorted(records, key=sort_key) if r.get("verdict") in (BUG, UNCONFIRMED)]
     if bugs:
-        out += ["## Findings", "", "| architecture | worst schedule | max abs dlogit | shape | init | reproducer (exit) |",
-                "|---|---|---|---|---|---|"]
+        out += ["## Findings", "", "Each finding was rerun with the model in float64 and every float32 request inside "
+                "its code lifted to float64: a bug keeps its size, rounding vanishes (`smearcli.evidence`). "
+                "An unconfirmed one shrank without vanishing, or could not run lifted.", "",
+                "| architecture | verdict | worst schedule | max abs dlogit | float64, lifted | shape | init | "
+                "reproducer (exit) |", "|---|---|---|---|---|---|---|---|"]
         for r in bugs:
             rep = r.get("reproducer")
             rep = f"`{rep.split('/')[-1]}` ({r.get('reproducer_status')})" if rep else "-"
-            out.append(f"| {r['model_type']} | {r.get('worst_schedule')} | {_err(r)} | {r.get('shape')} | "
-                       f"{'default' if r.get('init') is None else r['init']} | {rep} |")
+            out.append(f"| {r['model_type']} | {r.get('verdict')} | {r.get('worst_schedule')} | {_err(r)} | {_f64(r)} | "
+                       f"{r.get('shape')} | {'default' if r.get('init') is None else r['init']} | {rep} |")
         out.append("")
     out += boundaries_md(records)
     out += ["## Every architecture", "", "| architecture | verdict | worst schedule | error | shape or reason | "
             "padded / rollback |", "|---|---|---|---|---|---|"]
     for r in sorted(records, key=sort_key):
-        why = r.get("shape") or r.get("reason") or "; ".join(n for n in (r.get("notes") or []) if "zeroing" in n) or ""
+        why = r.get("shape") or r.get("reason") or "; ".join(
+            n for n in (r.get("notes") or []) if n.startswith(("would see", "power not")) or "rounding" in n) or ""
         why = PY_PATH.sub(r"\1", why)  # a frame by its file's name: a whole path does not wrap on a page
         why = why.replace("|", "/").replace("\n", " ")[:120]
         # one column for both (the section above lists every one that is not ok, with why): the
@@ -157,7 +168,7 @@ def boundaries_md(records: Sequence[dict]) -> list[str]:
     for r in sorted(records, key=sort_key):
         for name in BOUNDARIES:
             e = (r.get("boundaries") or {}).get(name) or {}
-            if e.get("status") in ("bug", "crashed", "not run", LEFT_UNSUPPORTED):
+            if e.get("status") in (BUG, UNCONFIRMED, CRASHED, NOT_RUN, LEFT_UNSUPPORTED):
                 why = (e.get("shape") or "") + ("; " if e.get("shape") and e.get("why") else "") + (e.get("why") or "")
                 rows.append(f"| {r['model_type']} | {name} | {boundary_cell(r, name).split(':')[0]} | "
                             f"{why.replace('|', '/')[:160]} |")

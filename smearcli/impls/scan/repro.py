@@ -1,10 +1,12 @@
-"""A standalone reproducer per finding (smearcli scan, issue 21).
+"""A standalone reproducer per finding (smearcli scan).
 
 `write(record, config, path)` writes one Python file that needs torch and transformers only (no
 smearcli import): it rebuilds the tiny config, seeds and builds the model, runs the full pass, the
 failing schedule through the model's own cache, and the full pass in float64 for the noise floor,
-prints the numbers and exits 1 while the schedule is further from the full pass than `MARGIN` x
-the floor, 0 once it is fixed. A padded or rollback finding gets `BOUNDARY` instead: the row
+then both again in float64, plainly and with the model's float32 requests lifted to float64
+(`LIFT`), prints the three numbers and exits 1 while the schedule is further from the full pass
+than `MARGIN` x the floor and keeps at least half that size lifted, 0 once it is fixed (or when
+the error was float32 rounding). A padded or rollback finding gets `BOUNDARY` instead: the row
 beside its prefix right- and left-padded in one batch with the mask, or the prefill then drafts
 partly rejected and the cache cropped (or restored from a copy), each against the row alone. `run(path)` runs it in an isolated Python (`-I`: no PYTHONPATH,
 no user site) and returns the exit status, which the scan records.
@@ -49,21 +51,64 @@ def step(model, ids, cache, pos):
     return o.logits.float(), got if got is not None else cache
 '''
 
-# the end of every reproducer: the full pass, the run under test and the float64 floor, the numbers
-# printed and the exit status; {length}, {run} and {what} are filled in by each template
-MAIN = '''def main():
+# float64 with the model's float32 requests lifted (smearcli.evidence.PrecisionLift, restated so
+# the reproducer needs no smearcli): a logic error keeps its size there, float32 rounding vanishes
+LIFT = '''class Lift(torch.overrides.TorchFunctionMode):
+    """float32 requests inside the model's code (dtype=torch.float32, .to(torch.float32), .float())
+    become float64 ones: its routers, rotary and softmax upcasts round in float64 too."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {{}})
+        if func is torch.Tensor.float:
+            return args[0].double()
+        if kwargs.get("dtype") is torch.float32:
+            kwargs["dtype"] = torch.float64
+        return func(*tuple(torch.float64 if a is torch.float32 else a for a in args), **kwargs)
+
+
+def in_float64(model):
+    m = copy.deepcopy(model).double()
+    try:
+        m.set_experts_implementation("eager")  # grouped matrix multiplication refuses float64
+    except Exception:
+        pass
+    return m
+
+
+def distance(model, ids, lift):
+    """(max |dlogit| of the schedule against the full pass, the full pass) with `model`."""
+    default = torch.get_default_dtype()
+    if lift:
+        torch.set_default_dtype(torch.float64)
+    try:
+        with torch.inference_mode(), (Lift() if lift else contextlib.nullcontext()):
+            full = model(input_ids=ids, use_cache=False).logits.double()
+            return float((schedule(model, ids).double() - full).abs().max()), full
+    finally:
+        torch.set_default_dtype(default)
+'''
+
+# the end of every reproducer: the full pass, the run under test, the float32 floor, the run again in
+# float64 plain and lifted, the numbers printed and the exit status; {length} and {what} are
+# filled in by each template, which defines schedule(model, ids)
+MAIN = LIFT + '''
+
+def main():
     model = build()
     ids = torch.randint(0, {vocab}, (1, {length}), generator=torch.Generator().manual_seed(SEED))
-    with torch.inference_mode():
-        full = model(input_ids=ids, use_cache=False).logits.float()
-        run = {run}
-        full64 = model.double()(input_ids=ids, use_cache=False).logits.float()
+    err, full = distance(model, ids, lift=False)
+    m64 = in_float64(model)
+    _, full64 = distance(m64, ids, lift=True)
     floor = max(float((full64 - full).abs().max()), torch.finfo(torch.float32).eps * float(full.abs().max()))
-    err = float((run - full).abs().max())
+    plain, _ = distance(m64, ids, lift=False)
+    lifted, _ = distance(m64, ids, lift=True)
     print(f"transformers {{transformers.__version__}}, torch {{torch.__version__}}: {{MODEL_TYPE}}")
-    print(f"{what}: max |dlogit| {{err:.3g}}; float32 floor {{floor:.3g}} "
-          f"({{err / floor:.3g}}x); the bug is there above {{MARGIN:g}}x")
-    return 1 if err > MARGIN * floor else 0
+    print(f"{what}: max |dlogit| {{err:.3g}} in float32 ({{err / floor:.3g}}x its floor {{floor:.3g}}), "
+          f"{{plain:.3g}} in float64, {{lifted:.3g}} in float64 lifted")
+    # a bug leaves the float32 floor and keeps at least half its size in float64, lifted
+    bug = err > MARGIN * floor and lifted >= 0.5 * err
+    print("the bug is there" if bug else "no bug: within the floor, or gone in float64 (rounding)")
+    return 1 if bug else 0
 
 
 if __name__ == "__main__":
@@ -76,6 +121,8 @@ The schedule {schedule!r} (cached steps of {steps_short}) through the model's ow
 give the logits of one full pass; found by smearcli scan: max |dlogit| {max_abs:.3g}, shape:
 {shape}. Needs torch and transformers only. Exit status: 1 while the bug is there, 0 once fixed.
 """
+import contextlib
+import copy
 import inspect
 import json
 import sys
@@ -101,8 +148,11 @@ def cached(model, ids, steps):
     return torch.cat(out, dim=1)
 
 
-''' + MAIN.replace("{length}", "sum(STEPS)").replace("{run}", "cached(model, ids, STEPS)").replace(
-    "{what}", "full pass vs the cached steps")
+def schedule(model, ids):
+    return cached(model, ids, STEPS)
+
+
+''' + MAIN.replace("{length}", "sum(STEPS)").replace("{what}", "full pass vs the cached steps")
 
 
 BOUNDARY = '''"""Reproducer: {model_type} ({model_class}) under transformers {version}.
@@ -111,6 +161,7 @@ BOUNDARY = '''"""Reproducer: {model_type} ({model_class}) under transformers {ve
 max |dlogit| {max_abs:.3g}, shape: {shape}. Needs torch and transformers only.
 Exit status: 1 while the bug is there, 0 once fixed.
 """
+import contextlib
 import copy
 import inspect
 import json
@@ -173,8 +224,11 @@ def rollback(model, ids):
     return torch.cat(logits, dim=1)
 
 
-''' + MAIN.replace("{length}", "T").replace("{run}", '(padded if SCHEDULE == "padded" else rollback)(model, ids)').replace(
-    "{what}", "the row alone vs {{SCHEDULE}}")
+def schedule(model, ids):
+    return (padded if SCHEDULE == "padded" else rollback)(model, ids)
+
+
+''' + MAIN.replace("{length}", "T").replace("{what}", "the row alone vs {{SCHEDULE}}")
 WHAT = {"padded": "The row beside its prefix right- and left-padded in one batch, with the attention mask,",
         "rollback": "A prefill, then drafts partly rejected and taken back out of the cache,"}
 

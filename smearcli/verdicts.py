@@ -1,0 +1,67 @@
+"""The words a verdict may use, defined once (importable without torch).
+
+A verdict is a claim about someone else's code, so each word says exactly what was shown:
+
+- `ok`: every run agrees with the reference within the tolerance, and the check had power (the
+  state under test moves the logits enough that an error in it would have shown);
+- `bug`: a run departs from the reference and the departure keeps its size when the model runs in
+  float64 with its float32 islands lifted (`smearcli.evidence.confirm`);
+- `unconfirmed`: a run departs in its own precision, but the float64 rerun could not say whether it
+  is a logic error (it shrank without vanishing, or the model cannot run lifted);
+- `inconclusive`: every run agrees, but the state under test never moved the logits enough for an
+  error in it to show;
+- `crashed`: a cached path raised where the full pass runs;
+- `not run`: the check was not made (a run before it failed, or it was not asked for);
+- `not built`: the model, its config or its full pass does not run on the inputs given.
+
+`passed(word)` is True for `ok` alone: every surface (the library's `Comparison.passed`, the CLI's
+`--check`, the census, `smearcli.testing`) passes nothing else. `line(word, detail)` is the one
+way a verdict line is written: "BUG: ...", "OK: ...".
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class Verdict(str, Enum):
+    """One verdict word; a `str`, so it compares with and serialises as its value ("ok")."""
+
+    OK = "ok"
+    BUG = "bug"
+    UNCONFIRMED = "unconfirmed"
+    INCONCLUSIVE = "inconclusive"
+    CRASHED = "crashed"
+    NOT_RUN = "not run"
+    NOT_BUILT = "not built"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+OK, BUG, UNCONFIRMED, INCONCLUSIVE = Verdict.OK, Verdict.BUG, Verdict.UNCONFIRMED, Verdict.INCONCLUSIVE
+CRASHED, NOT_RUN, NOT_BUILT = Verdict.CRASHED, Verdict.NOT_RUN, Verdict.NOT_BUILT
+WORDS = tuple(v.value for v in Verdict)  # in order of the enum: the census counts them in this order
+
+# the order "worst" follows when several results make one (a census's layer orders, a comparison's
+# runs): a confirmed bug outranks a crash, which outranks what could not be decided
+SEVERITY = (BUG, CRASHED, UNCONFIRMED, INCONCLUSIVE, NOT_BUILT, NOT_RUN, OK)
+
+# what a float64 rerun says of one departure (`evidence.Confirmation.status`)
+ROUNDING = "rounding"  # gone in float64: float32 rounding, not a finding (the run counts as ok)
+
+
+def passed(word) -> bool:
+    """Whether a verdict lets a check pass: `ok` and nothing else."""
+    return Verdict(word) is OK
+
+
+def worst(words) -> Verdict:
+    """The most severe of several verdicts (`SEVERITY`); ok when there are none."""
+    found = {Verdict(w) for w in words}
+    return next((v for v in SEVERITY if v in found), OK)
+
+
+def line(word, detail: str) -> str:
+    """A verdict line: the word in capitals, then what it rests on ("BUG: chunked diverges ...")."""
+    return f"{Verdict(word).value.upper()}: {detail}"
