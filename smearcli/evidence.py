@@ -124,8 +124,8 @@ def modules_in(fn, depth: int = 2) -> list[torch.nn.Module]:
         code, glob = getattr(obj, "__code__", None), getattr(obj, "__globals__", None)
         if code is not None and glob is not None:  # a module-level model the function names
             visit([glob[n] for n in code.co_names if n in glob], d)
-        if not callable(obj) and hasattr(obj, "__dict__"):
-            visit(vars(obj), d - 1)
+        if not isinstance(obj, (types.FunctionType, types.MethodType)) and hasattr(obj, "__dict__"):
+            visit(vars(obj), d - 1)  # an object holding the model (a callable wrapper too)
 
     visit(fn, depth)
     return list(seen.values())
@@ -447,34 +447,62 @@ def departure(ref, run) -> float:
     return float(abs_error(a, b)[-1].max())
 
 
-def confirm(runner, tokens: Tensor, rerun: Callable, original: float, plain: bool = False) -> Confirmation:
-    """Rerun a departure in float64: `rerun(r)` runs the failing schedule on a runner `r` (the
-    runner's float64 twin) and returns its RunResult; the full pass runs beside it, lifted. With
-    `plain`, the same again without the lift (the number a plain `.double()` gives)."""
-    from .schedules import run_schedule
+class Confirmer:
+    """Reruns departures of one runner in float64: its twin and its lifted full pass are made once
+    and shared by every departure confirmed (a census confirms several schedules of one model)."""
 
-    dtype = runner.dtype or torch.float32
-    name = str(dtype).removeprefix("torch.")
-    twin, why = float64_twin(runner)
-    c = Confirmation(float(original), name)
-    if twin is None:
-        c.status, c.why = UNCONFIRMED, f"not confirmed: {why}"
-        return c
-    scale = None
-    try:
-        with lifted():
-            ref64 = run_schedule(twin, tokens, "full", capture=False)
-            run64 = rerun(twin)
-        c.lifted = departure(ref64, run64)
-        scale = float(ref64.logits.abs().max())
-    except Exception as e:
-        c.status, c.why = UNCONFIRMED, f"not confirmed: it does not run in float64 lifted ({type(e).__name__}: {_first_line(e)})"
-        return c
-    if plain:
+    def __init__(self, runner, tokens: Tensor):
+        self.runner, self.tokens = runner, tokens
+        self.dtype = runner.dtype or torch.float32
+        self._twin, self._why, self._ref, self._ref_error = None, "", None, None
+        self._made = False
+
+    def _reference(self):
+        """(twin, its lifted full pass) or raises; made on first use."""
+        from .schedules import run_schedule
+
+        if not self._made:
+            self._made = True
+            self._twin, self._why = float64_twin(self.runner)
+            if self._twin is not None:
+                try:
+                    with lifted():
+                        self._ref = run_schedule(self._twin, self.tokens, "full", capture=False)
+                except Exception as e:
+                    self._ref_error = e
+        return self._twin
+
+    def __call__(self, rerun: Callable, original: float, plain: bool = False) -> Confirmation:
+        """Rerun one departure of size `original`: `rerun(r)` runs the failing schedule on the
+        runner `r` (the float64 twin) and returns its RunResult. With `plain`, the same again
+        without the lift (the number a plain `.double()` gives)."""
+        from .schedules import run_schedule
+
+        c = Confirmation(float(original), str(self.dtype).removeprefix("torch."))
+        twin = self._reference()
+        if twin is None:
+            c.status, c.why = UNCONFIRMED, f"not confirmed: {self._why}"
+            return c
         try:
-            c.plain = departure(run_schedule(twin, tokens, "full", capture=False), rerun(twin))
-        except Exception:
-            c.plain = None
-    c.bound = rounding_bound(c.original, dtype, scale or 0.0)
-    c.status, c.why = classify(c.original, c.lifted, c.bound)
-    return c
+            if self._ref_error is not None:
+                raise self._ref_error
+            with lifted():
+                run64 = rerun(twin)
+            c.lifted = departure(self._ref, run64)
+        except Exception as e:
+            c.status, c.why = UNCONFIRMED, (f"not confirmed: it does not run in float64 lifted "
+                                            f"({type(e).__name__}: {_first_line(e)})")
+            return c
+        if plain:
+            try:
+                c.plain = departure(run_schedule(twin, self.tokens, "full", capture=False), rerun(twin))
+            except Exception:
+                c.plain = None
+        c.bound = rounding_bound(c.original, self.dtype, float(self._ref.logits.abs().max()))
+        c.status, c.why = classify(c.original, c.lifted, c.bound)
+        return c
+
+
+def confirm(runner, tokens: Tensor, rerun: Callable, original: float, plain: bool = False) -> Confirmation:
+    """One departure rerun in float64 (`Confirmer`, for a single one)."""
+    return Confirmer(runner, tokens)(rerun, original, plain)
