@@ -24,7 +24,6 @@ in `Comparison.unmeasured`, printed under the table and named in the verdict; a 
 from __future__ import annotations
 
 import dataclasses
-import threading
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
@@ -37,7 +36,7 @@ from .errors import CannotRun
 from .metrics import AnalyticCheck, NoiseFloor, RunMetrics, analytic_check, measure, noise_floor
 from .names import DEFAULT_SCHEDULES, LOGIC_NAMES, NOISE_MARGIN, REFERENCE, ROLLBACK
 from .runner import Described, Runner
-from .runplan import NOISE_SCHEDULE, PlannedRun, forward_runs, plan, run_planned
+from .runplan import collect, common_layers, plan, run_all
 from .schedules import CRASHED, RunResult, ScheduleOptions, missing, run_schedule, runnable
 from .units import sci, sig3, times
 from .verdicts import BUG, CRASHED, INCONCLUSIVE, OK, ROUNDING, UNCONFIRMED, Verdict, line
@@ -251,13 +250,13 @@ def compare(target, tokens: Tensor, schedules: Sequence[str] = DEFAULT_SCHEDULES
     tokens = tokens.to(ref_runner.device)
     step = progress or (lambda label: None)
     planned = plan(runners, schedules, reference)
-    results = _run_all(planned, tokens, options, step, tokens_progress,
+    results = run_all(planned, tokens, options, step, tokens_progress,
                        overlap and profile.active() is None and torch.get_num_threads() > 1)
-    ref, runs = _collect(planned, results)
+    ref, runs = collect(planned, results)
     unmeasured = [r for r in runs if r.outcome is not None]
     runs = [r for r in runs if r.outcome is None]
     layers = list(ref_runner.layers)
-    ref, runs, layers = _common_layers(ref, runs, layers)
+    ref, runs, layers = common_layers(ref, runs, layers)
     dtype = ref_runner.dtype or ref.logits.dtype
     if floor is None:
         step("noise floor (float64)")
@@ -304,54 +303,6 @@ def measure_power(runners: Sequence[Runner], reference: Optional[Runner], tokens
         except NotImplementedError as e:
             why = str(e) or f"{r.label} has no cache to zero"
     return evidence.Power(0, threshold, why=why or "no runner steps through a cache")
-
-
-def _run_all(planned, tokens, options, step, tokens_progress, overlap: bool) -> list[RunResult]:
-    """Every planned run, its progress reported (`run_planned` may put decode on a second thread)."""
-    total = forward_runs(planned) * tokens.size(1)
-    fed = [0] * len(planned)  # positions fed so far by each planned run
-    lock = threading.Lock()  # the side run reports progress from its own thread
-
-    def run(i: int, p: PlannedRun, stop: Callable[[], None]) -> RunResult:
-        def on_step(n, _T):
-            stop()
-            with lock:
-                fed[i] = n
-                if tokens_progress is not None:
-                    tokens_progress(sum(fed), total)
-        step(p.label)
-        r = run_schedule(p.runner, tokens, p.schedule, opts=options, progress=on_step)
-        fed[i] = tokens.size(1)
-        return r
-
-    return run_planned(planned, run, overlap)
-
-
-def _collect(planned, results) -> tuple[RunResult, list[RunResult]]:
-    """(the reference, the measured runs): a decode shared by several runners stands for each."""
-    ref, runs, by_runner = None, [], {}
-    for p, r in zip(planned, results):
-        if p.same_as is not None:
-            r = dataclasses.replace(by_runner[(id(p.same_as), p.schedule)], logic=p.runner.label)
-        by_runner[(id(p.runner), p.schedule)] = r
-        if p.schedule == REFERENCE:
-            ref = r
-        elif p.measured:
-            runs.append(r)
-    return ref, runs
-
-
-def _common_layers(ref: RunResult, runs: list[RunResult], layers: list[str]):
-    """The capture points every run has: all of them, or the logits alone when one has none."""
-    for r in [ref] + runs:
-        got = len(r.hiddens or []) + 1
-        if got != len(layers) and r.hiddens is not None:
-            raise ValueError(f"{r.logic} returned {got} capture points on {r.schedule}; its runner "
-                             f"declares {len(layers)} ({', '.join(layers)})")
-    if ref.hiddens is None or any(r.hiddens is None for r in runs):
-        return (dataclasses.replace(ref, hiddens=None), [dataclasses.replace(r, hiddens=None) for r in runs],
-                ["logits"])
-    return ref, runs, layers
 
 
 def run_word(status: str) -> str:

@@ -175,7 +175,7 @@ class StepRunner(Runner):
     def float64(self):
         """The same callables with every torch module they reach (`evidence.modules_in`) switched
         to float64 for the duration of each call, and back to the very tensors it had after it."""
-        from .evidence import modules_in
+        from .precision import modules_in
 
         mods = modules_in(self.fn) + modules_in(self.full)
         if not mods:
@@ -206,7 +206,7 @@ class Float64Calls(Runner):
         self.dtype, self.device = _f64(), inner.device
 
     def _call(self, method, *args):
-        from .evidence import in_float64
+        from .precision import in_float64
 
         with in_float64(self.modules):
             return method(*args)

@@ -7,6 +7,7 @@ Pure planning and threading: torch is not imported here.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
@@ -14,7 +15,7 @@ from typing import Callable, Optional, Sequence
 from .names import REFERENCE
 from .runner import Runner
 
-NOISE_SCHEDULE = "decode"  # the noise floor: token-by-token decode against the full pass
+NOISE_SCHEDULE = "decode"  # run once for runners that share a one-token step (and the side run)
 
 
 @dataclass(frozen=True)
@@ -114,3 +115,53 @@ def run_planned(planned: Sequence[PlannedRun], run: Callable, overlap: bool = Fa
     if failed:  # (a Cancelled side run only follows a failure here, already raised)
         raise failed[0]
     return results
+
+
+def run_all(planned, tokens, options, step, tokens_progress, overlap: bool) -> list:
+    """Every planned run, its progress reported (`run_planned` may put decode on a second thread)."""
+    from .schedules import run_schedule  # torch: only once there is something to run
+
+    total = forward_runs(planned) * tokens.size(1)
+    fed = [0] * len(planned)  # positions fed so far by each planned run
+    lock = threading.Lock()  # the side run reports progress from its own thread
+
+    def run(i: int, p: PlannedRun, stop: Callable[[], None]):
+        def on_step(n, _T):
+            stop()
+            with lock:
+                fed[i] = n
+                if tokens_progress is not None:
+                    tokens_progress(sum(fed), total)
+        step(p.label)
+        r = run_schedule(p.runner, tokens, p.schedule, opts=options, progress=on_step)
+        fed[i] = tokens.size(1)
+        return r
+
+    return run_planned(planned, run, overlap)
+
+
+def collect(planned, results) -> tuple:
+    """(the reference, the measured runs): a decode shared by several runners stands for each."""
+    ref, runs, by_runner = None, [], {}
+    for p, r in zip(planned, results):
+        if p.same_as is not None:
+            r = dataclasses.replace(by_runner[(id(p.same_as), p.schedule)], logic=p.runner.label)
+        by_runner[(id(p.runner), p.schedule)] = r
+        if p.schedule == REFERENCE:
+            ref = r
+        elif p.measured:
+            runs.append(r)
+    return ref, runs
+
+
+def common_layers(ref, runs: list, layers: list[str]):
+    """The capture points every run has: all of them, or the logits alone when one has none."""
+    for r in [ref] + runs:
+        got = len(r.hiddens or []) + 1
+        if got != len(layers) and r.hiddens is not None:
+            raise ValueError(f"{r.logic} returned {got} capture points on {r.schedule}; its runner "
+                             f"declares {len(layers)} ({', '.join(layers)})")
+    if ref.hiddens is None or any(r.hiddens is None for r in runs):
+        return (dataclasses.replace(ref, hiddens=None), [dataclasses.replace(r, hiddens=None) for r in runs],
+                ["logits"])
+    return ref, runs, layers

@@ -1,0 +1,128 @@
+"""Float64 on demand: the precision lift and float64 forms of a model (no smearcli imports).
+
+`lifted()` runs code with every float32 request inside it turned into a float64 one
+(`PrecisionLift`) and float64 as the default dtype; `float64_model(model)` is a float64 copy with
+MoE experts made eager; `in_float64(modules)` switches modules a callable reaches
+(`modules_in(fn)`) to float64 for a while and back to the very tensors they had. `smearcli.evidence`
+builds its floor and its confirmation on them; `runner.StepRunner.float64` uses them directly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import threading
+import types
+
+import torch
+from torch import Tensor
+from torch.overrides import TorchFunctionMode
+
+_LIFT_LOCK = threading.Lock()  # the default dtype is process-wide: one lifted run at a time
+
+
+class PrecisionLift(TorchFunctionMode):
+    """Inside it, a float32 request becomes a float64 one: `dtype=torch.float32` arguments,
+    `torch.float32` passed positionally (`x.to(torch.float32)`), and `Tensor.float()`. Models
+    compute routers, rotary tables and softmax in float32 whatever their dtype; without the lift
+    those islands keep float32 rounding in a float64 run, and rounding would pass for a logic
+    error."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if func is Tensor.float:  # x.float(): the upcast idiom
+            return args[0].double()
+        if kwargs.get("dtype") is torch.float32:
+            kwargs["dtype"] = torch.float64
+        args = tuple(torch.float64 if a is torch.float32 else a for a in args)
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def lifted():
+    """Run the body with float32 requests mapped to float64 (`PrecisionLift`) and float64 as the
+    default dtype (tensors made without a dtype: `torch.zeros(n)`, `torch.tensor([0.5])`)."""
+    with _LIFT_LOCK:
+        before = torch.get_default_dtype()
+        torch.set_default_dtype(torch.float64)
+        try:
+            with PrecisionLift():
+                yield
+        finally:
+            torch.set_default_dtype(before)
+
+
+def modules_in(fn, depth: int = 2) -> list[torch.nn.Module]:
+    """The torch modules a callable reaches: itself, a bound method's object, a partial's
+    arguments, its closure's cells and defaults, the globals its code names (and one level inside
+    objects found there)."""
+    seen: dict[int, torch.nn.Module] = {}
+
+    def visit(obj, d):
+        if obj is None or d < 0:
+            return
+        if isinstance(obj, torch.nn.Module):
+            seen.setdefault(id(obj), obj)
+            return
+        if isinstance(obj, (str, bytes, int, float, bool, Tensor, type, types.ModuleType)):
+            return
+        if isinstance(obj, (list, tuple)):
+            for x in obj:
+                visit(x, d - 1)
+            return
+        if isinstance(obj, dict):
+            for x in obj.values():
+                visit(x, d - 1)
+            return
+        for attr in ("__self__", "func"):  # a bound method, a functools.partial
+            if hasattr(obj, attr):
+                visit(getattr(obj, attr), d)
+        visit(getattr(obj, "args", None), d - 1)
+        visit(getattr(obj, "keywords", None), d - 1)
+        for cell in getattr(obj, "__closure__", None) or ():
+            try:
+                visit(cell.cell_contents, d)
+            except ValueError:  # an empty cell
+                pass
+        visit(getattr(obj, "__defaults__", None), d - 1)
+        code, glob = getattr(obj, "__code__", None), getattr(obj, "__globals__", None)
+        if code is not None and glob is not None:  # a module-level model the function names
+            visit([glob[n] for n in code.co_names if n in glob], d)
+        if not isinstance(obj, (types.FunctionType, types.MethodType)) and hasattr(obj, "__dict__"):
+            visit(vars(obj), d - 1)  # an object holding the model (a callable wrapper too)
+
+    visit(fn, depth)
+    return list(seen.values())
+
+
+@contextlib.contextmanager
+def in_float64(modules):
+    """Every floating-point parameter and buffer of `modules` in float64 for the body, restored
+    afterwards to the very tensors they were (so a float32 model comes back bit for bit)."""
+    saved = []
+    with torch.no_grad():
+        for m in modules:
+            for t in list(m.parameters()) + list(m.buffers()):
+                if t.is_floating_point() and t.dtype != torch.float64 and all(t is not s for s, _ in saved):
+                    saved.append((t, t.data))
+                    t.data = t.data.double()
+    try:
+        yield
+    finally:
+        for t, data in saved:
+            t.data = data
+
+
+def float64_model(model):
+    """A float64 deep copy of a torch model, MoE experts switched to their eager form where the
+    model has one (grouped matrix multiplication refuses float64)."""
+    m64 = copy.deepcopy(model).double()
+    setter = getattr(m64, "set_experts_implementation", None)
+    if setter is not None:
+        try:
+            setter("eager")
+        except Exception:  # no experts, or a release without the switch: the model as it is
+            pass
+    return m64
+
+
