@@ -83,9 +83,11 @@ BAD_FILES = [  # (what, the file's bytes, the words of the one line)
      "s.jsonl:2: not a JSON object (Expecting value at column 1)"),
     ("two records on one line", line().strip() + line(model_type="b"), "s.jsonl:1: more than one JSON value"),
     ("a JSON array", line() + "[1, 2]\n", "s.jsonl:2: a JSON array, not a scan record"),
-    ("no model_type", '{"verdict": "ok"}\n', "s.jsonl:1: not a scan record (\"model_type\" must be a non-empty string, got none)"),
+    ("no model_type", '{"verdict": "ok"}\n',
+     's.jsonl:1: not a scan record ("model_type" must be a non-empty string, got none)'),
     ("an unknown verdict", line(verdict="fine"), 's.jsonl:1: a: "verdict" must be one of bug, crashed'),
-    ("a number field holding a string", line(max_abs="big"), 's.jsonl:1: a: "max_abs" must be a number or null, got "big"'),
+    ("a number field holding a string", line(max_abs="big"),
+     's.jsonl:1: a: "max_abs" must be a number or null, got "big"'),
     ("a boundary entry that is not an object", line(boundaries={"padded": 3}),
      's.jsonl:1: a: "boundaries"."padded" must be an object, got 3'),
     ("the same record twice", line() + line(wall_s=9), "s.jsonl:2: a second record for a (line 1 has the same one)"),
@@ -128,6 +130,13 @@ def test_merge_refuses_what_is_not_a_regular_file(tmp_path, monkeypatch, kind):
     refused(["--merge", "s.jsonl"], tmp_path, words)
 
 
+def test_merge_refuses_a_file_over_64_mib_before_reading_it(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    Path("s.jsonl").write_text(line())
+    os.truncate("s.jsonl", (64 << 20) + 1)  # sparse: no disk, no time
+    refused(["--merge", "s.jsonl"], tmp_path, "s.jsonl: 67108865 bytes, more than the 64 MiB a scan file may hold")
+
+
 def test_merge_of_good_shards_still_works(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     Path("s.jsonl").write_text(line() + "\n" + line(model_type="b", verdict="bug", max_abs=0.5).rstrip("\n"))
@@ -153,7 +162,8 @@ def test_resume_drops_a_torn_last_record_and_says_so(standin):
     r = invoke(["scan", "--resume", "--only", "arch0,arch1", "--json"])
     assert "smearcli: scan.jsonl:2: a record cut short" in r.stderr, r.stderr
     assert [a["model_type"] for a in json.loads(r.stdout)["architectures"]] == ["arch0", "arch1"]
-    assert os.listdir(os.environ["STANDIN_MARKS"]) and "started-arch0" not in " ".join(os.listdir(os.environ["STANDIN_MARKS"]))
+    ran = " ".join(os.listdir(os.environ["STANDIN_MARKS"]))
+    assert "started-arch1" in ran and "started-arch0" not in ran  # only the torn one again
     assert [json.loads(x)["model_type"] for x in Path("scan.jsonl").read_text().splitlines()] == ["arch0", "arch1"]
 
 
@@ -184,8 +194,8 @@ def test_resume_after_a_last_record_without_its_newline_keeps_lines_apart(standi
     (["--only", " , ,"], "--only ' , ,' names no model type"),
     (["--only", "arch1,arch2,arch1"], "--only names arch1 more than once"),
     (["--only", "arch1,nope"], "--only: nope is not a causal LM of this transformers"),
-    (["--merge", "s.jsonl", "--jobs", "2", "--resume"], "--merge checks nothing, it reports the files given: "
-     "--jobs, --resume have no meaning with it"),
+    (["--merge", "s.jsonl", "--jobs", "2", "--resume"],
+     "--merge checks nothing, it reports the files given: --jobs, --resume have no meaning with it"),
 ], ids=lambda a: " ".join(a) if isinstance(a, list) else None)
 def test_options_that_cannot_mean_anything_are_refused(standin, args, words):
     Path("s.jsonl").write_text(line())
@@ -404,4 +414,5 @@ def test_a_repro_dir_that_cannot_be_written_is_refused(standin, monkeypatch):
             raise OSError(28, "No space left on device")
         return real(*a, **k)
     monkeypatch.setattr(tempfile, "mkstemp", full)
-    refused(["--only", "arch1", "--repro-dir", "r"], standin, "--repro-dir r: cannot write in it (No space left on device)")
+    refused(["--only", "arch1", "--repro-dir", "r"], standin,
+            "--repro-dir r: cannot write in it (No space left on device)")

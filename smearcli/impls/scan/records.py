@@ -139,7 +139,9 @@ def parse(name: str, data: bytes, torn_ok: bool = False) -> Parsed:
         rec = check_record(f"{name}:{i}", value)
         mt = rec["model_type"]
         if mt in seen:
-            raise UserError(f"{name}:{i}: a second record for {mt} ({_against(out.records[seen[mt]], rec, f'line {out.lines[seen[mt]]}')})")
+            first = seen[mt]
+            raise UserError(f"{name}:{i}: a second record for {mt} "
+                            f"({_against(out.records[first], rec, f'line {out.lines[first]}')})")
         seen[mt] = len(out.records)
         out.records.append(rec)
         out.lines.append(i)
@@ -148,7 +150,8 @@ def parse(name: str, data: bytes, torn_ok: bool = False) -> Parsed:
 
 def _against(first: dict, second: dict, there: str) -> str:
     """How a second record of a model type compares with the first: the same, or what differs."""
-    drop = lambda r: {k: v for k, v in r.items() if k != "wall_s"}  # noqa: E731 - timing only
+    def drop(r):  # the timing differs from run to run
+        return {k: v for k, v in r.items() if k != "wall_s"}
     if drop(first) == drop(second):
         return f"{there} has the same one"
     if first.get("verdict") != second.get("verdict"):
@@ -236,7 +239,8 @@ def merge(paths: Iterable) -> list[dict]:
         with contextlib.suppress(OSError):
             st = os.stat(p)
             if (st.st_dev, st.st_ino) in seen_files:
-                raise UserError(f"{p}: given twice (also as {seen_files[st.st_dev, st.st_ino]}); a file's records count once")
+                raise UserError(f"{p}: given twice (also as {seen_files[st.st_dev, st.st_ino]}); a file's "
+                                "records count once")
             seen_files[st.st_dev, st.st_ino] = str(p)
         got = read(p)
         if not got.records:
