@@ -46,6 +46,7 @@ def atomic_write(path, mode: str = "w", **kwargs):
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, _final_mode(path))  # mkstemp's 0600 would make outputs private
+        _refuse_special(path)  # checked again here: a device or FIFO made since is never replaced
         os.replace(tmp, path)
     except BaseException as e:
         if tmp is not None:
@@ -80,10 +81,32 @@ def _final_mode(path: Path) -> int:
         return 0o666 & ~mask
 
 
-def check_output_path(path, suffixes: tuple[str, ...]) -> None:
-    """Refuse, before any work, an output path we could not write: wrong suffix, missing or
-    read-only directory. (A relative path stays relative to this working directory: the guard
-    around a user's audited code restores it after every call, see impls.nanochat.guard.)"""
+def special_kind(mode: int) -> Optional[str]:
+    """What a file that is neither a regular file nor a directory is, in words; None for those."""
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return None
+    return "FIFO (named pipe)" if stat.S_ISFIFO(mode) else "socket" if stat.S_ISSOCK(mode) \
+        else "device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "special file"
+
+
+def _refuse_special(path: Path) -> None:
+    """A UserError when `path` (followed, as a write would) is a device, FIFO or socket: replacing
+    /dev/null with a file, as root, would break the machine."""
+    from .errors import UserError
+
+    try:
+        kind = special_kind(os.stat(path).st_mode)
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    if kind is not None:
+        raise UserError(f"{path}: a {kind}, not a regular file; give a file to write")
+
+
+def check_output_path(path, suffixes: Optional[tuple[str, ...]]) -> None:
+    """Refuse, before any work, an output path we could not write: wrong suffix (unless
+    `suffixes` is None), missing or read-only directory, a directory, device or FIFO in the way.
+    (A relative path stays relative to this working directory: the guard around a user's audited
+    code restores it after every call, see impls.nanochat.guard.)"""
     from .errors import UserError
 
     try:
@@ -102,13 +125,14 @@ def _check_output_path(path: Path, suffixes: tuple[str, ...]) -> None:
             os.stat(path)
         except OSError as e:  # writing would replace the link with a file: refused, as for inputs
             raise UserError(f"{path}: {_stat_failure(path, e)}") from e
-    if path.suffix.lower() not in suffixes:
+    if suffixes is not None and path.suffix.lower() not in suffixes:
         raise UserError(f"{path}: unknown suffix {path.suffix or '(none)'}; use {', '.join(suffixes)}")
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.is_dir():
         raise UserError(f"{path}: directory {parent} does not exist")
     if path.is_dir():
         raise UserError(f"{path}: is a directory")
+    _refuse_special(path)
     if not os.access(parent, os.W_OK):
         raise UserError(f"{path}: directory {parent} is not writable")
     try:  # the real test (root passes os.access even on a read-only file system)
@@ -135,9 +159,7 @@ def regular_file(path, what: str = "") -> int:
     if stat.S_ISDIR(st.st_mode):
         raise UserError(f"{name}: is a directory, not a file")
     if not stat.S_ISREG(st.st_mode):
-        kind = "FIFO (named pipe)" if stat.S_ISFIFO(st.st_mode) else "socket" if stat.S_ISSOCK(st.st_mode) \
-            else "device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else "special file"
-        raise UserError(f"{name}: a {kind}, not a regular file; give a file")
+        raise UserError(f"{name}: a {special_kind(st.st_mode)}, not a regular file; give a file")
     if not os.access(path, os.R_OK):
         raise UserError(f"{name}: cannot read (permission denied)")
     return st.st_size

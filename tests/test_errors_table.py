@@ -86,6 +86,22 @@ def truncate(d: Path):
     (d / PT).write_bytes(data[: len(data) // 2])
 
 
+SCAN_LINE = '{"model_type": "llama", "verdict": "ok"}\n'  # one scan record, as --out holds it
+HELD = []  # descriptors whose lock stands for a scan still running on that file (kept open)
+
+
+def held(name):
+    """`name` (a record file) under the exclusive lock a running scan holds on its --out."""
+    def prepare(cwd: Path):
+        import fcntl
+
+        (cwd / name).write_text(SCAN_LINE)
+        f = open(cwd / name)
+        fcntl.flock(f, fcntl.LOCK_EX)
+        HELD.append(f)
+    return prepare
+
+
 LONG = "n" * 300  # a path component longer than any file system allows (255); shortened in the table
 STANDIN = ROOT / "tests" / "standin" / "old"
 AUDIT = ["compare", "--impl", "nanochat", "--nanochat-path", "mine", "--depth", "1", "--seq-len", "12",
@@ -417,6 +433,37 @@ CASES = [
          simulate="gone", expect="no longer exists"),
     Case("output", "bench --output in a missing directory", ["bench", *FAST, "--output", "nodir/b.json"],
          expect="does not exist"),
+    # -- smearcli scan: its options, outputs and record files (issue 35) -----------------------
+    Case("scan", "--shard whose i is not within 1..n", ["scan", "--shard", "0/2"], expect="between 1 and n"),
+    Case("scan", "--only naming no model type", ["scan", "--only", ""], expect="names no model type"),
+    Case("scan", "--only naming one twice", ["scan", "--only", "llama,llama"], expect="more than once"),
+    Case("scan", "--timeout inf", ["scan", "--timeout", "inf"], expect="--timeout"),
+    Case("scan", "--memory-mb below 64", ["scan", "--memory-mb", "10"], expect="--memory-mb"),
+    Case("scan", "run options beside --merge", ["scan", "--merge", "s.jsonl", "--jobs", "2"],
+         prepare=write("s.jsonl", SCAN_LINE), expect="no meaning"),
+    Case("scan", "--out naming a directory", ["scan", "--only", "llama", "--out", "out.jsonl"],
+         prepare=lambda cwd: (cwd / "out.jsonl").mkdir(), expect="is a directory"),
+    Case("scan", "--out naming a FIFO (never replaced)", ["scan", "--only", "llama", "--out", "fifo.jsonl"],
+         prepare=lambda cwd: os.mkfifo(cwd / "fifo.jsonl"), expect="not a regular file"),
+    Case("scan", "--markdown in a missing directory", ["scan", "--only", "llama", "--markdown", "nodir/c.md"],
+         expect="does not exist"),
+    Case("scan", "--out held by another running scan", ["scan", "--only", "llama", "--out", "busy.jsonl"],
+         prepare=held("busy.jsonl"), expect="another smearcli scan"),
+    Case("scan", "--merge of a record file whose last line is truncated", ["scan", "--merge", "s.jsonl"],
+         prepare=write("s.jsonl", SCAN_LINE + '{"model_type": "opt", "verd'), expect="(truncated?)"),
+    Case("scan", "--merge of two records glued on one line", ["scan", "--merge", "s.jsonl"],
+         prepare=write("s.jsonl", SCAN_LINE.strip() + SCAN_LINE), expect="more than one JSON value"),
+    Case("scan", "--merge of shards that both hold one architecture, conflicting",
+         ["scan", "--merge", "s.jsonl", "--merge", "t.jsonl"],
+         prepare=lambda cwd: (write("s.jsonl", SCAN_LINE)(cwd), write("t.jsonl", SCAN_LINE.replace('"ok"', '"bug"'))(cwd)),
+         expect="shards never share"),
+    Case("scan", "--merge of an empty file (no scan record)", ["scan", "--merge", "s.jsonl"],
+         prepare=write("s.jsonl", ""), expect="holds no scan record"),
+    Case("scan", "--merge of scan --json's document (not JSON Lines)", ["scan", "--merge", "s.jsonl"],
+         prepare=write("s.jsonl", json.dumps({"schema": "smearcli.scan/1", "architectures": []}, indent=1)),
+         expect="not the JSON Lines"),
+    Case("scan", "--resume on an --out whose record has an unknown verdict", ["scan", "--only", "llama", "--resume"],
+         prepare=write("scan.jsonl", SCAN_LINE.replace('"ok"', '"fine"')), expect="must be one of"),
     # -- outcomes that are not bad input ------------------------------------------------------
     Case("outcome", "--check with a run outside tolerance (exit 1)",
          [*C, "--schedules", "chunked", "--logic", "old", "--check"], status=1, expect="check failed: BUG"),
@@ -597,6 +644,10 @@ def render(rows) -> str:
         "For a bug report, rerun with `smearcli --debug ...` (or `SMEARCLI_DEBUG=1`): the error then",
         "comes with its full traceback.",
         "",
+        "A Ctrl-C or a SIGTERM stops a run after its cleanup (temporary files removed, `scan`'s",
+        "workers killed) with one line, `interrupted` or `terminated (SIGTERM)`; the program then dies",
+        "by that signal, so a shell reports 130 or 143 and Python's `subprocess` -2 or -15.",
+        "",
         "Checkpoints are read with `torch.load(..., weights_only=True)` only, after checking that the",
         "file is a complete zip archive or torch pickle; a file that would need arbitrary unpickling is",
         "refused and nothing in it runs. A nanochat `tokenizer.pkl` (read for `--text` and `--chat` on a",
@@ -689,5 +740,9 @@ def test_cases_cover_the_issue():
                   "token file row beyond",
                   # round 3 (issue 25)
                   "BaseException", "KeyboardInterrupt raised by their code", "os._exit(0)", "wrong width",
-                  "names a file", "over 1 MiB", "symbolic link", "removed during the run"]:
+                  "names a file", "over 1 MiB", "symbolic link", "removed during the run",
+                  # round 4 (issue 35)
+                  "--shard", "--only naming no model type", "--timeout inf", "--memory-mb", "beside --merge",
+                  "--out naming a directory", "FIFO (never replaced)", "held by another running scan",
+                  "truncated", "glued", "conflicting", "no scan record", "not JSON Lines", "--resume"]:
         assert words in whats, words

@@ -1,7 +1,9 @@
 """Outputs under a SIGTERM and under a directory that goes away: no `.NAME.XXXX.tmp` is left beside
 a `--save` or `plot --out` target (smearcli.files.atomic_write, the handler in smearcli.cli.app.run),
-the exit status is 143 with one line, and a SIGTERM during the user's code is not blamed on it; an
-output directory removed during the run is exit 2 and one line."""
+one line is printed and then the program dies by the signal itself (a parent sees -15, not an exit
+status of 143 it could take for a choice; scan's: tests/test_scan_hardening.py), and a SIGTERM
+during the user's code is not blamed on it; an output directory removed during the run is exit 2
+and one line."""
 
 from __future__ import annotations
 
@@ -55,7 +57,7 @@ def test_sigterm_while_writing_leaves_no_temporary_file(tmp_path, args, target):
         pytest.importorskip("matplotlib")
     (tmp_path / target).write_bytes(b"the previous run's")
     r = program(TERM_WHILE_WRITING, *args, cwd=tmp_path)
-    assert r.returncode == 143, (r.returncode, r.stderr)
+    assert r.returncode == -signal.SIGTERM, (r.returncode, r.stderr)  # died by it, after cleaning up
     assert error_lines(r.stderr) == ["smearcli: error: terminated (SIGTERM)"], r.stderr
     assert not leftovers(tmp_path), leftovers(tmp_path)
     assert (tmp_path / target).read_bytes() == b"the previous run's"  # never half-replaced
@@ -80,7 +82,7 @@ def test_sigterm_during_their_code_is_not_their_failure(tmp_path):
         _, err = p.communicate(timeout=60)
     finally:
         p.kill()
-    assert p.returncode == 143 and error_lines(err) == ["smearcli: error: terminated (SIGTERM)"], err
+    assert p.returncode == -signal.SIGTERM and error_lines(err) == ["smearcli: error: terminated (SIGTERM)"], err
     assert not (tmp_path / "runs.pt").exists() and not leftovers(tmp_path)
 
 
@@ -116,3 +118,18 @@ def test_directory_removed_after_the_temporary_file_was_made(tmp_path):
         with files.atomic_write(tmp_path / "y.json"):
             open(tmp_path / "missing")
     assert not (tmp_path / "y.json").exists() and not leftovers(tmp_path)
+
+
+def test_in_process_a_sigterm_is_an_exit_status_never_a_kill(monkeypatch):
+    """Only the program (app.run) dies by the signal: a caller running the CLI in its own process
+    (this test, a notebook) gets the status a shell would report, 143, and lives on."""
+    import smearcli.compare as lib
+    from smearcli.cli.errors import STOPPED_BY
+
+    def stopped(*a, **k):
+        raise files.Terminated()
+    monkeypatch.setattr(lib, "compare", stopped)
+    r = invoke(["compare", *FAST, "--schedules", "chunked"], allowed=(143,))
+    assert error_lines(r.stderr) == ["smearcli: error: terminated (SIGTERM)"]
+    assert STOPPED_BY["signal"] == signal.SIGTERM
+    STOPPED_BY["signal"] = None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
 from typing import Annotated
 
@@ -20,7 +21,8 @@ from .commands.compare import compare
 from .commands.fix import fix
 from .commands.plot import plot
 from .commands.scan import scan
-from .errors import DEBUG, PROGRAM, TERMINATED, describe_unexpected, env_debug, print_error
+from .errors import (DEBUG, INTERRUPTED, PROGRAM, STOPPED_BY, TERMINATED, describe_unexpected, die_by_signal,
+                     env_debug, print_error, stopped_by)
 
 
 class PlainFlags:
@@ -61,9 +63,11 @@ class OneLineErrors(PlainFlags, TyperGroup):
             rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         except typer.Exit as e:
             sys.exit(e.exit_code)
-        except typer.Abort:
+        except typer.Abort as e:
+            if isinstance(e.__cause__, KeyboardInterrupt):  # click's word for a Ctrl-C while it parsed
+                sys.exit(stopped_by(signal.SIGINT, "aborted", INTERRUPTED).exit_code)
             print_error("aborted")
-            sys.exit(130)
+            sys.exit(INTERRUPTED)
         except typer.TyperException as e:  # click's UsageError / BadParameter and kin
             if not e.format_message():  # no arguments at all: the help was printed
                 sys.exit(0)
@@ -123,16 +127,20 @@ app.command(cls=Command, short_help="The patch that fixes the smear in your nano
 
 def run() -> None:
     """The `smearcli` program: a SIGTERM becomes an exception (files.Terminated), so that output
-    being written is cleaned up as on Ctrl-C, and the exit status is 143."""
-    import signal
-
+    being written is cleaned up as on Ctrl-C (and scan's workers stopped); then the program dies by
+    the signal that stopped it, SIGTERM or SIGINT (a shell reports 143 or 130, Python's subprocess
+    -15 or -2), so whoever started it knows it did not choose to exit."""
     from ..files import Terminated, on_sigterm
 
     PROGRAM["own_process"] = True
+    STOPPED_BY["signal"] = None
     with contextlib.suppress(ValueError, OSError):  # not the main thread, or no SIGTERM here
         signal.signal(signal.SIGTERM, on_sigterm)
     try:
         app(prog_name="smearcli")
     except Terminated:  # outside a command (its guard reports it there)
-        print_error("terminated (SIGTERM)")
-        sys.exit(TERMINATED)
+        sys.exit(stopped_by(signal.SIGTERM, "terminated (SIGTERM)", TERMINATED).exit_code)
+    except KeyboardInterrupt:  # likewise, before click or a command's guard could see it
+        sys.exit(stopped_by(signal.SIGINT, "interrupted", INTERRUPTED).exit_code)
+    finally:
+        die_by_signal()

@@ -11,12 +11,14 @@ import contextlib
 import errno
 import functools
 import os
+import signal
 import sys
 
 from ..errors import UserError
 from ..files import Terminated
 
 TERMINATED = 143  # the exit status of a run stopped by SIGTERM (128 + 15, as a shell reports it)
+INTERRUPTED = 130  # ... and by SIGINT (128 + 2): what an in-process caller (a test) sees
 
 
 class CheckFailed(Exception):
@@ -31,6 +33,37 @@ DEBUG = {"on": env_debug()}
 # True once `app.run()`, the smearcli program itself, has started: only then may a command change
 # what belongs to the whole process (the garbage collector), never in a test's or a notebook's
 PROGRAM = {"own_process": False}
+# the signal (SIGINT, SIGTERM) that stopped this run, once its cleanup is done: the program then
+# dies by it (`die_by_signal`), so that a shell, `timeout` or a supervisor sees the signal itself
+STOPPED_BY: dict = {"signal": None}
+
+
+def stopped_by(sig: int, msg: str, status: int):
+    """The one line for a run stopped by `sig`, remembered for `die_by_signal`; the typer.Exit
+    with the status a shell would report (an in-process caller sees it)."""
+    import typer
+
+    print_error(msg)
+    STOPPED_BY["signal"] = sig
+    return typer.Exit(status)
+
+
+def die_by_signal() -> None:
+    """End the smearcli program by the signal that stopped it, its cleanup done (temporary files
+    removed, scan workers killed): the handler set back to the default, the signal sent to itself.
+    A parent then sees the signal (subprocess: returncode -15), not an exit status of 143 that
+    looks like a choice. Nothing when no signal stopped the run; a process the signal cannot end
+    (PID 1 in a container ignores it) returns, and exits with 128 + its number as before."""
+    sig = STOPPED_BY["signal"]
+    if sig is None:
+        return
+    for stream in (sys.stdout, sys.stderr):  # os.kill ends the process before Python would flush
+        with contextlib.suppress(Exception):
+            stream.flush()
+    with contextlib.suppress(ValueError, OSError):
+        signal.signal(sig, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {sig})
+        os.kill(os.getpid(), sig)
 
 
 def one_line(msg: str, limit: int = 600) -> str:
@@ -103,11 +136,9 @@ def guarded(fn=None, *, memory_hint: str = MEMORY_HINT):
             print_error(f"check failed: {e}")
             raise typer.Exit(1) from None
         except KeyboardInterrupt:
-            print_error("interrupted")
-            raise typer.Exit(130) from None
+            raise stopped_by(signal.SIGINT, "interrupted", INTERRUPTED) from None
         except Terminated:  # SIGTERM (app.run installs the handler): temporary files are gone by now
-            print_error("terminated (SIGTERM)")
-            raise typer.Exit(TERMINATED) from None
+            raise stopped_by(signal.SIGTERM, "terminated (SIGTERM)", TERMINATED) from None
         except BrokenPipeError:
             # the reader went away (`smearcli compare --json | head`): stop quietly
             with contextlib.suppress(Exception):

@@ -4,7 +4,11 @@ the way `compare --impl hf` checks one (the work is `smearcli.impls.scan`)."""
 from __future__ import annotations
 
 import json
+import os
+import re
+import stat
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Annotated, Optional
@@ -15,16 +19,114 @@ from ...errors import UserError
 from ..errors import CheckFailed, guarded
 
 
+SHARD = re.compile(r"\s*(\d+)\s*/\s*(\d+)\s*")
+MAX_TIMEOUT = 1e6  # seconds, as --user-code-timeout: beyond it a limit means nothing
+MIN_MEMORY_MB, MAX_MEMORY_MB = 64, 1 << 27  # 128 TiB: all the address space x86-64 gives a process
+# the options that only mean something when architectures run (with --merge nothing runs)
+RUN_ONLY = {"out": "--out", "jobs": "--jobs", "shard": "--shard", "resume": "--resume", "only": "--only",
+            "timeout": "--timeout", "memory_mb": "--memory-mb", "repro_dir": "--repro-dir"}
+REPRO_FILES = (".py", ".md", "-padded.py", "-rollback.py")  # what repro and draft write per finding
+
+
 def parse_shard(text: Optional[str]) -> Optional[tuple[int, int]]:
     if text is None:
         return None
-    try:
-        i, n = (int(x) for x in text.split("/"))
-    except ValueError:
-        raise UserError(f"--shard takes i/n (like 2/4), got {text!r}") from None
+    m = SHARD.fullmatch(text)
+    if m is None:
+        raise UserError(f"--shard takes i/n (like 2/4), got {text!r}")
+    i, n = int(m[1]), int(m[2])
     if n < 1 or not 1 <= i <= n:
         raise UserError(f"--shard {text}: i must be between 1 and n")
     return i, n
+
+
+def parse_only(text: Optional[str]) -> Optional[list[str]]:
+    """--only's model types in order; None without --only. An empty list would check nothing and
+    a name twice would check it twice (two records for one architecture): both refused."""
+    if text is None:
+        return None
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise UserError(f"--only {text!r} names no model type; give some, like --only llama,bamba")
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise UserError(f"--only names {', '.join(twice)} more than once")
+    return names
+
+
+def check_limits(jobs: int, timeout: float, memory_mb: int) -> None:
+    if jobs < 1:
+        raise UserError(f"--jobs must be at least 1, got {jobs}")
+    if not 0 < timeout <= MAX_TIMEOUT:  # also refuses nan and inf
+        raise UserError(f"--timeout must be a number of seconds in (0, {MAX_TIMEOUT:g}], got {timeout}")
+    if not MIN_MEMORY_MB <= memory_mb <= MAX_MEMORY_MB:
+        raise UserError(f"--memory-mb must be between {MIN_MEMORY_MB} and {MAX_MEMORY_MB} (128 TiB), got {memory_mb}")
+
+
+def refuse_run_options(ctx: typer.Context) -> None:
+    """With --merge nothing runs: an option that only steers a run is a mistake, not a no-op.
+    (Sources compared by name: typer may bring its own copy of click's ParameterSource.)"""
+    given = [flag for name, flag in RUN_ONLY.items()
+             if getattr(ctx.get_parameter_source(name), "name", "DEFAULT") not in ("DEFAULT", "DEFAULT_MAP")]
+    if given:
+        raise UserError(f"--merge checks nothing, it reports the files given: {', '.join(given)} "
+                        f"{'has' if len(given) == 1 else 'have'} no meaning with it")
+
+
+def check_output(flag: str, path: Path, suffixes=None) -> None:
+    """An output path refused before the first architecture runs: a directory, a device, a FIFO,
+    a missing or read-only directory (the message starts with the option)."""
+    from ...files import check_output_path
+
+    try:
+        check_output_path(path, suffixes)
+    except UserError as e:
+        raise UserError(f"{flag} {e}") from None
+
+
+def check_repro_dir(path: Path) -> None:
+    """--repro-dir: an existing directory we can write in, or one we can make in an existing one."""
+    if path.exists() and not path.is_dir():
+        raise UserError(f"--repro-dir {path}: not a directory")
+    if not path.is_dir():  # made when the first finding is written: its parent must take it
+        check_output("--repro-dir", path)
+        return
+    try:  # a real write (root passes os.access even on a read-only file system)
+        fd, probe = tempfile.mkstemp(prefix=".probe.", suffix=".tmp", dir=path)
+    except OSError as e:
+        raise UserError(f"--repro-dir {path}: cannot write in it ({e.strerror or e})") from None
+    os.close(fd)
+    os.unlink(probe)
+
+
+def check_repro_files(repro_dir: Path, names) -> None:
+    """The reproducer and draft paths of these architectures: none may be a directory, a device or
+    a FIFO (writing one would block, or write to the device)."""
+    from ...files import special_kind
+
+    for name in names:
+        for tail in REPRO_FILES:
+            p = repro_dir / f"{name}{tail}"
+            try:
+                mode = os.stat(p).st_mode
+            except OSError:
+                continue
+            if not stat.S_ISREG(mode):
+                kind = "directory" if stat.S_ISDIR(mode) else special_kind(mode)
+                raise UserError(f"--repro-dir {p}: a {kind} where {name}'s reproducer would go; move it away")
+
+
+def distinct(inputs: list, outputs: list) -> None:
+    """No output is one of the files read or another output: --markdown over --out (or over a
+    --merge input) would replace the records it is made from. Each list holds (option, path)."""
+    seen = {os.path.realpath(p): f"{flag} {p}" for flag, p in inputs}
+    for flag, p in outputs:
+        if p is None:
+            continue
+        key = os.path.realpath(p)
+        if key in seen:
+            raise UserError(f"{flag} {p} is also {seen[key]}; give each its own file")
+        seen[key] = f"{flag} {p}"
 
 
 def meta() -> dict:
@@ -39,6 +141,7 @@ def meta() -> dict:
 
 @guarded
 def scan(
+    ctx: typer.Context,
     out: Annotated[Path, typer.Option("--out", help="The JSON Lines file each architecture's record "
                    "is appended to as it finishes.")] = Path("scan.jsonl"),
     jobs: Annotated[int, typer.Option("--jobs", help="Architectures checked at once, one process each.")] = 1,
@@ -68,32 +171,37 @@ def scan(
     and rollback boundaries over a float64 noise floor, the carried state shown to matter before an ok, the error's shape named, and a
     standalone reproducer per finding. Each architecture runs in its own process with --timeout
     and --memory-mb; records stream to --out. Try: smearcli scan --only bamba,llama."""
-    from ...impls.scan import report
-    from ...impls.scan import isolate
+    from ...impls.scan import isolate, report
 
-    if jobs < 1:
-        raise UserError(f"--jobs must be at least 1, got {jobs}")
-    if not timeout > 0:
-        raise UserError(f"--timeout must be a positive number of seconds, got {timeout}")
-    if memory_mb < 64:
-        raise UserError(f"--memory-mb must be at least 64, got {memory_mb}")
+    check_limits(jobs, timeout, memory_mb)
     part = parse_shard(shard)
+    wanted = parse_only(only)
+    if merge:
+        refuse_run_options(ctx)
+    else:
+        check_output("--out", out)
+        check_repro_dir(repro_dir)
+    if markdown is not None:
+        check_output("--markdown", markdown)
     if figure is not None:
-        from ...files import check_output_path
-
-        check_output_path(figure, (".png", ".svg", ".pdf"))
+        check_output("--figure", figure, (".png", ".svg", ".pdf"))
+    distinct([("--merge", p) for p in merge or []],
+             [("--out", None if merge else out), ("--markdown", markdown), ("--figure", figure)])
     t0 = time.monotonic()
     if merge:
         records = isolate.merge(merge)
     else:
-        records = _run(out, jobs, part, resume, only, timeout, memory_mb, repro_dir, quiet)
+        records = _run(out, jobs, part, resume, wanted, timeout, memory_mb, repro_dir, quiet)
     info = meta() | {"wall_s": round(time.monotonic() - t0, 1)}
     if json_out:
         sys.stdout.write(json.dumps(report.document(records, info), indent=1, default=str) + "\n")
     else:
         sys.stdout.write(report.table(records) + "\n")
     if markdown is not None:
-        markdown.write_text(report.markdown(records, info))
+        from ...files import atomic_write
+
+        with atomic_write(markdown) as f:
+            f.write(report.markdown(records, info))
     if figure is not None and any(r.get("schedules") for r in records):
         from ...render import figures, scan_figure
 
@@ -103,26 +211,41 @@ def scan(
         raise CheckFailed(f"{len(bugs)} architectures disagree with their full pass: {', '.join(bugs)}")
 
 
-def _run(out, jobs, part, resume, only, timeout, memory_mb, repro_dir, quiet):
+def _run(out, jobs, part, resume, wanted, timeout, memory_mb, repro_dir, quiet):
     import functools
 
+    from ...files import Terminated
     from ...impls.scan import check as chk
-    from ...impls.scan import isolate
+    from ...impls.scan import isolate, records
 
     names = isolate.causal_lm_types()
-    if only:
-        wanted = [n.strip() for n in only.split(",") if n.strip()]
+    if wanted is not None:
         unknown = [n for n in wanted if n not in names]
         if unknown:
             raise UserError(f"--only: {', '.join(unknown)} is not a causal LM of this transformers")
         names = wanted
     if part is not None:
-        names = isolate.shard(names, *part)
+        share = isolate.shard(names, *part)
+        if not share:
+            raise UserError(f"--shard {part[0]}/{part[1]}: {len(names)} architectures make fewer than "
+                            f"{part[0]} shares, so this one would check none")
+        names = share
+    check_repro_files(repro_dir, names)
 
     def said(rec):
         if not quiet:
             sys.stderr.write(f"smearcli: {rec['model_type']}: {rec['verdict']}"
                              f"{' (' + str(rec.get('wall_s')) + ' s)' if rec.get('wall_s') else ''}\n")
-    isolate.scan(names, functools.partial(chk.check, repro_dir=repro_dir.resolve()), out, jobs=jobs,
-                 timeout=timeout, memory=memory_mb << 20, resume=resume, on_record=said)
-    return isolate.merge([out])
+    with records.Sink(out, resume) as sink:
+        if sink.torn:
+            sys.stderr.write(f"smearcli: {out}:{sink.torn}: a record cut short (a scan stopped mid-write) "
+                             "is dropped; that architecture runs again\n")
+        try:
+            isolate.run(names, functools.partial(chk.check, repro_dir=repro_dir.resolve()), sink, jobs=jobs,
+                        timeout=timeout, memory=memory_mb << 20, on_record=said)
+        except (KeyboardInterrupt, Terminated):
+            n = len(sink.records())
+            sys.stderr.write(f"smearcli: {out} holds {n} whole record{'s' * (n != 1)}; --resume continues "
+                             "from there\n")
+            raise
+        return sink.records()

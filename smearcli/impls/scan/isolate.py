@@ -5,26 +5,32 @@ transformers once, so a child starts in milliseconds), at most `jobs` at a time.
 `resource.setrlimit(RLIMIT_AS)` caps the memory, one thread, then `check(name)`; its record comes
 back over a pipe as one JSON line. The parent kills a child that outlives its wall-clock limit.
 A child that hangs, dies (a signal, an allocation refused) or raises is that architecture's
-result (`crashed` with the reason), never the scan's end.
+result (`crashed` with the reason; running out of memory says so first), never the scan's end.
 
-Records are appended to a JSON Lines file as they finish (flushed per line), so `resume` skips
-what a killed scan already wrote; `shard(names, i, n)` picks every n-th name for one machine of a
-CI matrix, and `merge(paths)` reads shard files back into one list (the last record of a name
-wins, sorted by name), which is the same list a single scan writes.
+Records are appended to a JSON Lines file as they finish, one whole record per write, under an
+exclusive lock (`records.Sink`), so `resume` skips what a stopped scan already wrote; `shard(names,
+i, n)` picks every n-th name for one machine of a CI matrix, and `merge(paths)` reads shard files
+back into one list sorted by name, the same list a single scan writes (a line that is not a
+record, or a name twice, is refused: `records`). A SIGINT or SIGTERM in the parent, even at a
+fork, kills every worker (with what it started) before the parent goes on to exit; a worker also
+dies with its parent.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import resource
 import select
 import signal
+import sys
 import time
 from pathlib import Path
 from typing import Callable, Iterable, Optional, Sequence
 
 from ...errors import UserError
+from . import records
 
 DEFAULT_TIMEOUT = 240.0  # seconds per architecture
 DEFAULT_MEMORY = 3 << 30  # bytes of address space per architecture
@@ -45,50 +51,73 @@ def shard(names: Sequence[str], index: int, count: int) -> list[str]:
 
 
 def read_records(path: Path) -> list[dict]:
-    """The records of a JSON Lines file; a torn last line (a killed scan) is skipped."""
-    out = []
+    """The records of a scan file, each checked (`records.parse`); none when it does not exist."""
     if not Path(path).exists():
-        return out
-    for line in Path(path).read_text().splitlines():
-        line = line.strip()
-        if not line:
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(rec, dict) and "model_type" in rec:
-            out.append(rec)
-    return out
+        return []
+    return records.read(path).records
 
 
 def merge(paths: Iterable[Path]) -> list[dict]:
-    """One record per model type from any number of scan files, sorted by model type."""
-    by_name: dict[str, dict] = {}
-    for p in paths:
-        if not Path(p).exists():
-            raise UserError(f"{p}: no such scan file")
-        for rec in read_records(p):
-            by_name[rec["model_type"]] = rec
-    return [by_name[k] for k in sorted(by_name)]
+    """One record per model type from any number of scan files, sorted by model type (a bad line,
+    a model type twice, an empty file: a UserError naming the file and line, see `records`)."""
+    return records.merge(paths)
 
 
-def _child(check: Callable[[str], dict], name: str, fd: int, memory: Optional[int]) -> None:
+# what an allocation refused under RLIMIT_AS looks like once their code has caught and re-raised
+# it, or check.py has turned it into a reason ("not built" when the model's weights did not fit)
+ALLOCATION_FAILED = ("MemoryError", "can't allocate memory", "Cannot allocate memory")
+
+
+def memory_verdict(rec: dict, memory: Optional[int]) -> dict:
+    """An architecture that ran out of memory is `crashed`, with "out of memory" first in its
+    reason, whichever step ran out (building the model included): the limit is --memory-mb's, not
+    the tiny config's fault, and that is what the verdicts' table promises."""
+    reason = str(rec.get("reason") or "")
+    if rec.get("verdict") not in ("crashed", "not built") or reason.startswith("out of memory") or \
+            not any(w in reason for w in ALLOCATION_FAILED):
+        return rec
+    limit = f"an allocation over the {memory >> 20} MiB limit was refused" if memory else "an allocation was refused"
+    return {**rec, "verdict": "crashed", "reason": f"out of memory: {limit} ({reason})"}
+
+
+def _as_worker(parent: int, inherited: Sequence[int]) -> None:
+    """A forked worker's first steps: its own process group (a Ctrl-C at the terminal reaches
+    only the parent, which stops every worker, its reproducer's process included, with one
+    killpg), default signal handling (the parent's handlers raise exceptions meant for the
+    parent), death with the parent, even by SIGKILL (Linux), and none of the parent's descriptors
+    (the --out file and its lock among them)."""
+    os.setpgid(0, 0)
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent:  # the parent died before the line above: nobody reads our record
+        os._exit(3)
+    for fd in inherited:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
+def _child(check: Callable[[str], dict], name: str, fd: int, memory: Optional[int], parent: int,
+           inherited: Sequence[int]) -> None:
     code = 0
     try:
+        _as_worker(parent, inherited)
         if memory:
             resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+        torch = sys.modules.get("torch")  # imported by the parent with the check, never here
+        if torch is not None:
+            with contextlib.suppress(Exception):
+                torch.set_num_threads(1)
         try:
-            import torch
-
-            torch.set_num_threads(1)
-        except Exception:
-            pass
-        try:
-            rec = check(name)
+            rec = memory_verdict(check(name), memory)
         except MemoryError:
-            rec = {"model_type": name, "verdict": "crashed",
-                   "reason": f"out of memory: an allocation over the {memory >> 20} MiB limit was refused"}
+            rec = memory_verdict({"model_type": name, "verdict": "crashed", "reason": "MemoryError"}, memory)
         except BaseException as e:  # the check's own guard missed it: still this name's result
             rec = {"model_type": name, "verdict": "crashed", "reason": f"{type(e).__name__}: {e}"[:300]}
         data = (json.dumps(rec, default=str) + "\n").encode()
@@ -117,64 +146,111 @@ def scan(names: Sequence[str], check: Callable[[str], dict], out: Path, jobs: in
          on_record: Optional[Callable[[dict], None]] = None) -> list[dict]:
     """Check every name in its own process; append each record to `out`; the records of this run
     (those skipped by `resume` left out), in the order they finished."""
+    with records.Sink(out, resume) as sink:
+        return run(names, check, sink, jobs, timeout, memory, on_record)
+
+
+def run(names: Sequence[str], check: Callable[[str], dict], sink: "records.Sink", jobs: int = 1,
+        timeout: float = DEFAULT_TIMEOUT, memory: Optional[int] = DEFAULT_MEMORY,
+        on_record: Optional[Callable[[dict], None]] = None) -> list[dict]:
+    """`scan` on an open `records.Sink`: the names it does not hold yet, at most `jobs` at once.
+    However this ends (a SIGINT, a SIGTERM, an error), every worker is killed and reaped first: none
+    runs on, and only whole records are in the file."""
     if jobs < 1:
         raise UserError(f"jobs must be at least 1, got {jobs}")
-    out = Path(out)
-    done = {r["model_type"] for r in read_records(out)} if resume else set()
-    if not resume and out.exists():
-        out.unlink()
-    if resume and out.exists():  # a torn last line (the scan was killed mid-write) is cut off
-        data = out.read_bytes()
-        if data and not data.endswith(b"\n"):
-            out.write_bytes(data[:data.rfind(b"\n") + 1])
-    todo = [n for n in names if n not in done]
+    done = sink.names()
+    todo = [n for n in dict.fromkeys(names) if n not in done]
     running: dict[int, tuple[str, int, float, bytearray]] = {}  # pid -> (name, read fd, start, buffer)
     results: list[dict] = []
-    with open(out, "a") as sink:
-        def finish(rec: dict) -> None:
-            sink.write(json.dumps(rec, default=str) + "\n")
-            sink.flush()
-            results.append(rec)
-            if on_record is not None:
-                on_record(rec)
 
+    def finish(rec: dict) -> None:
+        sink.write(rec)
+        results.append(rec)
+        if on_record is not None:
+            on_record(rec)
+
+    try:
         while todo or running:
             while todo and len(running) < jobs:
-                name = todo.pop(0)
-                r, w = os.pipe()
-                pid = os.fork()
-                if pid == 0:
-                    os.close(r)
-                    _child(check, name, w, memory)
-                os.close(w)
-                running[pid] = (name, r, time.monotonic(), bytearray())
-            fds = {v[1]: pid for pid, v in running.items()}
-            ready, _, _ = select.select(list(fds), [], [], 0.2)
-            for fd in ready:
-                chunk = os.read(fd, 1 << 16)
-                name, _, start, buf = running[fds[fd]]
-                if chunk:
-                    buf.extend(chunk)
-                    continue
-                pid = fds[fd]  # end of file: the child is done
-                _, status = os.waitpid(pid, 0)
-                os.close(fd)
-                del running[pid]
-                wall = time.monotonic() - start
-                try:
-                    rec = json.loads(buf.decode())
-                    rec.setdefault("wall_s", round(wall, 2))
-                except ValueError:
-                    rec = _died(name, status, memory, wall)
+                _spawn(check, todo.pop(0), memory, running, sink.fd)
+            for rec in _collect(running, memory):
                 finish(rec)
             now = time.monotonic()
             for pid, (name, fd, start, _) in list(running.items()):
                 if now - start > timeout:
-                    os.kill(pid, signal.SIGKILL)
-                    os.waitpid(pid, 0)
-                    os.close(fd)
-                    del running[pid]
+                    _kill(pid, running)
                     finish({"model_type": name, "verdict": "crashed",
                             "reason": f"timed out: no result within {timeout:g} s (a hang, or too slow)",
                             "wall_s": round(now - start, 2)})
+    finally:
+        with records.signals_held():  # a second Ctrl-C must not leave a worker behind
+            for pid in list(running):
+                _kill(pid, running)
     return results
+
+
+def _spawn(check, name: str, memory: Optional[int], running: dict, sink_fd: int) -> None:
+    """Fork `name`'s worker and list it in `running`, SIGINT and SIGTERM held back in between: a
+    signal at the moment of the fork is handled once the worker is listed, so it is stopped too."""
+    r, w = os.pipe()
+    parent = os.getpid()
+    with records.signals_held():
+        try:
+            pid = os.fork()
+        except BaseException:
+            os.close(r)
+            os.close(w)
+            raise
+        if pid == 0:
+            os.close(r)
+            _child(check, name, w, memory, parent, [sink_fd, *(v[1] for v in running.values())])
+        with contextlib.suppress(OSError):  # the child does it too; whichever runs first
+            os.setpgid(pid, pid)
+        os.close(w)
+        running[pid] = (name, r, time.monotonic(), bytearray())
+
+
+def _collect(running: dict, memory: Optional[int]) -> list[dict]:
+    """The records of the workers that finished within 0.2 s (read from their pipes)."""
+    poller = select.poll()
+    fds = {v[1]: pid for pid, v in running.items()}
+    for fd in fds:
+        poller.register(fd, select.POLLIN)
+    out = []
+    for fd, _ in poller.poll(200):
+        chunk = os.read(fd, 1 << 16)
+        name, _, start, buf = running[fds[fd]]
+        if chunk:
+            buf.extend(chunk)
+            continue
+        pid = fds[fd]  # end of file: the child is done
+        with records.signals_held():  # reaped and dropped together: the cleanup sees one or the other
+            _, status = os.waitpid(pid, 0)
+            os.close(fd)
+            del running[pid]
+        out.append(_record(name, buf, status, memory, time.monotonic() - start))
+    return out
+
+
+def _record(name: str, buf: bytes, status: int, memory: Optional[int], wall: float) -> dict:
+    """The worker's record, checked; a process that died or wrote something else is `crashed`."""
+    try:
+        rec = records.check_record(name, json.loads(buf.decode()))
+        if rec["model_type"] != name:
+            raise ValueError(f"a record for {rec['model_type']}")
+    except (ValueError, UserError):
+        return _died(name, status, memory, wall)
+    rec.setdefault("wall_s", round(wall, 2))
+    return rec
+
+
+def _kill(pid: int, running: dict) -> None:
+    """Kill a worker with everything it started (its process group), reap it, drop it."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except OSError:  # no group yet (it had not run setpgid): the worker alone
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, 0)
+    os.close(running.pop(pid)[1])
