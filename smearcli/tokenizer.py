@@ -274,7 +274,14 @@ def split_documents(text):
     dropped (each document gets the BOS id); a text that does not start with one starts one at 0."""
     marker = BOS if isinstance(text, str) else BOS.encode()
     pieces = text.split(marker)
-    return pieces[1:] if text.startswith(marker) else pieces
+    pieces = pieces[1:] if text.startswith(marker) else pieces
+    empty = [i for i, doc in enumerate(pieces, 1) if not doc]
+    if empty:  # a BOS with nothing after it: a stray marker, not a document to measure a leak into
+        where = ("the text ends with a marker" if empty[0] == len(pieces)
+                 else f"two {BOS} markers with nothing between them")
+        raise UserError(f"document {empty[0]} of the {len(pieces)} the {BOS} markers split the text into is "
+                        f"empty ({where}); remove the extra marker")
+    return pieces
 
 
 def encode_documents(enc, text: str, *, vocab_size: Optional[int] = None) -> list[int]:

@@ -359,7 +359,7 @@ IMPORT = "import torch.nn.functional as F\n"
     ("engine.py", "        self.batch_size = batch_size\n", "        raise RuntimeError('no cache today')\n",
      "your nanochat code: KVCache() failed: RuntimeError: no cache today (at nanochat/engine.py:"),
     ("gpt.py", FORWARD, FORWARD + "        return (idx, None)\n",
-     "your nanochat code: GPT.forward returned a tuple, not logits"),
+     "your nanochat code: GPT.forward returned a tuple at nanochat/gpt.py:"),
     ("gpt.py", IMPORT, IMPORT + "import sys\nsys.exit(0)\n",
      "your nanochat code: importing nanochat called sys.exit(0) at nanochat/gpt.py:"),
     ("gpt.py", FORWARD, FORWARD + "        raise SystemExit(3)\n",

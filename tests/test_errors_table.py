@@ -374,6 +374,21 @@ CASES = [
     Case("schedules", "--tolerance not a positive number", [*C, "--tolerance", "nan"], expect="--tolerance"),
     Case("schedules", "bench --budget nan", ["bench", *FAST, "--budget", "nan"], expect="--budget"),
     Case("schedules", "bench --budget inf", ["bench", *FAST, "--budget", "inf"], expect="--budget"),
+    Case("schedules", "--documents not summing to the input", [*C, "--schedules", "packed", "--documents", "8,4"],
+         expect="sum to 12 but the input has 16"),
+    Case("schedules", "--documents of one document (no boundary to cross)",
+         ["compare", "--depth", "1", "--schedules", "packed", "--documents", "16"], expect="one document"),
+    Case("schedules", "a packed text without <|bos|> markers (one document)",
+         ["compare", "--depth", "1", "--schedules", "packed", "--text", "hello"], expect="one document of 6 tokens"),
+    Case("schedules", "an empty document between <|bos|> markers",
+         ["compare", "--depth", "1", "--schedules", "packed", "--text", "a<|bos|><|bos|>b"], expect="is empty"),
+    Case("schedules", "--reject not fewer than --draft", [*C, "--schedules", "rollback", "--reject", "4"],
+         expect="rejects 1 to 3 tokens"),
+    Case("schedules", "rollback in which no draft is ever whole, --check (it would check nothing)",
+         [*C, "--schedules", "rollback", "--draft", "6", "--check"], expect="no draft would ever be taken back"),
+    Case("schedules", "speculative --draft longer than the tokens it verifies",
+         [*C, "--schedules", "speculative", "--draft", "6"], expect="longer than the 4 tokens"),
+    Case("schedules", "--reject without the rollback schedule", [*C, "--reject", "1"], expect="add --schedules rollback"),
     Case("schedules", "rollback on a checkout whose cache can neither be cropped nor copied",
          ["compare", "--impl", "nanochat", "--nanochat-path", "mine", "--depth", "1", "--seq-len", "12",
           "--gen-len", "6", "--schedules", "rollback"], prepare=mine(), expect="neither copy nor crop"),
@@ -526,6 +541,10 @@ def _simulate(name: Optional[str], monkeypatch, cwd: Path) -> None:
             shutil.rmtree(cwd / "gone")
             return result
         monkeypatch.setattr(files, "check_output_path", check_then_remove)
+    elif name == "hello_timeout":  # the limit shortened: the table's run does not wait a minute
+        import smearcli.impls.vllm as vllm
+
+        monkeypatch.setattr(vllm, "HELLO_TIMEOUT_S", 0.5)
     elif name == "bug":
         import smearcli.compare as lib
 
@@ -604,6 +623,43 @@ CASES.extend(Case("hugging face", what, [*HF, *extra], prepare=hf_dir(name), exp
              for what, name, extra, expect in HF_ROWS)
 
 
+# -- vLLM's environment (--impl vllm --vllm-python): checked by a handshake before any model loads
+VLLM = ["compare", "--impl", "vllm", "--hf-model", "m", "--vllm-python"]
+
+
+def vllm_env(name: str = "", answer: str = ""):
+    """`m/` (the model directory: only its existence is checked first), `venv/bin/python` (a
+    script that exits 0) and, as `name`, a script that prints `answer`."""
+    def prepare(cwd: Path):
+        (cwd / "m").mkdir()
+        (cwd / "venv" / "bin").mkdir(parents=True)
+        scripts = {"venv/bin/python": "", **({name: answer} if name else {})}
+        for path, text in scripts.items():
+            (cwd / path).write_text(f"#!/bin/sh\n{text}\n" if text != "SLEEP" else "#!/bin/sh\nexec sleep 30\n")
+            (cwd / path).chmod(0o755)
+    return prepare
+
+
+HELLO = '{"worker": "smearcli-vllm", "protocol": %s, "python": "3.11", "vllm": %s}'
+CASES += [
+    Case("vllm environment", "--vllm-python missing", [*VLLM, "nope/bin/python"], prepare=vllm_env(),
+         expect="not found; make vLLM's environment with scripts/make_vllm_env.sh DIR"),
+    Case("vllm environment", "--vllm-python the environment's directory, not its Python", [*VLLM, "venv"],
+         prepare=vllm_env(), expect="give venv/bin/python"),
+    Case("vllm environment", "--vllm-python not a Python (/bin/true: exits 0, says nothing)", [*VLLM, "/bin/true"],
+         prepare=vllm_env(), expect="without answering smearcli's handshake"),
+    Case("vllm environment", "--vllm-python a program that prints something else", [*VLLM, "notpy"],
+         prepare=vllm_env("notpy", "echo 'Segmentation fault (core dumped)'"), expect="answered 'Segmentation fault"),
+    Case("vllm environment", "--vllm-python that hangs (the 60 s handshake limit shortened to 0.5 s)",
+         [*VLLM, "hangs"], prepare=vllm_env("hangs", "SLEEP"), simulate="hello_timeout", expect="no answer within"),
+    Case("vllm environment", "a Python without vLLM (a stand-in answering as one)", [*VLLM, "novllm"],
+         prepare=vllm_env("novllm", f"echo '{HELLO % (1, 'null')}'"), expect="without vLLM"),
+    Case("vllm environment", "a worker speaking another protocol (a stand-in)", [*VLLM, "proto"],
+         prepare=vllm_env("proto", f"echo '{HELLO % (99, chr(34) + '0.32.0' + chr(34))}'"),
+         expect="speaks protocol 99"),
+]
+
+
 def _md(text: str) -> str:
     return text.replace("|", "\\|")
 
@@ -667,7 +723,8 @@ def render(rows) -> str:
         "the test machine lacks (little memory: 16 GiB free is simulated, or 48 MiB, or a 768 MiB cgroup;",
         "no GPU; a device without float16 kernels; a read-only directory when running as root; a",
         "file-size limit, set for real with RLIMIT_FSIZE while torch writes; an output directory removed",
-        "after its path was checked), set up with a monkeypatch.",
+        "after its path was checked; the 60 s limit of vLLM's handshake, shortened to 0.5 s), set up with a",
+        "monkeypatch.",
         "`n...n` stands for a name of 300 characters; `mine` is a copy of a nanochat checkout.",
         f"Generated with {versions()}. Regenerate after changing a message: `{REGEN}`.",
         "",

@@ -220,7 +220,7 @@ def test_cli_packed_on_a_checkout(impl, labels):
 
 
 # -- text split at <|bos|> ----------------------------------------------------------------------------
-TEXT = "the fox runs.<|bos|>hello world<|bos|><|bos|>a dog"
+TEXT = "the fox runs.<|bos|>hello world<|bos|>!<|bos|>a dog"  # a one-character document among them
 BYTES = ["--model", "random", "--depth", "1", "--schedules", "packed", "--json"]
 
 
@@ -231,7 +231,8 @@ def pieces(text):
     return parts[1:] if text.startswith("<|bos|>") else parts
 
 
-@pytest.mark.parametrize("text", [TEXT, "<|bos|>" + TEXT, "no marker at all"])
+@pytest.mark.parametrize("text", [TEXT, "<|bos|>" + TEXT])  # one document, or an empty one: refused
+                                                        # (tests/test_boundary_inputs.py)
 def test_byte_level_text_splits_at_each_marker(text, tmp_path):
     expected = [1 + len(p.encode()) for p in pieces(text)]
     doc = json.loads(cli.invoke(app, ["compare", "--text", text, *BYTES]).stdout)
@@ -252,7 +253,7 @@ def test_byte_level_text_splits_at_each_marker(text, tmp_path):
 def test_marked_text_and_documents_must_agree(tmp_path):
     good = ",".join(str(1 + len(p.encode())) for p in pieces(TEXT))
     assert cli.invoke(app, ["compare", "--text", TEXT, *BYTES, "--documents", good]).exit_code == 0
-    r = cli.invoke(app, ["compare", "--text", TEXT, *BYTES, "--documents", "10,10,7,6"])
+    r = cli.invoke(app, ["compare", "--text", TEXT, *BYTES, "--documents", "10,10,8,6"])  # the same sum
     assert r.exit_code == 2 and "markers split it into documents of " + good in r.stderr
     f = tmp_path / "nul.txt"
     f.write_bytes(b"ab\0c<|bos|>d")

@@ -225,7 +225,7 @@ def test_bench_output_failing_midway_leaves_nothing(tmp_path, monkeypatch):
     import smearcli.cli.commands.bench as bench_cmd
 
     out = tmp_path / "b.json"
-    monkeypatch.setattr(bench_cmd.json, "dump", _failing_after_partial_write(None))
+    monkeypatch.setattr(bench_cmd.jsonsafe, "dump", _failing_after_partial_write(None))
     invoke(["bench", *FAST, "--schedules", "prefill", "--logic", "old", "--warmup", "0", "--repeats", "1",
             "--no-micro", "--no-peak", "--output", out], allowed=(2,))
     assert not out.exists() and not leftovers(tmp_path)

@@ -69,9 +69,12 @@ def error_lines(stderr: str) -> list:
      "raise Boom", "GPT.forward failed: Boom (a BaseException, not an Exception): big (at nanochat/gpt.py:{})"),
     (FORWARD, FORWARD + "        raise KeyboardInterrupt('mine')\n", "raise KeyboardInterrupt",
      "GPT.forward raised KeyboardInterrupt itself (no Ctrl-C was pressed) at nanochat/gpt.py:{}; nothing was checked"),
-    (RETURN, "        if kv_cache is not None:\n            logits = logits[..., :-1]\n" + RETURN, None,
-     "GPT.forward with a KVCache returned logits 255 wide, but its config's vocab_size is 256"),
-], ids=["BaseException", "their KeyboardInterrupt", "cached logits too narrow"])
+    # a wrong return value has no traceback: the line their forward returned at is named
+    (RETURN, "        if kv_cache is not None:\n            logits = logits[..., :-1]\n" + RETURN, "return logits",
+     "GPT.forward with a KVCache returned logits 255 wide at nanochat/gpt.py:{}, but its config's vocab_size is 256"),
+    (FORWARD, FORWARD + "        return (idx, None)\n", "return (idx, None)",
+     "GPT.forward returned a tuple at nanochat/gpt.py:{}, not logits of shape (batch, tokens, vocab) = (1, 12) + (vocab,)"),
+], ids=["BaseException", "their KeyboardInterrupt", "cached logits too narrow", "a tuple"])
 def test_failures_that_are_not_exceptions_are_theirs(tmp_path, old, new, marker, expect):
     root = standin(tmp_path, old, new)
     r = invoke([*AUDIT, "--nanochat-path", root, "--check", "--json"], allowed=(1,))

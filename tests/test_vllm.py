@@ -119,7 +119,7 @@ def test_refusals(model_dir, fake_python, monkeypatch, tmp_path):
     monkeypatch.delenv(vllm.ENV_PYTHON, raising=False)
     cases = [
         ([], "needs --vllm-python PATH"),
-        (["--vllm-python", str(tmp_path / "nope")], "--vllm-python " + str(tmp_path / "nope") + ": no Python"),
+        (["--vllm-python", str(tmp_path / "nope")], "--vllm-python " + str(tmp_path / "nope") + ": not found"),
         (["--vllm-python", str(fake_python), "--schedules", "engine"], "engine cannot run with --impl vllm"),
         (["--vllm-python", str(fake_python), "--chunk-sizes", "20,24,20"], "fixed token budget"),
         (["--vllm-python", str(fake_python), "--seq-len", "32", "--schedules", "prefix"], "more than one cache block"),
@@ -140,7 +140,7 @@ def test_refusals(model_dir, fake_python, monkeypatch, tmp_path):
         assert r.exit_code == 2 and f"prefix cannot run with --impl {impl}" in r.stderr, r.output
     monkeypatch.setenv(vllm.ENV_PYTHON, str(tmp_path / "from-env"))
     r = runner.invoke(app, base)
-    assert r.exit_code == 2 and "from-env: no Python" in r.stderr
+    assert r.exit_code == 2 and f"${vllm.ENV_PYTHON} {tmp_path / 'from-env'}: not found" in r.stderr
 
 
 def test_chunk_budget_and_prefix_length():
@@ -159,3 +159,117 @@ def test_plot_draws_a_vllm_run(model_dir, fake_python, monkeypatch, tmp_path):
                             str(fake_python), "--seq-len", str(T), "--schedules", "chunked", "--out", str(out)])
     assert r.exit_code == 0, r.output
     assert out.stat().st_size > 10_000 and "schedule chunked" in r.output
+
+
+# -- the environment: every way --vllm-python can be wrong is one line, exit 2, before any model loads
+
+def script(tmp_path: Path, name: str, body: str, mode: int = 0o755) -> Path:
+    p = tmp_path / name
+    p.write_text(body)
+    p.chmod(mode)
+    return p
+
+
+def bad_pythons(tmp_path: Path):
+    """(what, the interpreter, a fragment of its refusal) for each way vLLM's Python can be wrong."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    script(venv / "bin", "python", "#!/bin/sh\nexit 0\n")
+    return [
+        ("missing", tmp_path / "nope" / "python", "not found"),
+        ("a directory holding bin/python", venv, f"a directory, not a Python interpreter; give {venv}/bin/python, its Python"),
+        ("a directory", tmp_path, "a directory, not a Python interpreter"),
+        ("not executable", script(tmp_path, "noexec", "#!/bin/sh\n", 0o644), "not an executable file"),
+        ("not a program", script(tmp_path, "noshebang", "\x7fELF garbage\n"), "cannot run it"),
+        ("/bin/true", Path("/bin/true"), "exited with status 0 without answering smearcli's handshake"),
+        ("exits 0 silently", script(tmp_path, "silent", "#!/bin/sh\nexit 0\n"), "without answering"),
+        ("prints garbage", script(tmp_path, "garbage", "#!/bin/sh\necho 'Segmentation fault (core dumped)'\n"),
+         "answered 'Segmentation fault (core dumped)', not smearcli's handshake"),
+        ("fails", script(tmp_path, "fails", "#!/bin/sh\necho 'libfoo.so: cannot open' >&2\nexit 127\n"),
+         "exited with status 127: 'libfoo.so: cannot open'"),
+        ("hangs", script(tmp_path, "hangs", "#!/bin/sh\nexec sleep 30\n"), "no answer within 0.5 s"),
+        ("another protocol", script(tmp_path, "proto", '#!/bin/sh\necho \'{"worker": "smearcli-vllm", '
+                                    '"protocol": 99, "python": "3.11", "vllm": "0.32.0"}\'\n'), "speaks protocol 99"),
+        ("a Python without vLLM", Path(sys.executable), "without vLLM (no module named vllm)"),
+    ]
+
+
+def test_a_bad_vllm_environment_is_one_line_naming_what_to_run(model_dir, tmp_path, monkeypatch):
+    import tempfile
+    import time
+
+    monkeypatch.setattr(vllm, "HELLO_TIMEOUT_S", 0.5)
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))  # where a stray temporary file would be
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    envs = tmp_path / "envs"
+    envs.mkdir()
+    for what, python, want in bad_pythons(envs):
+        before = sorted(tmp_path.rglob("*"))
+        start = time.monotonic()
+        r = runner.invoke(app, ["compare", "--impl", "vllm", "--hf-model", str(model_dir), "--vllm-python",
+                                str(python), "--seq-len", str(T), "--json"])
+        assert r.exit_code == 2, (what, r.output)
+        assert r.stdout == "" and "Traceback" not in r.output, (what, r.output)
+        (line,) = r.stderr.strip().splitlines()
+        assert line.startswith(f"smearcli: error: --vllm-python {python}: "), (what, line)
+        assert want in line and "scripts/make_vllm_env.sh DIR" in line, (what, line)
+        assert "crashed" not in line and "internal error" not in line, (what, line)
+        assert time.monotonic() - start < 20, what  # refused before the model loads, the hang stopped
+        assert sorted(tmp_path.rglob("*")) == before, what  # nothing written, no temporary left
+
+
+@pytest.mark.parametrize("mode,want", [
+    ("garbage", "result.json is not JSON: Expecting value: line 1 column 1 (char 0)"),
+    ("oldproto", "result.json speaks protocol 0"),
+    ("silent", "it exited with status 0 without writing result.json"),
+])
+def test_an_answer_outside_the_protocol_is_the_environment(model_dir, fake_python, monkeypatch, tmp_path, mode, want):
+    import tempfile
+
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    r, doc = compare(model_dir, fake_python, monkeypatch, tmp_path, mode)
+    assert r.exit_code == 2 and doc is None, r.output
+    (line,) = r.stderr.strip().splitlines()
+    assert line == (f"smearcli: error: {fake_python}: the vLLM worker's answer is not smearcli's protocol "
+                    f"{vllm.PROTOCOL} ({want}); make vLLM's environment with scripts/make_vllm_env.sh DIR and "
+                    "give DIR/bin/python, and rerun"), line
+    assert list(scratch.iterdir()) == []  # the worker's directory is gone
+
+
+def test_the_worker_checks_what_it_is_told(tmp_path):
+    """The real worker, under this Python (no vLLM): the handshake says so, a request of another
+    protocol is refused before vLLM is imported, and result.json limits are checked here."""
+    import subprocess
+
+    out = subprocess.run([sys.executable, str(vllm.WORKER), "--hello"], capture_output=True, text=True, timeout=60)
+    answer = json.loads(out.stdout)
+    assert answer["worker"] == "smearcli-vllm" and answer["protocol"] == vllm.PROTOCOL and answer["vllm"] is None
+    (tmp_path / "req.json").write_text(json.dumps({"protocol": 0}))
+    out = subprocess.run([sys.executable, str(vllm.WORKER), str(tmp_path / "req.json"), str(tmp_path)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and "speaks protocol 1, the request 0" in out.stderr
+    s = vllm.Settings(python="py", model="m", vocab=4)
+    req = {"schedules": [{"name": "prefill"}]}
+    big = tmp_path / "result.json"
+    with open(big, "wb") as f:
+        f.truncate(vllm.RESULT_LIMIT + 1)
+    with pytest.raises(vllm.UserError, match="over the 4 MiB limit"):
+        vllm.read_result(s, big, req)
+    for entry, msg in [({"name": "decode"}, "not the prefill asked for"),
+                       ({"name": "prefill", "arrays": {"logprobs": "../../etc/passwd"}}, "not .npy files"),
+                       ({"name": "prefill", "outcome": "exploded"}, "outcome 'exploded'"),
+                       ({"name": "prefill", "steps": [1.5]}, "steps is not a list of counts")]:
+        big.write_text(json.dumps({"protocol": vllm.PROTOCOL, "schedules": [entry]}))
+        with pytest.raises(vllm.UserError, match=msg):
+            vllm.read_result(s, big, req)
+    big.write_text('{"protocol": 1, "schedules": [{"name": "prefill", "message": NaN}]}')
+    with pytest.raises(vllm.UserError, match="not JSON"):
+        vllm.read_result(s, big, req)
+    big.write_text(json.dumps({"protocol": 1, "schedules": [{"name": "prefill", "message": "x" * 10_000}]}))
+    assert len(vllm.read_result(s, big, req)["schedules"][0]["message"]) == vllm.MESSAGE_LIMIT

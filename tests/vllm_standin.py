@@ -10,9 +10,12 @@ mode (env SMEARCLI_STANDIN_MODE) makes it misbehave as vLLM can:
 - nocache: the second request reads nothing from the prefix cache (num_cached_tokens 0);
 - crash: the prefix schedule raises inside "vLLM" (an IndexError, as Mamba2's does);
 - die: the worker exits with status 1 before answering;
-- skew: chunked's log-probs are off at the first chunk start (a chunk-boundary bug).
+- skew: chunked's log-probs are off at the first chunk start (a chunk-boundary bug);
+- garbage: result.json is not JSON; oldproto: it speaks protocol 0; silent: the worker exits 0
+  without writing result.json (each answers the handshake first, as a broken worker would).
 
-It copies the request it got to $SMEARCLI_STANDIN_SEEN, when set, for the tests to read.
+`--hello` answers the worker's handshake (protocol 1, vLLM "stand-in") before anything heavy is
+imported. It copies the request it got to $SMEARCLI_STANDIN_SEEN, when set, for the tests to read.
 """
 
 import json
@@ -20,14 +23,12 @@ import os
 import shutil
 import sys
 
-import numpy as np
-import torch
-import transformers
-
 GARBAGE = -9e23
 
 
 def logprobs(model, rows):
+    import torch
+
     with torch.no_grad():
         out = model(input_ids=torch.tensor(rows), use_cache=False).logits
     return out.double().log_softmax(-1).float().numpy()
@@ -41,6 +42,15 @@ def main(request_path, outdir):
     if mode == "die":
         print("Fatal Python error: Segmentation fault (stand-in)", file=sys.stderr)
         sys.exit(1)
+    if mode == "silent":
+        sys.exit(0)
+    if mode in ("garbage", "oldproto"):
+        with open(os.path.join(outdir, "result.json"), "w") as f:
+            f.write("Segmentation fault\x00\x01" if mode == "garbage" else json.dumps({"protocol": 0, "schedules": []}))
+        return
+    import numpy as np
+    import transformers
+
     model = transformers.AutoModelForCausalLM.from_pretrained(req["model"], local_files_only=True).float().eval()
     rows = req["rows"]
     T = len(rows[0])
@@ -80,4 +90,7 @@ def main(request_path, outdir):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    if sys.argv[1:] == ["--hello"]:
+        print(json.dumps({"worker": "smearcli-vllm", "protocol": 1, "python": "3", "vllm": "stand-in"}))
+    else:
+        main(sys.argv[1], sys.argv[2])

@@ -112,7 +112,11 @@ def check_arguments(spec: RunSpec, schedules, chunk_sizes) -> ScheduleOptions:
         if value < 1:
             raise UserError(f"{name} must be >= 1, got {value}")
     if "rollback" in schedules and spec.reject >= spec.draft:
-        raise UserError(f"--reject {spec.reject}: rollback rejects fewer tokens than each --draft ({spec.draft})")
+        raise UserError(f"--reject {spec.reject} with --draft {spec.draft}: rollback rejects 1 to {spec.draft - 1} "
+                        f"tokens of each draft (fewer than --draft), so the cache has something to keep")
+    if spec.reject != names.REJECT and "rollback" not in schedules:  # else ignored without a word
+        raise UserError("--reject sizes the rollback schedule; add --schedules rollback")
+    _check_leak_limit(spec)
     opts = replace(opts, reject=spec.reject, documents=spec.document_lengths())
     if T is not None:
         if T < 2:
@@ -120,7 +124,39 @@ def check_arguments(spec: RunSpec, schedules, chunk_sizes) -> ScheduleOptions:
         if spec.batch < 1:
             raise UserError(f"--batch must be >= 1, got {spec.batch}")
         _check_plan(T, schedules, opts)
+        check_boundaries(T, schedules, opts, draft_given=spec.draft != names.DRAFT)
     return opts
+
+
+def _check_leak_limit(spec: RunSpec) -> None:
+    if spec.leak_limit is not None and not 0 <= spec.leak_limit < float("inf"):  # before any model loads
+        raise UserError(f"--leak-limit must be a finite number >= 0, got {spec.leak_limit}")
+
+
+def check_boundaries(T: int, schedules, opts: ScheduleOptions, draft_given: bool = True) -> None:
+    """The boundaries rollback, speculative and packed cross, against a T-token input: refused with
+    the numbers when they cannot be formed, or would never be crossed (a --check over a boundary
+    that never happened would pass without having checked it). `draft_given`: --draft was on the
+    command line (the default 4 may be longer than a short text's tokens; speculative then
+    verifies them in one step, as asked of no one)."""
+    verified = min(opts.gen_len, T - 1)  # the tokens after the prompt, fed a draft at a time
+    source = (f"--gen-len {opts.gen_len} of a {T}-token input" if opts.gen_len < T - 1
+              else f"all but the first of a {T}-token input")
+    if "rollback" in schedules and verified < opts.draft:
+        raise UserError(f"--schedules rollback: no draft would ever be taken back: the {verified} "
+                        f"token{'s' if verified != 1 else ''} verified after the prompt ({source}) are fewer than one --draft of {opts.draft}; give "
+                        + (f"--draft {verified} or less, or " if verified >= 2 else "") + "a longer --gen-len or input")
+    if "speculative" in schedules and draft_given and opts.draft > verified:
+        raise UserError(f"--draft {opts.draft}: longer than the {verified} tokens verified after the prompt "
+                        f"({source}); give --draft {verified} or less")
+    if "packed" in schedules and opts.documents is not None:
+        docs = ",".join(map(str, opts.documents))
+        if sum(opts.documents) != T:
+            raise UserError(f"--documents {docs}: the lengths sum to {sum(opts.documents)} but the input has "
+                            f"{T} tokens")
+        if len(opts.documents) < 2:
+            raise UserError(f"--documents {docs}: one document, so no boundary between documents is ever "
+                            "crossed; give two or more lengths")
 
 
 @contextlib.contextmanager
@@ -185,6 +221,7 @@ def build_setup(spec: RunSpec, sequence_len: int = 512) -> Setup:
     # once, before a random input is drawn: positions and memory of the whole run
     preflight(cfg, device, dtype, B, T, schedules, logics, spec, chunk_sizes)
     _check_plan(T, schedules, opts)
+    check_boundaries(T, schedules, opts, draft_given=spec.draft != names.DRAFT)  # a given input's length
     if tokens is None:
         tokens = random_tokens(cfg, T, B, spec.seed)
     if PROGRAM["own_process"]:

@@ -52,7 +52,9 @@ def tokens_for(spec: RunSpec, model):
 def prepare(spec: RunSpec, schedules, tolerance: float):
     """A Job that checks the model of --hf-model on `schedules`; its report writes smearcli.hf/1."""
     from ..impls import hf
+    from ..names import DRAFT
     from ..schedules import chunk_plan
+    from .build import check_boundaries
     from .threads import apply_threads
 
     schedules = [s for s in schedules if s != "full"]
@@ -61,9 +63,11 @@ def prepare(spec: RunSpec, schedules, tolerance: float):
     model, info, device = load(spec)
     tokens = tokens_for(spec, model)
     try:
-        chunk_plan(tokens.size(1), opts)
+        if "chunked" in schedules:  # the plan of a schedule that does not run refuses nothing
+            chunk_plan(tokens.size(1), opts)
     except ValueError as e:
         raise UserError(f"{'--chunk-sizes' if opts.chunk_sizes else '--chunks'}: {e}") from e
+    check_boundaries(tokens.size(1), schedules, opts, draft_given=spec.draft != DRAFT)  # --tokens' length
     from ..impls import hf_check
     from .reports import ComparisonReport, Job
 

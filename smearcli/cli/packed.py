@@ -58,6 +58,10 @@ def packed_input(spec, setup):
             raise UserError(f"--schedules packed: {e}; give --documents LENGTHS") from None
     if any(s != splits[0] for s in splits):
         raise UserError("--schedules packed: the rows split into different documents at BOS; give one row")
+    if len(splits[0]) < 2:  # nothing to leak across: a check of it would pass having checked nothing
+        raise UserError(f"--schedules packed: the input is one document of {splits[0][0]} tokens (no BOS, id "
+                        f"{bos}, after position 0), so no boundary between documents is ever crossed; mark "
+                        "each document's start, or give --documents LENGTHS")
     return tokens, splits[0]
 
 
@@ -116,8 +120,6 @@ def packed_job(spec, setup, tolerance, info) -> Job:
     from ..names import FIRST_TOKENS
     from ..ours import runners
 
-    if spec.leak_limit is not None and not 0 <= spec.leak_limit < float("inf"):
-        raise UserError(f"--leak-limit must be a finite number >= 0, got {spec.leak_limit}")
     tokens, lengths = packed_input(spec, setup)
     bos = int(tokens[0, 0])
     theirs = None

@@ -62,7 +62,9 @@ NOT_HF = tuple((f, "configures a nanochat model and does not apply to --impl hf 
                          "model_tag", "preset")) + (
     ("chat", "encodes a nanochat conversation; it does not apply to --impl hf"),
     ("logic", "picks nanochat's smear logic; with --impl hf the model's own code runs"),
-    ("samples", "sizes the engine schedule, which --impl hf does not run"))
+    ("samples", "sizes the engine schedule, which --impl hf does not run"),
+    ("documents", "sizes the packed schedule, which --impl hf does not run"),
+    ("leak_limit", "gates the packed schedule, which --impl hf does not run"))
 
 # our GPT has no padding mask; a user's checkout runs packed (its documents alone against the packed
 # row, the attention split through its own SDPA calls masked to the documents) but not padded
@@ -81,7 +83,8 @@ register(Implementation("hf", "a Hugging Face transformers model (--hf-model) th
                         "smearcli.cli.hf:prepare", needs=(("hf_model", "NAME|DIR"),), owns=("hf_model",), refuses=NOT_HF,
                         schedules=("full", "prefill", "decode", "chunked", "speculative", "padded", "rollback")))
 NOT_VLLM = tuple((f, why.replace("--impl hf", "--impl vllm")) for f, why in NOT_HF) + tuple(
-    (f, "sizes the engine and speculative schedules, which --impl vllm does not run") for f in ("gen_len", "draft"))
+    (f, "sizes the engine and speculative schedules, which --impl vllm does not run") for f in ("gen_len", "draft")) + (
+    ("reject", "sizes the rollback schedule, which --impl vllm does not run"),)
 register(Implementation("vllm", "the model of --hf-model DIR run by vLLM (its chunked prefill and prefix cache, "
                         "in its own environment: --vllm-python), against its full forward in transformers",
                         "smearcli.cli.vllm:prepare", needs=(("hf_model", "DIR (a local safetensors model)"),),

@@ -19,14 +19,16 @@ SUBTITLE = ("vLLM runs each schedule with its own scheduler and caches (in its o
             "the reference is\nthe same model's full forward in transformers; both as log-probabilities.")
 
 
-def vllm_python(spec: RunSpec) -> str:
+def vllm_python(spec: RunSpec) -> tuple[str, str]:
+    """(vLLM's interpreter, where it was given: the option or the environment variable, which a
+    refusal of it names)."""
     from ..impls.vllm import ENV_PYTHON
 
     if spec.vllm_python is not None:
-        return str(spec.vllm_python)
+        return str(spec.vllm_python), "--vllm-python"
     env = os.environ.get(ENV_PYTHON, "").strip()
     if env:
-        return env
+        return env, f"${ENV_PYTHON}"
     raise UserError(f"--impl vllm needs --vllm-python PATH (or ${ENV_PYTHON}): the Python of an environment "
                     "with vLLM; scripts/make_vllm_env.sh DIR makes one (then DIR/bin/python)")
 
@@ -70,8 +72,8 @@ def prepare(spec: RunSpec, schedules, tolerance: float):
 
     schedules = [s for s in schedules if s != "full"]
     opts = check_vllm_spec(spec, schedules)
-    python = vllm_python(spec)
-    with flag("--vllm-python"):
+    python, given_as = vllm_python(spec)
+    with flag(given_as):  # its handshake, before any model is loaded: a bad environment is exit 2
         vllm.check_python(python)
     if spec.tokens is None:  # random input: its length is known before the model loads
         check_plan(spec.seq_len_value(), schedules, opts)

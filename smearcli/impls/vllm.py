@@ -110,34 +110,203 @@ def request(s: Settings, tokens: torch.Tensor, schedules: Sequence[str], opts: S
             "kv_cache_memory_bytes": s.kv_cache_memory_bytes, "schedules": entries}
 
 
-def check_python(python: str) -> None:
-    if not Path(python).is_file() or not os.access(python, os.X_OK):
-        raise UserError(f"{python}: no Python interpreter there (make vLLM's environment with "
-                        f"scripts/make_vllm_env.sh DIR and name DIR/bin/python)")
+MAKE_ENV = "make vLLM's environment with scripts/make_vllm_env.sh DIR and give DIR/bin/python"
+HELLO_TIMEOUT_S = 60.0  # the handshake imports nothing heavy: a Python that takes longer hangs
+HELLO_LIMIT = 64 << 10  # bytes of the handshake's output read; the answer is one short line
+RESULT_LIMIT = 4 << 20  # bytes of result.json; a real one is a few kilobytes
+MESSAGE_LIMIT = 2000  # characters of a schedule's message kept from the worker
+
+
+def _quote(text: str, n: int = 80) -> str:
+    text = " ".join(text.split())
+    return repr(text if len(text) <= n else text[:n] + "...")
+
+
+def check_path(python: str) -> None:
+    """`python` names an executable file (not missing, not a directory): refused with what to run."""
+    p = Path(python)
+    if p.is_dir():
+        inside = p / "bin" / "python"
+        hint = (f"give {inside}, its Python (vLLM's environment is made with scripts/make_vllm_env.sh DIR)"
+                if inside.is_file() else MAKE_ENV)
+        raise UserError(f"{python}: a directory, not a Python interpreter; {hint}")
+    if not p.exists():
+        raise UserError(f"{python}: not found; {MAKE_ENV}")
+    if not p.is_file() or not os.access(python, os.X_OK):
+        raise UserError(f"{python}: not an executable file; {MAKE_ENV}")
+
+
+def runnable(python: str) -> str:
+    """The path to execute: a relative one is relative to the working directory, as every other
+    path option is (a bare name given to exec would be looked up on $PATH instead)."""
+    return os.path.abspath(python)
+
+
+def worker_env(s_env: Optional[dict] = None) -> dict:
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "PYTHONNOUSERSITE": "1", **(s_env or {})}
+    env.pop("PYTHONPATH", None)  # our environment's packages must not shadow vLLM's
+    return env
+
+
+def _run_capped(argv: list, env: dict, timeout: float, limit: int) -> tuple[Optional[int], str, str]:
+    """(exit status or None past `timeout`, the first `limit` bytes of stdout and of stderr). The
+    output goes to unlinked temporary files, so a child that floods it costs no memory here and
+    leaves nothing on disk."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        try:
+            p = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                                 start_new_session=True)  # its children are stopped with it
+        except OSError as e:  # an executable the system cannot run (no #! line, wrong format)
+            raise UserError(f"cannot run it ({e.strerror or e}); {MAKE_ENV}") from None
+        try:
+            rc: Optional[int] = p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            _stop(p)
+            rc = None
+        texts = []
+        for f in (out, err):
+            f.seek(0)
+            texts.append(f.read(limit).decode(errors="replace"))
+    return rc, texts[0], texts[1]
+
+
+def _stop(p: subprocess.Popen) -> None:
+    import signal
+
+    try:
+        os.killpg(p.pid, signal.SIGKILL)  # its own session: the group is its and its children's
+    except OSError:
+        p.kill()
+    p.wait()
+
+
+def hello(python: str, worker: str = str(WORKER), env: Optional[dict] = None,
+          timeout: Optional[float] = None) -> dict:
+    """The worker's handshake under `python`: {"worker": "smearcli-vllm", "protocol", "python",
+    "vllm"}, checked before any model is loaded. A Python that is not one, hangs, prints something
+    else, speaks another protocol or has no vLLM is the user's setup: UserError (exit 2), saying
+    what to run."""
+    check_path(python)
+    timeout = HELLO_TIMEOUT_S if timeout is None else timeout
+    try:
+        rc, out, err = _run_capped([runnable(python), worker, "--hello"], worker_env(env), timeout, HELLO_LIMIT)
+    except UserError as e:
+        raise UserError(f"{python}: {e}") from None
+    if rc is None:
+        raise UserError(f"{python}: no answer within {timeout:g} s to smearcli's handshake (it hangs at "
+                        f"start-up); {MAKE_ENV}")
+    answer = _handshake_line(out)
+    if answer is None:
+        said = [ln for ln in (err or "").splitlines() if ln.strip()][-1:]
+        if rc != 0:
+            why = f"exited with status {rc}" + (f": {_quote(said[0])}" if said else " without output")
+        elif out.strip():
+            why = f"answered {_quote(out)}, not smearcli's handshake"
+        else:
+            why = "exited with status 0 without answering smearcli's handshake"
+        raise UserError(f"{python}: not a Python that can run smearcli's vLLM worker ({why}); {MAKE_ENV}")
+    if answer.get("protocol") != PROTOCOL:
+        raise UserError(f"{python}: the worker it ran speaks protocol {answer.get('protocol')!r}, this smearcli "
+                        f"{PROTOCOL} (not the worker this smearcli ships); {MAKE_ENV}")
+    if not answer.get("vllm"):
+        raise UserError(f"{python}: Python {answer.get('python', '?')} without vLLM (no module named vllm); "
+                        f"{MAKE_ENV}")
+    return answer
+
+
+def _handshake_line(out: str) -> Optional[dict]:
+    """The handshake among the output's lines (a sitecustomize may print before it), or None."""
+    for line in out.splitlines():
+        try:
+            d = json.loads(line, parse_constant=_refuse)
+        except (ValueError, RecursionError):
+            continue
+        if isinstance(d, dict) and d.get("worker") == "smearcli-vllm":
+            return d
+    return None
+
+
+def _refuse(token):
+    raise ValueError(f"{token} is not JSON")
+
+
+def check_python(python: str) -> dict:
+    """`python` is an interpreter whose worker answers the handshake; its answer."""
+    return hello(python)
+
+
+def garbage(s: Settings, what: str) -> UserError:
+    return UserError(f"{s.python}: the vLLM worker's answer is not smearcli's protocol {PROTOCOL} ({what}); "
+                     f"{MAKE_ENV}, and rerun")
+
+
+def read_result(s: Settings, path: Path, req: dict) -> dict:
+    """result.json, trusted only once it is small, speaks PROTOCOL and names the request's
+    schedules with fields of the right types (UserError otherwise: the environment, not the model)."""
+    size = path.stat().st_size
+    if size > RESULT_LIMIT:
+        raise garbage(s, f"result.json is {size:,} bytes, over the {RESULT_LIMIT >> 20} MiB limit")
+    try:
+        res = json.loads(path.read_bytes().decode(), parse_constant=_refuse)
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
+        raise garbage(s, f"result.json is not JSON: {one_line(str(e))}") from None
+    if not isinstance(res, dict) or res.get("protocol") != PROTOCOL:
+        got = res.get("protocol") if isinstance(res, dict) else type(res).__name__
+        raise garbage(s, f"result.json speaks protocol {got!r}")
+    entries = res.get("schedules")
+    want = [e["name"] for e in req["schedules"]]
+    if not isinstance(entries, list) or [e.get("name") if isinstance(e, dict) else e for e in entries] != want:
+        raise garbage(s, f"its schedules are not the {','.join(want)} asked for")
+    for e in entries:
+        _check_entry(s, e)
+    return res
+
+
+def _check_entry(s: Settings, e: dict) -> None:
+    name = e["name"]
+    if e.get("outcome") not in (None, CRASHED):
+        raise garbage(s, f"{name}: outcome {one_line(repr(e.get('outcome')))}")
+    if not isinstance(e.get("message", ""), str):
+        raise garbage(s, f"{name}: a message that is not text")
+    e["message"] = one_line(e.get("message", ""), MESSAGE_LIMIT)
+    arrays = e.get("arrays") or {}
+    if not isinstance(arrays, dict) or not all(
+            isinstance(f, str) and f.endswith(".npy") and Path(f).name == f for f in arrays.values()):
+        raise garbage(s, f"{name}: arrays that are not .npy files beside result.json")
+    for key in ("steps", "num_cached_tokens"):
+        v = e.get(key)
+        if v is not None and not (isinstance(v, list) and all(type(n) is int and n >= 0 for n in v)):
+            raise garbage(s, f"{name}: {key} is not a list of counts")
+
+
+def one_line(text: str, limit: int = 300) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def call_worker(s: Settings, req: dict, workdir: Path) -> dict:
     """Run the worker on `req`; its result.json (arrays stay in `workdir`). A worker that cannot
-    start is the user's setup (UserError); one that dies is returned as every schedule crashed."""
-    check_python(s.python)
-    (workdir / "request.json").write_text(json.dumps(req))
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "PYTHONNOUSERSITE": "1", **s.env}
-    env.pop("PYTHONPATH", None)  # our environment's packages must not shadow vLLM's
+    start, or answers outside the protocol, is the user's setup (UserError); one that dies is
+    returned as every schedule crashed."""
+    hello(s.python, s.worker, s.env)
+    (workdir / "request.json").write_text(json.dumps(req, allow_nan=False))
+    env = worker_env(s.env)
     start = time.time()
     try:
-        p = subprocess.run([s.python, s.worker, str(workdir / "request.json"), str(workdir)], env=env,
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=s.timeout_s)
+        p = subprocess.run([runnable(s.python), s.worker, str(workdir / "request.json"), str(workdir)], env=env,
+                           stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           errors="replace", timeout=s.timeout_s)
         rc, err = p.returncode, p.stderr
     except subprocess.TimeoutExpired as e:
         rc, err = None, f"the vLLM worker ran past {s.timeout_s:g} s"
         err = (e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")) + "\n" + err
     out = workdir / "result.json"
     if rc == 0 and out.is_file():
-        res = json.loads(out.read_text())
-        if res.get("protocol") != PROTOCOL:
-            raise UserError(f"{s.worker} speaks protocol {res.get('protocol')}, smearcli {PROTOCOL}")
+        res = read_result(s, out, req)
         res["wall_s"] = round(time.time() - start, 2)
         return res
+    if rc == 0:  # it said it finished, and left no answer: not the worker smearcli ships
+        raise garbage(s, "it exited with status 0 without writing result.json")
     last = [ln for ln in (err or "").splitlines() if ln.strip()][-1:] or ["(no output)"]
     why = f"the vLLM worker exited with status {rc}: {last[0].strip()}" if rc is not None else last[0]
     return {"schedules": [{"name": e["name"], "outcome": CRASHED, "message": why} for e in req["schedules"]],
@@ -195,6 +364,9 @@ class VLLMRunner(Runner):
 def _load(workdir: Path, name: str, shape: tuple) -> torch.Tensor:
     import numpy as np
 
+    size, most = (workdir / name).stat().st_size, 8 * int(np.prod(shape)) + (1 << 16)  # float64 and a header
+    if size > most:
+        raise ValueError(f"{name}: {size:,} bytes, more than a {shape} array takes")
     a = np.load(workdir / name, allow_pickle=False)
     if a.shape != shape:
         raise ValueError(f"{name}: shape {a.shape}, expected {shape}")

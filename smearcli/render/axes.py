@@ -25,6 +25,23 @@ def pow10_label(v: float, pos=None) -> str:
     return "10" + str(round(e)).translate(SUPERSCRIPT) if abs(e - round(e)) < 1e-9 else ""
 
 
+def sane_range(arrays, lo: float, hi: float) -> tuple[float, float]:
+    """(lo, hi) a log axis can take: 0 < lo < hi, both finite. A model whose activations overflow
+    gives a noise floor of 0 or NaN and errors of inf; the axis then spans the finite positive
+    values drawn (NaN and inf are left out of the plot by matplotlib), or one decade."""
+    import math
+
+    import numpy as np
+
+    finite = [a[np.isfinite(a)] for a in arrays]
+    if not (math.isfinite(lo) and lo > 0):
+        lo = positive_min(finite, 1e-12)
+    if not (math.isfinite(hi) and hi > lo):
+        top = [float(v.max()) for v in finite if v.size]
+        hi = max(top) if top and max(top) > lo else lo * 10
+    return lo, hi
+
+
 def value_axis(ax, arrays, lo: float, hi: float) -> float:
     """A log y axis from `lo` to `hi`; if any value is exactly 0, a symlog axis whose linear
     part runs from 0 to `lo`, so that exact agreement is drawn (on the bottom edge) instead of
@@ -34,6 +51,7 @@ def value_axis(ax, arrays, lo: float, hi: float) -> float:
     import numpy as np
     from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
+    lo, hi = sane_range(arrays, lo, hi)
     zeros = any(bool(np.any(a == 0)) for a in arrays)
     if zeros:
         ax.set_yscale("symlog", linthresh=lo, linscale=0.5)

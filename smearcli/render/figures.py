@@ -362,10 +362,9 @@ def save(fig: "Figure", path, dpi: Optional[float] = None) -> Path:
     """Write `fig` atomically, format chosen by the suffix (.png, .svg, .pdf), without
     timestamps so the same figure gives the same file. A PNG of a `figure` carries its
     `summary` as a text chunk (`read_summary`)."""
-    import json
-
     import matplotlib
 
+    from .. import jsonsafe
     from ..files import atomic_write
 
     path = Path(path)
@@ -377,7 +376,7 @@ def save(fig: "Figure", path, dpi: Optional[float] = None) -> Path:
     if fmt == "png" and data is not None:  # this module's figures, or another's with its own summary()
         told = summary(data) if isinstance(data, PlotData) else data.summary() if hasattr(data, "summary") else None
         if told is not None:
-            metadata[PNG_SUMMARY_KEY] = json.dumps(told, sort_keys=True)
+            metadata[PNG_SUMMARY_KEY] = jsonsafe.dumps(told, sort_keys=True)  # strict: null for NaN
     rc = {"svg.hashsalt": "smearcli"}
     with matplotlib.rc_context(rc), atomic_write(path, "wb") as f:
         fig.savefig(f, format=fmt, dpi=dpi, metadata=metadata)

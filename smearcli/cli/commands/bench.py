@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import sys
 from enum import Enum
 from pathlib import Path
@@ -11,6 +10,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from ... import jsonsafe
 from ...errors import UserError
 from ...names import REFERENCE
 from ..options import RunSpec, shared_options
@@ -102,11 +102,11 @@ def bench(
             "preset": None if spec.preset is None else spec.preset.value}
     data = report.to_json(result, info)
     if output is not None:
-        with atomic_write(output) as f:
-            json.dump(data, f, indent=1)
+        with atomic_write(output) as f:  # strict JSON: a non-finite number is null, said why
+            jsonsafe.dump(data, f, indent=1)
             f.write("\n")
     if json_out:
-        sys.stdout.write(json.dumps(data, indent=1) + "\n")
+        sys.stdout.write(jsonsafe.dumps(data, indent=1) + "\n")
         return
     cfg = setup.model.config
     title = (f"{setup.loaded.name}: {cfg.shape} (context {cfg.sequence_len}), "

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
+from ... import jsonsafe
 from ...errors import UserError
 from ...names import NOISE_MARGIN
 from ..errors import CheckFailed
@@ -58,8 +58,8 @@ def _compare(spec: RunSpec, json_out: bool, save: Optional[Path], check: bool, t
     with progress_bar("compare", quiet=spec.quiet, unit="tokens") as bar:
         report = job.run(bar)
     document = report.document()
-    if json_out:
-        sys.stdout.write(json.dumps(document, indent=1) + "\n")
+    if json_out:  # strict JSON: a non-finite number (an overflowing model) is null, said why
+        sys.stdout.write(jsonsafe.dumps(document, indent=1) + "\n")
     else:
         report.render(console())
     payload = report.payload() if save is not None else None

@@ -27,7 +27,7 @@ from ...preflight import check_model_memory
 from ...runner import DOCUMENT_MASK, EXPAND, SMEAR_TERMS, Described, Output, Runner
 from ...smear import smear_gate
 from ...checkpoint import NoSmearParameters, check_tensors, find_step, read_meta, read_state_dict, smear_keys_missing
-from .guard import user_code
+from .guard import return_line, returned_at, user_code
 from .sandbox import FIRST_CAPTURE, NanochatCode
 
 USER_LOGIC = "yours"  # the label of the user's runs: their code has its own smear logic
@@ -135,18 +135,22 @@ class NanochatModel:
             hooks.append(self.blocks[0].register_forward_pre_hook(grab_input, with_kwargs=True))
             hooks += [b.register_forward_hook(grab_output) for b in self.blocks]
         try:
-            with user_code(self.code.root, "GPT.forward", self.code.timeout):  # stdout kept for our output
+            # stdout kept for our output; where their forward returns, for a wrong return value
+            with (user_code(self.code.root, "GPT.forward", self.code.timeout),
+                  return_line(type(self.net).forward) as returned):
                 out = self.net(idx, kv_cache=None if cache is None else cache.inner)
         finally:
             for h in hooks:
                 h.remove()
+        where = returned_at(returned, self.code.root)
+        at = f" at {where}" if where else ""
         if not isinstance(out, Tensor) or out.dim() != 3 or tuple(out.shape[:2]) != tuple(idx.shape):
             got = f"a tensor of shape {tuple(out.shape)}" if isinstance(out, Tensor) else f"a {type(out).__name__}"
-            raise UserCodeError(f"your nanochat code: GPT.forward returned {got}, not logits "
+            raise UserCodeError(f"your nanochat code: GPT.forward returned {got}{at}, not logits "
                                 f"of shape (batch, tokens, vocab) = {tuple(idx.shape)} + (vocab,)")
         if out.shape[2] != self.config.vocab_size:  # every call must give the same width
             step = "without a cache" if cache is None else "with a KVCache"
-            raise UserCodeError(f"your nanochat code: GPT.forward {step} returned logits {out.shape[2]} wide, "
+            raise UserCodeError(f"your nanochat code: GPT.forward {step} returned logits {out.shape[2]} wide{at}, "
                                 f"but its config's vocab_size is {self.config.vocab_size}")
         return out
 

@@ -111,6 +111,40 @@ def _innermost(frames, root: Path) -> str:
     return found
 
 
+@contextlib.contextmanager
+def return_line(fn):
+    """Note where `fn` returns while the block runs: yields a list that then holds the
+    (filename, line) of its last return. A wrong return value has no traceback to point at, so
+    this is how its failure names their file:line like every other. A profile function, this
+    thread only, and only while the block runs; one that was set already is restored after."""
+    import inspect
+
+    code = getattr(inspect.unwrap(fn), "__code__", None)
+    seen: list = []
+    if code is None:  # not a Python function: nothing to watch
+        yield seen
+        return
+    previous = sys.getprofile()
+
+    def note(frame, event, arg):
+        if event == "return" and frame.f_code is code:
+            seen[:] = [(code.co_filename, frame.f_lineno)]
+    sys.setprofile(note)
+    try:
+        yield seen
+    finally:
+        sys.setprofile(previous)
+
+
+def returned_at(seen: list, root: Path) -> str:
+    """The file:line `return_line` noted, relative to the checkout at `root`; "" when none was
+    noted or it is outside the checkout."""
+    if not seen:
+        return ""
+    filename, line = seen[-1]
+    return _innermost([traceback.FrameSummary(filename, line, "")], Path(root))
+
+
 def their_frame(e: BaseException, root: Path) -> str:
     """file:line of the innermost frame of the traceback inside the checkout at `root` (relative
     to it), or "" when no frame is theirs."""
