@@ -23,7 +23,6 @@ in `Comparison.unmeasured`, printed under the table and named in the verdict; a 
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
@@ -33,11 +32,11 @@ from torch import Tensor
 from . import evidence, profile
 from .boundaries import SHAPES
 from .errors import CannotRun
-from .metrics import AnalyticCheck, NoiseFloor, RunMetrics, analytic_check, measure, noise_floor
-from .names import DEFAULT_SCHEDULES, LOGIC_NAMES, NOISE_MARGIN, REFERENCE, ROLLBACK
+from .metrics import AnalyticCheck, NoiseFloor, RunMetrics, analytic_check, measure
+from .names import DEFAULT_SCHEDULES, LOGIC_NAMES, NOISE_MARGIN, ROLLBACK
 from .runner import Described, Runner
 from .runplan import collect, common_layers, plan, run_all
-from .schedules import CRASHED, RunResult, ScheduleOptions, missing, run_schedule, runnable
+from .schedules import RunResult, ScheduleOptions, missing, run_schedule, runnable
 from .units import sci, sig3, times
 from .verdicts import BUG, CRASHED, INCONCLUSIVE, OK, ROUNDING, UNCONFIRMED, Verdict, line
 from .wording import born_where, fmt_steps, starts_phrase

@@ -3,7 +3,6 @@ the way `compare --impl hf` checks one (the work is `smearcli.impls.scan`)."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import stat
@@ -15,6 +14,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from ... import jsonsafe
 from ...errors import UserError
 from ..errors import CheckFailed, guarded
 
@@ -194,7 +194,7 @@ def scan(
         records = _run(out, jobs, part, resume, wanted, timeout, memory_mb, repro_dir, quiet)
     info = meta() | {"wall_s": round(time.monotonic() - t0, 1)}
     if json_out:
-        sys.stdout.write(json.dumps(report.document(records, info), indent=1, default=str) + "\n")
+        sys.stdout.write(jsonsafe.dumps(report.document(records, info), indent=1, default=str) + "\n")
     else:
         sys.stdout.write(report.table(records) + "\n")
     if markdown is not None:

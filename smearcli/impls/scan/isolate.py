@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 from typing import Callable, Iterable, Optional, Sequence
 
+from ... import jsonsafe
 from ...errors import UserError
 from . import records
 
@@ -120,7 +121,7 @@ def _child(check: Callable[[str], dict], name: str, fd: int, memory: Optional[in
             rec = memory_verdict({"model_type": name, "verdict": "crashed", "reason": "MemoryError"}, memory)
         except BaseException as e:  # the check's own guard missed it: still this name's result
             rec = {"model_type": name, "verdict": "crashed", "reason": f"{type(e).__name__}: {e}"[:300]}
-        data = (json.dumps(rec, default=str) + "\n").encode()
+        data = (jsonsafe.dumps(rec, default=str) + "\n").encode()
         while data:
             n = os.write(fd, data)
             data = data[n:]

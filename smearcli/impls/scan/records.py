@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Optional
 
+from ... import jsonsafe
 from ...errors import UserError
 from ...files import regular_file, special_kind
 from .report import ORDER as VERDICTS, SCHEMA
@@ -314,7 +315,7 @@ class Sink:
         return {r["model_type"] for r in self.kept}
 
     def write(self, rec: dict) -> None:
-        data = (json.dumps(rec, default=str) + "\n").encode()
+        data = (jsonsafe.dumps(rec, default=str) + "\n").encode()
         with signals_held():
             view = memoryview(data)
             while view:  # one write for a regular file; the loop only guards against a short one
