@@ -35,7 +35,7 @@ from .errors import CannotRun
 from .metrics import AnalyticCheck, NoiseFloor, RunMetrics, analytic_check, measure
 from .names import DEFAULT_SCHEDULES, LOGIC_NAMES, NOISE_MARGIN, ROLLBACK
 from .runner import Described, Runner
-from .runplan import collect, common_layers, plan, run_all
+from .runplan import collect, common_layers, forward_runs, plan, run_all  # noqa: F401 - plan and forward_runs: part of compare's API (the CLI's progress totals)
 from .schedules import RunResult, ScheduleOptions, missing, run_schedule, runnable
 from .units import sci, sig3, times
 from .verdicts import BUG, CRASHED, INCONCLUSIVE, OK, ROUNDING, UNCONFIRMED, Verdict, line
@@ -250,7 +250,7 @@ def compare(target, tokens: Tensor, schedules: Sequence[str] = DEFAULT_SCHEDULES
     step = progress or (lambda label: None)
     planned = plan(runners, schedules, reference)
     results = run_all(planned, tokens, options, step, tokens_progress,
-                       overlap and profile.active() is None and torch.get_num_threads() > 1)
+                       overlap and profile.active() is None and torch.get_num_threads() > 1, run_schedule)
     ref, runs = collect(planned, results)
     unmeasured = [r for r in runs if r.outcome is not None]
     runs = [r for r in runs if r.outcome is None]

@@ -117,10 +117,10 @@ def run_planned(planned: Sequence[PlannedRun], run: Callable, overlap: bool = Fa
     return results
 
 
-def run_all(planned, tokens, options, step, tokens_progress, overlap: bool) -> list:
+def run_all(planned, tokens, options, step, tokens_progress, overlap: bool, run_schedule=None) -> list:
     """Every planned run, its progress reported (`run_planned` may put decode on a second thread)."""
-    from .schedules import run_schedule  # torch: only once there is something to run
-
+    if run_schedule is None:
+        from .schedules import run_schedule  # torch: only once there is something to run
     total = forward_runs(planned) * tokens.size(1)
     fed = [0] * len(planned)  # positions fed so far by each planned run
     lock = threading.Lock()  # the side run reports progress from its own thread

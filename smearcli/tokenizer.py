@@ -1,22 +1,18 @@
 """nanochat's BPE tokenizer, read without running code from the file, and chat rendering.
 
-nanochat saves its tokenizer as `tokenizer.pkl`: `pickle.dump(enc, f)` of a `tiktoken.Encoding`.
-Such a pickle names one global, `tiktoken.core.Encoding`, creates an empty instance of it and
-hands it a plain dict (`name`, `pat_str`, `mergeable_ranks`, `special_tokens`). An ordinary
-`pickle.load` would call whatever globals a file names, so a tampered file could run any code.
-`load_tokenizer` reads it with an unpickler that resolves that one name to an inert stand-in
-(nothing from tiktoken runs while the file is read) and refuses every other global before it is
-called; the dict is then checked field by field and only then handed to `tiktoken.Encoding`.
-
-tiktoken is optional: `pip install 'smearcli[text]'`.
+nanochat saves its tokenizer as `tokenizer.pkl`: `pickle.dump(enc, f)` of a `tiktoken.Encoding`. Such a pickle names
+one global, `tiktoken.core.Encoding`, creates an empty instance of it and hands it a plain dict (`name`, `pat_str`,
+`mergeable_ranks`, `special_tokens`). An ordinary `pickle.load` would call whatever globals a file names, so a
+tampered file could run any code. `load_tokenizer` reads it with an unpickler that resolves that one name to an inert
+stand-in and refuses every other global before it is called; the dict is then checked field by field before
+`tiktoken.Encoding` gets it. tiktoken is optional: `pip install 'smearcli[text]'`.
 
 ```python
 from smearcli import tokenizer as tok
 enc = tok.load_tokenizer(tok.find_tokenizer(ckpt_dir, base_dir, required=True))
 ids = tok.encode_text(enc, "Once upon a time", vocab_size=model.config.vocab_size)
 row = tok.encode_documents(enc, "<|bos|>One.<|bos|>Two.")  # a packed row: BOS before each document
-chat = tok.encode_chat(enc, [("user", "Hi!"), ("assistant", "Hello."), ("user", "Why?")])
-chat.ids, chat.chunk_sizes  # feed one chunk per turn to reuse the cache across turns
+chat = tok.encode_chat(enc, [("user", "Hi!"), ("assistant", "Hello.")])  # .ids; .chunk_sizes: one chunk a turn
 ```
 """
 
@@ -270,17 +266,14 @@ def encode_text(enc, text: str, *, bos: bool = True, vocab_size: Optional[int] =
 
 
 def split_documents(text):
-    """The documents of a packed text (str or bytes) split at each `<|bos|>` marker, which is
-    dropped (each document gets the BOS id); a text that does not start with one starts one at 0."""
+    """A packed text's (str or bytes) documents, split at each `<|bos|>` (dropped; each gets the BOS id); empty: refused."""
     marker = BOS if isinstance(text, str) else BOS.encode()
-    pieces = text.split(marker)
-    pieces = pieces[1:] if text.startswith(marker) else pieces
-    empty = [i for i, doc in enumerate(pieces, 1) if not doc]
-    if empty:  # a BOS with nothing after it: a stray marker, not a document to measure a leak into
-        where = ("the text ends with a marker" if empty[0] == len(pieces)
-                 else f"two {BOS} markers with nothing between them")
-        raise UserError(f"document {empty[0]} of the {len(pieces)} the {BOS} markers split the text into is "
-                        f"empty ({where}); remove the extra marker")
+    pieces = text.split(marker)[1:] if text.startswith(marker) else text.split(marker)
+    empty = next((i for i, doc in enumerate(pieces, 1) if not doc), 0)
+    if empty:
+        where = "the text ends with a marker" if empty == len(pieces) else f"two {BOS} markers with nothing between them"
+        raise UserError(f"document {empty} of the {len(pieces)} the {BOS} markers split the text into is empty ({where}); "
+                        "remove the extra marker")
     return pieces
 
 

@@ -213,7 +213,7 @@ def test_cli_hf_padded_and_rollback_pass_on_a_consistent_model():
     pytest.importorskip("transformers")
     r = CliRunner().invoke(app, ["compare", "--impl", "hf", "--hf-model", "llama", "--schedules", "padded,rollback",
                                  "--seq-len", "32", "--gen-len", "12", "-q"])
-    assert r.exit_code == 0 and r.output.rstrip().endswith("within 10x the noise floor"), r.output
+    assert r.exit_code == 0 and "OK: every schedule matches the full forward pass within 10x the noise floor" in r.output, r.output
     assert "restored from a copy" in r.output
 
 

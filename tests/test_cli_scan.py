@@ -68,7 +68,7 @@ def test_one_architecture_then_resume_skips_it(tmp_path):
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
     (rec,) = doc["architectures"]
-    assert rec["model_type"] == "llama" and rec["verdict"] == "ok" and rec["live_state"]["kv"] > 0
+    assert rec["model_type"] == "llama" and rec["verdict"] == "ok" and rec["power"]["effects"]["kv"] > 0 and rec["power"]["sufficient"]
     assert "float64" in rec["floor_source"]
     before = out.read_text()
     r = invoke("--only", "llama", "--out", out, "--resume", "-q")

@@ -36,11 +36,14 @@ def test_the_plan_is_what_runs(model, tokens):
     labels, ticks = [], []
     cmp.compare(runners, tokens, schedules, options=OPTS, progress=labels.append,
                 tokens_progress=lambda d, t: ticks.append((d, t)))
+    evidence_steps = [lb for lb in labels if lb.startswith(("noise floor", "power")) or lb.endswith("in float64")]
+    assert evidence_steps[0] == "noise floor (float64)"  # the floor is the reference in float64, no run of its own
+    labels = [lb for lb in labels if lb not in evidence_steps]
     assert len(labels) == cmp.forward_runs(planned) == 1 + 2 * len(schedules) - 1  # decode shared
     assert [p.label for p in planned if p.same_as is None] == labels
     assert ticks[-1] == (cmp.forward_runs(planned) * T,) * 2
     # no schedule is decode: one more run, for the noise floor
-    assert cmp.forward_runs(cmp.plan(runners, ["chunked"])) == 1 + 2 + 1
+    assert cmp.forward_runs(cmp.plan(runners, ["chunked"])) == 1 + 2  # no decode of its own for the floor
 
 
 def test_the_result_stores_what_ran(model, tokens):
@@ -163,7 +166,7 @@ def test_compare_does_not_share_when_one_token_steps_differ(small, monkeypatch):
     monkeypatch.setitem(smear.ONE_TOKEN_STEP, "other", other_one)
     calls = _count_runs(monkeypatch)
     toks = random_tokens(small.config, 10, 1, 0)
-    c = cmp.compare(small, toks, ["decode"], ["old", "other"])
+    c = cmp.compare(small, toks, ["decode"], ["old", "other"], confirm=False)
     assert calls.count(("decode", "old")) == 1 and calls.count(("decode", "other")) == 1
     assert not torch.equal(c.runs[0].logits, c.runs[1].logits)  # sharing would have hidden this
 
@@ -224,14 +227,14 @@ def test_a_separate_reference_and_runs_that_crashed(model, tokens):
     engine.capabilities = frozenset({PREFIX_CACHE})
     planned = cmp.plan([engine], ["prefill", "chunked", "prefix"], reference=ref)
     assert [(p.schedule, p.runner is ref, p.measured) for p in planned] == [
-        ("full", True, False), ("prefill", False, True), ("chunked", False, True), ("prefix", False, True),
-        ("decode", True, False)]  # the noise floor: the reference's own decode, not the engine's
+        ("full", True, False), ("prefill", False, True), ("chunked", False, True), ("prefix", False, True)]
+    # no run for the noise floor: the reference's full pass in float64
     c = cmp.compare(engine, tokens, ["prefill", "chunked", "prefix"], reference=ref)
     lp = ref.forward(tokens, False).logits
     assert torch.allclose(lp.exp().sum(-1), torch.ones(()), atol=1e-5) and c.layers == ["logits"]
     assert c.labels == ["engine"] and [m.schedule for m in c.metrics] == ["prefill", "chunked"]
     assert [r.schedule for r in c.unmeasured] == ["prefix"] and c.crashed and not c.passed
-    assert c.verdict.startswith("BUG: prefix crashed: IndexError: out of bounds; every run measured matches")
+    assert c.verdict.startswith("CRASHED: prefix crashed: IndexError: out of bounds; every run measured matches")
     assert "prefix crashed: IndexError" in c.table()
     doc = documents.to_json(c)
     assert doc["not_measured"] == [{"schedule": "prefix", "logic": "engine", "outcome": "crashed",
@@ -314,7 +317,7 @@ def test_overlap_only_where_it_is_safe(model, tokens, two_threads):
     runners = ours.runners(model, LOGIC_NAMES)
     planned = cmp.plan(runners, ["chunked", "decode"])
     assert planned[runplan.side_run(planned)].schedule == "decode"
-    assert runplan.side_run(cmp.plan(runners, ["chunked"])) is not None  # the floor's own decode
+    assert runplan.side_run(cmp.plan(runners, ["chunked"])) is None  # no decode planned: the floor is float64
     other = ours.runners(model, LOGIC_NAMES)
     for r in other:
         r.thread_safe = False  # as a user's code: nobody said two of its runs may go on at once
@@ -352,5 +355,5 @@ def test_a_failure_in_the_side_run_is_raised_after_the_others(model, tokens, two
     seen: list = []
     runners = [Recording(model, "old", seen, fail_on=1)]  # every decode step fails
     with pytest.raises(RuntimeError, match="boom at a step of 1"):
-        cmp.compare(runners, tokens, ["chunked"], options=OPTS, overlap=True)
+        cmp.compare(runners, tokens, ["chunked", "decode"], options=OPTS, overlap=True)
     assert any(name == "MainThread" and n == T // 4 for name, n in seen)  # the chunks still ran

@@ -131,8 +131,10 @@ def test_a_model_without_an_attention_mask_says_padded_was_not_run():
 
 
 def test_no_ok_for_the_boundaries_when_the_state_never_moves_the_logits(monkeypatch):
-    dead = lambda runner, tokens, floor, **kw: hf_state.LiveState(T // 2, {"kv": 0.0}, floor)
-    monkeypatch.setattr(hf_state, "live_state", dead)
+    from smearcli import evidence
+
+    weak = lambda runner, tokens, threshold, **kw: evidence.Power(T // 2, threshold, {"kv": threshold})  # noqa: E731
+    monkeypatch.setattr(evidence, "power", weak)
     model, cfg = tiny_llama()
     out = scan(model, cfg)
     assert out["verdict"] == INCONCLUSIVE
@@ -165,7 +167,7 @@ def test_boundary_reproducers(tmp_path, model_type, schedule, status):
     path = repro.write(rec, derive(model_type).config, tmp_path / f"{model_type}.py", total=T)
     src = path.read_text()
     imported = {n.names[0].name.split(".")[0] for n in ast.walk(ast.parse(src)) if isinstance(n, ast.Import)}
-    assert imported <= {"copy", "inspect", "json", "sys", "torch", "transformers"}
+    assert imported <= {"contextlib", "copy", "inspect", "json", "sys", "torch", "transformers"}
     got, line = repro.run(path)
     assert got == status, line
     assert schedule in line

@@ -96,7 +96,7 @@ BAD_FILES = [  # (what, the file's bytes, the words of the one line)
     ("an empty file", "", "s.jsonl: holds no scan record"),
     ("blank lines only", "\n  \n", "s.jsonl: holds no scan record"),
     ("scan --json's document", json.dumps({"schema": "smearcli.scan/1", "architectures": [REC]}, indent=1),
-     "s.jsonl: a smearcli.scan/1 document (what scan --json prints), not the JSON Lines"),
+     "s.jsonl: a smearcli.scan/1 document (the scan's JSON document), not the JSON Lines"),
     ("one object over several lines", json.dumps(REC, indent=1), "s.jsonl: one JSON object over several lines"),
     ("binary", b"\x89PNG\r\n\x1a\n\x00\xff", "s.jsonl:1: not UTF-8 text"),
     ("nested 100,000 deep", line() + NESTED + "\n", "s.jsonl:2: nested too deeply"),
@@ -277,7 +277,7 @@ def test_a_second_scan_on_one_out_is_refused(standin):
         fcntl.flock(held, fcntl.LOCK_EX)
         for args in (["--resume"], []):
             refused([*args, "--only", "arch1"], standin, "scan.jsonl: another smearcli scan is writing it; wait "
-                    "for it to end, or give another --out")
+                    "for it to end, or give another output file")
         refused(["--merge", "scan.jsonl"], standin, "scan.jsonl: another smearcli scan is writing it; read it "
                 "once that scan has ended")
     assert not os.listdir(os.environ["STANDIN_MARKS"])

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 pytest.importorskip("transformers", reason="transformers is not installed: pip install 'smearcli[hf]'")
 
 from smearcli.cli.app import app  # noqa: E402
-from smearcli.impls import hf, vllm  # noqa: E402
+from smearcli.impls import hf, vllm, vllm_env  # noqa: E402
 from smearcli.schedules import ScheduleOptions  # noqa: E402
 
 runner = CliRunner()
@@ -84,7 +84,7 @@ def test_a_crash_in_vllm_is_that_schedules_result(model_dir, fake_python, monkey
     (nm,) = doc["not_measured"]
     assert nm["outcome"] == "crashed" and "IndexError" in nm["message"] and "conv_ssm_forward" in nm["message"]
     assert all(x["passed"] for x in doc["runs"]) and len(doc["runs"]) == 3
-    assert doc["verdict"].startswith("BUG: prefix crashed: IndexError")
+    assert doc["verdict"].startswith("CRASHED: prefix crashed: IndexError")
     assert "every run measured matches" in doc["verdict"]
 
 
@@ -198,7 +198,7 @@ def test_a_bad_vllm_environment_is_one_line_naming_what_to_run(model_dir, tmp_pa
     import tempfile
     import time
 
-    monkeypatch.setattr(vllm, "HELLO_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(vllm_env, "HELLO_TIMEOUT_S", 0.5)
     scratch = tmp_path / "tmp"
     scratch.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))  # where a stray temporary file would be
@@ -247,7 +247,7 @@ def test_the_worker_checks_what_it_is_told(tmp_path):
     protocol is refused before vLLM is imported, and result.json limits are checked here."""
     import subprocess
 
-    out = subprocess.run([sys.executable, str(vllm.WORKER), "--hello"], capture_output=True, text=True, timeout=60)
+    out = subprocess.run([sys.executable, str(vllm.WORKER), "hello"], capture_output=True, text=True, timeout=60)
     answer = json.loads(out.stdout)
     assert answer["worker"] == "smearcli-vllm" and answer["protocol"] == vllm.PROTOCOL and answer["vllm"] is None
     (tmp_path / "req.json").write_text(json.dumps({"protocol": 0}))

@@ -14,7 +14,7 @@ mode (env SMEARCLI_STANDIN_MODE) makes it misbehave as vLLM can:
 - garbage: result.json is not JSON; oldproto: it speaks protocol 0; silent: the worker exits 0
   without writing result.json (each answers the handshake first, as a broken worker would).
 
-`--hello` answers the worker's handshake (protocol 1, vLLM "stand-in") before anything heavy is
+`hello` answers the worker's handshake (protocol 1, vLLM "stand-in") before anything heavy is
 imported. It copies the request it got to $SMEARCLI_STANDIN_SEEN, when set, for the tests to read.
 """
 
@@ -90,7 +90,7 @@ def main(request_path, outdir):
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] == ["--hello"]:
+    if sys.argv[1:] == ["hello"]:
         print(json.dumps({"worker": "smearcli-vllm", "protocol": 1, "python": "3", "vllm": "stand-in"}))
     else:
         main(sys.argv[1], sys.argv[2])

@@ -4,9 +4,9 @@ It imports only vLLM, numpy and the standard library (never smearcli: it runs un
 interpreter, with other versions of torch and transformers). Usage, by the adapter:
 
     VLLM_PYTHON vllm_worker.py REQUEST.json OUTDIR
-    VLLM_PYTHON vllm_worker.py --hello
+    VLLM_PYTHON vllm_worker.py hello
 
-`--hello` is the handshake the adapter runs before it loads any model: one JSON line on stdout,
+`hello` is the handshake the adapter runs before it loads any model: one JSON line on stdout,
 `{"worker": "smearcli-vllm", "protocol": 1, "python": "3.11.9", "vllm": "0.32.0"}` (`vllm` null
 when the interpreter has none), found without importing vLLM (which takes seconds).
 
@@ -254,9 +254,9 @@ def main(request_path: str, outdir: str) -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] == ["--hello"]:
+    if sys.argv[1:] == ["hello"]:
         hello()
     elif len(sys.argv) != 3:
-        sys.exit("usage: vllm_worker.py REQUEST.json OUTDIR | --hello")
+        sys.exit("usage: vllm_worker.py REQUEST.json OUTDIR | hello")
     else:
         main(sys.argv[1], sys.argv[2])

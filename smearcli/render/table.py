@@ -83,9 +83,18 @@ def comparison_table(c: Comparison, width: int = 10_000) -> tuple[Table, list[st
             "-" if share is None else f"{100 * share:.0f}%",
             "-" if born is None else f"{born[0]}@{born[1]}",
             f"{m.positions_above_noise}/{m.abs_err.size(1)}",
-            "[green]ok[/]" if m.passed else "[bold red]BUG[/]",
+            status_cell(c.status(m)),
         ])
     return fitted_table(columns, rows, width, DROP_ORDER)
+
+
+def status_cell(status: str) -> str:
+    """A run's word in its colour: ok (green, also for float32 rounding gone in float64), BUG (red),
+    unconfirmed (yellow)."""
+    from ..compare import run_word
+
+    word = run_word(status)
+    return f"[bold red]{word}[/]" if word == "BUG" else f"[yellow]{word}[/]" if word == "unconfirmed" else f"[green]{word}[/]"
 
 
 def print_table_of(c: Comparison, console: Console, title: str = "") -> list[str]:

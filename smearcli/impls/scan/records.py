@@ -1,13 +1,13 @@
 """The scan's record files (JSON Lines, one architecture's record a line), read strictly and
-written one whole record at a time (smearcli scan --out, --resume, --merge).
+written one whole record at a time (the output a scan writes, resumes and merges).
 
 A file someone else wrote, cut short, concatenated or edited is never merged silently: every line
 must be one JSON object with a known `verdict` and fields of the types the report reads, and a
 model type may appear once across everything read. Anything else is a UserError naming the file
 and the line. The one exception is what a scan killed mid-write leaves, a last line without its
-newline that does not parse: `--resume` drops it (and says so) and runs that architecture again.
+newline that does not parse: a resumed scan drops it (and says so) and runs that architecture again.
 
-`Sink` is `--out` while a scan writes it: a regular file, held under an exclusive `flock` so a
+`Sink` is the output file while a scan writes it: a regular file, held under an exclusive `flock` so a
 second scan on it is refused rather than interleaving its records; each record is one `write`
 with SIGINT and SIGTERM held back (`signals_held`), so a record on disk is always whole.
 """
@@ -78,8 +78,8 @@ def check_record(where: str, rec) -> dict:
         raise UserError(f"{where}: a JSON {_json_kind(rec)}, not a scan record (an object with "
                         "model_type and verdict)")
     if rec.get("schema") == SCHEMA:
-        raise UserError(f"{where}: a {SCHEMA} document (what scan --json prints), not the JSON Lines "
-                        "scan --out writes")
+        raise UserError(f"{where}: a {SCHEMA} document (the scan's JSON document), not the JSON Lines "
+                        "record file a scan writes")
     name = rec.get("model_type")
     if not isinstance(name, str) or not name.strip():
         got = "none" if "model_type" not in rec else json.dumps(name)[:40]
@@ -163,14 +163,14 @@ def _against(first: dict, second: dict, there: str) -> str:
 
 def _whole_document(name: str, data: bytes) -> None:
     """A file whose first line does not parse may be one JSON document over many lines (scan
-    --json's output, indented): say so rather than "line 1"."""
+    the JSON document, indented): say so rather than "line 1"."""
     try:
         doc = json.loads(data.decode("utf-8"))
     except (ValueError, RecursionError):
         return
     if isinstance(doc, dict) and doc.get("schema") == SCHEMA:
-        raise UserError(f"{name}: a {SCHEMA} document (what scan --json prints), not the JSON Lines "
-                        "scan --out writes")
+        raise UserError(f"{name}: a {SCHEMA} document (the scan's JSON document), not the JSON Lines "
+                        "record file a scan writes")
     raise UserError(f"{name}: one JSON {_json_kind(doc)} over several lines, not JSON Lines (a scan "
                     "record on each line)")
 
@@ -286,7 +286,7 @@ def signals_held():
 
 
 class Sink:
-    """`--out` while a scan writes it: a regular file under an exclusive lock. Without `resume` it
+    """The output file while a scan writes it: a regular file under an exclusive lock. Without `resume` it
     starts empty; with it, its records are read (`kept`) and a torn last line is cut (`torn`: its
     line number). `write(rec)` appends one whole record."""
 
@@ -294,7 +294,7 @@ class Sink:
         self.path = Path(path)
         self.fd = _open_regular(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT)
         try:
-            _lock(self.fd, self.path, fcntl.LOCK_EX, "wait for it to end, or give another --out")
+            _lock(self.fd, self.path, fcntl.LOCK_EX, "wait for it to end, or give another output file")
             got = parse(str(self.path), _read_all(self.fd, self.path), torn_ok=True) if resume else Parsed()
             self.kept, self.torn = got.records, got.torn
             self.written: list[dict] = []

@@ -107,7 +107,7 @@ def main():
           f"{{plain:.3g}} in float64, {{lifted:.3g}} in float64 lifted")
     # a bug leaves the float32 floor and keeps at least half its size in float64, lifted
     bug = err > MARGIN * floor and lifted >= 0.5 * err
-    print("the bug is there" if bug else "no bug: within the floor, or gone in float64 (rounding)")
+    print(f"{what}: " + ("the bug is there" if bug else "no bug: within the floor, or gone in float64 (rounding)"))
     return 1 if bug else 0
 
 
