@@ -62,7 +62,7 @@ class Comparison:
     unmeasured: list[RunResult] = field(default_factory=list)  # runs with an outcome (crashed, ...)
     # why no schedule's agreement means anything (the state under test never mattered), or None
     inconclusive: Optional[str] = None
-    # (schedule, label) of each run that left the tolerance -> its float64 rerun (`evidence.confirm`)
+    # (schedule, label) of each run that left the tolerance -> its float64 rerun (`evidence.Confirmer`)
     confirmations: dict = field(default_factory=dict)
     power: Optional[evidence.Power] = None  # how small an error in the carried state could show
 
@@ -117,9 +117,11 @@ class Comparison:
             return BUG
         if self.crashed:
             return CRASHED
+        if self.inconclusive:  # nothing could be judged (an unusable reference, no state to perturb)
+            return INCONCLUSIVE
         if self.failures:
             return UNCONFIRMED
-        if self.inconclusive or (self.power is not None and self.power.measured and not self.power.sufficient):
+        if self.power is not None and self.power.measured and not self.power.sufficient:
             return INCONCLUSIVE
         return OK
 
@@ -230,7 +232,7 @@ def compare(target, tokens: Tensor, schedules: Sequence[str] = DEFAULT_SCHEDULES
     the yardstick only). The noise floor is that full pass against itself in float64
     (`evidence.floor`; `floor`, a `metrics.NoiseFloor`, replaces it); decode is a schedule like any
     other. A run that leaves `tolerance` x the floor is rerun in float64, lifted
-    (`evidence.confirm`; `confirm=False` skips it and leaves it unconfirmed); when every run agrees,
+    (`evidence.Confirmer`; `confirm=False` skips it and leaves it unconfirmed); when every run agrees,
     the state the cache carries is zeroed to show the check had power (`power=False` skips it).
 
     `progress`, if given, is called with a short label before each run; `tokens_progress(done,
@@ -257,9 +259,10 @@ def compare(target, tokens: Tensor, schedules: Sequence[str] = DEFAULT_SCHEDULES
     layers = list(ref_runner.layers)
     ref, runs, layers = common_layers(ref, runs, layers)
     dtype = ref_runner.dtype or ref.logits.dtype
+    f64 = evidence.Float64(ref_runner, tokens, capture=ref.hiddens is not None)  # floor and confirmations share it
     if floor is None:
         step("noise floor (float64)")
-        floor = evidence.floor(ref_runner, ref, tokens, dtype)
+        floor = evidence.floor(ref_runner, ref, tokens, dtype, f64)
     metrics = [measure(ref, r, floor, tolerance) for r in runs]
     by_label = {r.label: r for r in runners}
     pick = check_runs or (lambda m: not m.passed)
@@ -272,15 +275,19 @@ def compare(target, tokens: Tensor, schedules: Sequence[str] = DEFAULT_SCHEDULES
     notes = list(notes) + list(dict.fromkeys(n for r in runs for n in r.notes))  # rollback: crop or copy
     if reference is not None:
         notes += ["reference: " + n for n in reference.describe().notes]
-    notes.append(f"noise floor: {floor.source}")
     c = Comparison([r.describe() for r in runners], tokens, options, layers, floor, ref, runs, metrics,
                    analytic, tolerance, dtype, notes, checked, unmeasured)
+    c.inconclusive = evidence.unusable(ref)
+    if c.inconclusive:  # nothing measured against it means anything: no rerun, no power
+        return c
     if confirm:
+        confirmers = {id(ref_runner): evidence.Confirmer(ref_runner, tokens, f64)}
         for r, m in zip(runs, metrics):
             if not m.passed:
                 step(f"{r.schedule} / {r.logic} in float64")
-                c.confirmations[(m.schedule, m.logic)] = evidence.confirm(
-                    by_label[r.logic], tokens, _rerun(r.schedule, tokens, options), m.max_abs_logits)
+                runner = by_label[r.logic]
+                confirmer = confirmers.setdefault(id(runner), evidence.Confirmer(runner, tokens))
+                c.confirmations[(m.schedule, m.logic)] = confirmer(_rerun(r.schedule, tokens, options), m.max_abs_logits)
     if power and not c.failures and not c.crashed and runs:
         step("power")
         c.power = measure_power(runners, reference, tokens, tolerance * floor.per_layer[-1])
@@ -322,10 +329,10 @@ def verdict(c: Comparison) -> str:
         if lams and all(lam == 0.0 for lam in lams):
             tail += " (smear_lambda is 0: this model cannot show the bug)"
         head = f"every schedule matches the full forward pass {within}"
+        if word is INCONCLUSIVE and c.failures:  # an unusable reference: no agreement to speak of
+            return line(word, c.inconclusive + tail)
         if word is INCONCLUSIVE:
-            why = c.inconclusive or (f"the check could not see {', '.join(c.power.phrase(k) for k in c.power.weak)} "
-                                     f"(OK needs {evidence.MIN_POWER:.0%})")
-            return line(word, f"{head}, but {why}{tail}")
+            return line(word, f"{head}, but {c.inconclusive or c.power.shortfall}{tail}")
         if c.power is not None:
             tail += f"; it {c.power.describe()}" if c.power.measured else f"; {c.power.describe()}"
         return line(word, head + tail)

@@ -24,14 +24,18 @@ reaches its verdict through this module, by three rules:
 
 ```python
 from smearcli import evidence
-with evidence.lifted():          # float32 requests inside become float64
-    out = model_in_float64(ids)
+f64 = evidence.Float64(runner, tokens)            # the float64 twin and its full pass, made once
+noise = evidence.floor(runner, ref, tokens, f64=f64)
+check = evidence.Confirmer(runner, tokens, f64)    # check(rerun, original) -> Confirmation
 ```
+
+The lift itself is `smearcli.precision`; the carried state and its zeroing, `smearcli.state`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -39,116 +43,103 @@ import torch
 from torch import Tensor
 
 from .names import NOISE_MARGIN
-from .precision import float64_model, in_float64, lifted, modules_in  # noqa: F401 - part of this API
+from .precision import lifted
+from .state import Zeroing, state_kinds
 from .verdicts import BUG, ROUNDING, UNCONFIRMED
 
 MIN_POWER = 0.01  # OK needs an error of 1% of each kind of state's effect to show
 KEEPS = 0.5  # a confirmed bug's lifted error is at least this share of its error in its own precision
 
-KV, CONV, STATE = "kv", "conv", "recurrent"  # attention keys/values, conv taps, every other carried state
-KV_NAMES = ("keys", "values", "key_cache", "value_cache", "key", "value", "k_cache", "v_cache",
-            "k", "v", "_k_layers", "_v_layers")  # the last four: smearcli's own KVCache
-
-
-# -- the carried state ----------------------------------------------------------------------------
-def cache_tensors(obj, path: str = "", depth: int = 0, seen=None) -> list[tuple[str, Tensor, str]]:
-    """(path, tensor, kind) for every floating-point tensor reachable from a cache object
-    (attributes, lists, tuples, dicts; four levels deep). Integer tensors (lengths, positions)
-    are bookkeeping, not state."""
-    seen = set() if seen is None else seen
-    if id(obj) in seen or depth > 4:
-        return []
-    seen.add(id(obj))
-    if isinstance(obj, Tensor):
-        if not obj.is_floating_point():
-            return []
-        parts = path.split(".")
-        kind = KV if any(p in KV_NAMES for p in parts) else CONV if "conv" in path.lower() else STATE
-        return [(path, obj, kind)]
-    items: list = []
-    if isinstance(obj, dict):
-        items = list(obj.items())
-    elif isinstance(obj, (list, tuple)):
-        items = list(enumerate(obj))
-    elif hasattr(obj, "__dict__") and not isinstance(obj, (torch.nn.Module, type)):
-        items = list(vars(obj).items())
-    out = []
-    for k, v in items:
-        if isinstance(v, (torch.dtype, torch.device, str, int, float, bool)) or v is None:
-            continue
-        out += cache_tensors(v, f"{path}.{k}" if path else str(k), depth + 1, seen)
-    return out
-
-
-def state_of(cache):
-    """The object a runner's cache holds its tensors in (a `runner.Holder`'s `inner`)."""
-    return cache.inner if hasattr(cache, "inner") and hasattr(cache, "started") else cache
-
-
-def state_kinds(cache) -> list[str]:
-    return sorted({kind for _, t, kind in cache_tensors(state_of(cache)) if t.numel()})
-
 
 # -- 1. the floor ---------------------------------------------------------------------------------
-def float64_twin(runner):
-    """`runner.float64()`, or (None, why) when it has none or it fails."""
-    make = getattr(runner, "float64", None)
-    if make is None:
-        return None, "its runner has no float64 form"
-    try:
-        twin = make()
-    except Exception as e:  # their code may not run in float64 (a kernel, a dtype assert)
-        return None, f"it cannot be made float64 ({type(e).__name__}: {_first_line(e)})"
-    return (twin, "") if twin is not None else (None, "its runner has no float64 form")
-
-
 def _first_line(e: BaseException) -> str:
     return (str(e).splitlines() or [""])[0][:160]
 
 
-def floor(runner, ref, tokens: Tensor, dtype=None):
-    """The noise floor of `ref` (the runner's full pass in its own precision): its distance from
-    the same full pass in float64 (lifted, or plain where the lift fails), per capture point, at
-    least one ulp of each layer's scale; where
-    the runner has no float64 twin (or it fails), the ulp minimum alone. A `metrics.NoiseFloor`
-    whose `source` says which."""
-    from .metrics import noise_floor
-    from .schedules import run_schedule
+class Float64:
+    """One runner's float64 twin (`Runner.float64()`) and its full pass, made once on first use and
+    shared by the floor and every confirmation of that runner: the full pass runs lifted
+    (`lifted()`), or plainly where the lift fails (the floor can still use it; a confirmation
+    cannot, and says so). `run` is None, and `why` says why, when there is no float64 form."""
 
-    dtype = dtype or ref.logits.dtype
-    name = str(dtype).removeprefix("torch.")
-    twin, why = float64_twin(runner)
-    run = None
-    if twin is not None:
+    def __init__(self, runner, tokens: Tensor, capture: bool = True):
+        self.runner, self.tokens, self.capture = runner, tokens, capture
+        self.dtype = runner.dtype or torch.float32
+        self._made = False
+        self.twin = self.run = None
+        self.lifted = False  # whether `run` ran under the lift
+        self.why = ""
+
+    def make(self) -> "Float64":
+        from .schedules import run_schedule
+
+        if self._made:
+            return self
+        self._made = True
+        make = getattr(self.runner, "float64", None)
+        try:
+            self.twin = make() if make is not None else None
+        except Exception as e:  # their code may not run in float64 (a kernel, a dtype assert)
+            self.why = f"it cannot be made float64 ({type(e).__name__}: {_first_line(e)})"
+            return self
+        if self.twin is None:
+            self.why = self.why or "its runner has no float64 form"
+            return self
         for lift in (lifted, contextlib.nullcontext):  # lifted first: float32 islands round too
             try:
                 with lift():
-                    run = run_schedule(twin, tokens, "full", capture=ref.hiddens is not None)
-                break
+                    self.run = run_schedule(self.twin, self.tokens, "full", capture=self.capture)
+                self.lifted = lift is lifted
+                return self
             except Exception as e:
-                why = f"its full pass does not run in float64 ({type(e).__name__}: {_first_line(e)})"
-    if run is not None and (ref.hiddens is None or run.hiddens is None or len(run.hiddens) != len(ref.hiddens)):
-        run = _logits_of(run, ref)
-    noise = noise_floor(ref, ref if run is None else _as(run, ref.logits.dtype), dtype)
-    noise.measured_logits = 0.0  # decode is a schedule: its distance is its own metric
-    noise.source = (f"the full pass in float64 against {name}, at least one ulp of each layer's scale"
-                    if run is not None else f"one ulp of each layer's scale ({why})")
+                self.why = f"its full pass does not run in float64 ({type(e).__name__}: {_first_line(e)})"
+        return self
+
+
+    def sibling(self, runner) -> "Float64":
+        """The same for another runner of the same model (a padded or cropping one): its own twin,
+        this full pass (a full pass uses no cache, so the runner's cache settings cannot change it)."""
+        other = Float64(runner, self.tokens, self.capture)
+        self.make()
+        other._made, other.run, other.lifted, other.why = True, self.run, self.lifted, self.why
+        try:
+            other.twin = runner.float64()
+        except Exception as e:
+            other.twin, other.why = None, f"it cannot be made float64 ({type(e).__name__}: {_first_line(e)})"
+        return other
+
+
+def floor(runner, ref, tokens: Tensor, dtype=None, f64: Optional[Float64] = None):
+    """The noise floor of `ref` (the runner's full pass in its own precision): its distance from
+    the same full pass in float64 (`Float64`, given or made), per capture point, at least one ulp of
+    each layer's scale; the ulp minimum alone where the runner has no float64 form. A
+    `metrics.NoiseFloor` whose `source` says which."""
+    import dataclasses
+
+    from .metrics import noise_floor
+
+    dtype = dtype or ref.logits.dtype
+    f64 = (f64 or Float64(runner, tokens, capture=ref.hiddens is not None)).make()
+    run = f64.run
+    if run is not None:
+        hiddens = run.hiddens if ref.hiddens is not None and run.hiddens is not None \
+            and len(run.hiddens) == len(ref.hiddens) else None  # layers it lacks: the ulp minimum
+        run = dataclasses.replace(run, logits=run.logits.to(ref.logits.dtype),
+                                  hiddens=ref.hiddens if hiddens is None else [h.to(ref.logits.dtype) for h in hiddens])
+    noise = noise_floor(ref, ref if run is None else run, dtype)
+    noise.source = (f"the full pass in float64 against {str(dtype).removeprefix('torch.')}, at least one ulp of "
+                    "each layer's scale" if run is not None else f"one ulp of each layer's scale ({f64.why})")
     noise.float64 = run is not None
     return noise
 
 
-def _as(run, dtype):
-    import dataclasses
-
-    return dataclasses.replace(run, logits=run.logits.to(dtype),
-                               hiddens=None if run.hiddens is None else [h.to(dtype) for h in run.hiddens])
-
-
-def _logits_of(run, ref):
-    """`run` with the reference's hidden states: layers the float64 run lacks get the ulp minimum."""
-    import dataclasses
-
-    return dataclasses.replace(run, hiddens=ref.hiddens)
+def unusable(ref) -> Optional[str]:
+    """Why nothing can be measured against a reference (its logits are not all finite), or None."""
+    bad = ~torch.isfinite(ref.logits).all(dim=-1)  # (B, T): positions with a non-finite logit
+    if not bool(bad.any()):
+        return None
+    return (f"the full pass's logits are not finite at {int(bad.any(dim=0).sum())} of {bad.size(1)} positions "
+            "(the model overflows on this input): nothing can be measured against it")
 
 
 # -- 2. power -------------------------------------------------------------------------------------
@@ -185,6 +176,18 @@ class Power:
     def sufficient(self) -> bool:
         return self.measured and len(self.unread) < len(self.effects) and not self.weak
 
+    @property
+    def shortfall(self) -> str:
+        """Why this power is not enough for OK, in words ("" when it is)."""
+        if not self.measured:
+            return self.why
+        if self.weak:
+            return (f"the check could not see {', '.join(self.phrase(k) for k in self.weak)} "
+                    f"(OK needs {MIN_POWER:.0%})")
+        if not self.sufficient:
+            return "zeroing the state the cache carries moves no logit: the model reads none of it"
+        return ""
+
     def phrase(self, kind: str) -> str:
         if kind in self.unread:
             return f"nothing in the {kind} state, which is never read (zeroing it moves no logit)"
@@ -213,38 +216,6 @@ def _pct(f: float) -> str:
     return f"{f * 100:.2g}%" if f >= 1e-4 else f"{f * 100:.1e}%"
 
 
-class Zeroing:
-    """`inner` with each kind of state in `kinds` zeroed after the step that ends at `at` (a
-    `Runner` in all but name: run_steps needs new_cache, step and label)."""
-
-    def __init__(self, inner, at: int, kinds):
-        self.inner, self.at, self.kinds = inner, at, set(kinds)
-        self.label, self.layers = inner.label, inner.layers
-        self.capabilities, self._pos = frozenset(), {}
-
-    def can(self, capability):
-        return False
-
-    def forward(self, tokens, capture):
-        return self.inner.forward(tokens, capture)
-
-    def new_cache(self, batch, max_len):
-        return self.inner.new_cache(batch, max_len)
-
-    def run(self, schedule, tokens, options):
-        return None
-
-    def step(self, tokens, cache, capture):
-        out = self.inner.step(tokens, cache, capture)
-        pos = self._pos[id(cache)] = self._pos.get(id(cache), 0) + tokens.size(1)
-        if pos == self.at:
-            with torch.no_grad():
-                for _, t, kind in cache_tensors(state_of(cache)):
-                    if kind in self.kinds:
-                        t.zero_()
-        return out
-
-
 def power(runner, tokens: Tensor, threshold: float, split: Optional[int] = None) -> Power:
     """Zero each kind of state the cache carries after a prefill of `split` tokens (default: half)
     and measure the later logits against the same steps unzeroed, both as one chunk and as a few
@@ -268,6 +239,8 @@ def power(runner, tokens: Tensor, threshold: float, split: Optional[int] = None)
         for kind in kinds:
             moved = run_steps(Zeroing(runner, split, [kind]), tokens, steps)
             eff = float((moved.logits[:, split:].double() - base.logits[:, split:].double()).abs().max())
+            if not math.isfinite(eff):  # the logits overflow: no effect can be read from them
+                return Power(split, float(threshold), why=f"zeroing the {kind} state leaves non-finite logits")
             out.effects[kind] = max(out.effects.get(kind, 0.0), eff)
     return out
 
@@ -336,29 +309,12 @@ def departure(ref, run) -> float:
 
 
 class Confirmer:
-    """Reruns departures of one runner in float64: its twin and its lifted full pass are made once
-    and shared by every departure confirmed (a census confirms several schedules of one model)."""
+    """Reruns departures of one runner in float64, on its `Float64` (the twin and the lifted full
+    pass, made once: the floor's, when it is given)."""
 
-    def __init__(self, runner, tokens: Tensor):
+    def __init__(self, runner, tokens: Tensor, f64: Optional[Float64] = None):
         self.runner, self.tokens = runner, tokens
-        self.dtype = runner.dtype or torch.float32
-        self._twin, self._why, self._ref, self._ref_error = None, "", None, None
-        self._made = False
-
-    def _reference(self):
-        """(twin, its lifted full pass) or raises; made on first use."""
-        from .schedules import run_schedule
-
-        if not self._made:
-            self._made = True
-            self._twin, self._why = float64_twin(self.runner)
-            if self._twin is not None:
-                try:
-                    with lifted():
-                        self._ref = run_schedule(self._twin, self.tokens, "full", capture=False)
-                except Exception as e:
-                    self._ref_error = e
-        return self._twin
+        self.f64 = f64 or Float64(runner, tokens, capture=False)
 
     def __call__(self, rerun: Callable, original: float, plain: bool = False) -> Confirmation:
         """Rerun one departure of size `original`: `rerun(r)` runs the failing schedule on the
@@ -366,31 +322,25 @@ class Confirmer:
         without the lift (the number a plain `.double()` gives)."""
         from .schedules import run_schedule
 
-        c = Confirmation(float(original), str(self.dtype).removeprefix("torch."))
-        twin = self._reference()
-        if twin is None:
-            c.status, c.why = UNCONFIRMED, f"not confirmed: {self._why}"
+        f64 = self.f64.make()
+        c = Confirmation(float(original), str(f64.dtype).removeprefix("torch."))
+        if f64.twin is None or f64.run is None or not f64.lifted:
+            c.status, c.why = UNCONFIRMED, ("not confirmed: " + (f64.why if f64.twin is None or f64.run is None
+                                                                 else "it does not run in float64 lifted"))
             return c
         try:
-            if self._ref_error is not None:
-                raise self._ref_error
             with lifted():
-                run64 = rerun(twin)
-            c.lifted = departure(self._ref, run64)
+                run64 = rerun(f64.twin)
+            c.lifted = departure(f64.run, run64)
         except Exception as e:
             c.status, c.why = UNCONFIRMED, (f"not confirmed: it does not run in float64 lifted "
                                             f"({type(e).__name__}: {_first_line(e)})")
             return c
         if plain:
             try:
-                c.plain = departure(run_schedule(twin, self.tokens, "full", capture=False), rerun(twin))
+                c.plain = departure(run_schedule(f64.twin, self.tokens, "full", capture=False), rerun(f64.twin))
             except Exception:
                 c.plain = None
-        c.bound = rounding_bound(c.original, self.dtype, float(self._ref.logits.abs().max()))
+        c.bound = rounding_bound(c.original, f64.dtype, float(f64.run.logits.abs().max()))
         c.status, c.why = classify(c.original, c.lifted, c.bound)
         return c
-
-
-def confirm(runner, tokens: Tensor, rerun: Callable, original: float, plain: bool = False) -> Confirmation:
-    """One departure rerun in float64 (`Confirmer`, for a single one)."""
-    return Confirmer(runner, tokens)(rerun, original, plain)

@@ -5,9 +5,9 @@ the `logits`. For each run against the reference (same inputs, same weights):
 
 - abs error per (layer, position): max |run - ref| over rows and channels;
 - relative error: that divided by the largest |ref| at the same (layer, position);
-- the noise floor, measured: decode against full (no smear logic is involved in that pair,
-  since both logics treat one-token steps the same), per layer, never below one ulp of the
-  layer's scale; errors are reported as multiples of it;
+- the noise floor, measured: the full pass against itself in float64 (`smearcli.evidence.floor`;
+  no schedule under test sets it), per layer, never below one ulp of the layer's scale; errors
+  are reported as multiples of it;
 - for logits: KL(ref || run) per position, top-1 agreement;
 - where the error is born: its share on chunk starts and the first (layer, position) above
   `NOISE_MARGIN` x the floor;
@@ -118,21 +118,22 @@ def _ref_scale(ref: RunResult) -> Tensor:
 @dataclass
 class NoiseFloor:
     per_layer: list[float]  # one value per capture point
-    source: str = "decode vs full, max over positions, at least one ulp of the layer's scale"
-    measured_logits: float = 0.0  # decode's logits distance from the full pass, before the ulp minimum
+    source: str = "another run of the full pass against it, at least one ulp of the layer's scale"
     float64: bool = False  # measured against the full pass in float64 (`evidence.floor`), not the ulp minimum
 
     def tensor(self) -> Tensor:
         return torch.tensor(self.per_layer).unsqueeze(1)
 
 
-def noise_floor(ref: RunResult, decode: RunResult, dtype: torch.dtype) -> NoiseFloor:
+def noise_floor(ref: RunResult, other: RunResult, dtype: torch.dtype) -> NoiseFloor:
+    """Per capture point, max over positions of |other - ref| (`other`: the same full pass in
+    float64, `evidence.floor`), at least one ulp of `dtype` at the layer's scale."""
     with profile.section("metrics"):
-        measured = abs_error(ref, decode).amax(dim=1)
+        measured = abs_error(ref, other).amax(dim=1)
         # one ulp of the compute dtype at the layer's largest value: a zero floor would make every
         # multiple infinite, and rounding in the compute dtype is the least noise any run can have
         ulp = torch.finfo(dtype).eps * _ref_scale(ref).amax(dim=1)
-        return NoiseFloor(torch.maximum(measured, ulp).tolist(), measured_logits=float(measured[-1]))
+        return NoiseFloor(torch.maximum(measured, ulp).tolist())
 
 
 KL_CHUNK = 32  # at most this many positions per block of the logits pass, also for small vocabularies

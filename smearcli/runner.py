@@ -149,7 +149,7 @@ class Runner:
     def float64(self) -> Optional["Runner"]:
         """The same computation on the same weights in float64, or None when the implementation
         has no such form. `smearcli.evidence` measures the noise floor against its full pass and
-        reruns a departure on it (under `evidence.lifted()`) before calling it a bug."""
+        reruns a departure on it (under `precision.lifted()`) before calling it a bug."""
         return None
 
 
@@ -173,7 +173,7 @@ class StepRunner(Runner):
         return Described(d.label, d.series, d.name, d.shape, d.dtype, d.device, notes=tuple(self.notes))
 
     def float64(self):
-        """The same callables with every torch module they reach (`evidence.modules_in`) switched
+        """The same callables with every torch module they reach (`precision.modules_in`) switched
         to float64 for the duration of each call, and back to the very tensors it had after it."""
         from .precision import modules_in
 

@@ -31,7 +31,7 @@ schedule, token-by-token decode and chunked prefill by default, is measured agai
   INCONCLUSIVE. A cache whose tensors cannot be found is said to be unmeasured, and the check
   judges on the floor alone.
 - **confirmation**: a run that leaves the tolerance is rerun in float64 with float32 requests
-  lifted (`evidence.confirm`): a bug keeps its size, rounding vanishes.
+  lifted (`evidence.Confirmer`): a bug keeps its size, rounding vanishes.
 
 `assert_cache_consistent` passes an `ok` verdict only.
 """

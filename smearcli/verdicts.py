@@ -5,7 +5,7 @@ A verdict is a claim about someone else's code, so each word says exactly what w
 - `ok`: every run agrees with the reference within the tolerance, and the check had power (the
   state under test moves the logits enough that an error in it would have shown);
 - `bug`: a run departs from the reference and the departure keeps its size when the model runs in
-  float64 with its float32 islands lifted (`smearcli.evidence.confirm`);
+  float64 with its float32 islands lifted (`smearcli.evidence.Confirmer`);
 - `unconfirmed`: a run departs in its own precision, but the float64 rerun could not say whether it
   is a logic error (it shrank without vanishing, or the model cannot run lifted);
 - `inconclusive`: every run agrees, but the state under test never moved the logits enough for an

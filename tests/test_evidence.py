@@ -4,7 +4,7 @@ confirmation in float64 with the float32 islands lifted; smearcli.verdicts: one 
 import pytest
 import torch
 
-from smearcli import evidence
+from smearcli import evidence, precision
 from smearcli.testing import assert_cache_consistent, check_cache_consistency
 from smearcli.verdicts import BUG, INCONCLUSIVE, OK, ROUNDING, UNCONFIRMED, Verdict, passed, worst
 
@@ -85,7 +85,7 @@ def test_a_callable_object_holding_the_model_is_found():
         def __call__(self, ids, cache):
             return self.toy.step(ids, cache)
     toy = Toy()
-    assert evidence.modules_in(Wrapper(toy)) == [toy]
+    assert precision.modules_in(Wrapper(toy)) == [toy]
 
 
 def test_decode_and_chunks_equally_wrong_fail():
@@ -133,7 +133,7 @@ def test_classify_between_is_unconfirmed():
 
 def test_lift_maps_float32_requests():
     x = torch.randn(3)
-    with evidence.lifted():
+    with precision.lifted():
         made = [x.float(), x.to(torch.float32), x.to(dtype=torch.float32), torch.zeros(2),
                 torch.arange(3, dtype=torch.float32), torch.softmax(x, -1, dtype=torch.float32)]
     assert all(t.dtype == torch.float64 for t in made)
@@ -143,7 +143,7 @@ def test_lift_maps_float32_requests():
 def test_in_float64_restores_the_very_tensors():
     lin = torch.nn.Linear(3, 3)
     ptr, before = lin.weight.data_ptr(), lin.weight.detach().clone()
-    with evidence.in_float64([lin]):
+    with precision.in_float64([lin]):
         assert lin.weight.dtype == torch.float64
     assert lin.weight.data_ptr() == ptr and lin.weight.dtype == torch.float32 and torch.equal(lin.weight, before)
 

@@ -4,12 +4,8 @@ hf` drive it:
 - `CacheRunner`: a transformers causal LM as a `Runner` that also runs the models the plain
   adapter refuses: a cache passed under `state=` (RWKV), a cache the caller must create
   (RecurrentGemma: `DynamicCache(config=...)` when the first call returns none); optional explicit
-  `position_ids` / attention mask (to tell "positions restart" and "mask wrong" apart), a
-  perturbation hook that zeroes what the cache carries at chosen positions, and a float64 twin
+  `position_ids` / attention mask (to tell "positions restart" and "mask wrong" apart), and a float64 twin
   (`float64()`, MoE experts made eager) for `smearcli.evidence`'s floor and confirmation.
-- `cache_tensors(cache)` (from `smearcli.evidence`): every floating-point tensor a cache object
-  holds, by path and kind (`KV`: attention keys and values; `CONV`: conv taps; `STATE`: SSM,
-  recurrent and every other).
 - `croppable(runner, tokens)`: whether the model's cache can be cropped back after a rejected
   draft (a `crop`, attention keys and values only); `CacheRunner(..., crop=True)` then declares
   `CROP` and crops with it (a crop their API refuses raises `CropRefused`).
@@ -20,13 +16,13 @@ from __future__ import annotations
 import copy
 import dataclasses
 import inspect
-from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import torch
 from torch import Tensor
 
-from ..evidence import CONV, KV, STATE, cache_tensors, float64_model, state_kinds  # noqa: F401 - re-exported
+from ..state import KV, state_kinds
+from ..precision import float64_model
 from ..runner import COPY, CROP, PADDING, Described, Holder, Output, Runner
 from ..schedules import RunResult, run_schedule
 
@@ -44,14 +40,6 @@ def out_cache(out):
         if c is not None:
             return c
     return None
-
-
-@dataclass
-class Perturb:
-    """Zero the cache's tensors of the kinds in `kind` (one kind or several, space-separated)
-    after the step that ends at each of `at`."""
-    at: tuple[int, ...]
-    kind: str
 
 
 class CacheRunner(Runner):
@@ -77,7 +65,6 @@ class CacheRunner(Runner):
         self.positions, self.mask = positions and self.takes_positions, mask and self.takes_mask
         self.dtype = next(model.parameters()).dtype
         self.device = next(model.parameters()).device
-        self.perturb: Optional[Perturb] = None
         self.pad_id: Optional[int] = None  # padded batches: the id padding holds (None: as given)
         self.pad_positions = True  # padded batches: explicit position_ids where the forward takes them
         self.caller_cache = False  # set when the model returned no cache and the caller made one
@@ -147,22 +134,19 @@ class CacheRunner(Runner):
         elif got is None:
             got = cache.inner  # updated in place
         cache.inner, cache.started, cache.pos = got, True, cache.pos + n
-        if self.perturb is not None and cache.pos in self.perturb.at:
-            with torch.no_grad():
-                for _, t, kind in cache_tensors(cache.inner):
-                    if kind in self.perturb.kind.split():
-                        t.zero_()
         return Output(out.logits, hs)
 
     def float64(self) -> "CacheRunner":
-        """A float64 copy of the model behind the same runner settings (made once and kept)."""
-        if getattr(self, "_twin", None) is None:
-            twin = type(self).__new__(type(self))
-            twin.__dict__.update(self.__dict__)
-            twin.model = float64_model(self.model)
-            twin.dtype, twin.perturb, twin._twin = torch.float64, None, None
-            self._twin = twin
-        return self._twin
+        """This runner (its settings: crop, padding) on a float64 copy of the model, the copy made
+        once per model and kept on it (every runner of the scan's model shares it)."""
+        m64 = self.model.__dict__.get("_float64_twin")
+        if m64 is None:
+            m64 = float64_model(self.model)
+            object.__setattr__(self.model, "_float64_twin", m64)  # not a submodule: no state_dict entry
+        twin = type(self).__new__(type(self))
+        twin.__dict__.update(self.__dict__)
+        twin.model, twin.dtype = m64, torch.float64
+        return twin
 
     def copy(self, cache: Holder) -> Holder:
         """A deep copy of the model's own cache object (rolled-back drafts restore it)."""

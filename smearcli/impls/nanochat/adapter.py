@@ -230,7 +230,7 @@ class NanochatRunner(Runner):
 
     def float64(self):
         """Their code on a float64 copy of their GPT, its cache made in float64 (their float32
-        requests are lifted by `evidence.lifted()` where a departure is confirmed)."""
+        requests are lifted by `precision.lifted()` where a departure is confirmed)."""
         import copy
 
         net = copy.deepcopy(self.model.net).double()

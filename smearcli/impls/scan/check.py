@@ -10,7 +10,7 @@
    batch with its mask; drafts partly rejected, the cache cropped back or restored from a copy)
    are measured against the reference;
 3. a run past the tolerance is a candidate: it and the full pass are rerun with the model in
-   float64 under the precision lift (`evidence.confirm`). It is a `bug` when its lifted error
+   float64 under the precision lift (`evidence.Confirmer`). It is a `bug` when its lifted error
    keeps at least half its float32 size, float32 rounding (not a finding: the schedule counts as
    passed, and the record says so) when it falls to float64 rounding, `unconfirmed` otherwise. A
    finding's shape is named (`shapes.classify`): a boundary's own shape for padded and rollback;
@@ -39,7 +39,8 @@ from ...names import NOISE_MARGIN
 from .. import hf_state
 from ...schedules import run_schedule, run_steps
 from ...verdicts import BUG, CRASHED, INCONCLUSIVE, NOT_BUILT, OK, ROUNDING, UNCONFIRMED, WORDS
-from ..hf_state import KV, CacheRunner, full_run
+from ...state import KV, Zeroing, state_kinds
+from ..hf_state import CacheRunner, full_run
 from . import boundary, shapes
 from .boundary import logits_noise, logits_only, measured, transformers_frame
 from .derive import derive
@@ -212,7 +213,11 @@ def check_model(model, tokens, plans: dict, tolerance: float = NOISE_MARGIN, mak
         return {"verdict": NOT_BUILT, "model_class": type(model).__name__, "notes": [],
                 "reason": f"the full pass returns logits of shape {tuple(ref.logits.shape)}, not (batch, "
                           f"{tokens.size(1)}, vocab): not a causal LM over its input"}
-    noise = evidence.floor(runner, ref, tokens, torch.float32)
+    unusable = evidence.unusable(ref)
+    if unusable:  # the derived config overflows: the full pass does not run on these inputs
+        return {"verdict": NOT_BUILT, "model_class": type(model).__name__, "notes": [], "reason": unusable}
+    f64 = evidence.Float64(runner, tokens, capture=ref.hiddens is not None)  # the floor's and the confirmations'
+    noise = evidence.floor(runner, ref, tokens, torch.float32, f64)
     floor_source = noise.source
     ms = run_all(runner, tokens, plans, ref, noise, tolerance)
     bms, entries, bsteps, notes, used = boundary.run_boundaries(model, make, runner.layers, tokens, ref, noise,
@@ -223,7 +228,8 @@ def check_model(model, tokens, plans: dict, tolerance: float = NOISE_MARGIN, mak
     out = {"model_class": type(model).__name__, "floor": floor, "floor_source": floor_source,
            "schedules": {k: {"max_abs": m.max_abs_logits, "multiple": m.logits_multiple, "passed": m.passed}
                          for k, m in ms.items()}, "notes": runner.notes() + notes, "boundaries": entries}
-    bad = confirmed(runner, used, tokens, plans, {k: m for k, m in ms.items() if not m.passed}, out)
+    bad = confirmed(evidence.Confirmer(runner, tokens, f64), used, tokens, plans,
+                    {k: m for k, m in ms.items() if not m.passed}, out)
     if bad:  # the step plans' worst heads the record: padded and rollback run cached steps too
         bugs = {k: m for k, m in bad.items() if out["schedules"][k]["status"] == BUG}
         pool = bugs or bad
@@ -254,15 +260,15 @@ def check_model(model, tokens, plans: dict, tolerance: float = NOISE_MARGIN, mak
     return out
 
 
-def confirmed(runner, used: dict, tokens, plans: dict, bad: dict, out: dict) -> dict:
-    """Each run past the tolerance rerun in float64, lifted (`evidence.confirm`), its result in
+def confirmed(main, used: dict, tokens, plans: dict, bad: dict, out: dict) -> dict:
+    """Each run past the tolerance rerun in float64, lifted (`evidence.Confirmer`), its result in
     `out["schedules"][name]`: the runs that are not float32 rounding (bugs and unconfirmed)."""
-    left, confirmers = {}, {}
+    left, confirmers = {}, {id(main.runner): main}
     worst = max(bad, key=lambda k: bad[k].max_abs_logits, default=None)
     for name, m in sorted(bad.items(), key=lambda kv: -kv[1].max_abs_logits):
-        r = used.get(name, runner)
-        if id(r) not in confirmers:  # one float64 twin and lifted full pass per runner
-            confirmers[id(r)] = evidence.Confirmer(r, tokens)
+        r = used.get(name, main.runner)
+        if id(r) not in confirmers:  # a boundary's runner: its own twin, the one lifted full pass
+            confirmers[id(r)] = evidence.Confirmer(r, tokens, main.f64.sibling(r))
         if name in boundary.SCHEDULES:
             rerun = lambda t, name=name: run_schedule(t, tokens, name, capture=False)
         else:
@@ -321,7 +327,7 @@ def dropped_state(model, tokens, steps, starts, thr) -> Optional[str]:
     held = probe.new_cache(1, 2)
     with torch.inference_mode():
         probe.step(tokens[:, :2], held, False)
-    kinds = [k for k in hf_state.state_kinds(held.inner) if k != KV]
+    kinds = [k for k in state_kinds(held.inner) if k != KV]
     if not kinds:
         return None
     cache_starts = tuple(s for s, n in zip(starts, steps[1:]) if n > 1)
@@ -330,8 +336,7 @@ def dropped_state(model, tokens, steps, starts, thr) -> Optional[str]:
     except Exception:
         return None
     for subset in ([[k] for k in kinds] if len(kinds) > 1 else []) + [kinds]:
-        r = CacheRunner(model)
-        r.perturb = hf_state.Perturb(cache_starts, " ".join(subset))
+        r = Zeroing(CacheRunner(model), cache_starts, subset)
         try:
             replay = run_steps(r, tokens, [1] * tokens.size(1))
         except Exception:
