@@ -223,17 +223,17 @@ def compare(target, tokens: Tensor, schedules: Sequence[str] = DEFAULT_SCHEDULES
             check_runs: Optional[Callable[[RunMetrics], bool]] = None,
             tokens_progress: Optional[Callable[[int, int], None]] = None,
             name: Optional[str] = None, notes: Sequence[str] = (),
-            reference: Optional[Runner] = None, floor=None, overlap: bool = False,
+            reference: Optional[Runner] = None, overlap: bool = False,
             confirm: bool = True, power: bool = True) -> Comparison:
     """Run the reference and every (schedule, runner); measure each; judge by `smearcli.evidence`.
 
     `target`: our GPT (with `logics`), a Runner or a list of Runners (see `as_runners`); the first
     runner's full forward pass is the reference, or `reference`'s when given (a runner that is
     the yardstick only). The noise floor is that full pass against itself in float64
-    (`evidence.floor`; `floor`, a `metrics.NoiseFloor`, replaces it); decode is a schedule like any
-    other. A run that leaves `tolerance` x the floor is rerun in float64, lifted
-    (`evidence.Confirmer`; `confirm=False` skips it and leaves it unconfirmed); when every run agrees,
-    the state the cache carries is zeroed to show the check had power (`power=False` skips it).
+    (`evidence.floor`); decode is a schedule like any other. A run that leaves `tolerance` x the
+    floor is rerun in float64, lifted (`evidence.Confirmer`; `confirm=False` skips it and leaves it
+    unconfirmed); when every run agrees, the state the cache carries is zeroed to show the check
+    had power (`power=False` skips it).
 
     `progress`, if given, is called with a short label before each run; `tokens_progress(done,
     total)` after every forward step, with the positions fed so far over all runs. `check_runs`
@@ -260,9 +260,8 @@ def compare(target, tokens: Tensor, schedules: Sequence[str] = DEFAULT_SCHEDULES
     ref, runs, layers = common_layers(ref, runs, layers)
     dtype = ref_runner.dtype or ref.logits.dtype
     f64 = evidence.Float64(ref_runner, tokens, capture=ref.hiddens is not None)  # floor and confirmations share it
-    if floor is None:
-        step("noise floor (float64)")
-        floor = evidence.floor(ref_runner, ref, tokens, dtype, f64)
+    step("noise floor (float64)")
+    floor = evidence.floor(ref_runner, ref, tokens, dtype, f64)
     metrics = [measure(ref, r, floor, tolerance) for r in runs]
     by_label = {r.label: r for r in runners}
     pick = check_runs or (lambda m: not m.passed)

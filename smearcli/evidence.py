@@ -9,13 +9,13 @@ reaches its verdict through this module, by three rules:
    layer's scale. A runner with no float64 twin gets the ulp minimum alone, and the floor's
    `source` says which. Token-by-token decode is a schedule like any other.
 2. **Power.** `power(runner, tokens, threshold)` zeroes each kind of state the cache carries
-   (`cache_tensors`: attention keys and values, conv taps, every other recurrent state) after a
+   (`state.cache_tensors`: attention keys and values, conv taps, every other recurrent state) after a
    prefill and measures how far the later logits move. An error in that state is flagged when it
    moves a logit past `threshold` (tolerance x floor), so the smallest error the check could have
    seen is `threshold / effect` of the state's whole effect: `Power.fraction(kind)`. OK needs
    every kind at `MIN_POWER` (1%) or better.
 3. **Confirmation.** A run that departs in its own precision is a candidate, not a bug.
-   `confirm(...)` reruns it and the full pass with the model in float64 under `lifted()`, where
+   `Confirmer` reruns it and the full pass with the model in float64 under `lifted()`, where
    every float32 request inside the model's code (a router, rotary, a softmax upcast) becomes
    float64 too. A logic error keeps its size when precision rises; rounding falls by the ratio of
    the two units (2^-29 from float32). So: `bug` when the lifted error is at least half the
@@ -248,12 +248,11 @@ def power(runner, tokens: Tensor, threshold: float, split: Optional[int] = None)
 # -- 3. confirmation ------------------------------------------------------------------------------
 @dataclass
 class Confirmation:
-    """A departure rerun in float64: its size in the runner's precision, in a plain float64 cast,
-    and in float64 with the float32 islands lifted, and what that makes it."""
+    """A departure rerun in float64: its size in the runner's precision and in float64 with the
+    float32 islands lifted, and what that makes it."""
     original: float  # max |dlogit| in the runner's own precision
     dtype: str  # that precision
     lifted: Optional[float] = None  # float64, lifted (None: could not run)
-    plain: Optional[float] = None  # float64 cast alone (None: not run or could not run)
     bound: float = 0.0  # the largest error float64 rounding of this one could leave
     status: str = UNCONFIRMED  # BUG, ROUNDING or UNCONFIRMED
     why: str = ""
@@ -265,15 +264,13 @@ class Confirmation:
     def phrase(self) -> str:
         """"keeps its size in float64 (0.0438 -> 0.0438)" and the like."""
         nums = f"{self.original:.3g} in {self.dtype}"
-        if self.plain is not None:
-            nums += f", {self.plain:.3g} in float64"
         if self.lifted is not None:
             nums += f", {self.lifted:.3g} in float64 lifted"
         return f"{self.why} ({nums})"
 
     def to_json(self) -> dict:
         return {"status": str(self.status), "dtype": self.dtype, "original": _finite(self.original),
-                "float64": None if self.plain is None else _finite(self.plain),
+                "float64": None,  # a plain float64 cast: filled in where asked for (`Confirmer.plain`)
                 "float64_lifted": None if self.lifted is None else _finite(self.lifted),
                 "rounding_bound": _finite(self.bound), "why": self.why}
 
@@ -316,12 +313,20 @@ class Confirmer:
         self.runner, self.tokens = runner, tokens
         self.f64 = f64 or Float64(runner, tokens, capture=False)
 
-    def __call__(self, rerun: Callable, original: float, plain: bool = False) -> Confirmation:
-        """Rerun one departure of size `original`: `rerun(r)` runs the failing schedule on the
-        runner `r` (the float64 twin) and returns its RunResult. With `plain`, the same again
-        without the lift (the number a plain `.double()` gives)."""
+    def plain(self, rerun: Callable) -> Optional[float]:
+        """The departure in float64 without the lift (the number a plain `.double()` gives), or
+        None when it does not run."""
         from .schedules import run_schedule
 
+        f64 = self.f64.make()
+        try:
+            return _finite(departure(run_schedule(f64.twin, self.tokens, "full", capture=False), rerun(f64.twin)))
+        except Exception:
+            return None
+
+    def __call__(self, rerun: Callable, original: float) -> Confirmation:
+        """Rerun one departure of size `original`: `rerun(r)` runs the failing schedule on the
+        runner `r` (the float64 twin) and returns its RunResult."""
         f64 = self.f64.make()
         c = Confirmation(float(original), str(f64.dtype).removeprefix("torch."))
         if f64.twin is None or f64.run is None or not f64.lifted:
@@ -336,11 +341,6 @@ class Confirmer:
             c.status, c.why = UNCONFIRMED, (f"not confirmed: it does not run in float64 lifted "
                                             f"({type(e).__name__}: {_first_line(e)})")
             return c
-        if plain:
-            try:
-                c.plain = departure(run_schedule(f64.twin, self.tokens, "full", capture=False), rerun(f64.twin))
-            except Exception:
-                c.plain = None
         c.bound = rounding_bound(c.original, f64.dtype, float(f64.run.logits.abs().max()))
         c.status, c.why = classify(c.original, c.lifted, c.bound)
         return c

@@ -96,14 +96,12 @@ class GPTRunner(Runner):
         return self.model.smear_terms(tokens, self.bos if self.label in TAKES_BOS else None)
 
     def float64(self):
-        """This logic on a float64 copy of the weights (made once per model and kept)."""
-        m64 = self.model.__dict__.get("_float64_twin")
-        if m64 is None:
-            import copy
+        """This logic on a float64 copy of the weights (`precision.float64_model`, made once per model)."""
+        from .precision import float64_model
 
-            m64 = copy.deepcopy(self.model).double()
-            m64.dtype, m64._rotary_device = torch.float64, None  # activations and rotary in float64 too
-            object.__setattr__(self.model, "_float64_twin", m64)  # not a submodule: no state_dict entry
+        m64 = float64_model(self.model)
+        if m64.dtype != torch.float64:  # activations and the rotary table in float64 too
+            m64.dtype, m64._rotary_device = torch.float64, None
         return GPTRunner(m64, self.label, self.name, self.bos)
 
 

@@ -115,7 +115,13 @@ def in_float64(modules):
 
 def float64_model(model):
     """A float64 deep copy of a torch model, MoE experts switched to their eager form where the
-    model has one (grouped matrix multiplication refuses float64)."""
+    model has one (grouped matrix multiplication refuses float64). Made once per model and kept on
+    it (not as a submodule: no state_dict entry), so every runner of one model shares the copy; made
+    anew once a weight has changed since (a training step between two checks)."""
+    stamp = tuple((t.data_ptr(), t._version) for t in list(model.parameters()) + list(model.buffers()))
+    kept = model.__dict__.get("_float64_copy")
+    if kept is not None and kept[0] == stamp:
+        return kept[1]
     m64 = copy.deepcopy(model).double()
     setter = getattr(m64, "set_experts_implementation", None)
     if setter is not None:
@@ -123,6 +129,7 @@ def float64_model(model):
             setter("eager")
         except Exception:  # no experts, or a release without the switch: the model as it is
             pass
+    object.__setattr__(model, "_float64_copy", (stamp, m64))
     return m64
 
 

@@ -203,7 +203,9 @@ class Float64Calls(Runner):
     def __init__(self, inner: StepRunner, modules):
         self.inner, self.modules = inner, modules
         self.label, self.layers, self.name = inner.label, inner.layers, inner.name
-        self.dtype, self.device = _f64(), inner.device
+        import torch
+
+        self.dtype, self.device = torch.float64, inner.device
 
     def _call(self, method, *args):
         from .precision import in_float64
@@ -219,12 +221,6 @@ class Float64Calls(Runner):
 
     def step(self, tokens, cache, capture):
         return self._call(self.inner.step, tokens, cache, capture)
-
-
-def _f64():
-    import torch
-
-    return torch.float64
 
 
 class LogProbs(Runner):

@@ -241,3 +241,13 @@ def test_hf_check_model_inconclusive_does_not_pass(monkeypatch):
     c = hf.check_model(model, hf.random_tokens(model, 32), chunks=2)
     assert c.word is INCONCLUSIVE and c.passed is False
     assert c.verdict.startswith("INCONCLUSIVE:") and "50% error in the kv state" in c.verdict
+
+
+def test_the_float64_copy_is_shared_and_made_anew_after_a_weight_changes():
+    lin = torch.nn.Linear(3, 3)
+    first = precision.float64_model(lin)
+    assert precision.float64_model(lin) is first  # every runner of one model shares it
+    with torch.no_grad():
+        lin.weight.add_(1.0)  # a training step between two checks
+    again = precision.float64_model(lin)
+    assert again is not first and torch.equal(again.weight, lin.weight.double())

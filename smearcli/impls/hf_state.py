@@ -137,12 +137,9 @@ class CacheRunner(Runner):
         return Output(out.logits, hs)
 
     def float64(self) -> "CacheRunner":
-        """This runner (its settings: crop, padding) on a float64 copy of the model, the copy made
-        once per model and kept on it (every runner of the scan's model shares it)."""
-        m64 = self.model.__dict__.get("_float64_twin")
-        if m64 is None:
-            m64 = float64_model(self.model)
-            object.__setattr__(self.model, "_float64_twin", m64)  # not a submodule: no state_dict entry
+        """This runner (its settings: crop, padding) on the model's float64 copy
+        (`precision.float64_model`: made once per model, shared by every runner of it)."""
+        m64 = float64_model(self.model)
         twin = type(self).__new__(type(self))
         twin.__dict__.update(self.__dict__)
         twin.model, twin.dtype = m64, torch.float64

@@ -231,9 +231,9 @@ class NanochatRunner(Runner):
     def float64(self):
         """Their code on a float64 copy of their GPT, its cache made in float64 (their float32
         requests are lifted by `precision.lifted()` where a departure is confirmed)."""
-        import copy
+        from ...precision import float64_model
 
-        net = copy.deepcopy(self.model.net).double()
+        net = float64_model(self.model.net)
         twin = NanochatModel.__new__(NanochatModel)
         twin.__dict__.update(self.model.__dict__, net=net, dtype=torch.float64)
         blocks = net.transformer.h

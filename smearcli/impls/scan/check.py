@@ -141,7 +141,6 @@ def check(model_type: str, seed: int = 0, tolerance: float = NOISE_MARGIN, total
     one. With `repro_dir`, a finding gets a standalone reproducer there, run once: its path and
     exit status are in the record (`reproducer`, `reproducer_status`)."""
     rec = _check(model_type, seed, tolerance, total, config)
-    rec["verdict"] = str(rec["verdict"])
     if rec["verdict"] == BUG and repro_dir is not None and rec.get("_config") is not None:
         from pathlib import Path
 
@@ -228,8 +227,8 @@ def check_model(model, tokens, plans: dict, tolerance: float = NOISE_MARGIN, mak
     out = {"model_class": type(model).__name__, "floor": floor, "floor_source": floor_source,
            "schedules": {k: {"max_abs": m.max_abs_logits, "multiple": m.logits_multiple, "passed": m.passed}
                          for k, m in ms.items()}, "notes": runner.notes() + notes, "boundaries": entries}
-    bad = confirmed(evidence.Confirmer(runner, tokens, f64), used, tokens, plans,
-                    {k: m for k, m in ms.items() if not m.passed}, out)
+    bad, reruns = confirmed(evidence.Confirmer(runner, tokens, f64), used, tokens, plans,
+                            {k: m for k, m in ms.items() if not m.passed}, out)
     if bad:  # the step plans' worst heads the record: padded and rollback run cached steps too
         bugs = {k: m for k, m in bad.items() if out["schedules"][k]["status"] == BUG}
         pool = bugs or bad
@@ -237,6 +236,8 @@ def check_model(model, tokens, plans: dict, tolerance: float = NOISE_MARGIN, mak
         name, worst = max((plain or pool).items(), key=lambda kv: kv[1].max_abs_logits)
         if plain:
             boundary.beside(entries, name)
+        confirmer, rerun = reruns[name]  # the headline's third number: a plain float64 cast
+        out["schedules"][name]["confirmation"]["float64"] = confirmer.plain(rerun)
         fd = worst.first_departure
         out.update(verdict=BUG if bugs else UNCONFIRMED, worst_schedule=name, max_abs=worst.max_abs_logits,
                    multiple=worst.logits_multiple, steps=plans[name],
@@ -262,10 +263,10 @@ def check_model(model, tokens, plans: dict, tolerance: float = NOISE_MARGIN, mak
 
 def confirmed(main, used: dict, tokens, plans: dict, bad: dict, out: dict) -> dict:
     """Each run past the tolerance rerun in float64, lifted (`evidence.Confirmer`), its result in
-    `out["schedules"][name]`: the runs that are not float32 rounding (bugs and unconfirmed)."""
-    left, confirmers = {}, {id(main.runner): main}
-    worst = max(bad, key=lambda k: bad[k].max_abs_logits, default=None)
-    for name, m in sorted(bad.items(), key=lambda kv: -kv[1].max_abs_logits):
+    `out["schedules"][name]`: (the runs that are not float32 rounding (bugs and unconfirmed),
+    name -> (its confirmer, its rerun))."""
+    left, confirmers, reruns = {}, {id(main.runner): main}, {}
+    for name, m in bad.items():
         r = used.get(name, main.runner)
         if id(r) not in confirmers:  # a boundary's runner: its own twin, the one lifted full pass
             confirmers[id(r)] = evidence.Confirmer(r, tokens, main.f64.sibling(r))
@@ -273,8 +274,8 @@ def confirmed(main, used: dict, tokens, plans: dict, bad: dict, out: dict) -> di
             rerun = lambda t, name=name: run_schedule(t, tokens, name, capture=False)
         else:
             rerun = lambda t, steps=plans[name], name=name: run_steps(t, tokens, steps, schedule=name)
-        # the plain float64 number (the census table's and the reproducer's third) for the worst alone
-        c = confirmers[id(r)](rerun, m.max_abs_logits, plain=name == worst)
+        reruns[name] = confirmers[id(r)], rerun
+        c = confirmers[id(r)](rerun, m.max_abs_logits)
         entry = out["schedules"][name]
         entry.update(status=str(c.status), confirmation=c.to_json())
         if c.status == ROUNDING:
@@ -287,7 +288,7 @@ def confirmed(main, used: dict, tokens, plans: dict, bad: dict, out: dict) -> di
             left[name] = m
             if name in out["boundaries"] and c.status == UNCONFIRMED:
                 out["boundaries"][name]["status"] = UNCONFIRMED
-    return left
+    return left, reruns
 
 
 def name_shape(model, tokens, plans, name, worst, ms, ref, noise, tolerance):
