@@ -38,6 +38,8 @@ schedule, token-by-token decode and chunked prefill by default, is measured agai
 
 from __future__ import annotations
 
+import math
+import numbers
 from typing import Any, Callable, Optional, Sequence
 
 import torch
@@ -56,11 +58,54 @@ DEFAULT_SCHEDULES = ("decode", "chunked")
 def as_batch(tokens) -> Tensor:
     """Token ids as a (B, T) long tensor; a flat list or (T,) tensor is one row."""
     t = tokens if isinstance(tokens, Tensor) else torch.tensor(list(tokens))
+    if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+        raise TypeError(f"tokens must be integer token ids, got {str(t.dtype).removeprefix('torch.')}")
     if t.dim() == 1:
         t = t.unsqueeze(0)
     if t.dim() != 2 or t.size(1) < 2:
-        raise ValueError("tokens must be (batch, seq_len) with at least 2 tokens")
+        raise ValueError(f"tokens must be (batch, seq_len) with at least 2 tokens, got shape {tuple(t.shape)}")
     return t.long()
+
+
+def _check_arguments(chunk_sizes, chunks, tolerance, T: int) -> None:
+    """TypeError or ValueError naming the argument that cannot mean anything."""
+    if chunk_sizes is not None:
+        sizes = list(chunk_sizes)
+        bad = [c for c in sizes if isinstance(c, bool) or not isinstance(c, numbers.Integral)]
+        if bad:
+            raise TypeError(f"chunk_sizes must be whole numbers of tokens, got {bad[0]!r}")
+        if not sizes or min(sizes) < 1 or sum(sizes) != T:
+            raise ValueError(f"chunk_sizes must be positive and sum to the {T} tokens, got "
+                             f"{', '.join(map(str, sizes)) or 'none'} (sum {sum(sizes)})")
+    if isinstance(chunks, bool) or not isinstance(chunks, numbers.Integral) or chunks < 1:
+        raise ValueError(f"chunks must be a whole number >= 1, got {chunks!r}")
+    if isinstance(tolerance, bool) or not isinstance(tolerance, numbers.Real) \
+            or not math.isfinite(tolerance) or tolerance <= 0:
+        raise ValueError(f"tolerance must be a finite number > 0 (a multiple of the noise floor), got {tolerance!r}")
+
+
+def checked(fn: Callable, name: str, cached: bool) -> Callable:
+    """`fn` (the step or the full pass) with what it returns checked on every call: the structure
+    (`runner.unpack`), then logits that are floating point, (batch, tokens, vocab) for the ids
+    given, and finite. A wrong answer is a TypeError or ValueError naming `name`, not an error
+    from deep inside the comparison; an exception `fn` raises goes through as it is."""
+    from .runner import unpack
+
+    def call(ids, *cache):
+        out = fn(ids, *cache)
+        logits = unpack(out, cached)[0].logits
+        if not logits.is_floating_point():
+            raise TypeError(f"{name} returned {str(logits.dtype).removeprefix('torch.')} logits; they must be "
+                            "floating point")
+        if tuple(logits.shape[:2]) != tuple(ids.shape):
+            raise ValueError(f"{name} returned logits of shape {tuple(logits.shape)} for ids of shape "
+                             f"{tuple(ids.shape)}: they must be (batch, tokens, vocab)")
+        finite = torch.isfinite(logits)
+        if not bool(finite.all()):
+            raise ValueError(f"{name} returned non-finite logits (NaN or infinite at {int((~finite).sum())} of "
+                             f"{finite.numel()} entries) for a call over {ids.size(1)} tokens")
+        return out
+    return call
 
 
 def default_layer_names(n_hidden: int) -> list[str]:
@@ -92,6 +137,7 @@ def check_cache_consistency(step: Step, tokens, chunk_sizes: Optional[Sequence[i
     the reference logits' dtype); `logic` labels the runs. Never raises on a mismatch; see
     `assert_cache_consistent`."""
     tokens = as_batch(tokens)
+    _check_arguments(chunk_sizes, chunks, tolerance, tokens.size(1))
     T = tokens.size(1)
     if options is None:
         options = ScheduleOptions(chunks=chunks, chunk_sizes=None if chunk_sizes is None else tuple(chunk_sizes))
@@ -100,6 +146,8 @@ def check_cache_consistency(step: Step, tokens, chunk_sizes: Optional[Sequence[i
         raise ValueError("schedules is empty: name at least one of prefill, decode, chunked, speculative")
     for s in names:
         plan_steps(s, T, options)  # validates names and sizes up front
+    step = checked(step, "step", cached=True)
+    full = None if full is None else checked(full, "full", cached=False)
     n_layers = _probe_layers(step, full, tokens)
     if layer_names is None:
         layer_names = default_layer_names(n_layers - 1)

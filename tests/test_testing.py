@@ -99,3 +99,52 @@ def test_bad_step_and_sizes(model, tokens):
         check_cache_consistency(lambda ids, cache: ids, tokens)
     with pytest.raises(ValueError, match="layer names"):
         check_cache_consistency(gpt_step(model), tokens, layer_names=["a", "b"])
+
+
+# -- arguments and answers that cannot mean anything: one error naming the argument ---------------
+def _returning(model, change):
+    inner = gpt_step(model, "fixed")
+
+    def step(ids, cache):
+        logits, hs, cache = inner(ids, cache)
+        return change(logits), hs, cache
+    return step
+
+
+@pytest.mark.parametrize("kwargs, error, words", [
+    (dict(tokens="float"), TypeError, "tokens must be integer token ids, got float32"),
+    (dict(tokens="one"), ValueError, "tokens must be (batch, seq_len) with at least 2 tokens, got shape (1, 1)"),
+    (dict(chunk_sizes=(24.5, 23.5)), TypeError, "chunk_sizes must be whole numbers of tokens, got 24.5"),
+    (dict(chunk_sizes=(16, 16)), ValueError, "chunk_sizes must be positive and sum to the 48 tokens, got 16, 16"),
+    (dict(chunk_sizes=(48, 0)), ValueError, "chunk_sizes must be positive"),
+    (dict(chunks=0), ValueError, "chunks must be a whole number >= 1, got 0"),
+    (dict(tolerance=float("nan")), ValueError, "tolerance must be a finite number > 0"),
+    (dict(tolerance=-1.0), ValueError, "tolerance must be a finite number > 0"),
+    (dict(change=lambda x: x[:, :-1]), ValueError, "step returned logits of shape"),
+    (dict(change=lambda x: torch.cat([x, x])), ValueError, "for ids of shape (1, 2): they must be (batch, tokens, vocab)"),
+    (dict(change=lambda x: x.long()), TypeError, "step returned int64 logits; they must be floating point"),
+    (dict(change=lambda x: x * float("nan")), ValueError, "step returned non-finite logits"),
+    (dict(change=lambda x: x.masked_fill(x > 0, float("inf"))), ValueError, "step returned non-finite logits"),
+])
+def test_what_cannot_mean_anything_is_one_error_naming_it(model, tokens, kwargs, error, words):
+    kwargs = dict(kwargs)
+    ids = {"float": tokens.float(), "one": tokens[:, :1]}.get(kwargs.pop("tokens", None), tokens)
+    change = kwargs.pop("change", None)
+    step = gpt_step(model, "fixed") if change is None else _returning(model, change)
+    with pytest.raises(error) as err:
+        check_cache_consistency(step, ids, **kwargs)
+    assert words in str(err.value)
+
+
+def test_a_full_pass_that_returns_nan_is_named():
+    model = random_model(random_config(2), seed=3).model
+    ids = torch.randint(0, 256, (1, 8), generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match="full returned non-finite logits"):
+        check_cache_consistency(gpt_step(model, "fixed"), ids, full=lambda x: model(x) * float("nan"))
+
+
+def test_an_exception_in_the_step_goes_through_as_it_is(model, tokens):
+    def step(ids, cache):
+        raise KeyError("their cache slot")
+    with pytest.raises(KeyError, match="their cache slot"):
+        check_cache_consistency(step, tokens)
