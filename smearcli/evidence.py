@@ -161,20 +161,14 @@ class Power:
         return self.threshold / eff if eff > 0 else float("inf")
 
     @property
-    def unread(self) -> list[str]:
-        """Kinds whose zeroing moves no logit at all, one chunk or one token at a time: the model
-        never reads them (a tensor kept for a layer kind it does not have), so there is nothing in
-        them to get wrong."""
-        return [k for k, v in self.effects.items() if v == 0.0]
-
-    @property
     def weak(self) -> list[str]:
-        """Kinds read but whose smallest detectable error is over `MIN_POWER` of their effect."""
-        return [k for k in self.effects if k not in self.unread and self.fraction(k) > MIN_POWER]
+        """Kinds whose smallest detectable error is over `MIN_POWER` of their effect (a kind whose
+        zeroing moves no logit at all among them: inert on this input, an error in it cannot show)."""
+        return [k for k in self.effects if self.fraction(k) > MIN_POWER]
 
     @property
     def sufficient(self) -> bool:
-        return self.measured and len(self.unread) < len(self.effects) and not self.weak
+        return self.measured and not self.weak
 
     @property
     def shortfall(self) -> str:
@@ -184,13 +178,11 @@ class Power:
         if self.weak:
             return (f"the check could not see {', '.join(self.phrase(k) for k in self.weak)} "
                     f"(OK needs {MIN_POWER:.0%})")
-        if not self.sufficient:
-            return "zeroing the state the cache carries moves no logit: the model reads none of it"
         return ""
 
     def phrase(self, kind: str) -> str:
-        if kind in self.unread:
-            return f"nothing in the {kind} state, which is never read (zeroing it moves no logit)"
+        if self.effects.get(kind, 0.0) == 0.0:
+            return f"any error in the {kind} state (zeroing it moves no logit)"
         return f"a {_pct(self.fraction(kind))} error in the {kind} state"
 
     def describe(self) -> str:
@@ -202,7 +194,6 @@ class Power:
         return {"split": self.split, "threshold": self.threshold,
                 "effects": {k: float(v) for k, v in self.effects.items()},
                 "detectable_fraction": {k: _finite(self.fraction(k)) for k in self.effects},
-                "unread": self.unread,
                 "min_power": MIN_POWER, "sufficient": self.sufficient, "why": self.why or None}
 
 

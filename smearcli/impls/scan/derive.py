@@ -74,6 +74,10 @@ EXACT: dict[str, Any] = {
     "vocab_size_per_layer_input": VOCAB,
     "hidden_size_per_layer_input": 16,
     "laurel_rank": 8,
+    # sparse attention's indexer (DeepSeek-V3.2 and its kin): a top-k under the scan's 49 tokens, so
+    # the indexer chooses and its cached keys change the logits (at 2048 it keeps every token)
+    "index_topk": 8,
+    "index_n_heads": 4,
     "num_kv_shared_layers": 0,
 }
 NONE_TO = {"head_dim": HEAD_DIM, "num_key_value_heads": 2}  # a None default the model reads as a number
