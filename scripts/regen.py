@@ -8,7 +8,7 @@
   README blocks between `<!-- snippet: NAME -->` markers);
 - errors: docs/errors.md, the table of every error and exit code (`tests/test_errors_table.py`
   with SMEARCLI_REGEN_DOCS=1);
-- census: `docs/gen_census.py` (the `smearcli scan` census in docs/guide/scan.md; about 15
+- census: `docs/gen_census.py` (the `smearcli scan` census in docs/guide/scan.md; about 5
   minutes on 2 cores, the one step not in the default list: `--only census`);
 - notebooks: every notebooks/*.ipynb executed in place (nbclient, one kernel each, one torch
   thread as the notebooks themselves set), so their outputs are what nbval compares.
