@@ -76,7 +76,10 @@ def test_a_model_whose_smear_is_off_says_so(tokens):
     with torch.no_grad():
         m.smear_lambda.zero_()
     c = cmp.compare(m, tokens, ["chunked"], options=OPTS)
-    assert c.passed and "smear_lambda is 0: this model cannot show the bug" in c.verdict
+    # the smear state is inert: an error in it could not show, so agreement is no ok (no power)
+    assert c.word == "inconclusive" and not c.passed
+    assert "could not see any error in the recurrent state (zeroing it moves no logit)" in c.verdict
+    assert "smear_lambda is 0: this model cannot show the bug" in c.verdict
 
 
 def test_chunk_start_share_is_blank_for_rounding_noise(model, tokens):
