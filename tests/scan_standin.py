@@ -30,11 +30,11 @@ def check(name: str, repro_dir=None) -> dict:
 
 def install() -> None:
     """The stand-ins in place of transformers' list, the real check and the versions it reports."""
-    import smearcli.impls.scan as pkg
+    import smearcli.census as pkg
     from smearcli.cli.commands import scan as command
-    from smearcli.impls.scan import isolate
+    from smearcli.census import isolate
 
-    fake = types.ModuleType("smearcli.impls.scan.check")
+    fake = types.ModuleType("smearcli.census.check")
     fake.check = check
     sys.modules[fake.__name__] = pkg.check = fake
     isolate.causal_lm_types = lambda: list(ARCHS)

@@ -542,7 +542,7 @@ def _simulate(name: Optional[str], monkeypatch, cwd: Path) -> None:
             return result
         monkeypatch.setattr(files, "check_output_path", check_then_remove)
     elif name == "hello_timeout":  # the limit shortened: the table's run does not wait a minute
-        import smearcli.impls.vllm_env as vllm_env
+        import smearcli.impls.vllm.environment as vllm_env
 
         monkeypatch.setattr(vllm_env, "HELLO_TIMEOUT_S", 0.5)
     elif name == "bug":

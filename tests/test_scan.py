@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from smearcli.impls.scan import derive, report, shapes
-from smearcli.impls.scan.check import cycle, split_points
+from smearcli.census import derive, report, shapes
+from smearcli.census.check import cycle, split_points
 
 pytest.importorskip("transformers")
 
@@ -132,7 +132,7 @@ def test_document_and_markdown():
 
 
 def test_suspect_lines_in_a_modeling_file(tmp_path):
-    from smearcli.impls.scan import draft
+    from smearcli.census import draft
 
     src = tmp_path / "modeling_toy.py"
     src.write_text("\n".join([

@@ -12,11 +12,11 @@ import torch
 pytest.importorskip("transformers", reason="transformers is not installed: pip install 'smearcli[hf]'")
 
 from smearcli.boundaries import SHAPES as BOUNDARY_SHAPES  # noqa: E402
-from smearcli.impls import hf_state  # noqa: E402
-from smearcli.impls.hf_state import CacheRunner  # noqa: E402
-from smearcli.impls.scan import repro, report, shapes  # noqa: E402
-from smearcli.impls.scan.check import BUG, INCONCLUSIVE, OK, T, build, check_model, record, split_points  # noqa: E402
-from smearcli.impls.scan.derive import derive  # noqa: E402
+from smearcli.impls.hf import cache_runner as hf_runner  # noqa: E402
+from smearcli.impls.hf.cache_runner import CacheRunner  # noqa: E402
+from smearcli.census import repro, report, shapes  # noqa: E402
+from smearcli.census.check import BUG, INCONCLUSIVE, OK, T, build, check_model, record, split_points  # noqa: E402
+from smearcli.census.derive import derive  # noqa: E402
 from smearcli.runner import PADDING  # noqa: E402
 
 
@@ -174,7 +174,7 @@ def test_boundary_reproducers(tmp_path, model_type, schedule, status):
 
 
 def test_padded_runs_as_the_model_numbers_positions_and_says_which_rows_are_off():
-    from smearcli.impls.scan.check import check
+    from smearcli.census.check import check
 
     rob = check("roberta")  # positions from its padding id on: explicit 0-based ones would be wrong
     e = rob["boundaries"]["padded"]

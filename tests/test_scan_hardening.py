@@ -24,7 +24,7 @@ import pytest
 import scan_standin
 from hardening_util import invoke
 from smearcli.errors import UserError
-from smearcli.impls.scan import isolate, records
+from smearcli.census import isolate, records
 
 ROOT = Path(__file__).resolve().parents[1]
 REC = {"model_type": "a", "verdict": "ok"}
@@ -58,10 +58,10 @@ def refused(args, cwd: Path, words: str, status: int = 2):
 @pytest.fixture
 def standin(tmp_path, monkeypatch):
     """The stand-in census in this process (its workers fork from the test), run in tmp_path."""
-    import smearcli.impls.scan as pkg
+    import smearcli.census as pkg
     from smearcli.cli.commands import scan as command
 
-    fake = types.ModuleType("smearcli.impls.scan.check")
+    fake = types.ModuleType("smearcli.census.check")
     fake.check = scan_standin.check
     monkeypatch.setitem(sys.modules, fake.__name__, fake)
     monkeypatch.setattr(pkg, "check", fake, raising=False)

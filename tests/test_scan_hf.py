@@ -15,9 +15,9 @@ pytest.importorskip("transformers", reason="transformers is not installed: pip i
 
 from smearcli.cli.app import app  # noqa: E402
 from smearcli.compare import compare  # noqa: E402
-from smearcli.impls.scan import repro  # noqa: E402
-from smearcli.impls.scan.check import BUG, CRASHED, check, record  # noqa: E402
-from smearcli.impls.scan.derive import derive  # noqa: E402
+from smearcli.census import repro  # noqa: E402
+from smearcli.census.check import BUG, CRASHED, check, record  # noqa: E402
+from smearcli.census.derive import derive  # noqa: E402
 from smearcli.runner import StepRunner  # noqa: E402
 
 FAST = ["--seq-len", "48", "--chunks", "3"]
@@ -30,7 +30,7 @@ def invoke(*args):
 
 
 def saved(tmp_path, model_type: str):
-    from smearcli.impls.scan.check import build
+    from smearcli.census.check import build
 
     path = tmp_path / model_type
     build(derive(model_type).config, None, 0).save_pretrained(path)

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from smearcli.errors import UserError
-from smearcli.impls.scan import isolate
+from smearcli.census import isolate
 
 
 def stand_in(name: str) -> dict:

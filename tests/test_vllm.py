@@ -15,7 +15,8 @@ from typer.testing import CliRunner
 pytest.importorskip("transformers", reason="transformers is not installed: pip install 'smearcli[hf]'")
 
 from smearcli.cli.app import app  # noqa: E402
-from smearcli.impls import hf, vllm, vllm_env  # noqa: E402
+from smearcli.impls import hf, vllm
+from smearcli.impls.vllm import environment as vllm_env  # noqa: E402
 from smearcli.schedules import ScheduleOptions  # noqa: E402
 
 runner = CliRunner()

@@ -1,4 +1,4 @@
-"""A stand-in for smearcli/impls/vllm_worker.py: speaks its protocol, computes with transformers.
+"""A stand-in for smearcli/impls/vllm/worker.py: speaks its protocol, computes with transformers.
 
 `tests/test_vllm.py` runs it as the "vLLM interpreter" (a two-line shell script calling this file
 with the worker's arguments), so the adapter is tested without vLLM. Every log-prob is the model's

@@ -68,7 +68,7 @@ def prepare(spec: RunSpec, schedules, tolerance: float):
     except ValueError as e:
         raise UserError(f"{'--chunk-sizes' if opts.chunk_sizes else '--chunks'}: {e}") from e
     check_boundaries(tokens.size(1), schedules, opts, draft_given=spec.draft != DRAFT)  # --tokens' length
-    from ..impls import hf_check
+    from ..impls.hf import check as hf_check
     from .reports import ComparisonReport, Job
 
     with their_code(spec), flag_model(spec):
@@ -97,7 +97,7 @@ class their_code:
 
     def __exit__(self, kind, exc, tb):
         from ..errors import UserCodeError
-        from ..impls.hf_check import their_frame
+        from ..impls.hf.check import their_frame
 
         if exc is None or isinstance(exc, (UserError, KeyboardInterrupt)):
             return False

@@ -1,5 +1,5 @@
 """`smearcli scan`: every causal-LM architecture the installed transformers registers, checked
-the way `compare --impl hf` checks one (the work is `smearcli.impls.scan`)."""
+the way `compare --impl hf` checks one (the work is `smearcli.census`)."""
 
 from __future__ import annotations
 
@@ -171,7 +171,7 @@ def scan(
     and rollback boundaries over a float64 noise floor, the carried state shown to matter before an ok, the error's shape named, and a
     standalone reproducer per finding. Each architecture runs in its own process with --timeout
     and --memory-mb; records stream to --out. Try: smearcli scan --only bamba,llama."""
-    from ...impls.scan import isolate, report
+    from ...census import isolate, report
 
     check_limits(jobs, timeout, memory_mb)
     part = parse_shard(shard)
@@ -215,8 +215,8 @@ def _run(out, jobs, part, resume, wanted, timeout, memory_mb, repro_dir, quiet):
     import functools
 
     from ...files import Terminated
-    from ...impls.scan import check as chk
-    from ...impls.scan import isolate, records
+    from ...census import check as chk
+    from ...census import isolate, records
 
     names = isolate.causal_lm_types()
     if wanted is not None:

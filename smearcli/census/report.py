@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import Optional, Sequence
 
-from ...verdicts import BUG, CRASHED, INCONCLUSIVE, NOT_BUILT, NOT_RUN, OK, UNCONFIRMED
+from ..verdicts import BUG, CRASHED, INCONCLUSIVE, NOT_BUILT, NOT_RUN, OK, UNCONFIRMED
 from .shapes import LEFT_UNSUPPORTED
 
 SCHEMA = "smearcli.scan/1"

@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Optional
 
-from ... import jsonsafe
-from ...errors import UserError
-from ...files import regular_file, special_kind
+from .. import jsonsafe
+from ..errors import UserError
+from ..files import regular_file, special_kind
 from .report import ORDER as VERDICTS, SCHEMA
 
 MAX_BYTES = 64 << 20  # a census of every architecture is well under 1 MiB; the meta files' cap

@@ -33,14 +33,14 @@ from typing import Optional
 
 import torch
 
-from ... import evidence
-from ...metrics import RunMetrics
-from ...names import NOISE_MARGIN
-from .. import hf_state
-from ...schedules import run_schedule, run_steps
-from ...verdicts import BUG, CRASHED, INCONCLUSIVE, NOT_BUILT, OK, ROUNDING, UNCONFIRMED, WORDS
-from ...state import KV, Zeroing, state_kinds
-from ..hf_state import CacheRunner, full_run
+from .. import evidence
+from ..metrics import RunMetrics
+from ..names import NOISE_MARGIN
+from ..impls.hf import cache_runner as hf_runner
+from ..schedules import run_schedule, run_steps
+from ..verdicts import BUG, CRASHED, INCONCLUSIVE, NOT_BUILT, OK, ROUNDING, UNCONFIRMED, WORDS
+from ..state import KV, Zeroing, state_kinds
+from ..impls.hf.cache_runner import CacheRunner, full_run
 from . import boundary, shapes
 from .boundary import logits_noise, logits_only, measured, transformers_frame
 from .derive import derive
@@ -202,9 +202,9 @@ def _check(model_type, seed, tolerance, total, config) -> dict:
 def check_model(model, tokens, plans: dict, tolerance: float = NOISE_MARGIN, make=CacheRunner) -> dict:
     """Verdict fields of one built model on `plans` (name -> steps), then the padded and rollback
     boundaries (`boundary`); `make(model, layers, crop=False)` builds the runner they run on."""
-    if hf_state.cache_keyword(model) is None:
+    if hf_runner.cache_keyword(model) is None:
         return {"verdict": NOT_BUILT, "model_class": type(model).__name__, "notes": [],
-                "reason": f"{type(model).__name__}.forward takes no cache (none of {', '.join(hf_state.KEYWORDS)})"}
+                "reason": f"{type(model).__name__}.forward takes no cache (none of {', '.join(hf_runner.KEYWORDS)})"}
     probe = CacheRunner(model)
     runner = make(model, layer_names(probe, tokens))
     ref = full_run(runner, tokens, capture=len(runner.layers) > 1)

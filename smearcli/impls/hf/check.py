@@ -1,13 +1,13 @@
 """`compare --impl hf`'s check of one model: `smearcli.compare` with the model's own cache.
 
 `sound_compare(runner, tokens, schedules, ...)` is `smearcli.compare.compare` on an
-`hf_state.CacheRunner`, judged by `smearcli.evidence` like every surface: the floor is the full
+`hf.cache_runner.CacheRunner`, judged by `smearcli.evidence` like every surface: the floor is the full
 pass in float64 (never decode, which is measured like every other schedule), a departure is
 confirmed in float64 with the float32 islands lifted, and agreement is OK only when zeroing each
 kind of carried state moves the later logits by 100x the tolerance. A cache that carries no
 floating-point state at all makes the comparison `inconclusive`: agreement on it says nothing.
 
-The runner is `hf.runner(model, source, tokens)`: an `hf_state.CacheRunner` described with what
+The runner is `hf.runner(model, source, tokens)`: an `hf.cache_runner.CacheRunner` described with what
 was loaded. `their_frame(exc)` says where in transformers an exception was raised, or None when
 it was not.
 """
@@ -17,9 +17,9 @@ from __future__ import annotations
 import traceback
 from typing import Optional, Sequence
 
-from ..compare import Comparison, compare
-from ..names import NOISE_MARGIN
-from .hf_state import CacheRunner
+from ...compare import Comparison, compare
+from ...names import NOISE_MARGIN
+from .cache_runner import CacheRunner
 
 
 def sound_compare(r: CacheRunner, tokens, schedules: Sequence[str], options=None,

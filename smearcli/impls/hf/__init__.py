@@ -9,7 +9,7 @@ print(check.table())
 
 Built-in names (`TINY_CONFIGS`): tiny random configs (hidden 64, 2 layers, vocab 128, float32),
 seeded, built on the CPU in well under a second. A directory is loaded offline by
-`smearcli.impls.hf_load` (safetensors only, `trust_remote_code` never on, every file checked
+`smearcli.impls.hf.load` (safetensors only, `trust_remote_code` never on, every file checked
 before transformers reads it).
 
 Each schedule runs through the model's own cache API: a first call without a cache and
@@ -33,14 +33,14 @@ from typing import Callable, Optional, Sequence
 import torch
 from torch import Tensor
 
-from .. import inputs
-from ..errors import UserError
-from ..names import NOISE_MARGIN
-from ..compare import Comparison
-from ..runner import Described
-from ..schedules import ScheduleOptions
-from .hf_load import load_dir, load_dir_with_notes, require_transformers  # noqa: F401 - re-exported
-from .hf_state import CacheRunner
+from ... import inputs
+from ...errors import UserError
+from ...names import NOISE_MARGIN
+from ...compare import Comparison
+from ...runner import Described
+from ...schedules import ScheduleOptions
+from .load import load_dir, load_dir_with_notes, require_transformers  # noqa: F401 - re-exported
+from .cache_runner import CacheRunner
 
 HF_SCHEDULES = ("prefill", "decode", "chunked", "speculative")
 CACHE_KEYWORDS = ("cache", "past_key_values", "cache_params", "state")  # newest first; RWKV: state
@@ -145,7 +145,7 @@ class CacheAPI:
 def cache_api(model) -> CacheAPI:
     """The keyword the installed model's forward takes its cache under, and whether cache_position
     is passed (with `cache_params`, as older Mamba releases needed it for every cached step: the
-    rule `hf_state.CacheRunner` follows)."""
+    rule `hf.cache_runner.CacheRunner` follows)."""
     params = inspect.signature(model.forward).parameters
     for kw in CACHE_KEYWORDS:
         if kw in params:
@@ -161,7 +161,7 @@ def _device(model) -> torch.device:
 class HFRunner(CacheRunner):
     """A transformers causal LM behind `smearcli.runner.Runner`: the reference is one call over
     every token with use_cache=False; a cached step passes the model's own cache back under the
-    keyword its forward takes (`hf_state.CacheRunner`, the one HF runner, which `scan` and
+    keyword its forward takes (`hf.cache_runner.CacheRunner`, the one HF runner, which `scan` and
     `compare --impl hf` use too), described with what was loaded (`HFModelInfo`)."""
 
     def __init__(self, model, info: "HFModelInfo", layers: Sequence[str]):
@@ -232,9 +232,9 @@ def check_model(model, tokens: Tensor, chunk_sizes: Optional[Sequence[int]] = No
                 tolerance: float = NOISE_MARGIN, source: str = "model", progress=None,
                 tokens_progress=None) -> Comparison:
     """Every schedule through the model's own cache against one uncached call, measured as
-    `compare --impl hf` measures it (`hf_check.sound_compare`: a float64 floor, then the live-state
+    `compare --impl hf` measures it (`hf.check.sound_compare`: a float64 floor, then the live-state
     check); the result's notes say exactly what ran."""
-    from .hf_check import sound_compare
+    from .check import sound_compare
 
     if options is None:
         options = ScheduleOptions(chunks=chunks, chunk_sizes=None if chunk_sizes is None else tuple(chunk_sizes))
@@ -251,7 +251,7 @@ def to_json(check: Comparison, info: HFModelInfo, options: Optional[ScheduleOpti
             device: str = "cpu") -> dict:
     """The `--json` document of a Hugging Face check (schema "smearcli.hf/1", docs/json-schema.md):
     compare/1's run entries, plus where each run's error is born and its share on chunk starts."""
-    from ..documents import run_json
+    from ...documents import run_json
 
     runs = []
     for m in check.metrics:

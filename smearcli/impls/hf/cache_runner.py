@@ -21,10 +21,10 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor
 
-from ..state import KV, state_kinds
-from ..precision import float64_model
-from ..runner import COPY, CROP, PADDING, Described, Holder, Output, Runner
-from ..schedules import RunResult, run_schedule
+from ...state import KV, state_kinds
+from ...precision import float64_model
+from ...runner import COPY, CROP, PADDING, Described, Holder, Output, Runner
+from ...schedules import RunResult, run_schedule
 
 KEYWORDS = ("cache", "past_key_values", "cache_params", "state")  # newest first; RWKV: state
 

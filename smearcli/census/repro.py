@@ -20,9 +20,9 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from ...boundaries import PAD_ID, padded_length
-from ...names import DRAFT, GEN_LEN, NOISE_MARGIN, REJECT
-from ...wording import fmt_steps
+from ..boundaries import PAD_ID, padded_length
+from ..names import DRAFT, GEN_LEN, NOISE_MARGIN, REJECT
+from ..wording import fmt_steps
 
 # what every reproducer builds its model and feeds its cache with (a template fragment: braces doubled)
 MODEL = '''KEYS = ("cache", "past_key_values", "cache_params", "state")

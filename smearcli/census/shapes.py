@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-from ...boundaries import SHAPES as BOUNDARY_SHAPES
+from ..boundaries import SHAPES as BOUNDARY_SHAPES
 
 STATE_DROPPED = "state dropped at chunk starts"
 CONTEXT_LOST = "context lost"

@@ -1,5 +1,5 @@
 """vLLM's environment, checked before any model loads: `check_python(python)` runs the worker's
-handshake (`vllm_worker.py hello`) in the interpreter `--vllm-python` names, with its output and
+handshake (`worker.py hello`) in the interpreter `--vllm-python` names, with its output and
 time capped, and refuses, in one line naming `scripts/make_vllm_env.sh DIR`, a path that is missing,
 a directory, not a Python, a Python that hangs, prints something else, speaks another protocol or
 has no vLLM. `runnable` and `worker_env` are how the adapter (`smearcli.impls.vllm`) then starts it.
@@ -14,10 +14,10 @@ import tempfile
 from pathlib import Path
 from typing import Optional
 
-from ..errors import UserError
+from ...errors import UserError
 
 PROTOCOL = 1  # the worker's protocol: its handshake and result.json carry it
-WORKER = Path(__file__).with_name("vllm_worker.py")
+WORKER = Path(__file__).with_name("worker.py")
 MAKE_ENV = "make vLLM's environment with scripts/make_vllm_env.sh DIR and give DIR/bin/python"
 HELLO_TIMEOUT_S = 60.0  # the handshake imports nothing heavy: a Python that takes longer hangs
 HELLO_LIMIT = 64 << 10  # bytes of the handshake's output read; the answer is one short line

@@ -1,5 +1,5 @@
 """The files of a Hugging Face model directory, read as data before transformers sees them (for
-`smearcli.impls.hf_load`; no transformers here).
+`smearcli.impls.hf.load`; no transformers here).
 
 - **JSON files** (config.json, generation_config.json, the index) are capped at the meta files'
   size (`checkpoint.META_MAX_BYTES`), checked before reading, nested at most `JSON_MAX_DEPTH`
@@ -25,9 +25,9 @@ from pathlib import Path
 
 import torch
 
-from ..checkpoint import META_MAX_BYTES, one_line_reason
-from ..errors import UserError
-from ..files import regular_file
+from ...checkpoint import META_MAX_BYTES, one_line_reason
+from ...errors import UserError
+from ...files import regular_file
 
 JSON_MAX_BYTES = META_MAX_BYTES  # the same cap as a nanochat meta file: a config is kilobytes
 JSON_MAX_DEPTH = 32  # real configs nest 3 or 4 levels (text_config -> rope_scaling)

@@ -8,7 +8,7 @@ holds their logic):
   attention mask (and `position_ids` counting the real tokens, where the forward takes them). A
   model whose forward takes no `attention_mask` is not run, and says so.
 - `rollback`: a prefill, then drafts of `DRAFT` tokens whose last `REJECT` are wrong; the cache is
-  cropped back with the model's own `crop` where it can be (`hf_state.croppable`: a crop and
+  cropped back with the model's own `crop` where it can be (`hf_runner.croppable`: a crop and
   attention keys and values only), else restored from a copy taken before the draft. A crop their
   API refuses falls back to the copy, with a note. A runner that can neither crop nor copy is
   reported as such (`schedules.missing`), never skipped in silence.
@@ -28,11 +28,11 @@ import dataclasses
 import traceback
 from typing import Optional
 
-from ...boundaries import SHAPES as BOUNDARY_SHAPES, rollback_mode
-from ...metrics import RunMetrics, measure
-from ...names import NOISE_MARGIN
-from ...schedules import ScheduleOptions, missing, run_schedule, runnable
-from .. import hf_state
+from ..boundaries import SHAPES as BOUNDARY_SHAPES, rollback_mode
+from ..metrics import RunMetrics, measure
+from ..names import NOISE_MARGIN
+from ..schedules import ScheduleOptions, missing, run_schedule, runnable
+from ..impls.hf import cache_runner as hf_runner
 from .shapes import LEFT_UNSUPPORTED
 
 SCHEDULES = ("padded", "rollback")
@@ -89,7 +89,7 @@ def run_one(runner, tokens, name: str, ref, noise, tolerance, opts=ScheduleOptio
         return None, None, entry(NOT_RUN, why=f"{runner.label} cannot run it: {missing(runner, name)}")
     try:
         run = run_schedule(runner, tokens, name, opts=opts, capture=ref.hiddens is not None)
-    except hf_state.CropRefused:
+    except hf_runner.CropRefused:
         raise
     except Exception as e:
         return None, None, entry(CRASHED, why=transformers_frame(e))
@@ -125,7 +125,7 @@ def run_boundaries(model, make, layers, tokens, ref, noise, tolerance: float = N
     rb = make(model, layers, crop=True) if why_not is None else runner
     try:
         m, run, e = run_one(rb, tokens, "rollback", ref, noise, tolerance)
-    except hf_state.CropRefused as refused:
+    except hf_runner.CropRefused as refused:
         why_not = str(refused)
         rb = runner
         m, run, e = run_one(rb, tokens, "rollback", ref, noise, tolerance)
@@ -193,10 +193,10 @@ def why_padded(rows: dict, threshold: float, positions: bool) -> list[str]:
 
 
 def _why_no_crop(runner, tokens) -> Optional[str]:
-    if not isinstance(runner, hf_state.CacheRunner):
+    if not isinstance(runner, hf_runner.CacheRunner):
         return "not a transformers cache"
     try:
-        return hf_state.croppable(runner, tokens)
+        return hf_runner.croppable(runner, tokens)
     except Exception as e:  # a two-token probe their code refuses: the rollback run says the rest
         return f"the cache could not be probed ({type(e).__name__})"
 

@@ -29,8 +29,8 @@ import time
 from pathlib import Path
 from typing import Callable, Iterable, Optional, Sequence
 
-from ... import jsonsafe
-from ...errors import UserError
+from .. import jsonsafe
+from ..errors import UserError
 from . import records
 
 DEFAULT_TIMEOUT = 240.0  # seconds per architecture

@@ -8,7 +8,7 @@ result = compare.compare([runner], tokens, ["prefill", "chunked", "prefix"], ref
 
 vLLM pins torch and transformers versions of its own, so it runs in another interpreter
 (`Settings.python`): smearcli writes a request (JSON: the model directory, the token ids, what
-each schedule sets), `vllm_worker.py` (shipped beside this module, importing only vLLM and numpy)
+each schedule sets), `worker.py` (shipped in this package, importing only vLLM and numpy)
 runs every schedule once, and the answers come back as `.npy` arrays of full-vocabulary
 log-probabilities, never pickles. `VLLMRunner.run` turns them into one `RunResult` per schedule:
 log-probs in place of logits and no hidden states, so a comparison of it is on log-probabilities
@@ -37,10 +37,10 @@ from typing import Optional, Sequence
 
 import torch
 
-from ..errors import UserError
-from ..runner import PREFIX_CACHE, Described, Runner
-from ..schedules import CRASHED, PREFIX_HIT, UNCHECKED, RunResult, ScheduleOptions, chunk_plan
-from .vllm_env import MAKE_ENV, PROTOCOL, WORKER, check_python, hello, refuse, runnable, worker_env  # noqa: F401
+from ...errors import UserError
+from ...runner import PREFIX_CACHE, Described, Runner
+from ...schedules import CRASHED, PREFIX_HIT, UNCHECKED, RunResult, ScheduleOptions, chunk_plan
+from .environment import MAKE_ENV, PROTOCOL, WORKER, check_python, hello, refuse, runnable, worker_env  # noqa: F401
 
 VLLM_SCHEDULES = ("prefill", "decode", "chunked", "prefix")
 BLOCK_SIZE = 32  # vLLM's CPU backend takes block sizes that are multiples of 32

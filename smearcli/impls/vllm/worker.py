@@ -3,8 +3,8 @@
 It imports only vLLM, numpy and the standard library (never smearcli: it runs under another
 interpreter, with other versions of torch and transformers). Usage, by the adapter:
 
-    VLLM_PYTHON vllm_worker.py REQUEST.json OUTDIR
-    VLLM_PYTHON vllm_worker.py hello
+    VLLM_PYTHON worker.py REQUEST.json OUTDIR
+    VLLM_PYTHON worker.py hello
 
 `hello` is the handshake the adapter runs before it loads any model: one JSON line on stdout,
 `{"worker": "smearcli-vllm", "protocol": 1, "python": "3.11.9", "vllm": "0.32.0"}` (`vllm` null
@@ -40,10 +40,9 @@ import sys
 import time
 import traceback
 
-# run as a script, this file's directory comes first on sys.path, and smearcli's adapter beside it
-# is named vllm.py: drop the directory so `import vllm` finds vLLM
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != HERE]
+# run as a script, this file's directory comes first on sys.path: nothing beside it may share a
+# name with a module vLLM imports (the package holds only __init__, environment, worker), which
+# tests/test_layout.py checks, so `import vllm` finds vLLM without touching sys.path
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process: the logits processor class travels
 PROTOCOL = 1
 
@@ -257,6 +256,6 @@ if __name__ == "__main__":
     if sys.argv[1:] == ["hello"]:
         hello()
     elif len(sys.argv) != 3:
-        sys.exit("usage: vllm_worker.py REQUEST.json OUTDIR | hello")
+        sys.exit("usage: worker.py REQUEST.json OUTDIR | hello")
     else:
         main(sys.argv[1], sys.argv[2])

@@ -1,6 +1,6 @@
 """A local Hugging Face model directory, loaded without trusting it (part of `smearcli.impls.hf`).
 
-Everything transformers would read is checked first (`smearcli.impls.hf_files`), so a bad
+Everything transformers would read is checked first (`smearcli.impls.hf.files`), so a bad
 directory is one UserError naming the file and the problem, never transformers' own failure,
 prompt or load report:
 
@@ -26,10 +26,10 @@ from typing import Optional
 
 import torch
 
-from ..checkpoint import one_line_reason
-from ..errors import UserError
-from ..preflight import check_memory
-from .hf_files import CONFIG, GENERATION, check_config, check_weights, listed, read_json, weight_files
+from ...checkpoint import one_line_reason
+from ...errors import UserError
+from ...preflight import check_memory
+from .files import CONFIG, GENERATION, check_config, check_weights, listed, read_json, weight_files
 
 
 def require_transformers():
