@@ -16,18 +16,20 @@ holds their logic):
 Both are measured against the same float32 full pass and float64 floor as every other schedule.
 Each gets an entry in the record's `boundaries` (`entry`): its status (`bug`, `crashed` with the
 frame in transformers, `not run` with why, or once the architecture's verdict is known `ok` /
-`inconclusive` / `passed`: a pass is only `ok` when the carried state was shown to matter), the
-numbers, the rollback's mode and, for a failure, the boundary's own shape (`boundaries.SHAPES`).
-A step plan's failure heads the record before a boundary's (`beside`): the boundaries run cached
-steps too, and may fail with that plan's error.
+`inconclusive` / `not judged`: a pass is only `ok` when the carried state was shown to matter, and
+that is measured only when every schedule agrees), the numbers, the rollback's mode and, for a
+failure, the boundary's own shape (`boundaries.SHAPES`). A step plan's failure heads the record
+before a boundary's (`beside`): the boundaries run cached steps too, and may fail with that plan's
+error.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import traceback
 from typing import Optional
 
+from .. import frames
+from ..verdicts import NOT_JUDGED, NOT_JUDGED_WHY
 from ..boundaries import SHAPES as BOUNDARY_SHAPES, rollback_mode
 from ..metrics import RunMetrics, measure
 from ..names import NOISE_MARGIN
@@ -37,28 +39,14 @@ from .shapes import LEFT_UNSUPPORTED
 
 SCHEDULES = ("padded", "rollback")
 PADDED_ROWS = ("the row", "right-padded", "left-padded")  # the padded batch's rows (one input row)
-NOT_RUN, CRASHED, PASSED = "not run", "crashed", "passed"
+NOT_RUN, CRASHED, PASSED = "not run", "crashed", "passed"  # PASSED: until the verdict is known (`settle`)
 
-
-
-def short_path(filename: str) -> str:
-    """A frame's file from the package on: "transformers/models/x/modeling_x.py", "smearcli/..."."""
-    path = filename.replace("\\", "/")
-    for root in ("/site-packages/", "/smearcli/"):
-        if root in path:
-            rest = path.rsplit(root, 1)[1]
-            return rest if root == "/site-packages/" else "smearcli/" + rest
-    return path
 
 
 def transformers_frame(exc: BaseException) -> str:
     """"transformers/models/x/modeling_x.py:123 in fn: Error: message" for the deepest frame in
-    transformers (the deepest frame at all when none is)."""
-    frames = traceback.extract_tb(exc.__traceback__)
-    theirs = [f for f in frames if "/transformers/" in f.filename.replace("\\", "/")]
-    f = (theirs or frames or [None])[-1]
-    where = "?" if f is None else f"{short_path(f.filename)}:{f.lineno} in {f.name}"
-    return f"{where}: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+    transformers (the deepest frame at all when none is): `frames.describe`."""
+    return frames.describe(exc, "transformers")
 
 
 def logits_only(ref):
@@ -203,7 +191,7 @@ def _why_no_crop(runner, tokens) -> Optional[str]:
 
 def settle(entries: dict, verdict: str) -> dict:
     """Entries that passed take the architecture's verdict when it is ok or inconclusive (a pass
-    on state never shown to matter is no ok), and stay `passed` beside another schedule's bug."""
+    on state never shown to matter is no ok); beside another schedule's failure see `beside`."""
     for e in entries.values():
         if e["status"] == PASSED and verdict in ("ok", "inconclusive"):
             e["status"] = verdict
@@ -211,9 +199,14 @@ def settle(entries: dict, verdict: str) -> dict:
 
 
 def beside(entries: dict, worst: str) -> dict:
-    """A failed boundary beside a failing step plan says it may be that plan's error: its cached
-    steps may fail without any padding or rollback."""
-    for e in entries.values():
-        if e["status"] == "bug":
+    """Entries beside the failing schedule `worst`. One that agreed is `not judged`: an ok needs
+    the power check, which runs only when every schedule agrees. A failed one beside a failing
+    step plan says it may be that plan's error: its cached steps may fail without any padding or
+    rollback."""
+    for name, e in entries.items():
+        if e["status"] == PASSED:
+            why = f"{NOT_JUDGED_WHY} ({worst})" if worst not in SCHEDULES else f"{worst} failed beside it"
+            e.update(status=NOT_JUDGED, why="; ".join(filter(None, [why, e["why"]])))
+        elif e["status"] == "bug" and worst not in SCHEDULES:
             e["why"] = "; ".join(filter(None, [e["why"], f"{worst!r} fails too, without this boundary"]))
     return entries

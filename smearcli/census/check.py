@@ -234,8 +234,7 @@ def check_model(model, tokens, plans: dict, tolerance: float = NOISE_MARGIN, mak
         pool = bugs or bad
         plain = {k: m for k, m in pool.items() if k not in boundary.SCHEDULES}
         name, worst = max((plain or pool).items(), key=lambda kv: kv[1].max_abs_logits)
-        if plain:
-            boundary.beside(entries, name)
+        boundary.beside(entries, name)  # a boundary that agreed is not judged beside it
         confirmer, rerun = reruns[name]  # the headline's third number: a plain float64 cast
         out["schedules"][name]["confirmation"]["float64"] = confirmer.plain(rerun)
         fd = worst.first_departure

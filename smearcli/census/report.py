@@ -9,14 +9,14 @@ from __future__ import annotations
 import re
 from typing import Optional, Sequence
 
-from ..verdicts import BUG, CRASHED, INCONCLUSIVE, NOT_BUILT, NOT_RUN, OK, UNCONFIRMED
+from ..verdicts import BUG, CRASHED, INCONCLUSIVE, NOT_BUILT, NOT_JUDGED, NOT_JUDGED_WHY, NOT_RUN, OK, UNCONFIRMED
 from .shapes import LEFT_UNSUPPORTED
 
 SCHEMA = "smearcli.scan/1"
 ORDER = tuple(str(v) for v in (BUG, CRASHED, UNCONFIRMED, INCONCLUSIVE, OK, NOT_BUILT))
 FIELDS = ("model_type", "verdict", "worst_schedule", "max_abs", "multiple", "shape", "born_at", "init",
           "floor", "floor_source", "power", "confirmation", "model_class", "reason", "notes", "schedules", "steps",
-          "config", "reproducer", "reproducer_status", "report_draft", "wall_s", "boundaries")
+          "config", "reproducer", "reproducer_status", "report_draft", "wall_s", "boundaries", "transformers_version")
 PY_PATH = re.compile(r"\S*/([^/\s]+\.py:\d+)")  # "transformers/models/x/modeling_x.py:12" -> "modeling_x.py:12"
 BOUNDARIES = ("padded", "rollback")  # the boundaries every architecture also runs (check.boundary)
 
@@ -67,6 +67,8 @@ def boundary_cell(r: dict, name: str) -> str:
         text = f"bug {e.get('multiple') or 0:.2g}x"
     elif st in (CRASHED, NOT_RUN):
         text = f"{st}: {short_reason(e.get('why') or '') if st == CRASHED else e.get('why') or '?'}"
+    elif st == NOT_JUDGED:  # it agreed, but beside a failure no power check ran: no verdict of its own
+        text = f"{st}: {e.get('why') or NOT_JUDGED_WHY}"
     else:
         text = st
     return text + (f" ({e['mode']})" if e.get("mode") else "")
@@ -164,6 +166,9 @@ def boundaries_md(records: Sequence[dict]) -> list[str]:
     for name in BOUNDARIES:
         b = boundary_counts(records, name)
         out.append(f"- {name}: " + (", ".join(f"{n} {k}" for k, n in sorted(b.items())) or "not run") + ".")
+    if any(e.get("status") == NOT_JUDGED for r in records for e in (r.get("boundaries") or {}).values()):
+        out.append(f"- {NOT_JUDGED}: the boundary agreed, but {NOT_JUDGED_WHY} (or beside it), so the power "
+                   "check that an ok needs never ran.")
     rows = []
     for r in sorted(records, key=sort_key):
         for name in BOUNDARIES:

@@ -21,12 +21,13 @@ from pathlib import Path
 from typing import Optional
 
 from ..boundaries import PAD_ID, padded_length
+from ..impls.hf import api
 from ..names import DRAFT, GEN_LEN, NOISE_MARGIN, REJECT
 from ..wording import fmt_steps
 
-# what every reproducer builds its model and feeds its cache with (a template fragment: braces doubled)
-MODEL = '''KEYS = ("cache", "past_key_values", "cache_params", "state")
-
+# what every reproducer builds its model and feeds its cache with (a template fragment: braces
+# doubled); the cache API is detected by smearcli's own detector, embedded as source (`hf.api`)
+MODEL = api.standalone().replace("{", "{{").replace("}", "}}") + '''
 
 def build():
     cfg = transformers.CONFIG_MAPPING[MODEL_TYPE](**CONFIG)
@@ -36,17 +37,16 @@ def build():
 
 def step(model, ids, cache, pos):
     """One cached call over `ids` at position `pos`: (logits, the cache to pass next)."""
-    params = inspect.signature(model.forward).parameters
-    keyword = next(k for k in KEYS if k in params)
+    keyword = cache_keyword(model)
     kw = {{"use_cache": True}}
     if cache is not None:
         kw[keyword] = cache
-    if keyword == "cache_params" and "cache_position" in params:
+    if passes_cache_position(model, keyword):
         kw["cache_position"] = torch.arange(pos, pos + ids.size(1))
     o = model(input_ids=ids, **kw)
-    got = next((getattr(o, k) for k in KEYS if getattr(o, k, None) is not None), None)
+    got = out_cache(o)
     if got is None and cache is None:  # the model wants the caller to create its cache
-        kw[keyword] = got = transformers.DynamicCache(config=model.config)
+        kw[keyword] = got = caller_cache(model)
         o = model(input_ids=ids, **kw)
     return o.logits.float(), got if got is not None else cache
 '''

@@ -14,10 +14,11 @@ before transformers reads it).
 
 Each schedule runs through the model's own cache API: a first call without a cache and
 `use_cache=True` makes the model create its cache, which every later call passes back under the
-keyword the installed version's `forward` takes (`cache` in transformers 5.24; `past_key_values`
-or, for Mamba-style models, `cache_params` with `cache_position` in older releases, detected from
-the signature). The reference is one call with `use_cache=False`. Hidden states come from
-`output_hidden_states=True`. `HFRunner` is the model as a `smearcli.runner.Runner`, so
+keyword the installed release's `forward` takes (`cache` in transformers 5.24; `past_key_values`
+or, for Mamba-style models, `cache_params` with `cache_position` in 5.0), detected from the
+signature by `hf.api`, the one detector (the census and its reproducers use it too). Every
+release from 5.0 on is supported (`OLDEST`). The reference is one call with `use_cache=False`.
+Hidden states come from `output_hidden_states=True`. `HFRunner` is the model as a `smearcli.runner.Runner`, so
 `smearcli.compare` measures it like any other implementation.
 
 transformers is imported lazily, only here: nothing on the nanochat paths imports this module.
@@ -25,7 +26,6 @@ transformers is imported lazily, only here: nothing on the nanochat paths import
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Sequence
@@ -41,10 +41,12 @@ from ...runner import Described
 from ...schedules import ScheduleOptions
 from .load import load_dir, load_dir_with_notes, require_transformers  # noqa: F401 - re-exported
 from .cache_runner import CacheRunner
+from . import api
+from .api import KEYWORDS as CACHE_KEYWORDS  # noqa: F401 - the one list (`hf.api`), by its old name
 
 HF_SCHEDULES = ("prefill", "decode", "chunked", "speculative")
-CACHE_KEYWORDS = ("cache", "past_key_values", "cache_params", "state")  # newest first; RWKV: state
-TESTED_VERSIONS = ("5.24.0",)
+OLDEST = "5.0.0"  # the oldest release run end to end (tests/test_hf_releases.py installs it)
+TESTED_VERSIONS = ("5.0.0", "5.24.0")  # every release between was run too (docs/installation.md)
 
 
 # -- built-in tiny configs ------------------------------------------------------------------------
@@ -144,14 +146,11 @@ class CacheAPI:
 
 def cache_api(model) -> CacheAPI:
     """The keyword the installed model's forward takes its cache under, and whether cache_position
-    is passed (with `cache_params`, as older Mamba releases needed it for every cached step: the
-    rule `hf.cache_runner.CacheRunner` follows)."""
-    params = inspect.signature(model.forward).parameters
-    for kw in CACHE_KEYWORDS:
-        if kw in params:
-            return CacheAPI(kw, "cache_position" in params and kw == "cache_params")
-    raise UserError(f"{type(model).__name__}.forward takes none of {', '.join(CACHE_KEYWORDS)}: "
-                    "smearcli cannot pass its cache back")
+    is passed (`hf.api.detect`, the rule `hf.cache_runner.CacheRunner` follows)."""
+    found = api.detect(model)
+    if found is None:
+        raise UserError(f"{api.no_cache_reason(model)}: smearcli cannot pass its cache back")
+    return CacheAPI(found.keyword, found.cache_position)
 
 
 def _device(model) -> torch.device:

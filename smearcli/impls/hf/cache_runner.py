@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import inspect
 from typing import Optional, Sequence
 
 import torch
@@ -25,21 +24,8 @@ from ...state import KV, state_kinds
 from ...precision import float64_model
 from ...runner import COPY, CROP, PADDING, Described, Holder, Output, Runner
 from ...schedules import RunResult, run_schedule
-
-KEYWORDS = ("cache", "past_key_values", "cache_params", "state")  # newest first; RWKV: state
-
-
-def cache_keyword(model) -> Optional[str]:
-    params = inspect.signature(model.forward).parameters
-    return next((k for k in KEYWORDS if k in params), None)
-
-
-def out_cache(out):
-    for name in KEYWORDS:
-        c = getattr(out, name, None)
-        if c is not None:
-            return c
-    return None
+from . import api
+from .api import KEYWORDS, cache_keyword, out_cache  # noqa: F401 - the one detector, re-exported
 
 
 class CacheRunner(Runner):
@@ -55,13 +41,11 @@ class CacheRunner(Runner):
         self.model, self.layers, self.name = model, tuple(layers), name
         if crop:  # the caller found the cache croppable (`croppable`): rolled-back drafts crop it
             self.capabilities = type(self).capabilities | {CROP}
-        self.keyword = cache_keyword(model)
-        if self.keyword is None:
-            raise TypeError(f"{type(model).__name__}.forward takes none of {', '.join(KEYWORDS)}")
-        params = inspect.signature(model.forward).parameters
-        self.takes_positions = "position_ids" in params
-        self.takes_mask = "attention_mask" in params
-        self.cache_position = "cache_position" in params
+        found = api.detect(model)  # the release's cache API, read from the model's forward
+        if found is None:
+            raise TypeError(api.no_cache_reason(model))
+        self.keyword, self.cache_position = found.keyword, found.cache_position
+        self.takes_positions, self.takes_mask = found.positions, found.mask
         self.positions, self.mask = positions and self.takes_positions, mask and self.takes_mask
         self.dtype = next(model.parameters()).dtype
         self.device = next(model.parameters()).device
@@ -111,14 +95,12 @@ class CacheRunner(Runner):
             kw["position_ids"] = pos.unsqueeze(0).expand(B, -1)
         if self.mask:
             kw["attention_mask"] = torch.ones(B, cache.pos + n, dtype=torch.long, device=self.device)
-        if self.cache_position and self.keyword == "cache_params":
+        if self.cache_position:  # `api.passes_cache_position`: Mamba-style forwards of 5.0
             kw["cache_position"] = pos
         return kw
 
     def make_cache(self):
-        from transformers import DynamicCache
-
-        return DynamicCache(config=self.model.config)
+        return api.caller_cache(self.model)
 
     def step(self, tokens, cache: Holder, capture):
         B, n = tokens.shape
