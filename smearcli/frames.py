@@ -51,9 +51,13 @@ def where(frame: Frame) -> str:
 
 
 def in_package(package: str) -> Namer:
-    """Names a frame whose file lies in `package` (a folder of that name on its path) by `where`."""
+    """Names a frame whose file lies in `package` (a folder of that name on its path) from the
+    package on, wherever it is installed (site-packages, a `pip --target` folder, a checkout)."""
     def name(frame: Frame) -> Optional[str]:
-        return where(frame) if f"/{package}/" in _slashed(frame.filename) else None
+        path = _slashed(frame.filename)
+        if f"/{package}/" not in path:
+            return None
+        return f"{package}/{path.rsplit(f'/{package}/', 1)[1]}:{frame.lineno} in {frame.name}"
     return name
 
 
