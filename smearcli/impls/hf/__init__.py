@@ -46,7 +46,8 @@ from .api import KEYWORDS as CACHE_KEYWORDS  # noqa: F401 - the one list (`hf.ap
 
 HF_SCHEDULES = ("prefill", "decode", "chunked", "speculative")
 OLDEST = "5.0.0"  # the oldest release run end to end (tests/test_hf_releases.py installs it)
-TESTED_VERSIONS = ("5.0.0", "5.24.0")  # every release between was run too (docs/installation.md)
+# run end to end (compare --impl hf, scan); every release between had its cache API read
+TESTED_VERSIONS = ("5.0.0", "5.3.0", "5.4.0", "5.15.1", "5.23.0", "5.24.0")
 
 
 # -- built-in tiny configs ------------------------------------------------------------------------
