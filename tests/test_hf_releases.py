@@ -126,6 +126,22 @@ def test_the_runner_passes_the_cache_back_as_the_release_takes_it(cls):
         assert second["cache_position"] is None
 
 
+def test_the_caller_made_cache_takes_the_config_only_where_the_release_does(monkeypatch):
+    class WithConfig:
+        def __init__(self, config=None):
+            self.config = config
+
+    class Bare:
+        def __init__(self):
+            self.config = "none taken"
+    model = Out(config="the model's config")
+    tf = sys.modules["transformers"]  # building a model may re-import it: patch the one in use
+    monkeypatch.setattr(tf, "DynamicCache", WithConfig)
+    assert api.caller_cache(model).config == "the model's config"
+    monkeypatch.setattr(tf, "DynamicCache", Bare)
+    assert api.caller_cache(model).config == "none taken"
+
+
 # -- the reproducer detects with the same code ------------------------------------------------------
 def reproducer_namespace() -> dict:
     """The reproducer's model fragment, run as a reproducer runs it (no smearcli in it)."""

@@ -91,18 +91,3 @@ def detect(model) -> Optional[CacheAPI]:
 def no_cache_reason(model) -> str:
     """Why a model has no cache API smearcli can drive, in words."""
     return f"{type(model).__name__}.forward takes no cache (none of {', '.join(KEYWORDS)})"
-
-
-def cache_classes() -> list[str]:
-    """The cache classes the installed transformers exports (`transformers.cache_utils`), sorted:
-    what the release has, for the report (5.0: Cache, DynamicCache, EncoderDecoderCache, ...)."""
-    from transformers import cache_utils
-
-    return sorted(n for n, v in vars(cache_utils).items() if n.endswith("Cache") and isinstance(v, type))
-
-
-def version() -> str:
-    """The installed transformers release ("5.24.0")."""
-    import transformers
-
-    return transformers.__version__
