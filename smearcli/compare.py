@@ -32,7 +32,7 @@ from torch import Tensor
 from . import evidence, profile
 from .boundaries import SHAPES
 from .errors import CannotRun
-from .metrics import AnalyticCheck, NoiseFloor, RunMetrics, analytic_check, measure
+from .metrics import AnalyticCheck, NoiseFloor, RunMetrics, analytic_check, measure_all
 from .names import DEFAULT_SCHEDULES, LOGIC_NAMES, NOISE_MARGIN, ROLLBACK
 from .runner import Described, Runner
 from .runplan import collect, common_layers, forward_runs, plan, run_all  # noqa: F401 - plan and forward_runs: part of compare's API (the CLI's progress totals)
@@ -262,7 +262,7 @@ def compare(target, tokens: Tensor, schedules: Sequence[str] = DEFAULT_SCHEDULES
     f64 = evidence.Float64(ref_runner, tokens, capture=ref.hiddens is not None)  # floor and confirmations share it
     step("noise floor (float64)")
     floor = evidence.floor(ref_runner, ref, tokens, dtype, f64)
-    metrics = [measure(ref, r, floor, tolerance) for r in runs]
+    metrics = measure_all(ref, runs, floor, tolerance)
     by_label = {r.label: r for r in runners}
     pick = check_runs or (lambda m: not m.passed)
     analytic, checked = {}, {}
