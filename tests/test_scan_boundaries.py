@@ -1,4 +1,4 @@
-"""The scan runs the padded and rollback boundaries on every architecture (issue 23): a model that
+"""The scan runs the padded and rollback boundaries on every architecture: a model that
 lets padding leak into a row and a cache whose crop keeps the rejected draft are each a bug with
 the boundary's own shape; the tiny llama passes both; a runner that can neither crop nor copy, and
 a model that takes no attention mask, are reported as such; a pass on state never shown to matter
