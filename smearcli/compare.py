@@ -30,13 +30,12 @@ import torch
 from torch import Tensor
 
 from . import evidence, profile
-from .boundaries import SHAPES
 from .errors import CannotRun
 from .metrics import AnalyticCheck, NoiseFloor, RunMetrics, analytic_check, measure_all
-from .names import DEFAULT_SCHEDULES, LOGIC_NAMES, NOISE_MARGIN, ROLLBACK
+from .names import DEFAULT_SCHEDULES, LOGIC_NAMES, NOISE_MARGIN
 from .runner import Described, Runner
 from .runplan import collect, common_layers, forward_runs, plan, run_all  # noqa: F401 - plan and forward_runs: part of compare's API (the CLI's progress totals)
-from .schedules import RunResult, ScheduleOptions, missing, run_schedule, runnable
+from .schedules import RunResult, ScheduleOptions, missing, run_schedule, runnable, shape, shape_at
 from .units import sci, sig3, times
 from .verdicts import BUG, CRASHED, INCONCLUSIVE, OK, ROUNDING, UNCONFIRMED, Verdict, line
 from .wording import born_where, fmt_steps, starts_phrase
@@ -366,16 +365,12 @@ def verdict(c: Comparison) -> str:
 
 
 def shape_of(c: Comparison, m: RunMetrics) -> Optional[str]:
-    """The shape of a failing run of a boundary schedule (`boundaries.SHAPES`): always for packed
-    and padded; for rollback only when the error is born where a draft was taken back (born at the
+    """The shape of a failing run of a boundary schedule (`steps.Schedule.shape`), where the error
+    is born at one of its `shape_at` marks when the boundary names one (rollback: born at the
     prompt's end it is the chunk-start bug, not the rollback)."""
-    if m.schedule not in SHAPES:
-        return None
-    if m.schedule == "rollback":
-        run = next(r for r, x in zip(c.runs, c.metrics) if x is m)
-        born = c.born_at(m)
-        if born is None or born[1] not in run.marks.get(ROLLBACK, ()):
-            return None
-    return SHAPES[m.schedule]
-
-
+    words, at = shape(m.schedule), shape_at(m.schedule)
+    if words is None or at is None:
+        return words
+    run = next(r for r, x in zip(c.runs, c.metrics) if x is m)
+    born = c.born_at(m)
+    return words if born is not None and born[1] in run.marks.get(at, ()) else None

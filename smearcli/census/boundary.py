@@ -17,7 +17,9 @@ Both are measured against the same float32 full pass and float64 floor as every 
 Each gets an entry in the record's `boundaries` (`entry`): its status (`bug`, `crashed` with the
 frame in transformers, `not run` with why, or once the architecture's verdict is known `ok` /
 `inconclusive` / `passed`: a pass is only `ok` when the carried state was shown to matter), the
-numbers, the rollback's mode and, for a failure, the boundary's own shape (`boundaries.SHAPES`).
+numbers, the rollback's mode and, for a failure, the boundary's own shape (its `Schedule.shape`).
+Any other boundary registered with `census=True` (`schedules.census_schedules`) runs after these
+two on the same runner and gets an entry of its own (`run_others`).
 A step plan's failure heads the record before a boundary's (`beside`): the boundaries run cached
 steps too, and may fail with that plan's error.
 """
@@ -28,17 +30,25 @@ import dataclasses
 import traceback
 from typing import Optional
 
-from ..boundaries import SHAPES as BOUNDARY_SHAPES, rollback_mode
+from ..boundaries import rollback_mode
 from ..metrics import RunMetrics, measure
 from ..names import NOISE_MARGIN
-from ..schedules import ScheduleOptions, missing, run_schedule, runnable
+from ..schedules import ScheduleOptions, census_schedules, missing, run_schedule, runnable, shape
+from ..verdicts import CRASHED, NOT_RUN
 from ..impls.hf import cache_runner as hf_runner
 from .shapes import LEFT_UNSUPPORTED
 
-SCHEDULES = ("padded", "rollback")
 PADDED_ROWS = ("the row", "right-padded", "left-padded")  # the padded batch's rows (one input row)
-NOT_RUN, CRASHED, PASSED = "not run", "crashed", "passed"
+PASSED = "passed"  # a boundary that agreed, before the architecture's verdict is known (`settle`)
+OWN_HANDLING = ("padded", "rollback")  # the boundaries `run_boundaries` sets up by hand
 
+
+def __getattr__(name: str):
+    # `SCHEDULES`: the boundaries the scan runs, read from the registry when asked (a boundary
+    # registered after this module was imported is among them)
+    if name == "SCHEDULES":
+        return census_schedules()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def short_path(filename: str) -> str:
@@ -95,7 +105,7 @@ def run_one(runner, tokens, name: str, ref, noise, tolerance, opts=ScheduleOptio
         return None, None, entry(CRASHED, why=transformers_frame(e))
     m = measured(ref, run, noise, tolerance)
     return m, run, entry(PASSED if m.passed else "bug", max_abs=m.max_abs_logits, multiple=m.logits_multiple,
-                         shape=None if m.passed else BOUNDARY_SHAPES[name])
+                         shape=None if m.passed else shape(name))
 
 
 def run_boundaries(model, make, layers, tokens, ref, noise, tolerance: float = NOISE_MARGIN):
@@ -141,7 +151,21 @@ def run_boundaries(model, make, layers, tokens, ref, noise, tolerance: float = N
         notes += [n for n in run.notes if n.startswith("rollback")]
     if entries["padded"]["status"] in (NOT_RUN, CRASHED):
         notes.append(f"padded {entries['padded']['status']}: {entries['padded']['why']}")
+    run_others(runner, tokens, ref, noise, tolerance, (ms, entries, steps, notes, used))
     return ms, entries, steps, notes, used
+
+
+def run_others(runner, tokens, ref, noise, tolerance, out) -> None:
+    """Every other census boundary on the scan's runner, into `run_boundaries`' five dicts."""
+    ms, entries, steps, notes, used = out
+    for name in census_schedules():
+        if name in OWN_HANDLING:
+            continue
+        m, run, entries[name] = run_one(runner, tokens, name, ref, noise, tolerance)
+        if m is not None:
+            ms[name], steps[name], used[name] = m, run.steps, runner
+        elif entries[name]["status"] in (NOT_RUN, CRASHED):
+            notes.append(f"{name} {entries[name]['status']}: {entries[name]['why']}")
 
 
 def prepare_padded(runner, tokens, threshold: float) -> list[str]:
