@@ -172,7 +172,7 @@ def missing(runner, schedule: str) -> str:
     s, has = SCHEDULES[schedule], runner.capabilities
     own = runner.runs_itself  # an engine that runs whole schedules: those it names, no others
     if own is not None and schedule not in own and schedule != REFERENCE:
-        return f"it runs only {', '.join(sorted(own))} itself"
+        return f"it runs only {', '.join(n for n in SCHEDULES if n in own)} itself"
     if s.needs_one_of and not s.needs_one_of & has:
         return f"it can neither {' nor '.join(sorted(s.needs_one_of))} its cache"
     lacks = sorted(s.needs - has)

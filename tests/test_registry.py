@@ -53,8 +53,7 @@ def toy_prepare(spec, schedules, tolerance):
 
 @pytest.fixture
 def toy(monkeypatch):
-    impl = registry.Implementation("toy", "a toy model", toy_prepare,
-                                   schedules=("prefill", "decode", "chunked", "speculative"))
+    impl = registry.Implementation("toy", "a toy model", toy_prepare, runners=(Toy,))
     monkeypatch.setitem(registry.REGISTRY, "toy", impl)
     return impl
 
