@@ -311,7 +311,8 @@ def measure_power(runners: Sequence[Runner], reference: Optional[Runner], tokens
 
 def run_word(status: str) -> str:
     """A run's status as the tables print it."""
-    return {OK: "ok", BUG: "BUG", ROUNDING: "ok (rounding)", UNCONFIRMED: "unconfirmed"}.get(status, str(status))
+    return {OK: str(OK), BUG: str(BUG).upper(), ROUNDING: f"{OK} (rounding)", UNCONFIRMED: str(UNCONFIRMED)}.get(
+        status, str(status))
 
 
 def verdict(c: Comparison) -> str:

@@ -34,7 +34,7 @@ from ..boundaries import rollback_mode
 from ..metrics import RunMetrics, measure
 from ..names import NOISE_MARGIN
 from ..schedules import ScheduleOptions, census_schedules, missing, run_schedule, runnable, shape
-from ..verdicts import CRASHED, NOT_RUN
+from ..verdicts import BUG, CRASHED, INCONCLUSIVE, NOT_RUN, OK
 from ..impls.hf import cache_runner as hf_runner
 from .shapes import LEFT_UNSUPPORTED
 
@@ -104,7 +104,7 @@ def run_one(runner, tokens, name: str, ref, noise, tolerance, opts=ScheduleOptio
     except Exception as e:
         return None, None, entry(CRASHED, why=transformers_frame(e))
     m = measured(ref, run, noise, tolerance)
-    return m, run, entry(PASSED if m.passed else "bug", max_abs=m.max_abs_logits, multiple=m.logits_multiple,
+    return m, run, entry(PASSED if m.passed else BUG, max_abs=m.max_abs_logits, multiple=m.logits_multiple,
                          shape=None if m.passed else shape(name))
 
 
@@ -124,7 +124,7 @@ def run_boundaries(model, make, layers, tokens, ref, noise, tolerance: float = N
         if m is not None:
             ms["padded"], steps["padded"], used["padded"] = m, run.steps, runner
             e["rows"] = dict(zip(PADDED_ROWS, (float(x) for x in (run.logits - ref.logits).abs().amax(dim=(1, 2)))))
-            if e["status"] == "bug":
+            if e["status"] == BUG:
                 thr = tolerance * noise.per_layer[-1]
                 said = said + why_padded(e["rows"], thr, e["positions"])
                 if left_only(e["rows"], thr) and not getattr(runner, "takes_positions", False):
@@ -229,7 +229,7 @@ def settle(entries: dict, verdict: str) -> dict:
     """Entries that passed take the architecture's verdict when it is ok or inconclusive (a pass
     on state never shown to matter is no ok), and stay `passed` beside another schedule's bug."""
     for e in entries.values():
-        if e["status"] == PASSED and verdict in ("ok", "inconclusive"):
+        if e["status"] == PASSED and verdict in (OK, INCONCLUSIVE):
             e["status"] = verdict
     return entries
 
@@ -238,6 +238,6 @@ def beside(entries: dict, worst: str) -> dict:
     """A failed boundary beside a failing step plan says it may be that plan's error: its cached
     steps may fail without any padding or rollback."""
     for e in entries.values():
-        if e["status"] == "bug":
+        if e["status"] == BUG:
             e["why"] = "; ".join(filter(None, [e["why"], f"{worst!r} fails too, without this boundary"]))
     return entries
