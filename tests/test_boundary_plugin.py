@@ -125,7 +125,7 @@ def census_llama():
 
 
 def test_the_census_runs_the_toy_and_writes_its_reproducer(toy, tmp_path):
-    from smearcli.census import boundary, repro
+    from smearcli.census import boundary, report, repro
     from smearcli.census.check import OK, check_model
 
     model, cfg, ids, plans = census_llama()
@@ -133,6 +133,9 @@ def test_the_census_runs_the_toy_and_writes_its_reproducer(toy, tmp_path):
     out = check_model(model, ids, plans)
     assert out["verdict"] == OK and out["boundaries"][TOY]["status"] == OK, out
     assert out["schedules"][TOY]["passed"]
+    md = report.markdown([{"model_type": "llama", **out}])  # its column and its line of the section
+    assert f"padded / rollback / {TOY} |" in md and f"## Padded, rollback and {TOY}" in md
+    assert f"- {TOY}: 1 {OK}." in md
     record = {"model_type": "llama", "model_class": out["model_class"], "worst_schedule": TOY,
               "steps": [half(ids.size(1))], "boundaries": out["boundaries"]}
     path = repro.write(record, cfg, tmp_path / "llama-copied.py", schedule=TOY)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from typing import Optional, Sequence
 
+from ..schedules import census_schedules  # the boundaries every architecture also runs (check.boundary)
 from ..verdicts import BUG, CRASHED, INCONCLUSIVE, NOT_BUILT, NOT_RUN, OK, UNCONFIRMED
 from .shapes import LEFT_UNSUPPORTED
 
@@ -18,7 +19,6 @@ FIELDS = ("model_type", "verdict", "worst_schedule", "max_abs", "multiple", "sha
           "floor", "floor_source", "power", "confirmation", "model_class", "reason", "notes", "schedules", "steps",
           "config", "reproducer", "reproducer_status", "report_draft", "wall_s", "boundaries")
 PY_PATH = re.compile(r"\S*/([^/\s]+\.py:\d+)")  # "transformers/models/x/modeling_x.py:12" -> "modeling_x.py:12"
-BOUNDARIES = ("padded", "rollback")  # the boundaries every architecture also runs (check.boundary)
 
 
 def counts(records: Sequence[dict]) -> dict[str, int]:
@@ -104,7 +104,7 @@ def table(records: Sequence[dict], width: int = 80) -> str:
         out.append(line([r["model_type"], v, r.get("worst_schedule") or "-", _err(r),
                          detail or "-", (r.get("born_at") or "-").split("@")[-1]]))
     c = counts(records)
-    for name in BOUNDARIES:
+    for name in census_schedules():
         b = boundary_counts(records, name)
         if b:
             out.append(_cut(f"{name}: " + ", ".join(f"{n} {k}" for k, n in sorted(b.items())), width))
@@ -141,7 +141,7 @@ def markdown(records: Sequence[dict], meta: Optional[dict] = None) -> str:
         out.append("")
     out += boundaries_md(records)
     out += ["## Every architecture", "", "| architecture | verdict | worst schedule | error | shape or reason | "
-            "padded / rollback |", "|---|---|---|---|---|---|"]
+            f"{' / '.join(census_schedules())} |", "|---|---|---|---|---|---|"]
     for r in sorted(records, key=sort_key):
         why = r.get("shape") or r.get("reason") or "; ".join(
             n for n in (r.get("notes") or []) if n.startswith(("would see", "power not")) or "rounding" in n) or ""
@@ -149,7 +149,7 @@ def markdown(records: Sequence[dict], meta: Optional[dict] = None) -> str:
         why = why.replace("|", "/").replace("\n", " ")[:120]
         # one column for both (the section above lists every one that is not ok, with why): the
         # page keeps its width at 1280 px
-        cells = " / ".join(boundary_cell(r, b).replace("|", "/")[:40] for b in BOUNDARIES)
+        cells = " / ".join(boundary_cell(r, b).replace("|", "/")[:40] for b in census_schedules())
         out.append(f"| {r['model_type']} | {r.get('verdict')} | {r.get('worst_schedule') or '-'} | {_err(r)} | {why} | "
                    f"{cells} |")
     return "\n".join(out) + "\n"
@@ -160,13 +160,14 @@ def boundaries_md(records: Sequence[dict]) -> list[str]:
     architecture where one failed, crashed, did not run or could not be left-padded, with why."""
     if not any(r.get("boundaries") for r in records):
         return []
-    out = ["## Padded and rollback", ""]
-    for name in BOUNDARIES:
+    *rest, last = census_schedules()
+    out = [f"## {', '.join(rest).capitalize()} and {last}" if rest else f"## {last.capitalize()}", ""]
+    for name in census_schedules():
         b = boundary_counts(records, name)
         out.append(f"- {name}: " + (", ".join(f"{n} {k}" for k, n in sorted(b.items())) or "not run") + ".")
     rows = []
     for r in sorted(records, key=sort_key):
-        for name in BOUNDARIES:
+        for name in census_schedules():
             e = (r.get("boundaries") or {}).get(name) or {}
             if e.get("status") in (BUG, UNCONFIRMED, CRASHED, NOT_RUN, LEFT_UNSUPPORTED):
                 why = (e.get("shape") or "") + ("; " if e.get("shape") and e.get("why") else "") + (e.get("why") or "")
