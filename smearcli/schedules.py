@@ -55,21 +55,22 @@ from .errors import CannotRun
 from .names import REFERENCE, SCHEDULE_NAMES
 from .runner import EXPAND, PREFIX_CACHE, Runner
 from .steps import (CACHE_COPY, CHUNK_START, CRASHED, PREFIX_HIT, UNCHECKED, Ran, Repro,  # noqa: F401 - the
-                    RunResult, Schedule, ScheduleOptions, chunk_plan, feed, prompt_len, run_steps,  # schedules' API
-                    split_even, stitch)
+                    RunResult, Schedule, ScheduleOptions, chunk_plan, prompt_len, split_even)  # schedules' API
 
+
+# -- the built-in schedules' runs -------------------------------------------------------------------
 
 def _full(runner, tokens, opts, capture, on_step=None):
     out = runner.forward(tokens, capture)
     if on_step is not None:
         on_step(tokens.size(1))
-    return Ran(out.logits.float(), stitch([out.hiddens], 1) if capture else None, [tokens.size(1)])
+    return Ran(out.logits.float(), _stitch([out.hiddens], 1) if capture else None, [tokens.size(1)])
 
 
 def _stepped(plan: Callable[[int, ScheduleOptions], list[int]]):
     def run(runner, tokens, opts, capture, on_step=None):
         steps = plan(tokens.size(1), opts)
-        logits, hiddens = feed(runner, tokens, steps, capture, on_step=on_step)
+        logits, hiddens = _run_steps(runner, tokens, steps, capture, on_step=on_step)
         return Ran(logits, hiddens, steps)
     return run
 
@@ -94,12 +95,12 @@ def _engine(runner, tokens, opts, capture, on_step=None):
         # 2) copy the cache (the smear state included) into S rows, then decode the rest
         cS = runner.expand(c1, S, T)
         rest = tokens[b:b + 1, P:].expand(S, -1)
-        _, hd = feed(runner, rest, [1] * (T - P), capture, cache=cS,
+        _, hd = _run_steps(runner, rest, [1] * (T - P), capture, cache=cS,
                      on_step=on_step if b == B - 1 else None, out=rows[:, P:])
         if capture:
             hidden_rows.append(None if first.hiddens is None or hd is None else
                                [torch.cat([p.float().expand(S, -1, -1), d], dim=1) for p, d in zip(first.hiddens, hd)])
-    hiddens = stitch(hidden_rows, 0) if capture else None
+    hiddens = _stitch(hidden_rows, 0) if capture else None
     return Ran(logits, hiddens, [P] + [1] * (T - P), {CACHE_COPY: [P]})
 
 
@@ -131,6 +132,67 @@ def plan_steps(schedule: str, T: int, opts: ScheduleOptions = ScheduleOptions())
     if schedule not in STEP_PLANS:
         raise ValueError(f"schedule {schedule!r} is not a plain sequence of steps; choose from {', '.join(STEP_PLANS)}")
     return STEP_PLANS[schedule](T, opts)
+
+
+# -- the step loop --------------------------------------------------------------------------------
+# Every step-driven schedule ends here: the runner's cached steps, each one's outputs written where
+# they belong; a step whose logits do not cover its tokens is refused, naming the runner.
+
+def _run_steps(runner: Runner, tokens: Tensor, steps: list[int], capture: bool,
+               cache=None, on_step=None, out=None) -> tuple[Tensor, Optional[list[Tensor]]]:
+    """Feed `tokens` (B, T) through the runner's cache in steps; each step's outputs are written
+    where they belong in one (B, T, ...) fp32 tensor per output, so nothing is concatenated (at
+    d12 and 1024 tokens a logits row is 256 MB). `out`: the logits tensor to write into (a view of
+    a larger one, as the engine schedule gives); `on_step(n)` is called after each step of n tokens."""
+    B, T = tokens.shape
+    if cache is None:
+        cache = runner.new_cache(B, T)
+    logits, hiddens, depth = out, None, None  # hiddens: None until a step returns them, [] if one did not
+    pos = 0
+    for n in steps:
+        step = runner.step(tokens[:, pos:pos + n], cache, capture)
+        if step.logits.shape[:2] != (B, n):
+            raise ValueError(f"{runner.label}: a step over {n} tokens returned logits of shape "
+                             f"{tuple(step.logits.shape)}")
+        if logits is None:
+            logits = step.logits.new_empty((B, T) + tuple(step.logits.shape[2:]), dtype=torch.float32)
+        logits[:, pos:pos + n] = step.logits
+        if capture:
+            got = step.hiddens
+            if got is None or hiddens == []:
+                hiddens = []  # one step without hidden states: the run has none
+            else:
+                if depth is None:
+                    depth = len(got)
+                    hiddens = [h.new_empty((B, T) + tuple(h.shape[2:]), dtype=torch.float32) for h in got]
+                if len(got) != depth:
+                    raise ValueError("steps returned different numbers of hidden states")
+                for buf, h in zip(hiddens, got):
+                    buf[:, pos:pos + n] = h
+        pos += n
+        if on_step is not None:
+            on_step(n)
+    assert pos == T
+    return logits, (hiddens or None) if capture else None
+
+
+def run_steps(runner: Runner, tokens: Tensor, steps, capture: bool = False, schedule: str = "steps") -> RunResult:
+    """`tokens` (B, T) fed through a fresh cache in any plan of `steps` (a census fuzzes them),
+    without gradients, as a RunResult named `schedule`."""
+    with torch.inference_mode():
+        logits, hiddens = _run_steps(runner, tokens, list(steps), capture)
+    return RunResult(schedule, runner.label, logits, hiddens, list(steps), list(range(tokens.size(0))))
+
+
+def _stitch(parts: list, dim: int) -> Optional[list[Tensor]]:
+    """Concatenate per-step hidden-state lists along `dim`; None when any step had none."""
+    if not parts or any(p is None for p in parts):
+        return None
+    depth = {len(p) for p in parts}
+    if len(depth) != 1:
+        raise ValueError("steps returned different numbers of hidden states")
+    return [torch.cat([p[i].float() for p in parts], dim=dim) for i in range(depth.pop())]
+
 
 
 # -- the registry ---------------------------------------------------------------------------------

@@ -1,9 +1,9 @@
-"""What every schedule is made of: its options, its result, the step loop, and the `Schedule`
+"""What every schedule is made of: its options, its result, and the `Schedule`
 record that registers one (`smearcli.schedules` holds the registry).
 
 A schedule's `run(runner, tokens, opts, capture, on_step)` returns a `Ran`: the logits (and, on
 request, every captured hidden state) laid out as if the whole sequence had run at once, the step
-sizes it fed, and the boundaries it crossed by kind. `smearcli.schedules.run_schedule` turns that
+sizes it fed, and the boundaries it crossed by kind (`schedules.run_steps` is the step loop). `smearcli.schedules.run_schedule` turns that
 into the `RunResult` every caller measures. A boundary's `Schedule` also carries what the rest of
 the project says about it: the shape of its failure, the words its marks get in a figure, whether
 the census runs it, and its part of the census's standalone reproducer (`Repro`).
@@ -14,7 +14,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, NamedTuple, Optional
 
-import torch
 from torch import Tensor
 
 from .names import CHUNKS, DRAFT, GEN_LEN, REJECT, SAMPLES
@@ -119,63 +118,6 @@ def prompt_len(T: int, opts: ScheduleOptions) -> int:
     if T < 2:
         raise ValueError("engine and speculative schedules need at least 2 tokens")
     return T - min(opts.gen_len, T - 1)
-
-
-def feed(runner: Runner, tokens: Tensor, steps: list[int], capture: bool,
-               cache=None, on_step=None, out=None) -> tuple[Tensor, Optional[list[Tensor]]]:
-    """Feed `tokens` (B, T) through the runner's cache in steps; each step's outputs are written
-    where they belong in one (B, T, ...) fp32 tensor per output, so nothing is concatenated (at
-    d12 and 1024 tokens a logits row is 256 MB). `out`: the logits tensor to write into (a view of
-    a larger one, as the engine schedule gives); `on_step(n)` is called after each step of n tokens."""
-    B, T = tokens.shape
-    if cache is None:
-        cache = runner.new_cache(B, T)
-    logits, hiddens, depth = out, None, None  # hiddens: None until a step returns them, [] if one did not
-    pos = 0
-    for n in steps:
-        step = runner.step(tokens[:, pos:pos + n], cache, capture)
-        if step.logits.shape[:2] != (B, n):
-            raise ValueError(f"{runner.label}: a step over {n} tokens returned logits of shape "
-                             f"{tuple(step.logits.shape)}")
-        if logits is None:
-            logits = step.logits.new_empty((B, T) + tuple(step.logits.shape[2:]), dtype=torch.float32)
-        logits[:, pos:pos + n] = step.logits
-        if capture:
-            got = step.hiddens
-            if got is None or hiddens == []:
-                hiddens = []  # one step without hidden states: the run has none
-            else:
-                if depth is None:
-                    depth = len(got)
-                    hiddens = [h.new_empty((B, T) + tuple(h.shape[2:]), dtype=torch.float32) for h in got]
-                if len(got) != depth:
-                    raise ValueError("steps returned different numbers of hidden states")
-                for buf, h in zip(hiddens, got):
-                    buf[:, pos:pos + n] = h
-        pos += n
-        if on_step is not None:
-            on_step(n)
-    assert pos == T
-    return logits, (hiddens or None) if capture else None
-
-
-def run_steps(runner: Runner, tokens: Tensor, steps, capture: bool = False, schedule: str = "steps") -> RunResult:
-    """`tokens` (B, T) fed through a fresh cache in any plan of `steps` (a census fuzzes them),
-    without gradients, as a RunResult named `schedule`."""
-    with torch.inference_mode():
-        logits, hiddens = feed(runner, tokens, list(steps), capture)
-    return RunResult(schedule, runner.label, logits, hiddens, list(steps), list(range(tokens.size(0))))
-
-
-def stitch(parts: list, dim: int) -> Optional[list[Tensor]]:
-    """Concatenate per-step hidden-state lists along `dim`; None when any step had none."""
-    if not parts or any(p is None for p in parts):
-        return None
-    depth = {len(p) for p in parts}
-    if len(depth) != 1:
-        raise ValueError("steps returned different numbers of hidden states")
-    return [torch.cat([p[i].float() for p in parts], dim=dim) for i in range(depth.pop())]
-
 
 
 class Ran(NamedTuple):
