@@ -231,13 +231,17 @@ def missing(runner, schedule: str) -> str:
     """What `runner` lacks for `schedule`, in words ("it needs: expand", "it can neither crop nor
     copy its cache"), or "" when it can run it. `runner`: a Runner or a Runner class (what it
     declares: the CLI asks before any model is built)."""
-    s, has = SCHEDULES[schedule], runner.capabilities
+    s = SCHEDULES[schedule]
+    if isinstance(runner, type):
+        has = lambda c: c in runner.capabilities  # noqa: E731
+    else:
+        has = runner.can
     own = runner.runs_itself  # an engine that runs whole schedules: those it names, no others
     if own is not None and schedule not in own and schedule != REFERENCE:
         return f"it runs only {', '.join(n for n in SCHEDULES if n in own)} itself"
-    if s.needs_one_of and not s.needs_one_of & has:
+    if s.needs_one_of and not any(has(c) for c in s.needs_one_of):
         return f"it can neither {' nor '.join(sorted(s.needs_one_of))} its cache"
-    lacks = sorted(s.needs - has)
+    lacks = sorted(c for c in s.needs if not has(c))
     return "it needs: " + ", ".join(lacks) if lacks else ""
 
 
