@@ -194,10 +194,22 @@ def _stitch(parts: list, dim: int) -> Optional[list[Tensor]]:
     return [torch.cat([p[i].float() for p in parts], dim=dim) for i in range(depth.pop())]
 
 
-
 # -- the registry ---------------------------------------------------------------------------------
 
-SCHEDULES: dict[str, Schedule] = {}
+BUILT_IN = (
+    Schedule("full", "one forward pass, no cache (the reference)", _full),
+    Schedule("prefill", "one cached step over all tokens", _stepped(STEP_PLANS["prefill"])),
+    Schedule("decode", "one cached step per token", _stepped(STEP_PLANS["decode"])),
+    Schedule("chunked", "cached chunks: N near-equal ones, or explicit sizes", _stepped(chunk_plan)),
+    Schedule("engine", "batch-1 prefill, cache copied to `samples` rows, then `gen_len` one-token steps", _engine,
+             frozenset({EXPAND})),
+    Schedule("speculative", "prefill, then verify steps of `draft` tokens over the last `gen_len`", _stepped(STEP_PLANS["speculative"])),
+    *boundaries.BOUNDARIES,
+    Schedule("prefix", "a request for a prefix of whole blocks, then the sequence reading them from the prefix cache",
+             _engine_only, frozenset({PREFIX_CACHE})),
+)
+SCHEDULES: dict[str, Schedule] = {s.name: s for s in BUILT_IN}  # `register` adds to it
+assert tuple(SCHEDULES) == SCHEDULE_NAMES
 
 
 def register(schedule: Schedule) -> Schedule:
@@ -209,22 +221,6 @@ def register(schedule: Schedule) -> Schedule:
 def unregister(name: str) -> None:
     """Take a registered schedule out again (a test's toy, a plug-in unloaded)."""
     SCHEDULES.pop(name)
-
-
-for _s in [
-    Schedule("full", "one forward pass, no cache (the reference)", _full),
-    Schedule("prefill", "one cached step over all tokens", _stepped(STEP_PLANS["prefill"])),
-    Schedule("decode", "one cached step per token", _stepped(STEP_PLANS["decode"])),
-    Schedule("chunked", "cached chunks: N near-equal ones, or explicit sizes", _stepped(chunk_plan)),
-    Schedule("engine", "batch-1 prefill, cache copied to `samples` rows, then `gen_len` one-token steps", _engine,
-             frozenset({EXPAND})),
-    Schedule("speculative", "prefill, then verify steps of `draft` tokens over the last `gen_len`", _stepped(STEP_PLANS["speculative"])),
-    *boundaries.BOUNDARIES,
-    Schedule("prefix", "a request for a prefix of whole blocks, then the sequence reading them from the prefix cache",
-             _engine_only, frozenset({PREFIX_CACHE})),
-]:
-    register(_s)
-assert tuple(SCHEDULES) == SCHEDULE_NAMES
 
 
 def missing(runner, schedule: str) -> str:

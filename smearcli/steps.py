@@ -1,12 +1,12 @@
-"""What every schedule is made of: its options, its result, and the `Schedule`
-record that registers one (`smearcli.schedules` holds the registry).
+"""What every schedule is made of: its options, its result, and the `Schedule` record that
+registers one (`smearcli.schedules` holds the registry and the step loop, `run_steps`).
 
 A schedule's `run(runner, tokens, opts, capture, on_step)` returns a `Ran`: the logits (and, on
 request, every captured hidden state) laid out as if the whole sequence had run at once, the step
-sizes it fed, and the boundaries it crossed by kind (`schedules.run_steps` is the step loop). `smearcli.schedules.run_schedule` turns that
-into the `RunResult` every caller measures. A boundary's `Schedule` also carries what the rest of
-the project says about it: the shape of its failure, the words its marks get in a figure, whether
-the census runs it, and its part of the census's standalone reproducer (`Repro`).
+sizes it fed, and the boundaries it crossed by kind; `schedules.run_schedule` turns that into the
+`RunResult` every caller measures. A boundary's `Schedule` also carries what the rest of the
+project says about it: the shape of its failure, the words its marks get in a figure, whether the
+census runs it, and its part of the census's standalone reproducer (`Repro`).
 """
 
 from __future__ import annotations
@@ -125,7 +125,7 @@ class Ran(NamedTuple):
     logits: Tensor  # (R, T, V) fp32
     hiddens: Optional[list[Tensor]]
     steps: list[int]
-    marks: dict = {}  # boundaries the schedule adds: kind -> positions
+    marks: dict = {}  # boundaries the schedule adds: kind -> positions (never mutated: run_schedule copies it)
     starts: Optional[list[int]] = None  # chunk starts, where the steps' running sums are not
     notes: tuple[str, ...] = ()
 
