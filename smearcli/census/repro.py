@@ -9,8 +9,9 @@ than `MARGIN` x the floor and keeps at least half that size lifted, 0 once it is
 the error was float32 rounding). A finding of a registered boundary (padded, rollback) gets
 `BOUNDARY` instead, around the boundary's own fragment (`steps.Repro`: the row beside its prefix
 right- and left-padded in one batch with the mask, or the prefill then drafts partly rejected and
-the cache cropped or restored from a copy), against the row alone. `run(path)` runs it in an isolated Python (`-I`: no PYTHONPATH,
-no user site) and returns the exit status, which the scan records.
+the cache cropped or restored from a copy), against the row alone. `run(path)` runs it in an
+isolated Python (`-I`: no PYTHONPATH, no user site) and returns the exit status, which the scan
+records.
 """
 
 from __future__ import annotations

@@ -72,8 +72,8 @@ def schedules_for(spec, impl: Implementation, allow_reference: bool = False) -> 
     default = spec.schedules == ",".join(DEFAULT_SCHEDULES)
     cannot = [s for s in listed if s not in can]
     if cannot and not default:
-        raise UserError(f"--schedules: {', '.join(cannot)} cannot run with --impl {impl.name} ({why_not(impl, cannot)}); "
-                        f"choose from {', '.join(s for s in can if s != 'full')}")
+        raise UserError(f"--schedules: {', '.join(cannot)} cannot run with --impl {impl.name} "
+                        f"({why_not(impl, cannot)}); choose from {', '.join(s for s in can if s != 'full')}")
     if default:  # the default: every schedule it can run, those only engines run (prefix) included
         listed = [s for s in can if s in listed or (s in ENGINE_SCHEDULES and s in can)]
     return [s for s in listed if s in can]
