@@ -185,9 +185,20 @@ def test_a_crop_their_api_refuses_is_refused_and_changes_no_verdict(monkeypatch)
 
 
 def test_a_cache_with_no_crop_is_refused_not_a_failure():
-    runner = CacheRunner.__new__(CacheRunner)  # crop() reads the cache alone
-    with pytest.raises(hf_runner.CropRefused, match="has no crop"):
+    runner = CacheRunner(tiny("llama")[0], crop=True)
+    with pytest.raises(hf_runner.CropRefused, match="list has no crop"):
         runner.crop(Holder([torch.zeros(1)], True, 4), 2)
+
+
+def test_a_cache_with_no_recording_api_is_refused_and_generate_makes_none():
+    """RWKV passes its state back as a list: no `activate_past_recording`, no `crop`. Their crop is
+    refused, the copy decides, and the record says why generate() would refuse it too."""
+    model, cfg = tiny("rwkv")
+    out = scan(model, cfg)
+    e = out["boundaries"]["rollback"]
+    assert e["their_crop"]["status"] == REFUSED and "has no activate_past_recording" in e["their_crop"]["why"]
+    assert e["mode"] == "copy" and e["status"] == e["copy"]["status"]
+    assert "_is_stateful" in e["generate_refuses"] and "generate makes no cache" in e["generate_refuses"]
 
 
 @pytest.mark.slow

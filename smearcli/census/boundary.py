@@ -211,7 +211,8 @@ def result(way: Rolled) -> dict:
     return {k: way.entry.get(k) for k in ("status", "max_abs", "multiple", "why", "confirmation")}
 
 
-def said(e: dict) -> str:
+def in_words(e: dict) -> str:
+    """One way's result in a few words: "bug 2.1e+04x", "within the floor", "refused (why)"."""
     st = e["status"]
     if st in (BUG, UNCONFIRMED):
         return f"{st} {e['multiple'] or 0:.2g}x"
@@ -226,7 +227,7 @@ def summary(ways: dict, refuses: Optional[str]) -> Optional[str]:
         return None
     if crop["status"] == copy["status"] == NOT_RUN and crop["why"] == copy["why"]:
         return None  # the runner can take nothing back: the entry's own why says it
-    out = f"their crop: {said(crop)}, copy: {said(copy)}"
+    out = f"their crop: {in_words(crop)}, copy: {in_words(copy)}"
     if refuses and crop["status"] != PASSED:
         out += f"; generate() refuses assisted decoding: {refuses}"
     return out
@@ -234,12 +235,7 @@ def summary(ways: dict, refuses: Optional[str]) -> Optional[str]:
 
 def generate_refuses(runner, tokens) -> Optional[str]:
     """Why `generate()` refuses assisted decoding for the model (`hf_runner.assisted_refusal`), or None."""
-    if not isinstance(runner, hf_runner.CacheRunner):
-        return None
-    try:
-        return hf_runner.assisted_refusal(runner, tokens)
-    except Exception as e:  # generate's own calls raise where our probe does
-        return f"its first forward on the cache generate makes raises ({transformers_frame(e)})"
+    return hf_runner.assisted_refusal(runner, tokens) if isinstance(runner, hf_runner.CacheRunner) else None
 
 
 def prepare_padded(runner, tokens, threshold: float) -> list[str]:

@@ -263,10 +263,17 @@ def assisted_refusal(runner: CacheRunner, tokens: Tensor) -> Optional[str]:
         why.append("generate makes no cache for it (\"Assisted decoding requires a cache\")")
     probe = CacheRunner(model, crop=True)
     held = probe.new_cache(tokens.size(0), tokens.size(1))
-    with torch.inference_mode():
-        probe.step(tokens[:, :2], held, False)
-    if getattr(held.inner, "is_croppable", True) is False:
-        why.append(f"its {type(held.inner).__name__}.is_croppable is False after the prefill{uncroppable(held.inner)}")
+    try:
+        with torch.inference_mode():
+            probe.step(tokens[:, :2], held, False)
+    except CropRefused as e:  # generate calls activate_past_recording() on whatever cache it has
+        why.append(f"its cache has no recording API ({e})")
+    except Exception as e:
+        why.append(f"the prefill on the cache generate makes raises ({type(e).__name__}: {first_line(e)})")
+    else:
+        if getattr(held.inner, "is_croppable", True) is False:
+            why.append(f"its {type(held.inner).__name__}.is_croppable is False after the prefill"
+                       f"{uncroppable(held.inner)}")
     return "; ".join(why) or None
 
 
