@@ -1,10 +1,11 @@
 """The built-in boundaries' parts of the census's standalone reproducer (`steps.Repro`): Python
 source that needs torch and transformers only, as `smearcli.census.repro` pastes it after the
-reproducer's `step(model, ids, cache, pos)` and its constants `T` and `SCHEDULE`. Each is a
+reproducer's `step(model, ids, cache, pos)`, `their_crop(model, ids)` (rollback through their
+cache API, `census.repro.their_crop_fragment`) and its constants `T` and `SCHEDULE`. Each is a
 `str.format` template (braces doubled) over the fields its `values` gives
 (`smearcli.boundaries` pairs them); each defines a function named after its schedule."""
 
-PADDED = '''L, PAD_ID, POSITIONS = {padded_len!r}, {pad_id!r}, {positions!r}  # real tokens, pad id, position_ids
+PADDED = '''L, PAD_ID, POSITIONS = {padded_len!r}, {pad_id!r}, {positions!r}  # padded: real tokens, pad id, position_ids
 
 
 def padded(model, ids):
@@ -23,10 +24,16 @@ def padded(model, ids):
     return torch.stack([x[0], torch.cat([x[1, :L], x[0, L:]]), torch.cat([x[2, T - L:], x[0, L:]])])
 '''
 
-ROLLBACK = '''PROMPT, DRAFT, REJECT, MODE = {prompt!r}, {draft!r}, {reject!r}, {mode!r}  # MODE: crop or copy
+ROLLBACK = '''PROMPT, DRAFT, REJECT, MODE = {prompt!r}, {draft!r}, {reject!r}, {mode!r}  # rollback: crop or copy
 
 
 def rollback(model, ids):
+    """Crop: through their cache API as assisted generation takes drafts back (`their_crop`); copy:
+    restored from a copy taken before each draft."""
+    return (their_crop if MODE == "crop" else restored)(model, ids)
+
+
+def restored(model, ids):
     """A prefill, then drafts of DRAFT tokens whose last REJECT are wrong; the cache cropped back
     (MODE "crop") or restored from a copy taken before the draft ("copy")."""
     vocab = max(int(ids.max()) + 1, 2)

@@ -136,7 +136,7 @@ class Repro:
     imports torch and transformers only: `source` defines `def <name>(model, ids)` with the
     constants it reads, a `str.format` template (braces doubled) over the fields `values(entry, T)`
     gives from the boundary's census entry and the reproducer's length; it may call the
-    reproducer's `step(model, ids, cache, pos)`."""
+    reproducer's `step(model, ids, cache, pos)` and `their_crop(model, ids)`."""
     what: str  # the subject of the reproducer's docstring: "A prefill, then drafts ... cache,"
     source: str
     values: Callable[[dict, int], dict] = field(repr=False)

@@ -9,9 +9,10 @@ than `MARGIN` x the floor and keeps at least half that size lifted, 0 once it is
 the error was float32 rounding). A finding of a registered boundary (padded, rollback) gets
 `BOUNDARY` instead, around the boundary's own fragment (`steps.Repro`: the row beside its prefix
 right- and left-padded in one batch with the mask, or the prefill then drafts partly rejected and
-the cache cropped or restored from a copy), against the row alone. `run(path)` runs it in an
-isolated Python (`-I`: no PYTHONPATH, no user site) and returns the exit status, which the scan
-records.
+taken back through their cache API as assisted generation calls it (`their_crop_fragment`, which
+every boundary reproducer holds) or restored from a copy), against the row alone. `run(path)`
+runs it in an isolated Python (`-I`: no PYTHONPATH, no user site) and returns the exit status,
+which the scan records.
 """
 
 from __future__ import annotations
@@ -157,6 +158,50 @@ def schedule(model, ids):
 ''' + MAIN.replace("{length}", "sum(STEPS)").replace("{what}", "full pass vs the cached steps")
 
 
+
+def their_crop_fragment() -> str:
+    """The reproducers' `their_crop(model, ids)` (a template fragment, no braces): the rollback
+    schedule taken back through their cache API as transformers' assisted generation calls it
+    (`_assisted_decoding`, 5.24): the cache `generate()` makes, `activate_past_recording()` before
+    the prefill, then `cache.crop(-rejected)` after every forward, `crop(0)` where none was
+    rejected. The scan's crop-mode runner (`impls.hf.cache_runner`) makes the same calls."""
+    return '''def generation_cache(model):
+    """The cache generate() makes before the prefill, or None where it makes none."""
+    if not model._supports_default_dynamic_cache():
+        return None
+    cfg = model.config.get_text_config(decoder=True)
+    if model.config.is_encoder_decoder:
+        return transformers.EncoderDecoderCache(transformers.DynamicCache(config=cfg),
+                                                transformers.DynamicCache(config=cfg))
+    return transformers.DynamicCache(config=cfg)
+
+
+def their_crop(model, ids):
+    """A prefill, then drafts of DRAFT tokens whose last REJECT are wrong, each taken back with the
+    cache's own crop as assisted generation takes it back."""
+    vocab = max(int(ids.max()) + 1, 2)
+    made = generation_cache(model)
+    if made is not None:
+        made.activate_past_recording()  # generate: before the prefill
+    out, cache = step(model, ids[:, :PROMPT], made, 0)
+    if made is None:  # a cache the model made itself: recorded from the prefill on
+        cache.activate_past_recording()
+    cache.crop(0)  # generate crops after every forward: 0 tokens when none was rejected
+    logits, pos = [out], PROMPT
+    while pos < T:
+        n = min(DRAFT, T - pos)
+        keep = n if n < DRAFT else n - REJECT
+        draft = ids[:, pos:pos + n]
+        if keep < n:
+            draft = torch.cat([draft[:, :keep], (draft[:, keep:] + 1) % vocab], dim=1)
+        out, cache = step(model, draft, cache, pos)
+        logits.append(out[:, :keep])
+        cache.crop(keep - n)  # a negative count: the rejected tokens
+        pos += keep
+    return torch.cat(logits, dim=1)
+'''
+
+
 BOUNDARY = '''"""Reproducer: {model_type} ({model_class}) under transformers {version}.
 
 {what} should give the logits of the row alone (one full pass); found by smearcli scan:
@@ -181,6 +226,8 @@ MARGIN = {margin!r}  # an error this many times the float32 rounding floor is no
 
 
 ''' + MODEL + '''
+
+''' + their_crop_fragment() + '''
 {fragment}
 
 def schedule(model, ids):
