@@ -51,7 +51,7 @@ def sort_key(r: dict):
 
 
 COLUMNS = (("architecture", 16), ("verdict", 9), ("worst schedule", 20), ("error", 7), ("shape / why", 16),
-           ("born at", 6))
+           ("at pos", 6))  # the first position off (`born_at`); the module is on the line under a finding
 SHORT = {"state dropped at chunk starts": "state dropped", "decode path differs": "decode path",
          "positions restart": "positions", "context lost": "context lost", "mask wrong": "mask wrong",
          "padding leaks into a row": "padding leaks", "state not rolled back": "not rolled back"}
