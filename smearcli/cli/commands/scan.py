@@ -196,7 +196,8 @@ def scan(
     if not merge:  # one draft per root cause, naming every architecture it breaks
         from ...census import draft
 
-        draft.write_groups(records, {"transformers": info["transformers_version"], "torch": info["torch_version"]})
+        draft.write_groups(records, {"transformers": info.get("transformers_version", "?"),
+                                     "torch": info.get("torch_version", "?")})
     if json_out:
         sys.stdout.write(jsonsafe.dumps(report.document(records, info), indent=1, default=str) + "\n")
     else:
