@@ -97,6 +97,7 @@ def shared(recs: list[dict]) -> tuple[Optional[str], list[str]]:
 
 
 def entry(recs: list[dict]) -> dict:
+    """The group of these findings (sorted by name; see `groups`)."""
     first = recs[0]
     b = born(first)
     code, lines = shared(recs)
