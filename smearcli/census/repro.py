@@ -286,3 +286,19 @@ def run(path: Path, timeout: float = 300.0) -> tuple[int, str]:
         return -1, f"timed out after {timeout:g} s"
     lines = (p.stdout.strip() or p.stderr.strip()).splitlines()
     return p.returncode, lines[-1] if lines else ""
+
+
+GROUP_LINE = "The same code breaks: "
+
+
+def note_group(path: Path, others) -> None:
+    """A root cause's one reproducer (`groups`) names the other architectures it breaks, in its
+    docstring (rewritten, not added twice, when a scan runs again)."""
+    text = Path(path).read_text()
+    head, sep, rest = text.partition('\n"""\n')
+    if not sep:
+        return
+    head = "\n".join(x for x in head.split("\n") if not x.startswith(GROUP_LINE))
+    if others:
+        head += f"\n{GROUP_LINE}{', '.join(others)} (each with its own reproducer beside this one)."
+    Path(path).write_text(head + sep + rest)

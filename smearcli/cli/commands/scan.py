@@ -194,6 +194,11 @@ def scan(
     else:
         records = _run(out, jobs, part, resume, wanted, timeout, memory_mb, repro_dir, quiet)
     info = meta() | {"wall_s": round(time.monotonic() - t0, 1)}
+    if not merge:  # one draft per root cause, naming every architecture it breaks
+        from ...census import draft
+
+        draft.write_groups(records, {"transformers": info.get("transformers_version", "?"),
+                                     "torch": info.get("torch_version", "?")})
     if json_out:
         sys.stdout.write(jsonsafe.dumps(report.document(records, info), indent=1, default=str) + "\n")
     else:
