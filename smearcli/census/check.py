@@ -1,6 +1,8 @@
 """One architecture checked the way the scan checks every one (smearcli scan, issue 21).
 
-`check(model_type)` derives a tiny config (`derive`), builds the model seeded, and runs it:
+`check(model_type)` derives a tiny config (`derive`), one per layer kind with that kind as layer 0
+when there are several (`variants`: the worst order heads the record, `variants` lists each), builds
+the model seeded, and runs it:
 
 1. the reference is the full pass in float32; the noise floor is the full pass in float64 against
    it (`smearcli.evidence.floor`), so no schedule under test, decode included, can raise the floor;
@@ -21,9 +23,11 @@
    init scale is raised (seeded) and the whole check repeats; when nothing gets there the verdict
    is `inconclusive`, with the fraction of each state's effect the check could have seen.
 
-An exception inside the model is the architecture's result (`crashed`, with the frame that
-raised); a config or a model that cannot be built is `not built` with the reason. The record is a
-plain dict (JSON-ready), see `record`.
+An exception inside the model on a cached path, where the full pass runs, is the architecture's
+result (`crashed`, with the frame that raised; the notes name the schedule); a config or a model
+that cannot be built, or a full pass (no cache) that fails on the tiny config and the scan's
+tokens, is `not built` with the reason: our inputs do not run, which says nothing of their cache.
+The record is a plain dict (JSON-ready), see `record`.
 """
 
 from __future__ import annotations

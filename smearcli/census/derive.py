@@ -5,9 +5,11 @@ defaults (`to_dict()`) and shrinks them: width, intermediate sizes, layers, head
 experts, low-rank projections, SSM heads and state; per-layer lists (layer kinds, block types,
 hybrid patterns) are cut to the first layer of each distinct kind, so a hybrid keeps both kinds;
 index lists (attention layers, dense layers) are renumbered; periods and offsets are set so that
-two layers hold both kinds. Sliding windows become shorter than a chunk (`WINDOW`), conv widths
-and SSM chunk sizes small enough that the scan's split points straddle them (`SSM_CHUNK`).
-Composite configs (a text and a vision config) are shrunk part by part.
+two layers hold both kinds. Sliding windows become shorter than a chunk (`WINDOW`); blockwise
+kernels (SSM chunks, lightning attention, chunked attention, block-sparse indexers) get blocks
+below the scan's step widths (`BLOCK`), so steps cross blocks. Composite configs (a text and a
+vision config) are shrunk part by part. `Derived.variants` holds one config per layer kind, that
+kind as layer 0 (`variants`), the defaults' order first.
 
 Names are matched on the config's own keys, so a new architecture that reuses the common names
 is derived with no entry here. `OVERRIDES` holds the few families where derivation alone fails,
@@ -98,8 +100,10 @@ EXACT: dict[str, Any] = {
     "index_n_heads": 4,
     "num_kv_shared_layers": 0,
 }
-# a None default the model reads as a number (DeepSeek-V2's router: topk(k=num_experts_per_tok))
-NONE_TO = {"head_dim": HEAD_DIM, "num_key_value_heads": 2, "num_experts_per_tok": 2}
+# a None default the model reads as a number (DeepSeek-V2's router: topk(k=num_experts_per_tok);
+# dots.llm1 sizes its experts by n_routed_experts and n_shared_experts)
+NONE_TO = {"head_dim": HEAD_DIM, "num_key_value_heads": 2, "num_experts_per_tok": 2, "n_routed_experts": 4,
+           "n_shared_experts": 1}
 # sliding windows (Inkling spells it sliding_window_size)
 WINDOWS = ("sliding_window", "window_size", "local_window_size", "attention_window", "sliding_window_size")
 LAYER_COUNTS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "decoder_layers", "num_blocks")
@@ -121,6 +125,8 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "granitemoehybrid": {"layer_types": ["linear_attention", "attention"]},
     # the default leaves layer_types None, which the model indexes; one conv and one attention layer
     "lfm2_moe": {"layer_types": ["conv", "full_attention"]},
+    # the defaults make every layer attention (full_attn_idxs: all of them); LFM2 is a conv hybrid
+    "lfm2": {"layer_types": ["conv", "full_attention"], "full_attn_idxs": [1]},
     # the Mamba heads must tile mamba_d_ssm (128): 8 heads of 16, not the default head of 8
     "falcon_h1": {"mamba_d_head": 16},
     # the shared transformer block is tied across hybrid layers: it needs two of them (1 and 3)
