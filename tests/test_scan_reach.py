@@ -167,6 +167,12 @@ def test_one_variant_per_kind_with_that_kind_first():
         assert types[0] == kind and [t for t in default if t != kind] == types[1:]  # the rest in order
         assert v.order == types
     assert derive.derive("llama").variants[0].order == [] and len(derive.derive("llama").variants) == 1
+    # layers that differ in their MLP alone (dense or MoE) hold the same cache: one order for both
+    moe = derive.derive("axk1").config
+    assert len(set(moe.mlp_layer_types)) == 2 and len(derive.derive("axk1").variants) == 1
+    # NemotronH's MLP-only layers are kinds of their own (such a layer 0 holds no cache at all)
+    assert [v.order[0] for v in derive.derive("nemotron_h").variants] == [
+        "linear_attention", "moe", "full_attention", "mlp"]
 
 
 def test_orders_follow_periods_and_index_lists():

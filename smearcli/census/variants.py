@@ -23,6 +23,10 @@ from ..verdicts import NOT_BUILT, worst
 
 PERIODS = {"attn_layer_period": "attn_layer_offset", "expert_layer_period": "expert_layer_offset"}
 SCALARS = (str, int, float, bool, type(None))
+# per-layer settings of the MLP alone (dense or MoE, experts, activation sparsity): layers that
+# differ only there hold the same cache, so one of them as layer 0 stands for both (an order per
+# such kind would double the check's cost and could show no order effect the other misses)
+MLP_WORDS = ("mlp", "moe", "expert", "ffn", "sparsity", "intermediate")
 # the numbers a variant's line keeps: what a finding needs to be read without the head record
 KEPT = ("verdict", "worst_schedule", "max_abs", "multiple", "shape", "born_at", "init", "reason")
 
@@ -80,9 +84,11 @@ def _flags(v, n: int) -> bool:  # [1, 0]: one flag per layer, not a sorted list 
 
 
 def kinds(d: dict, lay: Layout) -> list[tuple]:
-    """Each layer's kind: its per-layer values, then whether each index list and period holds it."""
-    return [tuple([d[k][i] for k in lay.per] + [i in d[k] for k in lay.idx]
-                  + [i % d[p] == d[o] for p, o in lay.periods]) for i in range(lay.n)]
+    """Each layer's kind as its cache sees it: its per-layer values, then whether each index list
+    and period holds it, the MLP's own settings left out (`MLP_WORDS`)."""
+    cache = [k for k in lay.per + lay.idx + [p for p, _ in lay.periods] if not any(w in k for w in MLP_WORDS)]
+    return [tuple([d[k][i] for k in lay.per if k in cache] + [i in d[k] for k in lay.idx if k in cache]
+                  + [i % d[p] == d[o] for p, o in lay.periods if p in cache]) for i in range(lay.n)]
 
 
 def label(d: dict, lay: Layout, i: int) -> str:
