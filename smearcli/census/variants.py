@@ -28,7 +28,7 @@ SCALARS = (str, int, float, bool, type(None))
 # such kind would double the check's cost and could show no order effect the other misses)
 MLP_WORDS = ("mlp", "moe", "expert", "ffn", "sparsity", "intermediate")
 # the numbers a variant's line keeps: what a finding needs to be read without the head record
-KEPT = ("verdict", "worst_schedule", "max_abs", "multiple", "shape", "born_at", "init", "reason")
+KEPT = ("verdict", "worst_schedule", "max_abs", "multiple", "shape", "born_at", "born_in", "init", "reason")
 
 
 @dataclass

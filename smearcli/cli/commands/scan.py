@@ -25,7 +25,7 @@ MIN_MEMORY_MB, MAX_MEMORY_MB = 64, 1 << 27  # 128 TiB: all the address space x86
 # the options that only mean something when architectures run (with --merge nothing runs)
 RUN_ONLY = {"out": "--out", "jobs": "--jobs", "shard": "--shard", "resume": "--resume", "only": "--only",
             "timeout": "--timeout", "memory_mb": "--memory-mb", "repro_dir": "--repro-dir"}
-REPRO_FILES = (".py", ".md", "-padded.py", "-rollback.py")  # what repro and draft write per finding
+REPRO_FILES = (".py", ".md")  # what repro and draft write per finding, besides one "-NAME.py" per census boundary
 
 
 def parse_shard(text: Optional[str]) -> Optional[tuple[int, int]]:
@@ -103,9 +103,10 @@ def check_repro_files(repro_dir: Path, names) -> None:
     """The reproducer and draft paths of these architectures: none may be a directory, a device or
     a FIFO (writing one would block, or write to the device)."""
     from ...files import special_kind
+    from ...schedules import census_schedules
 
     for name in names:
-        for tail in REPRO_FILES:
+        for tail in REPRO_FILES + tuple(f"-{b}.py" for b in census_schedules()):
             p = repro_dir / f"{name}{tail}"
             try:
                 mode = os.stat(p).st_mode
@@ -193,6 +194,11 @@ def scan(
     else:
         records = _run(out, jobs, part, resume, wanted, timeout, memory_mb, repro_dir, quiet)
     info = meta() | {"wall_s": round(time.monotonic() - t0, 1)}
+    if not merge:  # one draft per root cause, naming every architecture it breaks
+        from ...census import draft
+
+        draft.write_groups(records, {"transformers": info.get("transformers_version", "?"),
+                                     "torch": info.get("torch_version", "?")})
     if json_out:
         sys.stdout.write(jsonsafe.dumps(report.document(records, info), indent=1, default=str) + "\n")
     else:

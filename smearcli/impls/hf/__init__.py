@@ -35,14 +35,13 @@ from torch import Tensor
 
 from ... import inputs
 from ...errors import UserError
-from ...names import NOISE_MARGIN
+from ...names import DEFAULT_SCHEDULES, NOISE_MARGIN
 from ...compare import Comparison
 from ...runner import Described
-from ...schedules import ScheduleOptions
+from ...schedules import ScheduleOptions, runnable
 from .load import load_dir, load_dir_with_notes, require_transformers  # noqa: F401 - re-exported
 from .cache_runner import CacheRunner
 
-HF_SCHEDULES = ("prefill", "decode", "chunked", "speculative")
 CACHE_KEYWORDS = ("cache", "past_key_values", "cache_params", "state")  # newest first; RWKV: state
 TESTED_VERSIONS = ("5.24.0",)
 
@@ -228,7 +227,7 @@ def runner(model, source: str = "model", tokens: Optional[Tensor] = None) -> HFR
 
 
 def check_model(model, tokens: Tensor, chunk_sizes: Optional[Sequence[int]] = None, *, chunks: int = 3,
-                schedules: Sequence[str] = HF_SCHEDULES, options: Optional[ScheduleOptions] = None,
+                schedules: Optional[Sequence[str]] = None, options: Optional[ScheduleOptions] = None,
                 tolerance: float = NOISE_MARGIN, source: str = "model", progress=None,
                 tokens_progress=None) -> Comparison:
     """Every schedule through the model's own cache against one uncached call, measured as
@@ -239,6 +238,8 @@ def check_model(model, tokens: Tensor, chunk_sizes: Optional[Sequence[int]] = No
     if options is None:
         options = ScheduleOptions(chunks=chunks, chunk_sizes=None if chunk_sizes is None else tuple(chunk_sizes))
     r = runner(model, source, tokens)
+    if schedules is None:  # the default list, less what its runner cannot run (no engine expansion)
+        schedules = [s for s in DEFAULT_SCHEDULES if runnable(r, s)]
     return sound_compare(r, tokens, list(schedules), options, tolerance, progress=progress,
                          tokens_progress=tokens_progress, notes=[r.info.describe()])
 
