@@ -223,14 +223,12 @@ def test_worst_order_heads_the_record():
 
 
 # -- theirs or ours: architectures that crashed on our inputs ------------------------------------
-@pytest.mark.slow
 @pytest.mark.parametrize("model_type", ["xmod", "deepseek_v2"])
 def test_architectures_run_on_the_inputs_their_config_asks_for(model_type):
     rec = check.check(model_type)
     assert rec["verdict"] not in (CRASHED, NOT_BUILT), rec["reason"]
 
 
-@pytest.mark.slow
 def test_prophetnet_crashes_in_its_own_code_where_the_full_pass_runs():
     """ProphetNet's decoder asserts that a cached step after the first holds one token ("use_cache
     is only supported for decoder_input_ids of length 1"): decode runs, a chunk of 16 raises in their
