@@ -144,7 +144,7 @@ def test_census_flags_the_hybrid_only_with_its_recurrent_layer_first(reach):
     finding = rec["variants"][1]
     assert finding["worst_schedule"] == rec["worst_schedule"] and finding["max_abs"] == rec["max_abs"] > 0
     assert rec["config"]["layer_types"] == recurrent_first  # the head order's own config
-    assert any("only with linear_attention as layer 0" in n for n in rec["notes"])
+    assert any("only with layer 0 'linear_attention'" in n for n in rec["notes"])
 
 
 def test_a_failing_full_pass_is_not_built_and_a_failing_cached_step_crashed(reach):

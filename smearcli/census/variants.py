@@ -142,6 +142,6 @@ def combine(records: list[dict], names: list[list[str]]) -> dict:
     out["variants"] = [{"order": o, **{k: r.get(k) for k in KEPT}} for r, o in zip(records, names)]
     if head is not records[0]:
         out["notes"] = list(head.get("notes") or []) + [
-            f"{word} only with {names[records.index(head)][0]} as layer 0; with {names[0][0]} first "
-            f"(the defaults' order) it is {records[0]['verdict']}"]
+            f"{word} only with layer 0 '{out['order'][0]}'; in the defaults' order (layer 0 "
+            f"'{names[0][0]}') it is {records[0]['verdict']}"]
     return out
