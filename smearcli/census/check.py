@@ -1,6 +1,8 @@
 """One architecture checked the way the scan checks every one (smearcli scan, issue 21).
 
-`check(model_type)` derives a tiny config (`derive`), builds the model seeded, and runs it:
+`check(model_type)` derives a tiny config (`derive`), one per layer kind with that kind as layer 0
+when there are several (`variants`: the worst order heads the record, `variants` lists each), builds
+the model seeded, and runs it:
 
 1. the reference is the full pass in float32; the noise floor is the full pass in float64 against
    it (`smearcli.evidence.floor`), so no schedule under test, decode included, can raise the floor;
@@ -21,9 +23,11 @@
    init scale is raised (seeded) and the whole check repeats; when nothing gets there the verdict
    is `inconclusive`, with the fraction of each state's effect the check could have seen.
 
-An exception inside the model is the architecture's result (`crashed`, with the frame that
-raised); a config or a model that cannot be built is `not built` with the reason. The record is a
-plain dict (JSON-ready), see `record`.
+An exception inside the model on a cached path, where the full pass runs, is the architecture's
+result (`crashed`, with the frame that raised; the notes name the schedule); a config or a model
+that cannot be built, or a full pass (no cache) that fails on the tiny config and the scan's
+tokens, is `not built` with the reason: our inputs do not run, which says nothing of their cache.
+The record is a plain dict (JSON-ready), see `record`.
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ from ..schedules import run_schedule, run_steps
 from ..verdicts import BUG, CRASHED, INCONCLUSIVE, NOT_BUILT, OK, ROUNDING, UNCONFIRMED, WORDS
 from ..state import KV, Zeroing, state_kinds
 from ..impls.hf.cache_runner import CacheRunner, full_run
-from . import born, boundary, shapes
+from . import born, boundary, shapes, variants
 from .boundary import logits_noise, logits_only, measured, transformers_frame
 from .derive import derive
 
@@ -49,8 +53,9 @@ T = 49  # one past a multiple of the 16-token chunks
 VERDICTS = WORDS
 INIT_LADDER = (None, 0.1, 0.3, 1.0)  # initializer_range: the default, then larger (seeded)
 CONV_KEYS = ("conv_kernel", "mamba_d_conv", "conv1d_width", "linear_conv_kernel_dim", "d_conv", "conv_L_cache")
-WINDOW_KEYS = ("sliding_window", "attention_window_size", "window_size")
+WINDOW_KEYS = ("sliding_window", "attention_window_size", "window_size", "sliding_window_size")
 SSM_KEYS = ("chunk_size", "mamba_chunk_size")
+BLOCK_KEYS = ("block_size", "attention_chunk_size", "index_block_size")  # blockwise kernels (`derive.BLOCK`)
 
 
 def cycle(widths, total: int) -> list[int]:
@@ -93,6 +98,9 @@ def split_points(cfg, total: int = T, seed: int = 0) -> dict[str, list[int]]:
     ssm = _first(cfg, SSM_KEYS)
     if ssm and ssm < total:
         out[f"widths around the SSM chunk {ssm}"] = cycle([ssm - 1, ssm + 1, ssm], total)
+    block = _first(cfg, BLOCK_KEYS)
+    if block and block < total:
+        out[f"widths around the block {block}"] = cycle([block - 1, block + 1, block], total)
     rng = random.Random(seed)
     out["odd widths (seeded)"] = cycle([rng.randint(2, 13) for _ in range(12)], total)
     return out
@@ -121,8 +129,15 @@ def layer_names(runner: CacheRunner, tokens) -> list[str]:
 
 
 def run_all(runner, tokens, plans: dict, ref, noise, tolerance) -> dict[str, RunMetrics]:
-    return {name: measured(ref, run_steps(runner, tokens, steps, capture=ref.hiddens is not None, schedule=name),
-                           noise, tolerance) for name, steps in plans.items()}
+    out = {}
+    for name, steps in plans.items():
+        try:
+            run = run_steps(runner, tokens, steps, capture=ref.hiddens is not None, schedule=name)
+        except Exception as e:
+            e.schedule = name  # the record says which cached schedule raised where the full pass ran
+            raise
+        out[name] = measured(ref, run, noise, tolerance)
+    return out
 
 
 def record(model_type: str, verdict: str, **kw) -> dict:
@@ -140,7 +155,7 @@ def check(model_type: str, seed: int = 0, tolerance: float = NOISE_MARGIN, total
     """The record of one architecture (see the module docstring); `config` replaces the derived
     one. With `repro_dir`, a finding gets a standalone reproducer there, run once: its path and
     exit status are in the record (`reproducer`, `reproducer_status`)."""
-    rec = _check(model_type, seed, tolerance, total, config)
+    rec = _check_orders(model_type, seed, tolerance, total, config)
     if rec["verdict"] == BUG and repro_dir is not None and rec.get("_config") is not None:
         from pathlib import Path
 
@@ -164,18 +179,25 @@ def check(model_type: str, seed: int = 0, tolerance: float = NOISE_MARGIN, total
     return rec
 
 
-def _check(model_type, seed, tolerance, total, config) -> dict:
-    d = None
-    if config is None:
-        d = derive(model_type)
-        if d.error:
-            return record(model_type, NOT_BUILT, reason=d.error)
-        config = d.config
+def _check_orders(model_type, seed, tolerance, total, config) -> dict:
+    """Every layer order of the derived config checked, one record (`variants.combine`: the worst
+    heads it); a caller's `config` is checked as it is, in its own order."""
+    if config is not None:
+        return _check(model_type, seed, tolerance, total, config, None)
+    d = derive(model_type)
+    if d.error:
+        return record(model_type, NOT_BUILT, reason=d.error)
+    recs = [record(model_type, NOT_BUILT, reason=v.error, config=v.summary()) if v.error else
+            _check(model_type, seed, tolerance, total, v.config, v.summary()) for v in d.variants]
+    return variants.combine(recs, [v.order for v in d.variants])
+
+
+def _check(model_type, seed, tolerance, total, config, summary: Optional[dict]) -> dict:
     vocab = min(256, int(getattr(text_config(config), "vocab_size", 256) or 256))
     tokens = torch.randint(0, vocab,
                            (1, total), generator=torch.Generator().manual_seed(seed))
     plans = split_points(config, total, seed)
-    base = dict(config=d.summary() if d else None, vocab=vocab)
+    base = dict(config=summary, vocab=vocab)
     last = None
     for init in INIT_LADDER:
         try:
@@ -185,9 +207,10 @@ def _check(model_type, seed, tolerance, total, config) -> dict:
                           + transformers_frame(e), **base)
         try:
             res = check_model(model, tokens, plans, tolerance)
-        except Exception as e:
+        except Exception as e:  # a cached path raised where the full pass runs (`check_model`)
+            where = getattr(e, "schedule", None)
             return record(model_type, CRASHED, reason=transformers_frame(e), model_class=type(model).__name__,
-                          init=init, **base)
+                          init=init, notes=[f"{where} raised; the full pass runs"] if where else [], **base)
         res.update(base, init=init)
         if res["verdict"] != INCONCLUSIVE:
             if init is not None:
@@ -207,7 +230,11 @@ def check_model(model, tokens, plans: dict, tolerance: float = NOISE_MARGIN, mak
                 "reason": f"{type(model).__name__}.forward takes no cache (none of {', '.join(hf_runner.KEYWORDS)})"}
     probe = CacheRunner(model)
     runner = make(model, layer_names(probe, tokens))
-    ref = full_run(runner, tokens, capture=len(runner.layers) > 1)
+    try:
+        ref = full_run(runner, tokens, capture=len(runner.layers) > 1)
+    except Exception as e:  # no cache involved: the tiny config or the inputs do not run, no finding
+        return {"verdict": NOT_BUILT, "model_class": type(model).__name__, "notes": [],
+                "reason": "the full pass (no cache) fails on the tiny config: " + transformers_frame(e)}
     if ref.logits.dim() != 3 or ref.logits.shape[:2] != tokens.shape:
         return {"verdict": NOT_BUILT, "model_class": type(model).__name__, "notes": [],
                 "reason": f"the full pass returns logits of shape {tuple(ref.logits.shape)}, not (batch, "

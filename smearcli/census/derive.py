@@ -5,9 +5,11 @@ defaults (`to_dict()`) and shrinks them: width, intermediate sizes, layers, head
 experts, low-rank projections, SSM heads and state; per-layer lists (layer kinds, block types,
 hybrid patterns) are cut to the first layer of each distinct kind, so a hybrid keeps both kinds;
 index lists (attention layers, dense layers) are renumbered; periods and offsets are set so that
-two layers hold both kinds. Sliding windows become shorter than a chunk (`WINDOW`), conv widths
-and SSM chunk sizes small enough that the scan's split points straddle them (`SSM_CHUNK`).
-Composite configs (a text and a vision config) are shrunk part by part.
+two layers hold both kinds. Sliding windows become shorter than a chunk (`WINDOW`); blockwise
+kernels (SSM chunks, lightning attention, chunked attention, block-sparse indexers) get blocks
+below the scan's step widths (`BLOCK`), so steps cross blocks. Composite configs (a text and a
+vision config) are shrunk part by part. `Derived.variants` holds one config per layer kind, that
+kind as layer 0 (`variants`), the defaults' order first.
 
 Names are matched on the config's own keys, so a new architecture that reuses the common names
 is derived with no entry here. `OVERRIDES` holds the few families where derivation alone fails,
@@ -19,12 +21,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from . import variants
+from .variants import index_name, looks_per_layer
+
 VOCAB = 256
 WIDTH = 64
 HEADS = 4
 HEAD_DIM = 16
 WINDOW = 8  # sliding windows: shorter than the scan's chunks (16)
-SSM_CHUNK = 8  # SSM chunk sizes: the scan's chunk widths (16, 5, 9) straddle multiples of it
+# blockwise kernels' block sizes: below the window and the smallest widths the scan steps by
+# (5, 7, 9), so a step boundary falls inside a block and every step of 5 tokens or more crosses
+# one: the inter-block path (the carried block state) runs inside the cached steps, not only the
+# intra-block one (at the defaults' 256 the scan's 49 tokens all sit in block 0)
+BLOCK = 4
+SSM_CHUNK = BLOCK  # the chunked SSM scan (Mamba-2 and its hybrids): the chunk state is carried
 
 # key -> value, for every key a config class spells this way (exact names)
 EXACT: dict[str, Any] = {
@@ -54,6 +64,16 @@ EXACT: dict[str, Any] = {
     **{k: 16 for k in ("state_size", "mamba_d_state", "ssm_state_size", "d_state")},
     **{k: 8 for k in ("mamba_n_heads", "n_mamba_heads", "mamba_num_heads")},
     **{k: SSM_CHUNK for k in ("chunk_size", "mamba_chunk_size")},
+    # MiniMax's lightning attention: blocks of block_size, the decayed kv state carried between them
+    # (BigBird's block_size too, which its decoder ignores: a decoder runs original_full attention)
+    "block_size": BLOCK,
+    # Llama 4's chunked attention: a token sees its own chunk only, so the cache must drop the
+    # previous chunk's keys at each boundary; at 8192 no boundary falls inside the scan's tokens
+    "attention_chunk_size": BLOCK,
+    # MiniMax-M3's block-sparse indexer: keys pooled in blocks, each query keeps its top blocks;
+    # at 128 there is one block (kept whole), at 4 the 49 tokens make 13 and 2 are kept (8 tokens)
+    "index_block_size": BLOCK,
+    "index_topk_blocks": 2,
     "mamba_d_ssm": 128,
     "num_nextn_predict_layers": 0,
     "max_position_embeddings": 256,
@@ -80,8 +100,12 @@ EXACT: dict[str, Any] = {
     "index_n_heads": 4,
     "num_kv_shared_layers": 0,
 }
-NONE_TO = {"head_dim": HEAD_DIM, "num_key_value_heads": 2}  # a None default the model reads as a number
-WINDOWS = ("sliding_window", "window_size", "local_window_size", "attention_window")
+# a None default the model reads as a number (DeepSeek-V2's router: topk(k=num_experts_per_tok);
+# dots.llm1 sizes its experts by n_routed_experts and n_shared_experts)
+NONE_TO = {"head_dim": HEAD_DIM, "num_key_value_heads": 2, "num_experts_per_tok": 2, "n_routed_experts": 4,
+           "n_shared_experts": 1}
+# sliding windows (Inkling spells it sliding_window_size)
+WINDOWS = ("sliding_window", "window_size", "local_window_size", "attention_window", "sliding_window_size")
 LAYER_COUNTS = ("num_hidden_layers", "n_layer", "num_layers", "n_layers", "decoder_layers", "num_blocks")
 PERIODS = {"attn_layer_period": ("attn_layer_offset", 2, 1), "expert_layer_period": ("expert_layer_offset", 2, 1)}
 TOKEN_IDS = ("pad_token_id", "bos_token_id", "eos_token_id", "sep_token_id", "cls_token_id",
@@ -101,6 +125,8 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "granitemoehybrid": {"layer_types": ["linear_attention", "attention"]},
     # the default leaves layer_types None, which the model indexes; one conv and one attention layer
     "lfm2_moe": {"layer_types": ["conv", "full_attention"]},
+    # the defaults make every layer attention (full_attn_idxs: all of them); LFM2 is a conv hybrid
+    "lfm2": {"layer_types": ["conv", "full_attention"], "full_attn_idxs": [1]},
     # the Mamba heads must tile mamba_d_ssm (128): 8 heads of 16, not the default head of 8
     "falcon_h1": {"mamba_d_head": 16},
     # the shared transformer block is tied across hybrid layers: it needs two of them (1 and 3)
@@ -124,27 +150,51 @@ class Derived:
     error: Optional[str] = None  # why no config could be made
     changed: dict = field(default_factory=dict)  # key -> (default, tiny)
     layer_kinds: list = field(default_factory=list)  # the distinct layer kinds kept
+    variants: list = field(default_factory=list)  # one `Variant` per layer kind, that kind first
 
     def summary(self) -> dict:
-        return {k: v[1] for k, v in sorted(self.changed.items())}
+        return summary(self.changed)
+
+
+@dataclass
+class Variant:
+    """One layer order of a derived config: `order` names each layer's kind, layer 0 first."""
+    order: list
+    config: Any = None
+    changed: dict = field(default_factory=dict)
+    error: Optional[str] = None  # why the config class refuses this order
+
+    def summary(self) -> dict:
+        return summary(self.changed)
+
+
+def summary(changed: dict) -> dict:
+    """The derived values of `changed` (key -> (default, tiny)), by key."""
+    return {k: v[1] for k, v in sorted(changed.items())}
 
 
 def _per_layer_keys(d: dict, L: int) -> list[str]:
-    return [k for k, v in d.items() if isinstance(v, (list, str)) and not isinstance(v, bool)
-            and len(v) == L and L > 2 and not k.endswith("_name") and k not in ("model_type",)
-            and (isinstance(v, str) and len(set(v)) <= 8 or isinstance(v, list) and (all(
-                isinstance(x, (str, int, bool, type(None))) for x in v) and _looks_per_layer(k) or all(
-                isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)))]
+    return [k for k, v in d.items() if L > 2 and _per_layer(k, v, L)]
 
 
-def _looks_per_layer(key: str) -> bool:
-    return any(w in key for w in ("layer", "block", "type", "pattern", "sliding", "mlp", "attn", "kind"))
+def _per_layer(k: str, v, L: int) -> bool:
+    """Whether `v` holds one value per layer. A string is a pattern only under a layer-ish name
+    (Whisper's 4 decoder layers and activation_function "gelu" are no pattern); the increasing list
+    of every layer's index (Llama 4's moe_layers, LFM2's full_attn_idxs) is an index list."""
+    if not isinstance(v, (list, str)) or len(v) != L or k.endswith("_name") or k == "model_type":
+        return False
+    if isinstance(v, str):
+        return len(set(v)) <= 8 and looks_per_layer(k)
+    if index_name(k) and v == list(range(L)):
+        return False
+    numbers = all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)
+    return numbers or looks_per_layer(k) and all(isinstance(x, (str, int, bool, type(None))) for x in v)
 
 
 def _index_keys(d: dict, L: int, per_layer: list[str]) -> list[str]:
     return [k for k, v in d.items() if k not in per_layer and isinstance(v, list) and v
             and all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < L for x in v)
-            and any(w in k for w in ("idx", "indices", "layers", "layer_ids"))]
+            and index_name(k)]
 
 
 def pick_layers(d: dict, L: int, per_layer: list[str]) -> list[int]:
@@ -164,9 +214,12 @@ def pick_layers(d: dict, L: int, per_layer: list[str]) -> list[int]:
     return sorted(keep)
 
 
-def shrink(d: dict, model_type: str = "") -> tuple[dict, dict, list]:
-    """(shrunk dict, changes, kept layer kinds) for a config's `to_dict()` (sub-configs too)."""
+def shrink(d: dict, model_type: str = "", hints: Optional[dict] = None) -> tuple[dict, dict, list]:
+    """(shrunk dict, changes, kept layer kinds) for a config's `to_dict()` (sub-configs too). With
+    `hints`, it gets the per-layer and index keys found, per part: "" the config itself, else the
+    sub-config's key (what `variants.layout` reorders)."""
     out, changed = dict(d), {}
+    hints = {} if hints is None else hints
 
     def setk(k, v):
         if k in out and out[k] != v and not isinstance(out[k], bool):
@@ -182,6 +235,8 @@ def shrink(d: dict, model_type: str = "") -> tuple[dict, dict, list]:
     for k, v in NONE_TO.items():
         if k in out and out[k] is None:
             setk(k, v)
+    if out.get("default_language") is None and out.get("languages"):  # X-MOD: one adapter per
+        setk("default_language", list(out["languages"])[0])  # language; input in none is refused
     if out.get("rope_parameters") == {}:  # an empty default that __init__ fills from the layer types
         out.pop("rope_parameters")
     for k in WINDOWS:
@@ -214,6 +269,7 @@ def shrink(d: dict, model_type: str = "") -> tuple[dict, dict, list]:
             if isinstance(out.get(k), int) and out[k] == L:
                 setk(k, len(keep))
         kinds = sorted({str(tuple(out[k][i] for k in per)) for i in range(len(keep))}) if per else []
+        hints[""] = (per, idx)
     for p, (o, pv, ov) in PERIODS.items():
         if isinstance(out.get(p), int):
             setk(p, pv)
@@ -226,7 +282,9 @@ def shrink(d: dict, model_type: str = "") -> tuple[dict, dict, list]:
             setk(k, [x if x < VOCAB else VOCAB - 1 for x in v])
     for k, v in list(out.items()):
         if isinstance(v, dict) and "model_type" in v:
-            sub, ch, sk = shrink(v, v.get("model_type", ""))
+            inner: dict = {}
+            sub, ch, sk = shrink(v, v.get("model_type", ""), inner)
+            hints[k] = inner.get("", ((), ()))
             out[k] = sub
             changed.update({f"{k}.{a}": b for a, b in ch.items()})
             kinds = kinds or sk
@@ -242,7 +300,8 @@ def shrink(d: dict, model_type: str = "") -> tuple[dict, dict, list]:
 
 
 def derive(model_type: str) -> Derived:
-    """The tiny config of one registered architecture, or the reason there is none."""
+    """The tiny config of one registered architecture, or the reason there is none; `variants`
+    holds one config per layer kind, that kind as layer 0 (`variants`: the defaults' order first)."""
     from transformers import CONFIG_MAPPING
 
     try:
@@ -252,14 +311,52 @@ def derive(model_type: str) -> Derived:
         return Derived(model_type, error=f"the config class cannot be built with its defaults: "
                                          f"{type(e).__name__}: {str(e)[:160]}")
     d = {k: v for k, v in default.to_dict().items() if k not in ("transformers_version", "architectures")}
-    small, changed, kinds = shrink(d, model_type)
+    hints: dict = {}
+    small, changed, kinds = shrink(d, model_type, hints)
     small["initializer_range"] = small.get("initializer_range", 0.02)
     try:
-        cfg = cls(**small)
+        cfg = _config(cls, small, changed)
     except Exception as e:
         return Derived(model_type, error=f"the shrunk config is refused: {type(e).__name__}: {str(e)[:160]}",
                        changed=changed)
+    out = Derived(model_type, cfg, None, changed, kinds)
+    out.variants = layer_orders(cls, small, changed, hints, cfg)
+    return out
+
+
+def _config(cls, small: dict, changed: dict):
+    cfg = cls(**small)
     if getattr(cfg, "is_decoder", None) is False:  # an encoder's LM head is causal only as a decoder
         cfg.is_decoder = True  # (BERT kin; to_dict() leaves the flag out, so shrink() cannot see it)
         changed["is_decoder"] = (False, True)
-    return Derived(model_type, cfg, None, changed, kinds)
+    return cfg
+
+
+def layer_orders(cls, small: dict, changed: dict, hints: dict, cfg) -> list[Variant]:
+    """One `Variant` per layer kind of the part that holds the layers (the config, else its text
+    part), the defaults' order first (`cfg` itself); one variant when every layer is alike."""
+    for part in ("",) + SUBCONFIGS:
+        d = small if part == "" else small.get(part)
+        if not isinstance(d, dict):
+            continue
+        per, idx = hints.get(part, ((), ()))
+        lay = variants.layout(d, LAYER_COUNTS, per, idx)
+        orders = variants.orders(d, lay) if lay else []
+        if len(orders) < 2:
+            continue
+        out = []
+        for order in orders:
+            names = [variants.label(d, lay, i) for i in order]
+            new = variants.reorder(d, lay, order)
+            moved = {f"{part}.{k}" if part else k: (d[k], new[k]) for k in new if new[k] != d[k]}
+            ch = {**changed, **{k: (changed.get(k, (v[0],))[0], v[1]) for k, v in moved.items()}}
+            if order == orders[0]:
+                out.append(Variant(names, cfg, changed))
+                continue
+            try:
+                out.append(Variant(names, _config(cls, new if part == "" else {**small, part: new}, ch), ch))
+            except Exception as e:  # the config class refuses this order
+                out.append(Variant(names, None, ch, f"the config class refuses this layer order: "
+                                                    f"{type(e).__name__}: {str(e)[:160]}"))
+        return out
+    return [Variant([], cfg, changed)]
