@@ -10,7 +10,10 @@ modeling_x.py:12 in forward"). The rules, each once:
 - `raised_in(exc, package)`: the deepest frame in `package`, only when the exception was raised
   there (or in torch, called from there): an error in smearcli's own frames is never theirs;
 - `describe(exc, package)`: "where: Error: first line" with the deepest frame in `package`, or
-  the deepest frame of all when none is (the census's reason for a crash).
+  the deepest frame of all when none is (the census's reason for a crash);
+- `declared_limit(exc, package)`: the message of an error their code raised on purpose to say a
+  use is not supported (NotImplementedError, or an assertion or ValueError that says "not
+  supported" / "only supported"), which is a limit of their API, not a crash.
 
 vLLM's worker (`impls.vllm.worker`) runs in vLLM's own environment without smearcli, so it
 keeps its own few lines for the same rule.
@@ -100,3 +103,19 @@ def describe(exc: BaseException, package: str) -> str:
     at = innermost(tb, in_package(package)) or (where(tb[-1]) if tb else "?")
     first = str(exc).splitlines()[0][:200] if str(exc) else ""
     return f"{at}: {type(exc).__name__}: {first}"
+
+
+LIMIT_WORDS = ("not supported", "only supported", "not implemented", "unsupported")
+
+
+def declared_limit(exc: BaseException, package: str) -> Optional[str]:
+    """The first line of `exc` when `package`'s own code raised it to refuse a use it does not
+    support (prophetnet: "`use_cache` is only supported for `decoder_input_ids` of length 1");
+    None for anything else, which stays a crash."""
+    if raised_in(exc, package, through=()) is None:
+        return None
+    message = (str(exc).strip().splitlines() or [""])[0]
+    if isinstance(exc, NotImplementedError) or (
+            isinstance(exc, (AssertionError, ValueError)) and any(w in message.lower() for w in LIMIT_WORDS)):
+        return f"{type(exc).__name__}: {message}"
+    return None

@@ -229,11 +229,39 @@ def test_architectures_run_on_the_inputs_their_config_asks_for(model_type):
     assert rec["verdict"] not in (CRASHED, NOT_BUILT), rec["reason"]
 
 
-def test_prophetnet_crashes_in_its_own_code_where_the_full_pass_runs():
+def test_prophetnet_refuses_multi_token_cached_steps_on_purpose_and_is_judged_on_the_rest():
     """ProphetNet's decoder asserts that a cached step after the first holds one token ("use_cache
-    is only supported for decoder_input_ids of length 1"): decode runs, a chunk of 16 raises in their
-    code while the full pass runs, which is what `crashed` means (no input of ours can avoid it)."""
+    is only supported for decoder_input_ids of length 1"): a limit its API declares, not a crash.
+    The chunked plans and the rollback drafts are not run, with that message, and the verdict rests
+    on what it accepts (decode, prefill): never `crashed`."""
     rec = check.check("prophetnet")
-    assert rec["verdict"] == CRASHED and "modeling_prophetnet.py" in rec["reason"]
-    assert "only supported for `decoder_input_ids` of length 1" in rec["reason"]
-    assert any(n.endswith("raised; the full pass runs") and not n.startswith("decode ") for n in rec["notes"])
+    assert rec["verdict"] not in (CRASHED, NOT_BUILT), rec["reason"]
+    refused = [n for n in rec["notes"] if n.startswith("not run, refused by their code")]
+    assert refused and "chunks of 16" in refused[0] and "only supported for `decoder_input_ids` of length 1" in refused[0]
+    assert "chunks of 16" not in rec["schedules"] and "decode" in rec["schedules"]
+    assert rec["boundaries"]["rollback"]["status"] == "not run"
+    assert "only supported" in rec["boundaries"]["rollback"]["why"]
+
+
+def test_a_declared_limit_is_told_from_a_crash():
+    """`frames.declared_limit` names an error their code raised to refuse a use; any other error
+    (theirs or ours) stays a crash."""
+    from smearcli import frames
+
+    def theirs(exc):
+        code = compile("def forward():\n    raise EXC\n", "/x/site-packages/transformers/models/m/modeling_m.py", "exec")
+        ns = {"EXC": exc}
+        exec(code, ns)
+        try:
+            ns["forward"]()
+        except BaseException as e:
+            return e
+    assert frames.declared_limit(theirs(AssertionError("`use_cache` is only supported for length 1")), "transformers")
+    assert frames.declared_limit(theirs(NotImplementedError("chunked prefill")), "transformers")
+    assert frames.declared_limit(theirs(IndexError("index 3 is out of bounds")), "transformers") is None
+    assert frames.declared_limit(theirs(ValueError("shapes do not match")), "transformers") is None
+    try:
+        raise NotImplementedError("ours")
+    except NotImplementedError as e:
+        assert frames.declared_limit(e, "transformers") is None  # raised in our code: not their limit
+

@@ -95,6 +95,9 @@ def run_one(runner, tokens, name: str, ref, noise, tolerance, opts=ScheduleOptio
     except hf_runner.CropRefused:
         raise
     except Exception as e:
+        limit = frames.declared_limit(e, "transformers")  # a use their API refuses on purpose: not run
+        if limit:
+            return None, None, entry(NOT_RUN, why=f"refused by their code as a use it does not support: {limit}")
         return None, None, entry(CRASHED, why=transformers_frame(e))
     m = measured(ref, run, noise, tolerance)
     return m, run, entry(PASSED if m.passed else BUG, max_abs=m.max_abs_logits, multiple=m.logits_multiple,

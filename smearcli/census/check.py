@@ -37,7 +37,7 @@ from typing import Optional
 
 import torch
 
-from .. import evidence
+from .. import evidence, frames
 from ..metrics import RunMetrics
 from ..names import NOISE_MARGIN
 from ..impls.hf import cache_runner as hf_runner
@@ -128,12 +128,19 @@ def layer_names(runner: CacheRunner, tokens) -> list[str]:
     return [f"hidden_states[{i}]" for i in range(n)] + ["logits"]
 
 
-def run_all(runner, tokens, plans: dict, ref, noise, tolerance) -> dict[str, RunMetrics]:
+def run_all(runner, tokens, plans: dict, ref, noise, tolerance, refused: dict) -> dict[str, RunMetrics]:
+    """Every plan measured; a plan their code refuses on purpose (`frames.declared_limit`: "only
+    supported for ... of length 1") goes into `refused` (name -> their message) and is not run:
+    a documented limit of their API is not a crash, and the verdict rests on the plans it accepts."""
     out = {}
     for name, steps in plans.items():
         try:
             run = run_steps(runner, tokens, steps, capture=ref.hiddens is not None, schedule=name)
         except Exception as e:
+            limit = frames.declared_limit(e, "transformers")
+            if limit:
+                refused[name] = limit
+                continue
             e.schedule = name  # the record says which cached schedule raised where the full pass ran
             raise
         out[name] = measured(ref, run, noise, tolerance)
@@ -245,7 +252,8 @@ def check_model(model, tokens, plans: dict, tolerance: float = NOISE_MARGIN, mak
     f64 = evidence.Float64(runner, tokens, capture=ref.hiddens is not None)  # the floor's and the confirmations'
     noise = evidence.floor(runner, ref, tokens, torch.float32, f64)
     floor_source = noise.source
-    ms = run_all(runner, tokens, plans, ref, noise, tolerance)
+    refused: dict = {}
+    ms = run_all(runner, tokens, plans, ref, noise, tolerance, refused)
     bms, entries, bsteps, notes, used = boundary.run_boundaries(model, make, runner.layers, tokens, ref, noise,
                                                                 tolerance)
     ms.update(bms)
@@ -254,6 +262,9 @@ def check_model(model, tokens, plans: dict, tolerance: float = NOISE_MARGIN, mak
     out = {"model_class": type(model).__name__, "floor": floor, "floor_source": floor_source,
            "schedules": {k: {"max_abs": m.max_abs_logits, "multiple": m.logits_multiple, "passed": m.passed}
                          for k, m in ms.items()}, "notes": runner.notes() + notes, "boundaries": entries}
+    if refused:
+        out["notes"].append(f"not run, refused by their code as a use it does not support: {', '.join(refused)} "
+                            f"({next(iter(refused.values()))}); the verdict rests on the schedules it accepts")
     bad, reruns = confirmed(evidence.Confirmer(runner, tokens, f64), used, tokens, plans,
                             {k: m for k, m in ms.items() if not m.passed}, out)
     if bad:  # the step plans' worst heads the record: padded and rollback run cached steps too
@@ -327,14 +338,14 @@ def name_shape(model, tokens, plans, name, worst, ms, ref, noise, tolerance):
         if not (r.positions or r.mask):
             continue
         try:
-            m = run_all(r, tokens, {name: plans[name]}, logits_only(ref), logits_noise(noise), tolerance)[name]
+            m = run_all(r, tokens, {name: plans[name]}, logits_only(ref), logits_noise(noise), tolerance, {})[name]
         except Exception:
             continue
         if m.passed:
             fixed = arg
             break
-    decode_fails = not ms["decode"].passed
-    chunks_pass = ms["chunks of 16"].passed and ms["prefill"].passed
+    decode_fails = "decode" in ms and not ms["decode"].passed  # a plan their code refused is not in ms
+    chunks_pass = all(ms[k].passed for k in ("chunks of 16", "prefill") if k in ms)
     steps = plans[name]
     starts = shapes.boundaries(steps)
     matches = None
