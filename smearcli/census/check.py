@@ -46,6 +46,7 @@ from ..verdicts import BUG, CRASHED, INCONCLUSIVE, NOT_BUILT, OK, ROUNDING, UNCO
 from ..state import KV, Zeroing, state_kinds
 from ..impls.hf.cache_runner import CacheRunner, full_run
 from . import born, boundary, shapes, variants
+from .record import new as new_record
 from .boundary import logits_noise, logits_only, measured, transformers_frame
 from .derive import derive
 
@@ -148,13 +149,10 @@ def run_all(runner, tokens, plans: dict, ref, noise, tolerance, refused: dict) -
 
 
 def record(model_type: str, verdict: str, **kw) -> dict:
-    out = {"model_type": model_type, "verdict": str(verdict), "worst_schedule": None, "max_abs": None,
-           "multiple": None, "shape": None, "born_at": None, "born_in": None, "floor": None, "floor_source": None,
-           "init": None, "power": None, "confirmation": None, "model_class": None, "reason": None, "notes": [],
-           "schedules": {}, "steps": None, "config": None, "reproducer": None,
-           "reproducer_status": None, "vocab": 256, "boundaries": {}}
-    out.update(kw)
-    return out
+    """One architecture's record (`census.record.Record`: every field declared there, so one not
+    declared is an error here, never dropped later); `_config` rides along for the reproducer."""
+    private = {k: kw.pop(k) for k in [k for k in kw if k.startswith("_")]}
+    return {**new_record(model_type, verdict, **kw), **private}
 
 
 def check(model_type: str, seed: int = 0, tolerance: float = NOISE_MARGIN, total: int = T,

@@ -29,21 +29,11 @@ from typing import Iterable, Optional
 from .. import jsonsafe
 from ..errors import UserError
 from ..files import regular_file, special_kind
+from .record import JSON_TYPES, NUMBER, STRING
 from .report import ORDER as VERDICTS, SCHEMA
 
 MAX_BYTES = 64 << 20  # a census of every architecture is well under 1 MiB; the meta files' cap
-STRING, NUMBER, INTEGER = ((str,), "a string"), ((int, float), "a number"), ((int,), "an integer")
-LIST, OBJECT = ((list,), "a list"), ((dict,), "an object")
-# the fields the table, the Markdown and the figure format, with the JSON types they can format
-# (null is always allowed): an edited record with a string where a number goes is refused here,
-# not an internal error half way through the report
-FIELD_TYPES = {
-    **dict.fromkeys(("worst_schedule", "shape", "born_at", "floor_source", "model_class", "reason",
-                     "reproducer", "report_draft"), STRING),
-    **dict.fromkeys(("max_abs", "multiple", "floor", "init", "wall_s"), NUMBER),
-    "reproducer_status": INTEGER, "notes": LIST, "steps": LIST,
-    **dict.fromkeys(("power", "confirmation", "schedules", "boundaries", "config", "born_in"), OBJECT),
-}
+FIELD_TYPES = JSON_TYPES  # the JSON type of every field a record may hold (census.record)
 ENTRY_TYPES = {"status": STRING, "mode": STRING, "why": STRING, "shape": STRING, "max_abs": NUMBER,
                "multiple": NUMBER}  # one entry of `schedules` or `boundaries`
 SIGNALS = {signal.SIGINT, signal.SIGTERM}

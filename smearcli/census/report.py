@@ -12,14 +12,12 @@ from typing import Optional, Sequence
 from ..schedules import census_schedules  # the boundaries every architecture also runs (check.boundary)
 from ..verdicts import BUG, CRASHED, INCONCLUSIVE, NOT_BUILT, NOT_JUDGED, NOT_JUDGED_WHY, NOT_RUN, OK, UNCONFIRMED
 from .groups import born, groups
+from . import record
 from .shapes import LEFT_UNSUPPORTED
 
 SCHEMA = "smearcli.scan/1"
 ORDER = tuple(str(v) for v in (BUG, CRASHED, UNCONFIRMED, INCONCLUSIVE, OK, NOT_BUILT))
-FIELDS = ("model_type", "verdict", "worst_schedule", "max_abs", "multiple", "shape", "born_at", "born_in", "init",
-          "floor", "floor_source", "power", "confirmation", "model_class", "reason", "notes", "schedules", "steps",
-          "config", "reproducer", "reproducer_status", "report_draft", "wall_s", "boundaries", "order", "variants",
-          "transformers_version")
+FIELDS = record.FIELDS  # every field of a record, in the order the JSON document lists them
 PY_PATH = re.compile(r"\S*/([^/\s]+\.py:\d+)")  # "transformers/models/x/modeling_x.py:12" -> "modeling_x.py:12"
 
 

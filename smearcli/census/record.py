@@ -1,0 +1,75 @@
+"""One architecture's census record: every field it carries, with its JSON type and its default,
+declared once here.
+
+`Record` is what `check.record` builds (a field it does not declare is a TypeError, not a key that
+`report.document` would drop in silence); `FIELDS` is the order the JSON document lists them in;
+`JSON_TYPES` is what `records.check_record` holds a record read from a file to, so an edited record
+with a string where a number goes is refused with the file and line, not an internal error half
+way through the report. A field added here reaches the record files, the JSON document and the
+type check at once (tests/test_scan_record.py holds every surface to this list).
+
+Kept torch-free: the parent of a census, `--merge` and the report read records without torch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Optional
+
+# JSON types a field may hold (null is always allowed): the Python types it reads as, and the words
+STRING, NUMBER, INTEGER = ((str,), "a string"), ((int, float), "a number"), ((int,), "an integer")
+LIST, OBJECT = ((list,), "a list"), ((dict,), "an object")
+
+
+def _f(kind, default=None, factory=None):
+    if factory is not None:
+        return field(default_factory=factory, metadata={"json": kind})
+    return field(default=default, metadata={"json": kind})
+
+
+@dataclass
+class Record:
+    model_type: str  # the config's model_type, as transformers registers it
+    verdict: str  # a word of smearcli.verdicts (the worst over the layer orders)
+    worst_schedule: Optional[str] = _f(STRING)  # the finding's schedule (a step plan or a boundary)
+    max_abs: Optional[float] = _f(NUMBER)  # its largest |dlogit|
+    multiple: Optional[float] = _f(NUMBER)  # ... as a multiple of the float64 floor
+    shape: Optional[str] = _f(STRING)  # the failure's shape (census.shapes, or the boundary's)
+    born_at: Optional[str] = _f(STRING)  # the first capture point@position past the floor
+    born_in: Optional[dict] = _f(OBJECT)  # the first module whose output departs (census.born)
+    init: Optional[float] = _f(NUMBER)  # the initializer_range the verdict came at (None: default)
+    floor: Optional[float] = _f(NUMBER)  # the logits' float64 floor
+    floor_source: Optional[str] = _f(STRING)  # where the floor came from
+    power: Optional[dict] = _f(OBJECT)  # what zeroing each kind of state showed (evidence.Power)
+    confirmation: Optional[dict] = _f(OBJECT)  # the finding rerun in float64 (evidence.Confirmation)
+    model_class: Optional[str] = _f(STRING)
+    reason: Optional[str] = _f(STRING)  # why it is crashed or not built
+    notes: list = _f(LIST, factory=list)
+    schedules: dict = _f(OBJECT, factory=dict)  # name -> {max_abs, multiple, passed, status, ...}
+    steps: Optional[list] = _f(LIST)  # the finding's step sizes
+    config: Optional[dict] = _f(OBJECT)  # the derived tiny config's summary
+    vocab: Optional[int] = _f(INTEGER, 256)  # the token ids drawn below it
+    reproducer: Optional[str] = _f(STRING)  # the standalone reproducer's path
+    reproducer_status: Optional[int] = _f(INTEGER)  # its exit status when run once
+    report_draft: Optional[str] = _f(STRING)  # the bug-report draft's path
+    boundaries: dict = _f(OBJECT, factory=dict)  # padded, rollback, ...: one entry each
+    order: Optional[list] = _f(LIST)  # the layer kinds, layer 0 first, of the order that heads the record
+    variants: Optional[list] = _f(LIST)  # each layer order's verdict and numbers
+    wall_s: Optional[float] = _f(NUMBER)  # seconds the architecture took (census.isolate)
+    transformers_version: Optional[str] = _f(STRING)  # the release that made the record
+    engine: Optional[str] = _f(STRING)  # "vllm" for `scan --engine vllm` (None: transformers itself)
+    vllm_version: Optional[str] = _f(STRING)  # the vLLM release, for the vLLM engine
+    vllm: Optional[dict] = _f(OBJECT)  # the vLLM engine's start times and memory
+
+    def to_json(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+
+FIELDS = tuple(f.name for f in dataclasses.fields(Record))
+JSON_TYPES = {f.name: f.metadata["json"] for f in dataclasses.fields(Record) if "json" in f.metadata}
+
+
+def new(model_type: str, verdict: str, **fields) -> dict:
+    """A record as JSON-ready dict, every field present (defaults for those not given)."""
+    return Record(model_type, str(verdict), **fields).to_json()

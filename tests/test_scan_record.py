@@ -1,0 +1,50 @@
+"""The census record is declared once (smearcli.census.record): every field reaches the record
+files and the JSON document, a field not declared is refused where the record is made, and the
+type check of a record read from a file covers every declared field."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from smearcli.census import record, records, report
+from smearcli.errors import UserError
+
+WRONG = {"a string": 7, "a number": "x", "an integer": 1.5, "a list": {"a": 1}, "an object": [1]}
+RIGHT = {"a string": "s", "a number": 0.5, "an integer": 3, "a list": [1], "an object": {"k": 1}}
+
+
+def full_record() -> dict:
+    """A record with a value of its declared type in every field."""
+    values = {name: RIGHT[kind[1]] for name, kind in record.JSON_TYPES.items()}
+    values.pop("model_type", None)
+    values.pop("verdict", None)
+    values.update(schedules={"decode": {"max_abs": 0.1, "multiple": 1.0, "passed": True}},
+                  boundaries={"padded": {"status": "ok", "why": "w"}})  # entries are objects themselves
+    return record.new("arch", "ok", **values)
+
+
+def test_every_declared_field_reaches_the_json_document_and_back():
+    rec = full_record()
+    assert tuple(rec) == record.FIELDS
+    (row,) = report.document([rec])["architectures"]
+    assert set(row) == set(record.FIELDS)
+    assert row == json.loads(json.dumps(rec))  # nothing dropped, nothing renamed
+    assert records.check_record("f:1", json.loads(json.dumps(rec))) is not None  # and it reads back
+
+
+def test_a_field_that_is_not_declared_is_refused_where_the_record_is_made():
+    from smearcli.census.check import record as make
+
+    with pytest.raises(TypeError, match="not_a_field"):
+        make("arch", "ok", not_a_field=1)
+    assert "_config" in make("arch", "ok", _config=object())  # the reproducer's config rides along
+
+
+@pytest.mark.parametrize("name", sorted(set(record.JSON_TYPES) - {"model_type", "verdict"}))
+def test_a_record_read_from_a_file_is_held_to_every_declared_type(name):
+    rec = json.loads(json.dumps(full_record()))
+    rec[name] = WRONG[record.JSON_TYPES[name][1]]
+    with pytest.raises(UserError, match=f'"{name}" must be'):
+        records.check_record("f:1", rec)
