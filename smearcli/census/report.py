@@ -16,7 +16,7 @@ SCHEMA = "smearcli.scan/1"
 ORDER = tuple(str(v) for v in (BUG, CRASHED, UNCONFIRMED, INCONCLUSIVE, OK, NOT_BUILT))
 FIELDS = ("model_type", "verdict", "worst_schedule", "max_abs", "multiple", "shape", "born_at", "init",
           "floor", "floor_source", "power", "confirmation", "model_class", "reason", "notes", "schedules", "steps",
-          "config", "reproducer", "reproducer_status", "report_draft", "wall_s", "boundaries")
+          "config", "reproducer", "reproducer_status", "report_draft", "wall_s", "boundaries", "engine", "vllm_version", "vllm")
 PY_PATH = re.compile(r"\S*/([^/\s]+\.py:\d+)")  # "transformers/models/x/modeling_x.py:12" -> "modeling_x.py:12"
 BOUNDARIES = ("padded", "rollback")  # the boundaries every architecture also runs (check.boundary)
 
