@@ -32,7 +32,10 @@ def names_for(worker: Worker) -> list[str]:
 
 def check_one(name: str, worker: Worker, timeout: float, memory: Optional[int], repro_dir: Path) -> dict:
     """One architecture's record, in its forked process; its wait on vLLM ends before isolate's."""
-    return vllm_check.check(name, worker, timeout=max(5.0, timeout - 10.0), memory=memory, repro_dir=repro_dir)
+    rec = vllm_check.check(name, worker, timeout=max(5.0, timeout - 10.0), memory=memory, repro_dir=repro_dir)
+    # the imports so far, as this process saw them: a census stopped early still has its benchmark
+    rec["vllm"] = {**(rec.get("vllm") or {}), "import_s_so_far": round(worker.import_s, 2), "starts": worker.starts}
+    return rec
 
 
 def run(worker: Worker, names: Sequence[str], sink: "records.Sink", timeout: float, memory: Optional[int],
