@@ -231,10 +231,13 @@ def run_request(req: dict, outdir: str, m: dict, import_s: float = 0.0) -> dict:
     T = max(len(r) for r in rows)
     full_budget = int(req["max_model_len"])
     engine = {"llm": None, "caching": None, "steps": []}
+    refused = {}  # prefix caching on/off -> why its engine did not start (tried once: starts cost seconds)
 
     def llm_for(prefix_caching):
         if engine["llm"] is not None and engine["caching"] == prefix_caching:
             return engine["llm"]
+        if prefix_caching in refused:
+            raise refused[prefix_caching]
         drop()
         kw = dict(model=req["model"], skip_tokenizer_init=True, dtype=req["dtype"], enforce_eager=True,
                   max_logprobs=V, kv_cache_memory_bytes=int(req["kv_cache_memory_bytes"]),
@@ -244,7 +247,11 @@ def run_request(req: dict, outdir: str, m: dict, import_s: float = 0.0) -> dict:
         if req.get("block_size"):
             kw["block_size"] = int(req["block_size"])
         s = time.time()
-        llm = m["LLM"](**kw)
+        try:
+            llm = m["LLM"](**kw)
+        except Exception as e:
+            refused[prefix_caching] = e
+            raise
         result["engines"].append({"max_num_batched_tokens": full_budget, "enable_prefix_caching": prefix_caching,
                                   "start_s": round(time.time() - s, 2), "rss_mb": round(rss_mb())})
         engine.update(llm=llm, caching=prefix_caching, steps=count_steps(llm))
