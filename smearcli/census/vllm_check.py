@@ -156,6 +156,9 @@ def judge(model_type, result, workdir, tokens, req, ref_runner, ref, floor, tole
         return record(model_type, CRASHED, **{**out, "worst_schedule": first, "steps": steps.get(first),
                                                "max_abs": None, "multiple": None,
                                                "reason": f"{first}: {schedules[first]['why']}"})
+    if "prefill" in failed:  # the one-step path departs too: the model, not a cache
+        out["notes"] = notes + ["prefill in one step departs as well: vLLM's implementation of the model computes "
+                                "differently from transformers', beyond its caching paths"]
     if failed:
         conf = evidence.Confirmation(metrics[worst].max_abs_logits, "float32", why=NO_FLOAT64)
         return record(model_type, UNCONFIRMED, confirmation=conf.to_json(), **out)
