@@ -116,7 +116,8 @@ def test_the_census_on_the_standin_records_each_architecture_and_survives_a_dead
     monkeypatch.setenv("SMEARCLI_STANDIN_PLAN", json.dumps({"mamba2": "crash", "mistral": "exit", "qwen2": "spread"}))
     monkeypatch.setenv("SMEARCLI_STANDIN_ARCHS", "LlamaForCausalLM,Mamba2ForCausalLM,MistralForCausalLM,"
                        "Qwen2ForCausalLM")
-    r = scan(tmp_path, fake_python, "--markdown", str(tmp_path / "v.md"), "--json")
+    only = ("--only", "llama,mamba2,mistral,qwen2")  # LlamaForCausalLM alone has four model types
+    r = scan(tmp_path, fake_python, *only, "--markdown", str(tmp_path / "v.md"), "--json")
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
     assert doc["engine"] == "vllm" and doc["vllm_version"] == "stand-in"
@@ -143,10 +144,10 @@ def test_the_census_on_the_standin_records_each_architecture_and_survives_a_dead
     # the record file is the census's: it reads back, and a resumed run checks nothing again
     assert [x["model_type"] for x in records.read(tmp_path / "v.jsonl").records] == ["llama", "mamba2", "mistral",
                                                                                       "qwen2"]
-    again = scan(tmp_path, fake_python, "--resume", "--json")
+    again = scan(tmp_path, fake_python, *only, "--resume", "--json")
     assert again.exit_code == 0 and json.loads(again.stdout)["benchmark"]["architectures"] == 0
     assert json.loads(again.stdout)["counts"] == doc["counts"]
-    checked = scan(tmp_path, fake_python, "--resume", "--check")
+    checked = scan(tmp_path, fake_python, *only, "--resume", "--check")
     assert checked.exit_code == 1  # crashed and unconfirmed fail --check on vLLM
 
 
