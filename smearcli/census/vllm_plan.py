@@ -46,11 +46,13 @@ def adjust(d: dict) -> dict:
       so the same width (64) is 2 heads of 32 and the key/value heads 1 (grouped query attention
       kept: 2 query heads share it); a config that spells the head size out gets it as well;
     - positions for the longest request (T + 1 rounded up to a block) at least.
-    A config without attention heads (Mamba) is left as derived."""
+    A config without attention heads (Mamba), or with latent attention (MLA), is left as derived."""
     heads_key = next((k for k in HEAD_COUNT_KEYS if isinstance(d.get(k), int)), None)
     width = next((d[k] for k in ("hidden_size", "d_model", "n_embd") if isinstance(d.get(k), int)), None)
     if heads_key is None or width is None:  # "num_heads" alone is an SSM's (Mamba2, xLSTM): left alone
         return {}
+    if isinstance(d.get("kv_lora_rank"), int):  # MLA: its head sizes are the rope and nope parts (16 + 16),
+        return {}  # and one key/value head per query head, as derived; a head_dim of 32 breaks its rotary
     attn_width = d.get("attention_hidden_size") if isinstance(d.get("attention_hidden_size"), int) else width
     out = {heads_key: max(1, attn_width // HEAD)}
     if isinstance(d.get("head_dim"), int):
