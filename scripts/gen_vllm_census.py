@@ -4,8 +4,8 @@
 
 Runs `smearcli scan --engine vllm` twice into build/vllm-census.jsonl: first the architectures the
 guide's text names (Llama, Mistral, Qwen2, Mamba2), then every other one (`--resume`), so a run
-stopped early still has those. Each run's benchmark (its wall time, vLLM's import, the engines'
-starts) is kept in build/vllm-census-bench.jsonl. Then the census's Markdown and the benchmark go
+stopped early still has those. The benchmark (the wall time, vLLM's imports, the engines' starts)
+is summed from the records, so a stopped run counts too. Then the census's Markdown and the benchmark go
 between the `<!-- vllm-census:start -->` and `<!-- vllm-census:end -->` markers of the guide.
 `--resume` continues a stopped census; `--write-only` writes the guide from the records there are.
 Without $SMEARCLI_VLLM_PYTHON it says so and exits 0: the step is skipped, nothing changes.
@@ -22,7 +22,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "build" / "vllm-census.jsonl"
-BENCH = ROOT / "build" / "vllm-census-bench.jsonl"
 REPRO = ROOT / "build" / "vllm-census-repro"
 GUIDE = ROOT / "docs" / "guide" / "vllm.md"
 START, END = "<!-- vllm-census:start -->", "<!-- vllm-census:end -->"
@@ -37,22 +36,36 @@ def scan(*args: str) -> None:
     p = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     if p.returncode not in (0, 1):  # 1: --check is not given, but keep the records of any run that ended
         sys.exit(f"gen_vllm_census: the census failed (exit {p.returncode})")
-    bench = json.loads(p.stdout).get("benchmark") or {}
-    with open(BENCH, "a") as f:
-        f.write(json.dumps(bench) + "\n")
+    print("gen_vllm_census:", json.dumps(json.loads(p.stdout).get("benchmark")), flush=True)
+
+
+def runs_of(recs: list) -> list:
+    """The records split into the runs that wrote them: each record holds its run's vLLM import
+    time so far and worker starts; within a run the import time changes only with a new start."""
+    runs, last = [], None
+    for r in recs:
+        v = r.get("vllm") or {}
+        mark = (v.get("starts") or 0, v.get("import_s_so_far") or 0.0)
+        if last is None or mark != last and mark[0] <= last[0]:
+            runs.append([])
+        runs[-1].append(r)
+        last = mark
+    return runs
 
 
 def benchmark() -> str:
-    runs = [json.loads(ln) for ln in BENCH.read_text().splitlines() if ln.strip()] if BENCH.exists() else []
-    wall = sum(r.get("wall_s") or 0 for r in runs)
-    imports = sum(r.get("vllm_import_s") or 0 for r in runs)
-    engines = sum(r.get("engine_start_s") or 0 for r in runs)
-    n = sum(r.get("architectures") or 0 for r in runs)
+    """The census's time from its records (so a run stopped early still counts): each
+    architecture's wall time, vLLM's imports (each run's last count) and the engines' starts."""
+    recs = [json.loads(ln) for ln in OUT.read_text().splitlines() if ln.strip()]
+    runs = runs_of(recs)
+    imports = sum(max((r.get("vllm") or {}).get("import_s_so_far") or 0 for r in run) for run in runs)
+    engines = sum(float(s or 0) for r in recs for s in (r.get("vllm") or {}).get("engine_start_s") or [])
+    wall = imports + sum(r.get("wall_s") or 0 for r in recs)
     pct = (lambda x: f"{100 * x / wall:.0f}%" if wall else "-")
-    return (f"{n} architectures checked in {wall / 60:.1f} minutes of wall time over {len(runs)} run(s) of the "
-            f"census: importing vLLM {imports:.0f} s ({pct(imports)}), starting engines {engines:.0f} s "
-            f"({pct(engines)}); the rest is the models' requests, the transformers reference and floor, and "
-            "the reproducers.")
+    return (f"{len(recs)} architectures checked in {wall / 60:.1f} minutes over {len(runs)} run(s) of the census "
+            f"(each architecture's wall time plus vLLM's imports), of which importing vLLM {imports:.0f} s "
+            f"({pct(imports)}) and starting engines {engines:.0f} s ({pct(engines)}); the rest is the models' "
+            "requests, the transformers reference, floor and power, and the reproducers.")
 
 
 def write_guide() -> None:
@@ -78,8 +91,7 @@ def main() -> None:
     if "--write-only" not in args:
         OUT.parent.mkdir(parents=True, exist_ok=True)
         if "--resume" not in args:
-            for p in (OUT, BENCH):
-                p.unlink(missing_ok=True)
+            OUT.unlink(missing_ok=True)
             scan("--only", FIRST)
         scan("--resume")
     write_guide()
