@@ -158,7 +158,8 @@ def test_an_engine_vllm_does_not_start_is_not_built_with_why(fake_python, tmp_pa
     (a,) = json.loads(r.stdout)["architectures"]
     assert a["verdict"] == NOT_BUILT and a["reason"].startswith("vLLM did not start an engine for the tiny model")
     assert "head size 16" in a["reason"]
-    md = vllm_census.markdown([a], {"vllm_version": "stand-in"})
+    md = vllm_census.markdown([a])  # as --merge writes it: the version from the records
+    assert md.startswith("# smearcli scan on vLLM: vLLM stand-in (CPU)")
     assert "## Not run on the CPU backend" in md and "| llama | vLLM did not start" in md
 
 
@@ -199,3 +200,30 @@ def test_two_architectures_in_real_vllm(tmp_path):
     assert by["llama"]["verdict"] == OK and by["llama"]["schedules"]["prefix"]["steps"] == "32,32"
     assert by["mamba2"]["verdict"] == CRASHED and "mamba_mixer2.py" in by["mamba2"]["reason"]
     assert by["mamba2"]["reproducer_status"] == 1
+
+
+def gen_script():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gen_vllm_census", Path(__file__).parents[1] / "scripts" /
+                                                  "gen_vllm_census.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_regen_step_is_skipped_with_a_message_without_vllm(monkeypatch, capsys):
+    gen = gen_script()
+    monkeypatch.delenv(ENV_PYTHON, raising=False)
+    monkeypatch.setattr(gen, "scan", lambda *a: pytest.fail("the census ran without vLLM's environment"))
+    gen.main()
+    assert "gen_vllm_census: skipped: set SMEARCLI_VLLM_PYTHON" in capsys.readouterr().out
+
+
+def test_the_benchmark_splits_the_records_into_the_runs_that_wrote_them():
+    def rec(starts, imported, wall):
+        return {"model_type": "m", "verdict": "ok", "wall_s": wall,
+                "vllm": {"starts": starts, "import_s_so_far": imported, "engine_start_s": [1.0, 2.0]}}
+    # run 1: one start, then a restart (2 starts, 40 s imported in all); run 2: a fresh start (25 s)
+    recs = [rec(1, 20.0, 5), rec(1, 20.0, 5), rec(2, 40.0, 5), rec(1, 25.0, 5)]
+    assert [len(r) for r in gen_script().runs_of(recs)] == [3, 1]

@@ -90,7 +90,8 @@ def markdown(recs: Sequence[dict], meta: Optional[dict] = None) -> str:
     why, then every architecture."""
     meta = meta or {}
     c = counts(recs)
-    out = [f"# smearcli scan on vLLM: vLLM {meta.get('vllm_version', '?')} (CPU), transformers "
+    version = meta.get("vllm_version") or next((r["vllm_version"] for r in recs if r.get("vllm_version")), "?")
+    out = [f"# smearcli scan on vLLM: vLLM {version} (CPU), transformers "
            f"{meta.get('transformers_version', '?')} reference", "",
            f"{len(recs)} architectures: " + ", ".join(f"{n} {k}" for k, n in c.items() if n) + ".", ""]
     found = [r for r in sorted(recs, key=sort_key) if r.get("verdict") in FINDINGS]
