@@ -104,11 +104,12 @@ class Worker:
         self.proc = None
 
     def close(self) -> None:
-        """End of the census: stdin closed (the worker's loop ends), killed if it lingers."""
+        """End of the census: stdin closed (the worker's loop ends), killed if it lingers (a
+        model still running when the census was stopped)."""
         if self.proc is not None:
             with contextlib.suppress(Exception):
                 self.proc.stdin.close()
-                self.proc.wait(timeout=30)
+                self.proc.wait(timeout=5)
         self.kill()
 
     def tail(self, n: int = 1) -> list[str]:
