@@ -141,6 +141,7 @@ def test_the_census_on_the_standin_records_each_architecture_and_survives_a_dead
         assert by[name]["reproducer_status"] == 2
     md = (tmp_path / "v.md").read_text()
     assert "## Findings" in md and "| mamba2 | crashed | prefix |" in md and "mamba2-vllm.py" in md
+    assert "| qwen2 | unconfirmed | prefill | 0.5 | prefill in one step departs as well" in md  # the model, not a cache
     # the record file is the census's: it reads back, and a resumed run checks nothing again
     assert [x["model_type"] for x in records.read(tmp_path / "v.jsonl").records] == ["llama", "mamba2", "mistral",
                                                                                       "qwen2"]

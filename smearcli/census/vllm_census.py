@@ -85,6 +85,13 @@ def _cell(text, n: int = 120) -> str:
     return str(text or "").replace("|", "/").replace("\n", " ")[:n]
 
 
+def _departure(r: dict) -> str:
+    """Why a departure is what it is: the prefill note when the one-step path departs too (the
+    model, not a cache), else the confirmation's why."""
+    said = [n for n in r.get("notes") or [] if n.startswith("prefill")]
+    return said[0] if said else (r.get("confirmation") or {}).get("why") or ""
+
+
 def markdown(recs: Sequence[dict], meta: Optional[dict] = None) -> str:
     """The census on vLLM as Markdown: counts, findings with reproducers, what could not run and
     why, then every architecture."""
@@ -104,7 +111,7 @@ def markdown(recs: Sequence[dict], meta: Optional[dict] = None) -> str:
             rep = f"`{Path(r['reproducer']).name}` ({r.get('reproducer_status')})" if r.get("reproducer") else "-"
             err = "-" if r.get("max_abs") is None else f"{r['max_abs']:.2g}"
             out.append(f"| {r['model_type']} | {r['verdict']} | {r.get('worst_schedule') or '-'} | {err} | "
-                       f"{_cell(r.get('reason') or (r.get('confirmation') or {}).get('why'))} | {rep} |")
+                       f"{_cell(r.get('reason') or _departure(r))} | {rep} |")
         out.append("")
     skipped = [r for r in sorted(recs, key=lambda r: r["model_type"]) if r.get("verdict") == SKIP]
     if skipped:
