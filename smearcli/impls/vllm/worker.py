@@ -173,8 +173,24 @@ def load_vllm() -> dict:
     from vllm.inputs import TokensPrompt
     from vllm.v1.sample.logits_processor import LogitsProcessor
 
+    inspect_here()
     return {"np": np, "vllm": vllm, "LLM": LLM, "SamplingParams": SamplingParams, "TokensPrompt": TokensPrompt,
             "Force": make_force_processor(LogitsProcessor)}
+
+
+def inspect_here() -> None:
+    """On a CPU, vLLM's registry inspects a model class it has not seen (not in its modelinfos
+    cache) in this process rather than a fresh Python: that subprocess exists to keep CUDA
+    uninitialised, which a CPU does not have, and it imports vLLM again, 15 to 30 s per new
+    architecture, the larger part of a census's first run."""
+    try:
+        from vllm.model_executor.models import registry
+        from vllm.platforms import current_platform
+
+        if current_platform.is_cpu():
+            registry._run_in_subprocess = lambda fn: fn()
+    except Exception:  # another vLLM layout: its own way, only slower
+        pass
 
 
 def scheduler(llm):
