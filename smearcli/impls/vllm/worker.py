@@ -11,24 +11,20 @@ interpreter, with other versions of torch and transformers). Usage, by the adapt
 `{"worker": "smearcli-vllm", "protocol": 2, "python": "3.11.9", "vllm": "0.32.0"}` (`vllm` null
 when the interpreter has none), found without importing vLLM (which takes seconds).
 
-`serve` is the census's mode (`smearcli scan --engine vllm`): vLLM is imported once, then one
-JSON line per job is read from stdin and answered with one JSON line on the process's original
-stdout (vLLM's own logging goes to stderr): `{"ready": true, "import_s"}` once imported, then for
-`{"id", "op": "run", "request", "outdir"}` the result.json below (also written to OUTDIR) as
-`{"id", "result"}`, for `{"id", "op": "archs"}` `{"id", "archs": [...]}` (the architectures vLLM's
-ModelRegistry supports), for `{"id", "op": "repro", "path", "timeout"}` `{"id", "status", "last"}`
-(a reproducer run in this Python with `-I`: its exit status and last line). Each model's engines are closed after its request, so one process
-serves any number of models.
+`serve` (the census's mode) imports vLLM once, answers `{"ready": true, "import_s"}`, then reads
+one JSON job a line from stdin and answers each with one line on the original stdout (vLLM logs
+to stderr): `{"id", "op": "run", "request", "outdir"}` -> `{"id", "result"}` (result.json, below),
+`{"id", "op": "archs"}` -> `{"id", "archs"}` (vLLM's ModelRegistry), `{"id", "op": "repro", "path",
+"timeout"}` -> `{"id", "status", "last"}` (a reproducer run here with `-I`). A model's engines
+are closed after its request, so one process serves any number of models.
 
 The request (protocol 2) is JSON: `model` (a local model directory), `rows` (token ids, one list
 per row), `vocab`, `dtype`, `device`, `tensor_parallel_size`, `max_model_len`, `block_size`,
 `kv_cache_memory_bytes` and `schedules`, a list of `{"name": ..., ...}`:
 
 - `prefill`: each row as one prompt in one engine step (`max_num_batched_tokens` >= its length);
-- `chunked` with `budget`: the same with the scheduler's token budget per step set to `budget`
-  (what `max_num_batched_tokens` sets; the engine is built at the full budget and its
-  scheduler's `max_num_scheduled_tokens` lowered, so several budgets share one engine start), so
-  vLLM's chunked prefill feeds the prompt `budget` tokens per step; a request may hold several;
+- `chunked` with `budget` (several may come): the scheduler's per-step token budget set to
+  `budget`, as `max_num_batched_tokens` sets it, on the engine built at the full budget (one start);
 - `decode` : a one-token prompt, then every later token generated one per step, forced to the
   row's own tokens by a logits processor (log-probs are vLLM's raw ones, taken before it);
 - `prefix` with `prefix`: prefix caching on; a first request for the first `prefix` tokens (whole
@@ -42,9 +38,8 @@ positions) and `warm` (the second, every position, as vLLM returned them: below 
 `num_cached_tokens` those are uninitialised memory, NaN where they name no token) and leaves
 the stitching and the checks to the adapter. An exception inside vLLM is that schedule's result:
 `"outcome": "crashed"` with the message and the innermost vLLM frame; the worker goes on with the
-next schedule on a fresh engine. An engine that does not start fails every schedule it was for,
-with `"engine": true` in their entries. `steps` are the token counts vLLM's scheduler really
-scheduled for the request.
+next schedule on a fresh engine; an engine that does not start fails its schedules with `"engine":
+true`. `steps` are the token counts vLLM's scheduler really scheduled.
 """
 
 import gc
@@ -173,24 +168,8 @@ def load_vllm() -> dict:
     from vllm.inputs import TokensPrompt
     from vllm.v1.sample.logits_processor import LogitsProcessor
 
-    inspect_here()
     return {"np": np, "vllm": vllm, "LLM": LLM, "SamplingParams": SamplingParams, "TokensPrompt": TokensPrompt,
             "Force": make_force_processor(LogitsProcessor)}
-
-
-def inspect_here() -> None:
-    """On a CPU, vLLM's registry inspects a model class it has not seen (not in its modelinfos
-    cache) in this process rather than a fresh Python: that subprocess exists to keep CUDA
-    uninitialised, which a CPU does not have, and it imports vLLM again, 15 to 30 s per new
-    architecture, the larger part of a census's first run."""
-    try:
-        from vllm.model_executor.models import registry
-        from vllm.platforms import current_platform
-
-        if current_platform.is_cpu():
-            registry._run_in_subprocess = lambda fn: fn()
-    except Exception:  # another vLLM layout: its own way, only slower
-        pass
 
 
 def scheduler(llm):
@@ -217,23 +196,20 @@ def count_steps(llm) -> list:
 
 
 def close(llm) -> None:
-    """Drop an engine and vLLM's process-wide parallel state with it, so the next LLM in this
-    process initialises its own (without this the next one fails: "pipeline model parallel group
-    is not initialized")."""
+    """Drop an engine and vLLM's process-wide parallel state, so the next LLM here starts its own
+    (else it fails: "pipeline model parallel group is not initialized")."""
+    from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
+
     try:
         llm.llm_engine.engine_core.shutdown()
     except Exception:
         pass
-    del llm
-    gc.collect()
-    try:
-        from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
-
-        destroy_model_parallel()
-        destroy_distributed_environment()
-    except Exception:
-        pass
-    gc.collect()
+    del llm  # collected before the parallel state goes, as the next engine needs it
+    for step in (gc.collect, destroy_model_parallel, destroy_distributed_environment, gc.collect):
+        try:
+            step()
+        except Exception:  # already down
+            pass
 
 
 def run_request(req: dict, outdir: str, m: dict, import_s: float = 0.0) -> dict:
@@ -362,10 +338,8 @@ def main(request_path: str, outdir: str) -> None:
 def run_reproducer(path: str, timeout: float) -> dict:
     """A reproducer run in this environment's Python, isolated (`-I`): its status and last line."""
     import subprocess
-
     try:
-        p = subprocess.run([sys.executable, "-I", path], capture_output=True, text=True, timeout=timeout,
-                           stdin=subprocess.DEVNULL)
+        p = subprocess.run([sys.executable, "-I", path], capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         return {"status": -1, "last": f"timed out after {timeout:g} s"}
     lines = [ln for ln in (p.stdout.strip() or p.stderr.strip()).splitlines() if ln.strip()]
