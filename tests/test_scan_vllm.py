@@ -164,6 +164,15 @@ def test_an_engine_vllm_does_not_start_is_not_built_with_why(fake_python, tmp_pa
     assert "## Not run on the CPU backend" in md and "| llama | vLLM did not start" in md
 
 
+def test_a_prefill_that_raises_is_not_built_not_a_cache_crash(fake_python, tmp_path, monkeypatch):
+    monkeypatch.setenv("SMEARCLI_STANDIN_PLAN", json.dumps({"llama": "noprefill"}))
+    r = scan(tmp_path, fake_python, "--only", "llama", "--json")
+    assert r.exit_code == 0, r.output
+    (a,) = json.loads(r.stdout)["architectures"]
+    assert a["verdict"] == NOT_BUILT and a["reason"].startswith("vLLM's prefill in one step raises on the CPU backend")
+    assert "selective_scan_fwd" in a["reason"] and a["reproducer"] is None
+
+
 def test_options_the_vllm_census_refuses(fake_python, tmp_path, monkeypatch):
     monkeypatch.delenv(ENV_PYTHON, raising=False)
     r = runner.invoke(app, ["scan", "--engine", "vllm", "--out", str(tmp_path / "v.jsonl")])

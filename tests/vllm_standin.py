@@ -22,7 +22,8 @@ per job on stdin, as the worker's. `archs` answers $SMEARCLI_STANDIN_ARCHS (comm
 default list otherwise). The mode of one model comes from $SMEARCLI_STANDIN_PLAN, a JSON object
 {model_type: mode} (the model's config.json names it), over $SMEARCLI_STANDIN_MODE; the census's
 extra modes: hang (sleeps), exit (the whole process exits mid-request), noengine (the engine does
-not start), hog (allocates memory until killed), spread (every schedule off at one position: a
+not start), noprefill (every schedule raises: a kernel the CPU build lacks), hog (allocates
+memory until killed), spread (every schedule off at one position: a
 departure that vLLM has no float64 rerun for).
 """
 
@@ -121,6 +122,9 @@ def run_request(req, outdir, mode):
         if mode == "noengine":
             entry.update(outcome="crashed", engine=True, message="ValueError: head size 16 is not supported "
                          "(at vllm/v1/attention/backends/cpu_attn.py:70 in validate_head_size)")
+        elif mode == "noprefill":
+            entry.update(outcome="crashed", message="AttributeError: '_OpNamespace' '_C' object has no attribute "
+                         "'selective_scan_fwd' (at vllm/_custom_ops.py:1975 in selective_scan_fwd)")
         elif name in ("prefill", "decode", "chunked"):
             b = sched.get("budget", T if name == "prefill" else 1)
             entry["steps"] = [b] * (T // b) + ([T % b] if T % b else [])

@@ -15,8 +15,9 @@ decode), and each run is measured against the reference:
 - every run within the tolerance is `ok` once the check had power (zeroing the transformers
   reference's cache moves the logits: vLLM exposes no cache, the same weights stand in), else
   `inconclusive`;
-- a config or model that transformers cannot build, or an engine vLLM does not start for it (a
-  head size or layer kind the CPU backend lacks), is `not built`, with the reason.
+- a config or model that transformers cannot build, an engine vLLM does not start for it (a
+  head size or layer kind the CPU backend lacks), or a prefill in one step that raises (a kernel
+  the CPU build lacks: no cached path can be compared then) is `not built`, with the reason.
 
 The record has the census's fields (`check.record`) plus `engine` ("vllm"), `vllm_version` and
 `vllm` (engine start and request times, the worker's memory).
@@ -144,6 +145,9 @@ def judge(model_type, result, workdir, tokens, req, ref_runner, ref, floor, tole
                                        "max_abs": m.max_abs_logits, "multiple": m.logits_multiple}
             if run.steps and len(run.steps) > 1:
                 schedules[run.schedule]["steps"] = ",".join(map(str, run.steps[:12]))
+    if schedules.get("prefill", {}).get("status") == str(CRASHED):  # nothing to compare a cache against
+        return record(model_type, NOT_BUILT, reason="vLLM's prefill in one step raises on the CPU backend: "
+                      + schedules["prefill"]["why"], **{**base, "schedules": schedules})
     crashed = [n for n, s in schedules.items() if s["status"] == str(CRASHED)]
     failed = [n for n, m in metrics.items() if not m.passed]
     steps = {r.schedule: list(r.steps) for r in runs}
