@@ -164,6 +164,17 @@ def test_an_engine_vllm_does_not_start_is_not_built_with_why(fake_python, tmp_pa
     assert "## Not run on the CPU backend" in md and "| llama | vLLM did not start" in md
 
 
+def test_an_engine_refused_after_other_models_is_tried_again_in_a_fresh_worker(fake_python, tmp_path, monkeypatch):
+    monkeypatch.setenv("SMEARCLI_STANDIN_PLAN", json.dumps({"qwen2": "stale", "mistral": "stale"}))
+    r = scan(tmp_path, fake_python, "--only", "mistral,qwen2", "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    by = {a["model_type"]: a for a in doc["architectures"]}
+    assert by["mistral"]["verdict"] == OK and "checked again" not in " ".join(by["mistral"]["notes"])  # first
+    assert by["qwen2"]["verdict"] == OK and "checked again in a fresh vLLM process" in by["qwen2"]["notes"]
+    assert doc["benchmark"]["vllm_imports"] == 2
+
+
 def test_a_prefill_that_raises_is_not_built_not_a_cache_crash(fake_python, tmp_path, monkeypatch):
     monkeypatch.setenv("SMEARCLI_STANDIN_PLAN", json.dumps({"llama": "noprefill"}))
     r = scan(tmp_path, fake_python, "--only", "llama", "--json")

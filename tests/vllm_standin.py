@@ -22,8 +22,8 @@ per job on stdin, as the worker's. `archs` answers $SMEARCLI_STANDIN_ARCHS (comm
 default list otherwise). The mode of one model comes from $SMEARCLI_STANDIN_PLAN, a JSON object
 {model_type: mode} (the model's config.json names it), over $SMEARCLI_STANDIN_MODE; the census's
 extra modes: hang (sleeps), exit (the whole process exits mid-request), noengine (the engine does
-not start), noprefill (every schedule raises: a kernel the CPU build lacks), hog (allocates
-memory until killed), spread (every schedule off at one position: a
+not start), noprefill (every schedule raises: a kernel the CPU build lacks), stale (the engine is refused in a
+process that served another model first), hog (allocates memory until killed), spread (every schedule off at one position: a
 departure that vLLM has no float64 rerun for).
 """
 
@@ -66,6 +66,7 @@ def main(request_path, outdir):
 def serve():
     import time
 
+    served = 0
     print(json.dumps({"ready": True, "protocol": PROTOCOL, "vllm": "stand-in", "import_s": 0.0}), flush=True)
     for line in sys.stdin:
         job = json.loads(line)
@@ -92,6 +93,9 @@ def serve():
             while True:
                 hog.append(b"\x01" * (64 << 20))  # written, so resident
                 time.sleep(0.01)
+        if mode == "stale":  # refused only by a process that served another model first
+            mode = "noengine" if served else "good"
+        served += 1
         result = run_request(req, job["outdir"], mode)
         print(json.dumps({"id": job["id"], "result": result}), flush=True)
 

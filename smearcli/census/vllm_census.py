@@ -11,6 +11,7 @@ the shares spent importing vLLM and starting engines), `markdown(...)` the censu
 from __future__ import annotations
 
 import functools
+import tempfile
 import time
 from pathlib import Path
 from typing import Callable, Optional, Sequence
@@ -21,6 +22,7 @@ from .report import counts, sort_key
 from .vllm_engine import Worker, archs
 
 SKIP = str(NOT_BUILT)  # an architecture the census could not run, with why
+ENGINE_REFUSED = vllm_check.ENGINE_REFUSED
 FINDINGS = (str(CRASHED), str(UNCONFIRMED))
 
 
@@ -38,23 +40,46 @@ def check_one(name: str, worker: Worker, timeout: float, memory: Optional[int], 
     return rec
 
 
+def engine_refused(rec: dict) -> bool:
+    return rec.get("verdict") == SKIP and str(rec.get("reason") or "").startswith(ENGINE_REFUSED)
+
+
+def attempt(worker: Worker, name: str, check, timeout: float, memory: Optional[int], scratch: Path) -> dict:
+    """One architecture in its own forked process (`isolate`), its record kept aside."""
+    scratch.unlink(missing_ok=True)
+    with records.Sink(scratch) as aside:
+        (rec,) = isolate.run([name], check, aside, jobs=1, timeout=timeout, memory=memory)
+    worker.served += 1
+    return rec
+
+
 def run(worker: Worker, names: Sequence[str], sink: "records.Sink", timeout: float, memory: Optional[int],
         repro_dir: Path, on_record: Optional[Callable[[dict], None]] = None) -> list[dict]:
     """Check `names` (those `sink` does not hold yet), one at a time; a worker that died, hung or
-    left an answer unread is started again before the next architecture."""
-    todo = [n for n in names if n not in sink.names()]
-    left = [len(todo)]
-
-    def after(rec: dict) -> None:
-        left[0] -= 1
-        clean = (rec.get("vllm") or {}).get("answered")
-        if left[0] > 0 and (not clean or not worker.alive()):
-            worker.kill()
-            worker.start()
-        if on_record is not None:
-            on_record(rec)
+    left an answer unread is started again before the next architecture. An engine vLLM refused
+    in a worker that had served other models is tried again in a fresh one before it counts: an
+    engine's parallel state is process-wide, and what an earlier model left of it can refuse the
+    next (vLLM 0.32: "expert parallel group is not initialized" for a MoE after others)."""
     check = functools.partial(check_one, worker=worker, timeout=timeout, memory=memory, repro_dir=repro_dir)
-    return isolate.run(todo, check, sink, jobs=1, timeout=timeout, memory=memory, on_record=after)
+    todo = [n for n in names if n not in sink.names()]
+    done = []
+    with tempfile.TemporaryDirectory(prefix="smearcli-vllm-census-") as d:
+        for i, name in enumerate(todo):
+            rec = attempt(worker, name, check, timeout, memory, Path(d) / "one.jsonl")
+            if engine_refused(rec) and worker.served > 1:
+                worker.kill()
+                worker.start()
+                rec = attempt(worker, name, check, timeout, memory, Path(d) / "one.jsonl")
+                rec["notes"] = list(rec.get("notes") or []) + ["checked again in a fresh vLLM process"]
+            sink.write(rec)
+            done.append(rec)
+            if on_record is not None:
+                on_record(rec)
+            clean = (rec.get("vllm") or {}).get("answered")
+            if i + 1 < len(todo) and (not clean or not worker.alive()):
+                worker.kill()
+                worker.start()
+    return done
 
 
 def summary(recs: Sequence[dict], worker: Optional[Worker], wall_s: float) -> dict:

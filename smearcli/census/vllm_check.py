@@ -45,6 +45,7 @@ from .check import build, record, text_config
 from .vllm_engine import WorkerGone
 
 NO_FLOAT64 = "not confirmed: vLLM's engine has no float64 form to rerun it in"
+ENGINE_REFUSED = "vLLM did not start an engine for the tiny model: "
 
 
 def request(model_dir: Path, tokens: torch.Tensor, vocab: int, entries: list) -> dict:
@@ -128,8 +129,7 @@ def judge(model_type, result, workdir, tokens, req, ref_runner, ref, floor, tole
             "floor": floor.per_layer[-1], "floor_source": floor.source}
     engine_failed = [e for e in result["schedules"] if e.get("engine")]
     if engine_failed and any(e["name"] != "prefix" for e in engine_failed):
-        return record(model_type, NOT_BUILT, reason="vLLM did not start an engine for the tiny model: "
-                      + engine_failed[0].get("message", ""), **base)
+        return record(model_type, NOT_BUILT, reason=ENGINE_REFUSED + engine_failed[0].get("message", ""), **base)
     schedules, notes, metrics = {}, [], {}
     for run, entry in zip(runs, result["schedules"]):
         if run.outcome == RUN_CRASHED and entry.get("engine"):  # prefix caching refused for this model

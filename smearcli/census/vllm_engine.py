@@ -60,6 +60,7 @@ class Worker:
         self.ready: dict = {}
         self.import_s = 0.0  # every start's import, summed
         self.starts = 0
+        self.served = 0  # models sent to the running worker (the census counts them)
         self._ids = itertools.count(1)
         self._buf = bytearray()
 
@@ -78,6 +79,7 @@ class Worker:
             self.kill()
             raise UserError(f"{self.python}: vLLM's worker did not start ({e})") from None
         self.starts += 1
+        self.served = 0
         self.import_s += float(self.ready.get("import_s") or time.monotonic() - t0)
         return self.ready
 
