@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Where a compare's time goes (issue 24), measured on the tree given (default: this checkout).
+"""Where a compare's time goes, measured on the tree given (default: this checkout).
 
 Three measurements, each printed as a row of one table (and, with --out, written as JSON):
 

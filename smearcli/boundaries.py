@@ -1,7 +1,9 @@
 """The schedules of boundaries other than chunk starts: packed documents, padded rows, rolled-back
-drafts. `smearcli.schedules` registers them; each returns (logits, hiddens, steps, marks, extra)
-where `extra` holds what `RunResult` needs beyond the plain schedules (chunk starts that are not
-the steps' running sums, notes on what ran).
+drafts. Each is one `steps.Schedule` (`BOUNDARIES`, which `smearcli.schedules` registers) that
+owns everything said of it: its run (a `steps.Ran`, with the chunk starts that are not the steps'
+running sums and notes on what ran), the shape of its failure, its marks' words in a figure,
+whether the census runs it, and its part of the census's reproducer (`Repro`, in
+`boundaries_repro`).
 
 - packed: the input row holds documents back to back, each beginning with BOS, as nanochat's
   BOS-aligned loader packs them for training; the run feeds each document alone, from position 0,
@@ -23,12 +25,11 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from .names import DOCUMENT_START, PADDING, ROLLBACK  # the kinds of boundary recorded here
-from .runner import COPY, CROP, Runner
+from . import boundaries_repro
+from .names import DOCUMENT_START, DRAFT, PADDING, REJECT, ROLLBACK  # the kinds of boundary recorded here
+from .runner import BOS_DOCUMENTS, COPY, CROP, PADDING as PADDED_BATCH, Runner
+from .steps import Ran, Repro, Schedule, ScheduleOptions, prompt_len, split_even
 
-# the shape each schedule's failure has, for verdicts and scans
-SHAPES = {"packed": "leak across documents", "padded": "padding leaks into a row",
-          "rollback": "state not rolled back"}
 PAD_ID = 0  # what a padding position holds (its outputs are never compared)
 
 
@@ -55,9 +56,19 @@ def _cat(parts: list, dim: int) -> Optional[list[Tensor]]:
     return [torch.cat([p[i].float() for p in parts], dim=dim) for i in range(len(parts[0]))]
 
 
+def document_lengths(T: int, opts: ScheduleOptions) -> list[int]:
+    """The packed schedule's documents: as given (they must cover T), else `chunks` near-equal ones."""
+    if opts.documents is None:
+        return split_even(T, opts.chunks)
+    lengths = list(opts.documents)
+    if any(n < 1 for n in lengths) or sum(lengths) != T:
+        raise ValueError(f"documents of lengths {','.join(map(str, lengths))} do not cover the {T} tokens")
+    return lengths
+
+
 def packed(runner: Runner, tokens: Tensor, opts, capture, on_step=None, lengths=None):
-    """Each document alone, stitched back along T."""
-    lengths = list(lengths)
+    """Each document alone (`opts.documents`, unless `lengths` are given), stitched back along T."""
+    lengths = document_lengths(tokens.size(1), opts) if lengths is None else list(lengths)
     if sum(lengths) != tokens.size(1) or any(n < 1 for n in lengths):
         raise ValueError(f"documents of lengths {','.join(map(str, lengths))} do not cover the row's "
                          f"{tokens.size(1)} tokens")
@@ -69,8 +80,8 @@ def packed(runner: Runner, tokens: Tensor, opts, capture, on_step=None, lengths=
         if on_step is not None:
             on_step(n)
     starts = document_starts(lengths)[1:]
-    return (torch.cat(logits, dim=1), _cat(caps, 1) if capture else None, lengths,
-            {DOCUMENT_START: starts}, {"starts": []})  # fresh calls: no chunk starts
+    return Ran(torch.cat(logits, dim=1), _cat(caps, 1) if capture else None, lengths,
+               {DOCUMENT_START: starts}, starts=[])  # fresh calls: no chunk starts
 
 
 def padded_length(T: int) -> int:
@@ -109,7 +120,7 @@ def padded(runner: Runner, tokens: Tensor, opts, capture, on_step=None):
     hiddens = _cat(rows_h, 0) if capture else None
     note = (f"padded: each row beside its first {L} tokens right-padded and left-padded to {T} "
             f"(rows full/right/left); padding positions are not compared")
-    return torch.cat(rows_l, dim=0), hiddens, [T], {PADDING: [L]}, {"starts": [], "notes": (note,)}
+    return Ran(torch.cat(rows_l, dim=0), hiddens, [T], {PADDING: [L]}, starts=[], notes=(note,))
 
 
 def rollback_mode(runner: Runner) -> Optional[str]:
@@ -118,9 +129,11 @@ def rollback_mode(runner: Runner) -> Optional[str]:
 
 
 def rollback(runner: Runner, tokens: Tensor, opts, capture, on_step=None, prompt=None):
-    """Prefill the prompt; then each verify step feeds `draft` tokens, the last `reject` of them
-    wrong, keeps the outputs before them and takes them back out of the cache."""
+    """Prefill the prompt (all but the last `gen_len` tokens unless given); then each verify step
+    feeds `draft` tokens, the last `reject` of them wrong, keeps the outputs before them and takes
+    them back out of the cache."""
     B, T = tokens.shape
+    prompt = prompt_len(T, opts) if prompt is None else prompt
     k, j = opts.draft, opts.reject
     if not 0 < j < k:
         raise ValueError(f"rollback rejects between 1 and draft - 1 tokens of each draft ({k}), got {j}")
@@ -162,5 +175,33 @@ def rollback(runner: Runner, tokens: Tensor, opts, capture, on_step=None, prompt
     how = ("cropped back" if mode == "crop" else "restored from a copy taken before the draft (the "
            "runner cannot crop its cache), the accepted tokens fed again")
     note = f"rollback: drafts of {k}, the last {j} of each rejected and the cache {how}"
-    return (torch.cat(logits, dim=1), _cat(caps, 1) if capture else None, steps, {ROLLBACK: cuts},
-            {"starts": [s for s in starts if s > 0], "notes": (note,)})
+    return Ran(torch.cat(logits, dim=1), _cat(caps, 1) if capture else None, steps, {ROLLBACK: cuts},
+               starts=[s for s in starts if s > 0], notes=(note,))
+
+
+# the census's reproducer of each (`smearcli.census.repro`): its values from the boundary's census
+# entry (`census.boundary.entry`) and the reproducer's length T, at the schedules' default options
+PADDED_REPRO = Repro(
+    "The row beside its prefix right- and left-padded in one batch, with the attention mask,",
+    boundaries_repro.PADDED,
+    lambda e, T: dict(padded_len=padded_length(T), pad_id=PAD_ID if e.get("pad_id") is None else e["pad_id"],
+                      positions=bool(e.get("positions", True))))
+ROLLBACK_REPRO = Repro(
+    "A prefill, then drafts partly rejected and taken back out of the cache,", boundaries_repro.ROLLBACK,
+    lambda e, T: dict(prompt=prompt_len(T, ScheduleOptions()), draft=DRAFT, reject=REJECT,
+                      mode=e.get("mode") or "copy"))
+
+BOUNDARIES = (
+    Schedule("packed", "each BOS-started document of the packed row alone, against the packed row", packed,
+             frozenset({BOS_DOCUMENTS}), shape="leak across documents",
+             marks=((DOCUMENT_START, "document start (BOS)"),)),
+    Schedule("padded", "the row beside its prefix right- and left-padded in one batch, with the mask", padded,
+             frozenset({PADDED_BATCH}), shape="padding leaks into a row",
+             marks=((PADDING, "padding boundary (right: pads begin; left: tokens begin)"),), census=True,
+             repro=PADDED_REPRO),
+    # a rollback's error born at the prompt's end is the chunk-start bug, not the rollback
+    Schedule("rollback", "prefill, then drafts of `draft` tokens whose last `reject` are rejected and "
+             "taken back out of the cache", rollback, needs_one_of=frozenset({CROP, COPY}),
+             shape="state not rolled back", shape_at=ROLLBACK, marks=((ROLLBACK, "rejected draft taken back"),),
+             census=True, repro=ROLLBACK_REPRO),
+)

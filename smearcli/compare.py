@@ -30,13 +30,12 @@ import torch
 from torch import Tensor
 
 from . import evidence, profile
-from .boundaries import SHAPES
 from .errors import CannotRun
-from .metrics import AnalyticCheck, NoiseFloor, RunMetrics, analytic_check, measure
-from .names import DEFAULT_SCHEDULES, LOGIC_NAMES, NOISE_MARGIN, ROLLBACK
+from .metrics import AnalyticCheck, NoiseFloor, RunMetrics, analytic_check, measure_all
+from .names import DEFAULT_SCHEDULES, LOGIC_NAMES, NOISE_MARGIN
 from .runner import Described, Runner
 from .runplan import collect, common_layers, forward_runs, plan, run_all  # noqa: F401 - plan and forward_runs: part of compare's API (the CLI's progress totals)
-from .schedules import RunResult, ScheduleOptions, missing, run_schedule, runnable
+from .schedules import RunResult, ScheduleOptions, missing, run_schedule, runnable, shape, shape_at
 from .units import sci, sig3, times
 from .verdicts import BUG, CRASHED, INCONCLUSIVE, OK, ROUNDING, UNCONFIRMED, Verdict, line
 from .wording import born_where, fmt_steps, starts_phrase
@@ -262,7 +261,7 @@ def compare(target, tokens: Tensor, schedules: Sequence[str] = DEFAULT_SCHEDULES
     f64 = evidence.Float64(ref_runner, tokens, capture=ref.hiddens is not None)  # floor and confirmations share it
     step("noise floor (float64)")
     floor = evidence.floor(ref_runner, ref, tokens, dtype, f64)
-    metrics = [measure(ref, r, floor, tolerance) for r in runs]
+    metrics = measure_all(ref, runs, floor, tolerance)
     by_label = {r.label: r for r in runners}
     pick = check_runs or (lambda m: not m.passed)
     analytic, checked = {}, {}
@@ -312,7 +311,8 @@ def measure_power(runners: Sequence[Runner], reference: Optional[Runner], tokens
 
 def run_word(status: str) -> str:
     """A run's status as the tables print it."""
-    return {OK: "ok", BUG: "BUG", ROUNDING: "ok (rounding)", UNCONFIRMED: "unconfirmed"}.get(status, str(status))
+    return {OK: str(OK), BUG: str(BUG).upper(), ROUNDING: f"{OK} (rounding)", UNCONFIRMED: str(UNCONFIRMED)}.get(
+        status, str(status))
 
 
 def verdict(c: Comparison) -> str:
@@ -366,16 +366,12 @@ def verdict(c: Comparison) -> str:
 
 
 def shape_of(c: Comparison, m: RunMetrics) -> Optional[str]:
-    """The shape of a failing run of a boundary schedule (`boundaries.SHAPES`): always for packed
-    and padded; for rollback only when the error is born where a draft was taken back (born at the
+    """The shape of a failing run of a boundary schedule (`steps.Schedule.shape`), where the error
+    is born at one of its `shape_at` marks when the boundary names one (rollback: born at the
     prompt's end it is the chunk-start bug, not the rollback)."""
-    if m.schedule not in SHAPES:
-        return None
-    if m.schedule == "rollback":
-        run = next(r for r, x in zip(c.runs, c.metrics) if x is m)
-        born = c.born_at(m)
-        if born is None or born[1] not in run.marks.get(ROLLBACK, ()):
-            return None
-    return SHAPES[m.schedule]
-
-
+    words, at = shape(m.schedule), shape_at(m.schedule)
+    if words is None or at is None:
+        return words
+    run = next(r for r, x in zip(c.runs, c.metrics) if x is m)
+    born = c.born_at(m)
+    return words if born is not None and born[1] in run.marks.get(at, ()) else None

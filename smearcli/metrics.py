@@ -21,10 +21,12 @@ gathered. The numbers are those of the whole-tensor formulas, bit for bit (tests
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import weakref
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -82,20 +84,35 @@ def _stack(run: RunResult) -> list[Tensor]:
     return list(run.hiddens or []) + [run.logits]
 
 
-_MEMO: list = []  # [(weak references to the tensors read, other inputs, result)], newest first
+_SHARED: contextvars.ContextVar[Optional[list]] = contextvars.ContextVar("shared_work", default=None)
 MEMO_SIZE = 4
 
 
+@contextlib.contextmanager
+def shared_work():
+    """A scope in which `measure` computes what runs share once: the reference's scale and
+    softmax terms for every run, and the one decode run measured under each logic. The memo lives
+    as long as the scope (one comparison), never beyond it."""
+    token = _SHARED.set([])  # [(weak references to the tensors read, other inputs, result)], newest first
+    try:
+        yield
+    finally:
+        _SHARED.reset(token)
+
+
 def _memo(tensors: list[Tensor], key: tuple, compute):
-    """`compute()` once for the same tensors (the same objects, alive) and `key`: compare measures
-    the one decode run under each logic, and every run against one reference. Schedules make runs
-    under inference mode, and outside it their tensors cannot be changed in place."""
-    for refs, k, result in _MEMO:
+    """`compute()` once per scope (`shared_work`) for the same tensors (the same objects, alive)
+    and `key`. Schedules make runs under inference mode, and outside it their tensors cannot be
+    changed in place, so the same objects hold the same values."""
+    memo = _SHARED.get()
+    if memo is None:
+        return compute()
+    for refs, k, result in memo:
         if k == key and len(refs) == len(tensors) and all(w() is t for w, t in zip(refs, tensors)):
             return result
     result = compute()
-    _MEMO.insert(0, ([weakref.ref(t) for t in tensors], key, result))
-    del _MEMO[MEMO_SIZE:]
+    memo.insert(0, ([weakref.ref(t) for t in tensors], key, result))
+    del memo[MEMO_SIZE:]
     return result
 
 
@@ -309,6 +326,13 @@ def _errors(ref: RunResult, run: RunResult) -> tuple[Tensor, Tensor, Tensor, flo
     scale = _ref_scale(ref)[-err.size(0):]
     rel = err / scale.clamp_min(torch.finfo(torch.float32).tiny)
     return err, rel, kl.amax(dim=0).clamp_min(0).float(), agree.float().mean().item()
+
+
+def measure_all(ref: RunResult, runs: Sequence[RunResult], noise: NoiseFloor,
+                tolerance: float = NOISE_MARGIN) -> list[RunMetrics]:
+    """`measure` of every run against one reference, sharing the work they have in common."""
+    with shared_work():
+        return [measure(ref, r, noise, tolerance) for r in runs]
 
 
 def measure(ref: RunResult, run: RunResult, noise: NoiseFloor, tolerance: float = NOISE_MARGIN) -> RunMetrics:

@@ -1,8 +1,9 @@
 """The names and defaults every layer shares, importable without torch (so `--help` is fast).
 
-`schedules.SCHEDULES` and `smear.LOGICS` implement exactly these names, in this order (asserted
-there); the CLI's option defaults, the library's keyword defaults, the notebooks and the docs all
-read them from here."""
+`schedules.SCHEDULES` starts with exactly the built-in schedules named here, and `smear.LOGICS`
+implements exactly these logics, in this order (asserted there); the CLI's option defaults, the
+library's keyword defaults, the notebooks and the docs all read them from here. A schedule
+registered later (`schedules.register`) needs no name here."""
 
 SCHEDULE_NAMES = ("full", "prefill", "decode", "chunked", "engine", "speculative", "packed", "padded", "rollback",
                   "prefix")
@@ -26,8 +27,8 @@ GEN_LEN = 32  # engine, speculative: tokens after the prompt
 DRAFT = 4  # speculative: tokens per verify step
 REJECT = 2  # rollback: draft tokens rejected at each verify step (of DRAFT)
 FIRST_TOKENS = 8  # packed: a document's "first tokens", where a leak is measured beside its BOS
-# the kinds of boundary `smearcli.boundaries` records in RunResult.marks (here: figures name them
-# without importing torch)
+# the kinds of boundary the built-in boundaries (`smearcli.boundaries`) record in RunResult.marks
+# (here: the packed figure names one without importing torch; a new boundary names its own)
 DOCUMENT_START = "document_start"  # a document's BOS, after position 0 of a packed row
 PADDING = "padding"  # where a row's padding begins (right) or its real tokens begin (left)
 ROLLBACK = "rollback"  # where a verify step's rejected tokens were cut from the cache

@@ -15,7 +15,7 @@ import torch
 
 from .model import GPT
 from .names import layer_names
-from .runner import COPY, CROP, DOCUMENT_MASK, EXPAND, SMEAR_TERMS, Described, Output, Runner
+from .runner import BOS_DOCUMENTS, COPY, CROP, DOCUMENT_MASK, EXPAND, SMEAR_TERMS, Described, Output, Runner
 from .smear import ONE_TOKEN_STEP, TAKES_BOS, get_logic
 
 SERIES = {"old": "old logic (upstream)", "fixed": "fixed logic",  # the legend's words per logic
@@ -27,7 +27,7 @@ class GPTRunner(Runner):
     post-smear embedding (`emb`) and every block's output. `bos`: the BOS id, which a BOS-masked
     logic needs (and which the packed schedule's documents begin with)."""
 
-    capabilities = frozenset({EXPAND, SMEAR_TERMS, CROP, COPY, DOCUMENT_MASK})
+    capabilities = frozenset({EXPAND, SMEAR_TERMS, CROP, COPY, DOCUMENT_MASK, BOS_DOCUMENTS})
     thread_safe = True  # GPT.forward writes only the cache it is given (and its rotary table, once)
 
     def __init__(self, model: GPT, logic: str, name: str = "model", bos: Optional[int] = None):

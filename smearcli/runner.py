@@ -35,6 +35,11 @@ run. Optional capabilities are declared in `capabilities`, never probed:
   batch, positions counted over the mask's real tokens (the padded schedule).
 - `PREFIX_CACHE`: the runner's own `run()` does the prefix schedule (a second request reading the
   blocks a first one cached), as only an engine with a prefix cache can.
+- `BOS_DOCUMENTS`: the model starts a document at its BOS token, as nanochat's BOS-aligned loader
+  packs rows (the packed schedule feeds each document alone against the packed row).
+
+`schedules.runnable(runner, name)` reads these (on a runner or on its class) and nothing else:
+an engine whose `run()` does whole schedules itself names them in `runs_itself`.
 
 `LogProbs(runner)` is a runner's log-probabilities (log_softmax of its logits) and no hidden
 states: the form an engine that returns log-probabilities is compared in.
@@ -59,7 +64,8 @@ COPY = "copy"
 DOCUMENT_MASK = "document_mask"
 PADDING = "padding"
 PREFIX_CACHE = "prefix_cache"
-CAPABILITIES = (EXPAND, CROP, SMEAR_TERMS, COPY, DOCUMENT_MASK, PADDING, PREFIX_CACHE)
+BOS_DOCUMENTS = "bos_documents"
+CAPABILITIES = (EXPAND, CROP, SMEAR_TERMS, COPY, DOCUMENT_MASK, PADDING, PREFIX_CACHE, BOS_DOCUMENTS)
 
 
 class NoDocumentMask(Exception):
@@ -95,6 +101,9 @@ class Runner:
     series: str = ""
     layers: tuple[str, ...] = ("logits",)  # capture-point names, "logits" last
     capabilities: frozenset = frozenset()
+    # an engine that runs whole schedules by itself (`run()`): the ones it runs; None: it is driven
+    # step by step, and its capabilities alone decide
+    runs_itself: Optional[frozenset] = None
     one_token_step: Optional[Hashable] = None
     name: str = "model"
     dtype: Any = None  # torch.dtype of the computation (its one ulp bounds the noise floor)

@@ -50,6 +50,11 @@ SEVERITY = (BUG, CRASHED, UNCONFIRMED, INCONCLUSIVE, NOT_BUILT, NOT_RUN, OK)
 # what a float64 rerun says of one departure (`evidence.Confirmation.status`)
 ROUNDING = "rounding"  # gone in float64: float32 rounding, not a finding (the run counts as ok)
 
+# a census boundary (padded, rollback) that agreed beside another schedule's failure: no verdict of
+# its own, since an ok needs the power check, which runs only when every schedule agrees
+NOT_JUDGED = "not judged"
+NOT_JUDGED_WHY = "a schedule before it failed"
+
 
 def passed(word) -> bool:
     """Whether a verdict lets a check pass: `ok` and nothing else."""

@@ -60,7 +60,7 @@ def tokens(ours):
     return random_tokens(ours.config, AUDIT_SEQ, batch=1, seed=1)
 
 
-# The slow families, each a marker, so the fast loop can leave them out (README, Development):
+# The slow families, each a marker, so the fast loop can leave them out (CONTRIBUTING.md):
 #   python -m pytest -m "not (notebooks or docs or browser or slow)"
 FAMILIES = {"test_docs.py": "docs", "test_browser.py": "browser", "test_errors_table.py": "docs"}
 

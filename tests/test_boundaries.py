@@ -8,13 +8,13 @@ import torch
 from typer.testing import CliRunner
 
 from smearcli import ours, packed
-from smearcli.boundaries import DOCUMENT_START, PADDING, ROLLBACK, SHAPES, split_on_bos
+from smearcli.boundaries import DOCUMENT_START, PADDING, ROLLBACK, split_on_bos
 from smearcli.cli.app import app
 from smearcli.compare import compare
 from smearcli.model import rms_norm
 from smearcli.names import NOISE_MARGIN
 from smearcli.runner import COPY, CROP, PADDING as PADDED_BATCH, Output, Runner
-from smearcli.schedules import ScheduleOptions, run_schedule, runnable
+from smearcli.schedules import ScheduleOptions, run_schedule, runnable, shape
 from smearcli.weights import random_config, random_model
 
 LENGTHS = (12, 8, 10)
@@ -162,7 +162,7 @@ def test_a_cropped_draft_matches_the_full_pass():
 def test_state_not_rolled_back_is_reported_with_its_shape():
     c = compare(Toy(forgets=True), toy_tokens(), ["rollback"], options=OPTS)
     assert not c.passed and c.born_at(c.metrics[0]) == ("emb", 14)
-    assert SHAPES["rollback"] in c.verdict
+    assert shape("rollback") in c.verdict
 
 
 def test_without_crop_a_copy_taken_before_the_draft_is_restored():
@@ -186,7 +186,7 @@ def test_a_padded_batch_matches_each_row_alone():
 
 def test_padding_that_leaks_into_a_row_is_reported_with_its_shape():
     c = compare(Toy(capabilities=(PADDED_BATCH,), leaks_padding=True), toy_tokens(), ["padded"])
-    assert not c.passed and SHAPES["padded"] in c.verdict
+    assert not c.passed and shape("padded") in c.verdict
     assert c.born_at(c.metrics[0]) == ("emb", 0)  # the left-padded row's first real token
 
 

@@ -73,9 +73,10 @@ CASES = [  # (id, arguments after `compare`, the whole message after "smearcli: 
      "--documents 10,10: the lengths sum to 20 but the input has 16 tokens"),
     ("nanochat: one document", [*MINE, "--depth", "1", "--schedules", "packed", "--documents", "12"],
      "--documents 12: one document, so no boundary between documents is ever crossed; give two or more lengths"),
-    ("nanochat: a draft never whole", [*MINE, *F, "--schedules", "rollback", "--draft", "5", "--reject", "1"],
-     f"--schedules rollback: {NEVER}: the 4 tokens verified after the prompt (--gen-len 4 of a 16-token "
-     "input) are fewer than one --draft of 5; give --draft 4 or less, or a longer --gen-len or input"),
+    # a checkout's cache can be neither cropped nor copied: rollback is not offered, before its numbers
+    ("nanochat: rollback", [*MINE, *F, "--schedules", "rollback", "--draft", "5", "--reject", "1"],
+     "--schedules: rollback cannot run with --impl nanochat (it can neither copy nor crop its cache); "
+     "choose from prefill, decode, chunked, engine, speculative, packed"),
     # a transformers model
     ("hf: a draft longer than the input", [*HF, "--seq-len", "4", "--schedules", "rollback", "--check"],
      f"--schedules rollback: {NEVER}: the 3 tokens verified after the prompt (all but the first of a "

@@ -448,7 +448,7 @@ CASES = [
          simulate="gone", expect="no longer exists"),
     Case("output", "bench --output in a missing directory", ["bench", *FAST, "--output", "nodir/b.json"],
          expect="does not exist"),
-    # -- smearcli scan: its options, outputs and record files (issue 35) -----------------------
+    # -- smearcli scan: its options, outputs and record files ------------------------------------
     Case("scan", "--shard whose i is not within 1..n", ["scan", "--shard", "0/2"], expect="between 1 and n"),
     Case("scan", "--only naming no model type", ["scan", "--only", ""], expect="names no model type"),
     Case("scan", "--only naming one twice", ["scan", "--only", "llama,llama"], expect="more than once"),
@@ -585,7 +585,7 @@ def _invoke_status_1(args):
     return r
 
 
-# -- Hugging Face model directories (issue 25): a tiny llama saved, then corrupted (tests/hf_bad_dirs.py)
+# -- Hugging Face model directories: a tiny llama saved, then corrupted (tests/hf_bad_dirs.py)
 HF = ["compare", "--impl", "hf", "--hf-model", "hf", "--seq-len", "8", "--chunks", "2"]
 
 
@@ -785,20 +785,20 @@ def test_cases_cover_the_issue():
                   "more chunks than tokens", "not summing", "rotary table", "outside the vocabulary",
                   "empty --text", "--device cuda", "--dtype", "missing directory", "read-only directory",
                   "unknown suffix", "too large for free memory", "would not fit",
-                  # round 2 (issue 15)
+                  # files and tensors that are not what they claim
                   "longer than the file system allows", "dangling symlink", "symlink loop", "FIFO",
                   "digit limit", "UTF-8 cannot encode", "meta tensor", "sparse tensor", "nested tensor",
                   "quantized tensor", "bool token ids", "--budget nan", "--budget inf", "failing midway",
                   "exception in their GPT.forward", "KVCache", "wrong type", "sys.exit(0)", "endless loop",
                   "NaN weights under --impl nanochat", "CRC-32", "inflates", "cgroup", "over 64 MiB",
                   "over 16 MiB", "does not match the weights",
-                  # issue 26
+                  # sizes beyond what a tensor or the weights can hold
                   "beyond what a tensor can hold", "far more than model_config's weights",
                   "token file row beyond",
-                  # round 3 (issue 25)
+                  # their code misbehaving, directories that change under a run
                   "BaseException", "KeyboardInterrupt raised by their code", "os._exit(0)", "wrong width",
                   "names a file", "over 1 MiB", "symbolic link", "removed during the run",
-                  # round 4 (issue 35)
+                  # the census's options and record files
                   "--shard", "--only naming no model type", "--timeout inf", "--memory-mb", "beside --merge",
                   "--out naming a directory", "FIFO (never replaced)", "held by another running scan",
                   "truncated", "glued", "conflicting", "no scan record", "not JSON Lines", "--resume"]:

@@ -12,35 +12,35 @@ from smearcli.metrics import NoiseFloor, abs_error, kl_per_position, measure, no
 from smearcli.schedules import CACHE_COPY, RunResult
 
 
-# -- the formulas measure used before (one whole-tensor expression each) ----------------------------
-def old_rows(ref, row_map):
+# -- the plain formulas measure must equal (one whole-tensor expression each) -----------------------
+def plain_rows(ref, row_map):
     return ref if row_map == list(range(ref.size(0))) else ref[torch.tensor(row_map)]
 
 
-def old_stack(run):
+def plain_stack(run):
     return list(run.hiddens or []) + [run.logits]
 
 
-def old_abs_error(ref, run):
-    return torch.stack([(x - old_rows(r, run.row_map)).abs().amax(dim=(0, 2))
-                        for r, x in zip(old_stack(ref), old_stack(run))])
+def plain_abs_error(ref, run):
+    return torch.stack([(x - plain_rows(r, run.row_map)).abs().amax(dim=(0, 2))
+                        for r, x in zip(plain_stack(ref), plain_stack(run))])
 
 
-def old_ref_scale(ref):
-    return torch.stack([x.abs().amax(dim=(0, 2)) for x in old_stack(ref)])
+def plain_ref_scale(ref):
+    return torch.stack([x.abs().amax(dim=(0, 2)) for x in plain_stack(ref)])
 
 
-def old_kl(ref_logits, run_logits, row_map):
-    p = F.log_softmax(old_rows(ref_logits, row_map).double(), dim=-1)
+def plain_kl(ref_logits, run_logits, row_map):
+    p = F.log_softmax(plain_rows(ref_logits, row_map).double(), dim=-1)
     q = F.log_softmax(run_logits.double(), dim=-1)
     return (p.exp() * (p - q)).sum(-1).amax(dim=0).clamp_min(0).float()
 
 
-def old_measure(ref, run):
-    err = old_abs_error(ref, run)
-    rel = err / old_ref_scale(ref).clamp_min(torch.finfo(torch.float32).tiny)
-    top1 = (old_rows(ref.logits, run.row_map).argmax(-1) == run.logits.argmax(-1)).float().mean().item()
-    return err, rel, old_kl(ref.logits, run.logits, run.row_map), top1
+def plain_measure(ref, run):
+    err = plain_abs_error(ref, run)
+    rel = err / plain_ref_scale(ref).clamp_min(torch.finfo(torch.float32).tiny)
+    top1 = (plain_rows(ref.logits, run.row_map).argmax(-1) == run.logits.argmax(-1)).float().mean().item()
+    return err, rel, plain_kl(ref.logits, run.logits, run.row_map), top1
 
 
 # -- random runs ----------------------------------------------------------------------------------
@@ -89,13 +89,13 @@ def test_measure_is_the_whole_tensor_formulas_bit_for_bit(case):
         ref.hiddens = run.hiddens = None
     noise = NoiseFloor([1e-3] * (case["layers"] + 1))
     m = measure(ref, run, noise)
-    err, rel, kl, top1 = old_measure(ref, run)
+    err, rel, kl, top1 = plain_measure(ref, run)
     assert torch.equal(m.abs_err, err)
     assert torch.equal(m.rel_err, rel)
     assert torch.equal(m.kl, kl)
     assert m.top1_agreement == top1
     assert torch.equal(abs_error(ref, run), err)
-    assert torch.equal(ref_scale(ref), old_ref_scale(ref))
+    assert torch.equal(ref_scale(ref), plain_ref_scale(ref))
     assert torch.equal(kl_per_position(ref.logits, run.logits, run.row_map), kl)
     assert (m.schedule, m.logic, m.steps, m.chunk_starts, m.noise, m.tolerance) == \
         (run.schedule, run.logic, run.steps, run.chunk_starts, noise, metrics.NOISE_MARGIN)
@@ -107,15 +107,15 @@ def test_engine_rows_that_are_not_copies_are_each_measured():
     run.marks[CACHE_COPY] = [15]
     run.logits[1, 2, 7] += 50.0
     m = measure(ref, run, NoiseFloor([1e-3, 1e-3]))
-    assert torch.equal(m.abs_err, old_abs_error(ref, run)) and torch.equal(m.kl, old_kl(ref.logits, run.logits, [0, 0]))
+    assert torch.equal(m.abs_err, plain_abs_error(ref, run)) and torch.equal(m.kl, plain_kl(ref.logits, run.logits, [0, 0]))
     assert float(m.abs_err[-1, 2]) >= 49.0
 
 
-def test_noise_floor_is_the_old_floor():
+def test_noise_floor_is_the_plain_definition():
     ref, dec = make(B=1, T=33, V=256, C=24, layers=2, row_map=[0], seed=5)
     floor = noise_floor(ref, dec, torch.float32)
-    ulp = torch.finfo(torch.float32).eps * old_ref_scale(ref).amax(dim=1)
-    assert floor.per_layer == torch.maximum(old_abs_error(ref, dec).amax(dim=1), ulp).tolist()
+    ulp = torch.finfo(torch.float32).eps * plain_ref_scale(ref).amax(dim=1)
+    assert floor.per_layer == torch.maximum(plain_abs_error(ref, dec).amax(dim=1), ulp).tolist()
 
 
 def test_measuring_a_run_twice_gives_equal_but_separate_results():
@@ -169,7 +169,7 @@ def test_without_the_log_softmax_shortcut_the_numbers_are_the_same(monkeypatch):
     ref, run = make(B=1, T=40, V=300, C=24, layers=1, row_map=[0, 0], seed=9, expand_at=31)
     monkeypatch.setattr(metrics, "_log_softmax_is_shifted_input", lambda: False)
     m = measure(ref, run, NoiseFloor([1e-3, 1e-3]))
-    assert torch.equal(m.kl, old_kl(ref.logits, run.logits, run.row_map))
+    assert torch.equal(m.kl, plain_kl(ref.logits, run.logits, run.row_map))
 
 
 def test_a_block_equal_to_the_reference_skips_the_float64_pass(monkeypatch):
@@ -178,11 +178,29 @@ def test_a_block_equal_to_the_reference_skips_the_float64_pass(monkeypatch):
     no log_softmax call once the reference's own terms are known, and gives exactly 0 everywhere."""
     ref, run = make(B=1, T=40, V=300, C=24, layers=1, row_map=[0], seed=5)
     noise = NoiseFloor([1e-3] * 2)
-    measure(ref, run, noise)  # the reference's softmax terms, computed once for every run
     same = RunResult("prefill", "old", ref.logits.clone(), [h.clone() for h in ref.hiddens], [40], [0])
     calls = []
     real = metrics.F.log_softmax
-    monkeypatch.setattr(metrics.F, "log_softmax", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
-    m = measure(ref, same, noise)
+    with metrics.shared_work():  # one comparison: the reference's softmax terms once for every run
+        measure(ref, run, noise)
+        monkeypatch.setattr(metrics.F, "log_softmax", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+        m = measure(ref, same, noise)
     assert not calls
     assert float(m.abs_err.max()) == 0.0 and float(m.kl.max()) == 0.0 and m.top1_agreement == 1.0
+
+
+def test_shared_work_lives_as_long_as_one_comparison(monkeypatch):
+    """measure_all computes the reference's scale once for all its runs; the memo ends with the
+    call, so a later measure of the same tensors computes it again (no process-wide cache)."""
+    ref, _ = make(B=1, T=12, V=50, C=8, layers=1, row_map=[0], seed=3)
+    runs = [make(B=1, T=12, V=50, C=8, layers=1, row_map=[0], seed=3 + i)[1] for i in range(3)]
+    floor = NoiseFloor([1e-3] * 2)
+    calls = []
+    real = metrics.ref_scale
+    monkeypatch.setattr(metrics, "ref_scale", lambda r: calls.append(r) or real(r))
+    together = metrics.measure_all(ref, runs, floor)
+    assert len(calls) == 1
+    apart = [measure(ref, r, floor) for r in runs]
+    assert len(calls) == 4  # outside a scope nothing is kept
+    for a, b in zip(together, apart):
+        assert torch.equal(a.abs_err, b.abs_err) and a.kl_max == b.kl_max

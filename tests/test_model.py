@@ -1,4 +1,4 @@
-"""The model's fused forms are upstream's arithmetic, bit for bit (issue 24 made decode cheaper)."""
+"""The model's fused forms are upstream's arithmetic, bit for bit."""
 
 import pytest
 import torch

@@ -289,10 +289,12 @@ def test_bpe_text_splits_at_each_marker_with_the_tokenizers_bos(tmp_path):
 
 
 def test_rollback_on_a_checkout_is_refused_with_what_its_cache_lacks():
-    """A user's KVCache can neither be cropped nor copied through the adapter: rollback is refused
-    in one line naming that, exit 2 (it was an internal error)."""
+    """A user's KVCache can neither be cropped nor copied through the adapter: rollback is not
+    offered to --impl nanochat, refused at --schedules in one line naming that, exit 2 (it was an
+    internal error, then a refusal once the run began)."""
     r = cli.invoke(app, ["compare", "--impl", "nanochat", "--nanochat-path", str(OLD), "--model", "random",
                          "--depth", "2", "--seq-len", "32", "--schedules", "rollback", "--quiet"])
     assert r.exit_code == 2, r.output
     lines = [ln for ln in r.output.splitlines() if ln.strip()]
     assert len(lines) == 1 and "neither copy nor crop its cache" in lines[0] and "internal" not in lines[0], r.output
+    assert "--schedules: rollback cannot run with --impl nanochat" in lines[0], r.output

@@ -325,7 +325,7 @@ def test_rollback_marks_drawn_where_the_json_puts_them(monkeypatch, tmp_path):
     assert sorted(int(a.get_xdata()[0]) for a in drawn["mark:rollback"]) == run["boundaries"]["rollback"]
     assert sorted(int(a.get_xdata()[0]) for a in drawn["chunk-start"]) == run["chunk_starts"]
     labels = [t.get_text() for t in fig.legends[0].get_texts()]
-    assert figures.MARK_WORDS["rollback"] in labels
+    assert figures.mark_words()["rollback"] in labels
 
 
 PACKED = ["--model", "random", "--depth", "2", "--seq-len", "48", "--schedules", "packed",

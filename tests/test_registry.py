@@ -9,6 +9,7 @@ from typer.testing import CliRunner
 
 from smearcli.cli import registry
 from smearcli.cli.app import app
+from smearcli.cli.impls import offered
 from smearcli.cli.reports import comparison_job
 from smearcli.runner import Output, Runner
 from smearcli.schedules import ScheduleOptions
@@ -53,8 +54,7 @@ def toy_prepare(spec, schedules, tolerance):
 
 @pytest.fixture
 def toy(monkeypatch):
-    impl = registry.Implementation("toy", "a toy model", toy_prepare,
-                                   schedules=("prefill", "decode", "chunked", "speculative"))
+    impl = registry.Implementation("toy", "a toy model", toy_prepare, runners=(Toy,))
     monkeypatch.setitem(registry.REGISTRY, "toy", impl)
     return impl
 
@@ -98,3 +98,15 @@ def test_registry_refuses_what_an_implementation_cannot_do(toy):
     assert r.exit_code == 2 and "--hf-model is used by --impl hf" in r.output
     r = runner.invoke(app, ["compare", "--impl", "nope"])
     assert r.exit_code == 2 and "choose from ours, nanochat, both, hf, vllm, toy" in r.output
+
+
+def test_each_implementation_is_offered_what_its_runners_can_run():
+    """The lists the registry once held by hand now follow from the runners' capabilities, with
+    one fix: a nanochat checkout, whose cache the adapter can neither crop nor copy, is no longer
+    offered rollback (it was refused only once the run began). hf has no engine expansion and no
+    BOS-started documents; vLLM runs only what its worker does."""
+    got = {name: offered(registry.REGISTRY[name]) for name in ("ours", "nanochat", "both", "hf", "vllm")}
+    assert got["ours"] == ["full", "prefill", "decode", "chunked", "engine", "speculative", "packed", "rollback"]
+    assert got["nanochat"] == got["both"] == ["full", "prefill", "decode", "chunked", "engine", "speculative", "packed"]
+    assert got["hf"] == ["full", "prefill", "decode", "chunked", "speculative", "padded", "rollback"]
+    assert got["vllm"] == ["full", "prefill", "decode", "chunked", "prefix"]

@@ -1,4 +1,4 @@
-"""The scan runs the padded and rollback boundaries on every architecture (issue 23): a model that
+"""The scan runs the padded and rollback boundaries on every architecture: a model that
 lets padding leak into a row and a cache whose crop keeps the rejected draft are each a bug with
 the boundary's own shape; the tiny llama passes both; a runner that can neither crop nor copy, and
 a model that takes no attention mask, are reported as such; a pass on state never shown to matter
@@ -11,13 +11,14 @@ import torch
 
 pytest.importorskip("transformers", reason="transformers is not installed: pip install 'smearcli[hf]'")
 
-from smearcli.boundaries import SHAPES as BOUNDARY_SHAPES  # noqa: E402
+from smearcli.schedules import shape  # noqa: E402
 from smearcli.impls.hf import cache_runner as hf_runner  # noqa: E402
 from smearcli.impls.hf.cache_runner import CacheRunner  # noqa: E402
 from smearcli.census import repro, report, shapes  # noqa: E402
 from smearcli.census.check import BUG, INCONCLUSIVE, OK, T, build, check_model, record, split_points  # noqa: E402
 from smearcli.census.derive import derive  # noqa: E402
 from smearcli.runner import PADDING  # noqa: E402
+from smearcli.verdicts import NOT_JUDGED  # noqa: E402
 
 
 def tiny_llama(cls=None):
@@ -64,10 +65,11 @@ def test_padding_that_leaks_into_a_row_is_a_bug_with_its_shape():
     model, cfg = tiny_llama(no_mask_llama())
     out = scan(model, cfg)
     assert out["verdict"] == BUG
-    assert out["worst_schedule"] == "padded" and out["shape"] == BOUNDARY_SHAPES["padded"]
+    assert out["worst_schedule"] == "padded" and out["shape"] == shape("padded")
     assert out["boundaries"]["padded"]["status"] == BUG
-    assert out["boundaries"]["padded"]["shape"] == shapes.PADDING_LEAKS
-    assert out["boundaries"]["rollback"]["status"] == "passed"  # beside another bug: not judged ok
+    assert out["boundaries"]["padded"]["shape"] == shape("padded")
+    rb = out["boundaries"]["rollback"]  # it agreed beside another bug: no power check ran, so no ok
+    assert rb["status"] == NOT_JUDGED and rb["why"] == "padded failed beside it", rb
     assert out["boundaries"]["padded"]["multiple"] > 10
 
 
@@ -78,10 +80,10 @@ def test_a_crop_that_keeps_the_rejected_draft_is_state_not_rolled_back(monkeypat
     model, cfg = tiny_llama()
     out = scan(model, cfg)
     assert out["verdict"] == BUG and out["worst_schedule"] == "rollback"
-    assert out["shape"] == shapes.NOT_ROLLED_BACK == BOUNDARY_SHAPES["rollback"]
+    assert out["shape"] == shape("rollback")
     e = out["boundaries"]["rollback"]
-    assert e["status"] == BUG and e["mode"] == "crop" and e["shape"] == shapes.NOT_ROLLED_BACK
-    assert out["boundaries"]["padded"]["status"] == "passed"
+    assert e["status"] == BUG and e["mode"] == "crop" and e["shape"] == shape("rollback")
+    assert out["boundaries"]["padded"]["status"] == NOT_JUDGED
 
 
 def test_a_crop_their_api_refuses_falls_back_to_a_copy(monkeypatch):
@@ -143,10 +145,10 @@ def test_no_ok_for_the_boundaries_when_the_state_never_moves_the_logits(monkeypa
 
 def test_classify_names_the_boundaries_and_the_report_knows_them():
     e = [0.0] * 10
-    assert shapes.classify(e, [10], 1e-5, schedule="padded") == BOUNDARY_SHAPES["padded"]
-    assert shapes.classify(e, [10], 1e-5, schedule="rollback") == BOUNDARY_SHAPES["rollback"]
-    assert {BOUNDARY_SHAPES["padded"], BOUNDARY_SHAPES["rollback"]} <= set(shapes.SHAPES)
-    rec = {"model_type": "m", "verdict": "bug", "worst_schedule": "padded", "shape": BOUNDARY_SHAPES["padded"],
+    assert shapes.classify(e, [10], 1e-5, schedule="padded") == shape("padded")
+    assert shapes.classify(e, [10], 1e-5, schedule="rollback") == shape("rollback")
+    assert {shape("padded"), shape("rollback")} <= set(shapes.all_shapes())
+    rec = {"model_type": "m", "verdict": "bug", "worst_schedule": "padded", "shape": shape("padded"),
            "max_abs": 1.0, "boundaries": {"padded": {"status": "bug", "multiple": 3e4, "mode": None},
                                           "rollback": {"status": "crashed", "mode": "copy",
                                                        "why": "transformers/models/m/modeling_m.py:7 in f: E: x"}}}
@@ -162,7 +164,7 @@ def test_classify_names_the_boundaries_and_the_report_knows_them():
 def test_boundary_reproducers(tmp_path, model_type, schedule, status):
     import ast
 
-    e = {"status": BUG, "max_abs": 1.0, "shape": BOUNDARY_SHAPES[schedule], "mode": "crop" if model_type == "llama" else None}
+    e = {"status": BUG, "max_abs": 1.0, "shape": shape(schedule), "mode": "crop" if model_type == "llama" else None}
     rec = record(model_type, BUG, worst_schedule=schedule, steps=[T], max_abs=1.0, boundaries={schedule: e})
     path = repro.write(rec, derive(model_type).config, tmp_path / f"{model_type}.py", total=T)
     src = path.read_text()

@@ -1,10 +1,10 @@
-"""smearcli scan's files and signals (issue 35, items 1, 2 and 7): record files that are truncated,
-concatenated, duplicated, conflicting or not JSON Lines at all are refused by file and line;
-options that cannot mean anything and output paths that are not regular files are refused before
-anything runs, with one line, exit 2 and nothing on disk changed; two scans never share an --out;
-an architecture out of memory is `crashed`, as the guide says; a SIGINT or SIGTERM stops every
-worker, leaves only whole records, the program dies by the signal, and --resume finishes the
-census as an uninterrupted run would. The census runs on a stand-in check (tests/scan_standin.py)."""
+"""smearcli scan's files and signals: record files that are truncated, concatenated, duplicated,
+conflicting or not JSON Lines at all are refused by file and line; options that cannot mean anything
+and output paths that are not regular files are refused before anything runs, with one line, exit 2
+and nothing on disk changed; two scans never share an --out; an architecture out of memory is
+`crashed`, as the guide says; a SIGINT or SIGTERM stops every worker, leaves only whole records, the
+program dies by the signal, and --resume finishes the census as an uninterrupted run would. The
+census runs on a stand-in check (tests/scan_standin.py)."""
 
 from __future__ import annotations
 

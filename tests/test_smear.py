@@ -44,7 +44,9 @@ def test_single_token_uses_prev_in_both():
 
 
 def test_chunk_after_cache_old_drops_exactly_gate_times_prev():
-    seq = torch.randn(B, T + 1, C)
+    # its own generator: drawn from the global one, the input depended on which tests ran before,
+    # and some draws close the gate (sigmoid near 0) so the dropped term fell under 1e-3
+    seq = torch.randn(B, T + 1, C, generator=torch.Generator().manual_seed(1))
     prev, chunk = seq[:, :1], seq[:, 1:]
     want = expected_full(seq)[:, 1:]
     fixed = smear_fixed(chunk, W, LAM, prev, True)

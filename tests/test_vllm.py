@@ -203,7 +203,6 @@ def test_a_bad_vllm_environment_is_one_line_naming_what_to_run(model_dir, tmp_pa
     import tempfile
     import time
 
-    monkeypatch.setattr(vllm_env, "HELLO_TIMEOUT_S", 0.5)
     scratch = tmp_path / "tmp"
     scratch.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))  # where a stray temporary file would be
@@ -213,6 +212,9 @@ def test_a_bad_vllm_environment_is_one_line_naming_what_to_run(model_dir, tmp_pa
     envs = tmp_path / "envs"
     envs.mkdir()
     for what, python, want in bad_pythons(envs):
+        # the limit is shortened for the Python that hangs alone: a real Python's start-up under a
+        # loaded machine (load 14 on 2 cores seen here) can take longer than half a second
+        monkeypatch.setattr(vllm_env, "HELLO_TIMEOUT_S", 0.5 if what == "hangs" else 60.0)
         before = sorted(tmp_path.rglob("*"))
         start = time.monotonic()
         r = runner.invoke(app, ["compare", "--impl", "vllm", "--hf-model", str(model_dir), "--vllm-python",

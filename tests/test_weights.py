@@ -64,17 +64,17 @@ def test_depth_5_in_compare_json_is_the_small_presets():
 
 
 # -- random weights drawn in place ----------------------------------------------------------------
-def old_uniform_(t, bound, g):  # how weights were drawn before: a float32 draw, then a copy
+def plain_uniform_(t, bound, g):  # the plain way to draw: a float32 draw, then a copy
     t.copy_((torch.rand(t.shape, generator=g) * 2 - 1) * bound)
 
 
-def old_normal_(t, std, g):
+def plain_normal_(t, std, g):
     t.copy_(torch.randn(t.shape, generator=g) * std)
 
 
 @pytest.mark.parametrize("shape,scale", [((7,), 0.3), ((33, 17), 0.0625), ((128, 256), 1.7), ((1, 24), 0.5)])
-def test_draws_in_place_are_the_old_draws_bit_for_bit(shape, scale):
-    for new, old in ((weights.uniform_, old_uniform_), (weights.normal_, old_normal_)):
+def test_draws_in_place_equal_plain_draws_bit_for_bit(shape, scale):
+    for new, old in ((weights.uniform_, plain_uniform_), (weights.normal_, plain_normal_)):
         a, b = torch.empty(shape), torch.empty(shape)
         ga, gb = torch.Generator().manual_seed(11), torch.Generator().manual_seed(11)
         new(a, scale, ga)
@@ -84,11 +84,11 @@ def test_draws_in_place_are_the_old_draws_bit_for_bit(shape, scale):
 
 
 @pytest.mark.parametrize("depth", [1, 3])
-def test_random_model_has_the_old_values_for_the_same_seed(monkeypatch, depth):
+def test_random_model_equals_plain_draws_for_the_same_seed(monkeypatch, depth):
     cfg = weights.random_config(depth, sequence_len=64)
     new = weights.random_model(cfg, seed=7).model.state_dict()
-    monkeypatch.setattr(weights, "uniform_", old_uniform_)
-    monkeypatch.setattr(weights, "normal_", old_normal_)
+    monkeypatch.setattr(weights, "uniform_", plain_uniform_)
+    monkeypatch.setattr(weights, "normal_", plain_normal_)
     old = weights.random_model(cfg, seed=7).model.state_dict()
     assert new.keys() == old.keys()
     for k in new:

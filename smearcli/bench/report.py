@@ -66,10 +66,20 @@ def _ratio(r: Ratio) -> tuple[str, str]:
 def render(result: BenchResult, console, title: str = "", footer: str = "") -> None:
     """Print the tables: per cell, per fixed/old pair, the smear micro-benchmark, the environment.
     Each table fits the console: the least needed columns are left out first, never a ratio."""
-    from ..render.table import fitted_table, left_out_note, print_table, say
+    from ..render.table import say
 
-    env = result.env
-    left_out: list[str] = []
+    if title:
+        say(console, title)
+    left_out = render_cells(result, console)
+    left_out += render_ratios(result, console)
+    render_footer(result, console, footer, left_out)
+
+
+def render_cells(result: BenchResult, console) -> list[str]:
+    """The table of cells (one per schedule and logic), with what sampling and few pairs mean;
+    returns the columns it left out."""
+    from ..render.table import fitted_table, print_table, say
+
     cols = [("schedule", "left"), ("logic", "left"), ("steps", "right"), ("median", "right"),
             ("IQR", "right"), ("tok/s", "right"), ("GFLOP", "right"), ("GFLOP/s", "right")]
     if result.peak is not None:
@@ -86,11 +96,8 @@ def render(result: BenchResult, console, title: str = "", footer: str = "") -> N
             row.append(f"{100 * result.peak_fraction(c):.1f}%")
         row.append(nbytes_or_dash(c.peak_mem))
         rows.append(row)
-    if title:
-        say(console, title)
-    t, out = fitted_table(cols, rows, console.width, ("GFLOP", "steps", "IQR", "GFLOP/s", "peak mem"))
+    t, left_out = fitted_table(cols, rows, console.width, ("GFLOP", "steps", "IQR", "GFLOP/s", "peak mem"))
     print_table(console, t)
-    left_out += out
     sampled = {c.schedule: c.sampled for c in result.cells if c.sampled is not None}
     for name, smp in sampled.items():
         say(console, f"{name}*: sampled: {smp.steps} of its {smp.total} one-token steps timed per run "
@@ -100,35 +107,48 @@ def render(result: BenchResult, console, title: str = "", footer: str = "") -> N
     if few:
         say(console, f"IQR not shown: only {', '.join(map(str, few))} pair(s) per cell within the budget "
                      f"(needs {IQR_MIN_PAIRS}; a larger budget or more repeats gives one)")
+    return list(left_out)
 
-    if result.ratios or any(m.ratio for m in result.micro):
-        rows = []
-        for r in result.ratios:
-            s = r.summary
-            q = _ratio(r) if s.n >= IQR_MIN_PAIRS else (_ratio(r)[0], "-")
-            rows.append([r.name, *q, f"{s.min:.3f}-{s.max:.3f}", str(s.n),
-                         duration(result.cell(r.name, "old").summary.median),
-                         duration(result.cell(r.name, "fixed").summary.median)])
-        for m in result.micro:
-            if m.ratio is None:
-                continue
-            s = m.ratio.summary
-            B, T, C = m.shape
-            rows.append([f"smear alone, {m.name} ({B}x{T}x{C})", *_ratio(m.ratio), f"{s.min:.3f}-{s.max:.3f}",
-                         str(s.n), duration(Summary.of(m.samples["old"]).median),
-                         duration(Summary.of(m.samples["fixed"]).median)])
-        say(console, "fixed / old time, per alternated pair")
-        rt, out = fitted_table([("what", "left"), ("median", "right"), ("IQR (q1-q3)", "right"),
-                                ("min-max", "right"), ("pairs", "right"), ("old median", "right"),
-                                ("fixed median", "right")], rows, console.width,
-                               ("min-max", "old median", "fixed median", "pairs"), wrap=("what",))
-        print_table(console, rt)
-        left_out += out
-    elif result.micro:
+
+def render_ratios(result: BenchResult, console) -> list[str]:
+    """fixed/old per alternated pair, the whole forwards' and the smear's alone (or, with one
+    logic, the smear's time per call); returns the columns it left out."""
+    from ..render.table import fitted_table, print_table, say
+
+    if not (result.ratios or any(m.ratio for m in result.micro)):
         for m in result.micro:
             for lg, v in m.samples.items():
                 say(console, f"smear alone, {m.name} {m.shape}, {lg}: {duration(Summary.of(v).median)} per call")
+        return []
+    rows = []
+    for r in result.ratios:
+        s = r.summary
+        q = _ratio(r) if s.n >= IQR_MIN_PAIRS else (_ratio(r)[0], "-")
+        rows.append([r.name, *q, f"{s.min:.3f}-{s.max:.3f}", str(s.n),
+                     duration(result.cell(r.name, "old").summary.median),
+                     duration(result.cell(r.name, "fixed").summary.median)])
+    for m in result.micro:
+        if m.ratio is None:
+            continue
+        s = m.ratio.summary
+        B, T, C = m.shape
+        rows.append([f"smear alone, {m.name} ({B}x{T}x{C})", *_ratio(m.ratio), f"{s.min:.3f}-{s.max:.3f}",
+                     str(s.n), duration(Summary.of(m.samples["old"]).median),
+                     duration(Summary.of(m.samples["fixed"]).median)])
+    say(console, "fixed / old time, per alternated pair")
+    rt, left_out = fitted_table([("what", "left"), ("median", "right"), ("IQR (q1-q3)", "right"),
+                                 ("min-max", "right"), ("pairs", "right"), ("old median", "right"),
+                                 ("fixed median", "right")], rows, console.width,
+                                ("min-max", "old median", "fixed median", "pairs"), wrap=("what",))
+    print_table(console, rt)
+    return list(left_out)
 
+
+def render_footer(result: BenchResult, console, footer: str, left_out: list[str]) -> None:
+    """Where and how it ran, what the table left out, how the peak and memory were taken."""
+    from ..render.table import left_out_note, say
+
+    env = result.env
     where = env.get("device_name", env["device"])
     rounds = ", ".join(f"{r.name} {len(r.ratios)}" for r in result.ratios) or ", ".join(
         f"{c.schedule} {len(c.samples)}" for c in result.cells)

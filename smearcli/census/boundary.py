@@ -7,58 +7,61 @@ holds their logic):
 - `padded`: the row beside a shorter prefix right- and left-padded in one batch, with the
   attention mask (and `position_ids` counting the real tokens, where the forward takes them). A
   model whose forward takes no `attention_mask` is not run, and says so.
-- `rollback`: a prefill, then drafts of `DRAFT` tokens whose last `REJECT` are wrong; the cache is
-  cropped back with the model's own `crop` where it can be (`hf_runner.croppable`: a crop and
-  attention keys and values only), else restored from a copy taken before the draft. A crop their
-  API refuses falls back to the copy, with a note. A runner that can neither crop nor copy is
-  reported as such (`schedules.missing`), never skipped in silence.
+- `rollback`: a prefill, then drafts of `DRAFT` tokens whose last `REJECT` are wrong, taken back
+  twice (`run_rollback`): through their cache API as assisted generation calls it ("their crop":
+  the cache generate makes, past recording on, `crop(-rejected)`, see `hf_runner`), and through a
+  copy taken before each draft. Each result is in the entry (`their_crop`, `copy`), each failure
+  confirmed in float64 lifted; the entry's top level is the headline run's (a failure first), so a
+  bug of their crop is the architecture's bug like any boundary's. Their API refusing (no crop,
+  or an exception from it) is `refused`, not a bug; `generate_refuses` says why `generate()`
+  itself refuses assisted decoding for the model, where it does. A runner that can neither crop
+  nor copy is reported as such (`schedules.missing`), never skipped in silence.
 
 Both are measured against the same float32 full pass and float64 floor as every other schedule.
 Each gets an entry in the record's `boundaries` (`entry`): its status (`bug`, `crashed` with the
 frame in transformers, `not run` with why, or once the architecture's verdict is known `ok` /
-`inconclusive` / `passed`: a pass is only `ok` when the carried state was shown to matter), the
-numbers, the rollback's mode and, for a failure, the boundary's own shape (`boundaries.SHAPES`).
-A step plan's failure heads the record before a boundary's (`beside`): the boundaries run cached
-steps too, and may fail with that plan's error.
+`inconclusive` / `not judged`: a pass is only `ok` when the carried state was shown to matter, and
+that is measured only when every schedule agrees), the numbers, the rollback's mode (the headline
+run's: `crop` or `copy`) and, for a failure, the boundary's own shape (its `Schedule.shape`). Any
+other boundary registered with `census=True` (`schedules.census_schedules`) runs after these two on
+the same runner and gets an entry of its own (`run_others`). A step plan's failure heads the record
+before a boundary's (`beside`): the boundaries run cached steps too, and may fail with that plan's
+error.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import traceback
 from typing import Optional
 
-from ..boundaries import SHAPES as BOUNDARY_SHAPES, rollback_mode
+from .. import evidence, frames
+from ..frames import short_path  # noqa: F401 - census.born names its frames by it
+from ..boundaries import rollback_mode
 from ..metrics import RunMetrics, measure
 from ..names import NOISE_MARGIN
-from ..schedules import ScheduleOptions, missing, run_schedule, runnable
+from ..schedules import ScheduleOptions, census_schedules, missing, run_schedule, runnable, shape
+from ..verdicts import BUG, CRASHED, INCONCLUSIVE, NOT_JUDGED, NOT_JUDGED_WHY, NOT_RUN, OK, ROUNDING, UNCONFIRMED
 from ..impls.hf import cache_runner as hf_runner
 from .shapes import LEFT_UNSUPPORTED
 
-SCHEDULES = ("padded", "rollback")
 PADDED_ROWS = ("the row", "right-padded", "left-padded")  # the padded batch's rows (one input row)
-NOT_RUN, CRASHED, PASSED = "not run", "crashed", "passed"
+PASSED = "passed"  # a boundary that agreed, before the architecture's verdict is known (`settle`, `beside`)
+REFUSED = "refused"  # rollback through their cache API: the API refused (no crop, or it raised)
+OWN_HANDLING = ("padded", "rollback")  # the boundaries `run_boundaries` sets up by hand
 
 
-
-def short_path(filename: str) -> str:
-    """A frame's file from the package on: "transformers/models/x/modeling_x.py", "smearcli/..."."""
-    path = filename.replace("\\", "/")
-    for root in ("/site-packages/", "/smearcli/"):
-        if root in path:
-            rest = path.rsplit(root, 1)[1]
-            return rest if root == "/site-packages/" else "smearcli/" + rest
-    return path
+def __getattr__(name: str):
+    # `SCHEDULES`: the boundaries the scan runs, read from the registry when asked (a boundary
+    # registered after this module was imported is among them)
+    if name == "SCHEDULES":
+        return census_schedules()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def transformers_frame(exc: BaseException) -> str:
     """"transformers/models/x/modeling_x.py:123 in fn: Error: message" for the deepest frame in
-    transformers (the deepest frame at all when none is)."""
-    frames = traceback.extract_tb(exc.__traceback__)
-    theirs = [f for f in frames if "/transformers/" in f.filename.replace("\\", "/")]
-    f = (theirs or frames or [None])[-1]
-    where = "?" if f is None else f"{short_path(f.filename)}:{f.lineno} in {f.name}"
-    return f"{where}: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+    transformers (the deepest frame at all when none is): `frames.describe`."""
+    return frames.describe(exc, "transformers")
 
 
 def logits_only(ref):
@@ -94,8 +97,8 @@ def run_one(runner, tokens, name: str, ref, noise, tolerance, opts=ScheduleOptio
     except Exception as e:
         return None, None, entry(CRASHED, why=transformers_frame(e))
     m = measured(ref, run, noise, tolerance)
-    return m, run, entry(PASSED if m.passed else "bug", max_abs=m.max_abs_logits, multiple=m.logits_multiple,
-                         shape=None if m.passed else BOUNDARY_SHAPES[name])
+    return m, run, entry(PASSED if m.passed else BUG, max_abs=m.max_abs_logits, multiple=m.logits_multiple,
+                         shape=None if m.passed else shape(name))
 
 
 def run_boundaries(model, make, layers, tokens, ref, noise, tolerance: float = NOISE_MARGIN):
@@ -114,34 +117,136 @@ def run_boundaries(model, make, layers, tokens, ref, noise, tolerance: float = N
         if m is not None:
             ms["padded"], steps["padded"], used["padded"] = m, run.steps, runner
             e["rows"] = dict(zip(PADDED_ROWS, (float(x) for x in (run.logits - ref.logits).abs().amax(dim=(1, 2)))))
-            if e["status"] == "bug":
+            if e["status"] == BUG:
                 thr = tolerance * noise.per_layer[-1]
                 said = said + why_padded(e["rows"], thr, e["positions"])
                 if left_only(e["rows"], thr) and not getattr(runner, "takes_positions", False):
                     e.update(status=LEFT_UNSUPPORTED, shape=None)
                     del ms["padded"]  # not a finding: the verdict does not read it
         e["why"] = "; ".join(filter(None, [e["why"], *said])) or None
-    why_not = _why_no_crop(runner, tokens)
-    rb = make(model, layers, crop=True) if why_not is None else runner
-    try:
-        m, run, e = run_one(rb, tokens, "rollback", ref, noise, tolerance)
-    except hf_runner.CropRefused as refused:
-        why_not = str(refused)
-        rb = runner
-        m, run, e = run_one(rb, tokens, "rollback", ref, noise, tolerance)
-    e["mode"] = rollback_mode(rb)
-    if e["mode"] == "copy" and why_not:
-        e["why"] = e["why"] or f"restored from a copy: {why_not}"
-        notes.append(f"rollback restores a copy of the cache: {why_not}")
-    if e["status"] == NOT_RUN:
-        notes.append(f"rollback not run: {e['why']}")
-    entries["rollback"] = e
+    m, run, entries["rollback"], rb, said = run_rollback(model, make, layers, tokens, ref, noise, tolerance, runner)
+    notes += said
     if m is not None:
         ms["rollback"], steps["rollback"], used["rollback"] = m, run.steps, rb
-        notes += [n for n in run.notes if n.startswith("rollback")]
     if entries["padded"]["status"] in (NOT_RUN, CRASHED):
         notes.append(f"padded {entries['padded']['status']}: {entries['padded']['why']}")
+    run_others(runner, tokens, ref, noise, tolerance, (ms, entries, steps, notes, used))
     return ms, entries, steps, notes, used
+
+
+def run_others(runner, tokens, ref, noise, tolerance, out) -> None:
+    """Every other census boundary on the scan's runner, into `run_boundaries`' five dicts."""
+    ms, entries, steps, notes, used = out
+    for name in census_schedules():
+        if name in OWN_HANDLING:
+            continue
+        m, run, entries[name] = run_one(runner, tokens, name, ref, noise, tolerance)
+        if m is not None:
+            ms[name], steps[name], used[name] = m, run.steps, runner
+        elif entries[name]["status"] in (NOT_RUN, CRASHED):
+            notes.append(f"{name} {entries[name]['status']}: {entries[name]['why']}")
+
+
+@dataclasses.dataclass
+class Rolled:
+    """One way of taking the drafts back (their crop, or a copy): what `run_one` gave, and its runner."""
+
+    m: Optional[RunMetrics]
+    run: object
+    entry: dict
+    runner: object
+
+
+def run_rollback(model, make, layers, tokens, ref, noise, tolerance, runner):
+    """(metrics, run, entry, runner, notes) of the rollback boundary, taken back through their
+    cache API and through a copy (module docstring). The metrics and the runner are the headline
+    run's: the one the architecture's verdict reads and `check` confirms again."""
+    ways = {"crop": their_crop(model, make, layers, tokens, ref, noise, tolerance),
+            "copy": Rolled(*run_one(runner, tokens, "rollback", ref, noise, tolerance), runner)}
+    f64 = None
+    for way in ways.values():
+        if way.m is not None and not way.m.passed:
+            f64 = confirm(way, tokens, f64)
+    head = headline(ways)
+    e = dict(head.entry, mode=rollback_mode(head.runner) if head.runner is not None else None,
+             their_crop=result(ways["crop"]), copy=result(ways["copy"]),
+             generate_refuses=generate_refuses(runner, tokens))
+    said = summary(ways, e["generate_refuses"])
+    e["why"] = said or head.entry["why"]
+    notes = [n for n in (head.run.notes if head.run is not None else ()) if n.startswith("rollback")]
+    if e["status"] == NOT_RUN:
+        notes.append(f"rollback not run: {e['why']}")
+    elif said:
+        notes.append(f"rollback: {said}")
+    return head.m, head.run, e, head.runner, notes
+
+
+def their_crop(model, make, layers, tokens, ref, noise, tolerance) -> Rolled:
+    """The rollback through their cache API as assisted generation calls it (`hf_runner`); the
+    API refusing is a result, `refused`, with what it said."""
+    try:
+        r = make(model, layers, crop=True)
+        return Rolled(*run_one(r, tokens, "rollback", ref, noise, tolerance), r)
+    except hf_runner.CropRefused as refused:
+        return Rolled(None, None, entry(REFUSED, why=str(refused)), None)
+
+
+def confirm(way: Rolled, tokens, f64=None):
+    """A failed rollback rerun in float64 lifted (`evidence.Confirmer`), as `check` confirms every
+    finding: its entry becomes `bug`, `unconfirmed`, or passed (float32 rounding). Returns the
+    float64 full pass, shared by both ways (it uses no cache, so the way cannot change it)."""
+    f64 = evidence.Float64(way.runner, tokens, capture=False) if f64 is None else f64.sibling(way.runner)
+    rerun = lambda t: run_schedule(t, tokens, "rollback", capture=False)  # noqa: E731
+    c = evidence.Confirmer(way.runner, tokens, f64)(rerun, way.m.max_abs_logits)
+    way.entry["confirmation"] = c.to_json()
+    if c.status == ROUNDING:
+        way.entry.update(status=PASSED, shape=None, why=c.why)
+    elif c.status == UNCONFIRMED:
+        way.entry["status"] = str(UNCONFIRMED)
+    return f64
+
+
+def headline(ways: dict) -> Rolled:
+    """The run the verdict reads: the larger confirmed failure, else the larger unconfirmed one,
+    else their crop where it ran, else the copy (crashed, or not run)."""
+    for status in (BUG, UNCONFIRMED):
+        failed = [w for w in ways.values() if w.entry["status"] == status]
+        if failed:
+            return max(failed, key=lambda w: w.m.max_abs_logits)
+    return next((w for w in ways.values() if w.m is not None), ways["copy"])
+
+
+def result(way: Rolled) -> dict:
+    """One way's own result for the record: status (`passed` until the verdict settles it, `bug`,
+    `unconfirmed`, `crashed`, `not run`, `refused`), its numbers, why, and its confirmation."""
+    return {k: way.entry.get(k) for k in ("status", "max_abs", "multiple", "why", "confirmation")}
+
+
+def in_words(e: dict) -> str:
+    """One way's result in a few words: "bug 2.1e+04x", "within the floor", "refused (why)"."""
+    st = e["status"]
+    if st in (BUG, UNCONFIRMED):
+        return f"{st} {e['multiple'] or 0:.2g}x"
+    return "within the floor" if st == PASSED and not e["why"] else f"{st} ({e['why']})"
+
+
+def summary(ways: dict, refuses: Optional[str]) -> Optional[str]:
+    """"their crop: bug 2.1e+04x, copy: within the floor; generate() refuses assisted decoding: ..."
+    where the two ways differ or fail; None when both stay within the floor."""
+    crop, copy = ways["crop"].entry, ways["copy"].entry
+    if crop["status"] == copy["status"] == PASSED and not (crop["why"] or copy["why"]):
+        return None
+    if crop["status"] == copy["status"] == NOT_RUN and crop["why"] == copy["why"]:
+        return None  # the runner can take nothing back: the entry's own why says it
+    out = f"their crop: {in_words(crop)}, copy: {in_words(copy)}"
+    if refuses and crop["status"] != PASSED:
+        out += f"; generate() refuses assisted decoding: {refuses}"
+    return out
+
+
+def generate_refuses(runner, tokens) -> Optional[str]:
+    """Why `generate()` refuses assisted decoding for the model (`hf_runner.assisted_refusal`), or None."""
+    return hf_runner.assisted_refusal(runner, tokens) if isinstance(runner, hf_runner.CacheRunner) else None
 
 
 def prepare_padded(runner, tokens, threshold: float) -> list[str]:
@@ -192,28 +297,26 @@ def why_padded(rows: dict, threshold: float, positions: bool) -> list[str]:
     return out
 
 
-def _why_no_crop(runner, tokens) -> Optional[str]:
-    if not isinstance(runner, hf_runner.CacheRunner):
-        return "not a transformers cache"
-    try:
-        return hf_runner.croppable(runner, tokens)
-    except Exception as e:  # a two-token probe their code refuses: the rollback run says the rest
-        return f"the cache could not be probed ({type(e).__name__})"
-
-
 def settle(entries: dict, verdict: str) -> dict:
     """Entries that passed take the architecture's verdict when it is ok or inconclusive (a pass
-    on state never shown to matter is no ok), and stay `passed` beside another schedule's bug."""
+    on state never shown to matter is no ok); beside another schedule's failure see `beside`."""
     for e in entries.values():
-        if e["status"] == PASSED and verdict in ("ok", "inconclusive"):
-            e["status"] = verdict
+        for part in (e, e.get("their_crop"), e.get("copy")):  # rollback: each run's own result too
+            if part and part["status"] == PASSED and verdict in (OK, INCONCLUSIVE):
+                part["status"] = str(verdict)
     return entries
 
 
 def beside(entries: dict, worst: str) -> dict:
-    """A failed boundary beside a failing step plan says it may be that plan's error: its cached
-    steps may fail without any padding or rollback."""
+    """Entries beside the failing schedule `worst`. One that agreed is `not judged`: an ok needs
+    the power check, which runs only when every schedule agrees (rollback's `their_crop` and `copy`
+    keep their own results). A failed one beside a failing step plan says it may be that plan's
+    error: its cached steps may fail without any padding or rollback."""
+    plan = worst not in census_schedules()
+    why = f"{NOT_JUDGED_WHY} ({worst})" if plan else f"{worst} failed beside it"
     for e in entries.values():
-        if e["status"] == "bug":
+        if e["status"] == PASSED:
+            e.update(status=NOT_JUDGED, why="; ".join(filter(None, [why, e["why"]])))
+        if e["status"] == BUG and plan:
             e["why"] = "; ".join(filter(None, [e["why"], f"{worst!r} fails too, without this boundary"]))
     return entries

@@ -41,7 +41,7 @@ from ..schedules import run_schedule, run_steps
 from ..verdicts import BUG, CRASHED, INCONCLUSIVE, NOT_BUILT, OK, ROUNDING, UNCONFIRMED, WORDS
 from ..state import KV, Zeroing, state_kinds
 from ..impls.hf.cache_runner import CacheRunner, full_run
-from . import boundary, shapes
+from . import born, boundary, shapes
 from .boundary import logits_noise, logits_only, measured, transformers_frame
 from .derive import derive
 
@@ -127,7 +127,7 @@ def run_all(runner, tokens, plans: dict, ref, noise, tolerance) -> dict[str, Run
 
 def record(model_type: str, verdict: str, **kw) -> dict:
     out = {"model_type": model_type, "verdict": str(verdict), "worst_schedule": None, "max_abs": None,
-           "multiple": None, "shape": None, "born_at": None, "floor": None, "floor_source": None,
+           "multiple": None, "shape": None, "born_at": None, "born_in": None, "floor": None, "floor_source": None,
            "init": None, "power": None, "confirmation": None, "model_class": None, "reason": None, "notes": [],
            "schedules": {}, "steps": None, "config": None, "reproducer": None,
            "reproducer_status": None, "vocab": 256, "boundaries": {}}
@@ -234,15 +234,15 @@ def check_model(model, tokens, plans: dict, tolerance: float = NOISE_MARGIN, mak
         pool = bugs or bad
         plain = {k: m for k, m in pool.items() if k not in boundary.SCHEDULES}
         name, worst = max((plain or pool).items(), key=lambda kv: kv[1].max_abs_logits)
-        if plain:
-            boundary.beside(entries, name)
+        boundary.beside(entries, name)  # a boundary that agreed is not judged beside it
         confirmer, rerun = reruns[name]  # the headline's third number: a plain float64 cast
         out["schedules"][name]["confirmation"]["float64"] = confirmer.plain(rerun)
         fd = worst.first_departure
         out.update(verdict=BUG if bugs else UNCONFIRMED, worst_schedule=name, max_abs=worst.max_abs_logits,
                    multiple=worst.logits_multiple, steps=plans[name],
                    confirmation=out["schedules"][name]["confirmation"],
-                   born_at=None if fd is None else f"{(runner.layers)[fd[0]] if fd[0] < len(runner.layers) else 'logits'}@{fd[1]}")
+                   born_at=None if fd is None else f"{(runner.layers)[fd[0]] if fd[0] < len(runner.layers) else 'logits'}@{fd[1]}",
+                   born_in=born.born_in(runner, tokens, plans[name], fd, tolerance, schedule=name))
         if name in boundary.SCHEDULES:  # the boundary's own shape (`boundaries.SHAPES`)
             fixed = note = None
             out["shape"] = shapes.classify(worst.abs_err[-1].tolist(), plans[name], 0.0, schedule=name)

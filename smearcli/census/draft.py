@@ -6,6 +6,7 @@ from `initial_state=None`, positions from `arange(T)` without the cache offset."
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 from typing import Optional
 
@@ -40,23 +41,49 @@ def modeling_file(model_class: Optional[str]) -> Optional[Path]:
         return None
 
 
+def suspect_kind(line: str) -> Optional[str]:
+    """What a suspect line's pattern means, or None when no pattern matches it."""
+    return next((what for what, rx in PATTERNS if rx.search(line)), None)
+
+
 def suspects(path: Optional[Path], limit: int = 8) -> list[tuple[str, int, str]]:
     """(what the pattern means, line number, the line) in the modeling file, at most `limit`."""
     if path is None or not path.is_file():
         return []
     out = []
     for i, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
-        for what, rx in PATTERNS:
-            if rx.search(line):
-                out.append((what, i, line.strip()))
-                break
+        what = suspect_kind(line)
+        if what:
+            out.append((what, i, line.strip()))
         if len(out) >= limit:
             break
     return out
 
 
-def write(record: dict, path: Path, versions: dict) -> Path:
-    """The Markdown draft of one finding."""
+def resolve(rel: Optional[str]) -> Optional[Path]:
+    """The file a `born_in` names ("transformers/models/x/modeling_x.py"), found on sys.path."""
+    if not rel:
+        return None
+    if Path(rel).is_absolute():
+        return Path(rel) if Path(rel).is_file() else None
+    for entry in sys.path:
+        p = Path(entry or ".") / rel
+        if p.is_file():
+            return p
+    return None
+
+
+def quoted(born: dict) -> list[str]:
+    """The lines of a `born_in`'s forward as the installed file has them ([] when it is not there)."""
+    path, lines = resolve(born.get("file")), born.get("lines")
+    if path is None or not lines:
+        return []
+    return path.read_text(errors="replace").splitlines()[lines[0] - 1:lines[1]]
+
+
+def write(record: dict, path: Path, versions: dict, group: Optional[dict] = None) -> Path:
+    """The Markdown draft of one finding; with its `group` (`groups.groups`) of more than one
+    architecture, the draft of the whole root cause: every architecture it breaks, listed."""
     src = modeling_file(record.get("model_class"))
     rel = str(src).split("site-packages/")[-1] if src else "?"
     how = BOUNDARY_WORDS.get(record.get("worst_schedule"),
@@ -71,13 +98,64 @@ def write(record: dict, path: Path, versions: dict) -> Path:
              f"Shape of the error: **{record.get('shape')}**" + (f"; first off at {record['born_at']}" if record.get("born_at") else ""),
              ""]
     lines += [f"- {n}" for n in record.get("notes") or [] if "cache passed back" not in n]
+    born = record.get("born_in") if isinstance(record.get("born_in"), dict) else {}
+    lines += born_section(born) if born.get("module") else []
+    lines += group_section(group, record["model_type"]) if group and len(group["architectures"]) > 1 else []
     if record.get("reproducer"):
         lines += ["", f"Reproducer (torch and transformers only, exits 1 while the bug is there): "
                   f"`python {Path(record['reproducer']).name}`"]
     found = suspects(src)
     if found:
+        span = born.get("lines") if born.get("file") and born["file"] in rel else None
         lines += ["", f"Suspect lines in `{rel}`:", ""]
-        lines += [f"- line {n}: `{text}` ({what})" for what, n, text in found]
+        lines += [f"- line {n}: `{text}` ({what}" + (", inside the forward above)" if span and span[0] <= n <= span[1]
+                                                      else ")") for what, n, text in found]
     path = Path(path)
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def born_section(born: dict) -> list[str]:
+    """Where the error is born (`born.born_in`), with the lines of that module's forward quoted."""
+    span = born.get("lines") or [0, 0]
+    out = ["", f"Born in `{born['module']}` (`{born.get('class')}`): the first module whose output "
+           f"(at position {born.get('position')}) leaves the floor while the inputs it receives agree with the "
+           "full pass" + (f"; the first output off is `{born['first_off']}`, whose inputs were already off"
+                          if born.get("first_off") and born["first_off"] != born["module"] else "") + "."]
+    code = quoted(born)
+    if code:
+        out += ["", f"<details><summary><code>{born.get('class')}.forward</code>, {born.get('file')} lines "
+                f"{span[0]}-{span[1]}</summary>", "", "```python", *code, "```", "", "</details>"]
+    return out
+
+
+def group_section(group: dict, me: str) -> list[str]:
+    """The other architectures one root cause breaks (`groups.groups`), each with its born-in module."""
+    others = [a for a in group["architectures"] if a != me]
+    out = ["", f"The same code breaks {len(others)} more architecture{'s' * (len(others) != 1)} "
+           f"({group.get('by')}" + (": " + "; ".join(f"`{x}`" for x in group.get("lines") or []) if group.get("lines") else "")
+           + "):", ""]
+    for a in others:
+        m = group["members"].get(a) or {}
+        span = m.get("lines") or []
+        where = f", {m.get('file')} lines {span[0]}-{span[1]}" if len(span) == 2 else ""
+        out.append(f"- {a}: `{m.get('module')}` (`{m.get('class')}`{where})" if m.get("module") else f"- {a}")
+    return out + ["", "Each has its reproducer beside this one (`<model_type>.py`)."]
+
+
+def write_groups(records, versions: dict) -> list[Path]:
+    """After a scan: each root cause of more than one architecture gets its first architecture's
+    draft rewritten to name them all (`groups.groups`), and its reproducer notes them
+    (`repro.note_group`). Only the drafts and reproducers this machine wrote are touched."""
+    from . import groups, repro
+
+    out = []
+    by_name = {r["model_type"]: r for r in records}
+    for g in groups.groups(records):
+        rec = by_name[g["first"]]
+        if len(g["architectures"]) < 2 or not rec.get("report_draft") or not Path(rec["report_draft"]).is_file():
+            continue
+        out.append(write(rec, Path(rec["report_draft"]), versions, g))
+        if rec.get("reproducer") and Path(rec["reproducer"]).is_file():
+            repro.note_group(Path(rec["reproducer"]), g["architectures"][1:])
+    return out

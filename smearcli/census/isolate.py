@@ -6,6 +6,10 @@ transformers once, so a child starts in milliseconds), at most `jobs` at a time.
 back over a pipe as one JSON line. The parent kills a child that outlives its wall-clock limit.
 A child that hangs, dies (a signal, an allocation refused) or raises is that architecture's
 result (`crashed` with the reason; running out of memory says so first), never the scan's end.
+Every record says which transformers release made it (`transformers_version`). transformers'
+warnings that a fast SSM kernel is not installed are kept out of the progress lines
+(`impls.hf.kernels`): a child sends back what was missing after its record, and the run says it
+once at the end, as one line (`on_note`).
 
 Records are appended to a JSON Lines file as they finish, one whole record per write, under an
 exclusive lock (`records.Sink`), so `resume` skips what a stopped scan already wrote; `shard(names,
@@ -31,10 +35,12 @@ from typing import Callable, Iterable, Optional, Sequence
 
 from .. import jsonsafe
 from ..errors import UserError
+from ..impls.hf import kernels
 from . import records
 
 DEFAULT_TIMEOUT = 240.0  # seconds per architecture
 DEFAULT_MEMORY = 3 << 30  # bytes of address space per architecture
+SLOW_KERNELS = "slow_kernels"  # a child's second line: the fast kernels transformers fell back without
 
 
 def causal_lm_types() -> list[str]:
@@ -115,13 +121,16 @@ def _child(check: Callable[[str], dict], name: str, fd: int, memory: Optional[in
         if torch is not None:
             with contextlib.suppress(Exception):
                 torch.set_num_threads(1)
-        try:
-            rec = memory_verdict(check(name), memory)
-        except MemoryError:
-            rec = memory_verdict({"model_type": name, "verdict": "crashed", "reason": "MemoryError"}, memory)
-        except BaseException as e:  # the check's own guard missed it: still this name's result
-            rec = {"model_type": name, "verdict": "crashed", "reason": f"{type(e).__name__}: {e}"[:300]}
+        with _fallbacks() as slow:
+            try:
+                rec = memory_verdict(check(name), memory)
+            except MemoryError:
+                rec = memory_verdict({"model_type": name, "verdict": "crashed", "reason": "MemoryError"}, memory)
+            except BaseException as e:  # the check's own guard missed it: still this name's result
+                rec = {"model_type": name, "verdict": "crashed", "reason": f"{type(e).__name__}: {e}"[:300]}
         data = (jsonsafe.dumps(rec, default=str) + "\n").encode()
+        if slow.missing:  # a second line, after the record: what the parent says once at the end
+            data += (json.dumps({SLOW_KERNELS: sorted(slow.missing)}) + "\n").encode()
         while data:
             n = os.write(fd, data)
             data = data[n:]
@@ -129,6 +138,25 @@ def _child(check: Callable[[str], dict], name: str, fd: int, memory: Optional[in
         code = 3
     finally:
         os._exit(code)
+
+
+def _fallbacks():
+    """transformers' fast-kernel warnings collected in a child (`kernels.collected`), when the
+    parent imported transformers (the census does; a check without it warns of nothing)."""
+    if "transformers" in sys.modules:
+        return kernels.collected()
+    return contextlib.nullcontext(kernels.Fallbacks())
+
+
+def transformers_version() -> Optional[str]:
+    """The release the parent imported, which every child runs (None when it imported none)."""
+    tf = sys.modules.get("transformers")
+    return getattr(tf, "__version__", None)
+
+
+def say(text: str) -> None:
+    """A run's note, as one line of smearcli's on stderr (`run`'s default `on_note`)."""
+    sys.stderr.write(f"smearcli: {text}\n")
 
 
 def _died(name: str, status: int, memory: Optional[int], wall: float) -> dict:
@@ -144,27 +172,34 @@ def _died(name: str, status: int, memory: Optional[int], wall: float) -> dict:
 
 def scan(names: Sequence[str], check: Callable[[str], dict], out: Path, jobs: int = 1,
          timeout: float = DEFAULT_TIMEOUT, memory: Optional[int] = DEFAULT_MEMORY, resume: bool = False,
-         on_record: Optional[Callable[[dict], None]] = None) -> list[dict]:
+         on_record: Optional[Callable[[dict], None]] = None,
+         on_note: Callable[[str], None] = say) -> list[dict]:
     """Check every name in its own process; append each record to `out`; the records of this run
     (those skipped by `resume` left out), in the order they finished."""
     with records.Sink(out, resume) as sink:
-        return run(names, check, sink, jobs, timeout, memory, on_record)
+        return run(names, check, sink, jobs, timeout, memory, on_record, on_note)
 
 
 def run(names: Sequence[str], check: Callable[[str], dict], sink: "records.Sink", jobs: int = 1,
         timeout: float = DEFAULT_TIMEOUT, memory: Optional[int] = DEFAULT_MEMORY,
-        on_record: Optional[Callable[[dict], None]] = None) -> list[dict]:
+        on_record: Optional[Callable[[dict], None]] = None,
+        on_note: Callable[[str], None] = say) -> list[dict]:
     """`scan` on an open `records.Sink`: the names it does not hold yet, at most `jobs` at once.
     However this ends (a SIGINT, a SIGTERM, an error), every worker is killed and reaped first: none
-    runs on, and only whole records are in the file."""
+    runs on, and only whole records are in the file. A run whose architectures fell back to slow
+    kernels says so once at its end (`on_note`)."""
     if jobs < 1:
         raise UserError(f"jobs must be at least 1, got {jobs}")
     done = sink.names()
     todo = [n for n in dict.fromkeys(names) if n not in done]
     running: dict[int, tuple[str, int, float, bytearray]] = {}  # pid -> (name, read fd, start, buffer)
     results: list[dict] = []
+    slow: set[str] = set()  # the fast kernels the children said were missing
+    version = transformers_version()
 
     def finish(rec: dict) -> None:
+        if version is not None:
+            rec.setdefault("transformers_version", version)
         sink.write(rec)
         results.append(rec)
         if on_record is not None:
@@ -174,7 +209,7 @@ def run(names: Sequence[str], check: Callable[[str], dict], sink: "records.Sink"
         while todo or running:
             while todo and len(running) < jobs:
                 _spawn(check, todo.pop(0), memory, running, sink.fd)
-            for rec in _collect(running, memory):
+            for rec in _collect(running, memory, slow):
                 finish(rec)
             now = time.monotonic()
             for pid, (name, fd, start, _) in list(running.items()):
@@ -187,6 +222,8 @@ def run(names: Sequence[str], check: Callable[[str], dict], sink: "records.Sink"
         with records.signals_held():  # a second Ctrl-C must not leave a worker behind
             for pid in list(running):
                 _kill(pid, running)
+    if slow:
+        on_note(kernels.note(slow))
     return results
 
 
@@ -211,8 +248,9 @@ def _spawn(check, name: str, memory: Optional[int], running: dict, sink_fd: int)
         running[pid] = (name, r, time.monotonic(), bytearray())
 
 
-def _collect(running: dict, memory: Optional[int]) -> list[dict]:
-    """The records of the workers that finished within 0.2 s (read from their pipes)."""
+def _collect(running: dict, memory: Optional[int], slow: set) -> list[dict]:
+    """The records of the workers that finished within 0.2 s (read from their pipes); the fast
+    kernels they fell back without are added to `slow`."""
     poller = select.poll()
     fds = {v[1]: pid for pid, v in running.items()}
     for fd in fds:
@@ -229,8 +267,20 @@ def _collect(running: dict, memory: Optional[int]) -> list[dict]:
             _, status = os.waitpid(pid, 0)
             os.close(fd)
             del running[pid]
-        out.append(_record(name, buf, status, memory, time.monotonic() - start))
+        text, _, after = bytes(buf).partition(b"\n")
+        slow.update(_slow_kernels(after))
+        out.append(_record(name, text, status, memory, time.monotonic() - start))
     return out
+
+
+def _slow_kernels(after: bytes) -> list[str]:
+    """What a worker's line after its record says was missing (nothing when there is no line)."""
+    try:
+        said = json.loads(after.decode()) if after.strip() else {}
+    except ValueError:
+        return []
+    got = said.get(SLOW_KERNELS) if isinstance(said, dict) else None
+    return [str(x) for x in got] if isinstance(got, list) else []
 
 
 def _record(name: str, buf: bytes, status: int, memory: Optional[int], wall: float) -> dict:

@@ -42,7 +42,7 @@ FIELD_TYPES = {
                      "reproducer", "report_draft"), STRING),
     **dict.fromkeys(("max_abs", "multiple", "floor", "init", "wall_s"), NUMBER),
     "reproducer_status": INTEGER, "notes": LIST, "steps": LIST,
-    **dict.fromkeys(("power", "confirmation", "schedules", "boundaries", "config"), OBJECT),
+    **dict.fromkeys(("power", "confirmation", "schedules", "boundaries", "config", "born_in"), OBJECT),
 }
 ENTRY_TYPES = {"status": STRING, "mode": STRING, "why": STRING, "shape": STRING, "max_abs": NUMBER,
                "multiple": NUMBER}  # one entry of `schedules` or `boundaries`

@@ -9,16 +9,18 @@ from __future__ import annotations
 import re
 from typing import Optional, Sequence
 
-from ..verdicts import BUG, CRASHED, INCONCLUSIVE, NOT_BUILT, NOT_RUN, OK, UNCONFIRMED
+from ..schedules import census_schedules  # the boundaries every architecture also runs (check.boundary)
+from ..verdicts import BUG, CRASHED, INCONCLUSIVE, NOT_BUILT, NOT_JUDGED, NOT_JUDGED_WHY, NOT_RUN, OK, UNCONFIRMED
+from .groups import born, groups
 from .shapes import LEFT_UNSUPPORTED
 
 SCHEMA = "smearcli.scan/1"
 ORDER = tuple(str(v) for v in (BUG, CRASHED, UNCONFIRMED, INCONCLUSIVE, OK, NOT_BUILT))
-FIELDS = ("model_type", "verdict", "worst_schedule", "max_abs", "multiple", "shape", "born_at", "init",
+FIELDS = ("model_type", "verdict", "worst_schedule", "max_abs", "multiple", "shape", "born_at", "born_in", "init",
           "floor", "floor_source", "power", "confirmation", "model_class", "reason", "notes", "schedules", "steps",
-          "config", "reproducer", "reproducer_status", "report_draft", "wall_s", "boundaries", "engine", "vllm_version", "vllm")
+          "config", "reproducer", "reproducer_status", "report_draft", "wall_s", "boundaries", "transformers_version",
+          "engine", "vllm_version", "vllm")
 PY_PATH = re.compile(r"\S*/([^/\s]+\.py:\d+)")  # "transformers/models/x/modeling_x.py:12" -> "modeling_x.py:12"
-BOUNDARIES = ("padded", "rollback")  # the boundaries every architecture also runs (check.boundary)
 
 
 def counts(records: Sequence[dict]) -> dict[str, int]:
@@ -50,7 +52,7 @@ def sort_key(r: dict):
 
 
 COLUMNS = (("architecture", 16), ("verdict", 9), ("worst schedule", 20), ("error", 7), ("shape / why", 16),
-           ("born at", 6))
+           ("at pos", 6))  # the first position off (`born_at`); the module is on the line under a finding
 SHORT = {"state dropped at chunk starts": "state dropped", "decode path differs": "decode path",
          "positions restart": "positions", "context lost": "context lost", "mask wrong": "mask wrong",
          "padding leaks into a row": "padding leaks", "state not rolled back": "not rolled back"}
@@ -67,6 +69,8 @@ def boundary_cell(r: dict, name: str) -> str:
         text = f"bug {e.get('multiple') or 0:.2g}x"
     elif st in (CRASHED, NOT_RUN):
         text = f"{st}: {short_reason(e.get('why') or '') if st == CRASHED else e.get('why') or '?'}"
+    elif st == NOT_JUDGED:  # it agreed, but beside a failure no power check ran: no verdict of its own
+        text = f"{st}: {e.get('why') or NOT_JUDGED_WHY}"
     else:
         text = st
     return text + (f" ({e['mode']})" if e.get("mode") else "")
@@ -103,8 +107,11 @@ def table(records: Sequence[dict], width: int = 80) -> str:
             v = f"bug@{r['init']:g}"
         out.append(line([r["model_type"], v, r.get("worst_schedule") or "-", _err(r),
                          detail or "-", (r.get("born_at") or "-").split("@")[-1]]))
+        if born(r):  # the module under its finding's line: too long for a column of its own
+            b = born(r)
+            out.append(_cut(" " * (COLUMNS[0][1] + 1) + f"born in {b['module']} ({b.get('class')})", width))
     c = counts(records)
-    for name in BOUNDARIES:
+    for name in census_schedules():
         b = boundary_counts(records, name)
         if b:
             out.append(_cut(f"{name}: " + ", ".join(f"{n} {k}" for k, n in sorted(b.items())), width))
@@ -117,7 +124,20 @@ def document(records: Sequence[dict], meta: Optional[dict] = None) -> dict:
     recs = []
     for r in sorted(records, key=lambda r: r["model_type"]):
         recs.append({k: r.get(k) for k in FIELDS} | {"model_type": r["model_type"]})
-    return {"schema": SCHEMA, **(meta or {}), "counts": counts(records), "architectures": recs}
+    return {"schema": SCHEMA, **(meta or {}), "counts": counts(records), "groups": groups(records),
+            "architectures": recs}
+
+
+def short_where(b: dict) -> str:
+    """"modeling_mamba.py:358-484": a born-in forward's file by its name, and its lines."""
+    lines = b.get("lines") or []
+    return (b.get("file") or "?").split("/")[-1] + (f":{lines[0]}-{lines[1]}" if len(lines) == 2 else "")
+
+
+def born_in_words(r: dict) -> str:
+    """"backbone.layers.0.mixer (MambaMixer, modeling_mamba.py:358-484)" ("" without one)."""
+    b = born(r)
+    return f"{b['module']} ({b.get('class')}, {short_where(b)})" if b else ""
 
 
 def markdown(records: Sequence[dict], meta: Optional[dict] = None) -> str:
@@ -131,17 +151,20 @@ def markdown(records: Sequence[dict], meta: Optional[dict] = None) -> str:
         out += ["## Findings", "", "Each finding was rerun with the model in float64 and every float32 request inside "
                 "its code lifted to float64: a bug keeps its size, rounding vanishes (`smearcli.evidence`). "
                 "An unconfirmed one shrank without vanishing, or could not run lifted.", "",
-                "| architecture | verdict | worst schedule | max abs dlogit | float64, lifted | shape | init | "
-                "reproducer (exit) |", "|---|---|---|---|---|---|---|---|"]
+                "| architecture | verdict | worst schedule | max abs dlogit | float64, lifted | shape | born in | init | "
+                "reproducer (exit) |", "|---|---|---|---|---|---|---|---|---|"]
         for r in bugs:
             rep = r.get("reproducer")
             rep = f"`{rep.split('/')[-1]}` ({r.get('reproducer_status')})" if rep else "-"
+            b = born(r)
+            where = f"`{b['module']}` ({b.get('class')}, {short_where(b)})" if b else "-"
             out.append(f"| {r['model_type']} | {r.get('verdict')} | {r.get('worst_schedule')} | {_err(r)} | {_f64(r)} | "
-                       f"{r.get('shape')} | {'default' if r.get('init') is None else r['init']} | {rep} |")
+                       f"{r.get('shape')} | {where} | {'default' if r.get('init') is None else r['init']} | {rep} |")
         out.append("")
+        out += groups_md(records)
     out += boundaries_md(records)
     out += ["## Every architecture", "", "| architecture | verdict | worst schedule | error | shape or reason | "
-            "padded / rollback |", "|---|---|---|---|---|---|"]
+            f"{' / '.join(census_schedules())} |", "|---|---|---|---|---|---|"]
     for r in sorted(records, key=sort_key):
         why = r.get("shape") or r.get("reason") or "; ".join(
             n for n in (r.get("notes") or []) if n.startswith(("would see", "power not")) or "rounding" in n) or ""
@@ -149,7 +172,7 @@ def markdown(records: Sequence[dict], meta: Optional[dict] = None) -> str:
         why = why.replace("|", "/").replace("\n", " ")[:120]
         # one column for both (the section above lists every one that is not ok, with why): the
         # page keeps its width at 1280 px
-        cells = " / ".join(boundary_cell(r, b).replace("|", "/")[:40] for b in BOUNDARIES)
+        cells = " / ".join(boundary_cell(r, b).replace("|", "/")[:40] for b in census_schedules())
         out.append(f"| {r['model_type']} | {r.get('verdict')} | {r.get('worst_schedule') or '-'} | {_err(r)} | {why} | "
                    f"{cells} |")
     return "\n".join(out) + "\n"
@@ -160,13 +183,17 @@ def boundaries_md(records: Sequence[dict]) -> list[str]:
     architecture where one failed, crashed, did not run or could not be left-padded, with why."""
     if not any(r.get("boundaries") for r in records):
         return []
-    out = ["## Padded and rollback", ""]
-    for name in BOUNDARIES:
+    *rest, last = census_schedules()
+    out = [f"## {', '.join(rest).capitalize()} and {last}" if rest else f"## {last.capitalize()}", ""]
+    for name in census_schedules():
         b = boundary_counts(records, name)
         out.append(f"- {name}: " + (", ".join(f"{n} {k}" for k, n in sorted(b.items())) or "not run") + ".")
+    if any(e.get("status") == NOT_JUDGED for r in records for e in (r.get("boundaries") or {}).values()):
+        out.append(f"- {NOT_JUDGED}: the boundary agreed, but {NOT_JUDGED_WHY} (or beside it), so the power "
+                   "check that an ok needs never ran.")
     rows = []
     for r in sorted(records, key=sort_key):
-        for name in BOUNDARIES:
+        for name in census_schedules():
             e = (r.get("boundaries") or {}).get(name) or {}
             if e.get("status") in (BUG, UNCONFIRMED, CRASHED, NOT_RUN, LEFT_UNSUPPORTED):
                 why = (e.get("shape") or "") + ("; " if e.get("shape") and e.get("why") else "") + (e.get("why") or "")
@@ -174,4 +201,31 @@ def boundaries_md(records: Sequence[dict]) -> list[str]:
                             f"{why.replace('|', '/')[:160]} |")
     if rows:
         out += ["", "| architecture | boundary | result | shape / why |", "|---|---|---|---|", *rows]
+    return out + [""]
+
+
+def groups_md(records: Sequence[dict]) -> list[str]:
+    """The root causes: findings whose born-in modules run the same code, one row per group with
+    the shared code, every architecture it breaks, and the group's one reproducer and draft."""
+    gs = groups(records)
+    if not gs:
+        return []
+    n = sum(len(g["architectures"]) for g in gs)
+    out = ["## Root causes", "", f"{n} finding{'s' * (n != 1)}, {len(gs)} root cause{'s' * (len(gs) != 1)}. Findings are one root cause when the modules "
+           "they are born in run the same `forward` once model names are normalised, or share a suspect line "
+           "inside it with the same shape (`smearcli.census.groups`); each group has one reproducer and one draft, "
+           "its first architecture's.", "",
+           "| root cause | architectures | shape | shared | reproducer, draft |", "|---|---|---|---|---|"]
+    for g in gs:
+        first = g["members"][g["first"]]
+        others = [m["class"] for name, m in g["members"].items() if name != g["first"] and m.get("class")]
+        code = (f"`{first['class']}.forward`, {short_where(first)}" if first.get("class") else "-") + \
+            (f"; also {', '.join(f'`{c}`' for c in dict.fromkeys(others) if c != first['class'])}"
+             if set(others) - {first["class"]} else "")
+        what = g["by"] or "-"
+        if g["lines"]:
+            what += ": " + "; ".join(f"`{x}`" for x in g["lines"][:2])
+        files = [f"`{p.split('/')[-1]}`" for p in (g.get("reproducer"), g.get("report_draft")) if p]
+        out.append(f"| {code.replace('|', '/')} | {', '.join(g['architectures'])} | {g.get('shape')} | "
+                   f"{what.replace('|', '/')} | {', '.join(files) or '-'} |")
     return out + [""]

@@ -6,10 +6,13 @@ failing schedule through the model's own cache, and the full pass in float64 for
 then both again in float64, plainly and with the model's float32 requests lifted to float64
 (`LIFT`), prints the three numbers and exits 1 while the schedule is further from the full pass
 than `MARGIN` x the floor and keeps at least half that size lifted, 0 once it is fixed (or when
-the error was float32 rounding). A padded or rollback finding gets `BOUNDARY` instead: the row
-beside its prefix right- and left-padded in one batch with the mask, or the prefill then drafts
-partly rejected and the cache cropped (or restored from a copy), each against the row alone. `run(path)` runs it in an isolated Python (`-I`: no PYTHONPATH,
-no user site) and returns the exit status, which the scan records.
+the error was float32 rounding). A finding of a registered boundary (padded, rollback) gets
+`BOUNDARY` instead, around the boundary's own fragment (`steps.Repro`: the row beside its prefix
+right- and left-padded in one batch with the mask, or the prefill then drafts partly rejected and
+taken back through their cache API as assisted generation calls it (`their_crop_fragment`, which
+every boundary reproducer holds) or restored from a copy), against the row alone. `run(path)`
+runs it in an isolated Python (`-I`: no PYTHONPATH, no user site) and returns the exit status,
+which the scan records.
 """
 
 from __future__ import annotations
@@ -20,13 +23,14 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from ..boundaries import PAD_ID, padded_length
-from ..names import DRAFT, GEN_LEN, NOISE_MARGIN, REJECT
+from ..impls.hf import api
+from ..names import NOISE_MARGIN
+from ..schedules import SCHEDULES
 from ..wording import fmt_steps
 
-# what every reproducer builds its model and feeds its cache with (a template fragment: braces doubled)
-MODEL = '''KEYS = ("cache", "past_key_values", "cache_params", "state")
-
+# what every reproducer builds its model and feeds its cache with (a template fragment: braces
+# doubled); the cache API is detected by smearcli's own detector, embedded as source (`hf.api`)
+MODEL = api.standalone().replace("{", "{{").replace("}", "}}") + '''
 
 def build():
     cfg = transformers.CONFIG_MAPPING[MODEL_TYPE](**CONFIG)
@@ -36,17 +40,16 @@ def build():
 
 def step(model, ids, cache, pos):
     """One cached call over `ids` at position `pos`: (logits, the cache to pass next)."""
-    params = inspect.signature(model.forward).parameters
-    keyword = next(k for k in KEYS if k in params)
+    keyword = cache_keyword(model)
     kw = {{"use_cache": True}}
     if cache is not None:
         kw[keyword] = cache
-    if keyword == "cache_params" and "cache_position" in params:
+    if passes_cache_position(model, keyword):
         kw["cache_position"] = torch.arange(pos, pos + ids.size(1))
     o = model(input_ids=ids, **kw)
-    got = next((getattr(o, k) for k in KEYS if getattr(o, k, None) is not None), None)
+    got = out_cache(o)
     if got is None and cache is None:  # the model wants the caller to create its cache
-        kw[keyword] = got = transformers.DynamicCache(config=model.config)
+        kw[keyword] = got = caller_cache(model)
         o = model(input_ids=ids, **kw)
     return o.logits.float(), got if got is not None else cache
 '''
@@ -155,6 +158,50 @@ def schedule(model, ids):
 ''' + MAIN.replace("{length}", "sum(STEPS)").replace("{what}", "full pass vs the cached steps")
 
 
+
+def their_crop_fragment() -> str:
+    """The reproducers' `their_crop(model, ids)` (a template fragment, no braces): the rollback
+    schedule taken back through their cache API as transformers' assisted generation calls it
+    (`_assisted_decoding`, 5.24): the cache `generate()` makes, `activate_past_recording()` before
+    the prefill, then `cache.crop(-rejected)` after every forward, `crop(0)` where none was
+    rejected. The scan's crop-mode runner (`impls.hf.cache_runner`) makes the same calls."""
+    return '''def generation_cache(model):
+    """The cache generate() makes before the prefill, or None where it makes none."""
+    if not model._supports_default_dynamic_cache():
+        return None
+    cfg = model.config.get_text_config(decoder=True)
+    if model.config.is_encoder_decoder:
+        return transformers.EncoderDecoderCache(transformers.DynamicCache(config=cfg),
+                                                transformers.DynamicCache(config=cfg))
+    return transformers.DynamicCache(config=cfg)
+
+
+def their_crop(model, ids):
+    """A prefill, then drafts of DRAFT tokens whose last REJECT are wrong, each taken back with the
+    cache's own crop as assisted generation takes it back."""
+    vocab = max(int(ids.max()) + 1, 2)
+    made = generation_cache(model)
+    if made is not None:
+        made.activate_past_recording()  # generate: before the prefill
+    out, cache = step(model, ids[:, :PROMPT], made, 0)
+    if made is None:  # a cache the model made itself: recorded from the prefill on
+        cache.activate_past_recording()
+    cache.crop(0)  # generate crops after every forward: 0 tokens when none was rejected
+    logits, pos = [out], PROMPT
+    while pos < T:
+        n = min(DRAFT, T - pos)
+        keep = n if n < DRAFT else n - REJECT
+        draft = ids[:, pos:pos + n]
+        if keep < n:
+            draft = torch.cat([draft[:, :keep], (draft[:, keep:] + 1) % vocab], dim=1)
+        out, cache = step(model, draft, cache, pos)
+        logits.append(out[:, :keep])
+        cache.crop(keep - n)  # a negative count: the rejected tokens
+        pos += keep
+    return torch.cat(logits, dim=1)
+'''
+
+
 BOUNDARY = '''"""Reproducer: {model_type} ({model_class}) under transformers {version}.
 
 {what} should give the logits of the row alone (one full pass); found by smearcli scan:
@@ -174,87 +221,53 @@ MODEL_TYPE = {model_type!r}
 CONFIG = json.loads({config_json!r})
 SCHEDULE = {schedule!r}
 T = {total!r}
-L, PAD_ID, POSITIONS = {padded_len!r}, {pad_id!r}, {positions!r}  # padded: real tokens, pad id, position_ids
-PROMPT, DRAFT, REJECT, MODE = {prompt!r}, {draft!r}, {reject!r}, {mode!r}  # rollback: crop or copy
 SEED = {seed!r}
 MARGIN = {margin!r}  # an error this many times the float32 rounding floor is no longer rounding
 
 
 ''' + MODEL + '''
 
-def padded(model, ids):
-    """[row, prefix + right padding, left padding + prefix] in one batch with the mask; the real
-    positions laid where the row alone has them (the rest from the row itself)."""
-    row = ids[0]
-    pad = torch.full((T - L,), PAD_ID, dtype=row.dtype)
-    batch = torch.stack([row, torch.cat([row[:L], pad]), torch.cat([pad, row[:L]])])
-    mask = torch.ones(3, T, dtype=torch.long)
-    mask[1, L:] = 0
-    mask[2, :T - L] = 0
-    kw = dict(attention_mask=mask, use_cache=True)
-    if POSITIONS and "position_ids" in inspect.signature(model.forward).parameters:  # as generate() counts them
-        kw["position_ids"] = (mask.cumsum(-1) - 1).clamp_min(0)
-    x = model(input_ids=batch, **kw).logits.float()
-    return torch.stack([x[0], torch.cat([x[1, :L], x[0, L:]]), torch.cat([x[2, T - L:], x[0, L:]])])
-
-
-def rollback(model, ids):
-    """A prefill, then drafts of DRAFT tokens whose last REJECT are wrong; the cache cropped back
-    (MODE "crop") or restored from a copy taken before the draft ("copy")."""
-    vocab = max(int(ids.max()) + 1, 2)
-    out, cache = step(model, ids[:, :PROMPT], None, 0)
-    logits, pos = [out], PROMPT
-    while pos < T:
-        n = min(DRAFT, T - pos)
-        keep = n if n < DRAFT else n - REJECT
-        draft = ids[:, pos:pos + n]
-        if keep < n:
-            draft = torch.cat([draft[:, :keep], (draft[:, keep:] + 1) % vocab], dim=1)
-        saved = copy.deepcopy(cache) if MODE == "copy" and keep < n else None
-        out, cache = step(model, draft, cache, pos)
-        logits.append(out[:, :keep])
-        if keep < n:
-            if MODE == "crop":
-                cache.crop(keep - n)
-            else:
-                cache = saved
-                if keep:
-                    _, cache = step(model, ids[:, pos:pos + keep], cache, pos)
-        pos += keep
-    return torch.cat(logits, dim=1)
-
+''' + their_crop_fragment() + '''
+{fragment}
 
 def schedule(model, ids):
-    return (padded if SCHEDULE == "padded" else rollback)(model, ids)
+    return {schedule}(model, ids)
 
 
 ''' + MAIN.replace("{length}", "T").replace("{what}", "the row alone vs {{SCHEDULE}}")
-WHAT = {"padded": "The row beside its prefix right- and left-padded in one batch, with the attention mask,",
-        "rollback": "A prefill, then drafts partly rejected and taken back out of the cache,"}
+
+
+def boundary_source(schedule: str, entry: dict, total: int) -> Optional[str]:
+    """The reproducer fragment of a registered boundary (`steps.Repro`), its fields filled from the
+    boundary's census `entry`, as a template fragment again (braces doubled); None when `schedule`
+    has none."""
+    s = SCHEDULES.get(schedule)
+    if s is None or s.repro is None:
+        return None
+    return s.repro.source.format(**s.repro.values(entry, total)).replace("{", "{{").replace("}", "}}")
 
 
 def write(record: dict, config, path: Path, seed: int = 0, vocab: int = 256,
           margin: float = NOISE_MARGIN, schedule: Optional[str] = None, total: int = 49) -> Path:
     """The reproducer of one finding (`record`: a scan record with `steps`), written to `path`;
-    `schedule` "padded" or "rollback" (default: the record's worst schedule when it is one of
-    them) writes that boundary's reproducer over `total` tokens, its numbers from
-    `record["boundaries"]`."""
+    `schedule` a registered boundary with a reproducer fragment (padded, rollback; default: the
+    record's worst schedule when it is one) writes that boundary's reproducer over `total` tokens,
+    its numbers from `record["boundaries"]`."""
     import transformers
 
     d = {k: v for k, v in config.to_dict().items() if k not in ("transformers_version", "architectures")}
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     schedule = schedule or record.get("worst_schedule")
-    if schedule in WHAT:
-        e = (record.get("boundaries") or {}).get(schedule) or {}
-        T = total
-        path.write_text(BOUNDARY.format(
+    e = (record.get("boundaries") or {}).get(schedule) or {}
+    fragment = boundary_source(schedule, e, total)
+    if fragment is not None:
+        path.write_text(BOUNDARY.replace("{fragment}", fragment).format(
             model_type=record["model_type"], model_class=record.get("model_class") or "?",
-            version=transformers.__version__, what=WHAT[schedule], max_abs=e.get("max_abs") or record.get("max_abs") or 0.0,
-            shape=e.get("shape") or record.get("shape"), config_json=json.dumps(d, default=str), schedule=schedule,
-            total=T, padded_len=padded_length(T), pad_id=PAD_ID if e.get("pad_id") is None else e["pad_id"],
-            positions=bool(e.get("positions", True)), prompt=T - min(GEN_LEN, T - 1), draft=DRAFT,
-            reject=REJECT, mode=e.get("mode") or "copy", seed=seed, margin=margin, vocab=vocab))
+            version=transformers.__version__, what=SCHEDULES[schedule].repro.what,
+            max_abs=e.get("max_abs") or record.get("max_abs") or 0.0, shape=e.get("shape") or record.get("shape"),
+            config_json=json.dumps(d, default=str), schedule=schedule, total=total, seed=seed, margin=margin,
+            vocab=vocab))
         return path
     path.write_text(TEMPLATE.format(
         model_type=record["model_type"], model_class=record.get("model_class") or "?",
@@ -273,3 +286,19 @@ def run(path: Path, timeout: float = 300.0) -> tuple[int, str]:
         return -1, f"timed out after {timeout:g} s"
     lines = (p.stdout.strip() or p.stderr.strip()).splitlines()
     return p.returncode, lines[-1] if lines else ""
+
+
+GROUP_LINE = "The same code breaks: "
+
+
+def note_group(path: Path, others) -> None:
+    """A root cause's one reproducer (`groups`) names the other architectures it breaks, in its
+    docstring (rewritten, not added twice, when a scan runs again)."""
+    text = Path(path).read_text()
+    head, sep, rest = text.partition('\n"""\n')
+    if not sep:
+        return
+    head = "\n".join(x for x in head.split("\n") if not x.startswith(GROUP_LINE))
+    if others:
+        head += f"\n{GROUP_LINE}{', '.join(others)} (each with its own reproducer beside this one)."
+    Path(path).write_text(head + sep + rest)

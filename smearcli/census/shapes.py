@@ -11,10 +11,10 @@ A run's logits error along the positions, against its boundaries, says what kind
 - *mask wrong*: off inside the first call too, or fixed by an explicit attention mask;
 - *decode path differs*: the one-token step disagrees with the chunk path (decode fails, chunks
   of several tokens pass);
-- the boundaries' own shapes (`smearcli.boundaries.SHAPES`): *padding leaks into a row* (a row
-  beside padded ones in one batch differs from the row alone) and *state not rolled back* (a
-  cache cropped or restored after rejected drafts keeps what the drafts left), named by the
-  schedule that failed.
+- the boundaries' own shapes (each registered boundary's `shape`, `smearcli.schedules.shape`):
+  *padding leaks into a row* (a row beside padded ones in one batch differs from the row alone)
+  and *state not rolled back* (a cache cropped or restored after rejected drafts keeps what the
+  drafts left), named by the schedule that failed.
 
 `profile_shape` names the shape from the error alone; `classify` puts reruns first (what an
 explicit argument fixes decides it) and falls back to the profile.
@@ -24,22 +24,25 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-from ..boundaries import SHAPES as BOUNDARY_SHAPES
+from ..schedules import census_schedules, shape
 
 STATE_DROPPED = "state dropped at chunk starts"
 CONTEXT_LOST = "context lost"
 POSITIONS = "positions restart"
 MASK = "mask wrong"
 DECODE_PATH = "decode path differs"
-PADDING_LEAKS = BOUNDARY_SHAPES["padded"]
-NOT_ROLLED_BACK = BOUNDARY_SHAPES["rollback"]
 OTHER = "other"
 # a padded batch off only in its left-padded row, on a model whose forward takes no position_ids:
 # the row can only be numbered after its padding (absolute positions counted from the cache), or,
 # with a recurrent state, its padding runs through that state. That is what the model's API
 # allows, not a wrong cache: a boundary status of its own, shown, never counted as a bug
 LEFT_UNSUPPORTED = "left padding unsupported"
-SHAPES = (STATE_DROPPED, CONTEXT_LOST, POSITIONS, MASK, DECODE_PATH, PADDING_LEAKS, NOT_ROLLED_BACK, OTHER)
+PROFILE_SHAPES = (STATE_DROPPED, CONTEXT_LOST, POSITIONS, MASK, DECODE_PATH)  # what a step plan's error can show
+
+
+def all_shapes() -> tuple[str, ...]:
+    """Every shape a finding may have: the step plans', each census boundary's own, then other."""
+    return PROFILE_SHAPES + tuple(shape(name) for name in census_schedules()) + (OTHER,)
 
 FADED = 0.1  # a chunk's tail under this share of its head's error: the error faded
 SPREAD = 0.9  # share of positions from the first boundary on that must be off: state dropped
@@ -89,13 +92,13 @@ def classify(err: Sequence[float], steps: Sequence[int], threshold: float,
              fixed_by: Optional[str] = None, decode_fails: bool = False,
              chunks_pass: bool = False, matches_dropped_state: bool = False,
              schedule: Optional[str] = None) -> str:
-    """The shape: a padded or rollback `schedule`'s failure is that boundary's own shape; then
+    """The shape: a census boundary's (padded, rollback) failure is that boundary's own shape; then
     reruns first: `fixed_by` "position_ids" or "attention_mask" when the run passes
     with that argument given explicitly; `decode_fails` and `chunks_pass` for the decode path;
     `matches_dropped_state` when decode with the state zeroed at the run's chunk starts equals the
     run (the hypothesis replayed)."""
-    if schedule in ("padded", "rollback"):
-        return BOUNDARY_SHAPES[schedule]
+    if schedule in census_schedules():
+        return shape(schedule)
     if fixed_by == "position_ids":
         return POSITIONS
     if fixed_by == "attention_mask":

@@ -44,20 +44,36 @@ def implementation(spec, command: str) -> Implementation:
     return impl
 
 
+def offered(impl: Implementation) -> list[str]:
+    """The schedules `impl` can run, in registry order: those every one of its runner classes
+    declares what they need (`schedules.runnable`); the reference always."""
+    from ..names import REFERENCE
+    from ..schedules import SCHEDULES, runnable
+
+    classes = impl.runner_classes()
+    return [s for s in SCHEDULES if s == REFERENCE or all(runnable(c, s) for c in classes)]
+
+
+def why_not(impl: Implementation, names) -> str:
+    """What its runners lack for each of `names`: "it needs: expand", "rollback: it can neither ..."."""
+    from ..schedules import missing
+
+    whys = [next(w for w in (missing(c, s) for c in impl.runner_classes()) if w) for s in names]
+    return whys[0] if len(whys) == 1 else "; ".join(f"{s}: {w}" for s, w in zip(names, whys))
+
+
 def schedules_for(spec, impl: Implementation, allow_reference: bool = False) -> list[str]:
-    """--schedules for `impl`: one it cannot run is refused when listed by name and left out of
-    the default list."""
-    from ..names import DEFAULT_SCHEDULES, ENGINE_SCHEDULES, SCHEDULE_NAMES
+    """--schedules for `impl`: one its runners cannot run is refused when listed by name and left
+    out of the default list."""
+    from ..names import DEFAULT_SCHEDULES, ENGINE_SCHEDULES
 
     listed = spec.schedule_list(allow_reference=allow_reference)
-    can = impl.schedules if impl.schedules is not None else tuple(s for s in SCHEDULE_NAMES if s not in ENGINE_SCHEDULES)
+    can = offered(impl)
     default = spec.schedules == ",".join(DEFAULT_SCHEDULES)
     cannot = [s for s in listed if s not in can]
     if cannot and not default:
-        raise UserError(f"--schedules: {', '.join(cannot)} cannot run with --impl {impl.name}; choose from "
-                        f"{', '.join(s for s in can if s != 'full')}")
+        raise UserError(f"--schedules: {', '.join(cannot)} cannot run with --impl {impl.name} "
+                        f"({why_not(impl, cannot)}); choose from {', '.join(s for s in can if s != 'full')}")
     if default:  # the default: every schedule it can run, those only engines run (prefix) included
-        listed = [s for s in SCHEDULE_NAMES if s in listed or (s in ENGINE_SCHEDULES and s in can)]
+        listed = [s for s in can if s in listed or (s in ENGINE_SCHEDULES and s in can)]
     return [s for s in listed if s in can]
-
-

@@ -21,7 +21,7 @@ import typer
 from .. import names
 from ..config import PRESETS
 from ..errors import UserError
-from ..names import ALL_LOGICS, DEFAULT_SCHEDULES, LOGIC_NAMES, PACKED, REFERENCE, SCHEDULE_NAMES
+from ..names import ALL_LOGICS, DEFAULT_SCHEDULES, LOGIC_NAMES, PACKED, REFERENCE
 from .errors import guarded
 from .registry import REGISTRY
 from .threads import HELP as THREADS_HELP
@@ -109,12 +109,14 @@ class RunSpec:
 
     # -- parsing that needs no torch --------------------------------------------------------------
     def schedule_list(self, allow_reference: bool = False) -> list[str]:
+        from ..schedules import SCHEDULES  # the registry: a schedule registered at run time is known too
+
         names = [s.strip() for s in self.schedules.split(",") if s.strip()]
         if not names:
-            raise UserError("--schedules is empty; choose from " + ", ".join(SCHEDULE_NAMES))
+            raise UserError("--schedules is empty; choose from " + ", ".join(SCHEDULES))
         for n in names:
-            if n not in SCHEDULE_NAMES:
-                raise UserError(f"--schedules: unknown schedule {n!r}; choose from {', '.join(SCHEDULE_NAMES)}")
+            if n not in SCHEDULES:
+                raise UserError(f"--schedules: unknown schedule {n!r}; choose from {', '.join(SCHEDULES)}")
             if n == REFERENCE and not allow_reference:
                 raise UserError(f"--schedules: '{REFERENCE}' is the reference every run is compared with; leave it out")
         return list(dict.fromkeys(names))

@@ -1,17 +1,20 @@
 """The implementations `--impl` can run, in one registry.
 
 An `Implementation` names itself, says which shared options it needs, owns or refuses (each
-refusal with its one-line reason), which commands and schedules it serves, and how to prepare a
-run: `prepare(spec, schedules, tolerance) -> cli.reports.Job`. The commands (`cli/commands/*`) ask
-`cli.impls.implementation(spec, command)` and never name an implementation.
+refusal with its one-line reason), which commands it serves, the runner classes a run compares
+(their declared capabilities decide which schedules it is offered: `schedules.runnable`, never a
+list of its own), and how to prepare a run: `prepare(spec, schedules, tolerance) ->
+cli.reports.Job`. The commands (`cli/commands/*`) ask `cli.impls.implementation(spec, command)`
+and never name an implementation.
 
 ```python
 from smearcli.cli import registry
-registry.register(registry.Implementation("toy", "a toy model", prepare=my_prepare))
+registry.register(registry.Implementation("toy", "a toy model", prepare=my_prepare, runners=(MyRunner,)))
 ```
 
-A built-in entry names its `prepare` as "module:function", imported when it runs: `--help` imports
-no implementation's code (and no torch), and this module imports nothing of the CLI.
+A built-in entry names its `prepare` and its runners as "module:name", imported when it runs:
+`--help` imports no implementation's code (and no torch), and this module imports nothing of the
+CLI.
 """
 
 from __future__ import annotations
@@ -32,16 +35,27 @@ class Implementation:
     owns: tuple[str, ...] = ()  # RunSpec fields only this implementation (and those sharing them) use
     refuses: tuple[tuple[str, str], ...] = ()  # (RunSpec field, why it does not apply)
     commands: tuple[str, ...] = ("compare", "plot")
-    schedules: Optional[tuple[str, ...]] = None  # the schedules it can run (None: every one)
-
+    # the `Runner` classes (or "module:Class") whose runs it compares: a schedule is offered when
+    # every one of them can run it (None: a plain Runner's, which steps through a cache and no more)
+    runners: Optional[tuple[Union[type, str], ...]] = None
 
     def job(self, spec, schedules, tolerance: float):
         """Prepare a run (imports the implementation's code now)."""
-        fn = self.prepare
-        if isinstance(fn, str):
-            module, _, name = fn.partition(":")
-            fn = getattr(importlib.import_module(module), name)
-        return fn(spec, schedules, tolerance)
+        return load(self.prepare)(spec, schedules, tolerance)
+
+    def runner_classes(self) -> list[type]:
+        """Its runner classes (imports their modules now)."""
+        from ..runner import Runner
+
+        return [load(r) for r in self.runners] if self.runners else [Runner]
+
+
+def load(thing):
+    """`thing` itself, or the object a "module:name" string names."""
+    if not isinstance(thing, str):
+        return thing
+    module, _, name = thing.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 REGISTRY: dict[str, Implementation] = {}
@@ -66,22 +80,24 @@ NOT_HF = tuple((f, "configures a nanochat model and does not apply to --impl hf 
     ("documents", "sizes the packed schedule, which --impl hf does not run"),
     ("leak_limit", "gates the packed schedule, which --impl hf does not run"))
 
-# our GPT has no padding mask; a user's checkout runs packed (its documents alone against the packed
-# row, the attention split through its own SDPA calls masked to the documents) but not padded
-OURS_SCHEDULES = ("full", "prefill", "decode", "chunked", "engine", "speculative", "packed", "rollback")
-NANOCHAT_SCHEDULES = ("full", "prefill", "decode", "chunked", "engine", "speculative", "packed", "rollback")
+# what each runs is what its runners declare (`smearcli.runner`): our GPT has no padding mask; a
+# user's checkout runs packed (its documents alone against the packed row, the attention split
+# through its own SDPA calls masked to the documents) but neither padded nor, as it can neither crop
+# nor copy its cache, rollback; a transformers model has no engine expansion and no BOS documents
+OURS = "smearcli.ours:GPTRunner"
+NANOCHAT = "smearcli.impls.nanochat.adapter:NanochatRunner"
 register(Implementation("ours", "smearcli's reimplementation of nanochat's GPT; --logic picks the smear",
-                        "smearcli.cli.nanochat:prepare", commands=COMMANDS, schedules=OURS_SCHEDULES))
+                        "smearcli.cli.nanochat:prepare", commands=COMMANDS, runners=(OURS,)))
 register(Implementation("nanochat", "your checkout at --nanochat-path: its own GPT, forward pass and "
                         "KVCache, on the same weights", "smearcli.cli.nanochat:prepare",
                         needs=(("nanochat_path", "DIR (a nanochat checkout)"),), owns=NANOCHAT_OPTIONS,
-                        schedules=NANOCHAT_SCHEDULES))
+                        runners=(NANOCHAT,)))
 register(Implementation("both", "your checkout and ours side by side (ours then runs old and fixed)",
                         "smearcli.cli.nanochat:prepare", needs=(("nanochat_path", "DIR (a nanochat checkout)"),),
-                        owns=NANOCHAT_OPTIONS, schedules=NANOCHAT_SCHEDULES))
+                        owns=NANOCHAT_OPTIONS, runners=(NANOCHAT, OURS)))
 register(Implementation("hf", "a Hugging Face transformers model (--hf-model) through its own cache API",
                         "smearcli.cli.hf:prepare", needs=(("hf_model", "NAME|DIR"),), owns=("hf_model",), refuses=NOT_HF,
-                        schedules=("full", "prefill", "decode", "chunked", "speculative", "padded", "rollback")))
+                        runners=("smearcli.impls.hf.cache_runner:CacheRunner",)))
 NOT_VLLM = tuple((f, why.replace("--impl hf", "--impl vllm")) for f, why in NOT_HF) + tuple(
     (f, "sizes the engine and speculative schedules, which --impl vllm does not run") for f in ("gen_len", "draft")) + (
     ("reject", "sizes the rollback schedule, which --impl vllm does not run"),)
@@ -89,4 +105,4 @@ register(Implementation("vllm", "the model of --hf-model DIR run by vLLM (its ch
                         "in its own environment: --vllm-python), against its full forward in transformers",
                         "smearcli.cli.vllm:prepare", needs=(("hf_model", "DIR (a local safetensors model)"),),
                         owns=("hf_model", "vllm_python", "tensor_parallel_size"), refuses=NOT_VLLM,
-                        schedules=("full", "prefill", "decode", "chunked", "prefix")))
+                        runners=("smearcli.impls.vllm:VLLMRunner",)))

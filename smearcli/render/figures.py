@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional, Sequence
 
-from ..names import DOCUMENT_START, PADDING, ROLLBACK, figure_schedule
+from ..names import figure_schedule
 from .axes import positive_min, value_axis
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -45,10 +45,9 @@ FORMATS = (".png", ".svg", ".pdf")
 PALETTE = (("#D55E00", "-"), ("#0072B2", "--"), ("#009E73", (0, (6, 2, 1, 2))), ("#CC79A7", ":"),
            ("#E69F00", (0, (3, 1, 1, 1, 1, 1))), ("#56B4E9", (0, (1, 1))), ("#F0E442", (0, (8, 3))))
 START_COLOR = "#000000"
-# the boundaries a schedule records beyond chunk starts (`RunResult.marks`), drawn as their own
-# lines: the words of the legend, and a colour of the palette's that no series takes first
-MARK_WORDS = {DOCUMENT_START: "document start (BOS)", PADDING: "padding boundary (right: pads begin; "
-              "left: tokens begin)", ROLLBACK: "rejected draft taken back"}
+# the boundaries a schedule records beyond chunk starts (`RunResult.marks`) are drawn as their own
+# lines, in a colour of the palette's that no series takes first; each schedule names the legend's
+# words for its marks (`steps.Schedule.marks`, read through `mark_words`)
 MARK_COLOR = "#7B3294"
 NOISE_COLOR = "#999999"
 HEATMAP_CMAP = "viridis"
@@ -83,7 +82,7 @@ class PlotData:
     title: str
     legend: dict = None  # label -> the legend's words (Described.series)
     departs_at_starts: list = None  # labels whose error is born on a chunk start
-    marks: dict = None  # boundary kind -> positions, beyond chunk starts (`MARK_WORDS`)
+    marks: dict = None  # boundary kind -> positions, beyond chunk starts (`mark_words`)
 
     def color(self, label: str) -> str:
         return PALETTE[self.logics.index(label) % len(PALETTE)][0]
@@ -144,7 +143,7 @@ def plot_data(c: "Comparison", schedule: Optional[str] = None, model_name: Optio
         return t.detach().cpu().double().numpy()
 
     rel = {m.logic: arr(m.rel_err) for m in runs}
-    marks = {k: sorted(set(v)) for k, v in first.marks.items() if k in MARK_WORDS and v}
+    marks = {k: sorted(set(v)) for k, v in first.marks.items() if k in mark_words() and v}
     return PlotData(
         schedule=schedule,
         logics=[m.logic for m in runs],
@@ -169,6 +168,13 @@ def plot_data(c: "Comparison", schedule: Optional[str] = None, model_name: Optio
 
 # -- panels -------------------------------------------------------------------------------------
 
+def mark_words() -> dict[str, str]:
+    """The legend's words for every mark kind a registered schedule records (`schedules.mark_words`)."""
+    from ..schedules import mark_words as registered  # torch: only once a figure is drawn
+
+    return registered()
+
+
 def start_color() -> str:
     """Black, or the transparent figures' grey (see TRANSPARENT_RC) while those are drawn."""
     import matplotlib
@@ -179,10 +185,11 @@ def _chunk_lines(ax, d: PlotData, label: bool) -> None:
     for i, s in enumerate(d.chunk_starts):
         ax.axvline(s, color=start_color(), lw=0.9, ls=":", alpha=0.8, zorder=1, gid="chunk-start",
                    label="chunk start" if (label and i == 0) else None)
+    words = mark_words()
     for kind, positions in (d.marks or {}).items():
         for i, s in enumerate(positions):
             ax.axvline(s, color=MARK_COLOR, lw=1.1, ls=(0, (4, 2)), alpha=0.8, zorder=1, gid=f"mark:{kind}",
-                       label=MARK_WORDS[kind] if (label and i == 0) else None)
+                       label=words[kind] if (label and i == 0) else None)
 
 
 def _position_axis(ax, d: PlotData) -> None:
@@ -285,8 +292,9 @@ def _legend_handles(d: PlotData, kind: str) -> list:
     if d.chunk_starts:
         handles.append(Line2D([], [], color=start_color(), ls=":", marker="v", ms=6, lw=1.0,
                               label="chunk start"))
+    words = mark_words()
     for mark in (d.marks or {}):
-        handles.append(Line2D([], [], color=MARK_COLOR, ls=(0, (4, 2)), lw=1.1, label=MARK_WORDS[mark]))
+        handles.append(Line2D([], [], color=MARK_COLOR, ls=(0, (4, 2)), lw=1.1, label=words[mark]))
     if kind in ("all", "error"):
         handles.append(Patch(color=NOISE_COLOR, alpha=0.25, lw=0,
                              label=f"below the measured noise floor ({d.noise_logits:.1e})"))

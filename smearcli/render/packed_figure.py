@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from .axes import positive_min, value_axis
 from ..names import DOCUMENT_START
-from .figures import MARK_WORDS, NOISE_COLOR, PALETTE, TRANSPARENT_RC, start_color  # one look for every figure
+from .figures import NOISE_COLOR, PALETTE, TRANSPARENT_RC, mark_words, start_color  # one look for every figure
 
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
@@ -107,7 +107,7 @@ def draw_error(ax, d: PackedPlotData, panel: str = "") -> None:
                label=f"below the measured noise floor ({d.noise:.1e})")
     for i, s in enumerate(d.starts):
         ax.axvline(s, color=start_color(), lw=0.9, ls=":", alpha=0.8, zorder=1, gid="document-start",
-                   label=MARK_WORDS[DOCUMENT_START] if i == 0 else None)
+                   label=mark_words()[DOCUMENT_START] if i == 0 else None)
     ax.set_xlim(-0.5, len(d.positions) - 0.5)
     ax.set_xlabel("token position in the packed row")
     ax.set_ylabel("max |Δlogit| (logit units)")

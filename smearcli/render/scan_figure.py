@@ -15,7 +15,9 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-ORDER = ("bug", "inconclusive", "ok")
+from ..verdicts import BUG, INCONCLUSIVE, OK
+
+ORDER = (BUG, INCONCLUSIVE, OK)  # rows: findings first
 
 
 def grid(records: Sequence[dict]) -> tuple[list[str], list[str], list[list[float]]]:

@@ -1,2 +1,2 @@
-"""The subcommands: compare, plot, bench and fix. Each parses its options, asks the library (and, for
-`--impl`, the registry in `cli.registry`) for the work, and renders what comes back."""
+"""The subcommands: compare, plot, bench, fix and scan. Each parses its options, asks the library
+(and, for `--impl`, the registry in `cli.registry`) for the work, and renders what comes back."""

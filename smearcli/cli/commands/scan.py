@@ -27,7 +27,8 @@ RUN_ONLY = {"out": "--out", "jobs": "--jobs", "shard": "--shard", "resume": "--r
             "timeout": "--timeout", "memory_mb": "--memory-mb", "repro_dir": "--repro-dir", "engine": "--engine",
             "vllm_python": "--vllm-python"}
 ENGINES = ("transformers", "vllm")
-REPRO_FILES = (".py", ".md", "-padded.py", "-rollback.py")  # what repro and draft write per finding
+REPRO_FILES = (".py", ".md", "-vllm.py")  # what repro and draft write per finding (-vllm.py: the census on vLLM),
+# besides one "-NAME.py" per census boundary
 
 
 def parse_shard(text: Optional[str]) -> Optional[tuple[int, int]]:
@@ -105,9 +106,10 @@ def check_repro_files(repro_dir: Path, names) -> None:
     """The reproducer and draft paths of these architectures: none may be a directory, a device or
     a FIFO (writing one would block, or write to the device)."""
     from ...files import special_kind
+    from ...schedules import census_schedules
 
     for name in names:
-        for tail in REPRO_FILES:
+        for tail in REPRO_FILES + tuple(f"-{b}.py" for b in census_schedules()):
             p = repro_dir / f"{name}{tail}"
             try:
                 mode = os.stat(p).st_mode
@@ -213,6 +215,11 @@ def scan(
         records = _run(out, jobs, part, resume, wanted, timeout, memory_mb, repro_dir, quiet)
     info = meta() | info | {"wall_s": round(time.monotonic() - t0, 1)}
     on_vllm = bool(records) and all(r.get("engine") == "vllm" for r in records)
+    if not merge and not on_vllm:  # one draft per root cause, naming every architecture it breaks
+        from ...census import draft
+
+        draft.write_groups(records, {"transformers": info.get("transformers_version", "?"),
+                                     "torch": info.get("torch_version", "?")})
     if json_out:
         sys.stdout.write(jsonsafe.dumps(report.document(records, info), indent=1, default=str) + "\n")
     else:

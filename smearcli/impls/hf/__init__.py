@@ -14,10 +14,11 @@ before transformers reads it).
 
 Each schedule runs through the model's own cache API: a first call without a cache and
 `use_cache=True` makes the model create its cache, which every later call passes back under the
-keyword the installed version's `forward` takes (`cache` in transformers 5.24; `past_key_values`
-or, for Mamba-style models, `cache_params` with `cache_position` in older releases, detected from
-the signature). The reference is one call with `use_cache=False`. Hidden states come from
-`output_hidden_states=True`. `HFRunner` is the model as a `smearcli.runner.Runner`, so
+keyword the installed release's `forward` takes (`cache` in transformers 5.24; `past_key_values`
+or, for Mamba-style models, `cache_params` with `cache_position` in 5.0), detected from the
+signature by `hf.api`, the one detector (the census and its reproducers use it too). Every
+release from 5.0 on is supported (`OLDEST`). The reference is one call with `use_cache=False`.
+Hidden states come from `output_hidden_states=True`. `HFRunner` is the model as a `smearcli.runner.Runner`, so
 `smearcli.compare` measures it like any other implementation.
 
 transformers is imported lazily, only here: nothing on the nanochat paths imports this module.
@@ -25,7 +26,6 @@ transformers is imported lazily, only here: nothing on the nanochat paths import
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Sequence
@@ -35,16 +35,18 @@ from torch import Tensor
 
 from ... import inputs
 from ...errors import UserError
-from ...names import NOISE_MARGIN
+from ...names import DEFAULT_SCHEDULES, NOISE_MARGIN
 from ...compare import Comparison
 from ...runner import Described
-from ...schedules import ScheduleOptions
+from ...schedules import ScheduleOptions, runnable
 from .load import load_dir, load_dir_with_notes, require_transformers  # noqa: F401 - re-exported
 from .cache_runner import CacheRunner
+from . import api
+from .api import KEYWORDS as CACHE_KEYWORDS  # noqa: F401 - the one list (`hf.api`), by its old name
 
-HF_SCHEDULES = ("prefill", "decode", "chunked", "speculative")
-CACHE_KEYWORDS = ("cache", "past_key_values", "cache_params", "state")  # newest first; RWKV: state
-TESTED_VERSIONS = ("5.24.0",)
+OLDEST = "5.0.0"  # the oldest release run end to end (tests/test_hf_releases.py installs it)
+# run end to end (compare --impl hf, scan); every release between had its cache API read
+TESTED_VERSIONS = ("5.0.0", "5.3.0", "5.4.0", "5.15.1", "5.23.0", "5.24.0")
 
 
 # -- built-in tiny configs ------------------------------------------------------------------------
@@ -144,14 +146,11 @@ class CacheAPI:
 
 def cache_api(model) -> CacheAPI:
     """The keyword the installed model's forward takes its cache under, and whether cache_position
-    is passed (with `cache_params`, as older Mamba releases needed it for every cached step: the
-    rule `hf.cache_runner.CacheRunner` follows)."""
-    params = inspect.signature(model.forward).parameters
-    for kw in CACHE_KEYWORDS:
-        if kw in params:
-            return CacheAPI(kw, "cache_position" in params and kw == "cache_params")
-    raise UserError(f"{type(model).__name__}.forward takes none of {', '.join(CACHE_KEYWORDS)}: "
-                    "smearcli cannot pass its cache back")
+    is passed (`hf.api.detect`, the rule `hf.cache_runner.CacheRunner` follows)."""
+    found = api.detect(model)
+    if found is None:
+        raise UserError(f"{api.no_cache_reason(model)}: smearcli cannot pass its cache back")
+    return CacheAPI(found.keyword, found.cache_position)
 
 
 def _device(model) -> torch.device:
@@ -228,7 +227,7 @@ def runner(model, source: str = "model", tokens: Optional[Tensor] = None) -> HFR
 
 
 def check_model(model, tokens: Tensor, chunk_sizes: Optional[Sequence[int]] = None, *, chunks: int = 3,
-                schedules: Sequence[str] = HF_SCHEDULES, options: Optional[ScheduleOptions] = None,
+                schedules: Optional[Sequence[str]] = None, options: Optional[ScheduleOptions] = None,
                 tolerance: float = NOISE_MARGIN, source: str = "model", progress=None,
                 tokens_progress=None) -> Comparison:
     """Every schedule through the model's own cache against one uncached call, measured as
@@ -239,6 +238,8 @@ def check_model(model, tokens: Tensor, chunk_sizes: Optional[Sequence[int]] = No
     if options is None:
         options = ScheduleOptions(chunks=chunks, chunk_sizes=None if chunk_sizes is None else tuple(chunk_sizes))
     r = runner(model, source, tokens)
+    if schedules is None:  # the default list, less what its runner cannot run (no engine expansion)
+        schedules = [s for s in DEFAULT_SCHEDULES if runnable(r, s)]
     return sound_compare(r, tokens, list(schedules), options, tolerance, progress=progress,
                          tokens_progress=tokens_progress, notes=[r.info.describe()])
 

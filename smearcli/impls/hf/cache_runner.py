@@ -6,40 +6,31 @@ hf` drive it:
   (RecurrentGemma: `DynamicCache(config=...)` when the first call returns none); optional explicit
   `position_ids` / attention mask (to tell "positions restart" and "mask wrong" apart), and a float64 twin
   (`float64()`, MoE experts made eager) for `smearcli.evidence`'s floor and confirmation.
-- `croppable(runner, tokens)`: whether the model's cache can be cropped back after a rejected
-  draft (a `crop`, attention keys and values only); `CacheRunner(..., crop=True)` then declares
-  `CROP` and crops with it (a crop their API refuses raises `CropRefused`).
+- `CacheRunner(..., crop=True)` declares `CROP` and takes a rejected draft back through the
+  cache's own API the way assisted generation calls it (transformers 5.24, `_assisted_decoding`):
+  the cache made as `generate()` makes it (`generation_cache`), `activate_past_recording()` before
+  the prefill, `crop(-rejected)` after a verify step and `crop(0)` after every other forward (it
+  shrinks recorded conv and sliding-window states back). Their API refusing (no `crop`, or an
+  exception from it) raises `CropRefused`: a result of the check, not a failure of it.
+- `assisted_refusal(runner, tokens)`: why `generate()` itself would refuse assisted decoding for
+  the model (a stateful model, no cache it can make, a cache whose `is_croppable` is False after
+  the prefill), or None.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
-import inspect
 from typing import Optional, Sequence
 
 import torch
 from torch import Tensor
 
-from ...state import KV, state_kinds
 from ...precision import float64_model
 from ...runner import COPY, CROP, PADDING, Described, Holder, Output, Runner
 from ...schedules import RunResult, run_schedule
-
-KEYWORDS = ("cache", "past_key_values", "cache_params", "state")  # newest first; RWKV: state
-
-
-def cache_keyword(model) -> Optional[str]:
-    params = inspect.signature(model.forward).parameters
-    return next((k for k in KEYWORDS if k in params), None)
-
-
-def out_cache(out):
-    for name in KEYWORDS:
-        c = getattr(out, name, None)
-        if c is not None:
-            return c
-    return None
+from . import api
+from .api import KEYWORDS, cache_keyword, out_cache  # noqa: F401 - the one detector, re-exported
 
 
 class CacheRunner(Runner):
@@ -53,15 +44,13 @@ class CacheRunner(Runner):
     def __init__(self, model, layers: Sequence[str] = ("logits",), name: str = "model",
                  positions: bool = False, mask: bool = False, crop: bool = False):
         self.model, self.layers, self.name = model, tuple(layers), name
-        if crop:  # the caller found the cache croppable (`croppable`): rolled-back drafts crop it
+        if crop:  # rolled-back drafts go through their cache API, as assisted generation calls it
             self.capabilities = type(self).capabilities | {CROP}
-        self.keyword = cache_keyword(model)
-        if self.keyword is None:
-            raise TypeError(f"{type(model).__name__}.forward takes none of {', '.join(KEYWORDS)}")
-        params = inspect.signature(model.forward).parameters
-        self.takes_positions = "position_ids" in params
-        self.takes_mask = "attention_mask" in params
-        self.cache_position = "cache_position" in params
+        found = api.detect(model)  # the release's cache API, read from the model's forward
+        if found is None:
+            raise TypeError(api.no_cache_reason(model))
+        self.keyword, self.cache_position = found.keyword, found.cache_position
+        self.takes_positions, self.takes_mask = found.positions, found.mask
         self.positions, self.mask = positions and self.takes_positions, mask and self.takes_mask
         self.dtype = next(model.parameters()).dtype
         self.device = next(model.parameters()).device
@@ -100,7 +89,7 @@ class CacheRunner(Runner):
         return Output(out.logits, hs)
 
     def new_cache(self, batch, max_len):
-        return Holder()
+        return Recorded() if self.can(CROP) else Holder()
 
     def _kw(self, cache: Holder, B: int, n: int) -> dict:
         kw: dict = {"use_cache": True}
@@ -111,16 +100,16 @@ class CacheRunner(Runner):
             kw["position_ids"] = pos.unsqueeze(0).expand(B, -1)
         if self.mask:
             kw["attention_mask"] = torch.ones(B, cache.pos + n, dtype=torch.long, device=self.device)
-        if self.cache_position and self.keyword == "cache_params":
+        if self.cache_position:  # `api.passes_cache_position`: Mamba-style forwards of 5.0
             kw["cache_position"] = pos
         return kw
 
     def make_cache(self):
-        from transformers import DynamicCache
-
-        return DynamicCache(config=self.model.config)
+        return api.caller_cache(self.model)
 
     def step(self, tokens, cache: Holder, capture):
+        if isinstance(cache, Recorded):
+            self._as_generate(cache)
         B, n = tokens.shape
         kw = self._kw(cache, B, n)
         out, hs = self._call(tokens, capture, **kw)
@@ -134,7 +123,25 @@ class CacheRunner(Runner):
         elif got is None:
             got = cache.inner  # updated in place
         cache.inner, cache.started, cache.pos = got, True, cache.pos + n
+        if isinstance(cache, Recorded):
+            if not cache.recording:  # a cache the model made itself: recorded from the prefill on
+                record(cache.inner)
+                cache.recording = True
+            cache.due = True  # generate crops after every forward; `crop` or the next step does it
         return Output(out.logits, hs)
+
+    def _as_generate(self, cache: "Recorded") -> None:
+        """What assisted generation does to the cache before this forward: before the prefill, the
+        cache `generate()` makes, recording its past; after a forward nobody cropped (a draft
+        accepted whole, the prefill), the `crop(0)` it calls after every verify step."""
+        if not cache.started:
+            made = generation_cache(self.model)
+            if made is not None:
+                record(made)
+                cache.inner, cache.started, cache.recording = made, True, True
+        elif cache.due:
+            self._crop(cache.inner, 0)
+            cache.due = False
 
     def float64(self) -> "CacheRunner":
         """This runner (its settings: crop, padding) on the model's float64 copy
@@ -150,15 +157,22 @@ class CacheRunner(Runner):
         return Holder(copy.deepcopy(cache.inner), cache.started, cache.pos)
 
     def crop(self, cache: Holder, length: int) -> None:
-        """The model's own `cache.crop`, back to `length` positions (transformers 5.24 crops by a
-        negative count: the tokens to drop). A crop their API refuses raises `CropRefused`."""
-        try:
-            if cache.pos > length:
-                cache.inner.crop(length - cache.pos)
-        except Exception as e:
-            raise CropRefused(f"{type(cache.inner).__name__}.crop refused: {type(e).__name__}: "
-                              f"{(str(e).splitlines() or [''])[0][:160]}") from e
+        """The model's own `cache.crop`, back to `length` positions, by a negative count (the
+        tokens to drop) as generate passes it. A crop their API refuses raises `CropRefused`."""
+        self._crop(cache.inner, length - cache.pos)
         cache.pos = length
+        if isinstance(cache, Recorded):
+            cache.due = False
+
+    @staticmethod
+    def _crop(inner, count: int) -> None:
+        if not callable(getattr(inner, "crop", None)):
+            raise CropRefused(f"{type(inner).__name__} has no crop")
+        try:
+            inner.crop(count)
+        except Exception as e:
+            raise CropRefused(f"{type(inner).__name__}.crop refused a count of {count}: {type(e).__name__}: "
+                              f"{first_line(e)}") from e
 
     def forward_padded(self, tokens, attention_mask, capture):
         """One cached prefill of a padded batch with its attention mask; where the forward takes
@@ -174,21 +188,86 @@ class CacheRunner(Runner):
 
 
 class CropRefused(RuntimeError):
-    """The cache's own `crop` raised: our call into their API, not the model's result."""
+    """The cache's own API (`crop`, `activate_past_recording`) refused or is missing: our call into
+    their API, not the model's result."""
 
 
-def croppable(runner: CacheRunner, tokens: Tensor) -> Optional[str]:
-    """None when the model's cache can be cropped back (it has `crop` and carries attention keys
-    and values only: a crop cannot roll back a recurrent or conv state); else why not."""
-    probe = runner.new_cache(tokens.size(0), tokens.size(1))
-    with torch.inference_mode():
-        runner.step(tokens[:, :2], probe, False)
-    if not hasattr(probe.inner, "crop"):
-        return f"{type(probe.inner).__name__} has no crop"
-    other = [k for k in state_kinds(probe.inner) if k != KV]
-    if other:
-        return f"{type(probe.inner).__name__} carries {' and '.join(other)} state, which a crop cannot roll back"
-    return None
+@dataclasses.dataclass
+class Recorded(Holder):
+    """A crop-mode runner's cache: whether its past is recorded, and whether the last forward still
+    waits for the crop generate calls after each one."""
+
+    recording: bool = False
+    due: bool = False
+
+
+def first_line(e: BaseException) -> str:
+    return (str(e).splitlines() or [""])[0][:160]
+
+
+def generation_cache(model):
+    """The cache `generate()` makes before the prefill (`_prepare_cache_for_generation`): a
+    `DynamicCache` of the text config (beside a cross-attention one for an encoder-decoder), or
+    None where it makes none (`_supports_default_dynamic_cache()` is False: RWKV, xLSTM, ...)."""
+    from transformers import DynamicCache, EncoderDecoderCache
+
+    supports = getattr(model, "_supports_default_dynamic_cache", None)
+    if supports is None or not supports():
+        return None
+    cfg = model.config.get_text_config(decoder=True)
+    if getattr(model.config, "is_encoder_decoder", False):
+        return EncoderDecoderCache(DynamicCache(config=cfg), DynamicCache(config=cfg))
+    return DynamicCache(config=cfg)
+
+
+def record(inner) -> None:
+    """`activate_past_recording()`, as assisted generation calls it before the prefill: layers that
+    keep a fixed window (conv taps, sliding windows) keep their past until the next `crop`."""
+    activate = getattr(inner, "activate_past_recording", None)
+    if not callable(activate):
+        raise CropRefused(f"{type(inner).__name__} has no activate_past_recording")
+    try:
+        activate()
+    except Exception as e:
+        raise CropRefused(f"{type(inner).__name__}.activate_past_recording() refused: {type(e).__name__}: "
+                          f"{first_line(e)}") from e
+
+
+def assisted_refusal(runner: CacheRunner, tokens: Tensor) -> Optional[str]:
+    """Why `generate()` would refuse assisted decoding for the model, in the order it checks
+    (transformers 5.24): a model flagged `_is_stateful`, no cache made for it, a cache whose
+    `is_croppable` is False after the prefill (a linear-attention layer with a recurrent state);
+    None when it would run it."""
+    model, why = runner.model, []
+    if getattr(model, "_is_stateful", False):
+        why.append(f"{type(model).__name__}._is_stateful (\"not supported with stateful models\")")
+    if generation_cache(model) is None:
+        why.append("generate makes no cache for it (\"Assisted decoding requires a cache\")")
+    probe = CacheRunner(model, crop=True)
+    held = probe.new_cache(tokens.size(0), tokens.size(1))
+    try:
+        with torch.inference_mode():
+            probe.step(tokens[:, :2], held, False)
+    except CropRefused as e:  # generate calls activate_past_recording() on whatever cache it has
+        why.append(f"its cache has no recording API ({e})")
+    except Exception as e:
+        why.append(f"the prefill on the cache generate makes raises ({type(e).__name__}: {first_line(e)})")
+    else:
+        if getattr(held.inner, "is_croppable", True) is False:
+            why.append(f"its {type(held.inner).__name__}.is_croppable is False after the prefill"
+                       f"{uncroppable(held.inner)}")
+    return "; ".join(why) or None
+
+
+def uncroppable(cache) -> str:
+    """" (LinearAttentionLayer: a recurrent state)": the layers whose `is_croppable` is False, and
+    whether one holds a recurrent state (which a crop leaves as the draft left it)."""
+    stuck = [l for l in getattr(cache, "layers", None) or [] if getattr(l, "is_croppable", True) is False]
+    if not stuck:
+        return ""
+    names = ", ".join(sorted({type(l).__name__ for l in stuck}))
+    recurrent = any(any((getattr(l, "is_recurrent_states_initialized", None) or {}).values()) for l in stuck)
+    return f" ({names}{': a recurrent state' if recurrent else ''})"
 
 
 def full_run(runner: Runner, tokens: Tensor, capture: bool = False, schedule: str = "full") -> RunResult:

@@ -14,9 +14,9 @@ it was not.
 
 from __future__ import annotations
 
-import traceback
 from typing import Optional, Sequence
 
+from ... import frames
 from ...compare import Comparison, compare
 from ...names import NOISE_MARGIN
 from .cache_runner import CacheRunner
@@ -36,14 +36,5 @@ def sound_compare(r: CacheRunner, tokens, schedules: Sequence[str], options=None
 
 def their_frame(exc: BaseException) -> Optional[str]:
     """"transformers/models/x/modeling_x.py:12 in f" for the deepest frame of an exception that
-    was raised inside transformers (None when the deepest frame is elsewhere)."""
-    frames = traceback.extract_tb(exc.__traceback__)
-    if not frames:
-        return None
-    last = frames[-1]
-    path = last.filename.replace("\\", "/")
-    theirs = [f for f in frames if "/transformers/" in f.filename.replace("\\", "/")]
-    if "/transformers/" not in path and not (theirs and "/torch/" in path):
-        return None
-    f = theirs[-1]
-    return f"{f.filename.replace(chr(92), '/').split('/site-packages/')[-1]}:{f.lineno} in {f.name}"
+    was raised inside transformers (None when it was raised elsewhere): `frames.raised_in`."""
+    return frames.raised_in(exc, "transformers")

@@ -24,7 +24,7 @@ from ...errors import UserCodeError, UserError
 from ...model import param_shapes, rms_norm
 from ...names import layer_names
 from ...preflight import check_model_memory
-from ...runner import DOCUMENT_MASK, EXPAND, SMEAR_TERMS, Described, Output, Runner
+from ...runner import BOS_DOCUMENTS, DOCUMENT_MASK, EXPAND, SMEAR_TERMS, Described, Output, Runner
 from ...smear import smear_gate
 from ...checkpoint import NoSmearParameters, check_tensors, find_step, read_meta, read_state_dict, smear_keys_missing
 from .guard import return_line, returned_at, user_code
@@ -163,7 +163,7 @@ class NanochatRunner(Runner):
 
     label = USER_LOGIC
     series = "your code (nanochat checkout)"
-    capabilities = frozenset({EXPAND, SMEAR_TERMS, DOCUMENT_MASK})
+    capabilities = frozenset({EXPAND, SMEAR_TERMS, DOCUMENT_MASK, BOS_DOCUMENTS})
     # what a packed table says of this runner when its document mask ran
     document_note = ("the document mask was laid over your code's own attention calls "
                      "(torch.nn.functional.scaled_dot_product_attention); nothing else of it changed; its "

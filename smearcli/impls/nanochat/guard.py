@@ -39,6 +39,7 @@ import time
 import traceback
 from pathlib import Path
 
+from ... import frames
 from ...errors import UserCodeError, UserError
 from ...files import Terminated
 from ...names import USER_CODE_TIMEOUT
@@ -100,15 +101,8 @@ def time_limit(seconds: float):
             signal.setitimer(signal.ITIMER_REAL, left, old_interval)
 
 
-def _innermost(frames, root: Path) -> str:
-    found = ""
-    for fr in frames:
-        try:
-            rel = Path(fr.filename).resolve().relative_to(root)
-        except (ValueError, OSError):
-            continue
-        found = f"{rel}:{fr.lineno}"
-    return found
+def _innermost(found, root: Path) -> str:
+    return frames.innermost(found, frames.under(root)) or ""
 
 
 @contextlib.contextmanager
@@ -148,7 +142,7 @@ def returned_at(seen: list, root: Path) -> str:
 def their_frame(e: BaseException, root: Path) -> str:
     """file:line of the innermost frame of the traceback inside the checkout at `root` (relative
     to it), or "" when no frame is theirs."""
-    return _innermost(traceback.extract_tb(e.__traceback__), Path(root))
+    return _innermost(frames.frames(e), Path(root))
 
 
 @contextlib.contextmanager

@@ -199,6 +199,7 @@ class VLLMRunner(Runner):
     series = "vLLM (its own scheduler, chunked prefill and prefix cache)"
     layers = ("logits",)
     capabilities = frozenset({PREFIX_CACHE})
+    runs_itself = frozenset(VLLM_SCHEDULES)
 
     def __init__(self, settings: Settings, schedules: Sequence[str] = VLLM_SCHEDULES):
         self.settings, self.schedules = settings, [s for s in schedules if s in VLLM_SCHEDULES]

@@ -1,0 +1,129 @@
+"""Findings grouped by root cause (smearcli scan, issue 32).
+
+transformers copies code between models: `# Copied from` and modular files give FalconMamba,
+Jamba and Zamba a mixer that is Mamba's with a few lines changed, and the bug with it. A census
+that lists each copy as its own finding asks a maintainer to read one bug four times. So
+`groups(records)` joins the findings whose born-in modules (`born`) run the same code:
+
+- the same `forward` once its model's names are normalised (`born_in["code"]`, a digest of the
+  text with decorators, docstring and comments out and model prefixes made generic), or
+- the same suspect line inside that forward (`born_in["suspects"]`, normalised the same way),
+  with the same shape: a line such as `if seq_len == 1:` recurs in code that breaks in other ways
+  (NemotronH's Mamba-2 mixer carries both of the Mamba mixer's one-token branches, and its
+  finding is a decode path, not a dropped state).
+
+Findings linked through any chain of these are one group. It is computed from the records alone,
+so `scan --merge` of shards groups as one scan does. Each group names the shared code and every
+architecture it breaks; its draft and reproducer are those of its first architecture by name.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+from ..verdicts import BUG, UNCONFIRMED
+
+FINDINGS = (str(BUG), str(UNCONFIRMED))
+
+
+def findings(records: Sequence[dict]) -> list[dict]:
+    """The records that are findings (bug or unconfirmed), by name."""
+    return sorted((r for r in records if r.get("verdict") in FINDINGS), key=lambda r: r["model_type"])
+
+
+def born(rec: dict) -> dict:
+    """A record's `born_in` when it names a module ({} otherwise: a boundary finding, a trace that
+    failed), each field of the type the report formats (an edited record's other values: None)."""
+    b = rec.get("born_in")
+    if not isinstance(b, dict) or not isinstance(b.get("module"), str) or not b["module"]:
+        return {}
+    out = {k: (v if isinstance(v, str) else None) for k, v in b.items() if k not in ("lines", "suspects")}
+    lines = b.get("lines")
+    ok = isinstance(lines, list) and len(lines) == 2 and all(type(x) is int for x in lines)
+    out["lines"] = lines if ok else None
+    out["suspects"] = [s for s in b.get("suspects") or [] if isinstance(s, list) and len(s) >= 2
+                       and isinstance(s[1], str)] if isinstance(b.get("suspects"), list) else []
+    out["module"] = b["module"]
+    return out
+
+
+def links(rec: dict) -> set:
+    """What another finding must share with this one to be its group: its code, or one of its
+    suspect lines beside its shape."""
+    b = born(rec)
+    out = {("code", b["code"])} if b.get("code") else set()
+    for s in b["suspects"] if b else []:
+        out.add(("line", s[1], rec.get("shape")))
+    return out
+
+
+def _root(parent: list, i: int) -> int:
+    while parent[i] != i:
+        parent[i] = parent[parent[i]]
+        i = parent[i]
+    return i
+
+
+def groups(records: Sequence[dict]) -> list[dict]:
+    """One entry per root cause among the findings, in order of their first architecture's name
+    (see the module docstring): `architectures`, `first`, `by` (what they share, in words),
+    `lines` (the suspect lines they all share), `code` (the first's module, class and forward), `members`
+    (each architecture's born-in module), and the first's `reproducer`, `reproducer_status` and
+    `report_draft`."""
+    found = findings(records)
+    parent = list(range(len(found)))
+    owner: dict = {}
+    for i, rec in enumerate(found):
+        for key in links(rec):
+            if key in owner:
+                parent[_root(parent, i)] = _root(parent, owner[key])
+            else:
+                owner[key] = i
+    members: dict[int, list[dict]] = {}
+    for i, rec in enumerate(found):
+        members.setdefault(_root(parent, i), []).append(rec)
+    return [entry(recs) for recs in sorted(members.values(), key=lambda rs: rs[0]["model_type"])]
+
+
+def shared(recs: list[dict]) -> tuple[Optional[str], list[str]]:
+    """(the same code by digest for all of them, or None; the suspect lines all of them hold)."""
+    codes = {born(r).get("code") for r in recs}
+    code = codes.pop() if len(codes) == 1 else None
+    lines = None
+    for r in recs:
+        mine = [s[1] for s in born(r).get("suspects") or []]
+        lines = mine if lines is None else [x for x in lines if x in mine]
+    return code, list(dict.fromkeys(lines or []))
+
+
+def entry(recs: list[dict]) -> dict:
+    """The group of these findings (sorted by name; see `groups`)."""
+    first = recs[0]
+    b = born(first)
+    code, lines = shared(recs)
+    if len(recs) == 1:
+        by = None
+    elif code:
+        by = "the same forward" + ("" if len({born(r).get("class") for r in recs}) == 1
+                                   else ", once model names are normalised")
+    else:
+        by = "the same suspect line" + ("s" if len(lines) > 1 else "") if lines else "a chain of shared suspect lines"
+    return {"architectures": [r["model_type"] for r in recs], "first": first["model_type"], "by": by,
+            "lines": lines if len(recs) > 1 else [], "shape": first.get("shape"),
+            "code": where(b) if b else None,
+            "members": {r["model_type"]: {k: born(r).get(k) for k in ("module", "class", "file", "lines")}
+                        for r in recs},
+            "reproducer": first.get("reproducer"), "reproducer_status": first.get("reproducer_status"),
+            "report_draft": first.get("report_draft")}
+
+
+def where(b: dict) -> str:
+    """"MambaMixer.forward (transformers/models/mamba/modeling_mamba.py:358-484)"."""
+    lines = b.get("lines") or []
+    span = f":{lines[0]}-{lines[1]}" if len(lines) == 2 else ""
+    return f"{b.get('class')}.forward ({b.get('file') or '?'}{span})"
+
+
+def of(records: Sequence[dict], model_type: str) -> Optional[dict]:
+    """The group of one architecture (None when it is not a finding)."""
+    return next((g for g in groups(records) if model_type in g["architectures"]), None)

@@ -1,0 +1,102 @@
+"""Which frame raised: the one frame finder every surface uses to say where someone else's code failed.
+
+A crash inside transformers, or inside a user's nanochat checkout, is their code's result, not
+smearcli's: the report names the deepest frame in their code ("transformers/models/x/
+modeling_x.py:12 in forward"). The rules, each once:
+
+- `innermost(frames, name)`: the deepest frame that `name(frame)` names (None when it names none);
+- `in_package(package)`: names a frame inside an installed package, from the package on;
+- `under(root)`: names a frame inside a directory, relative to it ("nanochat/gpt.py:12");
+- `raised_in(exc, package)`: the deepest frame in `package`, only when the exception was raised
+  there (or in torch, called from there): an error in smearcli's own frames is never theirs;
+- `describe(exc, package)`: "where: Error: first line" with the deepest frame in `package`, or
+  the deepest frame of all when none is (the census's reason for a crash).
+
+vLLM's worker (`impls.vllm.worker`) runs in vLLM's own environment without smearcli, so it
+keeps its own few lines for the same rule.
+"""
+
+from __future__ import annotations
+
+import traceback
+from pathlib import Path
+from typing import Callable, Iterable, Optional
+
+Frame = traceback.FrameSummary
+Namer = Callable[[Frame], Optional[str]]
+
+
+def frames(exc: BaseException) -> list[Frame]:
+    """The frames of an exception's traceback, outermost first."""
+    return traceback.extract_tb(exc.__traceback__)
+
+
+def _slashed(filename: str) -> str:
+    return filename.replace("\\", "/")
+
+
+def short_path(filename: str) -> str:
+    """A frame's file from its package on: "transformers/models/x/modeling_x.py", "smearcli/..."."""
+    path = _slashed(filename)
+    for root in ("/site-packages/", "/smearcli/"):
+        if root in path:
+            rest = path.rsplit(root, 1)[1]
+            return rest if root == "/site-packages/" else "smearcli/" + rest
+    return path
+
+
+def where(frame: Frame) -> str:
+    """"transformers/models/x/modeling_x.py:12 in forward"."""
+    return f"{short_path(frame.filename)}:{frame.lineno} in {frame.name}"
+
+
+def in_package(package: str) -> Namer:
+    """Names a frame whose file lies in `package` (a folder of that name on its path) from the
+    package on, wherever it is installed (site-packages, a `pip --target` folder, a checkout)."""
+    def name(frame: Frame) -> Optional[str]:
+        path = _slashed(frame.filename)
+        if f"/{package}/" not in path:
+            return None
+        return f"{package}/{path.rsplit(f'/{package}/', 1)[1]}:{frame.lineno} in {frame.name}"
+    return name
+
+
+def under(root) -> Namer:
+    """Names a frame whose file lies under `root` by its path relative to it and its line."""
+    root = Path(root)
+
+    def name(frame: Frame) -> Optional[str]:
+        try:
+            return f"{Path(frame.filename).resolve().relative_to(root)}:{frame.lineno}"
+        except (ValueError, OSError):
+            return None
+    return name
+
+
+def innermost(found: Iterable[Frame], name: Namer) -> Optional[str]:
+    """What `name` says of the deepest frame it names, or None when it names none."""
+    out = None
+    for f in found:
+        out = name(f) or out
+    return out
+
+
+def raised_in(exc: BaseException, package: str, through: tuple = ("torch",)) -> Optional[str]:
+    """The deepest frame in `package` when the exception was raised there, or in one of `through`
+    (torch) called from there; None when it was raised anywhere else (smearcli's own code)."""
+    tb = frames(exc)
+    if not tb:
+        return None
+    last = tb[-1]
+    if not (in_package(package)(last) or any(in_package(p)(last) for p in through)):
+        return None
+    return innermost(tb, in_package(package))
+
+
+def describe(exc: BaseException, package: str) -> str:
+    """"where: Error: first line of the message", at the deepest frame in `package` (the deepest
+    frame of all when none is in it; "?" when there is no traceback)."""
+    tb = frames(exc)
+    at = innermost(tb, in_package(package)) or (where(tb[-1]) if tb else "?")
+    first = str(exc).splitlines()[0][:200] if str(exc) else ""
+    return f"{at}: {type(exc).__name__}: {first}"

@@ -1,0 +1,93 @@
+"""The cache API of the installed transformers release, detected from the model, never assumed.
+
+Releases from 5.0 on differ in how a causal LM takes its cache back, and smearcli supports every
+one of them by asking the model, not the version number:
+
+- the keyword (`cache_keyword`): `past_key_values` for attention models and `cache_params` for
+  Mamba-style ones up to 5.x, one `cache` for every model in 5.24, `state` for RWKV in all of them.
+  `KEYWORDS` is the one list, newest first; a model whose forward takes none of them keeps no
+  cache we can pass (RecurrentGemma before the `cache` keyword holds its state inside the model);
+- `cache_position` (`passes_cache_position`): the Mamba-style `cache_params` forwards of 5.0 need
+  it on every cached step (they raise without it); attention models count positions from their
+  cache, so it is never passed there;
+- the cache a model returns (`out_cache`): the output field named like the keyword;
+- the cache the caller makes when the first call returns none (`caller_cache`): `DynamicCache`,
+  with the model's config where the release's `DynamicCache` takes one;
+- `crop`: every 5.x `DynamicCache.crop` takes a negative count as "drop that many tokens" (5.0
+  names the argument `max_length` and reads a negative one that way; 5.24 takes only that form),
+  so smearcli always crops by a negative count.
+
+`cache_keyword`, `passes_cache_position`, `out_cache` and `caller_cache` use nothing but
+`KEYWORDS`, the standard library and transformers: `standalone()` is their source, which every
+reproducer embeds (it runs without smearcli), so the census and its reproducers detect the cache
+API with the same code.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Optional
+
+KEYWORDS = ("cache", "past_key_values", "cache_params", "state")  # newest first; RWKV: state
+
+
+def cache_keyword(model):
+    """The keyword the model's forward takes its cache under (the first of KEYWORDS it takes), or None."""
+    params = inspect.signature(model.forward).parameters
+    return next((k for k in KEYWORDS if k in params), None)
+
+
+def passes_cache_position(model, keyword):
+    """Whether every cached call passes cache_position: Mamba-style `cache_params` forwards of 5.0
+    refuse a cached step without it; attention models count positions from their cache."""
+    return keyword == "cache_params" and "cache_position" in inspect.signature(model.forward).parameters
+
+
+def out_cache(out):
+    """The cache a model's output carries (the field named like one of KEYWORDS), or None."""
+    return next((getattr(out, k) for k in KEYWORDS if getattr(out, k, None) is not None), None)
+
+
+def caller_cache(model):
+    """The cache a caller makes for a model whose first call returns none (RecurrentGemma in
+    5.24): `DynamicCache(config=...)` where the release's DynamicCache takes a config (every 5.x
+    so far), a bare `DynamicCache()` otherwise."""
+    from transformers import DynamicCache
+
+    if "config" in inspect.signature(DynamicCache.__init__).parameters:
+        return DynamicCache(config=model.config)
+    return DynamicCache()
+
+
+STANDALONE = (cache_keyword, passes_cache_position, out_cache, caller_cache)  # what a reproducer embeds
+
+
+def standalone() -> str:
+    """The detector as source a script can run without smearcli: KEYWORDS and `STANDALONE`."""
+    return f"KEYWORDS = {KEYWORDS!r}\n\n\n" + "\n\n".join(inspect.getsource(f) for f in STANDALONE)
+
+
+@dataclass(frozen=True)
+class CacheAPI:
+    """How one model takes its cache back, as detected (`detect`)."""
+
+    keyword: str  # the forward keyword the cache is passed back under
+    cache_position: bool  # pass cache_position=arange(pos, pos + n) on every cached call
+    positions: bool  # the forward takes position_ids
+    mask: bool  # the forward takes attention_mask
+
+
+def detect(model) -> Optional[CacheAPI]:
+    """The model's cache API, or None when its forward takes no cache under any of KEYWORDS."""
+    keyword = cache_keyword(model)
+    if keyword is None:
+        return None
+    params = inspect.signature(model.forward).parameters
+    return CacheAPI(keyword, passes_cache_position(model, keyword), "position_ids" in params,
+                    "attention_mask" in params)
+
+
+def no_cache_reason(model) -> str:
+    """Why a model has no cache API smearcli can drive, in words."""
+    return f"{type(model).__name__}.forward takes no cache (none of {', '.join(KEYWORDS)})"
