@@ -227,10 +227,13 @@ def scan(
     if markdown is not None:
         from ...files import atomic_write
 
-        from ...census import vllm_census
-
         with atomic_write(markdown) as f:
-            f.write(vllm_census.markdown(records, info) if on_vllm else report.markdown(records, info))
+            if on_vllm:
+                from ...census import vllm_census
+
+                f.write(vllm_census.markdown(records, info))
+            else:
+                f.write(report.markdown(records, info))
     if figure is not None and any(r.get("schedules") for r in records):
         from ...render import figures, scan_figure
 
