@@ -99,7 +99,7 @@ def test_a_worker_that_hangs_runs_away_or_dies_is_stopped_and_started_again(fake
         assert w.alive() and w.starts == 2 and vllm_engine.archs(w)  # the next model gets a live one
     finally:
         w.close()
-    assert not w.alive()
+    assert not w.alive() and not w.log.exists()
 
 
 def scan(tmp_path, fake_python, *extra):

@@ -113,6 +113,7 @@ class Worker:
                 self.proc.stdin.close()
                 self.proc.wait(timeout=5)
         self.kill()
+        self.log.unlink(missing_ok=True)  # vLLM's output was read where a record needed it
 
     def tail(self, n: int = 1) -> list[str]:
         """The last `n` non-empty lines vLLM wrote to its log."""
