@@ -10,6 +10,8 @@
   with SMEARCLI_REGEN_DOCS=1);
 - census: `docs/gen_census.py` (the `smearcli scan` census in docs/guide/scan.md; about 5
   minutes on 2 cores, the one step not in the default list: `--only census`);
+- vllm-census: `scripts/gen_vllm_census.py` (the census on vLLM in docs/guide/vllm.md; needs
+  $SMEARCLI_VLLM_PYTHON, skipped with a message without it; not in the default list either);
 - notebooks: every notebooks/*.ipynb executed in place (nbclient, one kernel each, one torch
   thread as the notebooks themselves set), so their outputs are what nbval compares.
 
@@ -27,7 +29,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-STEPS = ("snippets", "errors", "notebooks", "census")
+STEPS = ("snippets", "errors", "notebooks", "census", "vllm-census")
 DEFAULT = ("snippets", "errors", "notebooks")
 
 
@@ -67,6 +69,8 @@ def main() -> None:
             {**env, "SMEARCLI_REGEN_DOCS": "1"})
     if "census" in steps:
         run("census", [sys.executable, "docs/gen_census.py"], env)
+    if "vllm-census" in steps:
+        run("vllm-census", [sys.executable, "scripts/gen_vllm_census.py"], env)
     if "notebooks" in steps:
         execute_notebooks(sorted((ROOT / "notebooks").glob("*.ipynb")))
 

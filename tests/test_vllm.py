@@ -260,7 +260,7 @@ def test_the_worker_checks_what_it_is_told(tmp_path):
     (tmp_path / "req.json").write_text(json.dumps({"protocol": 0}))
     out = subprocess.run([sys.executable, str(vllm.WORKER), str(tmp_path / "req.json"), str(tmp_path)],
                          capture_output=True, text=True, timeout=60)
-    assert out.returncode == 1 and "speaks protocol 1, the request 0" in out.stderr
+    assert out.returncode == 1 and f"speaks protocol {vllm.PROTOCOL}, the request 0" in out.stderr
     s = vllm.Settings(python="py", model="m", vocab=4)
     req = {"schedules": [{"name": "prefill"}]}
     big = tmp_path / "result.json"
@@ -275,8 +275,8 @@ def test_the_worker_checks_what_it_is_told(tmp_path):
         big.write_text(json.dumps({"protocol": vllm.PROTOCOL, "schedules": [entry]}))
         with pytest.raises(vllm.UserError, match=msg):
             vllm.read_result(s, big, req)
-    big.write_text('{"protocol": 1, "schedules": [{"name": "prefill", "message": NaN}]}')
+    big.write_text('{"protocol": %d, "schedules": [{"name": "prefill", "message": NaN}]}' % vllm.PROTOCOL)
     with pytest.raises(vllm.UserError, match="not JSON"):
         vllm.read_result(s, big, req)
-    big.write_text(json.dumps({"protocol": 1, "schedules": [{"name": "prefill", "message": "x" * 10_000}]}))
+    big.write_text(json.dumps({"protocol": vllm.PROTOCOL, "schedules": [{"name": "prefill", "message": "x" * 10_000}]}))
     assert len(vllm.read_result(s, big, req)["schedules"][0]["message"]) == vllm.MESSAGE_LIMIT

@@ -14,8 +14,17 @@ mode (env SMEARCLI_STANDIN_MODE) makes it misbehave as vLLM can:
 - garbage: result.json is not JSON; oldproto: it speaks protocol 0; silent: the worker exits 0
   without writing result.json (each answers the handshake first, as a broken worker would).
 
-`hello` answers the worker's handshake (protocol 1, vLLM "stand-in") before anything heavy is
+`hello` answers the worker's handshake (protocol 2, vLLM "stand-in") before anything heavy is
 imported. It copies the request it got to $SMEARCLI_STANDIN_SEEN, when set, for the tests to read.
+
+`serve` is the census's mode (`smearcli scan --engine vllm`): a ready line, then one answer line
+per job on stdin, as the worker's. `archs` answers $SMEARCLI_STANDIN_ARCHS (comma-separated; a
+default list otherwise). The mode of one model comes from $SMEARCLI_STANDIN_PLAN, a JSON object
+{model_type: mode} (the model's config.json names it), over $SMEARCLI_STANDIN_MODE; the census's
+extra modes: hang (sleeps), exit (the whole process exits mid-request), noengine (the engine does
+not start), noprefill (every schedule raises: a kernel the CPU build lacks), stale (the engine is refused in a
+process that served another model first), hog (allocates memory until killed), spread (every schedule off at one position: a
+departure that vLLM has no float64 rerun for).
 """
 
 import json
@@ -34,11 +43,64 @@ def logprobs(model, rows):
     return out.double().log_softmax(-1).float().numpy()
 
 
+PROTOCOL = 2
+ARCHS = "LlamaForCausalLM,Qwen2ForCausalLM,MistralForCausalLM,Mamba2ForCausalLM,NoSuchForCausalLM"
+
+
+def mode_of(req):
+    plan = json.loads(os.environ.get("SMEARCLI_STANDIN_PLAN") or "{}")
+    try:
+        model_type = json.load(open(os.path.join(req["model"], "config.json"))).get("model_type")
+    except OSError:
+        model_type = None
+    return plan.get(model_type, os.environ.get("SMEARCLI_STANDIN_MODE", "good"))
+
+
 def main(request_path, outdir):
-    mode = os.environ.get("SMEARCLI_STANDIN_MODE", "good")
     req = json.load(open(request_path))
     if os.environ.get("SMEARCLI_STANDIN_SEEN"):
         shutil.copy(request_path, os.environ["SMEARCLI_STANDIN_SEEN"])
+    run_request(req, outdir, mode_of(req))
+
+
+def serve():
+    import time
+
+    served = 0
+    print(json.dumps({"ready": True, "protocol": PROTOCOL, "vllm": "stand-in", "import_s": 0.0}), flush=True)
+    for line in sys.stdin:
+        job = json.loads(line)
+        if job.get("op") == "archs":
+            archs = os.environ.get("SMEARCLI_STANDIN_ARCHS") or ARCHS
+            print(json.dumps({"id": job["id"], "archs": archs.split(",")}), flush=True)
+            continue
+        if job.get("op") == "repro":
+            import subprocess
+
+            p = subprocess.run([sys.executable, "-I", job["path"]], capture_output=True, text=True)
+            lines = (p.stdout.strip() or p.stderr.strip()).splitlines()
+            print(json.dumps({"id": job["id"], "status": p.returncode, "last": lines[-1] if lines else ""}), flush=True)
+            continue
+        req = json.load(open(job["request"]))
+        mode = mode_of(req)
+        if mode == "hang":
+            time.sleep(3600)
+        if mode == "exit":
+            print("Fatal Python error: Aborted (stand-in)", file=sys.stderr, flush=True)
+            os._exit(134)
+        if mode == "hog":
+            hog = []
+            while True:
+                hog.append(b"\x01" * (64 << 20))  # written, so resident
+                time.sleep(0.01)
+        if mode == "stale":  # refused only by a process that served another model first
+            mode = "noengine" if served else "good"
+        served += 1
+        result = run_request(req, job["outdir"], mode)
+        print(json.dumps({"id": job["id"], "result": result}), flush=True)
+
+
+def run_request(req, outdir, mode):
     if mode == "die":
         print("Fatal Python error: Segmentation fault (stand-in)", file=sys.stderr)
         sys.exit(1)
@@ -56,19 +118,27 @@ def main(request_path, outdir):
     T = len(rows[0])
     lp = logprobs(model, rows)
     assert lp.shape[-1] == req["vocab"]
-    result = {"protocol": 1, "vllm_version": "stand-in", "import_s": 0.0, "engines": [], "schedules": [],
-              "peak_rss_mb": 0}
-    for sched in req["schedules"]:
+    result = {"protocol": PROTOCOL, "vllm_version": "stand-in", "import_s": 0.0,
+              "engines": [{"start_s": 0.0}], "schedules": [], "peak_rss_mb": 0}
+    for i, sched in enumerate(req["schedules"]):
         name = sched["name"]
         entry = {"name": name, "outcome": None, "message": "", "arrays": {}}
-        if name in ("prefill", "decode", "chunked"):
+        if mode == "noengine":
+            entry.update(outcome="crashed", engine=True, message="ValueError: head size 16 is not supported "
+                         "(at vllm/v1/attention/backends/cpu_attn.py:70 in validate_head_size)")
+        elif mode == "noprefill":
+            entry.update(outcome="crashed", message="AttributeError: '_OpNamespace' '_C' object has no attribute "
+                         "'selective_scan_fwd' (at vllm/_custom_ops.py:1975 in selective_scan_fwd)")
+        elif name in ("prefill", "decode", "chunked"):
             b = sched.get("budget", T if name == "prefill" else 1)
             entry["steps"] = [b] * (T // b) + ([T % b] if T % b else [])
             arr = lp.copy()
             if name == "chunked" and mode == "skew":
                 arr[:, b, 0] += 0.5  # one token: the distribution itself moves
-            np.save(os.path.join(outdir, f"{name}.npy"), arr)
-            entry["arrays"]["logprobs"] = f"{name}.npy"
+            if mode == "spread":
+                arr[:, T // 2, 0] += 0.5
+            np.save(os.path.join(outdir, f"{i}-{name}.npy"), arr)
+            entry["arrays"]["logprobs"] = f"{i}-{name}.npy"
         elif name == "prefix":
             P = sched["prefix"]
             if mode == "crash":
@@ -87,10 +157,13 @@ def main(request_path, outdir):
         result["schedules"].append(entry)
     with open(os.path.join(outdir, "result.json"), "w") as f:
         json.dump(result, f)
+    return result
 
 
 if __name__ == "__main__":
     if sys.argv[1:] == ["hello"]:
-        print(json.dumps({"worker": "smearcli-vllm", "protocol": 1, "python": "3", "vllm": "stand-in"}))
+        print(json.dumps({"worker": "smearcli-vllm", "protocol": PROTOCOL, "python": "3", "vllm": "stand-in"}))
+    elif sys.argv[1:] == ["serve"]:
+        serve()
     else:
         main(sys.argv[1], sys.argv[2])

@@ -24,8 +24,11 @@ MAX_TIMEOUT = 1e6  # seconds, as --user-code-timeout: beyond it a limit means no
 MIN_MEMORY_MB, MAX_MEMORY_MB = 64, 1 << 27  # 128 TiB: all the address space x86-64 gives a process
 # the options that only mean something when architectures run (with --merge nothing runs)
 RUN_ONLY = {"out": "--out", "jobs": "--jobs", "shard": "--shard", "resume": "--resume", "only": "--only",
-            "timeout": "--timeout", "memory_mb": "--memory-mb", "repro_dir": "--repro-dir"}
-REPRO_FILES = (".py", ".md")  # what repro and draft write per finding, besides one "-NAME.py" per census boundary
+            "timeout": "--timeout", "memory_mb": "--memory-mb", "repro_dir": "--repro-dir", "engine": "--engine",
+            "vllm_python": "--vllm-python"}
+ENGINES = ("transformers", "vllm")
+REPRO_FILES = (".py", ".md", "-vllm.py")  # what repro and draft write per finding (-vllm.py: the census on vLLM),
+# besides one "-NAME.py" per census boundary
 
 
 def parse_shard(text: Optional[str]) -> Optional[tuple[int, int]]:
@@ -164,7 +167,13 @@ def scan(
                         "Markdown to this file.")] = None,
     figure: Annotated[Optional[Path], typer.Option("--figure", help="Also draw architectures x "
                       "schedules (error over the floor) to this .png, .svg or .pdf.")] = None,
-    check: Annotated[bool, typer.Option("--check", help="Exit 1 if any architecture is a bug.")] = False,
+    check: Annotated[bool, typer.Option("--check", help="Exit 1 if any architecture is a bug (with --engine "
+                     "vllm: crashed or unconfirmed, vLLM having no float64 rerun).")] = False,
+    engine: Annotated[str, typer.Option("--engine", help="Where the cached paths run: transformers (its "
+                      "own caches) or vllm (vLLM's scheduler and caches, against the transformers full pass).")
+                      ] = "transformers",
+    vllm_python: Annotated[Optional[Path], typer.Option("--vllm-python", help="With --engine vllm: the Python "
+                           "of vLLM's environment (default $SMEARCLI_VLLM_PYTHON).")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No line per architecture on stderr.")] = False,
 ) -> None:
     """Check every causal-LM architecture of the installed transformers: a tiny config derived
@@ -174,6 +183,11 @@ def scan(
     and --memory-mb; records stream to --out. Try: smearcli scan --only bamba,llama."""
     from ...census import isolate, report
 
+    if engine not in ENGINES:
+        raise UserError(f"--engine takes {' or '.join(ENGINES)}, got {engine!r}")
+    if engine == "vllm" and jobs != 1:
+        raise UserError("--engine vllm checks one architecture at a time (one vLLM process serves them all); "
+                        "drop --jobs, or split the census with --shard")
     check_limits(jobs, timeout, memory_mb)
     part = parse_shard(shard)
     wanted = parse_only(only)
@@ -189,12 +203,19 @@ def scan(
     distinct([("--merge", p) for p in merge or []],
              [("--out", None if merge else out), ("--markdown", markdown), ("--figure", figure)])
     t0 = time.monotonic()
+    info = {}
     if merge:
         records = isolate.merge(merge)
+    elif engine == "vllm":
+        from ..vllm_scan import run_vllm
+
+        records, info = run_vllm(out, part, resume, wanted, timeout, memory_mb, repro_dir, quiet, vllm_python,
+                                 check_repro_files)
     else:
         records = _run(out, jobs, part, resume, wanted, timeout, memory_mb, repro_dir, quiet)
-    info = meta() | {"wall_s": round(time.monotonic() - t0, 1)}
-    if not merge:  # one draft per root cause, naming every architecture it breaks
+    info = meta() | info | {"wall_s": round(time.monotonic() - t0, 1)}
+    on_vllm = bool(records) and all(r.get("engine") == "vllm" for r in records)
+    if not merge and not on_vllm:  # one draft per root cause, naming every architecture it breaks
         from ...census import draft
 
         draft.write_groups(records, {"transformers": info.get("transformers_version", "?"),
@@ -207,12 +228,20 @@ def scan(
         from ...files import atomic_write
 
         with atomic_write(markdown) as f:
-            f.write(report.markdown(records, info))
+            if on_vllm:
+                from ...census import vllm_census
+
+                f.write(vllm_census.markdown(records, info))
+            else:
+                f.write(report.markdown(records, info))
     if figure is not None and any(r.get("schedules") for r in records):
         from ...render import figures, scan_figure
 
         figures.save(scan_figure.figure(records), figure)
-    bugs = [r["model_type"] for r in records if r.get("verdict") == "bug"]
+    from ...verdicts import BUG, CRASHED, UNCONFIRMED
+
+    failing = (BUG, CRASHED, UNCONFIRMED) if on_vllm else (BUG,)  # vLLM: no float64 rerun to confirm
+    bugs = [r["model_type"] for r in records if r.get("verdict") in failing]
     if check and bugs:
         raise CheckFailed(f"{len(bugs)} architectures disagree with their full pass: {', '.join(bugs)}")
 

@@ -16,7 +16,7 @@ from typing import Optional
 
 from ...errors import UserError
 
-PROTOCOL = 1  # the worker's protocol: its handshake and result.json carry it
+PROTOCOL = 2  # the worker's protocol: its handshake and result.json carry it
 WORKER = Path(__file__).with_name("worker.py")
 MAKE_ENV = "make vLLM's environment with scripts/make_vllm_env.sh DIR and give DIR/bin/python"
 HELLO_TIMEOUT_S = 60.0  # the handshake imports nothing heavy: a Python that takes longer hangs

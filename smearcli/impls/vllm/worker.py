@@ -4,19 +4,27 @@ It imports only vLLM, numpy and the standard library (never smearcli: it runs un
 interpreter, with other versions of torch and transformers). Usage, by the adapter:
 
     VLLM_PYTHON worker.py REQUEST.json OUTDIR
+    VLLM_PYTHON worker.py serve
     VLLM_PYTHON worker.py hello
 
 `hello` is the handshake the adapter runs before it loads any model: one JSON line on stdout,
-`{"worker": "smearcli-vllm", "protocol": 1, "python": "3.11.9", "vllm": "0.32.0"}` (`vllm` null
+`{"worker": "smearcli-vllm", "protocol": 2, "python": "3.11.9", "vllm": "0.32.0"}` (`vllm` null
 when the interpreter has none), found without importing vLLM (which takes seconds).
 
-The request (protocol 1) is JSON: `model` (a local model directory), `rows` (token ids, one list
+`serve` (the census's mode) imports vLLM once, answers `{"ready": true, "import_s"}`, then reads
+one JSON job a line from stdin and answers each with one line on the original stdout (vLLM logs
+to stderr): `{"id", "op": "run", "request", "outdir"}` -> `{"id", "result"}` (result.json, below),
+`{"id", "op": "archs"}` -> `{"id", "archs"}` (vLLM's ModelRegistry), `{"id", "op": "repro", "path",
+"timeout"}` -> `{"id", "status", "last"}` (a reproducer run here with `-I`). A model's engines
+are closed after its request, so one process serves any number of models.
+
+The request (protocol 2) is JSON: `model` (a local model directory), `rows` (token ids, one list
 per row), `vocab`, `dtype`, `device`, `tensor_parallel_size`, `max_model_len`, `block_size`,
 `kv_cache_memory_bytes` and `schedules`, a list of `{"name": ..., ...}`:
 
 - `prefill`: each row as one prompt in one engine step (`max_num_batched_tokens` >= its length);
-- `chunked` with `budget`: the same with `max_num_batched_tokens = budget`, so vLLM's chunked
-  prefill feeds the prompt `budget` tokens per step;
+- `chunked` with `budget` (several may come): the scheduler's per-step token budget set to
+  `budget`, as `max_num_batched_tokens` sets it, on the engine built at the full budget (one start);
 - `decode` : a one-token prompt, then every later token generated one per step, forced to the
   row's own tokens by a logits processor (log-probs are vLLM's raw ones, taken before it);
 - `prefix` with `prefix`: prefix caching on; a first request for the first `prefix` tokens (whole
@@ -30,9 +38,11 @@ positions) and `warm` (the second, every position, as vLLM returned them: below 
 `num_cached_tokens` those are uninitialised memory, NaN where they name no token) and leaves
 the stitching and the checks to the adapter. An exception inside vLLM is that schedule's result:
 `"outcome": "crashed"` with the message and the innermost vLLM frame; the worker goes on with the
-next schedule on a fresh engine.
+next schedule on a fresh engine; an engine that does not start fails its schedules with `"engine":
+true`. `steps` are the token counts vLLM's scheduler really scheduled.
 """
 
+import gc
 import json
 import os
 import resource
@@ -44,7 +54,7 @@ import traceback
 # name with a module vLLM imports (the package holds only __init__, environment, worker), which
 # tests/test_layout.py checks, so `import vllm` finds vLLM without touching sys.path
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process: the logits processor class travels
-PROTOCOL = 1
+PROTOCOL = 2
 
 
 def rss_mb() -> float:
@@ -150,112 +160,225 @@ def crash_message(e: BaseException) -> str:
     return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}{where}"
 
 
-def main(request_path: str, outdir: str) -> None:
-    t0 = time.time()
-    with open(request_path) as f:
-        req = json.load(f)
-    if req.get("protocol") != PROTOCOL:
-        sys.exit(f"smearcli's vLLM worker speaks protocol {PROTOCOL}, the request {req.get('protocol')!r}")
+def load_vllm() -> dict:
+    """vLLM's pieces the worker uses, imported once (seconds: the census's fixed cost)."""
     import numpy as np
     import vllm
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
     from vllm.v1.sample.logits_processor import LogitsProcessor
 
-    Force = make_force_processor(LogitsProcessor)
-    V, rows = int(req["vocab"]), req["rows"]
-    result = {"protocol": PROTOCOL, "vllm_version": vllm.__version__, "import_s": round(time.time() - t0, 2),
-              "engines": [], "schedules": []}
-    # every engine stays alive to the end: a dropped one tears down vLLM's process-wide parallel
-    # state, and the next LLM in this process then fails ("pipeline model parallel group is not
-    # initialized"); a crashed one is set aside and a fresh one built for the next schedule
-    engines, retired = {}, []
+    return {"np": np, "vllm": vllm, "LLM": LLM, "SamplingParams": SamplingParams, "TokensPrompt": TokensPrompt,
+            "Force": make_force_processor(LogitsProcessor)}
 
-    def llm_for(budget, prefix_caching):
-        key = (budget, prefix_caching)
-        if key in engines:
-            return engines[key]
+
+def scheduler(llm):
+    """The in-process engine's scheduler (VLLM_ENABLE_V1_MULTIPROCESSING=0), or None."""
+    try:
+        return llm.llm_engine.engine_core.engine_core.scheduler
+    except AttributeError:
+        return None
+
+
+def count_steps(llm) -> list:
+    """A list that fills with the tokens each engine step schedules (wraps this scheduler only)."""
+    steps, sched = [], scheduler(llm)
+    if sched is not None:
+        inner = sched.schedule
+
+        def schedule(*a, **k):
+            out = inner(*a, **k)
+            if getattr(out, "total_num_scheduled_tokens", 0):
+                steps.append(int(out.total_num_scheduled_tokens))
+            return out
+        sched.schedule = schedule
+    return steps
+
+
+def close(llm) -> None:
+    """Drop an engine and vLLM's process-wide parallel state, so the next LLM here starts its own
+    (else it fails: "pipeline model parallel group is not initialized")."""
+    from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
+
+    try:
+        llm.llm_engine.engine_core.shutdown()
+    except Exception:
+        pass
+    del llm  # collected before the parallel state goes, as the next engine needs it
+    for step in (gc.collect, destroy_model_parallel, destroy_distributed_environment, gc.collect):
+        try:
+            step()
+        except Exception:  # already down
+            pass
+
+
+def run_request(req: dict, outdir: str, m: dict, import_s: float = 0.0) -> dict:
+    """Every schedule of one request (see the module docstring); the result dict, also written to
+    OUTDIR/result.json."""
+    t0 = time.time()
+    np = m["np"]
+    V, rows = int(req["vocab"]), req["rows"]
+    result = {"protocol": PROTOCOL, "vllm_version": m["vllm"].__version__, "import_s": import_s,
+              "engines": [], "schedules": []}
+    T = max(len(r) for r in rows)
+    full_budget = int(req["max_model_len"])
+    engine = {"llm": None, "caching": None, "steps": []}
+    refused = {}  # prefix caching on/off -> why its engine did not start (tried once: starts cost seconds)
+
+    def llm_for(prefix_caching):
+        if engine["llm"] is not None and engine["caching"] == prefix_caching:
+            return engine["llm"]
+        if prefix_caching in refused:
+            raise refused[prefix_caching]
+        drop()
         kw = dict(model=req["model"], skip_tokenizer_init=True, dtype=req["dtype"], enforce_eager=True,
                   max_logprobs=V, kv_cache_memory_bytes=int(req["kv_cache_memory_bytes"]),
-                  max_model_len=int(req["max_model_len"]), enable_prefix_caching=prefix_caching,
-                  enable_chunked_prefill=True, max_num_batched_tokens=int(budget), max_num_seqs=1,
-                  tensor_parallel_size=int(req["tensor_parallel_size"]), seed=0, logits_processors=[Force])
+                  max_model_len=full_budget, enable_prefix_caching=prefix_caching,
+                  enable_chunked_prefill=True, max_num_batched_tokens=full_budget, max_num_seqs=1,
+                  tensor_parallel_size=int(req["tensor_parallel_size"]), seed=0, logits_processors=[m["Force"]])
         if req.get("block_size"):
             kw["block_size"] = int(req["block_size"])
         s = time.time()
-        llm = LLM(**kw)
-        result["engines"].append({"max_num_batched_tokens": budget, "enable_prefix_caching": prefix_caching,
+        try:
+            llm = m["LLM"](**kw)
+        except Exception as e:
+            refused[prefix_caching] = e
+            raise
+        result["engines"].append({"max_num_batched_tokens": full_budget, "enable_prefix_caching": prefix_caching,
                                   "start_s": round(time.time() - s, 2), "rss_mb": round(rss_mb())})
-        engines[key] = llm
+        engine.update(llm=llm, caching=prefix_caching, steps=count_steps(llm))
         return llm
 
-    def retire(key):
-        if key in engines:
-            retired.append(engines.pop(key))
+    def drop():
+        if engine["llm"] is not None:
+            close(engine.pop("llm"))
+            engine["llm"] = None
 
-    def generate(llm, ids, max_tokens, force=None):
-        sp = SamplingParams(prompt_logprobs=V, logprobs=V, temperature=0.0, max_tokens=max_tokens,
-                            ignore_eos=True, skip_reading_prefix_cache=False,
-                            extra_args={"force": force} if force is not None else None)
-        (out,) = llm.generate([TokensPrompt(prompt_token_ids=list(ids))], sp, use_tqdm=False)
+    def generate(llm, ids, max_tokens, budget=None, force=None, read_cache=False):
+        sched = scheduler(llm)
+        if sched is not None:
+            sched.max_num_scheduled_tokens = int(budget or full_budget)
+        sp = m["SamplingParams"](prompt_logprobs=V, logprobs=V, temperature=0.0, max_tokens=max_tokens,
+                                 ignore_eos=True, skip_reading_prefix_cache=not read_cache,
+                                 extra_args={"force": force} if force is not None else None)
+        (out,) = llm.generate([m["TokensPrompt"](prompt_token_ids=list(ids))], sp, use_tqdm=False)
         return out
 
-    T = max(len(r) for r in rows)
-    full_budget = int(req["max_model_len"])
-    for sched in req["schedules"]:
+    for i, sched in enumerate(req["schedules"]):
         name = sched["name"]
         entry = {"name": name, "outcome": None, "message": "", "arrays": {}}
-        key = (int(sched["budget"]) if name == "chunked" else full_budget, name == "prefix")
+        started = False
         try:
-            if name in ("prefill", "chunked"):
-                budget = int(sched["budget"]) if name == "chunked" else full_budget
-                llm = llm_for(budget, False)
-                arr = np.stack([per_position(generate(llm, r, 1), V, np) for r in rows])
-                entry["steps"] = [budget] * (T // budget) + ([T % budget] if T % budget else [])
-                np.save(os.path.join(outdir, f"{name}.npy"), arr)
-                entry["arrays"]["logprobs"] = f"{name}.npy"
-            elif name == "decode":
-                llm = llm_for(full_budget, False)
-                outs = [generate(llm, r[:1], len(r), force=list(r[1:])) for r in rows]
-                got = [list(o.outputs[0].token_ids[:len(r) - 1]) for o, r in zip(outs, rows)]
-                if any(g != list(r[1:]) for g, r in zip(got, rows)):
-                    raise RuntimeError("the forced decode did not follow the given tokens")
-                arr = np.stack([per_position(o, V, np) for o in outs])
-                entry["steps"] = [1] * T
-                np.save(os.path.join(outdir, "decode.npy"), arr)
-                entry["arrays"]["logprobs"] = "decode.npy"
-            elif name == "prefix":
-                P = int(sched["prefix"])
-                llm = llm_for(full_budget, True)
-                llm.reset_prefix_cache()
-                cold, warm, cached = [], [], []
-                for r in rows:
-                    llm.reset_prefix_cache()
-                    first = generate(llm, r[:P], 1)
-                    second = generate(llm, r, 1)
-                    cold.append(per_position(first, V, np))
-                    warm.append(per_position(second, V, np))
-                    cached.append(int(second.num_cached_tokens or 0))
-                np.save(os.path.join(outdir, "prefix_cold.npy"), np.stack(cold))
-                np.save(os.path.join(outdir, "prefix_warm.npy"), np.stack(warm))
-                entry["arrays"] = {"cold": "prefix_cold.npy", "warm": "prefix_warm.npy"}
-                entry["num_cached_tokens"] = cached
-            else:
-                raise ValueError(f"unknown schedule {name!r}")
+            llm = llm_for(name == "prefix")
+            started = True
+            del engine["steps"][:]
+            entry.update(run_one(name, sched, rows, T, full_budget, V, llm, generate, outdir, i, np))
+            if engine["steps"] and name != "prefix":
+                entry["steps"] = list(engine["steps"]) if len(rows) == 1 else entry["steps"]
         except Exception as e:  # vLLM's failure is this schedule's result
             entry.update(outcome="crashed", message=crash_message(e), arrays={})
-            retire(key)
+            if not started:
+                entry["engine"] = True
+            drop()  # a fresh engine for the next schedule
         result["schedules"].append(entry)
+    drop()
     result["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
-    result["total_s"] = round(time.time() - t0, 2)
+    result["total_s"] = round(time.time() - t0 + import_s, 2)
     with open(os.path.join(outdir, "result.json"), "w") as f:
         json.dump(result, f, indent=1, allow_nan=False)  # strict JSON: the adapter refuses NaN
+    return result
+
+
+def run_one(name, sched, rows, T, full_budget, V, llm, generate, outdir, i, np) -> dict:
+    """One schedule's entry fields (its arrays saved in outdir as `{i}-{name}*.npy`)."""
+    entry = {"arrays": {}}
+    if name in ("prefill", "chunked"):
+        budget = int(sched["budget"]) if name == "chunked" else full_budget
+        arr = np.stack([per_position(generate(llm, r, 1, budget), V, np) for r in rows])
+        entry["steps"] = [budget] * (T // budget) + ([T % budget] if T % budget else [])
+        np.save(os.path.join(outdir, f"{i}-{name}.npy"), arr)
+        entry["arrays"]["logprobs"] = f"{i}-{name}.npy"
+    elif name == "decode":
+        outs = [generate(llm, r[:1], len(r), force=list(r[1:])) for r in rows]
+        got = [list(o.outputs[0].token_ids[:len(r) - 1]) for o, r in zip(outs, rows)]
+        if any(g != list(r[1:]) for g, r in zip(got, rows)):
+            raise RuntimeError("the forced decode did not follow the given tokens")
+        entry["steps"] = [1] * T
+        np.save(os.path.join(outdir, f"{i}-decode.npy"), np.stack([per_position(o, V, np) for o in outs]))
+        entry["arrays"]["logprobs"] = f"{i}-decode.npy"
+    elif name == "prefix":
+        P = int(sched["prefix"])
+        cold, warm, cached = [], [], []
+        for r in rows:
+            llm.reset_prefix_cache()
+            first = generate(llm, r[:P], 1)
+            second = generate(llm, r, 1, read_cache=True)
+            cold.append(per_position(first, V, np))
+            warm.append(per_position(second, V, np))
+            cached.append(int(second.num_cached_tokens or 0))
+        np.save(os.path.join(outdir, f"{i}-prefix_cold.npy"), np.stack(cold))
+        np.save(os.path.join(outdir, f"{i}-prefix_warm.npy"), np.stack(warm))
+        entry["arrays"] = {"cold": f"{i}-prefix_cold.npy", "warm": f"{i}-prefix_warm.npy"}
+        entry["num_cached_tokens"] = cached
+    else:
+        raise ValueError(f"unknown schedule {name!r}")
+    return entry
+
+
+def main(request_path: str, outdir: str) -> None:
+    t0 = time.time()
+    with open(request_path) as f:
+        req = json.load(f)
+    if req.get("protocol") != PROTOCOL:
+        sys.exit(f"smearcli's vLLM worker speaks protocol {PROTOCOL}, the request {req.get('protocol')!r}")
+    m = load_vllm()
+    run_request(req, outdir, m, round(time.time() - t0, 2))
+
+
+def run_reproducer(path: str, timeout: float) -> dict:
+    """A reproducer run in this environment's Python, isolated (`-I`): its status and last line."""
+    import subprocess
+    try:
+        p = subprocess.run([sys.executable, "-I", path], capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"status": -1, "last": f"timed out after {timeout:g} s"}
+    lines = [ln for ln in (p.stdout.strip() or p.stderr.strip()).splitlines() if ln.strip()]
+    return {"status": p.returncode, "last": lines[-1] if lines else ""}
+
+
+def serve() -> None:
+    """Import vLLM once, then answer one job a line (see the module docstring) until stdin ends."""
+    answer = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)  # vLLM's prints and logs go to stderr; the answers alone to the original stdout
+    t0 = time.time()
+    m = load_vllm()
+    answer.write(json.dumps({"ready": True, "protocol": PROTOCOL, "vllm": m["vllm"].__version__,
+                             "import_s": round(time.time() - t0, 2)}) + "\n")
+    answer.flush()
+    for line in sys.stdin:
+        job = json.loads(line)
+        if job.get("op") == "archs":
+            from vllm import ModelRegistry
+
+            out = {"id": job.get("id"), "archs": sorted(ModelRegistry.get_supported_archs())}
+        elif job.get("op") == "repro":
+            out = {"id": job.get("id"), **run_reproducer(job["path"], float(job["timeout"]))}
+        else:
+            with open(job["request"]) as f:
+                req = json.load(f)
+            if req.get("protocol") != PROTOCOL:
+                sys.exit(f"smearcli's vLLM worker speaks protocol {PROTOCOL}, the request {req.get('protocol')!r}")
+            out = {"id": job.get("id"), "result": run_request(req, job["outdir"], m)}
+        answer.write(json.dumps(out, allow_nan=False) + "\n")
+        answer.flush()
 
 
 if __name__ == "__main__":
     if sys.argv[1:] == ["hello"]:
         hello()
+    elif sys.argv[1:] == ["serve"]:
+        serve()
     elif len(sys.argv) != 3:
-        sys.exit("usage: worker.py REQUEST.json OUTDIR | hello")
+        sys.exit("usage: worker.py REQUEST.json OUTDIR | serve | hello")
     else:
         main(sys.argv[1], sys.argv[2])

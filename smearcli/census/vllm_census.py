@@ -1,0 +1,154 @@
+"""The census on vLLM (the scan's vLLM engine): every architecture the installed vLLM
+registers that transformers has a causal-LM class for, each on its tiny config in vLLM against
+the same weights' full pass in transformers (`vllm_check`), with one vLLM process for them all
+(`vllm_engine.Worker`) and each architecture in its own forked process (`isolate`).
+
+`run(...)` writes the records as the transformers census does (`records.Sink`: resuming,
+shards and merging work the same), `summary(...)` is the benchmark (the census's wall time and
+the shares spent importing vLLM and starting engines), `markdown(...)` the census as a page.
+"""
+
+from __future__ import annotations
+
+import functools
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+from ..verdicts import CRASHED, NOT_BUILT, UNCONFIRMED
+from . import isolate, records, vllm_check, vllm_plan
+from .report import counts, sort_key
+from .vllm_engine import Worker, archs
+
+SKIP = str(NOT_BUILT)  # an architecture the census could not run, with why
+ENGINE_REFUSED = vllm_check.ENGINE_REFUSED
+FINDINGS = (str(CRASHED), str(UNCONFIRMED))
+
+
+def names_for(worker: Worker) -> list[str]:
+    """Every model type this census can check: vLLM's architectures with a transformers
+    causal-LM class."""
+    return vllm_plan.model_types(archs(worker))
+
+
+def check_one(name: str, worker: Worker, timeout: float, memory: Optional[int], repro_dir: Path) -> dict:
+    """One architecture's record, in its forked process; its wait on vLLM ends before isolate's."""
+    rec = vllm_check.check(name, worker, timeout=max(5.0, timeout - 10.0), memory=memory, repro_dir=repro_dir)
+    # the imports so far, as this process saw them: a census stopped early still has its benchmark
+    rec["vllm"] = {**(rec.get("vllm") or {}), "import_s_so_far": round(worker.import_s, 2), "starts": worker.starts}
+    return rec
+
+
+def engine_refused(rec: dict) -> bool:
+    return rec.get("verdict") == SKIP and str(rec.get("reason") or "").startswith(ENGINE_REFUSED)
+
+
+def attempt(worker: Worker, name: str, check, timeout: float, memory: Optional[int], scratch: Path) -> dict:
+    """One architecture in its own forked process (`isolate`), its record kept aside."""
+    scratch.unlink(missing_ok=True)
+    with records.Sink(scratch) as aside:
+        (rec,) = isolate.run([name], check, aside, jobs=1, timeout=timeout, memory=memory)
+    worker.served += 1
+    return rec
+
+
+def run(worker: Worker, names: Sequence[str], sink: "records.Sink", timeout: float, memory: Optional[int],
+        repro_dir: Path, on_record: Optional[Callable[[dict], None]] = None) -> list[dict]:
+    """Check `names` (those `sink` does not hold yet), one at a time; a worker that died, hung or
+    left an answer unread is started again before the next architecture. An engine vLLM refused
+    in a worker that had served other models is tried again in a fresh one before it counts: an
+    engine's parallel state is process-wide, and what an earlier model left of it can refuse the
+    next (vLLM 0.32: "expert parallel group is not initialized" for a MoE after others)."""
+    check = functools.partial(check_one, worker=worker, timeout=timeout, memory=memory, repro_dir=repro_dir)
+    todo = [n for n in names if n not in sink.names()]
+    done = []
+    with tempfile.TemporaryDirectory(prefix="smearcli-vllm-census-") as d:
+        for i, name in enumerate(todo):
+            rec = attempt(worker, name, check, timeout, memory, Path(d) / "one.jsonl")
+            if engine_refused(rec) and worker.served > 1:
+                worker.kill()
+                worker.start()
+                rec = attempt(worker, name, check, timeout, memory, Path(d) / "one.jsonl")
+                rec["notes"] = list(rec.get("notes") or []) + ["checked again in a fresh vLLM process"]
+            sink.write(rec)
+            done.append(rec)
+            if on_record is not None:
+                on_record(rec)
+            clean = (rec.get("vllm") or {}).get("answered")
+            if i + 1 < len(todo) and (not clean or not worker.alive()):
+                worker.kill()
+                worker.start()
+    return done
+
+
+def summary(recs: Sequence[dict], worker: Optional[Worker], wall_s: float) -> dict:
+    """The benchmark: wall time, and the time importing vLLM and starting engines, with shares."""
+    engines = sum(float(s or 0) for r in recs for s in (r.get("vllm") or {}).get("engine_start_s") or [])
+    imports = worker.import_s if worker is not None else 0.0
+    share = (lambda x: round(100 * x / wall_s, 1) if wall_s > 0 else None)
+    return {"wall_s": round(wall_s, 1), "architectures": len(recs), "vllm_import_s": round(imports, 1),
+            "vllm_imports": worker.starts if worker is not None else 0, "vllm_import_share": share(imports),
+            "engine_start_s": round(engines, 1), "engine_start_share": share(engines)}
+
+
+def summary_line(s: dict) -> str:
+    return (f"census on vLLM: {s['architectures']} architectures in {s['wall_s']:g} s; importing vLLM "
+            f"{s['vllm_import_s']:g} s ({s['vllm_import_share']}%, {s['vllm_imports']} start(s)), starting engines "
+            f"{s['engine_start_s']:g} s ({s['engine_start_share']}%)")
+
+
+def started(python: str) -> tuple[Worker, float]:
+    """vLLM's worker, started (vLLM imported): the census's fixed cost, timed."""
+    w = Worker(python)
+    t0 = time.monotonic()
+    w.start()
+    return w, time.monotonic() - t0
+
+
+def _cell(text, n: int = 120) -> str:
+    return str(text or "").replace("|", "/").replace("\n", " ")[:n]
+
+
+def _departure(r: dict) -> str:
+    """Why a departure is what it is: the prefill note when the one-step path departs too (the
+    model, not a cache), else the confirmation's why."""
+    said = [n for n in r.get("notes") or [] if n.startswith("prefill")]
+    return said[0] if said else (r.get("confirmation") or {}).get("why") or ""
+
+
+def markdown(recs: Sequence[dict], meta: Optional[dict] = None) -> str:
+    """The census on vLLM as Markdown: counts, findings with reproducers, what could not run and
+    why, then every architecture."""
+    meta = meta or {}
+    c = counts(recs)
+    version = meta.get("vllm_version") or next((r["vllm_version"] for r in recs if r.get("vllm_version")), "?")
+    out = [f"# smearcli scan on vLLM: vLLM {version} (CPU), transformers "
+           f"{meta.get('transformers_version', '?')} reference", "",
+           f"{len(recs)} architectures: " + ", ".join(f"{n} {k}" for k, n in c.items() if n) + ".", ""]
+    found = [r for r in sorted(recs, key=sort_key) if r.get("verdict") in FINDINGS]
+    if found:
+        out += ["## Findings", "", "vLLM has no float64 form, so a departure reads unconfirmed; a crash is "
+                "vLLM's own frame. Each reproducer needs only vLLM's environment and exits 1 while the bug is there.",
+                "", "| architecture | verdict | schedule | max abs dlogprob | why | reproducer (exit) |",
+                "|---|---|---|---|---|---|"]
+        for r in found:
+            rep = f"`{Path(r['reproducer']).name}` ({r.get('reproducer_status')})" if r.get("reproducer") else "-"
+            err = "-" if r.get("max_abs") is None else f"{r['max_abs']:.2g}"
+            out.append(f"| {r['model_type']} | {r['verdict']} | {r.get('worst_schedule') or '-'} | {err} | "
+                       f"{_cell(r.get('reason') or _departure(r))} | {rep} |")
+        out.append("")
+    skipped = [r for r in sorted(recs, key=lambda r: r["model_type"]) if r.get("verdict") == SKIP]
+    if skipped:
+        out += ["## Not run on the CPU backend", "", "| architecture | why |", "|---|---|"]
+        out += [f"| {r['model_type']} | {_cell(r.get('reason'), 200)} |" for r in skipped]
+        out.append("")
+    out += ["## Every architecture", "", "| architecture | verdict | worst schedule | error | x floor | notes |",
+            "|---|---|---|---|---|---|"]
+    for r in sorted(recs, key=sort_key):
+        err = "-" if r.get("max_abs") is None else f"{r['max_abs']:.2g}"
+        mult = "-" if r.get("multiple") is None else f"{r['multiple']:.2g}"
+        notes = "; ".join(r.get("notes") or []) or (r.get("reason") if r.get("verdict") != SKIP else "")
+        out.append(f"| {r['model_type']} | {r['verdict']} | {r.get('worst_schedule') or '-'} | {err} | {mult} | "
+                   f"{_cell(notes)} |")
+    return "\n".join(out) + "\n"

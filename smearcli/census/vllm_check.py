@@ -1,0 +1,177 @@
+"""One architecture checked in vLLM (`smearcli scan`'s vLLM engine): `check(model_type, worker)`.
+
+The tiny config (`vllm_plan.tiny_config`: the census's, adjusted for vLLM's CPU backend) is built
+seeded and saved as safetensors; the reference is its full pass in transformers, as
+log-probabilities, and the noise floor that pass against its float64 twin (`evidence.floor`), as
+`compare --impl vllm` has them. The worker runs the same directory in vLLM under every schedule
+of `vllm_plan.schedule_entries` (prefill, chunked prefill at several budgets, prefix caching,
+decode), and each run is measured against the reference:
+
+- a run past the tolerance is `unconfirmed`: vLLM's engine has no float64 form to rerun it in,
+  so it cannot be shown to keep its size (the same word `--impl vllm` gives);
+- a schedule that raised inside vLLM is `crashed`, with vLLM's innermost frame;
+- a prefix request that read nothing from the cache (`num_cached_tokens` 0) checked nothing: the
+  record says so and the prefix is not counted as agreeing;
+- every run within the tolerance is `ok` once the check had power (zeroing the transformers
+  reference's cache moves the logits: vLLM exposes no cache, the same weights stand in), else
+  `inconclusive`;
+- a config or model that transformers cannot build, an engine vLLM does not start for it (a
+  head size or layer kind the CPU backend lacks), or a prefill in one step that raises (a kernel
+  the CPU build lacks: no cached path can be compared then) is `not built`, with the reason.
+
+The record has the census's fields (`check.record`) plus `engine` ("vllm"), `vllm_version` and
+`vllm` (engine start and request times, the worker's memory).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from .. import evidence
+from ..metrics import measure
+from ..names import NOISE_MARGIN
+from ..schedules import CRASHED as RUN_CRASHED, UNCHECKED, run_schedule
+from ..verdicts import CRASHED, INCONCLUSIVE, NOT_BUILT, NOT_RUN, OK, UNCONFIRMED
+from . import vllm_plan
+from .boundary import transformers_frame
+from .check import build, record, text_config
+from .vllm_engine import WorkerGone
+
+NO_FLOAT64 = "not confirmed: vLLM's engine has no float64 form to rerun it in"
+ENGINE_REFUSED = "vLLM did not start an engine for the tiny model: "
+
+
+def request(model_dir: Path, tokens: torch.Tensor, vocab: int, entries: list) -> dict:
+    from ..impls.vllm import PROTOCOL
+
+    T = tokens.size(1)
+    return {"protocol": PROTOCOL, "model": str(Path(model_dir).resolve()), "rows": tokens.tolist(), "vocab": vocab,
+            "dtype": "float32", "device": "cpu", "tensor_parallel_size": 1,
+            "max_model_len": -(-(T + 1) // vllm_plan.BLOCK) * vllm_plan.BLOCK, "block_size": vllm_plan.BLOCK,
+            "kv_cache_memory_bytes": vllm_plan.KV_CACHE_BYTES, "schedules": entries}
+
+
+def check(model_type: str, worker, timeout: float = 240.0, memory: Optional[int] = None, seed: int = 0,
+          tolerance: float = NOISE_MARGIN, repro_dir: Optional[Path] = None) -> dict:
+    """The record of one architecture in vLLM (the module docstring says how it is judged), its
+    waits on vLLM all ending within `timeout` seconds of the start."""
+    deadline = time.monotonic() + timeout
+    config, changes = vllm_plan.tiny_config(model_type)
+    base = dict(engine="vllm", vllm_version=(worker.ready or {}).get("vllm"))
+    if config is None:
+        return record(model_type, NOT_BUILT, reason=changes, vllm={"answered": True}, **base)
+    vocab = min(256, int(getattr(text_config(config), "vocab_size", 256) or 256))
+    base.update(config=changes, vocab=vocab)
+    try:
+        model = build(config, None, seed)
+    except Exception as e:
+        return record(model_type, NOT_BUILT, reason="the model cannot be built from the tiny config: "
+                      + transformers_frame(e), vllm={"answered": True}, **base)
+    base["model_class"] = type(model).__name__
+    tokens = torch.randint(0, vocab, (1, vllm_plan.T), generator=torch.Generator().manual_seed(seed))
+    with tempfile.TemporaryDirectory(prefix=f"smearcli-vllm-{model_type}-") as d:
+        try:
+            ref_runner, ref, floor = reference(model, tokens)
+            vllm_plan.save(model, Path(d) / "model", model_type)
+        except Exception as e:
+            return record(model_type, NOT_BUILT, reason="the full pass in transformers does not run: "
+                          + transformers_frame(e), vllm={"answered": True}, **base)
+        entries = vllm_plan.schedule_entries(config)
+        req = request(Path(d) / "model", tokens, vocab, entries)
+        (Path(d) / "request.json").write_text(json.dumps(req))
+        try:
+            res = worker.ask({"op": "run", "request": str(Path(d) / "request.json"), "outdir": d},
+                             max(1.0, deadline - time.monotonic()), memory)
+        except WorkerGone as e:
+            return record(model_type, CRASHED, reason=str(e), vllm={"answered": False}, **base)
+        rec = judge(model_type, res["result"], Path(d), tokens, req, ref_runner, ref, floor, tolerance, base)
+    if repro_dir is not None and rec["verdict"] in (CRASHED, UNCONFIRMED) and rec.get("worst_schedule"):
+        from . import vllm_repro
+
+        vllm_repro.attach(rec, config, Path(repro_dir), worker, seed, req, max(1.0, deadline - time.monotonic() - 5))
+    return rec
+
+
+def reference(model, tokens):
+    """(the reference runner, its full pass as log-probabilities, the float64 noise floor)."""
+    from ..impls import hf
+    from ..runner import LogProbs
+
+    runner = LogProbs(hf.runner(model, "tiny config", tokens))
+    ref = run_schedule(runner, tokens, "full", capture=False)
+    return runner, ref, evidence.floor(runner, ref, tokens, torch.float32)
+
+
+def runs_of(result: dict, workdir: Path, tokens, req: dict) -> list:
+    """The worker's answer as RunResults named as the record names them ("chunked@13")."""
+    from ..impls.vllm import to_run
+
+    out = []
+    for entry, asked in zip(result["schedules"], req["schedules"]):
+        run = to_run(entry, workdir, tokens, req)
+        out.append(dataclasses.replace(run, schedule=vllm_plan.label(asked)))
+    return out
+
+
+def judge(model_type, result, workdir, tokens, req, ref_runner, ref, floor, tolerance, base) -> dict:
+    """The record from the worker's answer: each run measured, then the verdict word."""
+    runs = runs_of(result, workdir, tokens, req)
+    timing = {"answered": True, "engine_start_s": [e.get("start_s") for e in result.get("engines", [])],
+              "total_s": result.get("total_s"), "peak_rss_mb": result.get("peak_rss_mb")}
+    base = {**base, "vllm_version": result.get("vllm_version") or base.get("vllm_version"), "vllm": timing,
+            "floor": floor.per_layer[-1], "floor_source": floor.source}
+    engine_failed = [e for e in result["schedules"] if e.get("engine")]
+    if engine_failed and any(e["name"] != "prefix" for e in engine_failed):
+        return record(model_type, NOT_BUILT, reason=ENGINE_REFUSED + engine_failed[0].get("message", ""), **base)
+    schedules, notes, metrics = {}, [], {}
+    for run, entry in zip(runs, result["schedules"]):
+        if run.outcome == RUN_CRASHED and entry.get("engine"):  # prefix caching refused for this model
+            schedules[run.schedule] = {"status": str(NOT_RUN), "why": "no engine with prefix caching: " + run.message}
+        elif run.outcome == RUN_CRASHED:
+            schedules[run.schedule] = {"status": str(CRASHED), "why": run.message}
+        elif run.outcome == UNCHECKED:
+            schedules[run.schedule] = {"status": str(NOT_RUN), "why": run.message}
+            notes.append(f"{run.schedule} checked nothing: {run.message}")
+        else:
+            m = metrics[run.schedule] = measure(ref, run, floor, tolerance)
+            schedules[run.schedule] = {"status": str(OK if m.passed else UNCONFIRMED),
+                                       "max_abs": m.max_abs_logits, "multiple": m.logits_multiple}
+            if run.steps and len(run.steps) > 1:
+                schedules[run.schedule]["steps"] = ",".join(map(str, run.steps[:12]))
+    if schedules.get("prefill", {}).get("status") == str(CRASHED):  # nothing to compare a cache against
+        return record(model_type, NOT_BUILT, reason="vLLM's prefill in one step raises on the CPU backend: "
+                      + schedules["prefill"]["why"], **{**base, "schedules": schedules})
+    crashed = [n for n, s in schedules.items() if s["status"] == str(CRASHED)]
+    failed = [n for n, m in metrics.items() if not m.passed]
+    steps = {r.schedule: list(r.steps) for r in runs}
+    worst = max(failed or list(metrics), key=lambda n: metrics[n].max_abs_logits, default=None)
+    out = dict(base, schedules=schedules, notes=notes, worst_schedule=worst,
+               max_abs=metrics[worst].max_abs_logits if worst else None,
+               multiple=metrics[worst].logits_multiple if worst else None, steps=steps.get(worst))
+    if crashed:
+        first = crashed[0]
+        return record(model_type, CRASHED, **{**out, "worst_schedule": first, "steps": steps.get(first),
+                                               "max_abs": None, "multiple": None,
+                                               "reason": f"{first}: {schedules[first]['why']}"})
+    if "prefill" in failed:  # the one-step path departs too: the model, not a cache
+        out["notes"] = notes + ["prefill in one step departs as well: vLLM's implementation of the model computes "
+                                "differently from transformers', beyond its caching paths"]
+    if failed:
+        conf = evidence.Confirmation(metrics[worst].max_abs_logits, "float32", why=NO_FLOAT64)
+        return record(model_type, UNCONFIRMED, confirmation=conf.to_json(), **out)
+    if not metrics:
+        return record(model_type, INCONCLUSIVE, reason="no schedule was measured", **out)
+    from ..compare import measure_power
+
+    power = measure_power([], ref_runner, tokens, tolerance * floor.per_layer[-1])
+    out["power"] = power.to_json()
+    if power.measured and not power.sufficient:
+        return record(model_type, INCONCLUSIVE, reason=power.shortfall, **out)
+    return record(model_type, OK, **out)

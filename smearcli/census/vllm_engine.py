@@ -1,0 +1,177 @@
+"""One vLLM process for the whole census (`smearcli scan`'s vLLM engine): `Worker`.
+
+Importing vLLM takes 15 to 30 seconds on two cores, longer than checking a tiny model, so the
+census starts the worker (`smearcli/impls/vllm/worker.py serve`, in vLLM's environment) once and
+sends it one model at a time; it starts that model's engines, runs its schedules and closes them.
+Each architecture is still checked in its own forked process (`isolate`): that process writes
+the job to the worker's stdin, waits for the answer line on its stdout, and stops the worker
+itself when the answer does not come in time or the worker's resident memory passes the limit
+(`ask`); a worker that dies, hangs or is stopped is started again before the next architecture
+(`Worker.ensure`), so one model's crash is that model's record and never the census's end.
+
+vLLM's own output (its logs, a crash's traceback) goes to a log file, whose last lines name a
+worker that died. The time spent importing vLLM is summed in `import_s`, for the benchmark.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import os
+import select
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Optional
+
+from ..errors import UserError
+from ..impls.vllm import WORKER, runnable, worker_env
+
+READY_TIMEOUT_S = 600.0  # vLLM's import: 15 to 30 s alone, minutes on a loaded machine
+POLL_S = 0.2
+
+
+class WorkerGone(Exception):
+    """The worker gave no answer: it died, ran past the time, or past the memory limit."""
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident memory of a process (0 once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) << 10
+    except OSError:
+        pass
+    return 0
+
+
+class Worker:
+    """vLLM's interpreter running `worker.py serve`: one process, restarted when it is gone."""
+
+    def __init__(self, python: str, env: Optional[dict] = None, worker: str = str(WORKER)):
+        self.python, self.env, self.worker = python, dict(env or {}), worker
+        self.proc: Optional[subprocess.Popen] = None
+        self.log = Path(tempfile.mkstemp(prefix="smearcli-vllm-worker-", suffix=".log")[1])
+        self.ready: dict = {}
+        self.import_s = 0.0  # every start's import, summed
+        self.starts = 0
+        self.served = 0  # models sent to the running worker (the census counts them)
+        self._ids = itertools.count(1)
+        self._buf = bytearray()
+
+    def start(self) -> dict:
+        """Start the worker and wait for its ready line (vLLM imported); UserError when it exits
+        first: the environment, not a model."""
+        t0 = time.monotonic()
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen([runnable(self.python), self.worker, "serve"], stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, stderr=log, env=worker_env(self.env),
+                                         start_new_session=True)
+        self._buf = bytearray()
+        try:
+            self.ready = self._line(time.monotonic() + READY_TIMEOUT_S, None, lambda d: d.get("ready"))
+        except WorkerGone as e:
+            self.kill()
+            raise UserError(f"{self.python}: vLLM's worker did not start ({e})") from None
+        self.starts += 1
+        self.served = 0
+        self.import_s += float(self.ready.get("import_s") or time.monotonic() - t0)
+        return self.ready
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def ensure(self) -> None:
+        """A live worker for the next model: a dead one is reaped and started again."""
+        if not self.alive():
+            self.kill()
+            self.start()
+
+    def kill(self) -> None:
+        """Stop the worker and all it started (its session), and reap it."""
+        if self.proc is None:
+            return
+        with contextlib.suppress(OSError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        with contextlib.suppress(Exception):
+            self.proc.wait(timeout=30)
+        for f in (self.proc.stdin, self.proc.stdout):
+            with contextlib.suppress(Exception):
+                f.close()
+        self.proc = None
+
+    def close(self) -> None:
+        """End of the census: stdin closed (the worker's loop ends), killed if it lingers (a
+        model still running when the census was stopped)."""
+        if self.proc is not None:
+            with contextlib.suppress(Exception):
+                self.proc.stdin.close()
+                self.proc.wait(timeout=5)
+        self.kill()
+        self.log.unlink(missing_ok=True)  # vLLM's output was read where a record needed it
+
+    def tail(self, n: int = 1) -> list[str]:
+        """The last `n` non-empty lines vLLM wrote to its log."""
+        try:
+            with open(self.log, "rb") as f:
+                f.seek(max(0, os.fstat(f.fileno()).st_size - (64 << 10)))
+                lines = f.read().decode(errors="replace").splitlines()
+        except OSError:
+            return []
+        return [ln.strip() for ln in lines if ln.strip()][-n:]
+
+    def ask(self, job: dict, timeout: float, memory: Optional[int] = None) -> dict:
+        """Send one job and return its answer; WorkerGone (the worker stopped) when it dies, takes
+        longer than `timeout` or its resident memory passes `memory` bytes."""
+        job = {**job, "id": next(self._ids) + os.getpid() * 1000}  # unique across forked askers
+        data = (json.dumps(job) + "\n").encode()
+        try:
+            os.write(self.proc.stdin.fileno(), data)
+        except (OSError, AttributeError):
+            raise WorkerGone(self.death()) from None
+        return self._line(time.monotonic() + timeout, memory, lambda d: d.get("id") == job["id"], timeout)
+
+    def death(self) -> str:
+        last = self.tail(1)
+        return "vLLM's worker died" + (f"; its last output: {last[0][:300]}" if last else " without output")
+
+    def _line(self, deadline: float, memory: Optional[int], wanted, timeout: float = READY_TIMEOUT_S) -> dict:
+        fd = self.proc.stdout.fileno()
+        while True:
+            while b"\n" in self._buf:
+                raw, _, rest = bytes(self._buf).partition(b"\n")
+                self._buf = bytearray(rest)
+                with contextlib.suppress(ValueError):
+                    d = json.loads(raw.decode(errors="replace"))
+                    if isinstance(d, dict) and wanted(d):
+                        return d
+            if time.monotonic() > deadline:
+                self._stop()
+                raise WorkerGone(f"timed out: vLLM gave no answer within {timeout:g} s (a hang, or too slow)")
+            if memory and rss_bytes(self.proc.pid) > memory:
+                self._stop()
+                raise WorkerGone(f"out of memory: vLLM's worker passed the {memory >> 20} MiB limit")
+            ready, _, _ = select.select([fd], [], [], POLL_S)
+            if ready:
+                chunk = os.read(fd, 1 << 16)
+                if not chunk:
+                    raise WorkerGone(self.death())
+                self._buf.extend(chunk)
+
+    def _stop(self) -> None:
+        """Kill the worker from whichever process asked (a forked check may not reap it)."""
+        with contextlib.suppress(OSError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+
+
+def archs(worker: Worker, timeout: float = 120.0) -> list[str]:
+    """The architectures vLLM's ModelRegistry supports, as the worker answers."""
+    got = worker.ask({"op": "archs"}, timeout).get("archs")
+    if not isinstance(got, list) or not all(isinstance(a, str) for a in got):
+        raise UserError(f"{worker.python}: the vLLM worker's list of architectures is not a list of names")
+    return got

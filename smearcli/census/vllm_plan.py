@@ -1,0 +1,126 @@
+"""What the census on vLLM runs (`smearcli scan`'s vLLM engine): which architectures, on which
+tiny config, under which schedules.
+
+`model_types(archs)`: every model type the installed transformers maps to a causal-LM class that
+vLLM's ModelRegistry lists (the worker's answer), sorted. `tiny_config(model_type)`: the census's
+own tiny config (`derive.derive`, unchanged) with what vLLM's CPU backend needs applied on top
+(`adjust`, each change with why). `save(config, directory)`: the seeded model saved as
+safetensors, the directory vLLM loads. `schedule_entries(config)`: the worker's schedules, chunked
+prefill at several budgets among them (`budgets`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+from . import derive
+
+T = 64  # two cache blocks of 32: the prefix request reads the first
+BLOCK = 32  # vLLM's CPU backend takes block sizes that are multiples of 32
+HEAD = 32  # the smallest head size vLLM's CPU attention takes (32, 64, 80, ... 512); derive's is 16
+ODD = 13  # an odd chunk budget that straddles no block, conv width or window edge
+DEFAULT_CONV = 4  # the conv width budgets stand on when the model has none
+KV_CACHE_BYTES = 16 << 20  # a 64-token sequence of a tiny model needs kilobytes; Mamba states a few MB
+HEAD_COUNT_KEYS = ("num_attention_heads", "n_head", "n_heads")  # attention heads, as configs spell them
+
+
+def model_types(archs) -> list[str]:
+    """The model types whose transformers causal-LM class is one of `archs` (vLLM's names)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES as causal
+
+    archs = set(archs)
+    return sorted(t for t, cls in causal.items() if cls in archs)
+
+
+def arch_of(model_type: str) -> Optional[str]:
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES as causal
+
+    return causal.get(model_type)
+
+
+def adjust(d: dict) -> dict:
+    """vLLM's CPU needs on one (text) config dict, as changes {key: new value}:
+
+    - attention heads of HEAD (32): derive makes 4 heads of 16, which the CPU attention refuses,
+      so the same width (64) is 2 heads of 32 and the key/value heads 1 (grouped query attention
+      kept: 2 query heads share it); a config that spells the head size out gets it as well;
+    - positions for the longest request (T + 1 rounded up to a block) at least.
+    A config without attention heads (Mamba), or with latent attention (MLA), is left as derived."""
+    heads_key = next((k for k in HEAD_COUNT_KEYS if isinstance(d.get(k), int)), None)
+    width = next((d[k] for k in ("hidden_size", "d_model", "n_embd") if isinstance(d.get(k), int)), None)
+    if heads_key is None or width is None:  # "num_heads" alone is an SSM's (Mamba2, xLSTM): left alone
+        return {}
+    if isinstance(d.get("kv_lora_rank"), int):  # MLA: its head sizes are the rope and nope parts (16 + 16),
+        return {}  # and one key/value head per query head, as derived; a head_dim of 32 breaks its rotary
+    attn_width = d.get("attention_hidden_size") if isinstance(d.get("attention_hidden_size"), int) else width
+    out = {heads_key: max(1, attn_width // HEAD)}
+    if isinstance(d.get("head_dim"), int):
+        out["head_dim"] = HEAD
+    for k in ("num_key_value_heads", "n_head_kv", "num_kv_heads", "multi_query_group_num"):
+        if isinstance(d.get(k), int) and d[k] > 1:
+            out[k] = 1
+    for k in ("max_position_embeddings", "n_positions"):
+        if isinstance(d.get(k), int) and d[k] < 2 * T:
+            out[k] = 2 * T
+    return out
+
+
+def tiny_config(model_type: str):
+    """(config, changes {key: value}) of one architecture for vLLM, or (None, why)."""
+    got = derive.derive(model_type)
+    if got.error:
+        return None, got.error
+    cfg = got.config
+    d = {k: v for k, v in cfg.to_dict().items() if k not in ("transformers_version",)}
+    changes = {}
+    for key in ("text_config", "language_config", "llm_config"):  # a composite's text part
+        if isinstance(d.get(key), dict):
+            ch = adjust(d[key])
+            d[key] = {**d[key], **ch}
+            changes.update({f"{key}.{k}": v for k, v in ch.items()})
+    ch = adjust(d)
+    d.update(ch)
+    changes.update(ch)
+    try:
+        new = type(cfg)(**{k: v for k, v in d.items() if k != "architectures"})
+    except Exception as e:
+        return None, f"the tiny config adjusted for vLLM's CPU backend is refused: {type(e).__name__}: {str(e)[:160]}"
+    return new, {**got.summary(), **changes}
+
+
+def save(model, directory: Path, model_type: str) -> Path:
+    """The model as a safetensors directory, its config naming the class vLLM resolves."""
+    directory = Path(directory)
+    model.config.architectures = [arch_of(model_type) or type(model).__name__]
+    model.save_pretrained(directory, safe_serialization=True)
+    return directory
+
+
+def conv_width(config) -> Optional[int]:
+    from .check import CONV_KEYS, text_config
+
+    for src in (config, text_config(config)):
+        for k in CONV_KEYS:
+            v = getattr(src, k, None)
+            if isinstance(v, int) and not isinstance(v, bool) and v > 1:
+                return v
+    return None
+
+
+def budgets(config) -> list[int]:
+    """Chunked prefill's token budgets: below and at the conv width, one cache block, an odd size."""
+    cw = conv_width(config) or DEFAULT_CONV
+    return sorted({b for b in (cw - 1, cw, BLOCK, ODD) if 1 <= b < T})
+
+
+def schedule_entries(config) -> list[dict]:
+    """The worker's schedules: prefill, chunked at each budget, decode, then prefix (a block) last:
+    the first four share one engine, prefix caching needs a second."""
+    return ([{"name": "prefill"}] + [{"name": "chunked", "budget": b} for b in budgets(config)]
+            + [{"name": "decode"}, {"name": "prefix", "prefix": BLOCK}])
+
+
+def label(entry: dict) -> str:
+    """A schedule's name in the record: "chunked@13" for chunked prefill at a budget of 13."""
+    return f"chunked@{entry['budget']}" if entry["name"] == "chunked" else entry["name"]

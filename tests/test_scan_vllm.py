@@ -1,0 +1,250 @@
+"""`smearcli scan --engine vllm` without vLLM: the census's planning (which architectures, the
+tiny config adjusted for vLLM's CPU backend, the schedules), its worker process (one for every
+model; a hang, a memory runaway or a death stops it, and it is started again) and its records,
+reproducers, resume and Markdown, against the stand-in worker (tests/vllm_standin.py: speaks the
+worker's protocol, computes with transformers). The test marked `vllm` runs two architectures in
+real vLLM when $SMEARCLI_VLLM_PYTHON names its interpreter."""
+
+import json
+import os
+import stat
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+transformers = pytest.importorskip("transformers", reason="transformers is not installed: pip install 'smearcli[hf]'")
+
+from smearcli.census import records, report, vllm_census, vllm_engine, vllm_plan  # noqa: E402
+from smearcli.cli.app import app  # noqa: E402
+from smearcli.impls.vllm import ENV_PYTHON  # noqa: E402
+from smearcli.verdicts import CRASHED, NOT_BUILT, OK, UNCONFIRMED  # noqa: E402
+
+STANDIN = Path(__file__).with_name("vllm_standin.py")
+runner = CliRunner()
+
+
+@pytest.fixture
+def fake_python(tmp_path):
+    """An executable that runs the stand-in with the worker's arguments, as vLLM's Python would."""
+    p = tmp_path / "python"
+    p.write_text(f'#!/bin/sh\nshift\nexec "{sys.executable}" "{STANDIN}" "$@"\n')
+    p.chmod(p.stat().st_mode | stat.S_IXUSR)
+    return p
+
+
+def test_the_architectures_are_vllms_with_a_transformers_causal_lm():
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES as causal
+
+    archs = ["LlamaForCausalLM", "Mamba2ForCausalLM", "NoSuchForCausalLM"]
+    got = vllm_plan.model_types(archs)
+    assert {"llama", "mamba2"} <= set(got) and got == sorted(got)
+    # every model type whose class vLLM lists, and nothing else (an arch transformers lacks adds none)
+    assert set(got) == {t for t, c in causal.items() if c in archs}
+
+
+def test_the_tiny_config_takes_head_size_32_and_keeps_the_census_shapes():
+    cfg, changes = vllm_plan.tiny_config("llama")
+    assert cfg.head_dim == vllm_plan.HEAD and cfg.num_attention_heads * cfg.head_dim == cfg.hidden_size
+    assert cfg.num_key_value_heads == 1 and changes["head_dim"] == vllm_plan.HEAD
+    assert cfg.max_position_embeddings >= 2 * vllm_plan.T
+    gpt2, _ = vllm_plan.tiny_config("gpt2")  # no head_dim key: the width over the heads
+    assert gpt2.n_embd // gpt2.n_head == vllm_plan.HEAD
+    mamba, _ = vllm_plan.tiny_config("mamba2")  # no attention: its SSM heads are derive's
+    assert (mamba.num_heads, mamba.head_dim) == (8, 16)
+
+
+def test_chunked_prefill_runs_below_and_at_the_conv_width_a_block_and_an_odd_budget():
+    mamba, _ = vllm_plan.tiny_config("mamba2")
+    cw = mamba.conv_kernel
+    assert vllm_plan.budgets(mamba) == sorted({cw - 1, cw, vllm_plan.BLOCK, vllm_plan.ODD})
+    names = [vllm_plan.label(e) for e in vllm_plan.schedule_entries(mamba)]
+    assert names[0] == "prefill" and names[-1] == "prefix" and "decode" in names
+    assert f"chunked@{cw - 1}" in names and f"chunked@{vllm_plan.BLOCK}" in names
+
+
+def model_dir(tmp_path, model_type):
+    d = tmp_path / model_type
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"model_type": model_type}))
+    return d
+
+
+def ask_run(worker, tmp_path, model_type, timeout, memory=None):
+    req = tmp_path / f"{model_type}.json"
+    req.write_text(json.dumps({"protocol": 2, "model": str(model_dir(tmp_path, model_type)), "schedules": []}))
+    return worker.ask({"op": "run", "request": str(req), "outdir": str(tmp_path)}, timeout, memory)
+
+
+@pytest.mark.parametrize("mode, limit, want", [("hang", None, "timed out"), ("hog", 400 << 20, "out of memory"),
+                                               ("exit", None, "Fatal Python error: Aborted")])
+def test_a_worker_that_hangs_runs_away_or_dies_is_stopped_and_started_again(fake_python, tmp_path, monkeypatch,
+                                                                            mode, limit, want):
+    monkeypatch.setenv("SMEARCLI_STANDIN_PLAN", json.dumps({"m": mode}))
+    w = vllm_engine.Worker(str(fake_python))
+    try:
+        assert w.start()["ready"] and w.starts == 1
+        assert "LlamaForCausalLM" in vllm_engine.archs(w)
+        start = time.monotonic()
+        with pytest.raises(vllm_engine.WorkerGone, match=want):
+            ask_run(w, tmp_path, "m", timeout=3.0 if mode == "hang" else 30.0, memory=limit)
+        assert time.monotonic() - start < 40
+        deadline = time.monotonic() + 10
+        while w.alive() and time.monotonic() < deadline:  # stopped by the asker, reaped here
+            time.sleep(0.05)
+        assert not w.alive()
+        w.ensure()
+        assert w.alive() and w.starts == 2 and vllm_engine.archs(w)  # the next model gets a live one
+    finally:
+        w.close()
+    assert not w.alive() and not w.log.exists()
+
+
+def scan(tmp_path, fake_python, *extra):
+    r = runner.invoke(app, ["scan", "--engine", "vllm", "--vllm-python", str(fake_python), "--out",
+                            str(tmp_path / "v.jsonl"), "--repro-dir", str(tmp_path / "repro"), *extra])
+    assert "Traceback" not in r.output, r.output
+    return r
+
+
+@pytest.mark.slow  # four tiny models through the stand-in, a minute on two loaded cores
+def test_the_census_on_the_standin_records_each_architecture_and_survives_a_dead_worker(fake_python, tmp_path,
+                                                                                         monkeypatch):
+    # alphabetical order: llama, mamba2, mistral (the worker dies), then qwen2 on a fresh worker
+    monkeypatch.setenv("SMEARCLI_STANDIN_PLAN", json.dumps({"mamba2": "crash", "mistral": "exit", "qwen2": "spread"}))
+    monkeypatch.setenv("SMEARCLI_STANDIN_ARCHS", "LlamaForCausalLM,Mamba2ForCausalLM,MistralForCausalLM,"
+                       "Qwen2ForCausalLM")
+    only = ("--only", "llama,mamba2,mistral,qwen2")  # LlamaForCausalLM alone has four model types
+    r = scan(tmp_path, fake_python, *only, "--markdown", str(tmp_path / "v.md"), "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["engine"] == "vllm" and doc["vllm_version"] == "stand-in"
+    bench = doc["benchmark"]
+    assert bench["architectures"] == 4 and bench["vllm_imports"] == 2  # restarted once, after mistral
+    by = {a["model_type"]: a for a in doc["architectures"]}
+    assert {k: v["verdict"] for k, v in by.items()} == {"llama": OK, "mamba2": CRASHED, "mistral": CRASHED,
+                                                        "qwen2": UNCONFIRMED}
+    assert all(a["engine"] == "vllm" for a in by.values())
+    llama = by["llama"]
+    assert set(llama["schedules"]) == {"prefill", "chunked@3", "chunked@4", "chunked@13", "chunked@32", "decode",
+                                       "prefix"}
+    assert llama["schedules"]["prefix"]["status"] == OK and llama["power"]["threshold"] > 0
+    assert "mamba_mixer2.py" in by["mamba2"]["reason"] and by["mamba2"]["worst_schedule"] == "prefix"
+    assert "vLLM's worker died" in by["mistral"]["reason"] and "Aborted" in by["mistral"]["reason"]
+    assert by["qwen2"]["confirmation"]["why"].startswith("not confirmed: vLLM's engine has no float64 form")
+    # every finding has a reproducer that needs no smearcli; here (no vLLM) it says so: exit 2, not 1
+    for name in ("mamba2", "qwen2"):
+        rep = Path(by[name]["reproducer"])
+        assert rep.is_file() and "smearcli" not in rep.read_text().split('"""', 2)[2]
+        assert by[name]["reproducer_status"] == 2
+    md = (tmp_path / "v.md").read_text()
+    assert "## Findings" in md and "| mamba2 | crashed | prefix |" in md and "mamba2-vllm.py" in md
+    assert "| qwen2 | unconfirmed | prefill | 0.5 | prefill in one step departs as well" in md  # the model, not a cache
+    # the record file is the census's: it reads back, and a resumed run checks nothing again
+    assert [x["model_type"] for x in records.read(tmp_path / "v.jsonl").records] == ["llama", "mamba2", "mistral",
+                                                                                      "qwen2"]
+    again = scan(tmp_path, fake_python, *only, "--resume", "--json")
+    assert again.exit_code == 0 and json.loads(again.stdout)["benchmark"]["architectures"] == 0
+    assert json.loads(again.stdout)["counts"] == doc["counts"]
+    checked = scan(tmp_path, fake_python, *only, "--resume", "--check")
+    assert checked.exit_code == 1  # crashed and unconfirmed fail --check on vLLM
+
+
+def test_an_engine_vllm_does_not_start_is_not_built_with_why(fake_python, tmp_path, monkeypatch):
+    monkeypatch.setenv("SMEARCLI_STANDIN_PLAN", json.dumps({"llama": "noengine"}))
+    r = scan(tmp_path, fake_python, "--only", "llama", "--json")
+    assert r.exit_code == 0, r.output
+    (a,) = json.loads(r.stdout)["architectures"]
+    assert a["verdict"] == NOT_BUILT and a["reason"].startswith("vLLM did not start an engine for the tiny model")
+    assert "head size 16" in a["reason"]
+    md = vllm_census.markdown([a])  # as --merge writes it: the version from the records
+    assert md.startswith("# smearcli scan on vLLM: vLLM stand-in (CPU)")
+    assert "## Not run on the CPU backend" in md and "| llama | vLLM did not start" in md
+
+
+def test_an_engine_refused_after_other_models_is_tried_again_in_a_fresh_worker(fake_python, tmp_path, monkeypatch):
+    monkeypatch.setenv("SMEARCLI_STANDIN_PLAN", json.dumps({"qwen2": "stale", "mistral": "stale"}))
+    r = scan(tmp_path, fake_python, "--only", "mistral,qwen2", "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    by = {a["model_type"]: a for a in doc["architectures"]}
+    assert by["mistral"]["verdict"] == OK and "checked again" not in " ".join(by["mistral"]["notes"])  # first
+    assert by["qwen2"]["verdict"] == OK and "checked again in a fresh vLLM process" in by["qwen2"]["notes"]
+    assert doc["benchmark"]["vllm_imports"] == 2
+
+
+def test_a_prefill_that_raises_is_not_built_not_a_cache_crash(fake_python, tmp_path, monkeypatch):
+    monkeypatch.setenv("SMEARCLI_STANDIN_PLAN", json.dumps({"llama": "noprefill"}))
+    r = scan(tmp_path, fake_python, "--only", "llama", "--json")
+    assert r.exit_code == 0, r.output
+    (a,) = json.loads(r.stdout)["architectures"]
+    assert a["verdict"] == NOT_BUILT and a["reason"].startswith("vLLM's prefill in one step raises on the CPU backend")
+    assert "selective_scan_fwd" in a["reason"] and a["reproducer"] is None
+
+
+def test_options_the_vllm_census_refuses(fake_python, tmp_path, monkeypatch):
+    monkeypatch.delenv(ENV_PYTHON, raising=False)
+    r = runner.invoke(app, ["scan", "--engine", "vllm", "--out", str(tmp_path / "v.jsonl")])
+    assert r.exit_code == 2 and "--engine vllm needs --vllm-python" in r.stderr
+    r = runner.invoke(app, ["scan", "--engine", "vllm", "--jobs", "2", "--vllm-python", str(fake_python)])
+    assert r.exit_code == 2 and "one architecture at a time" in r.stderr
+    r = runner.invoke(app, ["scan", "--engine", "sglang"])
+    assert r.exit_code == 2 and "--engine takes transformers or vllm" in r.stderr
+    r = scan(tmp_path, fake_python, "--only", "gpt_neo")  # transformers has it, the stand-in's vLLM does not
+    assert r.exit_code == 2 and "--only: gpt_neo is not an architecture both" in r.stderr
+
+
+def test_records_keep_the_engine_fields():
+    rec = {"model_type": "llama", "verdict": "ok", "engine": "vllm", "vllm_version": "0.32.0",
+           "vllm": {"engine_start_s": [1.5, 2.0]}}
+    out = report.document([rec])["architectures"][0]
+    assert out["engine"] == "vllm" and out["vllm_version"] == "0.32.0" and out["vllm"] == rec["vllm"]
+    s = vllm_census.summary([rec], None, 10.0)
+    assert s["engine_start_s"] == 3.5 and s["engine_start_share"] == 35.0
+
+
+PY = os.environ.get(ENV_PYTHON, "").strip()
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+@pytest.mark.skipif(not PY, reason=f"set {ENV_PYTHON} to vLLM's interpreter to run this")
+def test_two_architectures_in_real_vllm(tmp_path):
+    """Llama agrees on every schedule; Mamba2's prefix caching crashes inside vLLM 0.32
+    (mamba_mixer2.py), and its reproducer, run with -I in vLLM's Python, exits 1."""
+    r = runner.invoke(app, ["scan", "--engine", "vllm", "--only", "llama,mamba2", "--out", str(tmp_path / "v.jsonl"),
+                            "--repro-dir", str(tmp_path / "repro"), "--timeout", "900", "--json"])
+    assert r.exit_code == 0, r.output
+    by = {a["model_type"]: a for a in json.loads(r.stdout)["architectures"]}
+    assert by["llama"]["verdict"] == OK and by["llama"]["schedules"]["prefix"]["steps"] == "32,32"
+    assert by["mamba2"]["verdict"] == CRASHED and "mamba_mixer2.py" in by["mamba2"]["reason"]
+    assert by["mamba2"]["reproducer_status"] == 1
+
+
+def gen_script():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gen_vllm_census", Path(__file__).parents[1] / "scripts" /
+                                                  "gen_vllm_census.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_regen_step_is_skipped_with_a_message_without_vllm(monkeypatch, capsys):
+    gen = gen_script()
+    monkeypatch.delenv(ENV_PYTHON, raising=False)
+    monkeypatch.setattr(gen, "scan", lambda *a: pytest.fail("the census ran without vLLM's environment"))
+    gen.main()
+    assert "gen_vllm_census: skipped: set SMEARCLI_VLLM_PYTHON" in capsys.readouterr().out
+
+
+def test_the_benchmark_splits_the_records_into_the_runs_that_wrote_them():
+    def rec(starts, imported, wall):
+        return {"model_type": "m", "verdict": "ok", "wall_s": wall,
+                "vllm": {"starts": starts, "import_s_so_far": imported, "engine_start_s": [1.0, 2.0]}}
+    # run 1: one start, then a restart (2 starts, 40 s imported in all); run 2: a fresh start (25 s)
+    recs = [rec(1, 20.0, 5), rec(1, 20.0, 5), rec(2, 40.0, 5), rec(1, 25.0, 5)]
+    assert [len(r) for r in gen_script().runs_of(recs)] == [3, 1]
