@@ -145,6 +145,8 @@ def test_the_census_on_the_standin_records_each_architecture_and_survives_a_dead
     # the record file is the census's: it reads back, and a resumed run checks nothing again
     assert [x["model_type"] for x in records.read(tmp_path / "v.jsonl").records] == ["llama", "mamba2", "mistral",
                                                                                       "qwen2"]
+    from smearcli.census.record import FIELDS  # every field the engine writes is declared: none is dropped
+    assert all(set(x) <= set(FIELDS) for x in records.read(tmp_path / "v.jsonl").records)
     again = scan(tmp_path, fake_python, *only, "--resume", "--json")
     assert again.exit_code == 0 and json.loads(again.stdout)["benchmark"]["architectures"] == 0
     assert json.loads(again.stdout)["counts"] == doc["counts"]

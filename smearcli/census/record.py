@@ -52,6 +52,7 @@ class Record:
     vocab: Optional[int] = _f(INTEGER, 256)  # the token ids drawn below it
     reproducer: Optional[str] = _f(STRING)  # the standalone reproducer's path
     reproducer_status: Optional[int] = _f(INTEGER)  # its exit status when run once
+    reproducer_output: Optional[str] = _f(STRING)  # its last line when run once (the vLLM engine's)
     report_draft: Optional[str] = _f(STRING)  # the bug-report draft's path
     boundaries: dict = _f(OBJECT, factory=dict)  # padded, rollback, ...: one entry each
     order: Optional[list] = _f(LIST)  # the layer kinds, layer 0 first, of the order that heads the record
