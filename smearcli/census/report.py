@@ -9,12 +9,13 @@ from __future__ import annotations
 import re
 from typing import Optional, Sequence
 
+from ..jsondoc import SCHEMAS, header
 from ..schedules import census_schedules  # the boundaries every architecture also runs (check.boundary)
 from ..verdicts import BUG, CRASHED, INCONCLUSIVE, NOT_BUILT, NOT_JUDGED, NOT_JUDGED_WHY, NOT_RUN, OK, UNCONFIRMED
 from .groups import born, groups
 from .shapes import LEFT_UNSUPPORTED
 
-SCHEMA = "smearcli.scan/1"
+SCHEMA = SCHEMAS["scan"]
 ORDER = tuple(str(v) for v in (BUG, CRASHED, UNCONFIRMED, INCONCLUSIVE, OK, NOT_BUILT))
 FIELDS = ("model_type", "verdict", "worst_schedule", "max_abs", "multiple", "shape", "born_at", "born_in", "init",
           "floor", "floor_source", "power", "confirmation", "model_class", "reason", "notes", "schedules", "steps",
@@ -124,8 +125,7 @@ def document(records: Sequence[dict], meta: Optional[dict] = None) -> dict:
     recs = []
     for r in sorted(records, key=lambda r: r["model_type"]):
         recs.append({k: r.get(k) for k in FIELDS} | {"model_type": r["model_type"]})
-    return {"schema": SCHEMA, **(meta or {}), "counts": counts(records), "groups": groups(records),
-            "architectures": recs}
+    return header("scan", **(meta or {}), counts=counts(records), groups=groups(records), architectures=recs)
 
 
 def short_where(b: dict) -> str:
