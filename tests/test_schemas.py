@@ -19,7 +19,8 @@ import schema_check
 from smearcli import jsondoc, jsonsafe
 from smearcli.census import records, report
 from smearcli.cli.app import app
-from smearcli.schedules import UNCHECKED
+from smearcli.names import DOCUMENT_START, PADDING, ROLLBACK
+from smearcli.schedules import CACHE_COPY, PREFIX_HIT, UNCHECKED
 from smearcli.verdicts import BUG, CRASHED, ROUNDING, UNCONFIRMED, WORDS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,7 +64,7 @@ def test_the_docs_describe_and_link_every_file():
 
 
 # -- words from smearcli/verdicts.py and the code that defines them --------------------------------
-def test_verdict_words_are_the_enums():
+def test_words_come_from_the_code():
     line = load("compare-1.json")["$defs"]["verdict_line"]["pattern"]
     assert line == "^(" + "|".join(w.upper() for w in WORDS) + "): "
     scan = load("scan-1.json")
@@ -75,6 +76,8 @@ def test_verdict_words_are_the_enums():
     assert scan["$defs"]["schedule_entry"]["properties"]["status"]["enum"] == statuses
     outcome = load("compare-1.json")["$defs"]["comparison"]["properties"]["not_measured"]["items"]
     assert outcome["properties"]["outcome"]["enum"] == [str(CRASHED), UNCHECKED]
+    kinds = load("compare-1.json")["$defs"]["run"]["properties"]["boundaries"]["propertyNames"]["enum"]
+    assert kinds == [CACHE_COPY, PREFIX_HIT, DOCUMENT_START, PADDING, ROLLBACK]  # RunResult.marks' kinds
 
 
 # -- precise enough: a real document matches, a broken one does not ---------------------------------
