@@ -78,6 +78,11 @@ def test_words_come_from_the_code():
     assert outcome["properties"]["outcome"]["enum"] == [str(CRASHED), UNCHECKED]
 
 
+def test_the_scan_document_holds_every_field_the_report_writes():
+    arch = load("scan-1.json")["$defs"]["architecture"]["allOf"][1]["required"]
+    assert sorted(arch) == sorted(report.FIELDS)
+
+
 def test_every_boundary_kind_is_documented():
     """A run's `boundaries` is open to a registered schedule's marks; the built-in kinds are named
     in the schema file and the docs."""
