@@ -70,6 +70,7 @@ def test_words_come_from_the_code():
     scan = load("scan-1.json")
     record = scan["$defs"]["record"]["properties"]
     assert record["verdict"]["enum"] == list(report.ORDER) and set(report.ORDER) <= set(WORDS)
+    assert scan["$defs"]["variant"]["properties"]["verdict"]["enum"] == list(report.ORDER)
     assert list(scan["properties"]["counts"]["properties"]) == list(report.ORDER)
     statuses = [str(BUG), ROUNDING, str(UNCONFIRMED)]
     assert scan["$defs"]["confirmation"]["properties"]["status"]["enum"] == statuses
