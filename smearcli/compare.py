@@ -1,7 +1,7 @@
 """`compare` as a library call: every schedule on every runner against the full forward pass.
 
 Owns the one result type, `Comparison` (runs, metrics, noise floor, analytic checks, what ran), the
-plan of runs it makes, its verdict and its plain-text table; `smearcli.documents` writes its JSON
+plan of runs it makes, its verdict and its plain-text table; `smearcli.jsondoc` writes its JSON
 document (schema `smearcli.compare/1`) and the payload `--save` writes. `smearcli.testing`, the Hugging Face adapter and the audit of a user's nanochat
 checkout are thin layers on it.
 

@@ -38,6 +38,7 @@ from torch import Tensor
 
 from .boundaries import document_starts
 from .compare import Comparison, compare
+from .jsondoc import SCHEMAS, header, model_header
 from .names import FIRST_TOKENS, NOISE_MARGIN, PACKED
 from .runner import DOCUMENT_MASK, SMEAR_TERMS, NoDocumentMask, Runner
 from .schedules import ScheduleOptions
@@ -45,7 +46,7 @@ from .units import sci, times
 
 BYTE_BOS = 0  # a byte-level model has no <|bos|>: byte 0 (NUL, absent from text) stands in for it
 NANOCHAT_SPECIALS = 9  # nanochat appends 9 special tokens after the merges, <|bos|> first
-SCHEMA = "smearcli.packed/1"
+SCHEMA = SCHEMAS["packed"]
 
 
 def default_bos(config) -> int:
@@ -236,21 +237,18 @@ def to_json(p: PackedResult, model_info: Optional[dict] = None) -> dict:
     """The packed schedule's document (schema smearcli.packed/1)."""
     f = lambda v: None if v is None else float(f"{v:.6g}")  # noqa: E731
     c = p.logics[0].comparison
-    d = c.description()
-    return {
-        "schema": SCHEMA,
-        "model": {**(model_info or {}), "config": d.config, "dtype": d.dtype, "device": d.device,
-                  "smear_lambda": d.smear_lambda},
-        "input": {"batch": int(c.tokens.size(0)), "seq_len": int(c.tokens.size(1))},
-        "documents": p.lengths, "bos": p.bos, "first_tokens": p.first, "limit": p.limit,
-        "logics": [{"logic": lg.label, "gate_at_bos": f(lg.gate_at_bos), "noise_floor_logits": f(lg.noise),
-                    "attention_part": {"measured": lg.unsplit is None, "why_not": lg.unsplit},
-                    "documents": [{"index": x.index, "start": x.start, "length": x.length, "bos": f(x.bos),
-                                   "first": f(x.first), "whole": f(x.whole),
-                                   "smear": {"predicted": f(x.smear_predicted), "measured": f(x.smear_measured),
-                                             "residual": f(x.smear_residual)},
-                                   "masked_first": f(x.masked_first), "attention_first": f(x.attention_first)}
-                                  for x in lg.documents]} for lg in p.logics],
-        "failed": p.failed,
-        "verdict": p.verdict,
-    }
+    return header(
+        "packed", model_header(c.description(), model_info, notes=False),
+        input={"batch": int(c.tokens.size(0)), "seq_len": int(c.tokens.size(1))},
+        documents=p.lengths, bos=p.bos, first_tokens=p.first, limit=p.limit,
+        logics=[{"logic": lg.label, "gate_at_bos": f(lg.gate_at_bos), "noise_floor_logits": f(lg.noise),
+                 "attention_part": {"measured": lg.unsplit is None, "why_not": lg.unsplit},
+                 "documents": [{"index": x.index, "start": x.start, "length": x.length, "bos": f(x.bos),
+                                "first": f(x.first), "whole": f(x.whole),
+                                "smear": {"predicted": f(x.smear_predicted), "measured": f(x.smear_measured),
+                                          "residual": f(x.smear_residual)},
+                                "masked_first": f(x.masked_first), "attention_first": f(x.attention_first)}
+                               for x in lg.documents]} for lg in p.logics],
+        failed=p.failed,
+        verdict=p.verdict,
+    )

@@ -1,3 +1,4 @@
+import json
 import os
 import subprocess
 import sys
@@ -42,6 +43,38 @@ def built_site(tmp_path_factory) -> Path:
     assert p.returncode == 0, f"mkdocs build --strict failed:\n{log}"
     assert "WARNING" not in log, log
     return out
+
+
+@pytest.fixture(autouse=True)
+def json_matches_its_schema(monkeypatch):
+    """Every JSON document a test makes smearcli write, and every scan record it writes to a
+    record file, is checked against its schema file (docs/schemas/, `schema_check`); a mismatch
+    fails the test that wrote it. Documents are caught where they are all written,
+    `smearcli.jsonsafe.dumps` (`--json`, bench's `--output`), records where the scan appends them
+    to its file (`census.records.Sink.write`). Yields the list of problems found so far (a test of
+    this fixture empties it)."""
+    import schema_check
+    from smearcli import jsonsafe
+    from smearcli.census import records
+
+    found: list[str] = []
+    dumps, write = jsonsafe.dumps, records.Sink.write
+
+    def checked_dumps(obj, **kwargs):
+        text = dumps(obj, **kwargs)
+        found.extend(schema_check.document_problems(json.loads(text)))
+        return text
+
+    def checked_write(sink, rec):
+        write(sink, rec)
+        found.extend(schema_check.record_problems(json.loads(dumps(rec, default=str))))
+
+    monkeypatch.setattr(jsonsafe, "dumps", checked_dumps)
+    monkeypatch.setattr(records.Sink, "write", checked_write)
+    yield found
+    if found:
+        pytest.fail("JSON that does not match its schema file under docs/schemas/ (a new field goes into "
+                    "the schema file and docs/json-schema.md):\n" + "\n".join(found[:20]), pytrace=False)
 
 
 # The audit's and the fix's tests: a small random model and the tokens they run it on.

@@ -85,7 +85,7 @@ def test_standin_dir_is_a_bug_born_at_the_chunk_start(standin_dir, tmp_path):
     r = invoke("compare", "--impl", "hf", "--hf-model", standin_dir, *FAST, "--json", "--save", save)
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
-    assert doc["schema"] == "smearcli.hf/1" and doc["model"]["model_class"] == "ShiftLM"
+    assert doc["schema"] == "smearcli.compare/1" and doc["model"]["model_class"] == "ShiftLM"
     chunked = next(run for run in doc["runs"] if run["schedule"] == "chunked")
     assert chunked["born_at"] == "layer1@16" and not chunked["passed"]
     assert chunked["first_departure"] == {"layer": "layer1", "position": 16}

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from smearcli import compare as cmp
-from smearcli import documents, ours, runplan, schedules, smear
+from smearcli import jsondoc, ours, runplan, schedules, smear
 from smearcli.inputs import random_tokens
 from smearcli.names import LOGIC_NAMES
 from smearcli.runner import Output, Runner
@@ -50,10 +50,10 @@ def test_the_result_stores_what_ran(model, tokens):
     """Nothing reads the live model after the run: changing it does not change the document."""
     m = random_model(random_config(2), seed=4).model
     c = cmp.compare(m, tokens, ["chunked"], options=OPTS, name="mine")
-    before = json.dumps(documents.to_json(c), sort_keys=True)
+    before = json.dumps(jsondoc.to_json(c), sort_keys=True)
     with torch.no_grad():
         m.smear_lambda.fill_(0.0)
-    assert json.dumps(documents.to_json(c), sort_keys=True) == before
+    assert json.dumps(jsondoc.to_json(c), sort_keys=True) == before
     d = c.description()
     assert (d.name, d.shape, d.config["n_layer"]) == ("mine", "d2 n_embd 128", 2)
     assert c.labels == ["old", "fixed"] and c.get("chunked", "old").logic == "old"
@@ -148,8 +148,8 @@ def test_compare_runs_decode_once_and_reports_both(small, monkeypatch):
     toks = random_tokens(small.config, 12, 1, 0)
     c = cmp.compare(small, toks, ["decode", "chunked"], ["old", "fixed"])
     assert [s for s, _ in calls].count("decode") == 1
-    from smearcli import documents
-    doc = documents.to_json(c)
+    from smearcli import jsondoc
+    doc = jsondoc.to_json(c)
     rows = [(r["schedule"], r["logic"]) for r in doc["runs"]]
     assert rows == [("decode", "old"), ("decode", "fixed"), ("chunked", "old"), ("chunked", "fixed")]
     # what sharing stands for: a decode run under each logic is the same, bit for bit
@@ -239,7 +239,7 @@ def test_a_separate_reference_and_runs_that_crashed(model, tokens):
     assert [r.schedule for r in c.unmeasured] == ["prefix"] and c.crashed and not c.passed
     assert c.verdict.startswith("CRASHED: prefix crashed: IndexError: out of bounds; every run measured matches")
     assert "prefix crashed: IndexError" in c.table()
-    doc = documents.to_json(c)
+    doc = jsondoc.to_json(c)
     assert doc["not_measured"] == [{"schedule": "prefix", "logic": "engine", "outcome": "crashed",
                                     "message": "IndexError: out of bounds", "steps": []}]
     skewed = cmp.compare(Engine(ref, skew=1.0), tokens, ["prefill", "chunked"], reference=ref)

@@ -114,7 +114,7 @@ def test_hf_json_of_an_overflowing_model(tmp_path, monkeypatch):
     r = invoke(["compare", "--impl", "hf", "--hf-model", tmp_path / "big", "--seq-len", "16", "--json"],
                allowed=(0,))
     doc = strict(r.stdout)
-    assert doc["schema"] == "smearcli.hf/1"
+    assert doc["schema"] == "smearcli.compare/1"
     assert all(p.startswith(("/runs/", "/noise_floor/")) for p in doc.get("non_finite", {}))
 
 

@@ -66,7 +66,8 @@ def standin(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, fake.__name__, fake)
     monkeypatch.setattr(pkg, "check", fake, raising=False)
     monkeypatch.setattr(isolate, "causal_lm_types", lambda: list(scan_standin.ARCHS))
-    monkeypatch.setattr(command, "meta", lambda: {"transformers_version": "stand-in"})
+    monkeypatch.setattr(command, "meta", lambda: {"transformers_version": "stand-in", "torch_version": "-",
+                                                  "python": "-"})  # every field of the scan/1 header
     marks = tmp_path.parent / f"{tmp_path.name}-marks"  # outside the directory whose files are compared
     marks.mkdir()
     monkeypatch.setenv("STANDIN_MARKS", str(marks))

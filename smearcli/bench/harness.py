@@ -58,8 +58,6 @@ from .rounds import Rounds, Tracker, alternate  # noqa: F401 - part of the harne
 from .meters import MemoryMeter, Peak, Timer, environment, measure_peak  # noqa: F401 - Peak: a result type
 from .stats import Summary, pair_ratios
 
-SCHEMA = "smearcli.bench/1"
-
 Progress = Optional[Callable[[str, int, int], None]]
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Optional
 
 from ..units import duration, nbytes
-from .harness import IQR_MIN_PAIRS, SCHEMA, BenchResult, Ratio
+from ..jsondoc import header, options_json
+from .harness import IQR_MIN_PAIRS, BenchResult, Ratio
 from .stats import Summary
 
 
@@ -16,26 +17,22 @@ def nbytes_or_dash(n: Optional[int]) -> str:
 def to_json(result: BenchResult, model_info: Optional[dict] = None) -> dict:
     """Everything, raw samples included (schema smearcli.bench/1). Times are in seconds."""
     s = result.settings
-    out = {
-        "schema": SCHEMA,
-        "model": {**(model_info or {}), "config": result.config},
-        "input": {"batch": result.batch, "seq_len": result.seq_len},
-        "environment": result.env,
-        "settings": {"warmup": s.warmup, "repeats": s.repeats, "budget_s": s.budget_s,
-                     "min_repeats": s.min_repeats, "max_repeats": s.max_repeats,
-                     "micro_repeats": s.micro_repeats, "micro_inner": s.micro_inner,
-                     "order": "alternating, logics in this order every round",
-                     "logics": list(dict.fromkeys(c.logic for c in result.cells)),
-                     "schedule_options": {"chunks": result.options.chunks,
-                                          "chunk_sizes": list(result.options.chunk_sizes) if result.options.chunk_sizes else None,
-                                          "samples": result.options.samples, "gen_len": result.options.gen_len,
-                                          "draft": result.options.draft}},
-        "peak": None if result.peak is None else {
+    return header(
+        "bench", {**(model_info or {}), "config": result.config},
+        input={"batch": result.batch, "seq_len": result.seq_len},
+        environment=result.env,
+        settings={"warmup": s.warmup, "repeats": s.repeats, "budget_s": s.budget_s,
+                  "min_repeats": s.min_repeats, "max_repeats": s.max_repeats,
+                  "micro_repeats": s.micro_repeats, "micro_inner": s.micro_inner,
+                  "order": "alternating, logics in this order every round",
+                  "logics": list(dict.fromkeys(c.logic for c in result.cells)),
+                  "schedule_options": options_json(result.options)},
+        peak=None if result.peak is None else {
             "size": result.peak.size, "dtype": result.peak.dtype, "flops": result.peak.flops,
             "samples_s": result.peak.samples, "flops_per_s": result.peak.flops_per_s,
             "warmup": result.peak.warmup, "method": result.peak.method + " (the fastest sample)"},
-        "memory_kind": result.memory_kind,
-        "cells": [{
+        memory_kind=result.memory_kind,
+        cells=[{
             "schedule": c.schedule, "logic": c.logic, "steps": c.steps, "tokens": c.tokens,
             "flops": c.flops, "samples_s": c.samples, "summary_s": c.summary.to_json(),
             "tokens_per_s": c.tokens_per_s, "flops_per_s": c.flops_per_s,
@@ -44,18 +41,17 @@ def to_json(result: BenchResult, model_info: Optional[dict] = None) -> dict:
                 "timed_steps": c.sampled.steps, "from_position": c.sampled.start, "of_steps": c.sampled.total,
                 "method": "time these one-token steps after an untimed prefill, scale by of_steps / timed_steps"},
         } for c in result.cells],
-        "ratios": [{"schedule": r.name, "of": "fixed/old", "pairs": r.ratios, "summary": r.summary.to_json()}
-                   for r in result.ratios],
-        "smear_micro": [{
+        ratios=[{"schedule": r.name, "of": "fixed/old", "pairs": r.ratios, "summary": r.summary.to_json()}
+                for r in result.ratios],
+        smear_micro=[{
             "case": m.name, "shape": list(m.shape), "cached": m.cached, "with_prev": m.with_prev,
             "calls_per_sample": m.inner,
             "samples_s": m.samples, "summary_s": {lg: Summary.of(v).to_json() for lg, v in m.samples.items()},
             "ratio": None if m.ratio is None else {"of": "fixed/old", "pairs": m.ratio.ratios,
                                                    "summary": m.ratio.summary.to_json()},
         } for m in result.micro],
-        "wall_s": result.wall_s,
-    }
-    return out
+        wall_s=result.wall_s,
+    )
 
 
 def _ratio(r: Ratio) -> tuple[str, str]:

@@ -9,13 +9,14 @@ from __future__ import annotations
 import re
 from typing import Optional, Sequence
 
+from ..jsondoc import SCHEMAS, header
 from ..schedules import census_schedules  # the boundaries every architecture also runs (check.boundary)
 from ..verdicts import BUG, CRASHED, INCONCLUSIVE, NOT_BUILT, NOT_JUDGED, NOT_JUDGED_WHY, NOT_RUN, OK, UNCONFIRMED
 from .groups import born, groups
 from . import record
 from .shapes import LEFT_UNSUPPORTED
 
-SCHEMA = "smearcli.scan/1"
+SCHEMA = SCHEMAS["scan"]
 ORDER = tuple(str(v) for v in (BUG, CRASHED, UNCONFIRMED, INCONCLUSIVE, OK, NOT_BUILT))
 FIELDS = record.FIELDS  # every field of a record, in the order the JSON document lists them
 PY_PATH = re.compile(r"\S*/([^/\s]+\.py:\d+)")  # "transformers/models/x/modeling_x.py:12" -> "modeling_x.py:12"
@@ -122,8 +123,7 @@ def document(records: Sequence[dict], meta: Optional[dict] = None) -> dict:
     recs = []
     for r in sorted(records, key=lambda r: r["model_type"]):
         recs.append({k: r.get(k) for k in FIELDS} | {"model_type": r["model_type"]})
-    return {"schema": SCHEMA, **(meta or {}), "counts": counts(records), "groups": groups(records),
-            "architectures": recs}
+    return header("scan", **(meta or {}), counts=counts(records), groups=groups(records), architectures=recs)
 
 
 def short_where(b: dict) -> str:

@@ -2,7 +2,7 @@
 
 Owns what only a transformers model needs from the CLI: loading `--hf-model` on `--device` and
 `--dtype`, its input, the mapping of the adapter's errors to `--hf-model` and the schedule flags,
-and its report: the standard one, with the `smearcli.hf/1` JSON document and a figure title that
+and its report: the standard one, with the `smearcli.compare/1` JSON document and a figure title that
 says what the reference is. Which shared options apply is the registry's (`cli.impls`).
 
 Imported only when `--impl hf` runs, so transformers never loads on the nanochat paths.
@@ -50,7 +50,7 @@ def tokens_for(spec: RunSpec, model):
 
 
 def prepare(spec: RunSpec, schedules, tolerance: float):
-    """A Job that checks the model of --hf-model on `schedules`; its report writes smearcli.hf/1."""
+    """A Job that checks the model of --hf-model on `schedules`; its report writes smearcli.compare/1."""
     from ..impls import hf
     from ..names import DRAFT
     from ..schedules import chunk_plan

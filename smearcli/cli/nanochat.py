@@ -52,13 +52,14 @@ def prepare(spec, schedules, tolerance) -> Job:
 
 
 def no_smear(spec, found) -> Report:
+    from ..jsondoc import header
     from .build import NO_SMEAR_VERDICT, checkpoint_info
 
     info = {"name": None if found is None else f"{found.leaf}@{found.step}",
             "source": None if found is None else str(found.leaf),
             "step": None if found is None else found.step, "checkpoint": checkpoint_info(found)}
-    doc = {"schema": "smearcli.compare/1" if spec.impl == "ours" else "smearcli.audit/1", "model": info,
-           "no_smear": True, "runs": [], "verdict": NO_SMEAR_VERDICT}
+    doc = header("compare" if spec.impl == "ours" else "audit", info, no_smear=True, runs=[],
+                 verdict=NO_SMEAR_VERDICT)
     return AnswerReport(NO_SMEAR_VERDICT, doc)
 
 

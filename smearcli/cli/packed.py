@@ -99,7 +99,7 @@ class PackedReport(Report):
         say(console, f"[{'bold red' if self.failed else 'bold'}]{p.verdict}[/]")
 
     def payload(self) -> dict:
-        from ..documents import save_payload
+        from ..jsondoc import save_payload
 
         return save_payload(self.document(), {f"{lg.label}_": lg.comparison for lg in self.result.logics})
 

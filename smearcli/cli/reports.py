@@ -54,9 +54,9 @@ class ComparisonReport(Report):
         self.verdict, self.failed = c.verdict, not c.passed
 
     def document(self) -> dict:
-        from .. import documents
+        from .. import jsondoc
 
-        return self._document(self.comparison) if self._document else documents.to_json(self.comparison, self.info)
+        return self._document(self.comparison) if self._document else jsondoc.to_json(self.comparison, self.info)
 
     def render(self, console) -> None:
         from ..render.table import print_comparison, title_line
@@ -64,7 +64,7 @@ class ComparisonReport(Report):
         print_comparison(self.comparison, console, title_line(self.comparison), footer=self.footer)
 
     def payload(self) -> dict:
-        from ..documents import save_payload
+        from ..jsondoc import save_payload
 
         return save_payload(self.document(), {"": self.comparison})
 

@@ -245,14 +245,12 @@ def check_model(model, tokens: Tensor, chunk_sizes: Optional[Sequence[int]] = No
 
 
 # -- the --json document ----------------------------------------------------------------------------
-SCHEMA = "smearcli.hf/1"
-
-
 def to_json(check: Comparison, info: HFModelInfo, options: Optional[ScheduleOptions] = None,
             device: str = "cpu") -> dict:
-    """The `--json` document of a Hugging Face check (schema "smearcli.hf/1", docs/json-schema.md):
-    compare/1's run entries, plus where each run's error is born and its share on chunk starts."""
-    from ...documents import run_json
+    """The `--json` document of a Hugging Face check: schema "smearcli.compare/1" like every
+    implementation's (docs/json-schema.md), with what was loaded as its `model`, the same facts as
+    one sentence (`what_ran`), and per run where its error is born and its share on chunk starts."""
+    from ...jsondoc import comparison_json, run_json
 
     runs = []
     for m in check.metrics:
@@ -260,20 +258,7 @@ def to_json(check: Comparison, info: HFModelInfo, options: Optional[ScheduleOpti
         runs.append({**run_json(m, check.layers),
                      "born_at": None if born is None else f"{born[0]}@{born[1]}",
                      "born_at_chunk_start_share": None if share is None else float(f"{share:.6g}")})
-    o = options or ScheduleOptions()
-    return {
-        "schema": SCHEMA,
-        "model": {"source": info.source, "model_class": info.model_class,
-                  "transformers_version": info.transformers_version, "dtype": info.dtype, "device": device,
-                  "cache_keyword": info.cache_keyword, "cache_position": info.cache_position},
-        "what_ran": info.describe(),
-        "input": {"batch": int(check.tokens.size(0)), "seq_len": int(check.tokens.size(1))},
-        "options": {"chunks": o.chunks, "chunk_sizes": list(o.chunk_sizes) if o.chunk_sizes else None,
-                    "gen_len": o.gen_len, "draft": o.draft},
-        "layers": check.layers,
-        "tolerance": check.tolerance,
-        "noise_floor": {"source": check.noise.source,
-                        "per_layer": [float(f"{v:.6g}") for v in check.noise.per_layer]},
-        "runs": runs,
-        "verdict": check.verdict,
-    }
+    model = {"source": info.source, "model_class": info.model_class,
+             "transformers_version": info.transformers_version, "dtype": info.dtype, "device": device,
+             "cache_keyword": info.cache_keyword, "cache_position": info.cache_position}
+    return comparison_json(check, model, options or ScheduleOptions(), runs, what_ran=info.describe())

@@ -22,7 +22,7 @@ from typing import Optional, Sequence
 from torch import Tensor
 
 from ... import compare as cmp
-from ... import documents
+from ... import jsondoc
 from ...metrics import RunMetrics
 from ...names import DEFAULT_SCHEDULES, LOGIC_NAMES, NOISE_MARGIN
 from ...render.table import left_out_note, print_analytic, print_table_of, say
@@ -31,7 +31,7 @@ from ...units import compact, sci
 from .adapter import USER_LOGIC, NanochatModel, NanochatRunner  # noqa: F401 (USER_LOGIC: re-exported)
 from .sandbox import FIRST_CAPTURE
 
-SCHEMA = "smearcli.audit/1"
+SCHEMA = jsondoc.SCHEMAS["audit"]
 
 
 @dataclass
@@ -242,17 +242,17 @@ def to_json(a: Audit, model_info: Optional[dict] = None) -> dict:
     """The `--json` document of an audit (schema "smearcli.audit/1"): the user's code and, with
     --impl both, ours, each as a full "smearcli.compare/1" document."""
     info = {**(model_info or {}), "impl": "nanochat"}
-    doc = {
-        "schema": SCHEMA,
-        "impl": "both" if a.ours is not None else "nanochat",
-        "code": a.model.code.info(),
-        "nanochat": documents.to_json(a.comparison, info),
-        "ours": None if a.ours is None else documents.to_json(a.ours, {**(model_info or {}), "impl": "ours"}),
-        "likeness": None,
-        "findings": [{"kind": f.kind, "schedules": f.runs, "text": f.text} for f in a.findings],
-        "passed": not a.failed,
-        "verdict": a.verdict,
-    }
+    doc = jsondoc.header(
+        "audit",
+        impl="both" if a.ours is not None else "nanochat",
+        code=a.model.code.info(),
+        nanochat=jsondoc.to_json(a.comparison, info),
+        ours=None if a.ours is None else jsondoc.to_json(a.ours, {**(model_info or {}), "impl": "ours"}),
+        likeness=None,
+        findings=[{"kind": f.kind, "schedules": f.runs, "text": f.text} for f in a.findings],
+        passed=not a.failed,
+        verdict=a.verdict,
+    )
     if a.likeness is not None:
         lk = a.likeness
         doc["likeness"] = {
@@ -271,7 +271,7 @@ def save_payload(a: Audit, model_info: Optional[dict] = None) -> dict:
     """What `--save` writes: the JSON document, the tokens and every run's logits (ours prefixed
     `ours_`)."""
     runs = {"": a.comparison} if a.ours is None else {"": a.comparison, "ours_": a.ours}
-    return documents.save_payload(to_json(a, model_info), runs)
+    return jsondoc.save_payload(to_json(a, model_info), runs)
 
 
 def print_audit(a: Audit, console, title: str = "", footer: str = "") -> None:
