@@ -28,7 +28,7 @@ def grid(records: Sequence[dict]) -> tuple[list[str], list[str], list[list[float
     for r in ran:
         cols += [k for k in r["schedules"] if k not in cols]
     rows = [f"{r['model_type']} ({r['verdict']})" for r in ran]
-    cells = [[math.log10(max(r["schedules"][c]["multiple"], 1e-3)) if c in r["schedules"] else math.nan
+    cells = [[math.log10(max(r["schedules"][c]["multiple"], 1e-3)) if (r["schedules"].get(c) or {}).get("multiple") is not None else math.nan
               for c in cols] for r in ran]
     return rows, cols, cells
 
