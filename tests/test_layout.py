@@ -222,3 +222,18 @@ def test_the_vllm_worker_needs_no_sys_path_edit():
             assert f.stem != "vllm" and importlib.util.find_spec(f.stem) is None, f
     edits = [m for m, p in MODULES.items() if "sys.path[" in p.read_text() or "sys.path.insert" in p.read_text()]
     assert edits == ["smearcli.impls.nanochat.sandbox"], edits
+
+
+def test_verdict_words_are_written_once_in_the_verdict_module():
+    """Every table, document and census line takes its words from smearcli.verdicts: the literal
+    words appear nowhere else in the package (the vLLM worker, which cannot import smearcli, speaks
+    its own protocol word, "raised")."""
+    found = {}
+    for mod, path in MODULES.items():
+        text = path.read_text()
+        for word in ("crashed", "inconclusive", "unconfirmed", "not built"):
+            for quote in ('"', "'"):
+                if f"{quote}{word}{quote}" in text:
+                    found.setdefault(word, []).append(mod)
+    assert found == {w: ["smearcli.verdicts"] for w in found}, found
+    assert set(found) >= {"crashed", "inconclusive"}

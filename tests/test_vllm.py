@@ -280,3 +280,15 @@ def test_the_worker_checks_what_it_is_told(tmp_path):
         vllm.read_result(s, big, req)
     big.write_text(json.dumps({"protocol": vllm.PROTOCOL, "schedules": [{"name": "prefill", "message": "x" * 10_000}]}))
     assert len(vllm.read_result(s, big, req)["schedules"][0]["message"]) == vllm.MESSAGE_LIMIT
+
+
+def test_the_worker_speaks_the_adapters_protocol_words():
+    """The worker runs without smearcli, so it holds its own copy of the protocol's number and of
+    its word for a schedule vLLM raised in; the two sides must agree (the adapter reads that word
+    as schedules.CRASHED)."""
+    import ast
+
+    tree = ast.parse(Path(vllm.WORKER).read_text())
+    consts = {t.id: n.value.value for n in tree.body if isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant)
+              for t in n.targets if isinstance(t, ast.Name)}
+    assert consts["PROTOCOL"] == vllm.PROTOCOL and consts["RAISED"] == vllm_env.RAISED

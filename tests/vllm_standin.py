@@ -124,10 +124,10 @@ def run_request(req, outdir, mode):
         name = sched["name"]
         entry = {"name": name, "outcome": None, "message": "", "arrays": {}}
         if mode == "noengine":
-            entry.update(outcome="crashed", engine=True, message="ValueError: head size 16 is not supported "
+            entry.update(outcome="raised", engine=True, message="ValueError: head size 16 is not supported "
                          "(at vllm/v1/attention/backends/cpu_attn.py:70 in validate_head_size)")
         elif mode == "noprefill":
-            entry.update(outcome="crashed", message="AttributeError: '_OpNamespace' '_C' object has no attribute "
+            entry.update(outcome="raised", message="AttributeError: '_OpNamespace' '_C' object has no attribute "
                          "'selective_scan_fwd' (at vllm/_custom_ops.py:1975 in selective_scan_fwd)")
         elif name in ("prefill", "decode", "chunked"):
             b = sched.get("budget", T if name == "prefill" else 1)
@@ -142,7 +142,7 @@ def run_request(req, outdir, mode):
         elif name == "prefix":
             P = sched["prefix"]
             if mode == "crash":
-                entry.update(outcome="crashed", message="IndexError: index 1 is out of bounds for dimension 0 "
+                entry.update(outcome="raised", message="IndexError: index 1 is out of bounds for dimension 0 "
                              "with size 1 (at vllm/model_executor/layers/mamba/mamba_mixer2.py:601 in conv_ssm_forward)")
                 result["schedules"].append(entry)
                 continue

@@ -35,6 +35,7 @@ from typing import Callable, Iterable, Optional, Sequence
 
 from .. import jsonsafe
 from ..errors import UserError
+from ..verdicts import CRASHED, NOT_BUILT
 from ..impls.hf import kernels
 from . import records
 
@@ -71,7 +72,7 @@ def merge(paths: Iterable[Path]) -> list[dict]:
 
 
 # what an allocation refused under RLIMIT_AS looks like once their code has caught and re-raised
-# it, or check.py has turned it into a reason ("not built" when the model's weights did not fit)
+# it, or check.py has turned it into a reason (not built when the model's weights did not fit)
 ALLOCATION_FAILED = ("MemoryError", "can't allocate memory", "Cannot allocate memory")
 
 
@@ -80,11 +81,11 @@ def memory_verdict(rec: dict, memory: Optional[int]) -> dict:
     reason, whichever step ran out (building the model included): the limit is --memory-mb's, not
     the tiny config's fault, and that is what the verdicts' table promises."""
     reason = str(rec.get("reason") or "")
-    if rec.get("verdict") not in ("crashed", "not built") or reason.startswith("out of memory") or \
+    if rec.get("verdict") not in (CRASHED, NOT_BUILT) or reason.startswith("out of memory") or \
             not any(w in reason for w in ALLOCATION_FAILED):
         return rec
     limit = f"an allocation over the {memory >> 20} MiB limit was refused" if memory else "an allocation was refused"
-    return {**rec, "verdict": "crashed", "reason": f"out of memory: {limit} ({reason})"}
+    return {**rec, "verdict": str(CRASHED), "reason": f"out of memory: {limit} ({reason})"}
 
 
 def _as_worker(parent: int, inherited: Sequence[int]) -> None:
@@ -125,9 +126,9 @@ def _child(check: Callable[[str], dict], name: str, fd: int, memory: Optional[in
             try:
                 rec = memory_verdict(check(name), memory)
             except MemoryError:
-                rec = memory_verdict({"model_type": name, "verdict": "crashed", "reason": "MemoryError"}, memory)
+                rec = memory_verdict({"model_type": name, "verdict": str(CRASHED), "reason": "MemoryError"}, memory)
             except BaseException as e:  # the check's own guard missed it: still this name's result
-                rec = {"model_type": name, "verdict": "crashed", "reason": f"{type(e).__name__}: {e}"[:300]}
+                rec = {"model_type": name, "verdict": str(CRASHED), "reason": f"{type(e).__name__}: {e}"[:300]}
         data = (jsonsafe.dumps(rec, default=str) + "\n").encode()
         if slow.missing:  # a second line, after the record: what the parent says once at the end
             data += (json.dumps({SLOW_KERNELS: sorted(slow.missing)}) + "\n").encode()
@@ -167,7 +168,7 @@ def _died(name: str, status: int, memory: Optional[int], wall: float) -> dict:
             why += f" (memory limit {memory >> 20} MiB)"
     else:
         why = f"the process exited with status {os.WEXITSTATUS(status)} and no result"
-    return {"model_type": name, "verdict": "crashed", "reason": why, "wall_s": round(wall, 2)}
+    return {"model_type": name, "verdict": str(CRASHED), "reason": why, "wall_s": round(wall, 2)}
 
 
 def scan(names: Sequence[str], check: Callable[[str], dict], out: Path, jobs: int = 1,
@@ -215,7 +216,7 @@ def run(names: Sequence[str], check: Callable[[str], dict], sink: "records.Sink"
             for pid, (name, fd, start, _) in list(running.items()):
                 if now - start > timeout:
                     _kill(pid, running)
-                    finish({"model_type": name, "verdict": "crashed",
+                    finish({"model_type": name, "verdict": str(CRASHED),
                             "reason": f"timed out: no result within {timeout:g} s (a hang, or too slow)",
                             "wall_s": round(now - start, 2)})
     finally:

@@ -25,7 +25,7 @@ PY_PATH = re.compile(r"\S*/([^/\s]+\.py:\d+)")  # "transformers/models/x/modelin
 def counts(records: Sequence[dict]) -> dict[str, int]:
     out = {v: 0 for v in ORDER}
     for r in records:
-        out[r.get("verdict", "crashed")] = out.get(r.get("verdict", "crashed"), 0) + 1
+        out[r.get("verdict", CRASHED)] = out.get(r.get("verdict", CRASHED), 0) + 1
     return out
 
 
@@ -46,7 +46,7 @@ def _f64(r: dict) -> str:
 
 
 def sort_key(r: dict):
-    v = r.get("verdict", "crashed")
+    v = r.get("verdict", CRASHED)
     return (ORDER.index(v) if v in ORDER else len(ORDER), r["model_type"])
 
 
@@ -100,7 +100,7 @@ def table(records: Sequence[dict], width: int = 80) -> str:
         return " ".join(_cut(c, w).ljust(w) for c, (_, w) in zip(cells, COLUMNS)).rstrip()[:width]
     out = [line([c for c, _ in COLUMNS]), line(["-" * w for _, w in COLUMNS])]
     for r in sorted(records, key=sort_key):
-        v = r.get("verdict", "crashed")
+        v = r.get("verdict", CRASHED)
         detail = SHORT.get(r.get("shape"), r.get("shape")) or ("" if v == OK else short_reason(r.get("reason")))
         if v == BUG and r.get("init") is not None:
             v = f"bug@{r['init']:g}"

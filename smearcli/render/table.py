@@ -19,6 +19,7 @@ from rich.table import Table
 from ..compare import Comparison
 from ..names import NOISE_MARGIN
 from ..units import sci, times
+from ..verdicts import BUG, UNCONFIRMED
 
 # the comparison's columns; the verdict (last, unnamed) and the error columns are never left out
 COLUMNS = [("schedule", "left"), ("logic", "left"), ("steps", "right"), ("max|Δlogit|", "right"),
@@ -94,7 +95,8 @@ def status_cell(status: str) -> str:
     from ..compare import run_word
 
     word = run_word(status)
-    return f"[bold red]{word}[/]" if word == "BUG" else f"[yellow]{word}[/]" if word == "unconfirmed" else f"[green]{word}[/]"
+    colour = "bold red" if word == str(BUG).upper() else "yellow" if word == str(UNCONFIRMED) else "green"
+    return f"[{colour}]{word}[/]"
 
 
 def print_table_of(c: Comparison, console: Console, title: str = "") -> list[str]:

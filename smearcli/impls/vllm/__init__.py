@@ -40,7 +40,7 @@ import torch
 from ...errors import UserError
 from ...runner import PREFIX_CACHE, Described, Runner
 from ...schedules import CRASHED, PREFIX_HIT, UNCHECKED, RunResult, ScheduleOptions, chunk_plan
-from .environment import MAKE_ENV, PROTOCOL, WORKER, check_python, hello, refuse, runnable, worker_env  # noqa: F401
+from .environment import MAKE_ENV, PROTOCOL, RAISED, WORKER, check_python, hello, refuse, runnable, worker_env  # noqa: F401
 
 VLLM_SCHEDULES = ("prefill", "decode", "chunked", "prefix")
 BLOCK_SIZE = 32  # vLLM's CPU backend takes block sizes that are multiples of 32
@@ -141,7 +141,7 @@ def read_result(s: Settings, path: Path, req: dict) -> dict:
 
 def _check_entry(s: Settings, e: dict) -> None:
     name = e["name"]
-    if e.get("outcome") not in (None, CRASHED):
+    if e.get("outcome") not in (None, RAISED):
         raise garbage(s, f"{name}: outcome {one_line(repr(e.get('outcome')))}")
     if not isinstance(e.get("message", ""), str):
         raise garbage(s, f"{name}: a message that is not text")
@@ -186,7 +186,7 @@ def call_worker(s: Settings, req: dict, workdir: Path) -> dict:
         raise garbage(s, "it exited with status 0 without writing result.json")
     last = [ln for ln in (err or "").splitlines() if ln.strip()][-1:] or ["(no output)"]
     why = f"the vLLM worker exited with status {rc}: {last[0].strip()}" if rc is not None else last[0]
-    return {"schedules": [{"name": e["name"], "outcome": CRASHED, "message": why} for e in req["schedules"]],
+    return {"schedules": [{"name": e["name"], "outcome": RAISED, "message": why} for e in req["schedules"]],
             "died": True, "stderr_tail": (err or "")[-4000:]}
 
 
@@ -264,8 +264,8 @@ def to_run(entry: dict, workdir: Path, tokens: torch.Tensor, req: dict) -> RunRe
     def unmeasured(outcome, message, steps=()):
         return RunResult(name, "vllm", torch.empty(R, 0, V), None, list(steps), rows, outcome=outcome,
                          message=message)
-    if entry.get("outcome"):
-        return unmeasured(entry["outcome"], entry.get("message", ""), entry.get("steps") or ())
+    if entry.get("outcome"):  # RAISED, the one outcome `_check_entry` lets through: vLLM raised in it
+        return unmeasured(CRASHED, entry.get("message", ""), entry.get("steps") or ())
     try:
         if name != "prefix":
             lp = _load(workdir, entry["arrays"]["logprobs"], (R, T, V))

@@ -17,6 +17,7 @@ from typing import Optional
 from ...errors import UserError
 
 PROTOCOL = 2  # the worker's protocol: its handshake and result.json carry it
+RAISED = "raised"  # the worker's outcome for a schedule vLLM raised in: read as schedules.CRASHED
 WORKER = Path(__file__).with_name("worker.py")
 MAKE_ENV = "make vLLM's environment with scripts/make_vllm_env.sh DIR and give DIR/bin/python"
 HELLO_TIMEOUT_S = 60.0  # the handshake imports nothing heavy: a Python that takes longer hangs

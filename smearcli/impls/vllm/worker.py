@@ -37,7 +37,7 @@ the distribution of the token after it. `prefix` returns `cold` (the first reque
 positions) and `warm` (the second, every position, as vLLM returned them: below each row's
 `num_cached_tokens` those are uninitialised memory, NaN where they name no token) and leaves
 the stitching and the checks to the adapter. An exception inside vLLM is that schedule's result:
-`"outcome": "crashed"` with the message and the innermost vLLM frame; the worker goes on with the
+`"outcome": "raised"` with the message and the innermost vLLM frame; the worker goes on with the
 next schedule on a fresh engine; an engine that does not start fails its schedules with `"engine":
 true`. `steps` are the token counts vLLM's scheduler really scheduled.
 """
@@ -55,6 +55,7 @@ import traceback
 # tests/test_layout.py checks, so `import vllm` finds vLLM without touching sys.path
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process: the logits processor class travels
 PROTOCOL = 2
+RAISED = "raised"  # a schedule's outcome when vLLM raised in it (smearcli reads it as crashed)
 
 
 def rss_mb() -> float:
@@ -276,7 +277,7 @@ def run_request(req: dict, outdir: str, m: dict, import_s: float = 0.0) -> dict:
             if engine["steps"] and name != "prefix":
                 entry["steps"] = list(engine["steps"]) if len(rows) == 1 else entry["steps"]
         except Exception as e:  # vLLM's failure is this schedule's result
-            entry.update(outcome="crashed", message=crash_message(e), arrays={})
+            entry.update(outcome=RAISED, message=crash_message(e), arrays={})
             if not started:
                 entry["engine"] = True
             drop()  # a fresh engine for the next schedule
