@@ -1,4 +1,4 @@
-"""A boundary plugs in with one module and one registration (issue 34): a toy boundary, written
+"""A boundary plugs in with one module and one registration: a toy boundary, written
 and registered here at run time (then taken out again), gets its table row, its JSON entry, its
 verdict's shape, its figure mark, the CLI's schedule list for the implementations whose runners can
 run it, its census entry and its reproducer, with no other file changed.

@@ -1,4 +1,4 @@
-"""Every transformers release from 5.0 on (issue 32 items 7 and 8, issue 34 item 5): the cache API
+"""Every transformers release from 5.0 on: the cache API
 is detected by one detector (`impls.hf.api`) that the runner, the census and the reproducers all
 use; one frame finder (`smearcli.frames`) says where their code raised; transformers' fast-kernel
 fallbacks are said once per census run; a boundary that agreed beside a failure is "not judged";

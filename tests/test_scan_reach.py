@@ -1,4 +1,4 @@
-"""smearcli scan reaches every layer order and block size, and tells theirs from ours (issue 32):
+"""smearcli scan reaches every layer order and block size, and tells theirs from ours:
 one derived config per layer kind with that kind as layer 0, blockwise sizes below the scan's
 step widths, a failing full pass is `not built`, a failing cached path `crashed`."""
 

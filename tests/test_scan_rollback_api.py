@@ -1,5 +1,5 @@
 """The scan's rollback goes through transformers' own cache API, as assisted generation calls it
-("their crop"), beside a copy taken before each draft (issue 32, item 2): a crop their API
+("their crop"), beside a copy taken before each draft: a crop their API
 accepts but that leaves a recurrent state as the draft left it is a bug of their crop while the
 copy passes; attention-only and conv-only caches roll back exactly through their API; an API that
 refuses is recorded as refused and changes no verdict; the record says where `generate()` itself

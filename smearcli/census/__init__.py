@@ -1,7 +1,16 @@
-"""`smearcli scan`: a census of every causal-LM architecture the installed transformers registers.
+"""`smearcli scan`: a census of every causal-LM architecture the installed transformers registers,
+and of every one the installed vLLM runs (`--engine vllm`).
 
-`derive` makes each tiny config from the config class's defaults, `check` runs one architecture
-(floor from float64, fuzzed split points, live state, the error's shape), `isolate` runs each in
-its own process with limits and streams JSON Lines, `report` draws the table, the JSON document
-and the Markdown report, and `repro` writes a standalone reproducer per finding.
+- `derive` makes each tiny config from the config class's defaults, and `variants` one per layer
+  kind with that kind as layer 0;
+- `check` runs one architecture (the float64 floor, fuzzed split points, power before ok, every
+  departure confirmed in float64, the error's shape), `boundary` its padded and rollback runs
+  (rollback through transformers' own cache API beside a copy), `born` the module an error is
+  born in, `shapes` names the failure;
+- `record` declares a record's fields once; `records` reads and writes the record files,
+  `isolate` runs each architecture in its own process with limits and streams JSON Lines;
+- `report` draws the table, the JSON document and the Markdown census, `groups` puts findings
+  with one root cause together, `repro` and `draft` write a standalone reproducer and a bug-report
+  draft per finding;
+- `vllm_plan`, `vllm_check`, `vllm_engine`, `vllm_census`, `vllm_repro`: the same on vLLM's engine.
 """

@@ -1,4 +1,4 @@
-"""The module a finding is born in (smearcli scan, issue 32).
+"""The module a finding is born in.
 
 A finding's `born_at` names a capture point ("hidden_states[1]@8"); a maintainer wants the code.
 `born_in(runner, tokens, steps, position)` hooks every submodule of the runner's model and runs

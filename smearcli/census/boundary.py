@@ -1,4 +1,4 @@
-"""The padded and rollback boundaries under the scan, and how the scan measures any run (issue 23).
+"""The padded and rollback boundaries under the scan, and how the scan measures any run.
 
 Besides its step plans, the scan runs two of the project's own schedules on each architecture,
 through `schedules.run_schedule` on the scan's runner (the one step loop; `smearcli.boundaries`

@@ -1,4 +1,4 @@
-"""One architecture checked the way the scan checks every one (smearcli scan, issue 21).
+"""One architecture checked the way the scan checks every one.
 
 `check(model_type)` derives a tiny config (`derive`), one per layer kind with that kind as layer 0
 when there are several (`variants`: the worst order heads the record, `variants` lists each), builds

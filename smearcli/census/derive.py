@@ -1,4 +1,4 @@
-"""Tiny configs derived from each config class's defaults (smearcli scan, issue 21).
+"""Tiny configs derived from each config class's defaults.
 
 `derive(model_type)` takes the installed transformers' config class for `model_type`, reads its
 defaults (`to_dict()`) and shrinks them: width, intermediate sizes, layers, heads, vocabulary,

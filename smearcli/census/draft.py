@@ -1,4 +1,4 @@
-"""A bug-report draft per finding (smearcli scan, issue 21): versions, what is wrong, the shape,
+"""A bug-report draft per finding: versions, what is wrong, the shape,
 the reproducer, and the suspect lines of the architecture's modeling file where a pattern points
 at them (`suspects`): a branch on a one-token step or on "has previous state", a scan started
 from `initial_state=None`, positions from `arange(T)` without the cache offset."""

@@ -1,4 +1,4 @@
-"""Findings grouped by root cause (smearcli scan, issue 32).
+"""Findings grouped by root cause.
 
 transformers copies code between models: `# Copied from` and modular files give FalconMamba,
 Jamba and Zamba a mixer that is Mamba's with a few lines changed, and the bug with it. A census

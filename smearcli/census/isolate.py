@@ -1,4 +1,4 @@
-"""Each architecture in its own process, with a time and a memory limit (smearcli scan, issue 21).
+"""Each architecture in its own process, with a time and a memory limit.
 
 `scan(names, check, out)` forks one child per architecture (the parent has imported torch and
 transformers once, so a child starts in milliseconds), at most `jobs` at a time. In the child:

@@ -1,4 +1,4 @@
-"""The shape of a failure, named from its per-position error (smearcli scan, issue 21).
+"""The shape of a failure, named from its per-position error.
 
 A run's logits error along the positions, against its boundaries, says what kind of bug it is:
 

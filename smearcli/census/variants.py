@@ -1,4 +1,4 @@
-"""Layer orders (smearcli scan, issue 32): one tiny config per layer kind, with that kind as layer 0.
+"""Layer orders: one tiny config per layer kind, with that kind as layer 0.
 
 Cache code often reads its length or sizes a mask from layer 0 (`get_seq_length()` defaults to
 `layer_idx=0`), so a hybrid derived with attention first hides a bug that the other order shows.
