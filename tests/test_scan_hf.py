@@ -115,3 +115,17 @@ def test_a_crash_in_their_code_is_the_result():
     rec = check("llama", config=cfg)
     assert rec["verdict"] in (CRASHED, "not built")
     assert "transformers/" in rec["reason"]
+
+
+def test_the_census_names_capture_points_as_compare_impl_hf_does():
+    """One name scheme for a Hugging Face model's layers: the census's capture points are
+    `hf.hidden_names`, the ones `compare --impl hf` prints (emb, layer0, ...), never hidden_states[i]
+    where the count says which is which."""
+    from smearcli.census.check import layer_names
+    from smearcli.impls import hf
+    from smearcli.impls.hf.cache_runner import CacheRunner
+
+    model, _ = hf.load("llama")
+    tokens = hf.random_tokens(model, 8)
+    names = layer_names(CacheRunner(model), tokens)
+    assert names == list(hf.runner(model, "llama", tokens).layers) == ["emb", "layer0", "layer1", "logits"]

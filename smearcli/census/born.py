@@ -1,6 +1,6 @@
 """The module a finding is born in.
 
-A finding's `born_at` names a capture point ("hidden_states[1]@8"); a maintainer wants the code.
+A finding's `born_at` names a capture point ("layer0@8"); a maintainer wants the code.
 `born_in(runner, tokens, steps, position)` hooks every submodule of the runner's model and runs
 three passes over the same tokens:
 

@@ -44,6 +44,7 @@ from ..impls.hf import cache_runner as hf_runner
 from ..schedules import run_schedule, run_steps
 from ..verdicts import BUG, CRASHED, INCONCLUSIVE, NOT_BUILT, OK, ROUNDING, UNCONFIRMED, WORDS
 from ..state import KV, Zeroing, state_kinds
+from ..impls.hf import hidden_names
 from ..impls.hf.cache_runner import CacheRunner, full_run
 from . import born, boundary, shapes, variants
 from .record import new as new_record
@@ -121,12 +122,15 @@ def build(cfg, init: Optional[float], seed: int):
 
 
 def layer_names(runner: CacheRunner, tokens) -> list[str]:
+    """The capture points' names, as `compare --impl hf` names them (`hf.hidden_names`: emb,
+    layer0, ..., or hidden_states[i] where the count does not say which is which)."""
     try:
         out = runner.forward(tokens[:, :2], True)
     except Exception:
         return ["logits"]
-    n = len(out.hiddens or [])
-    return [f"hidden_states[{i}]" for i in range(n)] + ["logits"]
+    if not out.hiddens:
+        return ["logits"]
+    return hidden_names(runner.model, tokens[:, :2], out.hiddens)
 
 
 def run_all(runner, tokens, plans: dict, ref, noise, tolerance, refused: dict) -> dict[str, RunMetrics]:

@@ -182,9 +182,12 @@ def hidden_names(model, ids: Tensor, hidden_states: Sequence[Tensor]) -> list[st
     one entry per layer plus one and the first is not the embedding."""
     n = len(hidden_states)
     L = getattr(model.config, "num_hidden_layers", None)
-    with torch.inference_mode():
-        emb = model.get_input_embeddings()(ids.to(_device(model)))
-    starts_at_emb = emb.shape == hidden_states[0].shape and torch.allclose(emb.float(), hidden_states[0].float())
+    try:
+        with torch.inference_mode():
+            emb = model.get_input_embeddings()(ids.to(_device(model)))
+        starts_at_emb = emb.shape == hidden_states[0].shape and torch.allclose(emb.float(), hidden_states[0].float())
+    except Exception:  # no plain embedding lookup (a multimodal or composite model): count only
+        starts_at_emb = False
     if n == (L or -1) + 1:
         if starts_at_emb:
             names = ["emb"] + [f"layer{i}" for i in range(L)]  # the last often after the final norm
