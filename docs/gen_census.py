@@ -1,7 +1,7 @@
 """Regenerate the census in docs/guide/scan.md: `smearcli scan --jobs 2` over every causal LM of
 the installed transformers, its Markdown report put between the `census` markers of the page.
 
-    python docs/gen_census.py            # about 5 minutes on 2 cores (scripts/regen.py --only census)
+    python docs/gen_census.py            # about 6.5 minutes on 2 cores (scripts/regen.py --only census)
 
 The scan's files (JSON Lines, reproducers, bug-report drafts) go to build/scan/.
 """

@@ -8,7 +8,7 @@
   README blocks between `<!-- snippet: NAME -->` markers);
 - errors: docs/errors.md, the table of every error and exit code (`tests/test_errors_table.py`
   with SMEARCLI_REGEN_DOCS=1);
-- census: `docs/gen_census.py` (the `smearcli scan` census in docs/guide/scan.md; about 5
+- census: `docs/gen_census.py` (the `smearcli scan` census in docs/guide/scan.md; about 6.5
   minutes on 2 cores, the one step not in the default list: `--only census`);
 - vllm-census: `scripts/gen_vllm_census.py` (the census on vLLM in docs/guide/vllm.md; needs
   $SMEARCLI_VLLM_PYTHON, skipped with a message without it; not in the default list either);

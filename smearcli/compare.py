@@ -263,13 +263,7 @@ def compare(target, tokens: Tensor, schedules: Sequence[str] = DEFAULT_SCHEDULES
     floor = evidence.floor(ref_runner, ref, tokens, dtype, f64)
     metrics = measure_all(ref, runs, floor, tolerance)
     by_label = {r.label: r for r in runners}
-    pick = check_runs or (lambda m: not m.passed)
-    analytic, checked = {}, {}
-    for r, m in zip(runs, metrics):
-        if r.schedule not in analytic and pick(m):
-            checks = analytic_check(by_label[r.logic], tokens, ref, r)
-            if checks:
-                analytic[r.schedule], checked[r.schedule] = checks, r.logic
+    analytic, checked = analytic_checks(runs, metrics, by_label, tokens, ref, check_runs or (lambda m: not m.passed))
     notes = list(notes) + list(dict.fromkeys(n for r in runs for n in r.notes))  # rollback: crop or copy
     if reference is not None:
         notes += ["reference: " + n for n in reference.describe().notes]
@@ -279,17 +273,37 @@ def compare(target, tokens: Tensor, schedules: Sequence[str] = DEFAULT_SCHEDULES
     if c.inconclusive:  # nothing measured against it means anything: no rerun, no power
         return c
     if confirm:
-        confirmers = {id(ref_runner): evidence.Confirmer(ref_runner, tokens, f64)}
-        for r, m in zip(runs, metrics):
-            if not m.passed:
-                step(f"{r.schedule} / {r.logic} in float64")
-                runner = by_label[r.logic]
-                confirmer = confirmers.setdefault(id(runner), evidence.Confirmer(runner, tokens))
-                c.confirmations[(m.schedule, m.logic)] = confirmer(_rerun(r.schedule, tokens, options), m.max_abs_logits)
+        c.confirmations.update(confirm_departures(runs, metrics, by_label, ref_runner, f64, tokens, options, step))
     if power and not c.failures and not c.crashed and runs:
         step("power")
         c.power = measure_power(runners, reference, tokens, tolerance * floor.per_layer[-1])
     return c
+
+
+def analytic_checks(runs, metrics, by_label: dict, tokens: Tensor, ref, pick) -> tuple[dict, dict]:
+    """(schedule -> the analytic check of the first run `pick` chooses on it, schedule -> that
+    run's logic), on runners that give smear terms (`metrics.analytic_check`)."""
+    analytic, checked = {}, {}
+    for r, m in zip(runs, metrics):
+        if r.schedule not in analytic and pick(m):
+            checks = analytic_check(by_label[r.logic], tokens, ref, r)
+            if checks:
+                analytic[r.schedule], checked[r.schedule] = checks, r.logic
+    return analytic, checked
+
+
+def confirm_departures(runs, metrics, by_label: dict, ref_runner: Runner, f64, tokens: Tensor,
+                       options: ScheduleOptions, step) -> dict:
+    """(schedule, logic) -> `evidence.Confirmation` of every run past the tolerance, rerun in
+    float64 lifted; the reference runner's confirmer shares the floor's float64 full pass."""
+    out, confirmers = {}, {id(ref_runner): evidence.Confirmer(ref_runner, tokens, f64)}
+    for r, m in zip(runs, metrics):
+        if not m.passed:
+            step(f"{r.schedule} / {r.logic} in float64")
+            runner = by_label[r.logic]
+            confirmer = confirmers.setdefault(id(runner), evidence.Confirmer(runner, tokens))
+            out[(m.schedule, m.logic)] = confirmer(_rerun(r.schedule, tokens, options), m.max_abs_logits)
+    return out
 
 
 def _rerun(schedule: str, tokens: Tensor, options: ScheduleOptions):
