@@ -641,6 +641,7 @@ def vllm_env(name: str = "", answer: str = ""):
 
 
 HELLO = '{"worker": "smearcli-vllm", "protocol": %s, "python": "3.11", "vllm": %s}'
+VLLM_PROTOCOL = 2  # the worker's (smearcli.impls.vllm.environment.PROTOCOL; checked below)
 CASES += [
     Case("vllm environment", "--vllm-python missing", [*VLLM, "nope/bin/python"], prepare=vllm_env(),
          expect="not found; make vLLM's environment with scripts/make_vllm_env.sh DIR"),
@@ -653,7 +654,7 @@ CASES += [
     Case("vllm environment", "--vllm-python that hangs (the 60 s handshake limit shortened to 0.5 s)",
          [*VLLM, "hangs"], prepare=vllm_env("hangs", "SLEEP"), simulate="hello_timeout", expect="no answer within"),
     Case("vllm environment", "a Python without vLLM (a stand-in answering as one)", [*VLLM, "novllm"],
-         prepare=vllm_env("novllm", f"echo '{HELLO % (1, 'null')}'"), expect="without vLLM"),
+         prepare=vllm_env("novllm", f"echo '{HELLO % (VLLM_PROTOCOL, 'null')}'"), expect="without vLLM"),
     Case("vllm environment", "a worker speaking another protocol (a stand-in)", [*VLLM, "proto"],
          prepare=vllm_env("proto", f"echo '{HELLO % (99, chr(34) + '0.32.0' + chr(34))}'"),
          expect="speaks protocol 99"),
@@ -803,3 +804,11 @@ def test_cases_cover_the_issue():
                   "--out naming a directory", "FIFO (never replaced)", "held by another running scan",
                   "truncated", "glued", "conflicting", "no scan record", "not JSON Lines", "--resume"]:
         assert words in whats, words
+
+
+def test_the_table_speaks_the_workers_protocol():
+    """The stand-in that answers as a Python without vLLM must speak the protocol this smearcli
+    ships, or its row would read as another protocol's worker."""
+    from smearcli.impls.vllm.environment import PROTOCOL
+
+    assert VLLM_PROTOCOL == PROTOCOL
