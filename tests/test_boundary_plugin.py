@@ -15,7 +15,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from smearcli import compare, documents, schedules
+from smearcli import compare, jsondoc, schedules
 from smearcli.cli import registry
 from smearcli.cli.app import app
 from smearcli.cli.impls import offered
@@ -89,7 +89,7 @@ def test_the_toy_gets_its_table_row_json_entry_and_shape(toy, model):
     c = compare.compare(model, tokens(), [TOY], logics=("old", "fixed"))
     rows = [line.split() for line in c.table().splitlines() if line.split()[:1] == [TOY]]
     assert [r[1] for r in rows] == ["old", "fixed"] and rows[0][-1] == "BUG" and rows[1][-1] == "ok", c.table()
-    doc = documents.to_json(c)
+    doc = jsondoc.to_json(c)
     assert [(r["schedule"], r["logic"]) for r in doc["runs"]] == [(TOY, "old"), (TOY, "fixed")]
     old = doc["runs"][0]
     assert old["boundaries"][KIND] == [16] and old["chunk_starts"] == [16]  # its mark, and the chunk start

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..errors import UserError
+from .record_file import written
 
 
 def python_of(given: Optional[Path]) -> tuple[str, str]:
@@ -54,8 +55,7 @@ def run_vllm(out: Path, part, resume: bool, wanted, timeout: float, memory_mb: i
              vllm_python: Optional[Path], check_repro_files) -> tuple[list, dict]:
     """(every record --out holds, the run's meta: vLLM's version and the benchmark);
     `check_repro_files(repro_dir, names)` refuses reproducer paths that cannot be written."""
-    from ..census import records, vllm_census
-    from ..files import Terminated
+    from ..census import vllm_census
     from ..impls.vllm import check_python
     from .build import flag
 
@@ -68,25 +68,14 @@ def run_vllm(out: Path, part, resume: bool, wanted, timeout: float, memory_mb: i
         names = names_for(worker, wanted, part)
         check_repro_files(repro_dir, names)
 
-        def said(rec):
-            if not quiet:
-                sys.stderr.write(f"smearcli: {rec['model_type']}: {rec['verdict']}"
-                                 f"{' (' + str(rec.get('wall_s')) + ' s)' if rec.get('wall_s') else ''}\n")
-        with records.Sink(out, resume) as sink:
-            if sink.torn:
-                sys.stderr.write(f"smearcli: {out}:{sink.torn}: a record cut short (a scan stopped mid-write) "
-                                 "is dropped; that architecture runs again\n")
-            try:
-                done = vllm_census.run(worker, names, sink, timeout, memory_mb << 20, repro_dir.resolve(), said)
-            except (KeyboardInterrupt, Terminated):
-                n = len(sink.records())
-                sys.stderr.write(f"smearcli: {out} holds {n} whole record{'s' * (n != 1)}; --resume continues "
-                                 "from there\n")
-                raise
-            recs = sink.records()
+        done = {}
+
+        def run(sink, said):
+            done["n"] = vllm_census.run(worker, names, sink, timeout, memory_mb << 20, repro_dir.resolve(), said)
+        recs = written(out, resume, quiet, run)
     finally:
         worker.close()
-    bench = vllm_census.summary(done, worker, time.monotonic() - t0)
+    bench = vllm_census.summary(done["n"], worker, time.monotonic() - t0)
     if not quiet:
         sys.stderr.write("smearcli: " + vllm_census.summary_line(bench) + "\n")
     return recs, {"engine": "vllm", "vllm_version": hello.get("vllm"), "vllm_python": python, "benchmark": bench}

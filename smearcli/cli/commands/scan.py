@@ -17,6 +17,7 @@ import typer
 from ... import jsonsafe
 from ...errors import UserError
 from ..errors import CheckFailed, guarded
+from ..record_file import written
 
 
 SHARD = re.compile(r"\s*(\d+)\s*/\s*(\d+)\s*")
@@ -249,9 +250,8 @@ def scan(
 def _run(out, jobs, part, resume, wanted, timeout, memory_mb, repro_dir, quiet):
     import functools
 
-    from ...files import Terminated
     from ...census import check as chk
-    from ...census import isolate, records
+    from ...census import isolate
 
     names = isolate.causal_lm_types()
     if wanted is not None:
@@ -267,20 +267,7 @@ def _run(out, jobs, part, resume, wanted, timeout, memory_mb, repro_dir, quiet):
         names = share
     check_repro_files(repro_dir, names)
 
-    def said(rec):
-        if not quiet:
-            sys.stderr.write(f"smearcli: {rec['model_type']}: {rec['verdict']}"
-                             f"{' (' + str(rec.get('wall_s')) + ' s)' if rec.get('wall_s') else ''}\n")
-    with records.Sink(out, resume) as sink:
-        if sink.torn:
-            sys.stderr.write(f"smearcli: {out}:{sink.torn}: a record cut short (a scan stopped mid-write) "
-                             "is dropped; that architecture runs again\n")
-        try:
-            isolate.run(names, functools.partial(chk.check, repro_dir=repro_dir.resolve()), sink, jobs=jobs,
-                        timeout=timeout, memory=memory_mb << 20, on_record=said)
-        except (KeyboardInterrupt, Terminated):
-            n = len(sink.records())
-            sys.stderr.write(f"smearcli: {out} holds {n} whole record{'s' * (n != 1)}; --resume continues "
-                             "from there\n")
-            raise
-        return sink.records()
+    def run(sink, said):
+        isolate.run(names, functools.partial(chk.check, repro_dir=repro_dir.resolve()), sink, jobs=jobs,
+                    timeout=timeout, memory=memory_mb << 20, on_record=said)
+    return written(out, resume, quiet, run)
