@@ -78,3 +78,19 @@ def test_shards_merge_into_the_single_scan(tmp_path):
         isolate.shard(names, 4, 3)
     with pytest.raises(UserError):
         isolate.merge([tmp_path / "missing.jsonl"])
+
+
+def full_record(name: str) -> dict:
+    """A check returning a whole record (census.record: every field present, null until set)."""
+    from smearcli.census.record import new
+
+    return new(name, "ok")
+
+
+def test_the_time_and_the_release_stamp_a_whole_record(tmp_path):
+    """A record from check.record has wall_s and transformers_version as null: the isolation fills
+    them in (a setdefault would have left them null)."""
+    tf = pytest.importorskip("transformers")  # the release the parent imported is the children's
+    (rec,) = isolate.scan(["whole"], full_record, tmp_path / "scan.jsonl")
+    assert isinstance(rec["wall_s"], float) and rec["wall_s"] >= 0
+    assert rec["transformers_version"] == tf.__version__

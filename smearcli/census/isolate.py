@@ -199,8 +199,8 @@ def run(names: Sequence[str], check: Callable[[str], dict], sink: "records.Sink"
     version = transformers_version()
 
     def finish(rec: dict) -> None:
-        if version is not None:
-            rec.setdefault("transformers_version", version)
+        if version is not None and rec.get("transformers_version") is None:  # every field is present, null
+            rec["transformers_version"] = version
         sink.write(rec)
         results.append(rec)
         if on_record is not None:
@@ -292,7 +292,8 @@ def _record(name: str, buf: bytes, status: int, memory: Optional[int], wall: flo
             raise ValueError(f"a record for {rec['model_type']}")
     except (ValueError, UserError):
         return _died(name, status, memory, wall)
-    rec.setdefault("wall_s", round(wall, 2))
+    if rec.get("wall_s") is None:  # a record has every field (census.record), null until set
+        rec["wall_s"] = round(wall, 2)
     return rec
 
 
