@@ -155,9 +155,10 @@ def markdown(records: Sequence[dict], meta: Optional[dict] = None) -> str:
             rep = r.get("reproducer")
             rep = f"`{rep.split('/')[-1]}` ({r.get('reproducer_status')})" if rep else "-"
             b = born(r)
-            # the class and where its forward is (the module's qualified name, unbreakable, would
-            # widen the table past a page: it is in the JSON, the draft and the console's line)
-            where = f"`{b.get('class')}` ({short_where(b)})" if b else "-"
+            # the class alone: the module's qualified name and the forward's file and lines, which
+            # cannot wrap, would widen the table past a page; they are in the Root causes table,
+            # the JSON, the draft and the console's line
+            where = f"`{b.get('class')}`" if b else "-"
             out.append(f"| {r['model_type']} | {r.get('verdict')} | {r.get('worst_schedule')} | {_err(r)} | {_f64(r)} | "
                        f"{r.get('shape')} | {where} | {'default' if r.get('init') is None else r['init']} | {rep} |")
         out.append("")
