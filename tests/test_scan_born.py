@@ -146,7 +146,7 @@ def test_table_markdown_and_json_show_the_module_and_the_groups(family):
     assert all(len(line) <= 80 for line in text.splitlines())
     assert "born in backbone.layers.0.mixer (MambaMixer)" in text
     md = report.markdown(recs)
-    assert "| born in |" in md and "| `MambaMixer` |" in md and "modeling_mamba.py:" in md
+    assert "| born in |" in md and "| `MambaMixer` |" in md and "`FalconMambaMixer.forward`, modeling_falcon_mamba.py:" in md
     assert "## Root causes" in md and "4 findings, 1 root cause." in md
     assert "| falcon_mamba, jamba, mamba, zamba |" in md
     doc = report.document(recs)
