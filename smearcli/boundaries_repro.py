@@ -34,8 +34,8 @@ def rollback(model, ids):
 
 
 def restored(model, ids):
-    """A prefill, then drafts of DRAFT tokens whose last REJECT are wrong; the cache cropped back
-    (MODE "crop") or restored from a copy taken before the draft ("copy")."""
+    """A prefill, then drafts of DRAFT tokens whose last REJECT are wrong; the cache restored from
+    a copy taken before the draft, the accepted tokens fed again."""
     vocab = max(int(ids.max()) + 1, 2)
     out, cache = step(model, ids[:, :PROMPT], None, 0)
     logits, pos = [out], PROMPT
@@ -45,16 +45,13 @@ def restored(model, ids):
         draft = ids[:, pos:pos + n]
         if keep < n:
             draft = torch.cat([draft[:, :keep], (draft[:, keep:] + 1) % vocab], dim=1)
-        saved = copy.deepcopy(cache) if MODE == "copy" and keep < n else None
+        saved = copy.deepcopy(cache) if keep < n else None
         out, cache = step(model, draft, cache, pos)
         logits.append(out[:, :keep])
         if keep < n:
-            if MODE == "crop":
-                cache.crop(keep - n)
-            else:
-                cache = saved
-                if keep:
-                    _, cache = step(model, ids[:, pos:pos + keep], cache, pos)
+            cache = saved
+            if keep:
+                _, cache = step(model, ids[:, pos:pos + keep], cache, pos)
         pos += keep
     return torch.cat(logits, dim=1)
 '''

@@ -78,7 +78,8 @@ def text_config(cfg):
         return getattr(cfg, "decoder", None) or cfg
 
 
-def _first(cfg, keys) -> Optional[int]:
+def first_int(cfg, keys) -> Optional[int]:
+    """The first of `keys` the config (or its text config) sets to an integer above 1."""
     for src in (cfg, text_config(cfg)):
         for k in keys:
             v = getattr(src, k, None)
@@ -91,16 +92,16 @@ def split_points(cfg, total: int = T, seed: int = 0) -> dict[str, list[int]]:
     """name -> steps: the schedules the scan runs on one architecture, from its config."""
     out = {"decode": [1] * total, "prefill": [total], "chunks of 16": cycle([16], total),
            "prefill, then single tokens": [total - 6] + [1] * 6}
-    conv = _first(cfg, CONV_KEYS)
+    conv = first_int(cfg, CONV_KEYS)
     if conv:
         out[f"widths {conv - 1},{conv} (conv {conv})"] = [conv + 1] + cycle([conv - 1, conv], total - conv - 1)
-    win = _first(cfg, WINDOW_KEYS)
+    win = first_int(cfg, WINDOW_KEYS)
     if win and win < total:
         out[f"widths around the window {win}"] = cycle([win - 1, win, win + 1], total)
-    ssm = _first(cfg, SSM_KEYS)
+    ssm = first_int(cfg, SSM_KEYS)
     if ssm and ssm < total:
         out[f"widths around the SSM chunk {ssm}"] = cycle([ssm - 1, ssm + 1, ssm], total)
-    block = _first(cfg, BLOCK_KEYS)
+    block = first_int(cfg, BLOCK_KEYS)
     if block and block < total:
         out[f"widths around the block {block}"] = cycle([block - 1, block + 1, block], total)
     rng = random.Random(seed)

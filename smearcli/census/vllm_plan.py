@@ -98,14 +98,9 @@ def save(model, directory: Path, model_type: str) -> Path:
 
 
 def conv_width(config) -> Optional[int]:
-    from .check import CONV_KEYS, text_config
+    from .check import CONV_KEYS, first_int
 
-    for src in (config, text_config(config)):
-        for k in CONV_KEYS:
-            v = getattr(src, k, None)
-            if isinstance(v, int) and not isinstance(v, bool) and v > 1:
-                return v
-    return None
+    return first_int(config, CONV_KEYS)
 
 
 def budgets(config) -> list[int]:
