@@ -17,10 +17,10 @@ from typer.testing import CliRunner
 
 transformers = pytest.importorskip("transformers", reason="transformers is not installed: pip install 'smearcli[hf]'")
 
-from smearcli.census import records, report, vllm_census, vllm_engine, vllm_plan  # noqa: E402
+from smearcli.census import records, report, vllm_census, vllm_check, vllm_engine, vllm_plan  # noqa: E402
 from smearcli.cli.app import app  # noqa: E402
 from smearcli.impls.vllm import ENV_PYTHON  # noqa: E402
-from smearcli.verdicts import CRASHED, NOT_BUILT, OK, UNCONFIRMED  # noqa: E402
+from smearcli.verdicts import CRASHED, INCONCLUSIVE, NOT_BUILT, OK, UNCONFIRMED  # noqa: E402
 
 STANDIN = Path(__file__).with_name("vllm_standin.py")
 runner = CliRunner()
@@ -154,6 +154,33 @@ def test_the_census_on_the_standin_records_each_architecture_and_survives_a_dead
     assert checked.exit_code == 1  # crashed and unconfirmed fail --check on vLLM
 
 
+def test_power_comes_first_and_the_init_scale_rises_until_the_state_shows(fake_python, tmp_path, monkeypatch):
+    """As in the transformers census: where zeroing the reference's state moves the logits too
+    little, the init scale is raised (seeded) and vLLM runs the weights that had power; where no
+    scale gives it, inconclusive, saying so. (Power is stood in: each check is a forked process,
+    so each starts counting from zero.)"""
+    from smearcli import evidence
+
+    def weak_until(n):
+        calls = []
+
+        def power(runners, reference, tokens, threshold):
+            calls.append(1)
+            return evidence.Power(32, 1.0, {"kv": 500.0 if len(calls) >= n else 0.5})
+        return power
+    got = {}
+    for n in (3, 99):
+        monkeypatch.setattr(vllm_check, "measure_power", weak_until(n))
+        r = runner.invoke(app, ["scan", "--engine", "vllm", "--vllm-python", str(fake_python), "--only", "llama",
+                                "--out", str(tmp_path / f"{n}.jsonl"), "--json"])
+        assert r.exit_code == 0, r.output
+        (got[n],) = json.loads(r.stdout)["architectures"]
+    assert got[3]["verdict"] == OK and got[3]["init"] == 0.3
+    assert "the state was shown to matter only at initializer_range=0.3" in got[3]["notes"]
+    assert got[99]["verdict"] == INCONCLUSIVE and got[99]["init"] == 1.0
+    assert any(n.startswith("the check never had power") for n in got[99]["notes"])
+
+
 def test_an_engine_vllm_does_not_start_is_not_built_with_why(fake_python, tmp_path, monkeypatch):
     monkeypatch.setenv("SMEARCLI_STANDIN_PLAN", json.dumps({"llama": "noengine"}))
     r = scan(tmp_path, fake_python, "--only", "llama", "--json")
@@ -213,16 +240,26 @@ PY = os.environ.get(ENV_PYTHON, "").strip()
 @pytest.mark.vllm
 @pytest.mark.slow
 @pytest.mark.skipif(not PY, reason=f"set {ENV_PYTHON} to vLLM's interpreter to run this")
-def test_two_architectures_in_real_vllm(tmp_path):
+def test_two_architectures_in_real_vllm(tmp_path, monkeypatch):
     """Llama agrees on every schedule; Mamba2's prefix caching crashes inside vLLM 0.32
-    (mamba_mixer2.py), and its reproducer, run with -I in vLLM's Python, exits 1."""
-    r = runner.invoke(app, ["scan", "--engine", "vllm", "--only", "llama,mamba2", "--out", str(tmp_path / "v.jsonl"),
-                            "--repro-dir", str(tmp_path / "repro"), "--timeout", "900", "--json"])
+    (mamba_mixer2.py), and its reproducer, run with -I in vLLM's Python, exits 1; so does the
+    hybrid Falcon-H1's, once its prefix reaches past a block of the engine's raised size (64). The
+    census's engines inspect their class in the worker: vLLM's cache of classes inspected in a
+    fresh Python gets only the reproducers' (which run vLLM as a user would)."""
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "vllm-cache"))
+    r = runner.invoke(app, ["scan", "--engine", "vllm", "--only", "llama,mamba2,falcon_h1", "--out",
+                            str(tmp_path / "v.jsonl"), "--repro-dir", str(tmp_path / "repro"), "--timeout", "900",
+                            "--json"])
     assert r.exit_code == 0, r.output
     by = {a["model_type"]: a for a in json.loads(r.stdout)["architectures"]}
     assert by["llama"]["verdict"] == OK and by["llama"]["schedules"]["prefix"]["steps"] == "32,32"
     assert by["mamba2"]["verdict"] == CRASHED and "mamba_mixer2.py" in by["mamba2"]["reason"]
     assert by["mamba2"]["reproducer_status"] == 1
+    assert by["falcon_h1"]["verdict"] == CRASHED and by["falcon_h1"]["worst_schedule"] == "prefix"
+    assert "mamba_mixer2.py" in by["falcon_h1"]["reason"] and by["falcon_h1"]["reproducer_status"] == 1
+    inspected = sorted(f.name for f in (tmp_path / "vllm-cache" / "modelinfos").iterdir())
+    assert inspected == ["vllm-model_executor-models-falcon_h1-FalconH1ForCausalLM.json",
+                         "vllm-model_executor-models-mamba2-Mamba2ForCausalLM.json"], inspected
 
 
 def gen_script():

@@ -70,6 +70,50 @@ def test_every_schedule_against_the_transformers_reference(model_dir, fake_pytho
 
 
 @pytest.mark.slow  # a subprocess of its own, seconds each (the fast loop leaves it out)
+def test_a_prefix_of_the_engines_own_block_is_stitched_where_it_was_cut(model_dir, fake_python, monkeypatch,
+                                                                         tmp_path):
+    """vLLM raises a hybrid model's block (to hold its Mamba state) and caches whole blocks only, so
+    the worker cuts the prefix at the engine's block and says where: the adapter stitches there."""
+    r, doc = compare(model_dir, fake_python, monkeypatch, tmp_path, "bigblock", "--seq-len", str(2 * T))
+    assert r.exit_code == 0, r.output
+    runs = {x["schedule"]: x for x in doc["runs"]}
+    assert runs["prefix"]["steps"] == [T, T] and runs["prefix"]["chunk_starts"] == [T]
+    assert runs["prefix"]["max_abs_logits"] < 1e-4
+
+
+def test_the_worker_cuts_the_prefix_at_the_engines_block_and_inspects_a_class_here(tmp_path, monkeypatch):
+    """The worker's own helpers, with vLLM's objects stood in: a prefix of whole blocks of the
+    engine's size (or as asked where none fits), and a lazily registered class registered as a
+    class before the engine starts (so vLLM inspects it in this process, not a fresh Python)."""
+    import importlib.util
+    import types
+
+    spec = importlib.util.spec_from_file_location("smearcli_worker_under_test", vllm.WORKER)
+    worker = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(worker)
+    engine = (lambda block: types.SimpleNamespace(llm_engine=types.SimpleNamespace(
+        vllm_config=types.SimpleNamespace(cache_config=types.SimpleNamespace(block_size=block)))))
+    assert worker.whole_blocks(engine(32), 32, 64) == 32
+    assert worker.whole_blocks(engine(64), 32, 128) == 64  # a hybrid's raised block
+    assert worker.whole_blocks(engine(64), 32, 64) == 32  # no whole block short of the input: as asked
+    assert worker.whole_blocks(types.SimpleNamespace(llm_engine=None), 32, 64) == 32
+
+    class Lazy:
+        module_name, calls = "vllm.model_executor.models.llama", []
+
+        def load_model_cls(self):
+            return "the class"
+    registered = {}
+    registry = types.SimpleNamespace(models={"LlamaForCausalLM": Lazy(), "Loaded": object()},
+                                     register_model=lambda arch, cls: registered.update({arch: cls}))
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(ModelRegistry=registry))
+    for archs in (["LlamaForCausalLM"], ["Loaded"], ["Unknown"]):
+        (tmp_path / "config.json").write_text(json.dumps({"architectures": archs}))
+        worker.inspect_here(str(tmp_path))
+    assert registered == {"LlamaForCausalLM": "the class"}
+
+
+@pytest.mark.slow  # a subprocess of its own, seconds each (the fast loop leaves it out)
 def test_a_cache_that_was_never_read_checked_nothing(model_dir, fake_python, monkeypatch, tmp_path):
     r, doc = compare(model_dir, fake_python, monkeypatch, tmp_path, "nocache")
     assert r.exit_code == 0, r.output

@@ -9,6 +9,8 @@ mode (env SMEARCLI_STANDIN_MODE) makes it misbehave as vLLM can:
   as real vLLM's uninitialised memory), as vLLM does;
 - nocache: the second request reads nothing from the prefix cache (num_cached_tokens 0);
 - crash: the prefix schedule raises inside "vLLM" (an IndexError, as Mamba2's does);
+- bigblock: the engine's block is 64 tokens (vLLM raises a hybrid model's block to hold its Mamba
+  state), so the prefix request covers whole blocks of 64 and says so (`prefix`);
 - die: the worker exits with status 1 before answering;
 - skew: chunked's log-probs are off at the first chunk start (a chunk-boundary bug);
 - garbage: result.json is not JSON; oldproto: it speaks protocol 0; silent: the worker exits 0
@@ -141,6 +143,8 @@ def run_request(req, outdir, mode):
             entry["arrays"]["logprobs"] = f"{i}-{name}.npy"
         elif name == "prefix":
             P = sched["prefix"]
+            if mode == "bigblock":  # whole blocks of 64, as the real worker cuts them
+                P = entry["prefix"] = max(64, P // 64 * 64) if max(64, P // 64 * 64) < T else P
             if mode == "crash":
                 entry.update(outcome="raised", message="IndexError: index 1 is out of bounds for dimension 0 "
                              "with size 1 (at vllm/model_executor/layers/mamba/mamba_mixer2.py:601 in conv_ssm_forward)")

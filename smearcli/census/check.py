@@ -224,12 +224,20 @@ def _check(model_type, seed, tolerance, total, config, summary: Optional[dict]) 
         res.update(base, init=init)
         if res["verdict"] != INCONCLUSIVE:
             if init is not None:
-                res["notes"].append(f"the state was shown to matter only at initializer_range={init}")
+                res["notes"].append(init_note(init))
             return record(model_type, **res, _config=config)
         last = res
-    last["notes"].append(f"the check never had power (every kind of state at {evidence.MIN_POWER:.0%}) at any "
-                         f"init scale tried ({', '.join('default' if i is None else str(i) for i in INIT_LADDER)})")
+    last["notes"].append(NO_POWER_NOTE)
     return record(model_type, **last)
+
+
+def init_note(init: float) -> str:
+    """The note of a check that had power only once the init scale was raised."""
+    return f"the state was shown to matter only at initializer_range={init}"
+
+
+NO_POWER_NOTE = (f"the check never had power (every kind of state at {evidence.MIN_POWER:.0%}) at any init scale "
+                 f"tried ({', '.join('default' if i is None else str(i) for i in INIT_LADDER)})")
 
 
 def check_model(model, tokens, plans: dict, tolerance: float = NOISE_MARGIN, make=CacheRunner) -> dict:

@@ -13,8 +13,10 @@ decode), and each run is measured against the reference:
 - a prefix request that read nothing from the cache (`num_cached_tokens` 0) checked nothing: the
   record says so and the prefix is not counted as agreeing;
 - every run within the tolerance is `ok` once the check had power (zeroing the transformers
-  reference's cache moves the logits: vLLM exposes no cache, the same weights stand in), else
-  `inconclusive`;
+  reference's cache moves the logits: vLLM exposes no cache, the same weights stand in). Power is
+  measured first, on transformers' side: where the default init leaves the state too weak to
+  show, the init scale is raised as the transformers census raises it (`check.INIT_LADDER`,
+  seeded) and vLLM runs the weights that had power; where none had, `inconclusive`;
 - a config or model that transformers cannot build, an engine vLLM does not start for it (a
   head size or layer kind the CPU backend lacks), or a prefill in one step that raises (a kernel
   the CPU build lacks: no cached path can be compared then) is `not built`, with the reason.
@@ -41,7 +43,8 @@ from ..schedules import CRASHED as RUN_CRASHED, UNCHECKED, run_schedule
 from ..verdicts import CRASHED, INCONCLUSIVE, NOT_BUILT, NOT_RUN, OK, UNCONFIRMED
 from . import vllm_plan
 from .boundary import transformers_frame
-from .check import build, record, text_config
+from ..compare import measure_power
+from .check import INIT_LADDER, NO_POWER_NOTE, build, init_note, record, text_config
 from .vllm_engine import WorkerGone
 
 NO_FLOAT64 = "not confirmed: vLLM's engine has no float64 form to rerun it in"
@@ -69,19 +72,27 @@ def check(model_type: str, worker, timeout: float = 240.0, memory: Optional[int]
         return record(model_type, NOT_BUILT, reason=changes, vllm={"answered": True}, **base)
     vocab = min(256, int(getattr(text_config(config), "vocab_size", 256) or 256))
     base.update(config=changes, vocab=vocab)
-    try:
-        model = build(config, None, seed)
-    except Exception as e:
-        return record(model_type, NOT_BUILT, reason="the model cannot be built from the tiny config: "
-                      + transformers_frame(e), vllm={"answered": True}, **base)
-    base["model_class"] = type(model).__name__
-    tokens = torch.randint(0, vocab, (1, vllm_plan.T), generator=torch.Generator().manual_seed(seed))
-    with tempfile.TemporaryDirectory(prefix=f"smearcli-vllm-{model_type}-") as d:
+    tokens = torch.randint(0, vocab, (1, vllm_plan.length(config)), generator=torch.Generator().manual_seed(seed))
+    for init in INIT_LADDER:  # power first, on transformers' side: vLLM then runs the weights that have it
+        try:
+            model = build(config, init, seed)
+        except Exception as e:
+            return record(model_type, NOT_BUILT, reason="the model cannot be built from the tiny config: "
+                          + transformers_frame(e), vllm={"answered": True}, **base)
+        base.update(model_class=type(model).__name__, init=init)
         try:
             ref_runner, ref, floor = reference(model, tokens)
-            vllm_plan.save(model, Path(d) / "model", model_type)
         except Exception as e:
             return record(model_type, NOT_BUILT, reason="the full pass in transformers does not run: "
+                          + transformers_frame(e), vllm={"answered": True}, **base)
+        power = measure_power([], ref_runner, tokens, tolerance * floor.per_layer[-1])
+        if not power.measured or power.sufficient:
+            break
+    with tempfile.TemporaryDirectory(prefix=f"smearcli-vllm-{model_type}-") as d:
+        try:
+            vllm_plan.save(model, Path(d) / "model", model_type)
+        except Exception as e:
+            return record(model_type, NOT_BUILT, reason="the tiny model cannot be saved: "
                           + transformers_frame(e), vllm={"answered": True}, **base)
         entries = vllm_plan.schedule_entries(config)
         req = request(Path(d) / "model", tokens, vocab, entries)
@@ -91,7 +102,7 @@ def check(model_type: str, worker, timeout: float = 240.0, memory: Optional[int]
                              max(1.0, deadline - time.monotonic()), memory)
         except WorkerGone as e:
             return record(model_type, CRASHED, reason=str(e), vllm={"answered": False}, **base)
-        rec = judge(model_type, res["result"], Path(d), tokens, req, ref_runner, ref, floor, tolerance, base)
+        rec = judge(model_type, res["result"], Path(d), tokens, req, ref, floor, power, tolerance, base)
     if repro_dir is not None and rec["verdict"] in (CRASHED, UNCONFIRMED) and rec.get("worst_schedule"):
         from . import vllm_repro
 
@@ -120,7 +131,7 @@ def runs_of(result: dict, workdir: Path, tokens, req: dict) -> list:
     return out
 
 
-def judge(model_type, result, workdir, tokens, req, ref_runner, ref, floor, tolerance, base) -> dict:
+def judge(model_type, result, workdir, tokens, req, ref, floor, power, tolerance, base) -> dict:
     """The record from the worker's answer: each run measured, then the verdict word."""
     runs = runs_of(result, workdir, tokens, req)
     timing = {"answered": True, "engine_start_s": [e.get("start_s") for e in result.get("engines", [])],
@@ -168,10 +179,9 @@ def judge(model_type, result, workdir, tokens, req, ref_runner, ref, floor, tole
         return record(model_type, UNCONFIRMED, confirmation=conf.to_json(), **out)
     if not metrics:
         return record(model_type, INCONCLUSIVE, reason="no schedule was measured", **out)
-    from ..compare import measure_power
-
-    power = measure_power([], ref_runner, tokens, tolerance * floor.per_layer[-1])
     out["power"] = power.to_json()
     if power.measured and not power.sufficient:
-        return record(model_type, INCONCLUSIVE, reason=power.shortfall, **out)
+        return record(model_type, INCONCLUSIVE, reason=power.shortfall, **{**out, "notes": notes + [NO_POWER_NOTE]})
+    if base.get("init") is not None:
+        out["notes"] = notes + [init_note(base["init"])]
     return record(model_type, OK, **out)

@@ -17,6 +17,8 @@ from typing import Optional
 from . import derive
 
 T = 64  # two cache blocks of 32: the prefix request reads the first
+STATE_T = 128  # a model with a conv state: vLLM raises its block until a page holds the Mamba state's (64
+# tokens for the tiny hybrids) and caches whole blocks only, so the input is two of those
 BLOCK = 32  # vLLM's CPU backend takes block sizes that are multiples of 32
 HEAD = 32  # the smallest head size vLLM's CPU attention takes (32, 64, 80, ... 512); derive's is 16
 ODD = 13  # an odd chunk budget that straddles no block, conv width or window edge
@@ -45,7 +47,7 @@ def adjust(d: dict) -> dict:
     - attention heads of HEAD (32): derive makes 4 heads of 16, which the CPU attention refuses,
       so the same width (64) is 2 heads of 32 and the key/value heads 1 (grouped query attention
       kept: 2 query heads share it); a config that spells the head size out gets it as well;
-    - positions for the longest request (T + 1 rounded up to a block) at least.
+    - positions for the longest request (`length` + 1 rounded up to a block) at least.
     A config without attention heads (Mamba), or with latent attention (MLA), is left as derived."""
     heads_key = next((k for k in HEAD_COUNT_KEYS if isinstance(d.get(k), int)), None)
     width = next((d[k] for k in ("hidden_size", "d_model", "n_embd") if isinstance(d.get(k), int)), None)
@@ -61,8 +63,8 @@ def adjust(d: dict) -> dict:
         if isinstance(d.get(k), int) and d[k] > 1:
             out[k] = 1
     for k in ("max_position_embeddings", "n_positions"):
-        if isinstance(d.get(k), int) and d[k] < 2 * T:
-            out[k] = 2 * T
+        if isinstance(d.get(k), int) and d[k] < 2 * STATE_T:
+            out[k] = 2 * STATE_T
     return out
 
 
@@ -103,10 +105,15 @@ def conv_width(config) -> Optional[int]:
     return first_int(config, CONV_KEYS)
 
 
+def length(config) -> int:
+    """The input's length: T, or STATE_T for a model with a conv (so a recurrent) state."""
+    return STATE_T if conv_width(config) else T
+
+
 def budgets(config) -> list[int]:
     """Chunked prefill's token budgets: below and at the conv width, one cache block, an odd size."""
     cw = conv_width(config) or DEFAULT_CONV
-    return sorted({b for b in (cw - 1, cw, BLOCK, ODD) if 1 <= b < T})
+    return sorted({b for b in (cw - 1, cw, BLOCK, ODD) if 1 <= b < length(config)})
 
 
 def schedule_entries(config) -> list[dict]:

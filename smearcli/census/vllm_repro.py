@@ -91,9 +91,14 @@ def vllm_run(d):
     name = SCHEDULE["name"]
     if name == "prefix":
         llm = engine(d, caching=True)
-        P = SCHEDULE["prefix"]
-        first = generate(llm, TOKENS[:P])  # request 1: the prefix, whole blocks
-        second = generate(llm, TOKENS, read_cache=True)  # request 2: the whole input, reading them
+        block = llm.llm_engine.vllm_config.cache_config.block_size  # raised for a hybrid to hold its state
+        P = max(block, SCHEDULE["prefix"] // block * block)
+        for p in (P, P + 1):  # a hybrid's Mamba state is kept at a block edge inside a prompt only
+            llm.reset_prefix_cache()
+            first = generate(llm, TOKENS[:p])  # request 1: the prefix, whole blocks of the engine's size
+            second = generate(llm, TOKENS, read_cache=True)  # request 2: the whole input, reading them
+            if second.num_cached_tokens:
+                break
         n = int(second.num_cached_tokens or 0)
         if n == 0:
             sys.exit("vLLM read nothing from the prefix cache: this run checks nothing (exit 2)")

@@ -150,6 +150,8 @@ def _check_entry(s: Settings, e: dict) -> None:
     if not isinstance(arrays, dict) or not all(
             isinstance(f, str) and f.endswith(".npy") and Path(f).name == f for f in arrays.values()):
         raise garbage(s, f"{name}: arrays that are not .npy files beside result.json")
+    if "prefix" in e and not (type(e["prefix"]) is int and e["prefix"] > 0):
+        raise garbage(s, f"{name}: a prefix that is not a count of tokens")
     for key in ("steps", "num_cached_tokens"):
         v = e.get(key)
         if v is not None and not (isinstance(v, list) and all(type(n) is int and n >= 0 for n in v)):
@@ -271,7 +273,7 @@ def to_run(entry: dict, workdir: Path, tokens: torch.Tensor, req: dict) -> RunRe
             lp = _load(workdir, entry["arrays"]["logprobs"], (R, T, V))
             steps, marks = list(entry["steps"]), {}
         else:
-            P = next(e["prefix"] for e in req["schedules"] if e["name"] == "prefix")
+            P = entry.get("prefix") or next(e["prefix"] for e in req["schedules"] if e["name"] == "prefix")
             cold = _load(workdir, entry["arrays"]["cold"], (R, P, V))
             warm = _load(workdir, entry["arrays"]["warm"], (R, T, V))
             cached = [int(n) for n in entry["num_cached_tokens"]]

