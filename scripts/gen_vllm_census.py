@@ -2,11 +2,13 @@
 
     SMEARCLI_VLLM_PYTHON=~/vllm-env/bin/python python scripts/gen_vllm_census.py [--resume | --write-only]
 
-Runs `smearcli scan --engine vllm` twice into build/vllm-census.jsonl: first the architectures the
-guide's text names (Llama, Mistral, Qwen2, Mamba2), then every other one (`--resume`), so a run
-stopped early still has those. The benchmark (the wall time, vLLM's imports, the engines' starts)
-is summed from the records, so a stopped run counts too. Then the census's Markdown and the benchmark go
-between the `<!-- vllm-census:start -->` and `<!-- vllm-census:end -->` markers of the guide.
+Runs `smearcli scan --engine vllm` as LANES shards at once (`--shard i/LANES`, one file each under
+build/), the documented way to use more than one core: each shard has its own vLLM worker, bound
+to a core of its own (`VLLM_CPU_OMP_THREADS_BIND`), so one shard's transformers side runs while
+the other's vLLM does. The benchmark (the wall time, vLLM's imports, the engines' starts) is
+summed from the records per shard, the census's wall time being the longest shard's, so a
+stopped run counts too. Then the census's Markdown (`--merge` of the shards) and the benchmark
+go between the `<!-- vllm-census:start -->` and `<!-- vllm-census:end -->` markers of the guide.
 `--resume` continues a stopped census; `--write-only` writes the guide from the records there are.
 Without $SMEARCLI_VLLM_PYTHON it says so and exits 0: the step is skipped, nothing changes.
 """
@@ -21,22 +23,33 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-OUT = ROOT / "build" / "vllm-census.jsonl"
+LANES = 2  # shards at once: the two cores CI and the docs' numbers have
 REPRO = ROOT / "build" / "vllm-census-repro"
 GUIDE = ROOT / "docs" / "guide" / "vllm.md"
 START, END = "<!-- vllm-census:start -->", "<!-- vllm-census:end -->"
-FIRST = "llama,mistral,qwen2,mamba2"
 TIMEOUT_S = 900  # one architecture, its reproducer included, on two loaded cores
 
 
+def out_of(lane: int) -> Path:
+    return ROOT / "build" / f"vllm-census.{lane}-of-{LANES}.jsonl"
+
+
 def scan(*args: str) -> None:
-    cmd = [sys.executable, "-m", "smearcli", "scan", "--engine", "vllm", "--out", str(OUT), "--repro-dir", str(REPRO),
-           "--timeout", str(TIMEOUT_S), "--memory-mb", "4096", "--json", *args]
-    print("gen_vllm_census:", " ".join(cmd[1:]), flush=True)
-    p = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    if p.returncode not in (0, 1):  # 1: --check is not given, but keep the records of any run that ended
-        sys.exit(f"gen_vllm_census: the census failed (exit {p.returncode})")
-    print("gen_vllm_census:", json.dumps(json.loads(p.stdout).get("benchmark")), flush=True)
+    """Every shard at once, each to its own file; waits for all of them."""
+    procs = []
+    for lane in range(1, LANES + 1):
+        cmd = [sys.executable, "-m", "smearcli", "scan", "--engine", "vllm", "--shard", f"{lane}/{LANES}",
+               "--out", str(out_of(lane)), "--repro-dir", str(REPRO), "--timeout", str(TIMEOUT_S),
+               "--memory-mb", "4096", "--json", *args]
+        print("gen_vllm_census:", " ".join(cmd[1:]), flush=True)
+        bind = str(lane - 1) if (os.cpu_count() or 1) >= LANES else "auto"
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": bind}
+        procs.append(subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True, env=env))
+    for p in procs:
+        out, _ = p.communicate()
+        if p.returncode not in (0, 1):  # 1: --check is not given, but keep the records of any run that ended
+            sys.exit(f"gen_vllm_census: a shard of the census failed (exit {p.returncode})")
+        print("gen_vllm_census:", json.dumps(json.loads(out).get("benchmark")), flush=True)
 
 
 def runs_of(recs: list) -> list:
@@ -53,25 +66,36 @@ def runs_of(recs: list) -> list:
     return runs
 
 
-def benchmark() -> str:
-    """The census's time from its records (so a run stopped early still counts): each
-    architecture's wall time, vLLM's imports (each run's last count) and the engines' starts."""
-    recs = [json.loads(ln) for ln in OUT.read_text().splitlines() if ln.strip()]
+def lane_time(recs: list) -> tuple[float, float, float]:
+    """One shard's (wall time, vLLM imports, engine starts) from its records."""
     runs = runs_of(recs)
     imports = sum(max((r.get("vllm") or {}).get("import_s_so_far") or 0 for r in run) for run in runs)
     engines = sum(float(s or 0) for r in recs for s in (r.get("vllm") or {}).get("engine_start_s") or [])
-    wall = imports + sum(r.get("wall_s") or 0 for r in recs)
-    pct = (lambda x: f"{100 * x / wall:.0f}%" if wall else "-")
-    return (f"{len(recs)} architectures checked in {wall / 60:.1f} minutes over {len(runs)} run(s) of the census "
-            f"(each architecture's wall time plus vLLM's imports), of which importing vLLM {imports:.0f} s "
-            f"({pct(imports)}) and starting engines {engines:.0f} s ({pct(engines)}); the rest is the models' "
-            "requests, the transformers reference, floor and power, and the reproducers.")
+    return imports + sum(r.get("wall_s") or 0 for r in recs), imports, engines
+
+
+def benchmark() -> str:
+    """The census's time from its records (so a run stopped early still counts): per shard, each
+    architecture's wall time, vLLM's imports (each run's last count) and the engines' starts; the
+    census takes as long as its longest shard."""
+    lanes = [[json.loads(ln) for ln in out_of(i).read_text().splitlines() if ln.strip()]
+             for i in range(1, LANES + 1) if out_of(i).exists()]
+    times = [lane_time(recs) for recs in lanes]
+    wall = max((t[0] for t in times), default=0.0)
+    busy, imports, engines = (sum(t[k] for t in times) for k in range(3))
+    pct = (lambda x: f"{100 * x / busy:.0f}%" if busy else "-")
+    return (f"{sum(map(len, lanes))} architectures checked in {wall / 60:.1f} minutes, {len(lanes)} shards at once "
+            f"on two cores (the longest shard's time: its architectures' wall times plus vLLM's imports). Of the "
+            f"shards' {busy / 60:.1f} minutes together, importing vLLM took {imports:.0f} s ({pct(imports)}) and "
+            f"starting engines {engines:.0f} s ({pct(engines)}); the rest is the models' requests, the "
+            "transformers reference, floor and power, and the reproducers.")
 
 
 def write_guide() -> None:
     with tempfile.TemporaryDirectory() as d:
         md = Path(d) / "census.md"
-        subprocess.run([sys.executable, "-m", "smearcli", "scan", "--merge", str(OUT), "--markdown", str(md)],
+        files = [str(out_of(i)) for i in range(1, LANES + 1) if out_of(i).exists()]
+        subprocess.run([sys.executable, "-m", "smearcli", "scan", "--merge", *files, "--markdown", str(md)],
                        cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
         body = md.read_text().split("\n", 1)[1].replace("\n## ", "\n#### ")  # under the guide's own heading
     text = GUIDE.read_text()
@@ -89,10 +113,10 @@ def main() -> None:
         return
     args = sys.argv[1:]
     if "--write-only" not in args:
-        OUT.parent.mkdir(parents=True, exist_ok=True)
+        REPRO.parent.mkdir(parents=True, exist_ok=True)
         if "--resume" not in args:
-            OUT.unlink(missing_ok=True)
-            scan("--only", FIRST)
+            for lane in range(1, LANES + 1):
+                out_of(lane).unlink(missing_ok=True)
         scan("--resume")
     write_guide()
 

@@ -63,6 +63,12 @@ def test_chunked_prefill_runs_below_and_at_the_conv_width_a_block_and_an_odd_bud
     names = [vllm_plan.label(e) for e in vllm_plan.schedule_entries(mamba)]
     assert names[0] == "prefill" and names[-1] == "prefix" and "decode" in names
     assert f"chunked@{cw - 1}" in names and f"chunked@{vllm_plan.BLOCK}" in names
+    llama, _ = vllm_plan.tiny_config("llama")  # no conv: one small budget stands for both
+    assert vllm_plan.budgets(llama) == [3, vllm_plan.ODD, vllm_plan.BLOCK]
+    # one engine (prefix caching on) serves a model without a conv state; Mamba's other schedules
+    # run the path without caching, so its prefix schedule gets a second
+    assert vllm_plan.one_engine(llama) and not vllm_plan.one_engine(mamba)
+    assert vllm_plan.length(llama) == vllm_plan.T and vllm_plan.length(mamba) == vllm_plan.STATE_T
 
 
 def model_dir(tmp_path, model_type):
@@ -253,6 +259,7 @@ def test_two_architectures_in_real_vllm(tmp_path, monkeypatch):
     assert r.exit_code == 0, r.output
     by = {a["model_type"]: a for a in json.loads(r.stdout)["architectures"]}
     assert by["llama"]["verdict"] == OK and by["llama"]["schedules"]["prefix"]["steps"] == "32,32"
+    assert len(by["llama"]["vllm"]["engine_start_s"]) == 1 and len(by["mamba2"]["vllm"]["engine_start_s"]) == 2
     assert by["mamba2"]["verdict"] == CRASHED and "mamba_mixer2.py" in by["mamba2"]["reason"]
     assert by["mamba2"]["reproducer_status"] == 1
     assert by["falcon_h1"]["verdict"] == CRASHED and by["falcon_h1"]["worst_schedule"] == "prefix"
@@ -287,3 +294,19 @@ def test_the_benchmark_splits_the_records_into_the_runs_that_wrote_them():
     # run 1: one start, then a restart (2 starts, 40 s imported in all); run 2: a fresh start (25 s)
     recs = [rec(1, 20.0, 5), rec(1, 20.0, 5), rec(2, 40.0, 5), rec(1, 25.0, 5)]
     assert [len(r) for r in gen_script().runs_of(recs)] == [3, 1]
+
+
+def test_the_census_takes_as_long_as_its_longest_shard(tmp_path, monkeypatch):
+    """The regen step runs the census as shards at once; its time is the longest shard's (its
+    architectures plus its vLLM imports), its shares are of the shards' time together."""
+    gen = gen_script()
+    monkeypatch.setattr(gen, "out_of", lambda lane: tmp_path / f"{lane}.jsonl")
+
+    def rec(imported, wall):
+        return json.dumps({"model_type": "m", "verdict": "ok", "wall_s": wall,
+                           "vllm": {"starts": 1, "import_s_so_far": imported, "engine_start_s": [3.0, 3.0]}})
+    (tmp_path / "1.jsonl").write_text("\n".join([rec(30.0, 60), rec(30.0, 60)]) + "\n")  # 150 s
+    (tmp_path / "2.jsonl").write_text(rec(30.0, 210) + "\n")  # 240 s
+    line = gen.benchmark()
+    assert line.startswith("3 architectures checked in 4.0 minutes, 2 shards at once on two cores"), line
+    assert "Of the shards' 6.5 minutes together, importing vLLM took 60 s (15%) and starting engines 18 s (5%)" in line

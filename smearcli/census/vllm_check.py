@@ -51,14 +51,14 @@ NO_FLOAT64 = "not confirmed: vLLM's engine has no float64 form to rerun it in"
 ENGINE_REFUSED = "vLLM did not start an engine for the tiny model: "
 
 
-def request(model_dir: Path, tokens: torch.Tensor, vocab: int, entries: list) -> dict:
+def request(model_dir: Path, tokens: torch.Tensor, vocab: int, entries: list, one_engine: bool = False) -> dict:
     from ..impls.vllm import PROTOCOL
 
     T = tokens.size(1)
     return {"protocol": PROTOCOL, "model": str(Path(model_dir).resolve()), "rows": tokens.tolist(), "vocab": vocab,
             "dtype": "float32", "device": "cpu", "tensor_parallel_size": 1,
             "max_model_len": -(-(T + 1) // vllm_plan.BLOCK) * vllm_plan.BLOCK, "block_size": vllm_plan.BLOCK,
-            "kv_cache_memory_bytes": vllm_plan.KV_CACHE_BYTES, "schedules": entries}
+            "kv_cache_memory_bytes": vllm_plan.KV_CACHE_BYTES, "one_engine": one_engine, "schedules": entries}
 
 
 def check(model_type: str, worker, timeout: float = 240.0, memory: Optional[int] = None, seed: int = 0,
@@ -95,7 +95,7 @@ def check(model_type: str, worker, timeout: float = 240.0, memory: Optional[int]
             return record(model_type, NOT_BUILT, reason="the tiny model cannot be saved: "
                           + transformers_frame(e), vllm={"answered": True}, **base)
         entries = vllm_plan.schedule_entries(config)
-        req = request(Path(d) / "model", tokens, vocab, entries)
+        req = request(Path(d) / "model", tokens, vocab, entries, vllm_plan.one_engine(config))
         (Path(d) / "request.json").write_text(json.dumps(req))
         try:
             res = worker.ask({"op": "run", "request": str(Path(d) / "request.json"), "outdir": d},

@@ -111,14 +111,24 @@ def length(config) -> int:
 
 
 def budgets(config) -> list[int]:
-    """Chunked prefill's token budgets: below and at the conv width, one cache block, an odd size."""
-    cw = conv_width(config) or DEFAULT_CONV
-    return sorted({b for b in (cw - 1, cw, BLOCK, ODD) if 1 <= b < length(config)})
+    """Chunked prefill's token budgets: below and at the conv width, one cache block, an odd size.
+    Without a conv, one small budget (3) stands for both: nothing in the model has that width."""
+    cw = conv_width(config)
+    small = (cw - 1, cw) if cw else (DEFAULT_CONV - 1,)
+    return sorted({b for b in (*small, BLOCK, ODD) if 1 <= b < length(config)})
+
+
+def one_engine(config) -> bool:
+    """Whether one engine, prefix caching on (vLLM's default), serves every schedule: yes without
+    a conv state. A model with one gets a second for the prefix schedule: caching on switches vLLM's
+    Mamba layers to another path (`mamba_cache_mode` "align"), and the other schedules must run
+    the path a model without caching runs."""
+    return conv_width(config) is None
 
 
 def schedule_entries(config) -> list[dict]:
-    """The worker's schedules: prefill, chunked at each budget, decode, then prefix (a block) last:
-    the first four share one engine, prefix caching needs a second."""
+    """The worker's schedules: prefill, chunked at each budget, decode, then prefix (a block) last
+    (on the engine the others ran on, or a second: `one_engine`)."""
     return ([{"name": "prefill"}] + [{"name": "chunked", "budget": b} for b in budgets(config)]
             + [{"name": "decode"}, {"name": "prefix", "prefix": BLOCK}])
 

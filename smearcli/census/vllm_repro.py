@@ -45,6 +45,7 @@ CONFIG = json.loads({config_json!r})
 SCHEDULE = {entry!r}
 TOKENS = {tokens!r}
 SEED, MARGIN, BLOCK, MAX_LEN = {seed!r}, {margin!r}, {block!r}, {max_len!r}
+ONE_ENGINE = {one_engine!r}  # prefix caching on for every schedule, as the census ran it
 V = {vocab!r}
 
 
@@ -105,12 +106,12 @@ def vllm_run(d):
         lp = torch.cat([positions(first)[:n], positions(second)[n:]])  # below n: uninitialised memory
         return TOKENS, lp, f"{{n}} tokens read from the prefix cache"
     if name == "decode":
-        llm = engine(d)
+        llm = engine(d, caching=ONE_ENGINE)
         out = generate(llm, TOKENS[:1], max_tokens=len(TOKENS))
         ids = TOKENS[:1] + list(out.outputs[0].token_ids)[:len(TOKENS) - 1]
         return ids, positions(out), "a one-token prompt, then one token per step"
     budget = SCHEDULE.get("budget", MAX_LEN)
-    llm = engine(d, budget=budget)  # request 1 builds the engine at this budget; request 2: the prompt
+    llm = engine(d, budget=budget, caching=ONE_ENGINE)  # the engine at this budget, then the prompt
     return TOKENS, positions(generate(llm, TOKENS)), f"prefill at max_num_batched_tokens={{budget}}"
 
 
@@ -169,7 +170,8 @@ def write(rec: dict, config, path: Path, req: dict, seed: int = 0, margin: float
         model_type=rec["model_type"], arch=vllm_plan.arch_of(rec["model_type"]), version=rec.get("vllm_version"),
         schedule=label, how=HOW[entry["name"]], finding=str(finding).replace('"""', "'''")[:300],
         config_json=json.dumps(d, default=str), entry=entry, tokens=req["rows"][0], seed=seed, margin=margin,
-        block=req["block_size"], max_len=req["max_model_len"], vocab=req["vocab"]))
+        block=req["block_size"], max_len=req["max_model_len"], vocab=req["vocab"],
+        one_engine=bool(req.get("one_engine"))))
     return path
 
 

@@ -13,7 +13,8 @@ closed after it), `archs` -> vLLM's ModelRegistry, `repro` (`path`, `timeout`) -
 
 The request (protocol 2) is JSON: `model` (a local model directory), `rows` (token ids, one list
 per row), `vocab`, `dtype`, `device`, `tensor_parallel_size`, `max_model_len`, `block_size`,
-`kv_cache_memory_bytes` and `schedules`, each `{"name": ..., ...}`: `prefill` (each row in one
+`kv_cache_memory_bytes`, `one_engine` (prefix caching on for every schedule: one engine start)
+and `schedules`, each `{"name": ..., ...}`: `prefill` (each row in one
 engine step); `chunked` with `budget` (the scheduler's per-step token budget lowered to it, as
 `max_num_batched_tokens` sets it, on the engine built at the full budget); `decode` (a one-token
 prompt, each later token forced to the row's own by a logits processor; log-probs are vLLM's raw
@@ -49,7 +50,7 @@ RAISED = "raised"  # a schedule's outcome when vLLM raised in it (smearcli reads
 
 
 def rss_mb() -> float:
-    """Resident memory in MB; 0 where /proc does not say (the answer is strict JSON: no NaN)."""
+    """Resident memory in MB; 0 where /proc does not say (strict JSON: no NaN)."""
     try:
         with open("/proc/self/status") as f:
             for line in f:
@@ -75,8 +76,7 @@ def hello() -> None:
 
 
 def dense(entries, vocab, np):
-    """One position's {token id: Logprob} as a (vocab,) array; NaN where an id is missing or the
-    entries name ids outside the vocabulary (uninitialised memory)."""
+    """One position's {token id: Logprob} as a (vocab,) array; all NaN past the vocabulary (garbage)."""
     row = np.full(vocab, np.nan, dtype=np.float32)
     if entries is None:
         return row
@@ -89,8 +89,7 @@ def dense(entries, vocab, np):
 
 
 def per_position(out, vocab, np):
-    """(positions, vocab): prompt log-probs moved to the position that computed them, then each
-    generated token's (the first generated one comes from the last prompt position)."""
+    """(positions, vocab): prompt log-probs at the position that computed them, then generated ones'."""
     rows = [dense(e, vocab, np) for e in (out.prompt_logprobs or [None])[1:]]
     rows += [dense(e, vocab, np) for e in (out.outputs[0].logprobs or [])]
     return np.stack(rows)
@@ -227,10 +226,8 @@ def whole_blocks(llm, asked: int, T: int) -> int:
 
 
 def run_request(req: dict, outdir: str, m: dict, import_s: float = 0.0) -> dict:
-    """Every schedule of one request (see the module docstring); the result dict, also written to
-    OUTDIR/result.json."""
-    t0 = time.time()
-    np = m["np"]
+    """Every schedule of one request (the module docstring); the result, also OUTDIR/result.json."""
+    t0, np = time.time(), m["np"]
     V, rows = int(req["vocab"]), req["rows"]
     result = {"protocol": PROTOCOL, "vllm_version": m["vllm"].__version__, "import_s": import_s,
               "engines": [], "schedules": []}
@@ -249,9 +246,8 @@ def run_request(req: dict, outdir: str, m: dict, import_s: float = 0.0) -> dict:
                   max_logprobs=V, kv_cache_memory_bytes=int(req["kv_cache_memory_bytes"]),
                   max_model_len=full_budget, enable_prefix_caching=prefix_caching,
                   enable_chunked_prefill=True, max_num_batched_tokens=full_budget, max_num_seqs=1,
-                  tensor_parallel_size=int(req["tensor_parallel_size"]), seed=0, logits_processors=[m["Force"]])
-        if req.get("block_size"):
-            kw["block_size"] = int(req["block_size"])
+                  tensor_parallel_size=int(req["tensor_parallel_size"]), seed=0, logits_processors=[m["Force"]],
+                  block_size=int(req["block_size"]) if req.get("block_size") else None)
         s = time.time()
         try:
             if req.get("device", "cpu") == "cpu":
@@ -285,7 +281,12 @@ def run_request(req: dict, outdir: str, m: dict, import_s: float = 0.0) -> dict:
         entry = {"name": name, "outcome": None, "message": "", "arrays": {}}
         started = False
         try:
-            llm = llm_for(name == "prefix")
+            try:  # `one_engine`: the prefix schedule's engine (caching on) serves them all; refused, each its own
+                llm = llm_for(name == "prefix" or bool(req.get("one_engine")))
+            except Exception:
+                if name == "prefix" or not req.get("one_engine"):
+                    raise
+                llm = llm_for(False)
             started = True
             del engine["steps"][:]
             entry.update(run_one(name, sched, rows, T, full_budget, V, llm, generate, outdir, i, np))
