@@ -27,7 +27,7 @@ LANES = 2  # shards at once: the two cores CI and the docs' numbers have
 REPRO = ROOT / "build" / "vllm-census-repro"
 GUIDE = ROOT / "docs" / "guide" / "vllm.md"
 START, END = "<!-- vllm-census:start -->", "<!-- vllm-census:end -->"
-TIMEOUT_S = 900  # one architecture, its reproducer included, on two loaded cores
+TIMEOUT_S = 300  # one architecture, its reproducer included (about 70 s on two busy cores); past it, a hang
 
 
 def out_of(lane: int) -> Path:

@@ -134,8 +134,7 @@ def test_the_census_on_the_standin_records_each_architecture_and_survives_a_dead
                                                         "qwen2": UNCONFIRMED}
     assert all(a["engine"] == "vllm" for a in by.values())
     llama = by["llama"]
-    assert set(llama["schedules"]) == {"prefill", "chunked@3", "chunked@4", "chunked@13", "chunked@32", "decode",
-                                       "prefix"}
+    assert set(llama["schedules"]) == {"prefill", "chunked@3", "chunked@13", "chunked@32", "decode", "prefix"}
     assert llama["schedules"]["prefix"]["status"] == OK and llama["power"]["threshold"] > 0
     assert "mamba_mixer2.py" in by["mamba2"]["reason"] and by["mamba2"]["worst_schedule"] == "prefix"
     assert "vLLM's worker died" in by["mistral"]["reason"] and "Aborted" in by["mistral"]["reason"]
@@ -208,6 +207,14 @@ def test_an_engine_refused_after_other_models_is_tried_again_in_a_fresh_worker(f
     assert by["mistral"]["verdict"] == OK and "checked again" not in " ".join(by["mistral"]["notes"])  # first
     assert by["qwen2"]["verdict"] == OK and "checked again in a fresh vLLM process" in by["qwen2"]["notes"]
     assert doc["benchmark"]["vllm_imports"] == 2
+    # a refusal for a reason of the model's own is not retried: a fresh worker costs vLLM's import
+    monkeypatch.setenv("SMEARCLI_STANDIN_PLAN", json.dumps({"qwen2": "refused"}))
+    r = runner.invoke(app, ["scan", "--engine", "vllm", "--vllm-python", str(fake_python), "--out",
+                            str(tmp_path / "again.jsonl"), "--only", "mistral,qwen2", "--json"])
+    doc = json.loads(r.stdout)
+    by = {a["model_type"]: a for a in doc["architectures"]}
+    assert by["qwen2"]["verdict"] == NOT_BUILT and "head size 16" in by["qwen2"]["reason"]
+    assert doc["benchmark"]["vllm_imports"] == 1 and "checked again" not in " ".join(by["qwen2"]["notes"] or [])
 
 
 def test_a_prefill_that_raises_is_not_built_not_a_cache_crash(fake_python, tmp_path, monkeypatch):

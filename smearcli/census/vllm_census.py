@@ -11,6 +11,7 @@ the shares spent importing vLLM and starting engines), `markdown(...)` the censu
 from __future__ import annotations
 
 import functools
+import re
 import tempfile
 import time
 from pathlib import Path
@@ -40,8 +41,16 @@ def check_one(name: str, worker: Worker, timeout: float, memory: Optional[int], 
     return rec
 
 
-def engine_refused(rec: dict) -> bool:
-    return rec.get("verdict") == SKIP and str(rec.get("reason") or "").startswith(ENGINE_REFUSED)
+# what vLLM 0.32 says when an engine an earlier model started left its process-wide parallel state
+# behind ("expert parallel group is not initialized", a MoE after other models): such a refusal is
+# the process's, not the model's, and is tried again in a fresh worker; any other refusal is kept
+# (a fresh worker costs vLLM's import, 15 to 30 s)
+STALE_STATE = re.compile(r"\bgroup is not initialized")
+
+
+def refused_by_stale_state(rec: dict) -> bool:
+    reason = str(rec.get("reason") or "")
+    return rec.get("verdict") == SKIP and reason.startswith(ENGINE_REFUSED) and bool(STALE_STATE.search(reason))
 
 
 def attempt(worker: Worker, name: str, check, timeout: float, memory: Optional[int], scratch: Path) -> dict:
@@ -57,16 +66,15 @@ def run(worker: Worker, names: Sequence[str], sink: "records.Sink", timeout: flo
         repro_dir: Path, on_record: Optional[Callable[[dict], None]] = None) -> list[dict]:
     """Check `names` (those `sink` does not hold yet), one at a time; a worker that died, hung or
     left an answer unread is started again before the next architecture. An engine vLLM refused
-    in a worker that had served other models is tried again in a fresh one before it counts: an
-    engine's parallel state is process-wide, and what an earlier model left of it can refuse the
-    next (vLLM 0.32: "expert parallel group is not initialized" for a MoE after others)."""
+    for the parallel state an earlier model left (`STALE_STATE`) in a worker that had served others
+    is tried again in a fresh one before it counts."""
     check = functools.partial(check_one, worker=worker, timeout=timeout, memory=memory, repro_dir=repro_dir)
     todo = [n for n in names if n not in sink.names()]
     done = []
     with tempfile.TemporaryDirectory(prefix="smearcli-vllm-census-") as d:
         for i, name in enumerate(todo):
             rec = attempt(worker, name, check, timeout, memory, Path(d) / "one.jsonl")
-            if engine_refused(rec) and worker.served > 1:
+            if refused_by_stale_state(rec) and worker.served > 1:
                 worker.kill()
                 worker.start()
                 rec = attempt(worker, name, check, timeout, memory, Path(d) / "one.jsonl")

