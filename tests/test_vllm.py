@@ -83,8 +83,9 @@ def test_a_prefix_of_the_engines_own_block_is_stitched_where_it_was_cut(model_di
 
 def test_the_worker_cuts_the_prefix_at_the_engines_block_and_inspects_a_class_here(tmp_path, monkeypatch):
     """The worker's own helpers, with vLLM's objects stood in: a prefix of whole blocks of the
-    engine's size (or as asked where none fits), and a lazily registered class registered as a
-    class before the engine starts (so vLLM inspects it in this process, not a fresh Python)."""
+    engine's size (or as asked where none fits), a lazily registered class registered as a class
+    before the engine starts (so vLLM inspects it in this process, not a fresh Python), and a
+    scheduler step past the request's deadline raising."""
     import importlib.util
     import types
 
@@ -111,6 +112,17 @@ def test_the_worker_cuts_the_prefix_at_the_engines_block_and_inspects_a_class_he
         (tmp_path / "config.json").write_text(json.dumps({"architectures": archs}))
         worker.inspect_here(str(tmp_path))
     assert registered == {"LlamaForCausalLM": "the class"}
+    # a request whose engine makes no progress past its deadline raises: that schedule's result
+    sched = types.SimpleNamespace(schedule=lambda: types.SimpleNamespace(total_num_scheduled_tokens=3))
+    llm = types.SimpleNamespace(llm_engine=types.SimpleNamespace(
+        engine_core=types.SimpleNamespace(engine_core=types.SimpleNamespace(scheduler=sched))))
+    deadline = [float("inf")]
+    steps = worker.count_steps(llm, deadline)
+    sched.schedule(), sched.schedule()
+    assert steps == [3, 3]
+    deadline[0] = 0.0
+    with pytest.raises(RuntimeError, match=r"did not finish the request in 120 s \(2 steps scheduled 6 tokens\)"):
+        sched.schedule()
 
 
 @pytest.mark.slow  # a subprocess of its own, seconds each (the fast loop leaves it out)
