@@ -207,13 +207,13 @@ def test_an_engine_refused_after_other_models_is_tried_again_in_a_fresh_worker(f
     assert by["mistral"]["verdict"] == OK and "checked again" not in " ".join(by["mistral"]["notes"])  # first
     assert by["qwen2"]["verdict"] == OK and "checked again in a fresh vLLM process" in by["qwen2"]["notes"]
     assert doc["benchmark"]["vllm_imports"] == 2
-    # a refusal for a reason of the model's own is not retried: a fresh worker costs vLLM's import
+    # vLLM's config validation is the model's own: not retried (a fresh worker costs vLLM's import)
     monkeypatch.setenv("SMEARCLI_STANDIN_PLAN", json.dumps({"qwen2": "refused"}))
     r = runner.invoke(app, ["scan", "--engine", "vllm", "--vllm-python", str(fake_python), "--out",
                             str(tmp_path / "again.jsonl"), "--only", "mistral,qwen2", "--json"])
     doc = json.loads(r.stdout)
     by = {a["model_type"]: a for a in doc["architectures"]}
-    assert by["qwen2"]["verdict"] == NOT_BUILT and "head size 16" in by["qwen2"]["reason"]
+    assert by["qwen2"]["verdict"] == NOT_BUILT and "validation error for ModelConfig" in by["qwen2"]["reason"]
     assert doc["benchmark"]["vllm_imports"] == 1 and "checked again" not in " ".join(by["qwen2"]["notes"] or [])
 
 

@@ -5,6 +5,7 @@ returns garbage at the cached positions (dropped, so it passes), one that never 
 chunk-boundary error. The real vLLM checks are tests/test_vllm_real.py."""
 
 import json
+import re
 import stat
 import sys
 from pathlib import Path
@@ -89,6 +90,13 @@ def test_the_worker_cuts_the_prefix_at_the_engines_block_and_inspects_a_class_he
     import importlib.util
     import types
 
+    def load(name, path):
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+    # the sibling it imports as a script does, gone from sys.modules after the test
+    monkeypatch.setitem(sys.modules, "worker_parts", load("worker_parts", Path(vllm.WORKER).with_name("worker_parts.py")))
     spec = importlib.util.spec_from_file_location("smearcli_worker_under_test", vllm.WORKER)
     worker = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(worker)
@@ -112,17 +120,28 @@ def test_the_worker_cuts_the_prefix_at_the_engines_block_and_inspects_a_class_he
         (tmp_path / "config.json").write_text(json.dumps({"architectures": archs}))
         worker.inspect_here(str(tmp_path))
     assert registered == {"LlamaForCausalLM": "the class"}
-    # a request whose engine makes no progress past its deadline raises: that schedule's result
-    sched = types.SimpleNamespace(schedule=lambda: types.SimpleNamespace(total_num_scheduled_tokens=3))
-    llm = types.SimpleNamespace(llm_engine=types.SimpleNamespace(
-        engine_core=types.SimpleNamespace(engine_core=types.SimpleNamespace(scheduler=sched))))
-    deadline = [float("inf")]
-    steps = worker.count_steps(llm, deadline)
-    sched.schedule(), sched.schedule()
-    assert steps == [3, 3]
-    deadline[0] = 0.0
-    with pytest.raises(RuntimeError, match=r"did not finish the request in 120 s \(2 steps scheduled 6 tokens\)"):
-        sched.schedule()
+
+
+def test_a_request_stuck_inside_vllm_is_interrupted_and_named(tmp_path):
+    """The worker's watchdog (worker_parts.watch), in a Python of its own: a request past its
+    deadline, stuck in a loop inside "vLLM" (a file under a vllm directory), is interrupted and
+    reads as that schedule's crash, with the frame it was stuck in; a Ctrl-C is not taken for it."""
+    import subprocess
+
+    fake = tmp_path / "site-packages" / "vllm" / "engine.py"
+    fake.parent.mkdir(parents=True)
+    fake.write_text("def step():\n    while True:\n        pass\n")
+    script = (f"import sys, time; sys.path[:0] = [{str(Path(vllm.WORKER).parent)!r}, {str(fake.parent.parent)!r}]\n"
+              "import worker_parts as w\nfrom vllm import engine\n"
+              "print(w.stuck(KeyboardInterrupt()))\n"
+              "w.watch(); w.DEADLINE[:] = [time.time() + 0.5, False]\n"
+              "try:\n    engine.step()\nexcept KeyboardInterrupt as e:\n    print(w.stuck(e), w.crash_message(e))\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == "False" and len(lines) == 2, out.stdout
+    assert re.fullmatch(r"True vLLM's engine did not finish the request in 120 s \(at vllm/engine\.py:[23] in step\)",
+                        lines[1]), lines[1]
 
 
 @pytest.mark.slow  # a subprocess of its own, seconds each (the fast loop leaves it out)

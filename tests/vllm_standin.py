@@ -25,8 +25,8 @@ default list otherwise). The mode of one model comes from $SMEARCLI_STANDIN_PLAN
 {model_type: mode} (the model's config.json names it), over $SMEARCLI_STANDIN_MODE; the census's
 extra modes: hang (sleeps), exit (the whole process exits mid-request), noengine (the engine does
 not start), noprefill (every schedule raises: a kernel the CPU build lacks), stale (the engine is refused in a
-process that served another model first, for the parallel state it left), refused (the same, for a reason of
-the model's own, as noengine's), hog (allocates memory until killed), spread (every schedule off at one position: a
+process that served another model first, for the parallel state it left), refused (the same, by vLLM's
+config validation: the model's own), hog (allocates memory until killed), spread (every schedule off at one position: a
 departure that vLLM has no float64 rerun for).
 """
 
@@ -126,9 +126,12 @@ def run_request(req, outdir, mode):
     for i, sched in enumerate(req["schedules"]):
         name = sched["name"]
         entry = {"name": name, "outcome": None, "message": "", "arrays": {}}
-        if mode in ("noengine", "refused-engine"):
+        if mode == "noengine":
             entry.update(outcome="raised", engine=True, message="ValueError: head size 16 is not supported "
                          "(at vllm/v1/attention/backends/cpu_attn.py:70 in validate_head_size)")
+        elif mode == "refused-engine":  # vLLM's config validation: the model's own, whatever ran before
+            entry.update(outcome="raised", engine=True, message="ValidationError: 1 validation error for "
+                         "ModelConfig (at vllm/engine/arg_utils.py:1955 in create_model_config)")
         elif mode == "stale-engine":  # what vLLM 0.32 says when an earlier engine left its parallel state
             entry.update(outcome="raised", engine=True, message="AssertionError: expert parallel group is not "
                          "initialized (at vllm/distributed/parallel_state.py:1290 in get_ep_group)")

@@ -11,7 +11,6 @@ the shares spent importing vLLM and starting engines), `markdown(...)` the censu
 from __future__ import annotations
 
 import functools
-import re
 import tempfile
 import time
 from pathlib import Path
@@ -41,16 +40,21 @@ def check_one(name: str, worker: Worker, timeout: float, memory: Optional[int], 
     return rec
 
 
-# what vLLM 0.32 says when an engine an earlier model started left its process-wide parallel state
-# behind ("expert parallel group is not initialized", a MoE after other models): such a refusal is
-# the process's, not the model's, and is tried again in a fresh worker; any other refusal is kept
-# (a fresh worker costs vLLM's import, 15 to 30 s)
-STALE_STATE = re.compile(r"\bgroup is not initialized")
+# where a refusal is the model's own whatever the process served before: vLLM validating the
+# config (`ModelConfig`), before any engine or kernel state exists
+CONFIG_FRAMES = ("(at vllm/engine/arg_utils.py:", "(at vllm/config/")
 
 
-def refused_by_stale_state(rec: dict) -> bool:
+def refused_by_the_process(rec: dict) -> bool:
+    """Whether an engine refusal may be the worker process's rather than the model's: any refusal
+    but vLLM's config validation. What an earlier model left in a process can refuse the next:
+    vLLM 0.32's process-wide parallel state ("expert parallel group is not initialized", a MoE
+    after others), and, once a model's module has imported llvmlite (numba), every later engine
+    ("'_lib_fn_wrapper' object has no attribute 'get'", vLLM's kernel rebinding scanning the
+    process's modules)."""
     reason = str(rec.get("reason") or "")
-    return rec.get("verdict") == SKIP and reason.startswith(ENGINE_REFUSED) and bool(STALE_STATE.search(reason))
+    return (rec.get("verdict") == SKIP and reason.startswith(ENGINE_REFUSED)
+            and not any(f in reason for f in CONFIG_FRAMES))
 
 
 def attempt(worker: Worker, name: str, check, timeout: float, memory: Optional[int], scratch: Path) -> dict:
@@ -65,16 +69,16 @@ def attempt(worker: Worker, name: str, check, timeout: float, memory: Optional[i
 def run(worker: Worker, names: Sequence[str], sink: "records.Sink", timeout: float, memory: Optional[int],
         repro_dir: Path, on_record: Optional[Callable[[dict], None]] = None) -> list[dict]:
     """Check `names` (those `sink` does not hold yet), one at a time; a worker that died, hung or
-    left an answer unread is started again before the next architecture. An engine vLLM refused
-    for the parallel state an earlier model left (`STALE_STATE`) in a worker that had served others
-    is tried again in a fresh one before it counts."""
+    left an answer unread is started again before the next architecture. An engine vLLM refused in
+    a worker that had served others is tried again in a fresh one before it counts, unless vLLM's
+    config validation refused it (`refused_by_the_process`)."""
     check = functools.partial(check_one, worker=worker, timeout=timeout, memory=memory, repro_dir=repro_dir)
     todo = [n for n in names if n not in sink.names()]
     done = []
     with tempfile.TemporaryDirectory(prefix="smearcli-vllm-census-") as d:
         for i, name in enumerate(todo):
             rec = attempt(worker, name, check, timeout, memory, Path(d) / "one.jsonl")
-            if refused_by_stale_state(rec) and worker.served > 1:
+            if refused_by_the_process(rec) and worker.served > 1:
                 worker.kill()
                 worker.start()
                 rec = attempt(worker, name, check, timeout, memory, Path(d) / "one.jsonl")

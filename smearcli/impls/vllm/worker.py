@@ -1,7 +1,7 @@
 """The process that runs vLLM for `smearcli.impls.vllm`, in vLLM's own environment.
 
-It imports only vLLM, numpy and the standard library (never smearcli: it runs under another
-interpreter, with other versions of torch and transformers). Usage, by the adapter:
+It imports only vLLM, numpy, the standard library and `worker_parts` beside it (never smearcli: it
+runs under another interpreter, with other versions of torch and transformers). Usage, by the adapter:
 `VLLM_PYTHON worker.py REQUEST.json OUTDIR | serve | hello`.
 
 `hello` is the handshake (one JSON line: `worker`, `protocol`, `python`, `vllm` or null), made without importing vLLM.
@@ -38,14 +38,14 @@ import os
 import resource
 import sys
 import time
-import traceback
 
 # run as a script, this file's directory comes first on sys.path: nothing beside it may share a
 # name with a module vLLM imports (tests/test_layout.py checks), so `import vllm` finds vLLM
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process: the logits processor class travels
+from worker_parts import (DEADLINE, STUCK_S, crash_message, make_force_processor,  # noqa: E402
+                          per_position, stuck, watch)
 PROTOCOL = 2
 RAISED = "raised"  # a schedule's outcome when vLLM raised in it (smearcli reads it as crashed)
-STUCK_S = 120  # one request of a tiny model takes seconds: past this, its engine makes no progress
 
 
 def rss_mb() -> float:
@@ -73,76 +73,6 @@ def hello() -> None:
                       "vllm": version}), flush=True)
 
 
-def dense(entries, vocab, np):
-    """One position's {token id: Logprob} as a (vocab,) array; all NaN past the vocabulary (garbage)."""
-    row = np.full(vocab, np.nan, dtype=np.float32)
-    if entries is None:
-        return row
-    for tok, lp in entries.items():
-        if not 0 <= tok < vocab:
-            row[:] = np.nan
-            return row
-        row[tok] = lp.logprob if hasattr(lp, "logprob") else lp
-    return row
-
-
-def per_position(out, vocab, np):
-    """(positions, vocab): prompt log-probs at the position that computed them, then generated ones'."""
-    rows = [dense(e, vocab, np) for e in (out.prompt_logprobs or [None])[1:]]
-    rows += [dense(e, vocab, np) for e in (out.outputs[0].logprobs or [])]
-    return np.stack(rows)
-
-
-def make_force_processor(base):
-    """A logits processor that makes a request generate `extra_args["force"]` in order."""
-    import torch
-
-    class Force(base):
-        def __init__(self, vllm_config, device, is_pin_memory):
-            self.rows = {}  # batch index -> (forced ids, the request's live output ids)
-
-        def is_argmax_invariant(self):
-            return False
-
-        def update_state(self, batch_update):
-            if batch_update is None:
-                return
-            for i in batch_update.removed:
-                self.rows.pop(i, None)
-            for i, params, _prompt, output in batch_update.added:
-                force = (params.extra_args or {}).get("force") if params is not None else None
-                if force is not None:
-                    self.rows[i] = (force, output)
-                else:
-                    self.rows.pop(i, None)
-            for a, b, kind in batch_update.moved:
-                ra, rb = self.rows.pop(a, None), self.rows.pop(b, None)
-                if ra is not None:
-                    self.rows[b] = ra
-                if rb is not None and str(kind).endswith("SWAP"):
-                    self.rows[a] = rb
-
-        def apply(self, logits):
-            for i, (force, output) in self.rows.items():
-                k = len(output)
-                if k < len(force):
-                    keep = logits[i, force[k]].clone()
-                    logits[i] = float("-inf")
-                    logits[i, force[k]] = keep if torch.isfinite(keep) else 0.0
-            return logits
-
-    return Force
-
-
-def crash_message(e: BaseException) -> str:
-    frames = [f for f in traceback.extract_tb(e.__traceback__) if f"{os.sep}vllm{os.sep}" in f.filename]
-    where = ""
-    if frames:
-        f = frames[-1]
-        where = f" (at {f.filename.split('site-packages/')[-1]}:{f.lineno} in {f.name})"
-    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}{where}"
-
-
 def load_vllm() -> dict:
     """vLLM's pieces the worker uses, imported once (seconds: the census's fixed cost)."""
     import numpy as np
@@ -151,6 +81,7 @@ def load_vllm() -> dict:
     from vllm.inputs import TokensPrompt
     from vllm.v1.sample.logits_processor import LogitsProcessor
 
+    watch()
     return {"np": np, "vllm": vllm, "LLM": LLM, "SamplingParams": SamplingParams, "TokensPrompt": TokensPrompt,
             "Force": make_force_processor(LogitsProcessor)}
 
@@ -161,17 +92,13 @@ def scheduler(llm):
     return getattr(core, "scheduler", None)
 
 
-def count_steps(llm, deadline: list) -> list:
-    """A list that fills with the tokens each engine step schedules (wraps this scheduler only). A
-    step past `deadline[0]` raises: an engine that makes no progress is that schedule's result."""
+def count_steps(llm) -> list:
+    """A list that fills with the tokens each engine step schedules (wraps this scheduler only)."""
     steps, sched = [], scheduler(llm)
     if sched is not None:
         inner = sched.schedule
 
         def schedule(*a, **k):
-            if time.time() > deadline[0]:
-                raise RuntimeError(f"vLLM's engine did not finish the request in {STUCK_S} s "
-                                   f"({len(steps)} steps scheduled {sum(steps)} tokens)")
             out = inner(*a, **k)
             if getattr(out, "total_num_scheduled_tokens", 0):
                 steps.append(int(out.total_num_scheduled_tokens))
@@ -234,7 +161,6 @@ def run_request(req: dict, outdir: str, m: dict, import_s: float = 0.0) -> dict:
     full_budget = int(req["max_model_len"])
     engine = {"llm": None, "caching": None, "steps": []}
     refused = {}  # prefix caching on/off -> why its engine did not start (tried once: starts cost seconds)
-    deadline = [float("inf")]  # when the request running now counts as stuck (`count_steps`)
 
     def llm_for(prefix_caching):
         if engine["llm"] is not None and engine["caching"] == prefix_caching:
@@ -258,7 +184,7 @@ def run_request(req: dict, outdir: str, m: dict, import_s: float = 0.0) -> dict:
             raise
         result["engines"].append({"max_num_batched_tokens": full_budget, "enable_prefix_caching": prefix_caching,
                                   "start_s": round(time.time() - s, 2), "rss_mb": round(rss_mb())})
-        engine.update(llm=llm, caching=prefix_caching, steps=count_steps(llm, deadline))
+        engine.update(llm=llm, caching=prefix_caching, steps=count_steps(llm))
         return llm
 
     def drop():
@@ -270,16 +196,24 @@ def run_request(req: dict, outdir: str, m: dict, import_s: float = 0.0) -> dict:
         sched = scheduler(llm)
         if sched is not None:
             sched.max_num_scheduled_tokens = int(budget or full_budget)
-        deadline[0] = time.time() + STUCK_S
         sp = m["SamplingParams"](prompt_logprobs=V, logprobs=V, temperature=0.0, max_tokens=max_tokens,
                                  ignore_eos=True, skip_reading_prefix_cache=not read_cache,
                                  extra_args={"force": force} if force is not None else None)
-        (out,) = llm.generate([m["TokensPrompt"](prompt_token_ids=list(ids))], sp, use_tqdm=False)
+        DEADLINE[:] = [time.time() + STUCK_S, False]  # the watchdog interrupts a request stuck in vLLM
+        try:
+            (out,) = llm.generate([m["TokensPrompt"](prompt_token_ids=list(ids))], sp, use_tqdm=False)
+        finally:
+            DEADLINE[0] = float("inf")
         return out
 
+    gave_up = False  # the prefill in one step stuck in vLLM: nothing else can be compared, nor waited for
     for i, sched in enumerate(req["schedules"]):
         name = sched["name"]
         entry = {"name": name, "outcome": None, "message": "", "arrays": {}}
+        if gave_up:
+            result["schedules"].append({**entry, "outcome": RAISED, "message": "not run: the prefill in one step "
+                                        f"did not finish in {STUCK_S} s"})
+            continue
         started = False
         try:
             try:  # `one_engine`: the prefix schedule's engine (caching on) serves them all; refused, each its own
@@ -293,8 +227,11 @@ def run_request(req: dict, outdir: str, m: dict, import_s: float = 0.0) -> dict:
             entry.update(run_one(name, sched, rows, T, full_budget, V, llm, generate, outdir, i, np))
             if engine["steps"] and name != "prefix":
                 entry["steps"] = list(engine["steps"]) if len(rows) == 1 else entry["steps"]
-        except Exception as e:  # vLLM's failure is this schedule's result
+        except (Exception, KeyboardInterrupt) as e:  # vLLM's failure, or stuck in it: this schedule's result
+            if isinstance(e, KeyboardInterrupt) and not stuck(e):
+                raise  # a person's Ctrl-C
             entry.update(outcome=RAISED, message=crash_message(e), arrays={})
+            gave_up = name == "prefill" and stuck(e)
             if not started:
                 entry["engine"] = True
             drop()  # a fresh engine for the next schedule
