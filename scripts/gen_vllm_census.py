@@ -27,7 +27,8 @@ LANES = 2  # shards at once: the two cores CI and the docs' numbers have
 REPRO = ROOT / "build" / "vllm-census-repro"
 GUIDE = ROOT / "docs" / "guide" / "vllm.md"
 START, END = "<!-- vllm-census:start -->", "<!-- vllm-census:end -->"
-TIMEOUT_S = 300  # one architecture, its reproducer included (about 70 s on two busy cores); past it, a hang
+TIMEOUT_S = 600  # one architecture and its reproducer: about 70 s on two busy cores, 5 minutes with a
+# request stuck inside vLLM (the worker's watchdog, then the reproducer's, at 120 s each)
 
 
 def out_of(lane: int) -> Path:

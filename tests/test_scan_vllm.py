@@ -226,6 +226,22 @@ def test_a_prefill_that_raises_is_not_built_not_a_cache_crash(fake_python, tmp_p
     assert "selective_scan_fwd" in a["reason"] and a["reproducer"] is None
 
 
+def test_a_schedule_stuck_inside_vllm_is_that_schedules_crash_and_the_rest_not_run(fake_python, tmp_path,
+                                                                                     monkeypatch):
+    """The worker's watchdog interrupts a request stuck inside vLLM and skips what is left (its
+    threads cannot be stopped): the stuck schedule is the crash, the others say they did not run."""
+    monkeypatch.setenv("SMEARCLI_STANDIN_PLAN", json.dumps({"llama": "stuck"}))
+    r = scan(tmp_path, fake_python, "--only", "llama,qwen2", "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    a = next(x for x in doc["architectures"] if x["model_type"] == "llama")
+    assert a["vllm"]["stuck"] and doc["benchmark"]["vllm_imports"] == 2  # qwen2 gets a fresh worker
+    assert a["verdict"] == CRASHED and a["worst_schedule"] == "chunked@3"
+    assert a["reason"].startswith("chunked@3: vLLM's engine did not finish the request in 120 s (at vllm/")
+    assert a["schedules"]["prefill"]["status"] == OK
+    assert {a["schedules"][n]["status"] for n in ("chunked@13", "decode", "prefix")} == {"not run"}
+
+
 def test_options_the_vllm_census_refuses(fake_python, tmp_path, monkeypatch):
     monkeypatch.delenv(ENV_PYTHON, raising=False)
     r = runner.invoke(app, ["scan", "--engine", "vllm", "--out", str(tmp_path / "v.jsonl")])

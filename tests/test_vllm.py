@@ -125,7 +125,8 @@ def test_the_worker_cuts_the_prefix_at_the_engines_block_and_inspects_a_class_he
 def test_a_request_stuck_inside_vllm_is_interrupted_and_named(tmp_path):
     """The worker's watchdog (worker_parts.watch), in a Python of its own: a request past its
     deadline, stuck in a loop inside "vLLM" (a file under a vllm directory), is interrupted and
-    reads as that schedule's crash, with the frame it was stuck in; a Ctrl-C is not taken for it."""
+    reads as that schedule's crash, with the frame it was stuck in (not the watchdog's own, though
+    the worker's files sit under a vllm directory too); a Ctrl-C is not taken for it."""
     import subprocess
 
     fake = tmp_path / "site-packages" / "vllm" / "engine.py"
@@ -135,7 +136,7 @@ def test_a_request_stuck_inside_vllm_is_interrupted_and_named(tmp_path):
               "import worker_parts as w\nfrom vllm import engine\n"
               "print(w.stuck(KeyboardInterrupt()))\n"
               "w.watch(); w.DEADLINE[:] = [time.time() + 0.5, False]\n"
-              "try:\n    engine.step()\nexcept KeyboardInterrupt as e:\n    print(w.stuck(e), w.crash_message(e))\n")
+              "try:\n    engine.step()\nexcept w.Stuck as e:\n    print(w.stuck(e), w.crash_message(e))\n")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()

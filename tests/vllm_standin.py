@@ -26,7 +26,8 @@ default list otherwise). The mode of one model comes from $SMEARCLI_STANDIN_PLAN
 extra modes: hang (sleeps), exit (the whole process exits mid-request), noengine (the engine does
 not start), noprefill (every schedule raises: a kernel the CPU build lacks), stale (the engine is refused in a
 process that served another model first, for the parallel state it left), refused (the same, by vLLM's
-config validation: the model's own), hog (allocates memory until killed), spread (every schedule off at one position: a
+config validation: the model's own), stuck (the first chunked schedule stuck inside "vLLM", the rest
+skipped, as the worker's watchdog answers), hog (allocates memory until killed), spread (every schedule off at one position: a
 departure that vLLM has no float64 rerun for).
 """
 
@@ -123,6 +124,7 @@ def run_request(req, outdir, mode):
     assert lp.shape[-1] == req["vocab"]
     result = {"protocol": PROTOCOL, "vllm_version": "stand-in", "import_s": 0.0,
               "engines": [{"start_s": 0.0}], "schedules": [], "peak_rss_mb": 0}
+    stuck = False
     for i, sched in enumerate(req["schedules"]):
         name = sched["name"]
         entry = {"name": name, "outcome": None, "message": "", "arrays": {}}
@@ -135,6 +137,11 @@ def run_request(req, outdir, mode):
         elif mode == "stale-engine":  # what vLLM 0.32 says when an earlier engine left its parallel state
             entry.update(outcome="raised", engine=True, message="AssertionError: expert parallel group is not "
                          "initialized (at vllm/distributed/parallel_state.py:1290 in get_ep_group)")
+        elif mode == "stuck" and name == "chunked" or mode == "stuck" and stuck:  # as the worker's watchdog says
+            entry.update(outcome="raised", **({"skipped": True, "message": "not run: chunked did not finish in 120 s"}
+                         if stuck else {"message": "vLLM's engine did not finish the request in 120 s (at "
+                                        "vllm/v1/attention/backends/utils.py:959 in reorder_batch)"}))
+            stuck = result["stuck"] = True
         elif mode == "noprefill":
             entry.update(outcome="raised", message="AttributeError: '_OpNamespace' '_C' object has no attribute "
                          "'selective_scan_fwd' (at vllm/_custom_ops.py:1975 in selective_scan_fwd)")

@@ -87,7 +87,7 @@ def run(worker: Worker, names: Sequence[str], sink: "records.Sink", timeout: flo
             done.append(rec)
             if on_record is not None:
                 on_record(rec)
-            clean = (rec.get("vllm") or {}).get("answered")
+            clean = (rec.get("vllm") or {}).get("answered") and not (rec.get("vllm") or {}).get("stuck")
             if i + 1 < len(todo) and (not clean or not worker.alive()):
                 worker.kill()
                 worker.start()

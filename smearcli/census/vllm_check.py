@@ -85,7 +85,11 @@ def check(model_type: str, worker, timeout: float = 240.0, memory: Optional[int]
         except Exception as e:
             return record(model_type, NOT_BUILT, reason="the full pass in transformers does not run: "
                           + transformers_frame(e), vllm={"answered": True}, **base)
-        power = measure_power([], ref_runner, tokens, tolerance * floor.per_layer[-1])
+        try:
+            power = measure_power([], ref_runner, tokens, tolerance * floor.per_layer[-1])
+        except Exception as e:  # transformers' own cache fails: vLLM still runs, but OK cannot be shown
+            power = evidence.Power(0, tolerance * floor.per_layer[-1],
+                                   why="zeroing the transformers reference's cache raised: " + transformers_frame(e))
         if not power.measured or power.sufficient:
             break
     with tempfile.TemporaryDirectory(prefix=f"smearcli-vllm-{model_type}-") as d:
@@ -135,7 +139,8 @@ def judge(model_type, result, workdir, tokens, req, ref, floor, power, tolerance
     """The record from the worker's answer: each run measured, then the verdict word."""
     runs = runs_of(result, workdir, tokens, req)
     timing = {"answered": True, "engine_start_s": [e.get("start_s") for e in result.get("engines", [])],
-              "total_s": result.get("total_s"), "peak_rss_mb": result.get("peak_rss_mb")}
+              "total_s": result.get("total_s"), "peak_rss_mb": result.get("peak_rss_mb"),
+              "stuck": bool(result.get("stuck"))}  # a request stuck in vLLM: the worker is ended after this model
     base = {**base, "vllm_version": result.get("vllm_version") or base.get("vllm_version"), "vllm": timing,
             "floor": floor.per_layer[-1], "floor_source": floor.source}
     engine_failed = [e for e in result["schedules"] if e.get("engine")]
@@ -145,6 +150,8 @@ def judge(model_type, result, workdir, tokens, req, ref, floor, power, tolerance
     for run, entry in zip(runs, result["schedules"]):
         if run.outcome == RUN_CRASHED and entry.get("engine"):  # prefix caching refused for this model
             schedules[run.schedule] = {"status": str(NOT_RUN), "why": "no engine with prefix caching: " + run.message}
+        elif run.outcome == RUN_CRASHED and entry.get("skipped"):  # after a schedule stuck inside vLLM
+            schedules[run.schedule] = {"status": str(NOT_RUN), "why": run.message}
         elif run.outcome == RUN_CRASHED:
             schedules[run.schedule] = {"status": str(CRASHED), "why": run.message}
         elif run.outcome == UNCHECKED:
@@ -180,8 +187,9 @@ def judge(model_type, result, workdir, tokens, req, ref, floor, power, tolerance
     if not metrics:
         return record(model_type, INCONCLUSIVE, reason="no schedule was measured", **out)
     out["power"] = power.to_json()
-    if power.measured and not power.sufficient:
-        return record(model_type, INCONCLUSIVE, reason=power.shortfall, **{**out, "notes": notes + [NO_POWER_NOTE]})
+    if not power.sufficient:
+        return record(model_type, INCONCLUSIVE, reason=power.shortfall,
+                      **{**out, "notes": notes + ([NO_POWER_NOTE] if power.measured else [])})
     if base.get("init") is not None:
         out["notes"] = notes + [init_note(base["init"])]
     return record(model_type, OK, **out)

@@ -28,6 +28,7 @@ that pass's float32 rounding), 0 once fixed.
 """
 import json
 import os
+import signal
 import sys
 import tempfile
 import traceback
@@ -47,6 +48,7 @@ TOKENS = {tokens!r}
 SEED, MARGIN, BLOCK, MAX_LEN = {seed!r}, {margin!r}, {block!r}, {max_len!r}
 ONE_ENGINE = {one_engine!r}  # prefix caching on for every schedule, as the census ran it
 V = {vocab!r}
+STUCK_S = 120  # the whole run in vLLM takes seconds; past this it is stuck
 
 
 def save(d):
@@ -130,6 +132,8 @@ def main():
     print(f"vLLM, transformers {{transformers.__version__}}, torch {{torch.__version__}}: {model_type!r}, {{SCHEDULE}}")
     with tempfile.TemporaryDirectory() as d:
         save(d)
+        signal.signal(signal.SIGALRM, stuck)
+        signal.alarm(STUCK_S)  # a request stuck inside vLLM (a step that never returns) is the bug too
         try:
             ids, got, what = vllm_run(d)
         except Exception as e:
@@ -137,6 +141,7 @@ def main():
             print(f"{{SCHEDULE['name']}}: vLLM raised {{type(e).__name__}}: {{e}}")
             print("the bug is there")
             return 1
+        signal.alarm(0)
         want, floor = reference(d, ids)
         n = min(len(got), len(want))
         err = float((got[:n] - want[:n]).abs().nan_to_num(float("inf")).max())
@@ -147,8 +152,14 @@ def main():
         return 1 if bug else 0
 
 
+def stuck(signum, frame):
+    raise TimeoutError(f"vLLM did not finish in {{STUCK_S}} s")
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    sys.stdout.flush()
+    os._exit(code)  # a thread still stuck inside vLLM would keep the interpreter from exiting
 '''
 HOW = {"prefix": "a first request for a prefix of whole cache blocks, then the whole input reading them "
                  "(prefix caching on)",

@@ -42,7 +42,7 @@ import time
 # run as a script, this file's directory comes first on sys.path: nothing beside it may share a
 # name with a module vLLM imports (tests/test_layout.py checks), so `import vllm` finds vLLM
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process: the logits processor class travels
-from worker_parts import (DEADLINE, STUCK_S, crash_message, make_force_processor,  # noqa: E402
+from worker_parts import (DEADLINE, STUCK_S, Stuck, crash_message, make_force_processor,  # noqa: E402
                           per_position, stuck, watch)
 PROTOCOL = 2
 RAISED = "raised"  # a schedule's outcome when vLLM raised in it (smearcli reads it as crashed)
@@ -206,13 +206,13 @@ def run_request(req: dict, outdir: str, m: dict, import_s: float = 0.0) -> dict:
             DEADLINE[0] = float("inf")
         return out
 
-    gave_up = False  # the prefill in one step stuck in vLLM: nothing else can be compared, nor waited for
+    gave_up = ""  # a schedule stuck in vLLM: its threads cannot be stopped, so nothing more runs here
     for i, sched in enumerate(req["schedules"]):
         name = sched["name"]
         entry = {"name": name, "outcome": None, "message": "", "arrays": {}}
         if gave_up:
-            result["schedules"].append({**entry, "outcome": RAISED, "message": "not run: the prefill in one step "
-                                        f"did not finish in {STUCK_S} s"})
+            result["schedules"].append({**entry, "outcome": RAISED, "skipped": True, "message": f"not run: "
+                                        f"{gave_up} did not finish in {STUCK_S} s"})
             continue
         started = False
         try:
@@ -227,13 +227,15 @@ def run_request(req: dict, outdir: str, m: dict, import_s: float = 0.0) -> dict:
             entry.update(run_one(name, sched, rows, T, full_budget, V, llm, generate, outdir, i, np))
             if engine["steps"] and name != "prefix":
                 entry["steps"] = list(engine["steps"]) if len(rows) == 1 else entry["steps"]
-        except (Exception, KeyboardInterrupt) as e:  # vLLM's failure, or stuck in it: this schedule's result
-            if isinstance(e, KeyboardInterrupt) and not stuck(e):
-                raise  # a person's Ctrl-C
+        except (Exception, Stuck) as e:  # vLLM's failure, or stuck in it: this schedule's result
             entry.update(outcome=RAISED, message=crash_message(e), arrays={})
-            gave_up = name == "prefill" and stuck(e)
             if not started:
                 entry["engine"] = True
+            if stuck(e):  # no engine here can be closed or started cleanly any more: the caller ends this process
+                # (the census after this model's reproducer; a single request below, once answered)
+                result["stuck"], gave_up, engine["llm"] = True, name, None
+                result["schedules"].append(entry)
+                continue
             drop()  # a fresh engine for the next schedule
         result["schedules"].append(entry)
     drop()
@@ -334,4 +336,5 @@ if __name__ == "__main__":
         sys.exit("usage: worker.py REQUEST.json OUTDIR | serve | hello")
     else:
         t0, request = time.time(), read(sys.argv[1])
-        run_request(request, sys.argv[2], load_vllm(), round(time.time() - t0, 2))
+        if run_request(request, sys.argv[2], load_vllm(), round(time.time() - t0, 2)).get("stuck"):
+            os._exit(0)  # result.json is written; a thread still stuck in vLLM would keep the interpreter up

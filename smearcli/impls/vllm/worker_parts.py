@@ -5,10 +5,11 @@ and vLLM's classes are handed in). It holds the conversion of vLLM's log-probs t
 (`dense`, `per_position`), the logits processor that forces a decode to the row's own tokens
 (`make_force_processor`), a crash's one-line message with vLLM's innermost frame
 (`crash_message`), and the watchdog that turns a request stuck inside vLLM into that schedule's
-result (`watch`, `DEADLINE`, `STUCK_S`).
+result (`watch`, `Stuck`, `DEADLINE`, `STUCK_S`).
 """
 
 import os
+import signal
 import threading
 import time
 import traceback
@@ -18,30 +19,40 @@ STUCK_S = 120  # one request of a tiny model takes seconds; past this, the watch
 DEADLINE = [float("inf"), False]
 
 
+class Stuck(BaseException):
+    """The watchdog's interrupt: a BaseException, so vLLM's `except Exception` handlers let it by."""
+
+
 def watch() -> None:
-    """Start the watchdog: once a request passes DEADLINE[0], interrupt the main thread (a
-    KeyboardInterrupt at its next Python line, which `crash_message` names). A request stuck inside
-    vLLM, a step that never returns or steps that make no progress, is then that schedule's result
-    rather than a hang the census can only time out."""
-    import _thread
+    """Start the watchdog (from the main thread): once a request passes DEADLINE[0], signal the main
+    thread (SIGUSR1), whose handler raises `Stuck` wherever it is, a wait on another thread's
+    work included. A request stuck inside vLLM, a step that never returns or steps that make no
+    progress, is then that schedule's result rather than a hang the census can only time out.
+    What stays stuck in another thread dies with the worker, which the caller then ends."""
+    def interrupt(signum, frame):
+        raise Stuck()
+    signal.signal(signal.SIGUSR1, interrupt)
+    main = threading.main_thread().ident
 
     def loop():
         while True:
             time.sleep(1.0)
             if time.time() > DEADLINE[0]:
                 DEADLINE[:] = [float("inf"), True]
-                _thread.interrupt_main()
+                signal.pthread_kill(main, signal.SIGUSR1)
     threading.Thread(target=loop, name="smearcli-watchdog", daemon=True).start()
 
 
 def stuck(e: BaseException) -> bool:
-    """Whether `e` is the watchdog's interrupt (a person's Ctrl-C is not)."""
-    return isinstance(e, KeyboardInterrupt) and DEADLINE[1]
+    """Whether `e` is the watchdog's interrupt."""
+    return isinstance(e, Stuck)
 
 
 def crash_message(e: BaseException) -> str:
     """`Type: first line (at vllm/...py:LINE in FUNCTION)`, the innermost frame under a vllm directory."""
-    frames = [f for f in traceback.extract_tb(e.__traceback__) if f"{os.sep}vllm{os.sep}" in f.filename]
+    here = os.path.dirname(os.path.abspath(__file__))  # the worker's own files sit under a vllm directory too
+    frames = [f for f in traceback.extract_tb(e.__traceback__)
+              if f"{os.sep}vllm{os.sep}" in f.filename and os.path.dirname(os.path.abspath(f.filename)) != here]
     where = ""
     if frames:
         f = frames[-1]
