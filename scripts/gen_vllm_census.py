@@ -95,8 +95,8 @@ def benchmark() -> str:
 def write_guide() -> None:
     with tempfile.TemporaryDirectory() as d:
         md = Path(d) / "census.md"
-        files = [str(out_of(i)) for i in range(1, LANES + 1) if out_of(i).exists()]
-        subprocess.run([sys.executable, "-m", "smearcli", "scan", "--merge", *files, "--markdown", str(md)],
+        merge = [a for i in range(1, LANES + 1) if out_of(i).exists() for a in ("--merge", str(out_of(i)))]
+        subprocess.run([sys.executable, "-m", "smearcli", "scan", *merge, "--markdown", str(md)],
                        cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
         body = md.read_text().split("\n", 1)[1].replace("\n## ", "\n#### ")  # under the guide's own heading
     text = GUIDE.read_text()
