@@ -15,8 +15,9 @@ docs/guide/boundaries.md, all drawn transparent for the site's light and dark mo
 plots as a text chunk (`smearcli.render.figures.read_summary`). tests/test_docs.py runs each
 command again and checks the exit status, the output, the figure's numbers and the README.
 
-Outputs depend on the machine only in the last digits of noise-level numbers (and, for bench,
-in the timings). The committed ones come from a 2-core Intel Xeon CPU, torch 2.13.0, float32.
+Outputs depend on the machine only in the last digits of noise-level numbers and of errors, which
+tests/test_docs.py compares with a tolerance (`agree`), and, for bench, in the timings. The
+committed ones come from a 2-core Intel Xeon CPU, torch 2.13.0, float32.
 """
 
 from __future__ import annotations
