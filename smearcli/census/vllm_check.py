@@ -37,13 +37,13 @@ from typing import Optional
 import torch
 
 from .. import evidence
+from ..compare import measure_power
 from ..metrics import measure
 from ..names import NOISE_MARGIN
 from ..schedules import CRASHED as RUN_CRASHED, UNCHECKED, run_schedule
 from ..verdicts import CRASHED, INCONCLUSIVE, NOT_BUILT, NOT_RUN, OK, UNCONFIRMED
 from . import vllm_plan
 from .boundary import transformers_frame
-from ..compare import measure_power
 from .check import INIT_LADDER, NO_POWER_NOTE, build, init_note, record, text_config
 from .vllm_engine import WorkerGone
 
