@@ -60,8 +60,10 @@ class Owned:
     def forward(self, tokens, capture):
         return self._received(self.inner.forward(tokens, capture), tokens, "its forward pass without a cache")
 
-    def step(self, tokens, cache, capture):
-        return self._received(self.inner.step(tokens, cache, capture), tokens, "a cached step")
+    def step(self, tokens, cache, capture, keep: bool = True):
+        """`keep=False`: checked, not copied, for a caller that copies the output into buffers of its
+        own before its next call (the step loop, `schedules`): one copy, not two."""
+        return self._received(self.inner.step(tokens, cache, capture), tokens, "a cached step", keep)
 
     def forward_documents(self, tokens, lengths, capture):
         return self._received(self.inner.forward_documents(tokens, lengths, capture), tokens,
@@ -85,7 +87,7 @@ class Owned:
                                    hiddens=None if whole.hiddens is None else [_own(h) for h in whole.hiddens])
 
     # -- receiving -------------------------------------------------------------------------------
-    def _received(self, out, tokens: Tensor, what: str) -> Output:
+    def _received(self, out, tokens: Tensor, what: str, keep: bool = True) -> Output:
         self.calls += 1
         n = tokens.size(1)
         what = f"{what} over {n} token{'s' * (n != 1)} (call {self.calls} of the {self.schedule} run)"
@@ -96,6 +98,8 @@ class Owned:
             raise BadOutput(f"{self._label()}: {what} returned hidden states as {_shape(hiddens)}, not a list "
                             "of (batch, tokens, channels) tensors")
         self._check(logits, hiddens, tuple(tokens.shape), what)
+        if not keep:
+            return Output(logits, None if hiddens is None else list(hiddens))
         return Output(_own(logits), None if hiddens is None else [_own(h) for h in hiddens])
 
     def _label(self) -> str:

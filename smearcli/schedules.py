@@ -143,15 +143,17 @@ def _run_steps(runner: Runner, tokens: Tensor, steps: list[int], capture: bool,
                cache=None, on_step=None, out=None) -> tuple[Tensor, Optional[list[Tensor]]]:
     """Feed `tokens` (B, T) through the runner's cache in steps; each step's outputs are written
     where they belong in one (B, T, ...) fp32 tensor per output, so nothing is concatenated (at
-    d12 and 1024 tokens a logits row is 256 MB). `out`: the logits tensor to write into (a view of
-    a larger one, as the engine schedule gives); `on_step(n)` is called after each step of n tokens."""
+    d12 and 1024 tokens a logits row is 256 MB), before the next step is asked for: `runner` is an
+    `owned.Owned`, which checks each step and leaves the copy to this loop. `out`: the logits tensor
+    to write into (a view of a larger one, as the engine schedule gives); `on_step(n)` is called
+    after each step of n tokens."""
     B, T = tokens.shape
     if cache is None:
         cache = runner.new_cache(B, T)
     logits, hiddens, depth = out, None, None  # hiddens: None until a step returns them, [] if one did not
     pos = 0
     for n in steps:
-        step = runner.step(tokens[:, pos:pos + n], cache, capture)  # checked as received (`owned`)
+        step = runner.step(tokens[:, pos:pos + n], cache, capture, keep=False)  # checked; copied just below
         if logits is None:
             logits = step.logits.new_empty((B, T) + tuple(step.logits.shape[2:]), dtype=torch.float32)
         logits[:, pos:pos + n] = step.logits
