@@ -81,7 +81,8 @@ class Owned:
 
         self.calls += 1
         what = f"its own run of the {schedule} schedule"
-        rows = whole.logits.size(0) if isinstance(whole.logits, Tensor) and whole.logits.dim() == 3 else None
+        # an engine may return more rows than it was given (samples): any count of rows, then T
+        rows = whole.logits.size(0) if isinstance(whole.logits, Tensor) and whole.logits.dim() == 3 else "rows"
         self._check(whole.logits, whole.hiddens, (rows, tokens.size(1)), what)
         return dataclasses.replace(whole, logits=_own(whole.logits),
                                    hiddens=None if whole.hiddens is None else [_own(h) for h in whole.hiddens])

@@ -122,3 +122,30 @@ def test_through_the_cli_it_is_the_runners_failure(shrinking_impl, tmp_path):
         assert r.stdout == "" and "internal error" not in r.output and "Traceback" not in r.output
     assert saved.read_bytes() == b"an earlier run's file"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["runs.pt"]
+
+
+class WholeRuns(Toy):
+    """An engine that runs whole schedules itself (`run()`), returning `logits` for each."""
+    runs_itself = frozenset({"chunked"})
+
+    def __init__(self, logits):
+        super().__init__()
+        self.logits = logits
+
+    def run(self, schedule, tokens, options):
+        from smearcli.schedules import RunResult
+
+        return RunResult(schedule, self.label, self.logits, None, [tokens.size(1)], [0])
+
+
+def test_a_whole_run_an_engine_returns_is_checked_and_owned():
+    from smearcli.schedules import run_schedule
+
+    good = torch.randn(1, T, V)
+    got = run_schedule(WholeRuns(good), TOKENS[None], "chunked")
+    assert torch.equal(got.logits, good) and got.logits.untyped_storage().data_ptr() != good.untyped_storage().data_ptr()
+    with pytest.raises(ValueError, match=r"toy: its own run of the chunked schedule returned logits of shape "
+                                         r"\(1, 12, 0\), an empty vocabulary; expected \(1, 12, vocab\)"):
+        run_schedule(WholeRuns(torch.randn(1, T, 0)), TOKENS[None], "chunked")
+    with pytest.raises(ValueError, match=r"returned logits of shape \(12, 32\); expected \(rows, 12, vocab\)"):
+        run_schedule(WholeRuns(torch.randn(T, V)), TOKENS[None], "chunked")
