@@ -40,6 +40,7 @@ from .boundaries import document_starts
 from .compare import Comparison, compare
 from .jsondoc import SCHEMAS, header, model_header
 from .names import FIRST_TOKENS, NOISE_MARGIN, PACKED
+from .owned import Owned
 from .runner import DOCUMENT_MASK, SMEAR_TERMS, NoDocumentMask, Runner
 from .schedules import ScheduleOptions
 from .units import sci, times
@@ -138,7 +139,8 @@ def measure(runners: Sequence[Runner], tokens: Tensor, lengths: Sequence[int], f
         masked, unsplit = None, f"{r.label} takes no document mask"
         if r.can(DOCUMENT_MASK):
             try:
-                masked, unsplit = r.forward_documents(tokens.to(r.device), lengths, True), None
+                masked = Owned(r, PACKED).forward_documents(tokens.to(r.device), lengths, True)  # checked, copied
+                unsplit = None
             except NoDocumentMask as e:
                 unsplit = str(e)
         terms = r.smear_terms(tokens.to(r.device)) if r.can(SMEAR_TERMS) else None

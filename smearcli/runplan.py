@@ -155,12 +155,23 @@ def collect(planned, results) -> tuple:
 
 
 def common_layers(ref, runs: list, layers: list[str]):
-    """The capture points every run has: all of them, or the logits alone when one has none."""
+    """The capture points every run has: all of them, or the logits alone when one has none. Each
+    run's logits must have the reference's vocabulary, each capture point its channels
+    (`owned.BadOutput` otherwise: within one run, `owned` checked that as each call returned)."""
+    from .owned import BadOutput
+
     for r in [ref] + runs:
         got = len(r.hiddens or []) + 1
         if got != len(layers) and r.hiddens is not None:
             raise ValueError(f"{r.logic} returned {got} capture points on {r.schedule}; its runner "
                              f"declares {len(layers)} ({', '.join(layers)})")
+    for r in runs:
+        pairs = [("logits", ref.logits, r.logits)] + list(zip(layers, ref.hiddens or [], r.hiddens or []))
+        for name, a, b in pairs:
+            if a.shape[2:] != b.shape[2:]:
+                raise BadOutput(f"{r.logic}: its {r.schedule} run returned {name} of shape {tuple(b.shape)}; "
+                                f"expected {tuple(b.shape[:2]) + tuple(a.shape[2:])}, the width of the "
+                                f"reference's ({ref.logic}, {ref.schedule}) {tuple(a.shape)}")
     if ref.hiddens is None or any(r.hiddens is None for r in runs):
         return (dataclasses.replace(ref, hiddens=None), [dataclasses.replace(r, hiddens=None) for r in runs],
                 ["logits"])

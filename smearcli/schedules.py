@@ -53,6 +53,7 @@ from torch import Tensor
 from . import boundaries
 from .errors import CannotRun
 from .names import REFERENCE, SCHEDULE_NAMES
+from .owned import Owned
 from .runner import EXPAND, PREFIX_CACHE, Runner
 from .steps import (CACHE_COPY, CHUNK_START, CRASHED, PREFIX_HIT, UNCHECKED, Ran, Repro,  # noqa: F401 - the
                     RunResult, Schedule, ScheduleOptions, chunk_plan, prompt_len, split_even)  # schedules' API
@@ -136,24 +137,23 @@ def plan_steps(schedule: str, T: int, opts: ScheduleOptions = ScheduleOptions())
 
 # -- the step loop --------------------------------------------------------------------------------
 # Every step-driven schedule ends here: the runner's cached steps, each one's outputs written where
-# they belong; a step whose logits do not cover its tokens is refused, naming the runner.
+# they belong (each already checked and owned: the runner arrives wrapped in `owned.Owned`).
 
 def _run_steps(runner: Runner, tokens: Tensor, steps: list[int], capture: bool,
                cache=None, on_step=None, out=None) -> tuple[Tensor, Optional[list[Tensor]]]:
     """Feed `tokens` (B, T) through the runner's cache in steps; each step's outputs are written
     where they belong in one (B, T, ...) fp32 tensor per output, so nothing is concatenated (at
-    d12 and 1024 tokens a logits row is 256 MB). `out`: the logits tensor to write into (a view of
-    a larger one, as the engine schedule gives); `on_step(n)` is called after each step of n tokens."""
+    d12 and 1024 tokens a logits row is 256 MB), before the next step is asked for: `runner` is an
+    `owned.Owned`, which checks each step and leaves the copy to this loop. `out`: the logits tensor
+    to write into (a view of a larger one, as the engine schedule gives); `on_step(n)` is called
+    after each step of n tokens."""
     B, T = tokens.shape
     if cache is None:
         cache = runner.new_cache(B, T)
     logits, hiddens, depth = out, None, None  # hiddens: None until a step returns them, [] if one did not
     pos = 0
     for n in steps:
-        step = runner.step(tokens[:, pos:pos + n], cache, capture)
-        if step.logits.shape[:2] != (B, n):
-            raise ValueError(f"{runner.label}: a step over {n} tokens returned logits of shape "
-                             f"{tuple(step.logits.shape)}")
+        step = runner.step(tokens[:, pos:pos + n], cache, capture, keep=False)  # checked; copied just below
         if logits is None:
             logits = step.logits.new_empty((B, T) + tuple(step.logits.shape[2:]), dtype=torch.float32)
         logits[:, pos:pos + n] = step.logits
@@ -180,7 +180,7 @@ def run_steps(runner: Runner, tokens: Tensor, steps, capture: bool = False, sche
     """`tokens` (B, T) fed through a fresh cache in any plan of `steps` (a census fuzzes them),
     without gradients, as a RunResult named `schedule`."""
     with torch.inference_mode():
-        logits, hiddens = _run_steps(runner, tokens, list(steps), capture)
+        logits, hiddens = _run_steps(Owned(runner, schedule), tokens, list(steps), capture)
     return RunResult(schedule, runner.label, logits, hiddens, list(steps), list(range(tokens.size(0))))
 
 
@@ -297,13 +297,14 @@ def run_schedule(target, tokens: Tensor, schedule: str, logic: Optional[str] = N
     def on_step(n: int) -> None:
         done[0] += n
         progress(done[0], T)
+    driven = Owned(runner, schedule)  # every output checked and copied as it is received
     with torch.inference_mode():
-        whole = runner.run(schedule, tokens, opts)  # an engine that schedules by itself
+        whole = driven.run(schedule, tokens, opts)  # an engine that schedules by itself
         if whole is not None:
             if progress:
                 progress(T, T)
             return whole
-        ran = SCHEDULES[schedule].run(runner, tokens, opts, capture, on_step if progress else None)
+        ran = SCHEDULES[schedule].run(driven, tokens, opts, capture, on_step if progress else None)
     rows = ran.logits.size(0)
     row_map = [r * B // rows for r in range(rows)] if rows != B else list(range(B))
     return RunResult(schedule, runner.label, ran.logits, ran.hiddens, list(ran.steps), row_map, dict(ran.marks),

@@ -33,7 +33,11 @@ schedule, token-by-token decode and chunked prefill by default, is measured agai
 - **confirmation**: a run that leaves the tolerance is rerun in float64 with float32 requests
   lifted (`evidence.Confirmer`): a bug keeps its size, rounding vanishes.
 
-`assert_cache_consistent` passes an `ok` verdict only.
+`assert_cache_consistent` passes an `ok` verdict only. What a step returns is copied as it is
+received (`smearcli.owned`), so a step may hand back views of a buffer it writes again; logits
+that cannot be measured (not (batch, tokens, vocab) for the ids given, an empty vocabulary, one
+that changes between calls or differs from the full pass's) are a ValueError naming the call, the
+shape expected and the shape returned.
 """
 
 from __future__ import annotations

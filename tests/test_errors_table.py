@@ -628,10 +628,11 @@ VLLM = ["compare", "--impl", "vllm", "--hf-model", "m", "--vllm-python"]
 
 
 def vllm_env(name: str = "", answer: str = ""):
-    """`m/` (the model directory: only its existence is checked first), `venv/bin/python` (a
-    script that exits 0) and, as `name`, a script that prints `answer`."""
+    """`m/` (the model directory: only its existence and a model.safetensors in it are checked
+    first), `venv/bin/python` (a script that exits 0) and, as `name`, a script that prints `answer`."""
     def prepare(cwd: Path):
         (cwd / "m").mkdir()
+        (cwd / "m" / "model.safetensors").write_bytes(b"")
         (cwd / "venv" / "bin").mkdir(parents=True)
         scripts = {"venv/bin/python": "", **({name: answer} if name else {})}
         for path, text in scripts.items():
@@ -658,6 +659,18 @@ CASES += [
     Case("vllm environment", "a worker speaking another protocol (a stand-in)", [*VLLM, "proto"],
          prepare=vllm_env("proto", f"echo '{HELLO % (99, chr(34) + '0.32.0' + chr(34))}'"),
          expect="speaks protocol 99"),
+]
+
+
+def no_weights(cwd: Path):
+    """`m/` with a config and no safetensors weights; vLLM's environment is never started."""
+    (cwd / "m").mkdir()
+    (cwd / "m" / "config.json").write_text('{"model_type": "llama", "architectures": ["LlamaForCausalLM"]}')
+
+
+CASES += [
+    Case("vllm environment", "a model directory without safetensors weights (checked before the environment)",
+         [*VLLM, "nope/bin/python"], prepare=no_weights, expect="has no safetensors weights"),
 ]
 
 
@@ -695,7 +708,9 @@ def render(rows) -> str:
         "| --- | --- |",
         "| 0 | success (with `--check`: every run of the chosen `--logic` within tolerance) |",
         "| 1 | `--check` found a run outside tolerance, your own code failed under `--impl nanochat\\|both` "
-        "(the message says where: file:line in your checkout), or an internal error (a bug in smearcli) |",
+        "(the message says where: file:line in your checkout), a runner returned what cannot be measured "
+        "(the message names the call, the shape expected and the shape returned), or an internal error "
+        "(a bug in smearcli) |",
         "| 2 | bad usage or input, or a run this machine cannot do (memory, device, dtype) |",
         "",
         "For a bug report, rerun with `smearcli --debug ...` (or `SMEARCLI_DEBUG=1`): the error then",

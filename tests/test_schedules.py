@@ -102,7 +102,8 @@ def test_a_wrong_step_is_named(model, tokens):
         def step(self, toks, cache, capture):
             return Output(super().step(toks, cache, capture).logits[:, :1], None)
 
-    with pytest.raises(ValueError, match="short: a step over 8 tokens returned logits of shape"):
+    with pytest.raises(ValueError, match=r"short: a cached step over 8 tokens \(call 1 of the chunked run\) returned "
+                                         r"logits of shape \(1, 1, 256\); expected \(1, 8, vocab\)"):
         run_schedule(Short(model), tokens, "chunked", opts=ScheduleOptions(chunks=3))
 
 

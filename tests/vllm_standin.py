@@ -15,6 +15,11 @@ mode (env SMEARCLI_STANDIN_MODE) makes it misbehave as vLLM can:
 - skew: chunked's log-probs are off at the first chunk start (a chunk-boundary bug);
 - garbage: result.json is not JSON; oldproto: it speaks protocol 0; silent: the worker exits 0
   without writing result.json (each answers the handshake first, as a broken worker would).
+- refuse: every schedule raises at the model's first forward with the words vLLM 0.32.0's CPU
+  build says of a head size its attention lacks (measured on a tiny Llama with head_dim 16: the
+  engine starts, `cpu_attn_get_scheduler_metadata` raises); noengine (below) is the same refusal
+  at the engine's start; abort: the process dies by SIGABRT after C++'s `terminate` message, as
+  an exception thrown across vLLM's C++ kernels ends it.
 
 `hello` answers the worker's handshake (protocol 2, vLLM "stand-in") before anything heavy is
 imported. It copies the request it got to $SMEARCLI_STANDIN_SEEN, when set, for the tests to read.
@@ -105,6 +110,10 @@ def serve():
 
 
 def run_request(req, outdir, mode):
+    if mode == "abort":
+        print("terminate called after throwing an instance of 'c10::Error'\n  what():  Unsupported CPU attention "
+              "configuration: head_dim=16 isa=2 kv_cache_idx=0", file=sys.stderr, flush=True)
+        os.abort()
     if mode == "die":
         print("Fatal Python error: Segmentation fault (stand-in)", file=sys.stderr)
         sys.exit(1)
@@ -131,6 +140,9 @@ def run_request(req, outdir, mode):
         if mode == "noengine":
             entry.update(outcome="raised", engine=True, message="ValueError: head size 16 is not supported "
                          "(at vllm/v1/attention/backends/cpu_attn.py:70 in validate_head_size)")
+        elif mode == "refuse":  # vLLM 0.32.0's CPU attention, at the first forward of a head size it lacks
+            entry.update(outcome="raised", message="RuntimeError: Unsupported CPU attention configuration: head_dim=16 "
+                         "isa=2 kv_cache_idx=0 (at vllm/_custom_ops.py:3865 in cpu_attn_get_scheduler_metadata)")
         elif mode == "refused-engine":  # vLLM's config validation: the model's own, whatever ran before
             entry.update(outcome="raised", engine=True, message="ValidationError: 1 validation error for "
                          "ModelConfig (at vllm/engine/arg_utils.py:1955 in create_model_config)")

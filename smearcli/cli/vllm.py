@@ -34,13 +34,18 @@ def vllm_python(spec: RunSpec) -> tuple[str, str]:
 
 
 def check_vllm_spec(spec: RunSpec, schedules):
-    """What the options alone decide for --impl vllm, before anything is loaded."""
+    """What the options alone decide for --impl vllm, before anything is loaded (the model directory
+    must hold safetensors weights: what vLLM and the transformers reference both read)."""
+    from ..impls.hf.files import weight_files
+    from .build import flag
     from .hf import check_hf_spec
 
     opts = check_hf_spec(spec, [s for s in schedules if s != "prefix"])
     if not Path(spec.hf_model).is_dir():
         raise UserError(f"--hf-model {spec.hf_model}: --impl vllm needs a local model directory "
                         "(vLLM loads it from disk; the built-in tiny configs are for --impl hf)")
+    with flag("--hf-model"):  # the weights vLLM and the reference load, before vLLM's environment starts
+        weight_files(Path(spec.hf_model))
     if spec.tensor_parallel_size < 1:
         raise UserError(f"--tensor-parallel-size must be >= 1, got {spec.tensor_parallel_size}")
     if spec.tensor_parallel_size > 1 and spec.device != Device.cuda:

@@ -232,7 +232,11 @@ def weight_files(path: Path) -> tuple[list[Path], dict]:
             raise UserError(f"{path} holds only pickled weights ({', '.join(bins[:3])}); smearcli loads "
                             "safetensors only, since unpickling can run code: convert the weights to "
                             "safetensors (save_pretrained writes them by default)")
-        raise UserError(f"{path} has no {SINGLE} and no {INDEX}")
+        loose = sorted(p.name for p in path.glob("*.safetensors"))
+        held = (f" ({', '.join(loose[:3])} without the {INDEX} that names the shards)" if loose else
+                f" (neither {SINGLE} nor {INDEX})")
+        raise UserError(f"{path} has no safetensors weights{held}; save the model there with "
+                        "save_pretrained, which writes them")
     index = read_json(path / INDEX, str(path / INDEX))
     wmap = index.get("weight_map")
     if not isinstance(wmap, dict) or not wmap or not all(isinstance(v, str) for v in wmap.values()):
