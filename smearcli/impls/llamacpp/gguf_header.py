@@ -90,6 +90,8 @@ class _Reader:
         if vtype == ARRAY and depth == 0:
             itype = self.unpack("<I", f"the item type of {key}")
             count = self.unpack("<Q", f"the length of {key}")
+            if key == "tokenizer.ggml.tokens" and count > MAX_VOCAB:
+                raise BadGGUF(f"it declares a vocabulary of {count:,} tokens, over the {MAX_VOCAB:,} limit")
             if count > MAX_ARRAY:
                 raise BadGGUF(f"{key} declares {count:,} items, over the {MAX_ARRAY:,} limit")
             if itype in SCALARS:  # fixed-size items: check the room once, keep only the count
