@@ -162,6 +162,13 @@ def check(path, vocab: Optional[int] = None) -> Header:
         types[tname] = types.get(tname, 0) + 1
         if name == "token_embd.weight" and nd == 2:
             embd_rows = dims[1]
+    declared = kv.get("tokenizer.ggml.tokens")
+    n_vocab = declared.n if isinstance(declared, _Count) else kv.get(f"{arch}.vocab_size")
+    if n_vocab is not None and (not isinstance(n_vocab, int) or isinstance(n_vocab, bool)):
+        raise BadGGUF(f"{arch}.vocab_size is not a count")
+    for what, n in (("a vocabulary of", n_vocab), ("a token embedding of", embd_rows)):
+        if n is not None and n > MAX_VOCAB:
+            raise BadGGUF(f"it declares {what} {n:,} tokens, over the {MAX_VOCAB:,} limit")
     start = -(-r.pos // align) * align
     room = size - start
     if room < 0:
@@ -176,13 +183,6 @@ def check(path, vocab: Optional[int] = None) -> Header:
             raise BadGGUF(f"tensor {name} declares {nbytes:,} bytes at offset {offset:,}, past the end of the "
                           f"file's data ({room:,} bytes): the header lies about its size, or the file is truncated")
         end_prev = offset + nbytes
-    declared = kv.get("tokenizer.ggml.tokens")
-    n_vocab = declared.n if isinstance(declared, _Count) else kv.get(f"{arch}.vocab_size")
-    if n_vocab is not None and (not isinstance(n_vocab, int) or isinstance(n_vocab, bool)):
-        raise BadGGUF(f"{arch}.vocab_size is not a count")
-    for what, n in (("a vocabulary of", n_vocab), ("a token embedding of", embd_rows)):
-        if n is not None and n > MAX_VOCAB:
-            raise BadGGUF(f"it declares {what} {n:,} tokens, over the {MAX_VOCAB:,} limit")
     if vocab is not None:
         for what, n in (("vocabulary", n_vocab), ("token embedding", embd_rows)):
             if n is not None and n != vocab:
