@@ -57,6 +57,8 @@ def convert(model_dir: str, out: str) -> dict:
     cls, name = gguf_arch(model_dir)
 
     class NoVocab(cls):
+        model_arch = cls.model_arch  # the converter asks every subclass to name it
+
         def set_vocab(self):
             self.gguf_writer.add_tokenizer_model("none")
             self.gguf_writer.add_vocab_size(int(self.hparams["vocab_size"]))
