@@ -205,8 +205,9 @@ def run_schedule(eng: Engine, s: dict, row: list, cache: str) -> dict:
                     if not L.llama_memory_seq_rm(L.llama_get_memory(ctx), 0, pos + keep, -1):
                         kind = "hybrid" if eng.hybrid else "recurrent" if eng.recurrent else "its"
                         return {"refused": f"llama_memory_seq_rm refused to remove positions {pos + keep}.. "
-                                f"(a partial removal) from the {kind} memory with n_rs_seq {n_rs}: llama.cpp's "
-                                "documented limit (\"Returns false if a partial sequence cannot be removed\")",
+                                f"(a partial removal) from the {kind} memory (n_rs_seq {k} asked, {n_rs} kept for "
+                                "this architecture): llama.cpp's documented limit (\"Returns false if a partial "
+                                "sequence cannot be removed\")",
                                 "steps": steps}
                     cuts.append(pos + keep)
                 pos += keep
