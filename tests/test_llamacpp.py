@@ -124,8 +124,11 @@ def test_a_worker_that_dies_in_one_schedule_is_its_crash_and_the_run_goes_on(mod
 def test_a_model_the_converter_refuses_is_that_models_result(model_dir, fake_python, monkeypatch, tmp_path):
     r, doc = compare(model_dir, fake_python, monkeypatch, tmp_path, "noconvert", "--check")
     assert r.exit_code == 1 and doc["runs"] == []
-    assert all("llama.cpp did not build the model" in x["message"] and "not supported" in x["message"]
-               for x in doc["not_measured"])
+    first, *rest = doc["not_measured"]
+    assert first["schedule"] == "prefill" and "not supported" in first["message"]
+    assert "llama.cpp did not build the model" in first["message"]
+    assert [x["schedule"] for x in rest] == ALL[1:]
+    assert all(x["message"] == "not run: llama.cpp did not build the model" for x in rest)
 
 
 def test_the_environment_missing_of_another_version_or_without_llamacpp(model_dir, fake_python, monkeypatch,

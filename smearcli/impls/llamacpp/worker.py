@@ -36,6 +36,7 @@ A watchdog thread ends the process (status 3) when one schedule passes `stuck_s`
 abort callback stops a decode that runs past it first where it can.
 """
 
+import collections
 import faulthandler
 import json
 import os
@@ -88,13 +89,24 @@ class Engine:
         import llama_cpp.llama_cpp as L
 
         self.L, self.np, self.req = L, np, req
+        self.log = collections.deque(maxlen=40)  # llama.cpp's last log lines: a refusal's reason
+
+        def keep(level, text, data):
+            line = (text or b"").decode(errors="replace").rstrip()
+            if line:
+                self.log.append(line)
+                sys.stderr.write(line + "\n")
+        self._log = L.llama_log_callback(keep)  # referenced here so ctypes keeps it alive
+        L.llama_log_set(self._log, None)
         L.llama_backend_init()
         mp = L.llama_model_default_params()
         mp.n_gpu_layers = 999 if req.get("device") == "cuda" else 0
         t = time.time()
         self.model = L.llama_model_load_from_file(path.encode(), mp)
         if not self.model:
-            raise RuntimeError("llama.cpp did not load the GGUF (llama_model_load_from_file returned NULL)")
+            said = [ln for ln in self.log if "error" in ln.lower()] or [ln for ln in self.log if "fail" in ln]
+            raise RuntimeError("llama.cpp did not load the GGUF (llama_model_load_from_file returned NULL"
+                               + (f": {said[0].strip()[:300]})" if said else ")"))
         self.load_s = round(time.time() - t, 2)
         self.vocab = int(L.llama_vocab_n_tokens(L.llama_model_get_vocab(self.model)))
         self.recurrent = bool(L.llama_model_is_recurrent(self.model))
