@@ -12,6 +12,7 @@ misbehave as llama.cpp can:
 - refuse: the rollback schedule is refused as llama.cpp refuses a partial seq_rm on recurrent memory;
 - die: the decode schedule aborts the process with a GGML_ASSERT line, as llama.cpp does; the
   fresh worker the adapter starts then runs the rest;
+- stuck: the chunked schedule never finishes and the worker's watchdog ends the process (status 3);
 - noconvert: the converter refuses the architecture.
 
 `hello` answers the handshake with llama-cpp-python $SMEARCLI_STANDIN_VERSION (default 0.3.36,
@@ -86,6 +87,8 @@ def main(req_path, outdir):
                              "failed\n")
             sys.stderr.flush()
             os.abort()
+        if name == "chunked" and mode == "stuck":
+            os._exit(3)  # as the worker's watchdog ends it, result.json naming the schedule it was in
         if name == "rollback" and mode == "refuse":
             entry.update(outcome="refused", message="llama_memory_seq_rm refused to remove positions 30.. (a "
                          "partial removal) from the recurrent memory with n_rs_seq 0: llama.cpp's documented limit",

@@ -121,6 +121,15 @@ def test_a_worker_that_dies_in_one_schedule_is_its_crash_and_the_run_goes_on(mod
     assert any("a fresh one ran the schedules after it" in n for n in doc["model"]["notes"])
 
 
+def test_a_schedule_stuck_in_llamacpp_is_ended_by_the_watchdog_and_the_rest_runs(model_dir, fake_python,
+                                                                                  monkeypatch, tmp_path):
+    r, doc = compare(model_dir, fake_python, monkeypatch, tmp_path, "stuck")
+    (nm,) = doc["not_measured"]
+    assert nm["schedule"] == "chunked" and nm["outcome"] == "crashed"
+    assert "did not finish the schedule in 300 s (the watchdog ended the worker)" in nm["message"]
+    assert [x["schedule"] for x in doc["runs"]] == [s for s in ALL if s != "chunked"]
+
+
 def test_a_model_the_converter_refuses_is_that_models_result(model_dir, fake_python, monkeypatch, tmp_path):
     r, doc = compare(model_dir, fake_python, monkeypatch, tmp_path, "noconvert", "--check")
     assert r.exit_code == 1 and doc["runs"] == []

@@ -26,7 +26,8 @@ ALL = ["prefill", "ubatch", "chunked", "decode", "prefix", "rollback", "batched"
 
 def run(tmp_path, name, T=48, *extra):
     d = tmp_path / name
-    hf.tiny_model(name).save_pretrained(d, safe_serialization=True)
+    if not d.exists():
+        hf.tiny_model(name).save_pretrained(d, safe_serialization=True)
     r = runner.invoke(app, ["compare", "--impl", "llamacpp", "--hf-model", str(d), "--llamacpp-python", PYTHON,
                             "--seq-len", str(T), "--threads", "2", "--json", *extra])
     assert "Traceback" not in r.output and "internal error" not in r.output, r.output
@@ -51,3 +52,27 @@ def test_a_tiny_mamba_gives_every_schedule_a_result(tmp_path):
         assert x["message"] and ("documented limit" in x["message"] or x["outcome"] == "crashed"), x
     print(doc["verdict"])
     print("\n".join(doc["model"]["notes"]))
+
+
+def gguf_of(tmp_path, name) -> Path:
+    """The tiny model `name` converted by the environment's own converter (as the worker does)."""
+    import subprocess
+
+    d, out = tmp_path / name, tmp_path / f"{name}.gguf"
+    if not d.exists():
+        hf.tiny_model(name).save_pretrained(d, safe_serialization=True)
+    here = Path(__file__).parents[1] / "smearcli" / "impls" / "llamacpp"
+    subprocess.run([PYTHON, "-c", f"import sys; sys.path.insert(0, {str(here)!r}); from worker_convert import "
+                    f"convert; convert({str(d)!r}, {str(out)!r})"], check=True, capture_output=True, timeout=600)
+    return out
+
+
+def test_a_users_gguf_runs_and_one_of_another_architecture_is_refused(tmp_path):
+    llama, mamba = gguf_of(tmp_path, "llama"), gguf_of(tmp_path, "mamba")
+    r, doc = run(tmp_path, "llama", 32, "--gguf", str(llama), "--schedules", "prefill,ubatch,decode", "--check")
+    assert r.exit_code == 0 and [x["schedule"] for x in doc["runs"]] == ["prefill", "ubatch", "decode"], r.output
+    assert doc["verdict"].startswith("OK")  # the same weights: its one-call prefill matches transformers
+    d = tmp_path / "llama"
+    r = runner.invoke(app, ["compare", "--impl", "llamacpp", "--hf-model", str(d), "--llamacpp-python", PYTHON,
+                            "--seq-len", "32", "--gguf", str(mamba)])
+    assert r.exit_code == 2 and "its architecture is 'mamba'" in r.output and "'llama' in llama.cpp" in r.output
