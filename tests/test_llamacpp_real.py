@@ -76,3 +76,23 @@ def test_a_users_gguf_runs_and_one_of_another_architecture_is_refused(tmp_path):
     r = runner.invoke(app, ["compare", "--impl", "llamacpp", "--hf-model", str(d), "--llamacpp-python", PYTHON,
                             "--seq-len", "32", "--gguf", str(mamba)])
     assert r.exit_code == 2 and "its architecture is 'mamba'" in r.output and "'llama' in llama.cpp" in r.output
+
+
+def test_a_decode_past_the_watchdogs_limit_is_aborted_inside_llamacpp():
+    """llama.cpp's abort callback stops a llama_decode that runs past the schedule's limit (here a
+    microsecond): that schedule's crash, saying so, never a hang."""
+    import torch
+
+    from smearcli.impls import llamacpp
+    from smearcli.schedules import ScheduleOptions
+
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as t:
+        hf.tiny_model("llama").save_pretrained(t, safe_serialization=True)
+        s = llamacpp.Settings(python=PYTHON, model=t, vocab=128, stuck_s=1e-6, f16_too=False)
+        r = llamacpp.LlamaCppRunner(s, ["prefill", "decode"])
+        tokens = torch.randint(0, 128, (1, 16))
+        for name in ("prefill", "decode"):
+            out = r.run(name, tokens, ScheduleOptions())
+            assert out.outcome == "crashed" and "aborted by the watchdog's abort callback" in out.message, out.message

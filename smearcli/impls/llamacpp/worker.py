@@ -148,9 +148,11 @@ class Engine:
                 batch.seq_id[i][0] = int(seq)
                 batch.logits[i] = 1
             rc = L.llama_decode(ctx, batch)
+            if rc == 2:
+                raise RuntimeError(f"llama.cpp did not finish the schedule in {self.req.get('stuck_s') or 300:g} s "
+                                   "(llama_decode returned 2: aborted by the watchdog's abort callback)")
             if rc != 0:
-                why = {1: "no memory slot for the batch", 2: "aborted (past the watchdog's limit)",
-                       -1: "invalid input batch"}.get(rc, "fatal error")
+                why = {1: "no memory slot for the batch", -1: "invalid input batch"}.get(rc, "fatal error")
                 raise RuntimeError(f"llama_decode returned {rc} ({why})")
             out = []
             for i in range(n):
