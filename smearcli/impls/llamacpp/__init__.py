@@ -244,11 +244,11 @@ def to_run(sched: dict, res: dict, workdir: Path, tokens: torch.Tensor, V: int):
     def unmeasured(outcome, message, steps=()):
         return RunResult(name, "llamacpp", torch.empty(R, 0, V), None, list(steps), rows, outcome=outcome,
                          message=message)
-    if res.get("not_built"):  # said once, on the first schedule; the others name it
+    entry = next((e for e in res["schedules"] if e["name"] == name), None)
+    if entry is None and res.get("not_built"):  # said once, on the first schedule; the others name it
         first = name == next((e["name"] for e in res.get("asked", [])), name)
         return unmeasured(CRASHED, f"llama.cpp did not build the model ({res['not_built']})" if first
                           else "not run: llama.cpp did not build the model")
-    entry = next((e for e in res["schedules"] if e["name"] == name), None)
     if entry is None:
         return unmeasured(CRASHED, "the llama.cpp worker gave no answer for it (it died before)")
     if entry.get("outcome") == REFUSED:
