@@ -62,14 +62,22 @@ def schedules_to_run(spec: RunSpec, schedules) -> list:
 def prepare(spec: RunSpec, schedules, tolerance: float):
     """A Job that runs llama.cpp on `schedules` against the transformers reference (compare/1)."""
     from ..impls import hf, llamacpp
+    from ..names import DEFAULT_SCHEDULES
     from ..runner import LogProbs
     from .build import check_boundaries, flag
     from .hf import check_hf_spec, flag_model, load, tokens_for
     from .reports import ComparisonReport, Job
     from .threads import apply_threads
 
+    chosen = spec.schedules != ",".join(DEFAULT_SCHEDULES)
     schedules = schedules_to_run(spec, schedules)
-    opts = check_hf_spec(spec, [s for s in schedules if s in ("chunked", "rollback")])
+    try:
+        opts = check_hf_spec(spec, [s for s in schedules if s in ("chunked", "rollback")])
+    except UserError as e:  # a random input too short for a draft: the default list leaves rollback out
+        if chosen or not str(e).startswith("--schedules rollback"):
+            raise
+        schedules = [s for s in schedules if s != "rollback"]
+        opts = check_hf_spec(spec, [s for s in schedules if s == "chunked"])
     if not Path(spec.hf_model).is_dir():
         raise UserError(f"--hf-model {spec.hf_model}: --impl llamacpp needs a local model directory (converted "
                         "to GGUF, and loaded in transformers for the reference; the built-in tiny configs are "
@@ -91,7 +99,13 @@ def prepare(spec: RunSpec, schedules, tolerance: float):
                          schedules, opts)  # the plans of the schedules refuse a length now, with the flag
     except UserError as e:
         raise UserError(f"--seq-len/--tokens: {e}") from None
-    check_boundaries(T, [s for s in schedules if s == "rollback"], opts, draft_given=False)
+    try:
+        check_boundaries(T, [s for s in schedules if s == "rollback"], opts, draft_given=False)
+    except UserError:
+        if not chosen:  # too short for a draft: the default list leaves rollback out, a chosen one refuses
+            schedules = [s for s in schedules if s != "rollback"]
+        else:
+            raise
     with flag_model(spec):
         reference = LogProbs(hf.runner(model, info.source, tokens))
     settings = llamacpp.Settings(python=python, model=spec.hf_model, vocab=vocab,
