@@ -13,7 +13,8 @@ misbehave as llama.cpp can:
 - die: the decode schedule aborts the process with a GGML_ASSERT line, as llama.cpp does; the
   fresh worker the adapter starts then runs the rest;
 - stuck: the chunked schedule never finishes and the worker's watchdog ends the process (status 3);
-- noconvert: the converter refuses the architecture.
+- noconvert: the converter refuses the architecture;
+- garbage: result.json is not JSON (a worker that is not smearcli's).
 
 `hello` answers the handshake with llama-cpp-python $SMEARCLI_STANDIN_VERSION (default 0.3.36,
 none when it is "missing"). With a GGUF, `expect_arch` is answered as $SMEARCLI_STANDIN_ARCH (default
@@ -52,6 +53,10 @@ def main(req_path, outdir):
     path = os.path.join(outdir, "result.json")
     result = json.load(open(path)) if os.path.isfile(path) else {
         "protocol": PROTOCOL, "llama_cpp_python": "0.3.36", "schedules": [], "running": None}
+    if mode == "garbage":
+        with open(path, "w") as f:
+            f.write("Segmentation fault (core dumped)")
+        return None
     if mode == "noconvert":
         result["not_built"] = "llama.cpp's converter: NotImplementedError: Architecture 'X' not supported!"
         return write(outdir, result)

@@ -130,6 +130,20 @@ def test_a_schedule_stuck_in_llamacpp_is_ended_by_the_watchdog_and_the_rest_runs
     assert [x["schedule"] for x in doc["runs"]] == [s for s in ALL if s != "chunked"]
 
 
+def test_an_answer_outside_the_protocol_is_the_environments_fault(model_dir, fake_python, monkeypatch, tmp_path):
+    r, _ = compare(model_dir, fake_python, monkeypatch, tmp_path, "garbage")
+    msg = one_line_error(r)
+    assert "the llama.cpp worker's answer is not smearcli's protocol 1 (result.json is not JSON" in msg
+
+
+def test_an_input_too_short_for_a_draft_leaves_rollback_out_of_the_default_list(model_dir, fake_python,
+                                                                                monkeypatch, tmp_path):
+    r, doc = compare(model_dir, fake_python, monkeypatch, tmp_path, "good", "--seq-len", "4")
+    assert r.exit_code == 0 and [x["schedule"] for x in doc["runs"]] == [s for s in ALL if s != "rollback"]
+    r, _ = compare(model_dir, fake_python, monkeypatch, tmp_path, "good", "--seq-len", "4", "--schedules", "rollback")
+    assert "no draft would ever be taken back" in one_line_error(r)
+
+
 def test_a_model_the_converter_refuses_is_that_models_result(model_dir, fake_python, monkeypatch, tmp_path):
     r, doc = compare(model_dir, fake_python, monkeypatch, tmp_path, "noconvert", "--check")
     assert r.exit_code == 1 and doc["runs"] == []
