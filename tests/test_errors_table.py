@@ -674,6 +674,67 @@ CASES += [
 ]
 
 
+# -- llama.cpp's environment (--impl llamacpp --llamacpp-python) and a user's --gguf, checked up front
+LLAMACPP = ["compare", "--impl", "llamacpp", "--hf-model", "m", "--llamacpp-python"]
+LC_HELLO = ('{"worker": "smearcli-llamacpp", "protocol": %s, "python": "3.11", "llama_cpp_python": %s, '
+            '"gguf": "0.19.0", "torch": "2.13.0", "transformers": "5.24.0", "converter": %s}')
+LLAMACPP_PROTOCOL = 1  # the worker's (smearcli.impls.llamacpp.environment.PROTOCOL; checked below)
+LC_GOOD = LC_HELLO % (LLAMACPP_PROTOCOL, '"0.3.36"', '"/env/share/llamacpp-convert"')
+
+
+def gguf_case(kind: str):
+    """`hf/` (a tiny llama, vocabulary 128), `py` answering the handshake as a good environment,
+    and `m.gguf`, a GGUF header built byte by byte that is wrong as `kind` says."""
+    import struct
+
+    def prepare(cwd: Path):
+        from hf_bad_dirs import good_dir
+
+        src = cwd.parent / "hf_good"
+        if not src.exists():
+            good_dir(src)
+        import shutil
+
+        shutil.copytree(src, cwd / "hf")
+        (cwd / "py").write_text(f"#!/bin/sh\necho '{LC_GOOD}'\n")
+        (cwd / "py").chmod(0o755)
+
+        def s(t):
+            return struct.pack("<Q", len(t.encode())) + t.encode()
+        vocab = {"huge": 5_000_000, "vocab": 64}.get(kind, 128)
+        rows = vocab + (1000 if kind == "lies" else 0)
+        head = (b"GGUF" + struct.pack("<IQQ", 3, 1, 2) + s("general.architecture") + struct.pack("<I", 8) + s("llama")
+                + s("llama.vocab_size") + struct.pack("<II", 4, vocab)
+                + s("token_embd.weight") + struct.pack("<IQQ", 2, 4, rows) + struct.pack("<IQ", 0, 0))
+        data = head + b"\0" * (-len(head) % 32) + b"\0" * (16 * min(vocab, 128))
+        (cwd / "m.gguf").write_bytes(data[:300] if kind == "truncated" else data)
+    return prepare
+
+
+GGUF_ARGS = ["compare", "--impl", "llamacpp", "--hf-model", "hf", "--llamacpp-python", "py", "--gguf", "m.gguf"]
+CASES += [
+    Case("llama.cpp environment", "--llamacpp-python missing", [*LLAMACPP, "nope/bin/python"], prepare=vllm_env(),
+         expect="not found; make llama.cpp's environment with scripts/make_llamacpp_env.sh DIR"),
+    Case("llama.cpp environment", "--llamacpp-python the environment's directory, not its Python",
+         [*LLAMACPP, "venv"], prepare=vllm_env(), expect="give venv/bin/python"),
+    Case("llama.cpp environment", "a Python without llama-cpp-python (a stand-in answering as one)",
+         [*LLAMACPP, "nollama"], prepare=vllm_env("nollama", f"echo '{LC_HELLO % (1, 'null', 'null')}'"),
+         expect="no llama-cpp-python there (found Python 3.11, llama-cpp-python missing"),
+    Case("llama.cpp environment", "llama-cpp-python of another version (a stand-in answering 0.3.20)",
+         [*LLAMACPP, "other"], prepare=vllm_env("other", f"echo '{LC_HELLO % (1, chr(34) + '0.3.20' + chr(34), 'null')}'"),
+         expect="llama-cpp-python 0.3.20, and smearcli's worker is written against 0.3.36"),
+    Case("llama.cpp environment", "a llama.cpp worker speaking another protocol (a stand-in)", [*LLAMACPP, "proto"],
+         prepare=vllm_env("proto", f"echo '{LC_HELLO % (99, chr(34) + '0.3.36' + chr(34), 'null')}'"),
+         expect="speaks protocol 99"),
+    Case("gguf", "--gguf whose header lies about a tensor's size (1,000 rows more than the file holds)",
+         GGUF_ARGS, prepare=gguf_case("lies"), expect="past the end of the file's data"),
+    Case("gguf", "--gguf truncated", GGUF_ARGS, prepare=gguf_case("truncated"), expect="truncated"),
+    Case("gguf", "--gguf declaring a huge vocabulary (5,000,000 tokens)", GGUF_ARGS, prepare=gguf_case("huge"),
+         expect="over the 1,048,576 limit"),
+    Case("gguf", "--gguf with another vocabulary than the config's", GGUF_ARGS, prepare=gguf_case("vocab"),
+         expect="the config's vocab_size 128"),
+]
+
 def _md(text: str) -> str:
     return text.replace("|", "\\|")
 
@@ -827,3 +888,6 @@ def test_the_table_speaks_the_workers_protocol():
     from smearcli.impls.vllm.environment import PROTOCOL
 
     assert VLLM_PROTOCOL == PROTOCOL
+    from smearcli.impls.llamacpp.environment import PROTOCOL as LLAMACPP
+
+    assert LLAMACPP_PROTOCOL == LLAMACPP

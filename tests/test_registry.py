@@ -97,7 +97,7 @@ def test_registry_refuses_what_an_implementation_cannot_do(toy):
     r = runner.invoke(app, ["compare", "--impl", "toy", "--hf-model", "llama"])
     assert r.exit_code == 2 and "--hf-model is used by --impl hf" in r.output
     r = runner.invoke(app, ["compare", "--impl", "nope"])
-    assert r.exit_code == 2 and "choose from ours, nanochat, both, hf, vllm, toy" in r.output
+    assert r.exit_code == 2 and "choose from ours, nanochat, both, hf, vllm, llamacpp, toy" in r.output
 
 
 def test_each_implementation_is_offered_what_its_runners_can_run():

@@ -67,8 +67,8 @@ def schedules_for(spec, impl: Implementation, allow_reference: bool = False) -> 
     out of the default list."""
     from ..names import DEFAULT_SCHEDULES, ENGINE_SCHEDULES
 
+    can = offered(impl)  # first: importing its runners registers the schedules they bring
     listed = spec.schedule_list(allow_reference=allow_reference)
-    can = offered(impl)
     default = spec.schedules == ",".join(DEFAULT_SCHEDULES)
     cannot = [s for s in listed if s not in can]
     if cannot and not default:

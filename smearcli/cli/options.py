@@ -102,6 +102,8 @@ class RunSpec:
     hf_model: Optional[str] = None  # --impl hf: a built-in tiny config's name or a model directory
     vllm_python: Optional[Path] = None  # --impl vllm: vLLM's interpreter (else $SMEARCLI_VLLM_PYTHON)
     tensor_parallel_size: int = 1  # --impl vllm: passed to vLLM
+    llamacpp_python: Optional[Path] = None  # --impl llamacpp: its interpreter (else $SMEARCLI_LLAMACPP_PYTHON)
+    gguf: Optional[Path] = None  # --impl llamacpp: a user's GGUF of --hf-model's model (else converted)
     user_code_timeout: float = names.USER_CODE_TIMEOUT
     threads: Optional[int] = None  # None: the rule in smearcli.threads
     preset: Optional[PresetName] = None
@@ -276,6 +278,13 @@ SHARED = {
     "tensor_parallel_size": (int, typer.Option("--tensor-parallel-size", metavar="N", help="For --impl vllm on "
                              "a GPU machine (with --device cuda): vLLM's tensor parallelism over N GPUs. "
                              "Passed through; the CPU backend runs 1.", rich_help_panel=N)),
+    "llamacpp_python": (Optional[Path], typer.Option("--llamacpp-python", metavar="PATH", help="For --impl "
+                        "llamacpp: the Python interpreter of an environment with llama-cpp-python "
+                        "(scripts/make_llamacpp_env.sh DIR makes one; then DIR/bin/python). Default: "
+                        "$SMEARCLI_LLAMACPP_PYTHON.", rich_help_panel=N, show_default=False)),
+    "gguf": (Optional[Path], typer.Option("--gguf", metavar="FILE", help="For --impl llamacpp: your own GGUF "
+             "of the --hf-model model, loaded instead of converting it (its header is checked first).",
+             rich_help_panel=N, show_default=False)),
     "user_code_timeout": (float, typer.Option("--user-code-timeout", metavar="SECONDS", help="With --impl "
                           "nanochat|both: the most seconds each call into your checkout's code may take (its "
                           "import, building its model, one forward pass); past it the run stops with exit "

@@ -106,3 +106,10 @@ register(Implementation("vllm", "the model of --hf-model DIR run by vLLM (its ch
                         "smearcli.cli.vllm:prepare", needs=(("hf_model", "DIR (a local safetensors model)"),),
                         owns=("hf_model", "vllm_python", "tensor_parallel_size"), refuses=NOT_VLLM,
                         runners=("smearcli.impls.vllm:VLLMRunner",)))
+NOT_LLAMACPP = tuple((f, why.replace("--impl hf", "--impl llamacpp")) for f, why in NOT_HF)
+register(Implementation("llamacpp", "the model of --hf-model DIR (or your --gguf FILE of it) run by llama.cpp (its "
+                        "micro-batches, calls, sequence copies and removals, in its own environment: "
+                        "--llamacpp-python), against its full forward in transformers and its own one-call prefill",
+                        "smearcli.cli.llamacpp:prepare", needs=(("hf_model", "DIR (a local safetensors model)"),),
+                        owns=("hf_model", "llamacpp_python", "gguf"), refuses=NOT_LLAMACPP,
+                        runners=("smearcli.impls.llamacpp:LlamaCppRunner",)))

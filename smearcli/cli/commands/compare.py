@@ -48,12 +48,13 @@ def _compare(spec: RunSpec, json_out: bool, save: Optional[Path], check: bool, t
 
     if not 0 < tolerance < float("inf"):  # also refuses nan, which would fail every run
         raise UserError(f"--tolerance must be a positive finite number, got {tolerance}")
+    impl = implementation(spec, "compare")
+    impl.runner_classes()  # imported now: the schedules an implementation brings are known by name below
     if check and spec.leak_limit is None and "packed" in spec.schedule_list():
         raise UserError("--check with --schedules packed gates on a leak limit you give: add --leak-limit "
                         "(a leak across documents is a measurement, not a bug)")
     if save is not None:
         check_output_path(save, (".pt",))
-    impl = implementation(spec, "compare")
     job = impl.job(spec, schedules_for(spec, impl), tolerance)
     with progress_bar("compare", quiet=spec.quiet, unit="tokens") as bar:
         report = job.run(bar)

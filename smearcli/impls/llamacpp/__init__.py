@@ -1,0 +1,306 @@
+"""llama.cpp as a runner: its own micro-batches, calls, sequence copies and removals, in its own
+environment, through a subprocess.
+
+```python
+from smearcli.impls import llamacpp
+runner = llamacpp.LlamaCppRunner(llamacpp.Settings(python="/opt/llamacpp/bin/python", model="tiny-llama/",
+                                                   vocab=256))
+result = compare.compare([runner], tokens, ["prefill", "ubatch", "chunked", "decode"], reference=LogProbs(hf))
+```
+
+llama.cpp is a compiled library whose converter pins other torch and transformers versions, so
+it runs in another interpreter (`Settings.python`, made by `scripts/make_llamacpp_env.sh`):
+smearcli writes a request (JSON: the model directory or a GGUF file, the token ids, what each
+schedule sets), `worker.py` (shipped in this package, importing llama-cpp-python's low-level
+bindings and never smearcli) converts the model to a float32 GGUF once, loads it with the KV
+cache in float32, runs every schedule in a fresh context and answers with `.npy` logits, never
+pickles. `LlamaCppRunner.run` turns them into one `RunResult` per schedule, as log-probabilities
+(the reference, the model's full forward in transformers, goes through `runner.LogProbs`).
+
+What each schedule is in llama.cpp: prefill, one `llama_decode` with every position's logits;
+ubatch (registered here), the same one call with `n_ubatch` below the row's length, once per
+width of `Settings.widths` (the run shown is the width furthest from the one-call prefill; the
+notes list every width); chunked, successive calls; decode, a call per token; prefix, a prefix on
+one sequence copied to a second (`llama_memory_seq_cp`) that continues; rollback, drafts whose
+rejected tokens are removed (`llama_memory_seq_rm`) and decoded right (a partial removal
+llama.cpp refuses on recurrent memory is its documented limit: the run checked nothing, and says
+so); batched (registered here), the row and its first two thirds as two sequences in one call.
+A worker that dies inside llama.cpp is that schedule's crash, with llama.cpp's frame where it
+printed one; a fresh worker runs the rest.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional, Sequence
+
+import torch
+
+from ...errors import UserError
+from ...names import ROLLBACK
+from ...runner import CROP, PREFIX_CACHE, Described, Runner
+from ...schedules import (CRASHED, PREFIX_HIT, UNCHECKED, RunResult, Schedule, ScheduleOptions, chunk_plan,
+                          prompt_len, register)
+from .calls import REFUSED, call_worker, death, read_result  # noqa: F401
+from .environment import MAKE_ENV, PROTOCOL, VERSION, WORKER, check_python, hello  # noqa: F401
+from .gguf_header import BadGGUF, Header, check as check_gguf  # noqa: F401
+
+ENV_PYTHON = "SMEARCLI_LLAMACPP_PYTHON"
+MICRO_BATCHES = "micro_batches"  # capability: one call split into micro-batches (`n_ubatch`)
+SEQUENCES = "sequences"  # capability: several sequences of different lengths in one call
+
+
+def _engine_only(runner, tokens, opts, capture, on_step=None):
+    raise ValueError(f"{runner.label}: this schedule is run by llama.cpp itself (Runner.run)")
+
+
+register(Schedule("ubatch", "one call whose prompt the engine splits into micro-batches (llama.cpp's n_ubatch)",
+                  _engine_only, frozenset({MICRO_BATCHES})))
+register(Schedule("batched", "the row and its first two thirds as two sequences of one batch",
+                  _engine_only, frozenset({SEQUENCES})))
+LLAMACPP_SCHEDULES = ("prefill", "ubatch", "chunked", "decode", "prefix", "rollback", "batched")
+
+
+@dataclass(frozen=True)
+class Settings:
+    python: str  # the interpreter of llama.cpp's environment
+    model: Optional[str]  # a Hugging Face model directory, converted to GGUF by the worker
+    vocab: int
+    gguf: Optional[str] = None  # a GGUF file to load instead (checked by `gguf_header.check` first)
+    gguf_arch: Optional[str] = None  # its general.architecture (the header check's), held to the config's
+    widths: tuple[int, ...] = (3, 4, 5, 7)  # the ubatch schedule's n_ubatch values
+    cache_type: str = "f32"  # the KV cache's type_k/type_v; "f16" is llama.cpp's default
+    f16_too: bool = True  # also run prefill and decode on the default float16 cache, as a note
+    threads: int = 1
+    device: str = "cpu"
+    timeout_s: float = 1800.0  # the whole worker run
+    stuck_s: float = 300.0  # one schedule; past it the worker's watchdog ends it
+    worker: str = str(WORKER)
+    env: dict = field(default_factory=dict)
+
+
+def widths_for(config, T: int) -> tuple[int, ...]:
+    """n_ubatch values: around the model's convolution width (where a recurrent model carries its
+    conv state across micro-batches) and small odd ones, each below T."""
+    conv = next((int(getattr(config, k)) for k in ("conv_kernel", "d_conv", "mamba_d_conv", "conv_L_cache",
+                                                    "short_conv_kernel", "conv_kernel_size")
+                 if isinstance(getattr(config, k, None), int)), None)
+    ws = {3, 5, 7} | ({conv - 1, conv, conv + 1} if conv else set())
+    return tuple(sorted(w for w in ws if 1 <= w < T))
+
+
+def short_len(T: int) -> int:
+    """The shorter sequence of the batched schedule: two thirds of the row."""
+    if T < 3:
+        raise UserError(f"the batched schedule needs at least 3 tokens, got {T}")
+    return T - T // 3
+
+
+def prefix_len(T: int) -> int:
+    if T < 2:
+        raise UserError(f"the prefix schedule needs at least 2 tokens, got {T}")
+    return T // 2
+
+
+def request(s: Settings, tokens: torch.Tensor, schedules: Sequence[str], opts: ScheduleOptions) -> dict:
+    T = tokens.size(1)
+    entries = []
+    for name in schedules:
+        if name not in LLAMACPP_SCHEDULES:
+            raise ValueError(f"llamacpp cannot run the {name} schedule")
+        e: dict = {"name": name}
+        try:
+            if name == "chunked":
+                e["sizes"] = chunk_plan(T, opts)
+            elif name == "ubatch":
+                e["widths"] = [w for w in s.widths if 1 <= w < T] or [max(1, T // 2)]
+            elif name == "prefix":
+                e["prefix"] = prefix_len(T)
+            elif name == "rollback":
+                if not 0 < opts.reject < opts.draft:
+                    raise ValueError(f"rollback rejects between 1 and draft - 1 tokens of each draft "
+                                     f"({opts.draft}), got {opts.reject}")
+                e.update(prompt=prompt_len(T, opts), draft=opts.draft, reject=opts.reject)
+            elif name == "batched":
+                e["short"] = short_len(T)
+        except ValueError as err:
+            raise UserError(str(err)) from None
+        entries.append(e)
+    return {"protocol": PROTOCOL, "model": str(Path(s.model).resolve()) if s.model else None,
+            "gguf": str(Path(s.gguf).resolve()) if s.gguf else None,
+            "expect_arch": str(Path(s.model).resolve()) if s.gguf and s.model else None, "gguf_arch": s.gguf_arch,
+            "rows": tokens.tolist(), "vocab": s.vocab, "cache_type": s.cache_type, "f16_too": s.f16_too,
+            "threads": s.threads, "device": s.device, "stuck_s": s.stuck_s, "schedules": entries}
+
+
+class LlamaCppRunner(Runner):
+    """llama.cpp's runs of the schedules as one series. `run()` calls the worker once, for every
+    schedule of the comparison, the first time it is asked; it has no forward pass of its own."""
+
+    label = "llamacpp"
+    series = "llama.cpp (its micro-batches, calls, sequence copies and removals)"
+    layers = ("logits",)
+    capabilities = frozenset({PREFIX_CACHE, CROP, MICRO_BATCHES, SEQUENCES})
+    runs_itself = frozenset(LLAMACPP_SCHEDULES)
+
+    def __init__(self, settings: Settings, schedules: Sequence[str] = LLAMACPP_SCHEDULES):
+        self.settings, self.schedules = settings, [s for s in schedules if s in LLAMACPP_SCHEDULES]
+        if "prefill" not in self.schedules:  # llama.cpp's own one call: what the cached paths are held to
+            self.schedules.insert(0, "prefill")
+        self.name, self.device, self.dtype = str(settings.gguf or settings.model), torch.device("cpu"), torch.float32
+        self.result: Optional[dict] = None
+        self._runs: Optional[dict] = None
+        self.extra: dict = {}  # "prefill_f16", "decode_f16": RunResults on llama.cpp's default cache
+
+    def describe(self) -> Described:
+        return Described(self.label, self.series, self.name, "llama.cpp", "float32", self.settings.device,
+                         notes=tuple(self.notes()))
+
+    def notes(self) -> list[str]:
+        r = self.result
+        if r is None:
+            return []
+        out = []
+        conv = r.get("convert")
+        if conv:
+            out.append(f"llama.cpp (llama-cpp-python {r.get('llama_cpp_python')}): converted to a float32 GGUF "
+                       f"({conv.get('arch')}, {conv.get('bytes', 0) / 1e6:.1f} MB) in {conv.get('convert_s')} s, "
+                       f"loaded in {r.get('load_s')} s, {r.get('total_s')} s in the worker, {r.get('wall_s')} s "
+                       f"in all; KV cache {self.settings.cache_type}; compared as log-probabilities")
+        elif r.get("gguf"):
+            out.append(f"llama.cpp (llama-cpp-python {r.get('llama_cpp_python')}): {r.get('gguf')} loaded in "
+                       f"{r.get('load_s')} s; KV cache {self.settings.cache_type}; compared as log-probabilities")
+        if r.get("recurrent") or r.get("hybrid"):
+            out.append(f"llama.cpp keeps a {'hybrid' if r.get('hybrid') else 'recurrent'} memory for this model")
+        for d in r.get("deaths", []):
+            out.append(f"a worker died ({d}); a fresh one ran the schedules after it")
+        for name in ("ubatch",):
+            run = (self._runs or {}).get(name)
+            if run is not None and run.notes:
+                out += list(run.notes)
+        out += self.f16_notes()
+        return out
+
+    def f16_notes(self) -> list[str]:
+        """How far llama.cpp's default float16 KV cache moves the log-probs, per schedule."""
+        out = []
+        for name in ("prefill", "decode"):
+            a, b = (self._runs or {}).get(name), self.extra.get(name + "_f16")
+            if a is None or b is None or a.outcome or b.outcome or a.logits.shape != b.logits.shape:
+                continue
+            d = (a.logits - b.logits).abs().max().item()
+            out.append(f"llama.cpp's default float16 KV cache moves {name} by {d:.3g} (max |d log-prob| against "
+                       f"the float32 cache this comparison runs)")
+        return out
+
+    def forward(self, tokens, capture):
+        raise NotImplementedError("llama.cpp runs whole schedules (run()); the reference is another runner")
+
+    def run(self, schedule, tokens, options):
+        if self._runs is None:
+            with tempfile.TemporaryDirectory(prefix="smearcli-llamacpp-") as d:
+                req = request(self.settings, tokens.cpu(), self.schedules, options)
+                self.result = call_worker(self.settings, req, Path(d))
+                self.result["asked"] = req["schedules"]
+                self._runs = {}
+                if self.result.get("arch_mismatch"):
+                    want, got = self.result["arch_mismatch"]
+                    raise UserError(f"{self.settings.gguf}: its architecture is {got!r}, and the config of "
+                                    f"{self.settings.model} is {want!r} in llama.cpp: not the same model")
+                for e in req["schedules"]:
+                    self._runs[e["name"]] = to_run(e, self.result, Path(d), tokens.cpu(), self.settings.vocab)
+                if "ubatch" in self._runs:
+                    self._runs["ubatch"] = pick_width(self._runs)
+                for name in ("prefill", "decode"):
+                    if any(e["name"] == name + "_f16" for e in self.result["schedules"]):
+                        self.extra[name + "_f16"] = to_run({"name": name + "_f16"}, self.result, Path(d),
+                                                           tokens.cpu(), self.settings.vocab)
+        if schedule not in self._runs or self._runs[schedule] is None:
+            raise ValueError(f"llamacpp was not asked for the {schedule} schedule")
+        return self._runs[schedule]
+
+
+def _load(workdir: Path, name: str, shape: tuple) -> torch.Tensor:
+    import numpy as np
+
+    size, most = (workdir / name).stat().st_size, 4 * int(np.prod(shape)) + (1 << 16)
+    if size > most:
+        raise ValueError(f"{name}: {size:,} bytes, more than a {shape} float32 array takes")
+    a = np.load(workdir / name, allow_pickle=False)
+    if a.shape != shape:
+        raise ValueError(f"{name}: shape {a.shape}, expected {shape} (llama.cpp's vocabulary against the config's)")
+    return torch.from_numpy(a.astype(np.float32, copy=False)).log_softmax(dim=-1)
+
+
+def to_run(sched: dict, res: dict, workdir: Path, tokens: torch.Tensor, V: int):
+    """One schedule's answer as a RunResult (log-probs as its logits); for ubatch, a dict
+    width -> RunResult (`pick_width` chooses the one shown)."""
+    R, T = tokens.shape
+    name = sched["name"]
+    rows = list(range(R))
+
+    def unmeasured(outcome, message, steps=()):
+        return RunResult(name, "llamacpp", torch.empty(R, 0, V), None, list(steps), rows, outcome=outcome,
+                         message=message)
+    entry = next((e for e in res["schedules"] if e["name"] == name), None)
+    if entry is None and res.get("not_built"):  # said once, on the first schedule; the others name it
+        first = name == next((e["name"] for e in res.get("asked", [])), name)
+        return unmeasured(CRASHED, f"llama.cpp did not build the model ({res['not_built']})" if first
+                          else "not run: llama.cpp did not build the model")
+    if entry is None:
+        return unmeasured(CRASHED, "the llama.cpp worker gave no answer for it (it died before)")
+    if entry.get("outcome") == REFUSED:
+        return unmeasured(UNCHECKED, entry["message"], entry.get("steps") or ())
+    if entry.get("outcome"):
+        return unmeasured(CRASHED, entry.get("message", ""), entry.get("steps") or ())
+    try:
+        if name == "ubatch":
+            out = {}
+            for w, f in entry["arrays"].items():
+                w = int(w)
+                lp = _load(workdir, f, (R, T, V))
+                out[w] = RunResult(name, "llamacpp", lp, None, [w] * (T // w) + ([T % w] if T % w else []), rows)
+            return out
+        if name == "batched":
+            S = int(sched["short"])
+            lp = _load(workdir, entry["arrays"]["logits"], (2 * R, T, V))
+            return RunResult(name, "llamacpp", lp, None, [T], [r for r in rows for _ in (0, 1)], starts=[],
+                             notes=(f"batched: each row and its first {S} tokens as two sequences of one "
+                                    f"llama_decode call (rows long/short; the short row's positions from {S} on "
+                                    "are the long one's)",))
+        lp = _load(workdir, entry["arrays"]["logits"], (R, T, V))
+    except (KeyError, ValueError, OSError) as e:
+        return unmeasured(CRASHED, f"the llama.cpp worker's answer is unreadable: {e}")
+    steps = list(entry.get("steps") or [T])
+    if not torch.isfinite(lp).all():
+        bad = (~torch.isfinite(lp)).any(dim=-1).any(dim=0).nonzero().flatten().tolist()
+        return unmeasured(CRASHED, f"llama.cpp returned non-finite logits at {len(bad)} positions (first: {bad[0]})",
+                          steps)
+    if name == "prefix":
+        return RunResult(name, "llamacpp", lp, None, steps, rows, {PREFIX_HIT: [steps[0]]})
+    if name == "rollback":
+        cuts = list(entry.get("cuts") or [])
+        note = (f"rollback: drafts of {sched['draft']}, the last {sched['reject']} of each rejected and removed "
+                f"with llama_memory_seq_rm (n_rs_seq {entry.get('n_rs_seq', 0)})")
+        return RunResult(name, "llamacpp", lp, None, steps, rows, {ROLLBACK: cuts},
+                         starts=[p for p in [sched["prompt"]] + cuts if 0 < p < T], notes=(note,))
+    return RunResult(name, "llamacpp", lp, None, steps, rows)
+
+
+def pick_width(runs: dict):
+    """The ubatch run shown: the width whose logits are furthest from llama.cpp's one-call prefill
+    (the first width where no prefill ran); its notes list every width's distance."""
+    by_width = runs.get("ubatch")
+    if not isinstance(by_width, dict):
+        return by_width
+    pre = runs.get("prefill")
+    base = pre.logits if pre is not None and pre.outcome is None else None
+    dist = {w: (r.logits - base).abs().max().item() if base is not None else 0.0 for w, r in by_width.items()}
+    w = max(dist, key=lambda k: (dist[k], -k))
+    words = ", ".join(f"{k}: {dist[k]:.3g}" for k in sorted(dist))
+    chosen = by_width[w]
+    chosen.notes = (f"ubatch: n_ubatch {', '.join(map(str, sorted(dist)))} each in one call; max |d log-prob| "
+                    f"against llama.cpp's one-call prefill by width: {words}; shown: {w}",)
+    return chosen

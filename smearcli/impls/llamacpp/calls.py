@@ -1,0 +1,151 @@
+"""The llama.cpp worker as a subprocess: `call_worker(settings, request, workdir)` runs it, starts a
+fresh one after each death (the schedule it died in is that schedule's crash, `death` says why with
+llama.cpp's frame), and reads its result.json (`read_result`: trusted only once it is small, speaks
+the protocol and has well-formed entries; anything else is the environment's fault, a UserError).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Optional
+
+from ...errors import UserError
+from .environment import MAKE_ENV, PROTOCOL, hello, refuse, runnable, stop, worker_env
+
+RAISED, REFUSED, STUCK_EXIT = "raised", "refused", 3  # the worker's words and its watchdog's exit status
+RESULT_LIMIT = 4 << 20
+MESSAGE_LIMIT = 2000
+STDERR_TAIL = 64 << 10
+
+
+def one_line(text: str, limit: int = 300) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def garbage(s, what: str) -> UserError:
+    return UserError(f"{s.python}: the llama.cpp worker's answer is not smearcli's protocol {PROTOCOL} ({what}); "
+                     f"{MAKE_ENV}, and rerun")
+
+
+def read_result(s, path: Path) -> dict:
+    """result.json, trusted once it is small, speaks PROTOCOL and has well-formed entries."""
+    size = path.stat().st_size
+    if size > RESULT_LIMIT:
+        raise garbage(s, f"result.json is {size:,} bytes, over the {RESULT_LIMIT >> 20} MiB limit")
+    try:
+        res = json.loads(path.read_bytes().decode(), parse_constant=refuse)
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
+        raise garbage(s, f"result.json is not JSON: {one_line(str(e))}") from None
+    if not isinstance(res, dict) or res.get("protocol") != PROTOCOL:
+        got = res.get("protocol") if isinstance(res, dict) else type(res).__name__
+        raise garbage(s, f"result.json speaks protocol {got!r}")
+    entries = res.get("schedules")
+    if not isinstance(entries, list) or not all(isinstance(e, dict) and isinstance(e.get("name"), str)
+                                                for e in entries):
+        raise garbage(s, "its schedules are not a list of named entries")
+    for e in entries:
+        if e.get("outcome") not in (None, RAISED, REFUSED):
+            raise garbage(s, f"{e['name']}: outcome {one_line(repr(e.get('outcome')))}")
+        if not isinstance(e.get("message", ""), str):
+            raise garbage(s, f"{e['name']}: a message that is not text")
+        e["message"] = one_line(e.get("message", ""), MESSAGE_LIMIT)
+        arrays = e.get("arrays") or {}
+        if not isinstance(arrays, dict) or not all(
+                isinstance(f, str) and f.endswith(".npy") and Path(f).name == f for f in arrays.values()):
+            raise garbage(s, f"{e['name']}: arrays that are not .npy files beside result.json")
+        for key in ("steps", "cuts"):
+            v = e.get(key)
+            if v is not None and not (isinstance(v, list) and all(type(n) is int and n >= 0 for n in v)):
+                raise garbage(s, f"{e['name']}: {key} is not a list of counts")
+    return res
+
+
+FRAME = re.compile(r"(\S+\.(?:c|cc|cpp|h|hpp)):(\d+): (.+)")
+
+
+def death(rc: Optional[int], err: str, s) -> str:
+    """Why the worker died, in one line, with llama.cpp's frame where it printed one (an assert's
+    `file.cpp:LINE: message`), else the Python line that called into it (faulthandler)."""
+    lines = [ln.strip() for ln in (err or "").splitlines() if ln.strip()]
+    if rc is None:
+        what = f"the llama.cpp worker ran past {s.timeout_s:g} s and was ended"
+    elif rc == STUCK_EXIT:
+        what = f"llama.cpp did not finish the schedule in {s.stuck_s:g} s (the watchdog ended the worker)"
+    elif rc < 0:
+        try:
+            what = f"the llama.cpp worker was killed by {signal.Signals(-rc).name}"
+        except ValueError:
+            what = f"the llama.cpp worker was killed by signal {-rc}"
+    else:
+        what = f"the llama.cpp worker exited with status {rc}"
+    frame = next((m for m in (FRAME.search(ln) for ln in reversed(lines)) if m), None)
+    if frame is not None:
+        path = frame.group(1).split("vendor/llama.cpp/")[-1]
+        return f"{what} (at {path}:{frame.group(2)}: {one_line(frame.group(3), 200)})"
+    py = [ln for ln in lines if ln.startswith("File ") and "worker.py" in ln]
+    if py:
+        return f"{what} (inside llama.cpp, called from {one_line(py[0], 200)})"
+    return f"{what}: {one_line(lines[-1], 200)}" if lines else what
+
+
+def _spawn(s, req_path: Path, workdir: Path, timeout: float) -> tuple[Optional[int], str]:
+    with tempfile.TemporaryFile() as err:
+        p = subprocess.Popen([runnable(s.python), s.worker, str(req_path), str(workdir)], env=worker_env(s.env),
+                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+        try:
+            rc: Optional[int] = p.wait(timeout=max(timeout, 1.0))
+        except subprocess.TimeoutExpired:
+            stop(p)
+            rc = None
+        except BaseException:  # Ctrl-C: the worker goes with us
+            stop(p)
+            raise
+        size = err.seek(0, 2)
+        err.seek(max(0, size - STDERR_TAIL))
+        return rc, err.read().decode(errors="replace")
+
+
+def call_worker(s, req: dict, workdir: Path) -> dict:
+    """Run the worker on `req`, a fresh one after each death, until every schedule has its entry;
+    the final result.json (arrays stay in `workdir`). The environment's own problems are the
+    user's setup (UserError); a death inside llama.cpp is the schedule's crash."""
+    hello(s.python, s.worker, s.env)
+    req_path = workdir / "request.json"
+    req_path.write_text(json.dumps(req, allow_nan=False))
+    out = workdir / "result.json"
+    start, deaths = time.time(), []
+    wanted = len(req["schedules"]) + (2 if req.get("f16_too") else 0)
+    while True:
+        rc, err = _spawn(s, req_path, workdir, s.timeout_s - (time.time() - start))
+        res = read_result(s, out) if out.is_file() else None
+        if rc == 0 and res is not None and res.get("running") is None:
+            break
+        if rc == 0 and res is None:
+            raise garbage(s, "it exited with status 0 without writing result.json")
+        why = death(rc, err, s)
+        running = res.get("running") if res else None
+        if running in (None, "convert", "load"):  # nothing ran: no fresh worker would do better
+            if req.get("gguf") and running == "load":
+                raise UserError(f"{req['gguf']}: llama.cpp's loader died on it after smearcli's header check "
+                                f"passed ({why}); the file is not one llama.cpp can load")
+            res = res or {"protocol": PROTOCOL, "schedules": []}
+            res["not_built"] = f"{'converting' if running == 'convert' else 'loading'} the model: {why}"
+            break
+        deaths.append(why)
+        res["schedules"].append({"name": running, "outcome": RAISED, "message": why, "arrays": {}, "died": True})
+        res["running"] = None
+        tmp = out.with_suffix(".part")
+        tmp.write_text(json.dumps(res, allow_nan=False))
+        tmp.replace(out)
+        if len(res["schedules"]) >= wanted or time.time() - start > s.timeout_s:
+            break
+    res["wall_s"] = round(time.time() - start, 2)
+    res["deaths"] = deaths
+    return res

@@ -1,0 +1,373 @@
+"""The process that runs llama.cpp for `smearcli.impls.llamacpp`, in llama.cpp's own environment.
+
+It imports only llama-cpp-python's low-level bindings (`llama_cpp.llama_cpp`), numpy, the standard
+library and, to write a GGUF, the converter that environment carries beside it
+(`share/llamacpp-convert`: llama.cpp's `conversion/` package, with its `gguf`, torch and
+transformers); never smearcli. Usage, by the adapter: `PYTHON worker.py REQUEST.json OUTDIR | hello`.
+
+`hello` is the handshake (one JSON line: `worker`, `protocol`, `python`, `llama_cpp_python`,
+`gguf`, `torch`, `transformers`, `converter`), made without importing llama.cpp.
+
+The request (protocol 1) is JSON: `model` (a Hugging Face model directory, converted here to a
+float32 GGUF with a vocabulary-less tokenizer of the config's `vocab_size` dummy entries: tiny
+random models have no tokenizer) or `gguf` (a file to load as it is, already checked by smearcli),
+`expect_arch` (the config whose architecture the GGUF must have: refused otherwise), `rows` (token
+ids, one list per row), `cache_type` ("f32" or "f16", the KV cache's `type_k`/`type_v`),
+`f16_too` (also run prefill and decode with llama.cpp's default float16 cache), `threads`,
+`device` and `schedules`, each `{"name": ...}`:
+
+- prefill: one `llama_decode` of the whole row, logits at every position (`n_ubatch` >= T);
+- ubatch with `widths`: the same one call with `n_ubatch` = each width (micro-batches inside it);
+- chunked with `sizes`: successive calls of those sizes;
+- decode: one call per token;
+- prefix with `prefix`: the first `prefix` tokens on sequence 0, copied to sequence 1
+  (`llama_memory_seq_cp`), the rest decoded on sequence 1 in one call;
+- rollback with `prompt`, `draft`, `reject`: a prefill of the prompt, then drafts of `draft`
+  tokens whose last `reject` are wrong, removed (`llama_memory_seq_rm`) and decoded right
+  (with `n_rs_seq` = draft: the recurrent-state snapshots llama.cpp keeps for rollback; where it
+  still refuses a partial removal, its documented limit, the schedule is `refused`);
+- batched with `short`: the row and its first `short` tokens as two sequences in one call.
+
+Each schedule gets a fresh context. The answer is OUTDIR/result.json, rewritten (atomically)
+after every schedule, with `running` naming the one under way: a worker that dies inside
+llama.cpp (an abort, a segfault) leaves what finished and which schedule it died in, and the
+adapter starts a fresh worker for the rest. Arrays are float32 `.npy` logits (never pickles).
+A watchdog thread ends the process (status 3) when one schedule passes `stuck_s`; llama.cpp's
+abort callback stops a decode that runs past it first where it can.
+"""
+
+import collections
+import faulthandler
+import json
+import os
+import resource
+import sys
+import threading
+import time
+
+# run as a script, this file's directory comes first on sys.path: the sibling below is found there
+from worker_convert import convert, converter_dir, gguf_arch  # noqa: E402
+
+PROTOCOL = 1
+RAISED, REFUSED = "raised", "refused"
+STUCK_EXIT = 3
+DEADLINE = [float("inf")]  # when the schedule running now counts as stuck
+
+
+def versions() -> dict:
+    import importlib.metadata
+
+    names = {}
+    for d in importlib.metadata.distributions():
+        try:
+            names[d.metadata["Name"].lower().replace("_", "-")] = d.version
+        except Exception:
+            continue
+    return names
+
+
+def hello() -> None:
+    """Who this is, and the versions it would run, without importing llama.cpp."""
+    import platform
+
+    v = versions()
+    conv = converter_dir()
+    print(json.dumps({"worker": "smearcli-llamacpp", "protocol": PROTOCOL, "python": platform.python_version(),
+                      "llama_cpp_python": v.get("llama-cpp-python"), "gguf": v.get("gguf"),
+                      "torch": v.get("torch"), "transformers": v.get("transformers"),
+                      "converter": conv if os.path.isfile(os.path.join(conv, "convert_hf_to_gguf.py")) else None}),
+          flush=True)
+
+
+# -- llama.cpp --------------------------------------------------------------------------------
+
+class Engine:
+    """One loaded model and the contexts each schedule makes on it."""
+
+    def __init__(self, path: str, req: dict):
+        import numpy as np
+        import llama_cpp.llama_cpp as L
+
+        self.L, self.np, self.req = L, np, req
+        self.log = collections.deque(maxlen=40)  # llama.cpp's last log lines: a refusal's reason
+
+        def keep(level, text, data):
+            line = (text or b"").decode(errors="replace").rstrip()
+            if line:
+                self.log.append(line)
+                sys.stderr.write(line + "\n")
+        self._log = L.llama_log_callback(keep)  # referenced here so ctypes keeps it alive
+        L.llama_log_set(self._log, None)
+        L.llama_backend_init()
+        mp = L.llama_model_default_params()
+        mp.n_gpu_layers = 999 if req.get("device") == "cuda" else 0
+        t = time.time()
+        self.model = L.llama_model_load_from_file(path.encode(), mp)
+        if not self.model:
+            said = [ln for ln in self.log if "error" in ln.lower()] or [ln for ln in self.log if "fail" in ln]
+            raise RuntimeError("llama.cpp did not load the GGUF (llama_model_load_from_file returned NULL"
+                               + (f": {said[0].strip()[:300]})" if said else ")"))
+        self.load_s = round(time.time() - t, 2)
+        self.vocab = int(L.llama_vocab_n_tokens(L.llama_model_get_vocab(self.model)))
+        self.recurrent = bool(L.llama_model_is_recurrent(self.model))
+        self.hybrid = bool(L.llama_model_is_hybrid(self.model))
+        self._abort = L.ggml_abort_callback(lambda data: time.time() > DEADLINE[0])
+
+    def context(self, n_ctx: int, n_batch: int, n_ubatch: int, n_seq: int = 1, cache: str = "f32",
+                n_rs_seq: int = 0):
+        L = self.L
+        cp = L.llama_context_default_params()
+        cp.n_ctx = max(n_ctx, 8)
+        cp.n_batch, cp.n_ubatch = n_batch, n_ubatch
+        cp.n_seq_max = n_seq
+        cp.n_rs_seq = n_rs_seq
+        cp.n_threads = cp.n_threads_batch = int(self.req.get("threads") or 1)
+        if cache == "f32":  # else llama.cpp's default (float16)
+            cp.type_k = cp.type_v = L.GGML_TYPE_F32
+        cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        cp.kv_unified = True
+        cp.no_perf = True
+        cp.abort_callback = self._abort
+        ctx = L.llama_init_from_model(self.model, cp)
+        if not ctx:
+            raise RuntimeError("llama.cpp did not make a context (llama_init_from_model returned NULL)")
+        return ctx
+
+    def free(self, ctx) -> None:
+        self.L.llama_free(ctx)
+
+    def decode(self, ctx, items) -> list:
+        """One llama_decode of `items` [(token, pos, seq)], logits at every one; their logits."""
+        L, np = self.L, self.np
+        n = len(items)
+        batch = L.llama_batch_init(n, 0, 1)
+        try:
+            batch.n_tokens = n
+            for i, (tok, pos, seq) in enumerate(items):
+                batch.token[i], batch.pos[i], batch.n_seq_id[i] = int(tok), int(pos), 1
+                batch.seq_id[i][0] = int(seq)
+                batch.logits[i] = 1
+            rc = L.llama_decode(ctx, batch)
+            if rc == 2:
+                raise RuntimeError(f"llama.cpp did not finish the schedule in {self.req.get('stuck_s') or 300:g} s "
+                                   "(llama_decode returned 2: aborted by the watchdog's abort callback)")
+            if rc != 0:
+                why = {1: "no memory slot for the batch", -1: "invalid input batch"}.get(rc, "fatal error")
+                raise RuntimeError(f"llama_decode returned {rc} ({why})")
+            out = []
+            for i in range(n):
+                p = L.llama_get_logits_ith(ctx, i)
+                if not p:
+                    raise RuntimeError(f"llama_get_logits_ith({i}) returned NULL")
+                out.append(np.ctypeslib.as_array(p, shape=(self.vocab,)).astype(np.float32, copy=True))
+            return out
+        finally:
+            L.llama_batch_free(batch)
+
+
+def run_schedule(eng: Engine, s: dict, row: list, cache: str) -> dict:
+    """One schedule on one row: {"logits": (T', V) array or arrays by key, "steps": [...], ...}."""
+    np, L, T = eng.np, eng.L, len(row)
+    name, room = s["name"], T + int(s.get("draft") or 0) + 8
+    items = [(t, p, 0) for p, t in enumerate(row)]
+    if name in ("prefill", "decode", "chunked"):
+        sizes = [T] if name == "prefill" else [1] * T if name == "decode" else [int(n) for n in s["sizes"]]
+        ctx = eng.context(room, max(sizes), max(sizes), cache=cache)
+        try:
+            out, pos = [], 0
+            for n in sizes:
+                out += eng.decode(ctx, items[pos:pos + n])
+                pos += n
+        finally:
+            eng.free(ctx)
+        return {"logits": np.stack(out), "steps": sizes}
+    if name == "ubatch":
+        arrays = {}
+        for w in s["widths"]:
+            ctx = eng.context(room, T, int(w), cache=cache)
+            try:
+                arrays[str(w)] = np.stack(eng.decode(ctx, items))
+            finally:
+                eng.free(ctx)
+        return {"by_width": arrays, "steps": [T]}
+    if name == "prefix":
+        P = int(s["prefix"])
+        ctx = eng.context(room, T, T, n_seq=2, cache=cache)
+        try:
+            first = eng.decode(ctx, items[:P])
+            L.llama_memory_seq_cp(L.llama_get_memory(ctx), 0, 1, -1, -1)
+            second = eng.decode(ctx, [(t, p, 1) for t, p, _ in items[P:]])
+        finally:
+            eng.free(ctx)
+        return {"logits": np.stack(first + second), "steps": [P, T - P]}
+    if name == "rollback":
+        k, j, prompt = int(s["draft"]), int(s["reject"]), int(s["prompt"])
+        ctx = eng.context(room, max(prompt, k), max(prompt, k), cache=cache, n_rs_seq=k)
+        try:
+            n_rs = int(L.llama_n_rs_seq(ctx))
+            out, steps, cuts = eng.decode(ctx, items[:prompt]), [prompt], []
+            pos, vocab = prompt, max(max(row) + 1, 2)
+            while pos < T:
+                n = min(k, T - pos)
+                keep = n if n < k else n - j
+                draft = [t for t, _, _ in items[pos:pos + n]]
+                draft = draft[:keep] + [(t + 1) % vocab for t in draft[keep:]]
+                got = eng.decode(ctx, [(t, pos + i, 0) for i, t in enumerate(draft)])
+                steps.append(n)
+                out += got[:keep]
+                if keep < n:
+                    if not L.llama_memory_seq_rm(L.llama_get_memory(ctx), 0, pos + keep, -1):
+                        kind = "hybrid" if eng.hybrid else "recurrent" if eng.recurrent else "its"
+                        return {"refused": f"llama_memory_seq_rm refused to remove positions {pos + keep}.. "
+                                f"(a partial removal) from the {kind} memory (n_rs_seq {k} asked, {n_rs} kept for "
+                                "this architecture): llama.cpp's documented limit (\"Returns false if a partial "
+                                "sequence cannot be removed\")",
+                                "steps": steps}
+                    cuts.append(pos + keep)
+                pos += keep
+        finally:
+            eng.free(ctx)
+        return {"logits": np.stack(out), "steps": steps, "cuts": cuts, "n_rs_seq": n_rs}
+    if name == "batched":
+        S = int(s["short"])
+        ctx = eng.context(2 * room, T + S, T + S, n_seq=2, cache=cache)
+        try:
+            got = eng.decode(ctx, items + [(t, p, 1) for t, p, _ in items[:S]])
+        finally:
+            eng.free(ctx)
+        # row 0: the long sequence; row 1: the short one, then the long one's positions after it
+        return {"rows": np.stack([np.stack(got[:T]), np.stack(got[T:] + got[S:T])]), "steps": [T + S]}
+    raise ValueError(f"unknown schedule {name!r}")
+
+
+def write_result(outdir: str, result: dict) -> None:
+    path = os.path.join(outdir, "result.json")
+    with open(path + ".part", "w") as f:
+        json.dump(result, f, indent=1, allow_nan=False)
+    os.replace(path + ".part", path)
+
+
+def crash_message(e: BaseException) -> str:
+    import traceback
+
+    tb = traceback.extract_tb(e.__traceback__)
+    where = f" (at {os.path.basename(tb[-1].filename)}:{tb[-1].lineno} in {tb[-1].name})" if tb else ""
+    text = str(e).splitlines()[0] if str(e) else ""
+    return f"{type(e).__name__}: {text}{where}"
+
+
+def watchdog(stuck_s: float, outdir: str) -> None:
+    """End the process when a schedule passes its deadline by a margin (the abort callback had
+    its chance): status STUCK_EXIT, result.json still naming the schedule it was in."""
+    def loop():
+        while True:
+            time.sleep(0.5)
+            if time.time() > DEADLINE[0] + max(5.0, stuck_s / 10):
+                os._exit(STUCK_EXIT)
+    threading.Thread(target=loop, name="smearcli-watchdog", daemon=True).start()
+
+
+def main(request_path: str, outdir: str) -> None:
+    with open(request_path) as f:
+        req = json.load(f)
+    if req.get("protocol") != PROTOCOL:
+        sys.exit(f"smearcli's llama.cpp worker speaks protocol {PROTOCOL}, the request {req.get('protocol')!r}")
+    faulthandler.enable()  # a segfault inside llama.cpp prints the Python frame that called it
+    stuck_s = float(req.get("stuck_s") or 300)
+    watchdog(stuck_s, outdir)
+    t0 = time.time()
+    v = versions()
+    result = {"protocol": PROTOCOL, "llama_cpp_python": v.get("llama-cpp-python"), "schedules": [],
+              "running": None}
+    prev = os.path.join(outdir, "result.json")
+    if os.path.isfile(prev):  # a restart after a worker died: keep what finished
+        with open(prev) as f:
+            old = json.load(f)
+        result.update({k: old[k] for k in ("convert", "arch", "gguf", "vocab", "load_s", "recurrent", "hybrid",
+                                           "schedules", "restarts") if k in old})
+        result["restarts"] = result.get("restarts", 0) + 1
+        result["running"] = None
+    path = req.get("gguf")
+    if not path:
+        path = os.path.join(outdir, "model.gguf")
+        if not os.path.isfile(path):
+            result["running"] = "convert"
+            write_result(outdir, result)
+            try:
+                result["convert"] = convert(req["model"], path)
+            except (Exception, SystemExit) as e:
+                result["running"], result["not_built"] = None, "llama.cpp's converter: " + crash_message(e)
+                write_result(outdir, result)
+                return
+    elif req.get("expect_arch"):
+        try:
+            _, want = gguf_arch(req["expect_arch"])
+        except (Exception, SystemExit) as e:
+            want, result["arch_unknown"] = None, crash_message(e)
+        result["expect_arch"] = want
+        if want and req.get("gguf_arch") and want != req["gguf_arch"]:  # before llama.cpp sees the file
+            result["arch_mismatch"] = [want, req["gguf_arch"]]
+            write_result(outdir, result)
+            return
+    result["gguf"] = path
+    result["running"] = "load"
+    write_result(outdir, result)
+    try:
+        eng = Engine(path, req)
+    except Exception as e:
+        result["running"], result["not_built"] = None, crash_message(e)
+        write_result(outdir, result)
+        return
+    result.update(vocab=eng.vocab, load_s=eng.load_s, recurrent=eng.recurrent, hybrid=eng.hybrid)
+    done = {e["name"] for e in result["schedules"]}
+    jobs = [(s, req.get("cache_type", "f32"), "") for s in req["schedules"]]
+    if req.get("f16_too"):
+        jobs += [({"name": n}, "f16", "_f16") for n in ("prefill", "decode")]
+    for i, (s, cache, suffix) in enumerate(jobs):
+        key = s["name"] + suffix
+        if key in done:
+            continue
+        entry = {"name": key, "outcome": None, "message": "", "arrays": {}}
+        result["running"] = key
+        write_result(outdir, result)
+        t = time.time()
+        DEADLINE[0] = t + stuck_s
+        try:
+            per_row = [run_schedule(eng, s, row, cache) for row in req["rows"]]
+            entry["steps"] = per_row[0]["steps"]
+            refused = next((r["refused"] for r in per_row if "refused" in r), None)
+            if refused:
+                entry.update(outcome=REFUSED, message=refused)
+            elif "by_width" in per_row[0]:
+                for w in per_row[0]["by_width"]:
+                    f = f"{i}-{key}-{w}.npy"
+                    eng.np.save(os.path.join(outdir, f), eng.np.stack([r["by_width"][w] for r in per_row]))
+                    entry["arrays"][w] = f
+            else:
+                f = f"{i}-{key}.npy"
+                arr = (eng.np.concatenate([r["rows"] for r in per_row]) if "rows" in per_row[0]
+                       else eng.np.stack([r["logits"] for r in per_row]))
+                eng.np.save(os.path.join(outdir, f), arr)
+                entry["arrays"]["logits"] = f
+                for k in ("cuts", "n_rs_seq"):
+                    if k in per_row[0]:
+                        entry[k] = per_row[0][k]
+        except Exception as e:  # llama.cpp's failure: this schedule's result
+            entry.update(outcome=RAISED, message=crash_message(e), arrays={})
+        finally:
+            DEADLINE[0] = float("inf")
+        entry["wall_s"] = round(time.time() - t, 3)
+        result["schedules"].append(entry)
+    result["running"] = None
+    result["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    result["total_s"] = round(time.time() - t0, 2)
+    write_result(outdir, result)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["hello"]:
+        hello()
+    elif len(sys.argv) != 3:
+        sys.exit("usage: worker.py REQUEST.json OUTDIR | hello")
+    else:
+        main(sys.argv[1], sys.argv[2])

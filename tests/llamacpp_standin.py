@@ -1,0 +1,142 @@
+"""A stand-in for smearcli/impls/llamacpp/worker.py: speaks its protocol, computes with transformers.
+
+`tests/test_llamacpp.py` runs it as "llama.cpp's interpreter" (a two-line shell script calling this
+file with the worker's arguments), so the adapter is tested without compiling llama.cpp. Every
+schedule's logits are the model's full forward in transformers, computed here independently of
+smearcli, as a correct llama.cpp's would be; the mode (env SMEARCLI_STANDIN_MODE) makes it
+misbehave as llama.cpp can:
+
+- good: every schedule as the worker runs it;
+- skew: the ubatch schedule's width 5 is off from position 5 on (state lost at a micro-batch boundary);
+- own: every schedule, prefill included, is off at position 3 (the implementation's own departure);
+- refuse: the rollback schedule is refused as llama.cpp refuses a partial seq_rm on recurrent memory;
+- die: the decode schedule aborts the process with a GGML_ASSERT line, as llama.cpp does; the
+  fresh worker the adapter starts then runs the rest;
+- stuck: the chunked schedule never finishes and the worker's watchdog ends the process (status 3);
+- noconvert: the converter refuses the architecture;
+- garbage: result.json is not JSON (a worker that is not smearcli's).
+
+`hello` answers the handshake with llama-cpp-python $SMEARCLI_STANDIN_VERSION (default 0.3.36,
+none when it is "missing"). With a GGUF, `expect_arch` is answered as $SMEARCLI_STANDIN_ARCH (default
+"llama"). The request is copied to $SMEARCLI_STANDIN_SEEN when set.
+"""
+
+import json
+import os
+import sys
+
+PROTOCOL = 1
+
+
+def hello():
+    v = os.environ.get("SMEARCLI_STANDIN_VERSION", "0.3.36")
+    print(json.dumps({"worker": "smearcli-llamacpp", "protocol": PROTOCOL, "python": "3.11.7",
+                      "llama_cpp_python": None if v == "missing" else v, "gguf": "0.19.0", "torch": "2.13.0",
+                      "transformers": "5.24.0", "converter": "/standin/share/llamacpp-convert"}))
+
+
+def write(outdir, result):
+    with open(os.path.join(outdir, "result.json.part"), "w") as f:
+        json.dump(result, f)
+    os.replace(os.path.join(outdir, "result.json.part"), os.path.join(outdir, "result.json"))
+
+
+def main(req_path, outdir):
+    import numpy as np
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    req = json.load(open(req_path))
+    if os.environ.get("SMEARCLI_STANDIN_SEEN"):
+        json.dump(req, open(os.environ["SMEARCLI_STANDIN_SEEN"], "w"))
+    mode = os.environ.get("SMEARCLI_STANDIN_MODE", "good")
+    path = os.path.join(outdir, "result.json")
+    result = json.load(open(path)) if os.path.isfile(path) else {
+        "protocol": PROTOCOL, "llama_cpp_python": "0.3.36", "schedules": [], "running": None}
+    if mode == "garbage":
+        with open(path, "w") as f:
+            f.write("Segmentation fault (core dumped)")
+        return None
+    if mode == "noconvert":
+        result["not_built"] = "llama.cpp's converter: NotImplementedError: Architecture 'X' not supported!"
+        return write(outdir, result)
+    if req.get("gguf") and req.get("expect_arch"):
+        want = os.environ.get("SMEARCLI_STANDIN_ARCH", "llama")
+        result["expect_arch"] = want
+        if req.get("gguf_arch") and req["gguf_arch"] != want:
+            result["arch_mismatch"] = [want, req["gguf_arch"]]
+            return write(outdir, result)
+    if not req.get("gguf"):
+        result["convert"] = {"arch": "llama", "convert_s": 0.1, "bytes": 1000}
+    result.update(load_s=0.01, vocab=req["vocab"], recurrent=False, hybrid=False)
+    model = AutoModelForCausalLM.from_pretrained(req["model"]).eval()
+    with torch.no_grad():
+        full = model(input_ids=torch.tensor(req["rows"]), use_cache=False).logits.float().numpy()
+    T = full.shape[1]
+    done = {e["name"] for e in result["schedules"]}
+    jobs = list(req["schedules"]) + ([{"name": "prefill_f16"}, {"name": "decode_f16"}] if req.get("f16_too") else [])
+    for i, s in enumerate(jobs):
+        name = s["name"]
+        if name in done:
+            continue
+        result["running"] = name
+        write(outdir, result)
+        entry = {"name": name, "outcome": None, "message": "", "arrays": {}}
+        logits = full.copy()
+        if mode == "own":
+            logits[:, 3, 0] += 0.5
+        if name.endswith("_f16"):
+            logits = logits + 1e-3 * np.sin(np.arange(logits.shape[-1]))
+        if name == "decode" and mode == "die":
+            sys.stderr.write("/tmp/build/vendor/llama.cpp/src/llama-context.cpp:1234: GGML_ASSERT(n_tokens > 0) "
+                             "failed\n")
+            sys.stderr.flush()
+            os.abort()
+        if name == "chunked" and mode == "stuck":
+            os._exit(3)  # as the worker's watchdog ends it, result.json naming the schedule it was in
+        if name == "rollback" and mode == "refuse":
+            entry.update(outcome="refused", message="llama_memory_seq_rm refused to remove positions 30.. (a "
+                         "partial removal) from the recurrent memory with n_rs_seq 0: llama.cpp's documented limit",
+                         steps=[s["prompt"], s["draft"]])
+        elif name == "ubatch":
+            for w in s["widths"]:
+                arr = logits.copy()
+                if mode == "skew" and w == 5:
+                    arr[:, 5:, 0] += 0.25  # one token: a constant shift is no change in log-probs
+                np.save(os.path.join(outdir, f"{i}-ubatch-{w}.npy"), arr)
+                entry["arrays"][str(w)] = f"{i}-ubatch-{w}.npy"
+            entry["steps"] = [T]
+        else:
+            if name == "batched":
+                S = s["short"]
+                logits = np.concatenate([np.stack([r, r]) for r in logits])
+                entry["steps"] = [T + S]
+            elif name == "chunked":
+                entry["steps"] = s["sizes"]
+            elif name == "prefix":
+                entry["steps"] = [s["prefix"], T - s["prefix"]]
+            elif name == "rollback":
+                entry["steps"], pos, cuts = [s["prompt"]], s["prompt"], []
+                while pos < T:
+                    n = min(s["draft"], T - pos)
+                    keep = n if n < s["draft"] else n - s["reject"]
+                    entry["steps"].append(n)
+                    if keep < n:
+                        cuts.append(pos + keep)
+                    pos += keep
+                entry["cuts"], entry["n_rs_seq"] = cuts, s["draft"]
+            else:
+                entry["steps"] = [T] if name.startswith("prefill") else [1] * T
+            np.save(os.path.join(outdir, f"{i}-{name}.npy"), logits)
+            entry["arrays"]["logits"] = f"{i}-{name}.npy"
+        result["schedules"].append(entry)
+    result["running"] = None
+    result["total_s"] = 0.5
+    write(outdir, result)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["hello"]:
+        hello()
+    else:
+        main(sys.argv[1], sys.argv[2])
