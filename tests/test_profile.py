@@ -3,6 +3,7 @@ forwards timed by hooks on the model, and `compare --profile` / SMEARCLI_PROFILE
 
 import io
 import json
+import re
 
 import pytest
 import torch
@@ -93,8 +94,20 @@ SMALL = ["compare", "--depth", "1", "--seq-len", "16", "--gen-len", "4", "--thre
 
 
 def sections(stderr: str) -> list[str]:
+    """The section names of the table `--profile` prints (a name may hold a space)."""
     lines = stderr[stderr.index("profile: "):].splitlines()
-    return [ln.split()[0] for ln in lines[2:] if ln.strip() and not ln.strip().startswith("outside")]
+    rows = [re.match(r"^  (\S.*?)\s+-?[\d.]+\s+-?[\d.]+%", ln) for ln in lines[2:]]
+    return [m.group(1) for m in rows if m]
+
+
+# what every compare passes through, in the table's order; the verdict decides whether analytic,
+# confirmation or power follow the metrics, and the output whether json or table ends it
+WHOLE = ["imports", "build", "runs", "forwards", "float64 floor", "metrics"]
+
+
+def in_table_order(names: list[str]) -> bool:
+    known = [n for n in names if n in profile.ORDER]
+    return known == sorted(known, key=profile.ORDER.index) and names[-1] == "rest"
 
 
 def test_compare_profile_prints_the_table_to_stderr(monkeypatch):
@@ -103,13 +116,42 @@ def test_compare_profile_prints_the_table_to_stderr(monkeypatch):
     r = CliRunner().invoke(app, SMALL + ["--json", "--profile"])
     assert plain.exit_code == r.exit_code == 0, r.output
     assert "profile: " not in plain.stderr
-    assert sections(r.stderr) == ["build", "forwards", "metrics", "rest"]
+    names = sections(r.stderr)
+    assert names[:len(WHOLE)] == WHOLE and in_table_order(names)
+    assert "json" in names and "table" not in names and "save" not in names
     assert json.loads(r.stdout)["runs"] == json.loads(plain.stdout)["runs"]  # stdout is the same document
 
 
 def test_the_environment_variable_profiles_compare(monkeypatch):
     monkeypatch.setenv(profile.ENV, "1")
     r = CliRunner().invoke(app, SMALL)
-    assert r.exit_code == 0 and sections(r.stderr) == ["build", "forwards", "metrics", "rest"]
+    names = sections(r.stderr)
+    assert r.exit_code == 0 and names[:len(WHOLE)] == WHOLE and in_table_order(names)
+    assert "table" in names and "json" not in names
     monkeypatch.setenv(profile.ENV, "0")
     assert "profile: " not in CliRunner().invoke(app, SMALL).stderr
+
+
+def test_the_table_alone_builds_no_json_document(monkeypatch, tmp_path):
+    """The compare/1 document is built for --json and --save only: printing the table does not
+    pay for it."""
+    from smearcli import jsondoc
+
+    monkeypatch.delenv(profile.ENV, raising=False)
+    built = []
+    to_json = jsondoc.to_json
+    monkeypatch.setattr(jsondoc, "to_json", lambda *a, **k: built.append(1) or to_json(*a, **k))
+    assert CliRunner().invoke(app, SMALL).exit_code == 0 and built == []
+    assert CliRunner().invoke(app, SMALL + ["--json"]).exit_code == 0 and built == [1]
+    assert CliRunner().invoke(app, SMALL + ["--save", str(tmp_path / "r.pt")]).exit_code == 0 and built == [1, 1]
+
+
+def test_a_named_section_longer_than_the_column_keeps_the_table_aligned(clock):
+    out = io.StringIO()
+    with profile.session(True, out):
+        with profile.section("float64 floor"):
+            clock.now += 1
+        clock.now += 1
+    head, floor, rest = out.getvalue().splitlines()[1:4]
+    assert floor.startswith("  float64 floor ") and sections(out.getvalue()) == ["float64 floor", "rest"]
+    assert len({head.index("seconds") + len("seconds"), floor.index("1.00") + 4, rest.index("1.00") + 4}) == 1
