@@ -95,7 +95,7 @@ def test_a_worker_that_hangs_runs_away_or_dies_is_stopped_and_started_again(fake
         assert "LlamaForCausalLM" in vllm_engine.archs(w)
         start = time.monotonic()
         with pytest.raises(vllm_engine.WorkerGone, match=want):
-            ask_run(w, tmp_path, "m", timeout=3.0 if mode == "hang" else 30.0, memory=limit)
+            ask_run(w, tmp_path, "m", timeout=1.0 if mode == "hang" else 30.0, memory=limit)
         assert time.monotonic() - start < 40
         deadline = time.monotonic() + 10
         while w.alive() and time.monotonic() < deadline:  # stopped by the asker, reaped here
@@ -159,11 +159,34 @@ def test_the_census_on_the_standin_records_each_architecture_and_survives_a_dead
     assert checked.exit_code == 1  # crashed and unconfirmed fail --check on vLLM
 
 
-def test_power_comes_first_and_the_init_scale_rises_until_the_state_shows(fake_python, tmp_path, monkeypatch):
+# -- one architecture, judged (`vllm_check.check`) and the census around it (`vllm_census.run`), on
+# the stand-in in this process (`vllm_standin.InProcess`): the scan's end-to-end test above runs the
+# same through the CLI, the worker process and the reproducers
+@pytest.fixture
+def in_process(monkeypatch):
+    """A worker computing as the stand-in does, in this process; `plan` sets each model's mode."""
+    monkeypatch.syspath_prepend(str(STANDIN.parent))
+    import vllm_standin
+
+    def make(**plan):
+        monkeypatch.setenv("SMEARCLI_STANDIN_PLAN", json.dumps(plan))
+        return vllm_standin.InProcess()
+    return make
+
+
+def census(worker, names, tmp_path):
+    """`vllm_census.run` as the scan calls it (each architecture in its forked process)."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    with records.Sink(tmp_path / "census.jsonl") as sink:
+        recs = vllm_census.run(worker, names, sink, timeout=600.0, memory=None, repro_dir=tmp_path / "repro")
+    return {r["model_type"]: r for r in recs}
+
+
+def test_power_comes_first_and_the_init_scale_rises_until_the_state_shows(in_process, monkeypatch):
     """As in the transformers census: where zeroing the reference's state moves the logits too
     little, the init scale is raised (seeded) and vLLM runs the weights that had power; where no
-    scale gives it, inconclusive, saying so. (Power is stood in: each check is a forked process,
-    so each starts counting from zero.)"""
+    scale gives it, inconclusive, saying so. (Power is stood in, counting its calls from zero for
+    each check.)"""
     from smearcli import evidence
 
     def weak_until(n):
@@ -176,70 +199,56 @@ def test_power_comes_first_and_the_init_scale_rises_until_the_state_shows(fake_p
     got = {}
     for n in (3, 99):
         monkeypatch.setattr(vllm_check, "measure_power", weak_until(n))
-        r = runner.invoke(app, ["scan", "--engine", "vllm", "--vllm-python", str(fake_python), "--only", "llama",
-                                "--out", str(tmp_path / f"{n}.jsonl"), "--json"])
-        assert r.exit_code == 0, r.output
-        (got[n],) = json.loads(r.stdout)["architectures"]
+        got[n] = vllm_check.check("llama", in_process())
     assert got[3]["verdict"] == OK and got[3]["init"] == 0.3
     assert "the state was shown to matter only at initializer_range=0.3" in got[3]["notes"]
     assert got[99]["verdict"] == INCONCLUSIVE and got[99]["init"] == 1.0
     assert any(n.startswith("the check never had power") for n in got[99]["notes"])
 
 
-def test_an_engine_vllm_does_not_start_is_not_built_with_why(fake_python, tmp_path, monkeypatch):
-    monkeypatch.setenv("SMEARCLI_STANDIN_PLAN", json.dumps({"llama": "noengine"}))
-    r = scan(tmp_path, fake_python, "--only", "llama", "--json")
-    assert r.exit_code == 0, r.output
-    (a,) = json.loads(r.stdout)["architectures"]
-    assert a["verdict"] == NOT_BUILT and a["reason"].startswith("vLLM did not start an engine for the tiny model")
+def test_an_engine_vllm_does_not_start_is_not_built_with_why(in_process):
+    a = vllm_check.check("llama", in_process(llama="noengine"))
+    assert a["verdict"] == NOT_BUILT and a["reason"].startswith(vllm_check.ENGINE_REFUSED)
     assert "head size 16" in a["reason"]
     md = vllm_census.markdown([a])  # as --merge writes it: the version from the records
     assert md.startswith("# smearcli scan on vLLM: vLLM stand-in (CPU)")
     assert "## Not run on the CPU backend" in md and "| llama | vLLM did not start" in md
 
 
-def test_an_engine_refused_after_other_models_is_tried_again_in_a_fresh_worker(fake_python, tmp_path, monkeypatch):
-    monkeypatch.setenv("SMEARCLI_STANDIN_PLAN", json.dumps({"qwen2": "stale", "mistral": "stale"}))
-    r = scan(tmp_path, fake_python, "--only", "mistral,qwen2", "--json")
-    assert r.exit_code == 0, r.output
-    doc = json.loads(r.stdout)
-    by = {a["model_type"]: a for a in doc["architectures"]}
-    assert by["mistral"]["verdict"] == OK and "checked again" not in " ".join(by["mistral"]["notes"])  # first
-    assert by["qwen2"]["verdict"] == OK and "checked again in a fresh vLLM process" in by["qwen2"]["notes"]
-    assert doc["benchmark"]["vllm_imports"] == 2
+def test_an_engine_refused_after_other_models_is_tried_again_in_a_fresh_worker(in_process, tmp_path):
+    again = "checked again in a fresh vLLM process"
+    w = in_process(qwen2="stale", mistral="stale")
+    by = census(w, ["mistral", "qwen2"], tmp_path)
+    assert by["mistral"]["verdict"] == OK and again not in by["mistral"]["notes"]  # first: served nothing before
+    assert by["qwen2"]["verdict"] == OK and again in by["qwen2"]["notes"]
+    assert w.starts == 2  # the scan's benchmark counts these as vllm_imports
     # vLLM's config validation is the model's own: not retried (a fresh worker costs vLLM's import)
-    monkeypatch.setenv("SMEARCLI_STANDIN_PLAN", json.dumps({"qwen2": "refused"}))
-    r = runner.invoke(app, ["scan", "--engine", "vllm", "--vllm-python", str(fake_python), "--out",
-                            str(tmp_path / "again.jsonl"), "--only", "mistral,qwen2", "--json"])
-    doc = json.loads(r.stdout)
-    by = {a["model_type"]: a for a in doc["architectures"]}
+    w = in_process(qwen2="refused")
+    by = census(w, ["mistral", "qwen2"], tmp_path / "refused")
     assert by["qwen2"]["verdict"] == NOT_BUILT and "validation error for ModelConfig" in by["qwen2"]["reason"]
-    assert doc["benchmark"]["vllm_imports"] == 1 and "checked again" not in " ".join(by["qwen2"]["notes"] or [])
+    assert w.starts == 1 and again not in (by["qwen2"]["notes"] or [])
 
 
-def test_a_prefill_that_raises_is_not_built_not_a_cache_crash(fake_python, tmp_path, monkeypatch):
-    monkeypatch.setenv("SMEARCLI_STANDIN_PLAN", json.dumps({"llama": "noprefill"}))
-    r = scan(tmp_path, fake_python, "--only", "llama", "--json")
-    assert r.exit_code == 0, r.output
-    (a,) = json.loads(r.stdout)["architectures"]
+def test_a_prefill_that_raises_is_not_built_not_a_cache_crash(in_process, tmp_path):
+    a = vllm_check.check("llama", in_process(llama="noprefill"), repro_dir=tmp_path)
     assert a["verdict"] == NOT_BUILT and a["reason"].startswith("vLLM's prefill in one step raises on the CPU backend")
     assert "selective_scan_fwd" in a["reason"] and a["reproducer"] is None
 
 
-def test_a_schedule_stuck_inside_vllm_is_that_schedules_crash_and_the_rest_not_run(fake_python, tmp_path,
-                                                                                     monkeypatch):
+def test_a_schedule_stuck_inside_vllm_is_that_schedules_crash_and_the_rest_not_run(in_process, tmp_path):
     """The worker's watchdog interrupts a request stuck inside vLLM and skips what is left (its
-    threads cannot be stopped): the stuck schedule is the crash, the others say they did not run."""
-    monkeypatch.setenv("SMEARCLI_STANDIN_PLAN", json.dumps({"llama": "stuck"}))
-    r = scan(tmp_path, fake_python, "--only", "llama,qwen2", "--json")
-    assert r.exit_code == 0, r.output
-    doc = json.loads(r.stdout)
-    a = next(x for x in doc["architectures"] if x["model_type"] == "llama")
-    assert a["vllm"]["stuck"] and doc["benchmark"]["vllm_imports"] == 2  # qwen2 gets a fresh worker
+    threads cannot be stopped): the stuck schedule is the crash, the others say they did not run;
+    the next architecture gets a fresh worker."""
+    w = in_process(llama="stuck")
+    by = census(w, ["llama", "qwen2"], tmp_path)
+    a = by["llama"]
+    assert a["vllm"]["stuck"] and w.starts == 2  # qwen2 gets a fresh worker
     assert a["verdict"] == CRASHED and a["worst_schedule"] == "chunked@3"
     assert a["reason"].startswith("chunked@3: vLLM's engine did not finish the request in 120 s (at vllm/")
     assert a["schedules"]["prefill"]["status"] == OK
     assert {a["schedules"][n]["status"] for n in ("chunked@13", "decode", "prefix")} == {"not run"}
+    assert by["qwen2"]["verdict"] == OK
+    assert a["reproducer_status"] == 2  # its reproducer ran, in the worker's Python: no vLLM there, exit 2
 
 
 def test_options_the_vllm_census_refuses(fake_python, tmp_path, monkeypatch):
