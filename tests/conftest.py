@@ -77,6 +77,32 @@ def json_matches_its_schema(monkeypatch):
                     "the schema file and docs/json-schema.md):\n" + "\n".join(found[:20]), pytrace=False)
 
 
+@pytest.fixture(scope="session")
+def census_record():
+    """`census_record(name)`: the real census check of one architecture (`census.check.check`, in
+    one thread as a scan's child runs it), made once per test session and shared by the files that
+    read it; each call gets its own copy. `order=0` checks only the defaults' layer order of a
+    hybrid (`derive`'s first variant): its record, without the other orders'."""
+    import copy
+
+    made: dict = {}
+
+    def get(name: str, order=None) -> dict:
+        if (name, order) not in made:
+            pytest.importorskip("transformers")
+            from smearcli.census import check, derive
+
+            before = torch.get_num_threads()
+            torch.set_num_threads(1)
+            try:
+                config = None if order is None else derive.derive(name).variants[order].config
+                made[name, order] = check.check(name, config=config)
+            finally:
+                torch.set_num_threads(before)
+        return copy.deepcopy(made[name, order])
+    return get
+
+
 # The audit's and the fix's tests: a small random model and the tokens they run it on.
 AUDIT_SEQ = 40
 

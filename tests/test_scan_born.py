@@ -17,21 +17,21 @@ MAMBA_FAMILY = ("falcon_mamba", "jamba", "mamba", "zamba")  # one Mamba-v1 mixer
 
 
 @pytest.fixture(scope="module")
-def mamba():
-    """The real check of Mamba (about 4 s of one core)."""
-    from smearcli.census import check
+def mamba(census_record):
+    """The real check of Mamba (about 4 s of one core, shared with tests/test_schemas.py)."""
+    return census_record("mamba")
 
-    torch.set_num_threads(1)
-    return check.check("mamba")
+
+HYBRIDS = ("jamba", "zamba")  # two layer orders each: the defaults' order alone holds the finding here
 
 
 @pytest.fixture(scope="module")
-def family(mamba):
-    """The real check of the four architectures whose mixers skip their state on multi-token steps
-    (about 7 s more)."""
-    from smearcli.census import check
-
-    return {name: mamba if name == "mamba" else check.check(name) for name in MAMBA_FAMILY}
+def family(mamba, census_record):
+    """The real check of the four architectures whose mixers skip their state on multi-token steps,
+    the hybrids in their defaults' layer order (about 5 s more; every order of a hybrid is
+    tests/test_scan_reach.py's)."""
+    return {name: mamba if name == "mamba" else census_record(name, order=0 if name in HYBRIDS else None)
+            for name in MAMBA_FAMILY}
 
 
 def forward_lines(cls) -> list[int]:

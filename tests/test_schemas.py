@@ -153,13 +153,10 @@ def test_a_scan_record_and_document_match_and_a_misspelt_field_does_not():
     assert schema_check.document_problems(doc)
 
 
-def test_a_real_scan_finding_matches():
+def test_a_real_scan_finding_matches(census_record):
     """Mamba's census check, a bug: its record (confirmation, born_in, both boundaries, rollback's
     two ways) and a document with its group."""
-    pytest.importorskip("transformers")
-    from smearcli.census import check
-
-    rec = json.loads(jsonsafe.dumps(check.check("mamba"), default=str))
+    rec = json.loads(jsonsafe.dumps(census_record("mamba"), default=str))
     assert rec["verdict"] == str(BUG) and rec["born_in"]["module"] and "rollback" in rec["boundaries"]
     assert schema_check.record_problems(rec) == []
     meta = {"transformers_version": "5.24.0", "torch_version": "2.13.0", "python": "3.11.7", "wall_s": 1.0}
