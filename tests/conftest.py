@@ -8,6 +8,11 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+# The CLI's tables take their width from COLUMNS when piped (120 without it). pytest-xdist's workers
+# start with COLUMNS=80 and LINES=24 in their environment, and a developer's shell may export its
+# own: every test starts without them, as a plain CI run does, and a test about width sets them.
+for _name in ("COLUMNS", "LINES"):
+    os.environ.pop(_name, None)
 # Written by upstream nanochat's own code and kept in the repository (see its README), so a
 # clone passes its tests with nothing beside it.
 FIXTURE = Path(os.environ.get("SMEARCLI_FIXTURE", ROOT / "tests" / "fixtures" / "nanochat-d4-bytes"))
@@ -122,12 +127,23 @@ def tokens(ours):
 # The slow families, each a marker, so the fast loop can leave them out (CONTRIBUTING.md):
 #   python -m pytest -m "not (notebooks or docs or browser or slow)"
 FAMILIES = {"test_docs.py": "docs", "test_browser.py": "browser", "test_errors_table.py": "docs"}
+# With pytest-xdist (`-n 2`, `--dist loadgroup` from pyproject.toml) each file runs whole on one
+# worker, in order (a notebook's cells, a module's fixtures made once); the files that share the
+# built site (`built_site`, session-scoped) run on the same one, so the site is built once.
+SAME_WORKER = {"test_docs.py": "the built site", "test_browser.py": "the built site"}
+
+WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
+if WORKERS > 1:  # the workers share the cores: torch's threads per worker, so none waits on another's
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // WORKERS))
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        name = Path(str(item.fspath)).name
-        if name.endswith(".ipynb"):
+        path = Path(str(item.fspath))
+        if path.name.endswith(".ipynb"):
             item.add_marker(pytest.mark.notebooks)
-        elif name in FAMILIES:
-            item.add_marker(getattr(pytest.mark, FAMILIES[name]))
+        elif path.name in FAMILIES:
+            item.add_marker(getattr(pytest.mark, FAMILIES[path.name]))
+        group = SAME_WORKER.get(path.name) or path.relative_to(config.rootpath).as_posix()
+        item.add_marker(pytest.mark.xdist_group(group))
