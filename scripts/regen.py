@@ -6,7 +6,7 @@
 
 - snippets: `docs/gen_snippets.py` (docs/snippets/*.txt, docs/figures/smear-error.png and the
   README blocks between `<!-- snippet: NAME -->` markers);
-- errors: docs/errors.md, the table of every error and exit code (`tests/test_errors_table.py`
+- errors: docs/errors.md, the table of every error and exit code (`tests/docs/test_errors_table.py`
   with SMEARCLI_REGEN_DOCS=1);
 - census: `docs/gen_census.py` (the `smearcli scan` census in docs/guide/scan.md; about 6.5
   minutes on 2 cores, the one step not in the default list: `--only census`);
@@ -65,7 +65,7 @@ def main() -> None:
     if "snippets" in steps:
         run("snippets", [sys.executable, "docs/gen_snippets.py"], env)
     if "errors" in steps:
-        run("errors", [sys.executable, "-m", "pytest", "-q", "-o", "addopts=", "tests/test_errors_table.py"],
+        run("errors", [sys.executable, "-m", "pytest", "-q", "-o", "addopts=", "tests/docs/test_errors_table.py"],
             {**env, "SMEARCLI_REGEN_DOCS": "1"})
     if "census" in steps:
         run("census", [sys.executable, "docs/gen_census.py"], env)

@@ -39,7 +39,7 @@ def upstream_model(fixture_dir):
 @pytest.fixture(scope="session")
 def built_site(tmp_path_factory) -> Path:
     """`mkdocs build --strict` of the docs into a temporary directory, once per test run (shared
-    by tests/test_docs.py and tests/test_browser.py); fails on any warning."""
+    by tests/docs/test_docs.py and tests/docs/test_browser.py); fails on any warning."""
     out = tmp_path_factory.mktemp("site")
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1", "MPLBACKEND": "Agg"}
     p = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],

@@ -1,6 +1,6 @@
 """A stand-in for smearcli/impls/vllm/worker.py: speaks its protocol, computes with transformers.
 
-`tests/test_vllm.py` runs it as the "vLLM interpreter" (a two-line shell script calling this file
+`tests/impls/test_vllm.py` runs it as the "vLLM interpreter" (a two-line shell script calling this file
 with the worker's arguments), so the adapter is tested without vLLM. Every log-prob is the model's
 full forward in transformers, computed here independently of smearcli, as vLLM's would be; the
 mode (env SMEARCLI_STANDIN_MODE) makes it misbehave as vLLM can:

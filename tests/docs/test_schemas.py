@@ -22,8 +22,8 @@ from smearcli.cli.app import app
 from smearcli import schedules
 from smearcli.schedules import CACHE_COPY, PREFIX_HIT, UNCHECKED
 from smearcli.verdicts import BUG, CRASHED, ROUNDING, UNCONFIRMED, WORDS
+from conftest import ROOT  # noqa: E402 - the clone's root
 
-ROOT = Path(__file__).resolve().parents[1]
 FILES = sorted(schema_check.SCHEMA_DIR.glob("*.json"))
 SHORTENED = re.compile(r"^\.\.\. (\d+) more \.\.\.$")  # docs/gen_snippets.py's cut in a long list
 

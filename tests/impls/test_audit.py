@@ -26,7 +26,7 @@ from smearcli.names import NOISE_MARGIN
 from smearcli.units import compact
 from smearcli.schedules import ScheduleOptions
 
-STANDIN = Path(__file__).resolve().parent / "standin"
+STANDIN = Path(__file__).resolve().parents[1] / "standin"
 OLD = STANDIN / "old"
 # the cache branch of the stand-in's smear, as written (the bug) and as issue #756 fixes it
 OLD_BRANCH = """            if T > 1:  # taken to start the sequence, even after earlier chunks: the bug

@@ -2,7 +2,7 @@
 speaks the worker's protocol and computes with transformers, including one whose prefix request
 returns garbage at the cached positions (dropped, so it passes), one that never reads the cache
 (checked nothing), one that crashes in the prefix schedule, one that dies, and one with a
-chunk-boundary error. The real vLLM checks are tests/test_vllm_real.py."""
+chunk-boundary error. The real vLLM checks are tests/impls/test_vllm_real.py."""
 
 import json
 import re
@@ -21,7 +21,7 @@ from smearcli.impls.vllm import environment as vllm_env  # noqa: E402
 from smearcli.schedules import ScheduleOptions  # noqa: E402
 
 runner = CliRunner()
-STANDIN = Path(__file__).with_name("vllm_standin.py")
+STANDIN = Path(__file__).resolve().parents[1] / "vllm_standin.py"
 T = 64  # two cache blocks of 32: the prefix request covers the first
 
 

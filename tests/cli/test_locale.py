@@ -9,8 +9,7 @@ import sys
 from pathlib import Path
 
 from hardening_util import FAST, write_checkpoint
-
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import ROOT  # noqa: E402 - the clone's root
 
 
 def test_c_locale_loads_a_non_ascii_checkpoint_and_prints_its_table(tmp_path):

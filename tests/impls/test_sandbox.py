@@ -24,9 +24,9 @@ import pytest
 from hardening_util import invoke
 from smearcli.errors import UserError
 from smearcli.impls.nanochat import sandbox
+from conftest import ROOT  # noqa: E402 - the clone's root
 
-ROOT = Path(__file__).resolve().parents[1]
-STANDIN = Path(__file__).resolve().parent / "standin" / "old"
+STANDIN = Path(__file__).resolve().parents[1] / "standin" / "old"
 AUDIT = ["compare", "--impl", "nanochat", "--depth", "1", "--seq-len", "12", "--chunks", "2",
          "--gen-len", "4", "--draft", "2", "--schedules", "chunked"]
 FORWARD = "        B, T = idx.shape\n"

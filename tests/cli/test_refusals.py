@@ -29,8 +29,9 @@ from smearcli.errors import UserError
 from smearcli.files import atomic_write
 from smearcli.model import GPT
 from smearcli.weights import load_checkpoint, random_config, random_model
+from conftest import ROOT  # noqa: E402 - the clone's root
 
-PKG = Path(__file__).resolve().parents[1] / "smearcli"
+PKG = ROOT / "smearcli"
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +88,7 @@ def test_help_says_how_pickles_are_read():
 def test_source_never_unpickles_arbitrary_objects():
     """Every torch.load in the package passes weights_only=True; nothing calls pickle directly but
     the tokenizer loader, whose only unpickler is a subclass that overrides find_class (so every
-    global a file names goes through its allow-list; tests/test_tokenizer.py tests that list)."""
+    global a file names goes through its allow-list; tests/core/test_tokenizer.py tests that list)."""
     loads = 0
     tok = (PKG / "tokenizer.py").read_text()
     tree = ast.parse(tok)

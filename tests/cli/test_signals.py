@@ -1,7 +1,7 @@
 """Outputs under a SIGTERM and under a directory that goes away: no `.NAME.XXXX.tmp` is left beside
 a `--save` or `plot --out` target (smearcli.files.atomic_write, the handler in smearcli.cli.app.run),
 one line is printed and then the program dies by the signal itself (a parent sees -15, not an exit
-status of 143 it could take for a choice; scan's: tests/test_scan_hardening.py), and a SIGTERM
+status of 143 it could take for a choice; scan's: tests/census/test_scan_hardening.py), and a SIGTERM
 during the user's code is not blamed on it; an output directory removed during the run is exit 2
 and one line."""
 
@@ -20,8 +20,7 @@ from hardening_util import FAST, invoke, leftovers
 import smearcli.files as files
 from smearcli.errors import UserError
 
-ROOT = Path(__file__).resolve().parents[1]
-STANDIN = Path(__file__).resolve().parent / "standin" / "old"
+STANDIN = Path(__file__).resolve().parents[1] / "standin" / "old"
 
 # the program, with a SIGTERM sent to itself at the moment atomic_write syncs the temporary file
 # (the file exists, complete, not yet renamed): the worst moment to be stopped
@@ -34,6 +33,7 @@ def fsync(fd):
 os.fsync = fsync
 sys.argv = ["smearcli", *sys.argv[1:]]
 from smearcli.cli.app import run
+from conftest import ROOT  # noqa: E402 - the clone's root
 run()
 """
 

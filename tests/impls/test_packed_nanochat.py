@@ -24,7 +24,7 @@ from smearcli.ours import GPTRunner
 from smearcli.runner import DOCUMENT_MASK, SMEAR_TERMS, NoDocumentMask
 from smearcli.weights import random_config
 
-OLD = Path(__file__).resolve().parent / "standin" / "old"
+OLD = Path(__file__).resolve().parents[1] / "standin" / "old"
 LENGTHS = (12, 8, 10)
 BOS = 0
 GATE_LINE = "        gate = self.smear_lambda.to(x.dtype) * torch.sigmoid(self.smear_gate(x[..., :24]))\n"
@@ -232,7 +232,7 @@ def pieces(text):
 
 
 @pytest.mark.parametrize("text", [TEXT, "<|bos|>" + TEXT])  # one document, or an empty one: refused
-                                                        # (tests/test_boundary_inputs.py)
+                                                        # (tests/core/test_boundary_inputs.py)
 def test_byte_level_text_splits_at_each_marker(text, tmp_path):
     expected = [1 + len(p.encode()) for p in pieces(text)]
     doc = json.loads(cli.invoke(app, ["compare", "--text", text, *BYTES]).stdout)

@@ -27,8 +27,7 @@ from smearcli.impls import hf  # noqa: E402
 from smearcli.impls.hf import api, kernels  # noqa: E402
 from smearcli.impls.hf.cache_runner import CacheRunner  # noqa: E402
 from smearcli.verdicts import NOT_JUDGED, NOT_JUDGED_WHY, OK  # noqa: E402
-
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import ROOT  # noqa: E402 - the clone's root
 
 
 # -- stand-ins for each release's forward signature ------------------------------------------------

@@ -21,8 +21,9 @@ from smearcli.census import records, report, vllm_census, vllm_check, vllm_engin
 from smearcli.cli.app import app  # noqa: E402
 from smearcli.impls.vllm import ENV_PYTHON  # noqa: E402
 from smearcli.verdicts import CRASHED, INCONCLUSIVE, NOT_BUILT, OK, UNCONFIRMED  # noqa: E402
+from conftest import ROOT  # noqa: E402 - the clone's root
 
-STANDIN = Path(__file__).with_name("vllm_standin.py")
+STANDIN = Path(__file__).resolve().parents[1] / "vllm_standin.py"
 runner = CliRunner()
 
 
@@ -304,7 +305,7 @@ def test_two_architectures_in_real_vllm(tmp_path, monkeypatch):
 def gen_script():
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("gen_vllm_census", Path(__file__).parents[1] / "scripts" /
+    spec = importlib.util.spec_from_file_location("gen_vllm_census", ROOT / "scripts" /
                                                   "gen_vllm_census.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

@@ -18,7 +18,7 @@ from smearcli.bench.meters import cpu_name
 from smearcli.weights import load_checkpoint
 from smearcli.schedules import ScheduleOptions, run_schedule
 
-FIXTURE = Path(__file__).resolve().parent / "fixtures" / "nanochat-gqa-b2"
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "nanochat-gqa-b2"
 RTOL, ATOL = 1.3e-6, 1e-5  # torch.testing's default for float32
 
 

@@ -34,7 +34,7 @@ from smearcli.impls.nanochat import adapter, guard, sandbox
 from smearcli.inputs import TEXT_MAX_BYTES, TOKENS_MAX_BYTES, load_tokens, text_tokens
 from smearcli.weights import load_checkpoint, random_config
 
-STANDIN = Path(__file__).resolve().parent / "standin" / "old"
+STANDIN = Path(__file__).resolve().parents[1] / "standin" / "old"
 C = ["compare", *FAST]
 AUDIT = ["compare", "--impl", "nanochat", "--depth", "1", "--seq-len", "12", "--chunks", "2",
          "--gen-len", "4", "--draft", "2", "--schedules", "chunked"]

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from smearcli.cli.app import app
 
-OLD = Path(__file__).resolve().parent / "standin" / "old"
+OLD = Path(__file__).resolve().parents[1] / "standin" / "old"
 runner = CliRunner()
 AUDIT = ["--model", "random", "--depth", "1", "--seq-len", "24", "--gen-len", "4", "--chunks", "3",
          "--schedules", "chunked", "--device", "cpu"]

@@ -17,7 +17,7 @@ import torch
 from hardening_util import FAST, PT, edit_state, invoke, write_checkpoint
 from smearcli import jsonsafe
 
-STANDIN = Path(__file__).resolve().parent / "standin" / "old"
+STANDIN = Path(__file__).resolve().parents[1] / "standin" / "old"
 
 
 def strict(text: str):

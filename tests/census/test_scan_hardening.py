@@ -25,8 +25,8 @@ import scan_standin
 from hardening_util import invoke
 from smearcli.errors import UserError
 from smearcli.census import isolate, records
+from conftest import ROOT  # noqa: E402 - the clone's root
 
-ROOT = Path(__file__).resolve().parents[1]
 REC = {"model_type": "a", "verdict": "ok"}
 
 

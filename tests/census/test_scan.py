@@ -1,5 +1,5 @@
 """smearcli scan: tiny configs derived from defaults, the error's shapes, the report, and the
-standalone reproducer (isolation: tests/test_scan_isolate.py)."""
+standalone reproducer (isolation: tests/census/test_scan_isolate.py)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Real model sizes (presets), the progress bar, memory-mapped checkpoints and the preflight at real
-sizes (decode sharing and progress counts are tests/test_compare.py's)."""
+sizes (decode sharing and progress counts are tests/core/test_compare.py's)."""
 
 import io
 import json

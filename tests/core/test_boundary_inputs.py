@@ -15,7 +15,7 @@ import pytest
 
 from hardening_util import invoke, leftovers
 
-STANDIN = Path(__file__).resolve().parent / "standin" / "old"
+STANDIN = Path(__file__).resolve().parents[1] / "standin" / "old"
 F = ["--depth", "1", "--seq-len", "16", "--gen-len", "4"]
 MINE = ["--impl", "nanochat", "--nanochat-path", "mine"]
 HF = ["--impl", "hf", "--hf-model", "llama"]

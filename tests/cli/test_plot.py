@@ -19,6 +19,7 @@ from smearcli import compare, inputs, weights
 from smearcli.render import figures
 from smearcli.cli.app import app
 from smearcli.schedules import ScheduleOptions
+from conftest import ROOT  # noqa: E402 - the clone's root
 
 runner = CliRunner()
 SIZES = [10, 25, 13]  # 48 tokens; chunks start at 10 and 35
@@ -273,7 +274,7 @@ def test_help_does_not_import_matplotlib():
 def test_readme_shows_the_committed_figure():
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
+    root = ROOT
     readme = (root / "README.md").read_text()
     target = "docs/figures/smear-error.png"
     assert f"]({target})" in readme  # embedded

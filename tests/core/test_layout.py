@@ -15,8 +15,9 @@ import re
 from pathlib import Path
 
 import pytest
+from conftest import ROOT  # noqa: E402 - the clone's root
 
-PKG = Path(__file__).resolve().parents[1] / "smearcli"
+PKG = ROOT / "smearcli"
 LAYERS = {"core": 0, "render": 1, "features": 2, "cli": 3}
 FEATURES = ("impls", "bench", "census")
 BUILT_ON = {("census", "impls")}  # same-layer imports allowed: (importer, imported)

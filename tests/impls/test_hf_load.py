@@ -141,6 +141,7 @@ def test_header_parser_agrees_with_safetensors_on_a_good_file(dirs):
 DRIVER = r"""
 import json, os, sys, tempfile
 from smearcli.cli.app import app
+from conftest import ROOT  # noqa: E402 - the clone's root
 results = {}
 for name, d in json.loads(sys.argv[1]).items():
     out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
@@ -163,7 +164,7 @@ print(json.dumps(results))
 @pytest.mark.slow  # a subprocess of its own, seconds each (the fast loop leaves it out)
 def test_every_bad_directory_through_the_cli(dirs, tmp_path):
     env = {**os.environ, "HF_MODULES_CACHE": str(tmp_path / "modules"), "HF_HUB_OFFLINE": "1",
-           "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1])] + sys.path)}
+           "PYTHONPATH": os.pathsep.join([str(ROOT)] + sys.path)}
     p = subprocess.run([sys.executable, "-c", DRIVER, json.dumps({n: str(dirs[n]) for n in ALL})],
                        input="y\n" * 50, capture_output=True, text=True, env=env, timeout=300, check=False)
     assert p.returncode == 0, p.stderr[-3000:]

@@ -9,8 +9,9 @@ import torch
 
 from smearcli import weights
 from smearcli.weights import list_steps, load_checkpoint
+from conftest import ROOT  # noqa: E402 - the clone's root
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLES = ROOT / "examples"
 
 
 def load_example(name):

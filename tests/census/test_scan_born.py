@@ -18,7 +18,7 @@ MAMBA_FAMILY = ("falcon_mamba", "jamba", "mamba", "zamba")  # one Mamba-v1 mixer
 
 @pytest.fixture(scope="module")
 def mamba(census_record):
-    """The real check of Mamba (about 4 s of one core, shared with tests/test_schemas.py)."""
+    """The real check of Mamba (about 4 s of one core, shared with tests/docs/test_schemas.py)."""
     return census_record("mamba")
 
 
@@ -29,7 +29,7 @@ HYBRIDS = ("jamba", "zamba")  # two layer orders each: the defaults' order alone
 def family(mamba, census_record):
     """The real check of the four architectures whose mixers skip their state on multi-token steps,
     the hybrids in their defaults' layer order (about 5 s more; every order of a hybrid is
-    tests/test_scan_reach.py's)."""
+    tests/census/test_scan_reach.py's)."""
     return {name: mamba if name == "mamba" else census_record(name, order=0 if name in HYBRIDS else None)
             for name in MAMBA_FAMILY}
 

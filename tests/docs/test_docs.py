@@ -21,13 +21,13 @@ from smearcli import __version__
 from smearcli.cli.reference import cli_reference, walk
 from smearcli.cli.app import app
 
-ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 SNIPPETS = DOCS / "snippets"
 NOTEBOOKS = ROOT / "notebooks"
 
 sys.path.insert(0, str(DOCS))
 import gen_snippets  # noqa: E402  (docs/gen_snippets.py: the commands whose outputs the docs show)
+from conftest import ROOT  # noqa: E402 - the clone's root
 
 
 # -- the strict build -------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from smearcli.impls.nanochat import adapter, audit, sandbox
 from smearcli.impls.nanochat import fix as nf
 from smearcli.schedules import ScheduleOptions
 
-OLD = Path(__file__).resolve().parent / "standin" / "old"
+OLD = Path(__file__).resolve().parents[1] / "standin" / "old"
 OPTS = ScheduleOptions(chunks=3, gen_len=8, draft=3)
 SCHEDULES = ("decode", "chunked", "engine")
 GPT = "nanochat/gpt.py"
