@@ -16,6 +16,7 @@ import torch
 from typer.testing import CliRunner
 
 from smearcli import compare, jsondoc, schedules
+from smearcli.verdicts import BUG
 from smearcli.cli import registry
 from smearcli.cli.app import app
 from smearcli.cli.impls import offered
@@ -94,7 +95,7 @@ def test_the_toy_gets_its_table_row_json_entry_and_shape(toy, model):
     old = doc["runs"][0]
     assert old["boundaries"][KIND] == [16] and old["chunk_starts"] == [16]  # its mark, and the chunk start
     assert not old["passed"] and doc["runs"][1]["passed"]
-    assert c.verdict.startswith("BUG") and f"({SHAPE})" in c.verdict, c.verdict
+    assert c.word is BUG and f"({SHAPE})" in c.verdict, c.verdict
 
 
 def test_the_toy_gets_its_figure_mark(toy, model):

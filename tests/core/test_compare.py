@@ -7,6 +7,7 @@ import torch
 
 from smearcli import compare as cmp
 from smearcli import jsondoc, ours, runplan, schedules, smear
+from smearcli.verdicts import BUG, CRASHED, OK
 from smearcli.inputs import random_tokens
 from smearcli.names import LOGIC_NAMES
 from smearcli.runner import Output, Runner
@@ -61,13 +62,14 @@ def test_the_result_stores_what_ran(model, tokens):
 
 def test_one_verdict_for_one_runner_and_for_several(model, tokens):
     both = cmp.compare(model, tokens, ["chunked"], options=OPTS)
-    assert both.verdict.startswith("BUG: chunked/old diverge from the full forward pass")
+    assert both.word is BUG and [both.run_name(m) for m in both.bugs] == ["chunked/old"]
     assert "born at emb@8, the first chunk start (8)" in both.verdict
     assert both.verdict.endswith("the fixed logic matches every schedule")
     fixed = cmp.compare(ours.GPTRunner(model, "fixed"), tokens, ["chunked"], options=OPTS)
-    assert fixed.passed and fixed.verdict.startswith("OK: every schedule matches")
+    assert fixed.passed and fixed.word is OK
     old = cmp.compare(ours.GPTRunner(model, "old"), tokens, ["chunked"], options=OPTS)
-    assert old.verdict.startswith("BUG: chunked diverges") and "matches every schedule" not in old.verdict
+    assert old.word is BUG and [old.run_name(m) for m in old.bugs] == ["chunked"]
+    assert "matches every schedule" not in old.verdict
     assert "BUG: chunked (steps 4x8) diverges from the full pass: born at emb@8" in old.table()
 
 
@@ -237,7 +239,8 @@ def test_a_separate_reference_and_runs_that_crashed(model, tokens):
     assert torch.allclose(lp.exp().sum(-1), torch.ones(()), atol=1e-5) and c.layers == ["logits"]
     assert c.labels == ["engine"] and [m.schedule for m in c.metrics] == ["prefill", "chunked"]
     assert [r.schedule for r in c.unmeasured] == ["prefix"] and c.crashed and not c.passed
-    assert c.verdict.startswith("CRASHED: prefix crashed: IndexError: out of bounds; every run measured matches")
+    assert c.word is CRASHED and [r.schedule for r in c.crashed] == ["prefix"]
+    assert "every run measured matches" in c.verdict  # the line says the measured runs agree
     assert "prefix crashed: IndexError" in c.table()
     doc = jsondoc.to_json(c)
     assert doc["not_measured"] == [{"schedule": "prefix", "logic": "engine", "outcome": "crashed",
@@ -259,7 +262,7 @@ def test_a_run_that_checked_nothing_is_named_but_does_not_fail(model, tokens):
                                        outcome=schedules.UNCHECKED, message="the cache was not read")
     c = cmp.compare(Cold(ref), tokens, ["prefill"], reference=ref)
     assert c.passed and not c.metrics and c.unmeasured[0].outcome == "checked nothing"
-    assert c.verdict.startswith("OK") and "prefill checked nothing: the cache was not read" in c.verdict
+    assert c.word is OK and "prefill checked nothing: the cache was not read" in c.verdict
 
 
 # -- overlap: the noise-floor decode on a second thread ----------------------------------------------
