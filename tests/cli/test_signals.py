@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from conftest import ROOT  # noqa: E402 - the clone's root
 import pytest
 
 from hardening_util import FAST, invoke, leftovers
@@ -33,7 +34,6 @@ def fsync(fd):
 os.fsync = fsync
 sys.argv = ["smearcli", *sys.argv[1:]]
 from smearcli.cli.app import run
-from conftest import ROOT  # noqa: E402 - the clone's root
 run()
 """
 

@@ -14,6 +14,7 @@ import sys
 from html.parser import HTMLParser
 from pathlib import Path
 
+from conftest import ROOT  # noqa: E402 - the clone's root
 import pytest
 from typer.testing import CliRunner
 
@@ -27,7 +28,6 @@ NOTEBOOKS = ROOT / "notebooks"
 
 sys.path.insert(0, str(DOCS))
 import gen_snippets  # noqa: E402  (docs/gen_snippets.py: the commands whose outputs the docs show)
-from conftest import ROOT  # noqa: E402 - the clone's root
 
 
 # -- the strict build -------------------------------------------------------------------------

@@ -16,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from conftest import ROOT  # noqa: E402 - the clone's root
 import pytest
 
 pytest.importorskip("transformers", reason="transformers is not installed: pip install 'smearcli[hf]'")
@@ -141,7 +142,6 @@ def test_header_parser_agrees_with_safetensors_on_a_good_file(dirs):
 DRIVER = r"""
 import json, os, sys, tempfile
 from smearcli.cli.app import app
-from conftest import ROOT  # noqa: E402 - the clone's root
 results = {}
 for name, d in json.loads(sys.argv[1]).items():
     out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
