@@ -12,11 +12,11 @@ README.md holds copies between `<!-- snippet: NAME -->` and `<!-- /snippet -->`,
 docs/snippets/ on every run. docs/figures/smear-error.png is `smearcli plot` with the options of
 compare.txt, and docs/figures/{packed,padded,rollback}.png (`boundaries`) are the figures of
 docs/guide/boundaries.md, all drawn transparent for the site's light and dark modes; the PNG carries what it
-plots as a text chunk (`smearcli.render.figures.read_summary`). tests/test_docs.py runs each
+plots as a text chunk (`smearcli.render.figures.read_summary`). tests/docs/test_docs.py runs each
 command again and checks the exit status, the output, the figure's numbers and the README.
 
 Outputs depend on the machine only in the last digits of noise-level numbers and of errors, which
-tests/test_docs.py compares with a tolerance (`agree`), and, for bench, in the timings. The
+tests/docs/test_docs.py compares with a tolerance (`agree`), and, for bench, in the timings. The
 committed ones come from a 2-core Intel Xeon CPU, torch 2.13.0, float32.
 """
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build the site and take screenshots of the home page, a notebook page and the CLI reference
 # with headless Chromium, opening the built files straight from disk (file://): what a reader
-# sees offline. For people: CI checks the built HTML instead (tests/test_docs.py).
+# sees offline. For people: CI checks the built HTML instead (tests/docs/test_docs.py).
 #
 #   docs/screenshot.sh [OUT_DIR]        # default: $TMPDIR/smearcli-screenshots
 #

@@ -25,7 +25,7 @@ from smearcli.threads import use_threads
 # A "chat" for a model trained on Python source: each user turn starts a method of a dict-like
 # class and the model's reply completes it. With the shipped tiny model and 16-byte replies, the
 # old logic's reply to turns 2 and 3 differs from the reference (a wrong indentation, then other
-# code) while the fixed logic's matches every turn; checked by tests/test_examples.py.
+# code) while the fixed logic's matches every turn; checked by tests/docs/test_examples.py.
 TURNS = [
     "    def get(self, key, default=None):\n        ",
     "\n    def set(self, key, value):\n        ",

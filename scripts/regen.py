@@ -6,8 +6,8 @@
 
 - snippets: `docs/gen_snippets.py` (docs/snippets/*.txt, docs/figures/smear-error.png and the
   README blocks between `<!-- snippet: NAME -->` markers);
-- errors: docs/errors.md, the table of every error and exit code (`tests/test_errors_table.py`
-  with SMEARCLI_REGEN_DOCS=1);
+- errors: `docs/gen_errors.py` (docs/errors.md, the table of every error and exit code, from real
+  runs of the cases in tests/errors_cases.py);
 - census: `docs/gen_census.py` (the `smearcli scan` census in docs/guide/scan.md; about 6.5
   minutes on 2 cores, the one step not in the default list: `--only census`);
 - vllm-census: `scripts/gen_vllm_census.py` (the census on vLLM in docs/guide/vllm.md; needs
@@ -65,8 +65,7 @@ def main() -> None:
     if "snippets" in steps:
         run("snippets", [sys.executable, "docs/gen_snippets.py"], env)
     if "errors" in steps:
-        run("errors", [sys.executable, "-m", "pytest", "-q", "-o", "addopts=", "tests/test_errors_table.py"],
-            {**env, "SMEARCLI_REGEN_DOCS": "1"})
+        run("errors", [sys.executable, "docs/gen_errors.py"], env)
     if "census" in steps:
         run("census", [sys.executable, "docs/gen_census.py"], env)
     if "vllm-census" in steps:

@@ -250,8 +250,9 @@ def compare(target, tokens: Tensor, schedules: Sequence[str] = DEFAULT_SCHEDULES
     tokens = tokens.to(ref_runner.device)
     step = progress or (lambda label: None)
     planned = plan(runners, schedules, reference)
-    results = run_all(planned, tokens, options, step, tokens_progress,
-                       overlap and profile.active() is None and torch.get_num_threads() > 1, run_schedule)
+    with profile.section("runs"):  # outside the forwards: caches, captures, the steps' stitching
+        results = run_all(planned, tokens, options, step, tokens_progress,
+                          overlap and profile.active() is None and torch.get_num_threads() > 1, run_schedule)
     ref, runs = collect(planned, results)
     unmeasured = [r for r in runs if r.outcome is not None]
     runs = [r for r in runs if r.outcome is None]
@@ -260,10 +261,13 @@ def compare(target, tokens: Tensor, schedules: Sequence[str] = DEFAULT_SCHEDULES
     dtype = ref_runner.dtype or ref.logits.dtype
     f64 = evidence.Float64(ref_runner, tokens, capture=ref.hiddens is not None)  # floor and confirmations share it
     step("noise floor (float64)")
-    floor = evidence.floor(ref_runner, ref, tokens, dtype, f64)
+    with profile.section("float64 floor"):  # the float64 copy of the model, its full pass's forwards apart
+        floor = evidence.floor(ref_runner, ref, tokens, dtype, f64)
     metrics = measure_all(ref, runs, floor, tolerance)
     by_label = {r.label: r for r in runners}
-    analytic, checked = analytic_checks(runs, metrics, by_label, tokens, ref, check_runs or (lambda m: not m.passed))
+    with profile.section("analytic"):
+        analytic, checked = analytic_checks(runs, metrics, by_label, tokens, ref,
+                                            check_runs or (lambda m: not m.passed))
     notes = list(notes) + list(dict.fromkeys(n for r in runs for n in r.notes))  # rollback: crop or copy
     if reference is not None:
         notes += ["reference: " + n for n in reference.describe().notes]
@@ -273,10 +277,13 @@ def compare(target, tokens: Tensor, schedules: Sequence[str] = DEFAULT_SCHEDULES
     if c.inconclusive:  # nothing measured against it means anything: no rerun, no power
         return c
     if confirm:
-        c.confirmations.update(confirm_departures(runs, metrics, by_label, ref_runner, f64, tokens, options, step))
+        with profile.section("confirmation"):
+            c.confirmations.update(confirm_departures(runs, metrics, by_label, ref_runner, f64, tokens, options,
+                                                      step))
     if power and not c.failures and not c.crashed and runs:
         step("power")
-        c.power = measure_power(runners, reference, tokens, tolerance * floor.per_layer[-1])
+        with profile.section("power"):
+            c.power = measure_power(runners, reference, tokens, tolerance * floor.per_layer[-1])
     return c
 
 

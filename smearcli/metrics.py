@@ -16,7 +16,7 @@ the `logits`. For each run against the reference (same inputs, same weights):
 `measure` reads each run once: one pass over its logits gives the abs error, KL and top-1
 together, a few positions at a time (so a block's float64 stays in cache and no (T, V) double
 tensor is made), and run rows that reproduce one reference row are compared by broadcasting, not
-gathered. The numbers are those of the whole-tensor formulas, bit for bit (tests/test_metrics.py).
+gathered. The numbers are those of the whole-tensor formulas, bit for bit (tests/core/test_metrics.py).
 """
 
 from __future__ import annotations
@@ -239,7 +239,7 @@ def _logits_pass(ref: Tensor, run: Tensor, row_map: list[int], expand_at: Option
 
 
 def kl_per_position(ref_logits: Tensor, run_logits: Tensor, row_map: list[int]) -> Tensor:
-    """(T,): KL(ref || run) in nats, max over rows (tests/test_metrics.py checks it bit for bit
+    """(T,): KL(ref || run) in nats, max over rows (tests/core/test_metrics.py checks it bit for bit
     against the whole-tensor formula)."""
     return _logits_pass(ref_logits, run_logits, row_map)[1].amax(dim=0).clamp_min(0).float()
 

@@ -12,7 +12,7 @@
   config's weights can take (a deflate bomb is refused before anything is inflated).
 
 The estimates aim at an upper bound of the peak: they were checked against the measured peak
-resident memory of `compare` runs on CPU, and tests/test_refusals.py checks that they cover
+resident memory of `compare` runs on CPU, and tests/cli/test_refusals.py checks that they cover
 every tensor `compare` keeps. Where the available memory cannot be read, nothing is refused.
 """
 

@@ -27,7 +27,19 @@ from typing import Optional
 
 ENV = "SMEARCLI_PROFILE"  # "1" (anything but "" and "0") profiles every compare
 FORWARDS = "forwards"
-ORDER = ("build", FORWARDS, "metrics")  # the table's rows, then any other section, then the rest
+# The table's rows in the order a compare meets them, then any other section, then the rest. The
+# sections outside the forwards (each forward inside one is counted as a forward, not as it):
+#   imports        torch and the library, imported once by the command
+#   build          the model (random weights, a checkpoint, their code)
+#   runs           the schedules' steps around their forwards: caches, captures, stitching
+#   float64 floor  the float64 copy of the model and the floor computed from its full pass
+#   metrics        every run measured against the reference
+#   analytic       the smear terms checked where a run departs
+#   confirmation   a departing run's float64 rerun, lifted
+#   power          the cache's state zeroed, to show the check could see it
+#   table / json / save   what the command prints or writes
+ORDER = ("imports", "build", "runs", FORWARDS, "float64 floor", "metrics", "analytic", "confirmation", "power",
+         "table", "json", "save")
 
 
 def env_enabled() -> bool:
@@ -68,10 +80,12 @@ class Profile:
 
     def table(self) -> str:
         total = self.total
-        lines = [f"profile: {total:.2f} s wall", f"  {'section':<10} {'seconds':>9} {'share':>7} {'calls':>7}"]
-        for name, s, n in self.rows():
+        rows = self.rows()
+        w = max(10, *(len(name) for name, _, _ in rows))
+        lines = [f"profile: {total:.2f} s wall", f"  {'section':<{w}} {'seconds':>9} {'share':>7} {'calls':>7}"]
+        for name, s, n in rows:
             share = s / total if total > 0 else 0.0
-            lines.append(f"  {name:<10} {s:>9.2f} {share:>7.1%} {n if n else '':>7}")
+            lines.append(f"  {name:<{w}} {s:>9.2f} {share:>7.1%} {n if n else '':>7}")
         outside = 1 - self.seconds.get(FORWARDS, 0.0) / total if total > 0 else 0.0
         lines.append(f"  outside forwards: {outside:.1%}")
         return "\n".join(lines) + "\n"

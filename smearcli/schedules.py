@@ -22,7 +22,7 @@ register(Schedule("mine", "what it feeds, in one phrase", run, shape="what its f
 
 `compare`, its table and JSON, the figures (its marks), the census (an entry per architecture
 when `census=True`) and, given a `Repro`, the census's reproducers then know it by name
-(`tests/test_boundary_plugin.py` does exactly this with a toy boundary). `unregister` takes it out.
+(`tests/core/test_boundary_plugin.py` does exactly this with a toy boundary). `unregister` takes it out.
 
 - full: one forward pass without a cache. The reference every other run is measured against.
 - prefill: one cached step over all tokens.

@@ -107,7 +107,7 @@ TAKES_BOS = frozenset({BOS_MASKED})  # logics called with `is_bos=` (the model n
 
 
 # The function each logic's cached one-token step (T == 1, cached=True) calls, whatever `prev`.
-# A fact about the code above, checked by tests/test_presets.py on random inputs: when two
+# A fact about the code above, checked by tests/core/test_presets.py on random inputs: when two
 # logics map to the same function, their decode runs are the same computation, bit for bit.
 ONE_TOKEN_STEP: dict[str, Callable] = {"old": smear_one_token, "fixed": smear_one_token}
 

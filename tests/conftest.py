@@ -8,6 +8,11 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+# The CLI's tables take their width from COLUMNS when piped (120 without it). pytest-xdist's workers
+# start with COLUMNS=80 and LINES=24 in their environment, and a developer's shell may export its
+# own: every test starts without them, as a plain CI run does, and a test about width sets them.
+for _name in ("COLUMNS", "LINES"):
+    os.environ.pop(_name, None)
 # Written by upstream nanochat's own code and kept in the repository (see its README), so a
 # clone passes its tests with nothing beside it.
 FIXTURE = Path(os.environ.get("SMEARCLI_FIXTURE", ROOT / "tests" / "fixtures" / "nanochat-d4-bytes"))
@@ -34,7 +39,7 @@ def upstream_model(fixture_dir):
 @pytest.fixture(scope="session")
 def built_site(tmp_path_factory) -> Path:
     """`mkdocs build --strict` of the docs into a temporary directory, once per test run (shared
-    by tests/test_docs.py and tests/test_browser.py); fails on any warning."""
+    by tests/docs/test_docs.py and tests/docs/test_browser.py); fails on any warning."""
     out = tmp_path_factory.mktemp("site")
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1", "MPLBACKEND": "Agg"}
     p = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
@@ -77,6 +82,32 @@ def json_matches_its_schema(monkeypatch):
                     "the schema file and docs/json-schema.md):\n" + "\n".join(found[:20]), pytrace=False)
 
 
+@pytest.fixture(scope="session")
+def census_record():
+    """`census_record(name)`: the real census check of one architecture (`census.check.check`, in
+    one thread as a scan's child runs it), made once per test session and shared by the files that
+    read it; each call gets its own copy. `order=0` checks only the defaults' layer order of a
+    hybrid (`derive`'s first variant): its record, without the other orders'."""
+    import copy
+
+    made: dict = {}
+
+    def get(name: str, order=None) -> dict:
+        if (name, order) not in made:
+            pytest.importorskip("transformers")
+            from smearcli.census import check, derive
+
+            before = torch.get_num_threads()
+            torch.set_num_threads(1)
+            try:
+                config = None if order is None else derive.derive(name).variants[order].config
+                made[name, order] = check.check(name, config=config)
+            finally:
+                torch.set_num_threads(before)
+        return copy.deepcopy(made[name, order])
+    return get
+
+
 # The audit's and the fix's tests: a small random model and the tokens they run it on.
 AUDIT_SEQ = 40
 
@@ -96,12 +127,23 @@ def tokens(ours):
 # The slow families, each a marker, so the fast loop can leave them out (CONTRIBUTING.md):
 #   python -m pytest -m "not (notebooks or docs or browser or slow)"
 FAMILIES = {"test_docs.py": "docs", "test_browser.py": "browser", "test_errors_table.py": "docs"}
+# With pytest-xdist (`-n 2`, `--dist loadgroup` from pyproject.toml) each file runs whole on one
+# worker, in order (a notebook's cells, a module's fixtures made once); the files that share the
+# built site (`built_site`, session-scoped) run on the same one, so the site is built once.
+SAME_WORKER = {"test_docs.py": "the built site", "test_browser.py": "the built site"}
+
+WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
+if WORKERS > 1:  # the workers share the cores: torch's threads per worker, so none waits on another's
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // WORKERS))
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        name = Path(str(item.fspath)).name
-        if name.endswith(".ipynb"):
+        path = Path(str(item.fspath))
+        if path.name.endswith(".ipynb"):
             item.add_marker(pytest.mark.notebooks)
-        elif name in FAMILIES:
-            item.add_marker(getattr(pytest.mark, FAMILIES[name]))
+        elif path.name in FAMILIES:
+            item.add_marker(getattr(pytest.mark, FAMILIES[path.name]))
+        group = SAME_WORKER.get(path.name) or path.relative_to(config.rootpath).as_posix()
+        item.add_marker(pytest.mark.xdist_group(group))

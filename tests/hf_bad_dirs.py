@@ -1,4 +1,4 @@
-"""Bad Hugging Face model directories, by class, for tests/test_hf_load.py and the errors table:
+"""Bad Hugging Face model directories, by class, for tests/impls/test_hf_load.py and the errors table:
 a tiny llama saved with save_pretrained (`good_dir`), then corrupted in place by one of `CASES`."""
 
 from __future__ import annotations

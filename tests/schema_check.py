@@ -2,7 +2,7 @@
 2020-12, read with `jsonschema`): a document names its schema (`"schema": "smearcli.compare/1"`
 is docs/schemas/compare-1.json), a scan record (a line of the scan's JSON Lines output) is
 `scan-1.json#/$defs/record`. Used by the autouse fixture in conftest.py, so every document a test
-makes smearcli write is checked, and by tests/test_schemas.py."""
+makes smearcli write is checked, and by tests/docs/test_schemas.py."""
 
 from __future__ import annotations
 

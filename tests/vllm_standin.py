@@ -1,6 +1,6 @@
 """A stand-in for smearcli/impls/vllm/worker.py: speaks its protocol, computes with transformers.
 
-`tests/test_vllm.py` runs it as the "vLLM interpreter" (a two-line shell script calling this file
+`tests/impls/test_vllm.py` runs it as the "vLLM interpreter" (a two-line shell script calling this file
 with the worker's arguments), so the adapter is tested without vLLM. Every log-prob is the model's
 full forward in transformers, computed here independently of smearcli, as vLLM's would be; the
 mode (env SMEARCLI_STANDIN_MODE) makes it misbehave as vLLM can:
@@ -72,41 +72,85 @@ def main(request_path, outdir):
     run_request(req, outdir, mode_of(req))
 
 
+READY = {"ready": True, "protocol": PROTOCOL, "vllm": "stand-in", "import_s": 0.0}
+PROCESS_MODES = ("hang", "exit", "hog")  # what only a separate process can do: `serve` alone has them
+
+
+def answer(job, served):
+    """The answer (without its id) to one job of the serve protocol, from a process that has
+    served `served` models before it."""
+    if job.get("op") == "archs":
+        archs = os.environ.get("SMEARCLI_STANDIN_ARCHS") or ARCHS
+        return {"archs": archs.split(",")}
+    if job.get("op") == "repro":
+        import subprocess
+
+        p = subprocess.run([sys.executable, "-I", job["path"]], capture_output=True, text=True)
+        lines = (p.stdout.strip() or p.stderr.strip()).splitlines()
+        return {"status": p.returncode, "last": lines[-1] if lines else ""}
+    req = json.load(open(job["request"]))
+    mode = mode_of(req)
+    if mode in ("stale", "refused"):  # refused only by a process that served another model first
+        mode = mode + "-engine" if served else "good"
+    return {"result": run_request(req, job["outdir"], mode)}
+
+
+class InProcess:
+    """The stand-in as a `census.vllm_engine.Worker` in the caller's own process: no interpreter
+    to start, nothing to import again. What `vllm_check.check` and `vllm_census.run` ask of a
+    worker (`ask`, `ready`, the counters, `alive`/`kill`/`start`); the modes that need a process
+    of their own (hang, exit, hog) are `serve`'s, tested on the real `Worker`. As in the real
+    worker, a model counts as served by this "process" through `served`, which the census
+    increments and `start` resets (a forked check sees the count its parent had)."""
+
+    python = "stand-in (in process)"
+
+    def __init__(self):
+        self.ready, self.import_s, self.starts, self.served, self.live = dict(READY), 0.0, 1, 0, True
+
+    def ask(self, job, timeout, memory=None):
+        return answer(job, self.served)
+
+    def alive(self):
+        return self.live
+
+    def kill(self):
+        self.live = False
+
+    def start(self):
+        self.live, self.starts, self.served = True, self.starts + 1, 0
+        return self.ready
+
+    def ensure(self):
+        if not self.live:
+            self.start()
+
+    def close(self):
+        self.live = False
+
+
 def serve():
     import time
 
     served = 0
-    print(json.dumps({"ready": True, "protocol": PROTOCOL, "vllm": "stand-in", "import_s": 0.0}), flush=True)
+    print(json.dumps(READY), flush=True)
     for line in sys.stdin:
         job = json.loads(line)
-        if job.get("op") == "archs":
-            archs = os.environ.get("SMEARCLI_STANDIN_ARCHS") or ARCHS
-            print(json.dumps({"id": job["id"], "archs": archs.split(",")}), flush=True)
-            continue
-        if job.get("op") == "repro":
-            import subprocess
-
-            p = subprocess.run([sys.executable, "-I", job["path"]], capture_output=True, text=True)
-            lines = (p.stdout.strip() or p.stderr.strip()).splitlines()
-            print(json.dumps({"id": job["id"], "status": p.returncode, "last": lines[-1] if lines else ""}), flush=True)
-            continue
-        req = json.load(open(job["request"]))
-        mode = mode_of(req)
-        if mode == "hang":
-            time.sleep(3600)
-        if mode == "exit":
-            print("Fatal Python error: Aborted (stand-in)", file=sys.stderr, flush=True)
-            os._exit(134)
-        if mode == "hog":
-            hog = []
-            while True:
-                hog.append(b"\x01" * (64 << 20))  # written, so resident
-                time.sleep(0.01)
-        if mode in ("stale", "refused"):  # refused only by a process that served another model first
-            mode = mode + "-engine" if served else "good"
-        served += 1
-        result = run_request(req, job["outdir"], mode)
-        print(json.dumps({"id": job["id"], "result": result}), flush=True)
+        if job.get("op") not in ("archs", "repro"):
+            mode = mode_of(json.load(open(job["request"])))
+            if mode == "hang":
+                time.sleep(3600)
+            if mode == "exit":
+                print("Fatal Python error: Aborted (stand-in)", file=sys.stderr, flush=True)
+                os._exit(134)
+            if mode == "hog":
+                hog = []
+                while True:
+                    hog.append(b"\x01" * (64 << 20))  # written, so resident
+                    time.sleep(0.01)
+        out = answer(job, served)
+        served += "result" in out
+        print(json.dumps({"id": job["id"], **out}), flush=True)
 
 
 def run_request(req, outdir, mode):

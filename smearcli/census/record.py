@@ -6,7 +6,7 @@ declared once here.
 `JSON_TYPES` is what `records.check_record` holds a record read from a file to, so an edited record
 with a string where a number goes is refused with the file and line, not an internal error half
 way through the report. A field added here reaches the record files, the JSON document and the
-type check at once (tests/test_scan_record.py holds every surface to this list).
+type check at once (tests/census/test_scan_record.py holds every surface to this list).
 
 Kept torch-free: the parent of a census, `--merge` and the report read records without torch.
 """

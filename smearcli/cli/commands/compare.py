@@ -27,21 +27,26 @@ def compare(
     tolerance: Annotated[float, typer.Option("--tolerance", help="Allowed max |Δlogit| as a multiple "
                          "of the measured noise floor.")] = NOISE_MARGIN,
     profile: Annotated[bool, typer.Option("--profile", help="Print to stderr, at the end, the wall time "
-                       "spent building the model, in its forwards, in the metrics and in the rest "
-                       "(also SMEARCLI_PROFILE=1).")] = False,
+                       "of each stage (imports, build, runs, forwards, float64 floor, metrics, "
+                       "confirmation, power, output) and the rest (also SMEARCLI_PROFILE=1).")] = False,
 ) -> None:
     """Run each schedule with the old and the fixed smear logic and measure it against the full
     forward pass: per position, per layer, logits, KL, top-1, and a one-line verdict. Try
     `smearcli compare --chunk-sizes 100,60,1,159` or, as a CI gate for a fix,
     `smearcli compare --logic fixed --check`."""
-    from ...profile import session
+    from ...profile import section, session
 
-    with session(profile):  # --profile / SMEARCLI_PROFILE=1: the table goes to stderr at the end
+    with session(profile) as prof:  # --profile / SMEARCLI_PROFILE=1: the table goes to stderr at the end
+        if prof is not None:  # torch and the library, which the run imports anyway: named apart
+            with section("imports"):
+                from ... import compare as _library  # noqa: F401
+                from ...render import table as _table  # noqa: F401
         return _compare(spec, json_out, save, check, tolerance)
 
 
 def _compare(spec: RunSpec, json_out: bool, save: Optional[Path], check: bool, tolerance: float) -> None:
     from ...files import atomic_write, check_output_path
+    from ...profile import section
     from ...render.table import console
     from ..impls import implementation, schedules_for
     from ..progress import progress_bar
@@ -58,17 +63,20 @@ def _compare(spec: RunSpec, json_out: bool, save: Optional[Path], check: bool, t
     job = impl.job(spec, schedules_for(spec, impl), tolerance)
     with progress_bar("compare", quiet=spec.quiet, unit="tokens") as bar:
         report = job.run(bar)
-    document = report.document()
     if json_out:  # strict JSON: a non-finite number (an overflowing model) is null, said why
-        sys.stdout.write(jsonsafe.dumps(document, indent=1) + "\n")
+        with section("json"):  # the document is built only when it is printed
+            sys.stdout.write(jsonsafe.dumps(report.document(), indent=1) + "\n")
     else:
-        report.render(console())
-    payload = report.payload() if save is not None else None
-    if save is not None and payload is None:
-        sys.stderr.write(f"smearcli: nothing was run, so nothing was saved to {save}\n")
-    elif payload is not None:
-        import torch
-        with atomic_write(save, "wb") as f:
-            torch.save(payload, f)
+        with section("table"):
+            report.render(console())
+    if save is not None:
+        with section("save"):
+            payload = report.payload()
+            if payload is None:
+                sys.stderr.write(f"smearcli: nothing was run, so nothing was saved to {save}\n")
+            else:
+                import torch
+                with atomic_write(save, "wb") as f:
+                    torch.save(payload, f)
     if check and report.failed:
         raise CheckFailed(report.verdict)

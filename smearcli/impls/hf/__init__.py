@@ -44,7 +44,7 @@ from .cache_runner import CacheRunner
 from . import api
 from .api import KEYWORDS as CACHE_KEYWORDS  # noqa: F401 - the one list (`hf.api`), by its old name
 
-OLDEST = "5.0.0"  # the oldest release run end to end (tests/test_hf_releases.py installs it)
+OLDEST = "5.0.0"  # the oldest release run end to end (tests/impls/test_hf_releases.py installs it)
 # run end to end (compare --impl hf, scan); every release between had its cache API read
 TESTED_VERSIONS = ("5.0.0", "5.3.0", "5.4.0", "5.15.1", "5.23.0", "5.24.0")
 

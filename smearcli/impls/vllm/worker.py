@@ -40,7 +40,7 @@ import sys
 import time
 
 # run as a script, this file's directory comes first on sys.path: nothing beside it may share a
-# name with a module vLLM imports (tests/test_layout.py checks), so `import vllm` finds vLLM
+# name with a module vLLM imports (tests/core/test_layout.py checks), so `import vllm` finds vLLM
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process: the logits processor class travels
 from worker_parts import (DEADLINE, STUCK_S, Stuck, crash_message, make_force_processor,  # noqa: E402
                           per_position, stuck, watch)

@@ -1,0 +1,253 @@
+"""smearcli.evidence: the floor never comes from a schedule under test, OK needs power, BUG needs
+confirmation in float64 with the float32 islands lifted; smearcli.verdicts: one vocabulary."""
+
+import pytest
+import torch
+
+from smearcli import evidence, precision
+from smearcli.testing import assert_cache_consistent, check_cache_consistency
+from smearcli.verdicts import BUG, INCONCLUSIVE, OK, ROUNDING, UNCONFIRMED, Verdict, passed, worst
+
+T = 48
+V = 32
+
+
+def tokens(seed=0, n=T):
+    return torch.randint(0, V, (1, n), generator=torch.Generator().manual_seed(seed))
+
+
+class Toy(torch.nn.Module):
+    """A recurrent toy LM: h_t = decay * h_{t-1} + emb(x_t); logits = head(emb(x_t) + mix * h_t).
+    The cache is {"h": (B, C) state}. `cached_error(x)` is applied to every cached call's hidden
+    state (not to the full pass): the place a test puts a bug or a rounding trap."""
+
+    def __init__(self, mix=1.0, seed=0):
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        self.emb = torch.nn.Parameter(torch.randn(V, 16, generator=g))
+        self.head = torch.nn.Parameter(torch.randn(V, 16, generator=g) / 4)
+        self.mix, self.decay = mix, 0.5
+        self.cached_error = None
+
+    def scan(self, ids, h):
+        e = self.emb[ids]  # (B, T, C)
+        out = []
+        for t in range(ids.size(1)):
+            h = self.decay * h + e[:, t]
+            out.append(h)
+        hs = torch.stack(out, dim=1)
+        return (e + self.mix * hs) @ self.head.T, h
+
+    def full(self, ids):
+        return self.scan(ids, torch.zeros(ids.size(0), 16, dtype=self.emb.dtype))[0]
+
+    def step(self, ids, cache):
+        h = torch.zeros(ids.size(0), 16, dtype=self.emb.dtype) if cache is None else cache["h"]
+        logits, h = self.scan(ids, h)
+        if self.cached_error is not None:
+            logits = self.cached_error(logits)
+        return logits, {"h": h}
+
+
+# -- the vocabulary -------------------------------------------------------------------------------
+def test_one_vocabulary_and_only_ok_passes():
+    assert [str(v) for v in Verdict] == ["ok", "bug", "unconfirmed", "inconclusive", "crashed", "not run",
+                                         "not built"]
+    assert passed("ok") and not any(passed(v) for v in Verdict if v is not OK)
+    assert worst(["ok", "inconclusive", "bug"]) is BUG and worst([]) is OK
+
+
+# -- the floor ------------------------------------------------------------------------------------
+def test_floor_comes_from_float64_not_decode():
+    toy = Toy()
+    check = check_cache_consistency(toy.step, tokens(), chunk_sizes=(16, 16, 16), full=toy.full)
+    assert check.noise.float64 and "float64" in check.noise.source
+    assert check.passed, check.table()
+    assert check.table().splitlines()[0].count("float64") == 1  # the first line says where the floor is from
+
+
+def _opaque(ids, cache):  # reaches its model by a name built at run time: no module to find
+    return globals()["_HID" + "DEN"].step(ids, cache)
+
+
+def test_floor_without_a_float64_form_is_one_ulp_and_says_so():
+    globals()["_HIDDEN"] = Toy()
+    check = check_cache_consistency(_opaque, tokens(), chunk_sizes=(16, 32))
+    assert not check.noise.float64 and "one ulp" in check.noise.source
+    assert "its runner has no float64 form" in check.noise.source
+
+
+def test_a_callable_object_holding_the_model_is_found():
+    class Wrapper:
+        def __init__(self, toy):
+            self.toy = toy
+
+        def __call__(self, ids, cache):
+            return self.toy.step(ids, cache)
+    toy = Toy()
+    assert precision.modules_in(Wrapper(toy)) == [toy]
+
+
+def test_decode_and_chunks_equally_wrong_fail():
+    """A step wrong on every cached call (decode and chunks alike) no longer sets its own floor."""
+    toy = Toy()
+    toy.cached_error = lambda x: x + 0.01
+    with pytest.raises(AssertionError) as err:
+        assert_cache_consistent(toy.step, tokens(), chunk_sizes=(16, 16, 16), full=toy.full)
+    msg = str(err.value)
+    assert "BUG" in msg and "decode" in msg and "chunked" in msg
+
+
+# -- confirmation ---------------------------------------------------------------------------------
+def test_rounding_is_not_a_bug():
+    """Cancellation in float32 on the cached path only (x + 1000 - 1000): far past the floor in
+    float32, gone in float64. The check passes and says why."""
+    toy = Toy()
+    toy.cached_error = lambda x: (x + 1000.0) - 1000.0
+    check = check_cache_consistency(toy.step, tokens(), chunk_sizes=(16, 16, 16), full=toy.full)
+    chunked = check.get("chunked")
+    assert not chunked.passed  # past the tolerance in float32 ...
+    conf = check.confirmation(chunked)
+    assert conf.status == ROUNDING and conf.lifted < conf.bound < conf.original  # ... rounding in float64
+    assert check.status(chunked) == ROUNDING and check.word is OK and check.passed
+    assert "float32 rounding, gone in float64" in check.verdict
+
+
+def test_logic_error_keeps_its_size_in_float64():
+    toy = Toy()
+    toy.cached_error = lambda x: x * 1.001
+    check = check_cache_consistency(toy.step, tokens(), chunk_sizes=(16, 16, 16), full=toy.full)
+    conf = check.confirmation(check.get("chunked"))
+    assert conf.status == BUG and conf.lifted >= evidence.KEEPS * conf.original
+    assert check.word is BUG and "keeps its size in float64" in check.verdict
+
+
+def test_classify_between_is_unconfirmed():
+    assert evidence.classify(1e-3, 1e-3, 1e-12)[0] == BUG
+    assert evidence.classify(1e-3, 1e-14, 1e-12)[0] == ROUNDING
+    assert evidence.classify(1e-3, 1e-6, 1e-12)[0] == UNCONFIRMED
+    assert evidence.classify(1e-3, None, 1e-12)[0] == UNCONFIRMED
+    # rounding shrinks by the ratio of the units: float32 -> float64 is 2**-29
+    assert evidence.rounding_bound(1.0, torch.float32, 0.0) == pytest.approx(10 * 2.0 ** -29)
+
+
+def test_lift_maps_float32_requests():
+    x = torch.randn(3)
+    with precision.lifted():
+        made = [x.float(), x.to(torch.float32), x.to(dtype=torch.float32), torch.zeros(2),
+                torch.arange(3, dtype=torch.float32), torch.softmax(x, -1, dtype=torch.float32)]
+    assert all(t.dtype == torch.float64 for t in made)
+    assert torch.get_default_dtype() == torch.float32  # restored
+
+
+def test_in_float64_restores_the_very_tensors():
+    lin = torch.nn.Linear(3, 3)
+    ptr, before = lin.weight.data_ptr(), lin.weight.detach().clone()
+    with precision.in_float64([lin]):
+        assert lin.weight.dtype == torch.float64
+    assert lin.weight.data_ptr() == ptr and lin.weight.dtype == torch.float32 and torch.equal(lin.weight, before)
+
+
+# -- power ----------------------------------------------------------------------------------------
+def test_state_that_barely_moves_the_logits_is_inconclusive():
+    """The recurrent state enters the logits with weight 1e-7: a consistent cache, but an error in
+    that state would be a fraction of a fraction of the tolerance. Never OK."""
+    toy = Toy(mix=1e-7)
+    check = check_cache_consistency(toy.step, tokens(), chunk_sizes=(16, 16, 16), full=toy.full)
+    assert not check.failures
+    assert check.power.measured and check.power.weak == ["recurrent"]
+    assert check.power.fraction("recurrent") > evidence.MIN_POWER
+    assert check.word is INCONCLUSIVE and not check.passed
+    assert "error in the recurrent state" in check.verdict  # the line names the state that lacked power
+    with pytest.raises(AssertionError):
+        assert_cache_consistent(toy.step, tokens(), chunk_sizes=(16, 16, 16), full=toy.full)
+
+
+def test_state_that_matters_gives_power():
+    toy = Toy(mix=1.0)
+    check = check_cache_consistency(toy.step, tokens(), chunk_sizes=(16, 16, 16), full=toy.full)
+    assert check.power.sufficient and check.power.fraction("recurrent") <= evidence.MIN_POWER
+    assert "would see a" in check.verdict and check.passed
+
+
+def test_power_not_measured_is_said():
+    """A cache smearcli cannot see into (state kept elsewhere) is judged on the floor alone."""
+    toy = Toy()
+    store = {}
+
+    def hidden_state(ids, cache):
+        logits, st = toy.step(ids, None if cache is None else store["h"])
+        store["h"] = st
+        return logits, "opaque"
+    check = check_cache_consistency(hidden_state, tokens(), chunk_sizes=(16, 32), full=toy.full)
+    assert not check.power.measured and "power not measured" in check.verdict and check.passed
+
+
+# -- Hugging Face models through the helper ---------------------------------------------------------
+tf = pytest.importorskip("transformers")
+
+
+def _hf_step(model):
+    from smearcli.impls.hf.cache_runner import cache_keyword
+
+    kw = cache_keyword(model)
+
+    def step(ids, cache):
+        out = model(input_ids=ids, use_cache=True, **({kw: cache} if cache is not None else {}))
+        return out.logits, getattr(out, kw, None) or cache
+
+    def full(ids):
+        return model(input_ids=ids, use_cache=False).logits
+    return step, full
+
+
+def _build(cfg):
+    torch.manual_seed(0)
+    return tf.AutoModelForCausalLM.from_config(cfg).float().eval()
+
+
+def test_helper_raises_on_bamba_whose_decode_is_as_wrong_as_its_chunks():
+    """A tiny Bamba at initializer_range 0.3: chunks of 16 are logits off the full pass, and so is
+    decode; a floor taken from decode passed it."""
+    cfg = tf.BambaConfig(vocab_size=128, hidden_size=64, num_hidden_layers=2, intermediate_size=128,
+                         num_attention_heads=4, num_key_value_heads=2, mamba_n_heads=8, mamba_d_head=16,
+                         mamba_d_state=16, mamba_n_groups=1, mamba_chunk_size=16, initializer_range=0.3,
+                         attn_layer_indices=[1])
+    step, full = _hf_step(_build(cfg))
+    ids = torch.randint(0, 128, (1, T), generator=torch.Generator().manual_seed(0))
+    with pytest.raises(AssertionError) as err:
+        assert_cache_consistent(step, ids, chunk_sizes=(16, 16, 16), full=full)
+    msg = str(err.value)
+    assert "noise floor (logits)" in msg.splitlines()[1] and "float64" in msg.splitlines()[1]
+    assert "BUG: decode, chunked diverge" in msg and "keeps its size in float64" in msg
+
+
+def test_helper_passes_a_consistent_llama():
+    cfg = tf.LlamaConfig(vocab_size=128, hidden_size=64, num_hidden_layers=2, intermediate_size=128,
+                         num_attention_heads=4, num_key_value_heads=2)
+    step, full = _hf_step(_build(cfg))
+    ids = torch.randint(0, 128, (1, T), generator=torch.Generator().manual_seed(0))
+    check = assert_cache_consistent(step, ids, chunk_sizes=(16, 16, 16), full=full)
+    assert check.passed and check.power.sufficient and check.noise.float64
+
+
+def test_hf_check_model_inconclusive_does_not_pass(monkeypatch):
+    from smearcli import compare
+    from smearcli.impls import hf
+
+    weak = evidence.Power(24, 1.0, effects={"kv": 2.0})  # an error must be half the state's effect
+    monkeypatch.setattr(compare, "measure_power", lambda *a, **k: weak)
+    model, _ = hf.load("llama")
+    c = hf.check_model(model, hf.random_tokens(model, 32), chunks=2)
+    assert c.word is INCONCLUSIVE and c.passed is False
+    assert "50% error in the kv state" in c.verdict
+
+
+def test_the_float64_copy_is_shared_and_made_anew_after_a_weight_changes():
+    lin = torch.nn.Linear(3, 3)
+    first = precision.float64_model(lin)
+    assert precision.float64_model(lin) is first  # every runner of one model shares it
+    with torch.no_grad():
+        lin.weight.add_(1.0)  # a training step between two checks
+    again = precision.float64_model(lin)
+    assert again is not first and torch.equal(again.weight, lin.weight.double())

@@ -1,0 +1,240 @@
+"""The package's layering, checked from the source so the layout cannot silently decay.
+
+Layers, lowest first: core (the modules at the top of `smearcli/`, `testing` included), render,
+features (`impls`, `bench`, `census`), cli. A module may import from its own layer's package or from
+any lower layer, never from a higher one (the census, built on the transformers implementation, may
+also import `impls`); there is no import cycle; no module outside `cli/` names a
+command-line flag; no module imports another module's private (`_name`) names; every module says
+in a docstring what it owns and stays readable in length.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+from conftest import ROOT  # noqa: E402 - the clone's root
+
+PKG = ROOT / "smearcli"
+LAYERS = {"core": 0, "render": 1, "features": 2, "cli": 3}
+FEATURES = ("impls", "bench", "census")
+BUILT_ON = {("census", "impls")}  # same-layer imports allowed: (importer, imported)
+MAX_LINES = 400
+FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9]*(?:-[a-z0-9]+)*")
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(PKG.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+MODULES = {module_name(p): p for p in sorted(PKG.rglob("*.py"))}
+
+
+def layer(mod: str) -> str:
+    parts = mod.split(".")
+    if len(parts) == 1:  # the package itself: __version__ and nothing else
+        return "core"
+    if parts[1] in ("cli", "__main__"):
+        return "cli"
+    if parts[1] in FEATURES:
+        return "features"
+    if parts[1] == "render":
+        return "render"
+    return "core"
+
+
+def group(mod: str) -> str:
+    """The package a module belongs to, for same-layer imports: impls, bench, render, cli, core."""
+    parts = mod.split(".")
+    if parts[1] == "__main__":
+        return "cli"
+    return parts[1] if len(parts) > 2 or parts[1] in FEATURES + ("render", "cli") else "core"
+
+
+def resolve(mod: str, node: ast.ImportFrom) -> list[str]:
+    """The smearcli modules an import statement reaches (a package's submodules by name)."""
+    is_pkg = MODULES[mod].name == "__init__.py"
+    if node.level:
+        base = mod.split(".")
+        base = base[:len(base) - node.level + (1 if is_pkg else 0)]
+        target = ".".join(base + ([node.module] if node.module else []))
+    else:
+        target = node.module or ""
+    if not (target == "smearcli" or target.startswith("smearcli.")):
+        return []
+    out = []
+    for alias in node.names:
+        sub = f"{target}.{alias.name}"
+        out.append(sub if sub in MODULES else target)
+    return out
+
+
+def imports(mod: str) -> list[tuple[str, ast.ImportFrom | ast.Import, list[str]]]:
+    tree = ast.parse(MODULES[mod].read_text())
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            targets = [t for t in resolve(mod, node) if t in MODULES]
+            if targets:
+                found.append((mod, node, targets))
+        elif isinstance(node, ast.Import):
+            targets = [a.name for a in node.names if a.name in MODULES]
+            if targets:
+                found.append((mod, node, targets))
+    return found
+
+
+def edges() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {m: set() for m in MODULES}
+    for mod in MODULES:
+        for _, _, targets in imports(mod):
+            graph[mod] |= {t for t in targets if t != mod}
+    return graph
+
+
+def test_the_layers_are_known():
+    assert {layer(m) for m in MODULES} == set(LAYERS)
+    for name in ("smearcli.model", "smearcli.compare", "smearcli.names"):
+        assert layer(name) == "core"
+    assert layer("smearcli.cli.commands.compare") == "cli"
+    assert layer("smearcli.impls.nanochat.audit") == "features"
+
+
+def test_imports_only_go_down():
+    bad = []
+    for mod, targets in edges().items():
+        for t in targets:
+            if t == "smearcli":  # `from .. import __version__`
+                continue
+            lo, hi = LAYERS[layer(mod)], LAYERS[layer(t)]
+            if hi > lo or (hi == lo and hi > 0 and group(t) != group(mod) and (group(mod), group(t)) not in BUILT_ON):
+                bad.append(f"{mod} ({layer(mod)}) imports {t} ({layer(t)})")
+    assert not bad, "\n".join(bad)
+
+
+def test_no_import_cycles():
+    graph = edges()
+    state: dict[str, int] = {}
+    stack: list[str] = []
+    cycles = []
+
+    def visit(m: str) -> None:
+        state[m] = 1
+        stack.append(m)
+        for t in sorted(graph[m]):
+            if state.get(t) == 1:
+                cycles.append(" -> ".join(stack[stack.index(t):] + [t]))
+            elif t not in state:
+                visit(t)
+        stack.pop()
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m)
+    assert not cycles, "\n".join(cycles)
+
+
+def test_no_private_name_crosses_a_module():
+    bad = []
+    for mod in MODULES:
+        for _, node, targets in imports(mod):
+            if isinstance(node, ast.ImportFrom):
+                for alias in node.names:
+                    private = alias.name.startswith("_") and not alias.name.startswith("__")
+                    if private and any(t != mod for t in targets):
+                        bad.append(f"{mod} imports {alias.name} from {targets[0]}")
+        tree = ast.parse(MODULES[mod].read_text())
+        aliases = {}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                for alias in node.names:
+                    aliases[alias.asname or alias.name] = alias.name
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                    and node.value.id in aliases and node.attr.startswith("_")
+                    and not node.attr.startswith("__")):
+                bad.append(f"{mod} uses {node.value.id}.{node.attr}")
+    assert not bad, "\n".join(bad)
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    ids = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                ids.add(id(body[0].value))
+    return ids
+
+
+def flags_named(source: str) -> list[str]:
+    """Flag-like words in a module's string constants (docstrings and comments excepted)."""
+    tree = ast.parse(source)
+    skip = _docstrings(tree)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skip:
+            found += FLAG.findall(node.value)
+    return found
+
+
+def test_flag_detector_finds_flags():
+    assert flags_named('raise ValueError(f"--text-file {p}: missing")') == ["--text-file"]
+    assert flags_named('x = "a -- b, 1--2"') == []
+    assert flags_named('def f():\n    """Use --chunks."""\n') == []
+
+
+def test_no_flag_names_outside_the_cli():
+    bad = {}
+    for mod, path in MODULES.items():
+        if layer(mod) == "cli":
+            continue
+        found = flags_named(path.read_text())
+        if found:
+            bad[mod] = sorted(set(found))
+    assert not bad, bad
+
+
+@pytest.mark.parametrize("mod", sorted(MODULES))
+def test_module_owns_something_and_stays_readable(mod):
+    source = MODULES[mod].read_text()
+    tree = ast.parse(source)
+    if mod != "smearcli" and not mod.endswith("__main__"):
+        assert ast.get_docstring(tree), f"{mod} has no docstring saying what it owns"
+    n = len(source.splitlines())
+    assert n <= MAX_LINES, f"{mod} has {n} lines (at most {MAX_LINES})"
+
+
+def test_the_vllm_worker_needs_no_sys_path_edit():
+    """The worker runs as a script, so its directory comes first on sys.path: a module beside it
+    named like one vLLM imports would shadow it. Nothing in its package may have such a name, and
+    no module edits sys.path but the nanochat sandbox, which restores it."""
+    import importlib.util
+    here = PKG / "impls" / "vllm"
+    for f in here.glob("*.py"):
+        if f.stem not in ("__init__", "worker"):
+            assert f.stem != "vllm" and importlib.util.find_spec(f.stem) is None, f
+    edits = [m for m, p in MODULES.items() if "sys.path[" in p.read_text() or "sys.path.insert" in p.read_text()]
+    assert edits == ["smearcli.impls.nanochat.sandbox"], edits
+
+
+def test_verdict_words_are_written_once_in_the_verdict_module():
+    """Every table, document and census line takes its words from smearcli.verdicts: the literal
+    words appear nowhere else in the package (the vLLM worker, which cannot import smearcli, speaks
+    its own protocol word, "raised")."""
+    found = {}
+    for mod, path in MODULES.items():
+        text = path.read_text()
+        for word in ("crashed", "inconclusive", "unconfirmed", "not built"):
+            for quote in ('"', "'"):
+                if f"{quote}{word}{quote}" in text:
+                    found.setdefault(word, []).append(mod)
+    assert found == {w: ["smearcli.verdicts"] for w in found}, found
+    assert set(found) >= {"crashed", "inconclusive"}

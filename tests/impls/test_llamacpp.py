@@ -1,0 +1,248 @@
+"""`--impl llamacpp` without compiling llama.cpp: the adapter against a stand-in worker
+(tests/llamacpp_standin.py) that speaks the worker's protocol and computes with transformers:
+every schedule as the worker runs it, one with a micro-batch boundary error, one whose one-call
+prefill departs already (the implementation's), one whose rollback llama.cpp refuses (its
+documented limit), one that aborts inside "llama.cpp" in one schedule (that schedule's crash with
+its frame; a fresh worker runs the rest), one the converter refuses; the environment missing, of
+another version, without llama-cpp-python; a user's --gguf refused up front. The real llama.cpp
+checks are tests/test_llamacpp_real.py."""
+
+import json
+import stat
+import struct
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+pytest.importorskip("transformers", reason="transformers is not installed: pip install 'smearcli[hf]'")
+
+from smearcli.cli.app import app  # noqa: E402
+from smearcli.impls import hf, llamacpp  # noqa: E402
+from smearcli.schedules import SCHEDULES, ScheduleOptions  # noqa: E402
+
+runner = CliRunner()
+STANDIN = Path(__file__).resolve().parents[1] / "llamacpp_standin.py"
+T = 32
+ALL = ["prefill", "ubatch", "chunked", "decode", "prefix", "rollback", "batched"]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("llama")
+    hf.tiny_model("llama").save_pretrained(d, safe_serialization=True)
+    return d
+
+
+@pytest.fixture
+def fake_python(tmp_path):
+    p = tmp_path / "python"
+    p.write_text(f'#!/bin/sh\nshift\nexec "{sys.executable}" "{STANDIN}" "$@"\n')
+    p.chmod(p.stat().st_mode | stat.S_IXUSR)
+    return p
+
+
+def compare(model_dir, python, monkeypatch, tmp_path, mode="good", *extra):
+    monkeypatch.setenv("SMEARCLI_STANDIN_MODE", mode)
+    monkeypatch.setenv("SMEARCLI_STANDIN_SEEN", str(tmp_path / "seen.json"))
+    r = runner.invoke(app, ["compare", "--impl", "llamacpp", "--hf-model", str(model_dir), "--llamacpp-python",
+                            str(python), "--seq-len", str(T), "--json", *extra])
+    assert "Traceback" not in r.output, r.output
+    return r, (json.loads(r.stdout) if r.stdout.strip().startswith("{") else None)
+
+
+def one_line_error(r) -> str:
+    assert r.exit_code == 2, r.output
+    lines = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("smearcli: error: "), r.output
+    return lines[0]
+
+
+def test_every_llamacpp_schedule_against_transformers_and_its_own_prefill(model_dir, fake_python, monkeypatch,
+                                                                           tmp_path):
+    r, doc = compare(model_dir, fake_python, monkeypatch, tmp_path)
+    assert r.exit_code == 0, r.output
+    runs = {x["schedule"]: x for x in doc["runs"]}
+    assert list(runs) == ALL and doc["not_measured"] == [] and all(x["passed"] for x in runs.values())
+    assert doc["noise_floor"]["source"].startswith("the full pass in float64 against float32")
+    assert runs["decode"]["steps"] == [1] * T and runs["chunked"]["steps"] == [8] * 4
+    assert runs["prefix"]["steps"] == [16, 16] and runs["prefix"]["boundaries"]["prefix_hit"] == [16]
+    assert runs["rollback"]["boundaries"]["rollback"]  # the cuts where rejected drafts were removed
+    seen = json.loads((tmp_path / "seen.json").read_text())
+    by = {s["name"]: s for s in seen["schedules"]}
+    assert seen["protocol"] == llamacpp.PROTOCOL and seen["cache_type"] == "f32" and seen["f16_too"]
+    assert by["ubatch"]["widths"] == [3, 5, 7] and by["prefix"]["prefix"] == 16 and by["batched"]["short"] == 22
+    assert (by["rollback"]["prompt"], by["rollback"]["draft"], by["rollback"]["reject"]) == (1, 4, 2)
+    notes = " | ".join(doc["model"]["notes"])
+    assert "default float16 KV cache moves decode by" in notes and "one-call prefill against transformers" in notes
+    assert doc["verdict"].startswith("OK") and "every cached path matches llama.cpp's own one-call prefill" \
+        in doc["verdict"]
+
+
+def test_a_micro_batch_boundary_error_is_the_finding_with_its_first_position(model_dir, fake_python, monkeypatch,
+                                                                             tmp_path):
+    r, doc = compare(model_dir, fake_python, monkeypatch, tmp_path, "skew", "--check")
+    assert r.exit_code == 1, r.output
+    runs = {x["schedule"]: x for x in doc["runs"]}
+    assert not runs["ubatch"]["passed"] and runs["ubatch"]["steps"] == [5] * 6 + [2]  # the width-5 run, shown
+    assert all(x["passed"] for s, x in runs.items() if s != "ubatch")
+    assert "ubatch from position 5 at a boundary" in doc["verdict"]
+    assert "not a cache finding" not in doc["verdict"]
+
+
+def test_a_departure_already_in_the_one_call_prefill_is_the_implementations(model_dir, fake_python, monkeypatch,
+                                                                            tmp_path):
+    r, doc = compare(model_dir, fake_python, monkeypatch, tmp_path, "own")
+    assert not doc["verdict"].startswith("OK") and not doc["verdict"].startswith("BUG")
+    assert "one-call prefill already departs from transformers (the implementation's, not a cache finding)" \
+        in doc["verdict"]
+    assert "every cached path matches llama.cpp's own one-call prefill" in doc["verdict"]
+
+
+def test_a_refused_partial_removal_is_llamacpps_documented_limit_not_a_crash(model_dir, fake_python, monkeypatch,
+                                                                            tmp_path):
+    r, doc = compare(model_dir, fake_python, monkeypatch, tmp_path, "refuse")
+    (nm,) = doc["not_measured"]
+    assert nm["schedule"] == "rollback" and nm["outcome"] == "checked nothing"
+    assert "documented limit" in nm["message"] and not doc["verdict"].startswith("CRASHED")
+    assert [x["schedule"] for x in doc["runs"]] == [s for s in ALL if s != "rollback"]
+
+
+def test_a_worker_that_dies_in_one_schedule_is_its_crash_and_the_run_goes_on(model_dir, fake_python, monkeypatch,
+                                                                            tmp_path):
+    r, doc = compare(model_dir, fake_python, monkeypatch, tmp_path, "die", "--check")
+    assert r.exit_code == 1, r.output
+    (nm,) = doc["not_measured"]
+    assert nm["schedule"] == "decode" and nm["outcome"] == "crashed"
+    assert "killed by SIGABRT" in nm["message"] and "src/llama-context.cpp:1234: GGML_ASSERT" in nm["message"]
+    # the schedules after it ran in a fresh worker
+    assert [x["schedule"] for x in doc["runs"]] == [s for s in ALL if s != "decode"]
+    assert any("a fresh one ran the schedules after it" in n for n in doc["model"]["notes"])
+
+
+def test_a_schedule_stuck_in_llamacpp_is_ended_by_the_watchdog_and_the_rest_runs(model_dir, fake_python,
+                                                                                  monkeypatch, tmp_path):
+    r, doc = compare(model_dir, fake_python, monkeypatch, tmp_path, "stuck")
+    (nm,) = doc["not_measured"]
+    assert nm["schedule"] == "chunked" and nm["outcome"] == "crashed"
+    assert "did not finish the schedule in 300 s (the watchdog ended the worker)" in nm["message"]
+    assert [x["schedule"] for x in doc["runs"]] == [s for s in ALL if s != "chunked"]
+
+
+def test_an_answer_outside_the_protocol_is_the_environments_fault(model_dir, fake_python, monkeypatch, tmp_path):
+    r, _ = compare(model_dir, fake_python, monkeypatch, tmp_path, "garbage")
+    msg = one_line_error(r)
+    assert "the llama.cpp worker's answer is not smearcli's protocol 1 (result.json is not JSON" in msg
+
+
+def test_an_input_too_short_for_a_draft_leaves_rollback_out_of_the_default_list(model_dir, fake_python,
+                                                                                monkeypatch, tmp_path):
+    r, doc = compare(model_dir, fake_python, monkeypatch, tmp_path, "good", "--seq-len", "4")
+    assert r.exit_code == 0 and [x["schedule"] for x in doc["runs"]] == [s for s in ALL if s != "rollback"]
+    r, _ = compare(model_dir, fake_python, monkeypatch, tmp_path, "good", "--seq-len", "4", "--schedules", "rollback")
+    assert "no draft would ever be taken back" in one_line_error(r)
+
+
+def test_a_model_the_converter_refuses_is_that_models_result(model_dir, fake_python, monkeypatch, tmp_path):
+    r, doc = compare(model_dir, fake_python, monkeypatch, tmp_path, "noconvert", "--check")
+    assert r.exit_code == 1 and doc["runs"] == []
+    first, *rest = doc["not_measured"]
+    assert first["schedule"] == "prefill" and "not supported" in first["message"]
+    assert "llama.cpp did not build the model" in first["message"]
+    assert [x["schedule"] for x in rest] == ALL[1:]
+    assert all(x["message"] == "not run: llama.cpp did not build the model" for x in rest)
+
+
+def test_the_environment_missing_of_another_version_or_without_llamacpp(model_dir, fake_python, monkeypatch,
+                                                                        tmp_path):
+    monkeypatch.delenv(llamacpp.ENV_PYTHON, raising=False)
+    r = runner.invoke(app, ["compare", "--impl", "llamacpp", "--hf-model", str(model_dir)])
+    assert "needs --llamacpp-python PATH (or $SMEARCLI_LLAMACPP_PYTHON)" in one_line_error(r)
+    r, _ = compare(model_dir, tmp_path / "nope" / "python", monkeypatch, tmp_path)
+    assert "--llamacpp-python" in one_line_error(r) and "not found" in r.output
+    monkeypatch.setenv("SMEARCLI_STANDIN_VERSION", "0.3.30")
+    r, _ = compare(model_dir, fake_python, monkeypatch, tmp_path)
+    msg = one_line_error(r)
+    assert "llama-cpp-python 0.3.30" in msg and "written against 0.3.36" in msg and "torch 2.13.0" in msg
+    monkeypatch.setenv("SMEARCLI_STANDIN_VERSION", "missing")
+    monkeypatch.setenv(llamacpp.ENV_PYTHON, str(fake_python))  # the environment variable, named in the refusal
+    r = runner.invoke(app, ["compare", "--impl", "llamacpp", "--hf-model", str(model_dir)])
+    msg = one_line_error(r)
+    assert msg.startswith("smearcli: error: $SMEARCLI_LLAMACPP_PYTHON") and "llama-cpp-python missing" in msg
+    assert not (tmp_path / "seen.json").exists()  # nothing ran past the handshake
+
+
+def tiny_gguf(arch: str, vocab: int, embd: int = 4, lie: int = 0) -> bytes:
+    """A float32 GGUF header with one token embedding (`lie`: extra rows it claims the data has)."""
+    def s(t):
+        return struct.pack("<Q", len(t.encode())) + t.encode()
+    kv = s("general.architecture") + struct.pack("<I", 8) + s(arch)
+    kv += s(f"{arch}.vocab_size") + struct.pack("<II", 4, vocab)
+    tensor = s("token_embd.weight") + struct.pack("<IQQ", 2, embd, vocab + lie) + struct.pack("<IQ", 0, 0)
+    head = b"GGUF" + struct.pack("<IQQ", 3, 1, 2) + kv + tensor
+    return head + b"\0" * (-len(head) % 32) + b"\0" * (4 * embd * vocab)
+
+
+@pytest.mark.parametrize("case, expect", [
+    ("lies", "past the end of the file's data"),
+    ("truncated", "truncated"),
+    ("vocab", "the config's vocab_size 128"),
+    ("huge", "over the 1,048,576 limit"),
+])
+def test_a_bad_gguf_is_refused_before_llamacpp_reads_it(model_dir, fake_python, monkeypatch, tmp_path, case, expect):
+    data = {"lies": tiny_gguf("llama", 128, lie=1000), "truncated": tiny_gguf("llama", 128)[:300],
+            "vocab": tiny_gguf("llama", 64), "huge": tiny_gguf("llama", 5_000_000)}[case]
+    f = tmp_path / "m.gguf"
+    f.write_bytes(data)
+    r, _ = compare(model_dir, fake_python, monkeypatch, tmp_path, "good", "--gguf", str(f))
+    msg = one_line_error(r)
+    assert msg.startswith(f"smearcli: error: --gguf {f}: refused before llama.cpp reads it") and expect in msg, msg
+    assert not (tmp_path / "seen.json").exists() and f.read_bytes() == data  # never run, never touched
+
+
+def test_a_gguf_of_another_architecture_than_the_config_says(model_dir, fake_python, monkeypatch, tmp_path):
+    f = tmp_path / "m.gguf"
+    f.write_bytes(tiny_gguf("mamba", 128))
+    monkeypatch.setenv("SMEARCLI_STANDIN_ARCH", "llama")  # what the converter maps the config to
+    r, _ = compare(model_dir, fake_python, monkeypatch, tmp_path, "good", "--gguf", str(f))
+    msg = one_line_error(r)
+    assert "its architecture is 'mamba'" in msg and "is 'llama' in llama.cpp: not the same model" in msg
+
+
+def test_the_registered_schedules_are_offered_to_llamacpp_alone():
+    from smearcli.cli.impls import offered
+    from smearcli.cli.registry import REGISTRY
+
+    assert "ubatch" in SCHEDULES and "batched" in SCHEDULES
+    assert [s for s in offered(REGISTRY["llamacpp"]) if s != "full"] == [
+        "prefill", "decode", "chunked", "rollback", "prefix", "ubatch", "batched"]
+    assert "ubatch" not in offered(REGISTRY["hf"]) and "batched" not in offered(REGISTRY["vllm"])
+
+
+def test_the_request_sizes_every_schedule_from_the_options():
+    s = llamacpp.Settings(python="py", model="m", vocab=10, widths=(3, 4, 5, 40))
+    tokens = __import__("torch").zeros(1, 20, dtype=__import__("torch").long)
+    req = llamacpp.request(s, tokens, ALL, ScheduleOptions(chunks=3, draft=5, reject=1, gen_len=8))
+    by = {e["name"]: e for e in req["schedules"]}
+    assert by["chunked"]["sizes"] == [7, 7, 6] and by["ubatch"]["widths"] == [3, 4, 5]
+    assert (by["rollback"]["prompt"], by["rollback"]["draft"], by["rollback"]["reject"]) == (12, 5, 1)
+    assert by["prefix"]["prefix"] == 10 and by["batched"]["short"] == 14
+
+
+def test_widths_sit_around_the_convolution_width():
+    cfg = type("C", (), {"conv_kernel": 4})()
+    assert llamacpp.widths_for(cfg, 64) == (3, 4, 5, 7)
+    assert llamacpp.widths_for(type("C", (), {})(), 6) == (3, 5)
+
+
+def test_nothing_beside_the_worker_shadows_a_module_llamacpp_imports():
+    """The worker runs as a script, its directory first on sys.path: no file beside it may be named
+    like a module llama.cpp's environment imports."""
+    import importlib.util
+
+    here = Path(llamacpp.__file__).parent
+    for f in here.glob("*.py"):
+        if f.stem not in ("__init__", "worker"):
+            assert importlib.util.find_spec(f.stem) is None, f
+    assert "sys.path" not in (here / "worker.py").read_text().replace("sys.path:", "")

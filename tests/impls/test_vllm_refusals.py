@@ -1,0 +1,108 @@
+"""`--impl vllm`: what vLLM refuses is said as what it is.
+
+- A model directory without safetensors weights is refused up front, saying that safetensors are
+  what is missing (and which files it found instead), before vLLM's environment is even started.
+- An engine that refuses the model (vLLM 0.32.0's CPU attention lacks head size 16: measured on a
+  tiny Llama, it raises at the first forward; other releases refuse at the engine's start; a C++
+  exception ends the process) is that model's result: exit 1 under --check, the compare/1
+  document on stdout with the refusal, vLLM's words, in `not_measured`, as a crash inside vLLM is.
+Run against the stand-in worker (tests/vllm_standin.py), which refuses as vLLM does."""
+
+import json
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+pytest.importorskip("transformers", reason="transformers is not installed: pip install 'smearcli[hf]'")
+
+from smearcli.cli.app import app  # noqa: E402
+from smearcli.impls import hf  # noqa: E402
+
+STANDIN = Path(__file__).resolve().parents[1] / "vllm_standin.py"
+cli = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("llama")
+    hf.tiny_model("llama").save_pretrained(d, safe_serialization=True)
+    assert json.loads((d / "config.json").read_text())["head_dim"] == 16  # what vLLM's CPU attention refuses
+    return d
+
+
+@pytest.fixture
+def fake_python(tmp_path):
+    p = tmp_path / "python"
+    p.write_text(f'#!/bin/sh\nshift\nexec "{sys.executable}" "{STANDIN}" "$@"\n')
+    p.chmod(p.stat().st_mode | stat.S_IXUSR)
+    return p
+
+
+def without_safetensors(model_dir: Path, tmp_path: Path) -> dict:
+    from safetensors.torch import load_file
+
+    dirs = {}
+    for kind in ("config only", "loose shard", "pickled"):
+        d = tmp_path / kind.replace(" ", "-")
+        d.mkdir()
+        (d / "config.json").write_text((model_dir / "config.json").read_text())
+        if kind == "loose shard":
+            (d / "model-00001-of-00001.safetensors").write_bytes((model_dir / "model.safetensors").read_bytes())
+        if kind == "pickled":
+            torch.save(load_file(model_dir / "model.safetensors"), d / "pytorch_model.bin")
+        dirs[kind] = d
+    return dirs
+
+
+def test_a_directory_without_safetensors_says_so_before_vllm_starts(model_dir, tmp_path):
+    fix = "; save the model there with save_pretrained, which writes them"
+    want = {"config only": "has no safetensors weights (neither model.safetensors nor model.safetensors.index.json)"
+                           + fix,
+            "loose shard": "has no safetensors weights (model-00001-of-00001.safetensors without the "
+                           "model.safetensors.index.json that names the shards)" + fix,
+            "pickled": "holds only pickled weights (pytorch_model.bin); smearcli loads safetensors only, since "
+                       "unpickling can run code: convert the weights to safetensors (save_pretrained writes them "
+                       "by default)"}
+    for kind, d in without_safetensors(model_dir, tmp_path).items():
+        before = sorted(p.name for p in d.iterdir())
+        # vLLM's Python is not even there: the weights are what the user must fix first
+        r = cli.invoke(app, ["compare", "--impl", "vllm", "--hf-model", str(d), "--vllm-python",
+                             str(tmp_path / "no-such-python"), "--json", "--check"])
+        assert r.exit_code == 2, (kind, r.output)
+        assert r.stderr.splitlines() == [f"smearcli: error: --hf-model {d} {want[kind]}"], r.stderr
+        assert r.stdout == "" and sorted(p.name for p in d.iterdir()) == before
+
+
+REFUSALS = {
+    "refuse": "RuntimeError: Unsupported CPU attention configuration: head_dim=16 isa=2 kv_cache_idx=0 (at "
+              "vllm/_custom_ops.py:3865 in cpu_attn_get_scheduler_metadata)",
+    "noengine": "ValueError: head size 16 is not supported (at vllm/v1/attention/backends/cpu_attn.py:70 in "
+                "validate_head_size)",
+    "abort": "the vLLM worker exited with status -6: what():  Unsupported CPU attention configuration: head_dim=16 "
+             "isa=2 kv_cache_idx=0",
+}
+
+
+@pytest.mark.parametrize("mode", [
+    "refuse",
+    pytest.param("noengine", marks=pytest.mark.slow),
+    pytest.param("abort", marks=pytest.mark.slow),
+])
+def test_an_engine_that_refuses_the_model_is_that_models_result(mode, model_dir, fake_python, monkeypatch, tmp_path):
+    monkeypatch.setenv("SMEARCLI_STANDIN_MODE", mode)
+    monkeypatch.chdir(tmp_path)
+    r = cli.invoke(app, ["compare", "--impl", "vllm", "--hf-model", str(model_dir), "--vllm-python", str(fake_python),
+                         "--seq-len", "64", "--chunks", "4", "--json", "--check"])
+    assert r.exit_code == 1, r.output
+    assert "Traceback" not in r.output and "internal error" not in r.output
+    doc = json.loads(r.stdout)
+    assert doc["schema"] == "smearcli.compare/1" and doc["runs"] == []
+    assert [(x["schedule"], x["outcome"], x["message"]) for x in doc["not_measured"]] == [
+        (s, "crashed", REFUSALS[mode]) for s in ("prefill", "decode", "chunked", "prefix")]
+    assert doc["verdict"].startswith("CRASHED: prefill crashed: " + REFUSALS[mode])
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith("smearcli: error: check failed: CRASHED")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["python"]  # no file beside the stand-in's launcher
