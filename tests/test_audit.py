@@ -99,7 +99,8 @@ def test_old_standin_is_reported_with_the_chunk_boundary_bug(old_audit):
     failed = {m.schedule for m in c.metrics if not m.passed}
     assert failed == {"chunked", "speculative"}  # the schedules with multi-token steps on a filled cache
     assert old_audit.failed
-    assert old_audit.verdict.startswith("your code has the chunk-boundary smear bug: error ")
+    assert old_audit.verdict.startswith("BUG: your code has the chunk-boundary smear bug: error ")
+    assert old_audit.word == c.word == "bug" and "keeps its size in float64" in c.verdict
     assert [f.kind for f in old_audit.findings] == ["chunk-smear"]
     assert old_audit.likeness.behaves_like == "old"
     # the number in the verdict, recomputed from the raw logits of the user's runs
@@ -115,8 +116,9 @@ def test_old_standin_is_reported_with_the_chunk_boundary_bug(old_audit):
 def test_fixed_standin_is_reported_consistent(fixed_audit):
     c = fixed_audit.comparison
     assert not fixed_audit.failed and not fixed_audit.findings
-    assert fixed_audit.verdict.startswith("your code is consistent across all schedules (prefill, decode, "
+    assert fixed_audit.verdict.startswith("OK: your code is consistent across all schedules (prefill, decode, "
                                           "chunked, engine, speculative)")
+    assert fixed_audit.word == c.word == "ok" and "; it would see a" in fixed_audit.verdict
     assert fixed_audit.likeness.behaves_like == "fixed"
     for m in c.metrics:
         assert m.max_abs_logits <= NOISE_MARGIN * c.noise.per_layer[-1]
@@ -325,7 +327,7 @@ def test_cli_json_check_and_errors(FIXED):
     run = doc["nanochat"]["runs"][0]
     assert run["logic"] == "yours" and run["first_departure"] == {"layer": "block0_in", "position": 14}
     assert doc["nanochat"]["layers"][0] == "block0_in"
-    assert doc["verdict"].startswith("your code has the chunk-boundary smear bug")
+    assert doc["verdict"].startswith("BUG: your code has the chunk-boundary smear bug")
 
     r = runner.invoke(app, ["compare", "--impl", "both", "--nanochat-path", str(FIXED), "--check",
                             "--schedules", "chunked", *SMALL])
@@ -338,6 +340,48 @@ def test_cli_json_check_and_errors(FIXED):
     r = runner.invoke(app, ["compare", "--impl", "nanochat", *SMALL])
     assert r.exit_code == 2 and "--impl nanochat needs --nanochat-path" in r.output
     assert nanochat_modules() == []
+
+
+# -- one judge: the audit says what compare says -----------------------------------------------------
+
+def test_a_rounding_only_difference_is_no_finding(old_audit, fixed_audit):
+    """The old stand-in's departures, had their float64 reruns vanished: float32 rounding, which
+    counts as ok. The audit then finds nothing and says OK, as compare does (not "your code
+    diverges")."""
+    import dataclasses
+
+    from smearcli import evidence
+    from smearcli.verdicts import OK, ROUNDING
+
+    c = old_audit.comparison
+    gone = {k: dataclasses.replace(v, lifted=0.0, status=ROUNDING, why="float32 rounding, gone in float64")
+            for k, v in c.confirmations.items()}
+    assert set(gone) == {("chunked", "yours"), ("speculative", "yours")}
+    rounded = dataclasses.replace(c, confirmations=gone, power=fixed_audit.comparison.power)
+    a = audit.Audit(old_audit.model, rounded)
+    assert rounded.word is OK and a.word is OK and not a.failed and a.findings == []
+    assert a.verdict.startswith("OK: your code is consistent across all schedules") and "diverges" not in a.verdict
+    assert "chunked, speculative left the tolerance in float32 only: float32 rounding, gone in float64" in a.verdict
+    assert rounded.verdict.startswith("OK: ") and [rounded.status(m) for m in rounded.metrics].count(ROUNDING) == 2
+    assert isinstance(fixed_audit.comparison.power, evidence.Power)
+
+
+def test_a_powerless_check_is_inconclusive(fixed_audit):
+    """The fixed stand-in's agreement, had zeroing its cache moved the logits only 10x the
+    threshold (so only a 10% error in it could show): INCONCLUSIVE, as compare says, and --check fails."""
+    import dataclasses
+
+    from smearcli import evidence
+    from smearcli.verdicts import INCONCLUSIVE
+
+    c = fixed_audit.comparison
+    weak = evidence.Power(c.power.split, c.power.threshold, {"kv": 10 * c.power.threshold})
+    powerless = dataclasses.replace(c, power=weak)
+    a = audit.Audit(fixed_audit.model, powerless)
+    assert powerless.word is INCONCLUSIVE and a.word is INCONCLUSIVE and a.failed and a.findings == []
+    assert a.verdict.startswith("INCONCLUSIVE: your code is consistent across all schedules")
+    assert a.verdict.endswith("but the check could not see a 10% error in the kv state (OK needs 1%)")
+    assert powerless.verdict.endswith("but the check could not see a 10% error in the kv state (OK needs 1%)")
 
 
 # -- plot -----------------------------------------------------------------------------------------

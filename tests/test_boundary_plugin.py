@@ -126,7 +126,8 @@ def census_llama():
 
 def test_the_census_runs_the_toy_and_reports_it(toy):
     from smearcli.census import boundary, report
-    from smearcli.census.check import OK, check_model
+    from smearcli.census.check import check_model
+    from smearcli.verdicts import OK
 
     model, cfg, ids, plans = census_llama()
     assert TOY in boundary.SCHEDULES

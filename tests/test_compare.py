@@ -12,6 +12,7 @@ from smearcli.names import LOGIC_NAMES
 from smearcli.runner import Output, Runner
 from smearcli.schedules import ScheduleOptions
 from smearcli.weights import random_config, random_model
+from smearcli.verdicts import INCONCLUSIVE
 
 T = 32
 OPTS = ScheduleOptions(chunks=4, gen_len=8)
@@ -247,7 +248,8 @@ def test_a_separate_reference_and_runs_that_crashed(model, tokens):
     assert skewed.born_at(skewed.get("chunked")) == ("logits", 8)
 
 
-def test_a_run_that_checked_nothing_is_named_but_does_not_fail(model, tokens):
+def test_a_run_that_checked_nothing_is_named_and_is_no_evidence(model, tokens):
+    """Not a crash, and not an ok either: with nothing measured the check had nothing to judge."""
     from smearcli.runner import LogProbs
 
     ref = LogProbs(ours.GPTRunner(model, "fixed"))
@@ -258,8 +260,9 @@ def test_a_run_that_checked_nothing_is_named_but_does_not_fail(model, tokens):
             return schedules.RunResult(schedule, self.label, r.logits, None, r.steps, [0],
                                        outcome=schedules.UNCHECKED, message="the cache was not read")
     c = cmp.compare(Cold(ref), tokens, ["prefill"], reference=ref)
-    assert c.passed and not c.metrics and c.unmeasured[0].outcome == "checked nothing"
-    assert c.verdict.startswith("OK") and "prefill checked nothing: the cache was not read" in c.verdict
+    assert not c.passed and not c.metrics and c.unmeasured[0].outcome == "checked nothing"
+    assert c.word is INCONCLUSIVE and not c.crashed and c.judgement.statuses == {"prefill/engine": "not run"}
+    assert c.verdict == "INCONCLUSIVE: no schedule was measured; prefill checked nothing: the cache was not read"
 
 
 # -- overlap: the noise-floor decode on a second thread ----------------------------------------------
