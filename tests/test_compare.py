@@ -241,7 +241,7 @@ def test_a_separate_reference_and_runs_that_crashed(model, tokens):
     assert c.verdict.startswith("CRASHED: prefix crashed: IndexError: out of bounds; every run measured matches")
     assert "prefix crashed: IndexError" in c.table()
     doc = jsondoc.to_json(c)
-    assert doc["not_measured"] == [{"schedule": "prefix", "logic": "engine", "outcome": "crashed",
+    assert doc["not_measured"] == [{"schedule": "prefix", "logic": "engine", "outcome": "crashed", "status": "crashed",
                                     "message": "IndexError: out of bounds", "steps": []}]
     skewed = cmp.compare(Engine(ref, skew=1.0), tokens, ["prefill", "chunked"], reference=ref)
     assert not skewed.get("chunked").passed and skewed.get("prefill").passed
@@ -363,3 +363,25 @@ def test_a_failure_in_the_side_run_is_raised_after_the_others(model, tokens, two
     with pytest.raises(RuntimeError, match="boom at a step of 1"):
         cmp.compare(runners, tokens, ["chunked", "decode"], options=OPTS, overlap=True)
     assert any(name == "MainThread" and n == T // 4 for name, n in seen)  # the chunks still ran
+
+
+def test_the_json_carries_the_judges_word_statuses_power_and_confirmation(model, tokens):
+    """compare/1 says what the judge said, as a scan/1 record does: the word, each run's status
+    and float64 confirmation, and the power behind an ok."""
+    import schema_check
+
+    found = cmp.compare(model, tokens, ["chunked"], options=ScheduleOptions(chunks=2))
+    doc = jsondoc.to_json(found)
+    assert schema_check.document_problems(doc) == []
+    assert doc["word"] == "bug" == found.word and doc["power"] is None  # no power check beside a departure
+    by_logic = {r["logic"]: r for r in doc["runs"]}
+    assert by_logic["old"]["status"] == "bug" and by_logic["fixed"]["status"] == "ok"
+    conf = found.confirmation(found.get("chunked", "old"))
+    assert by_logic["old"]["confirmation"] == conf.to_json() and conf.lifted >= 0.5 * conf.original
+    assert by_logic["fixed"]["confirmation"] is None and doc["verdict"].startswith("BUG: ")
+
+    agreed = cmp.compare(model, tokens, ["chunked"], logics=("fixed",), options=ScheduleOptions(chunks=2))
+    doc = jsondoc.to_json(agreed)
+    assert schema_check.document_problems(doc) == []
+    assert doc["word"] == "ok" and doc["runs"][0]["status"] == "ok" and doc["power"]["sufficient"] is True
+    assert doc["power"]["effects"] == {k: float(v) for k, v in agreed.power.effects.items()}
