@@ -15,7 +15,7 @@ print(result.verdict)
 The first argument is our GPT (run under each of `logics`), one `smearcli.runner.Runner`, or a
 list of them: one series each, all measured against the first runner's full forward pass, or
 against `reference`'s when given (a runner that is the yardstick only: its full pass is the
-reference, its decode the noise floor, and it runs no schedule of its own).
+reference, that pass in float64 the noise floor, and it runs no schedule of its own).
 
 A run whose `outcome` is set (the engine crashed, or checked nothing) is not measured: it is kept
 in `Comparison.unmeasured`, printed under the table and named in the verdict; a crash fails it.
