@@ -248,10 +248,6 @@ class Confirmation:
     status: str = UNCONFIRMED  # BUG, ROUNDING or UNCONFIRMED
     why: str = ""
 
-    @property
-    def is_bug(self) -> bool:
-        return self.status == BUG
-
     def phrase(self) -> str:
         """"keeps its size in float64 (0.0438 -> 0.0438)" and the like."""
         nums = f"{self.original:.3g} in {self.dtype}"

@@ -58,15 +58,6 @@ class RunResult:
     message: str = ""  # why, for an outcome: the engine's error, or what was not exercised
 
     @property
-    def step_starts(self) -> list[int]:
-        """Positions where a step begins, after position 0."""
-        out, pos = [], 0
-        for n in self.steps[:-1]:
-            pos += n
-            out.append(pos)
-        return out
-
-    @property
     def chunk_starts(self) -> list[int]:
         """Starts of multi-token steps after position 0: where the old logic drops a predecessor."""
         if self.starts is not None:

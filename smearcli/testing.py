@@ -51,7 +51,6 @@ from .runner import StepRunner
 from .schedules import ScheduleOptions, plan_steps
 
 Step = Callable[[Tensor, Any], tuple]
-CacheCheck = Comparison  # the name this module's result had before there was one result type
 DEFAULT_SCHEDULES = ("decode", "chunked")
 
 

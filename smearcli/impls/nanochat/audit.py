@@ -176,13 +176,6 @@ def merged(a: Audit) -> cmp.Comparison:
                           dict(o.analytic), o.tolerance, o.dtype)
 
 
-def for_plot(model: NanochatModel, tokens: Tensor, schedule: str, options: ScheduleOptions,
-             tolerance: float = NOISE_MARGIN, reference=None, progress=None, tokens_progress=None):
-    """A figure of the user's code on one schedule: (the Comparison to draw, the audit verdict)."""
-    a = audit(model, tokens, [schedule], options, tolerance, reference, progress, tokens_progress)
-    return merged(a), a.verdict
-
-
 def _at_starts(m: RunMetrics) -> float:
     return float(m.abs_err[-1][m.chunk_starts].max()) if m.chunk_starts else 0.0
 
@@ -312,9 +305,9 @@ def print_audit(a: Audit, console, title: str = "", footer: str = "") -> None:
         print_table_of(a.ours, console, "smearcli's reference implementation, same weights and tokens")
     say(console, f"noise floor (logits): {sci(c.noise.per_layer[-1])} ({c.noise.source}); a run "
                   f"passes within {c.tolerance:g}x.")
-    for line in (left_out_note(left_out, console.width), footer):
-        if line:
-            say(console, line)
+    for text in (left_out_note(left_out, console.width), footer):
+        if text:
+            say(console, text)
     say(console, f"your code ran with attention {code.attention}, compute dtype "
                   f"{str(code.compute_dtype).removeprefix('torch.')} ({code.dtype_source}).")
     say(console, f"{FIRST_CAPTURE}: block 0's input = (resid_lambdas[0] + x0_lambdas[0]) x the post-smear "
