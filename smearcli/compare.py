@@ -34,7 +34,7 @@ from .errors import CannotRun
 from .metrics import AnalyticCheck, NoiseFloor, RunMetrics, analytic_check, measure_all
 from .names import DEFAULT_SCHEDULES, LOGIC_NAMES, NOISE_MARGIN
 from .runner import Described, Runner
-from .runplan import collect, common_layers, forward_runs, plan, run_all  # noqa: F401 - plan and forward_runs: part of compare's API (the CLI's progress totals)
+from .runplan import collect, common_layers, plan, run_all
 from .schedules import RunResult, ScheduleOptions, missing, run_schedule, runnable, shape, shape_at
 from .units import sci, sig3, times
 from .verdicts import BUG, CRASHED, INCONCLUSIVE, OK, ROUNDING, UNCONFIRMED, Verdict, line

@@ -293,7 +293,7 @@ def test_engine_expansion_that_drops_the_smear_state(tmp_path, ours, tokens, FIX
     assert [f.kind for f in a.findings] == ["engine-expansion"]
     P = SEQ - OPTS.gen_len
     assert f"at position {P} (the first token after the copy)" in a.verdict
-    engine = a.comparison.get("engine", audit.USER_LOGIC)
+    engine = a.comparison.get("engine", adapter.USER_LOGIC)
     assert engine.first_departure == (0, P)
     assert a.likeness.behaves_like == "fixed"  # chunked is right; engine departs from both logics
     assert "departs from both on engine" in a.likeness.summary
@@ -395,7 +395,7 @@ def test_merged_comparison_draws_ours_and_yours(old_audit):
     fig = figures.figure(c, "chunked", kind="error")
     d = fig.smearcli_data
     assert d.logics == ["old", "fixed", "yours"]
-    ours = old_audit.comparison.get("chunked", audit.USER_LOGIC).abs_err[-1].double().numpy()
+    ours = old_audit.comparison.get("chunked", adapter.USER_LOGIC).abs_err[-1].double().numpy()
     assert (d.abs_logits["yours"] == ours).all()
 
 

@@ -94,11 +94,11 @@ class AuditReport(Report):
 
 
 def _audit(setup, tolerance, bar) -> Report:
-    from .. import compare
+    from .. import runplan
     from ..impls.nanochat import audit
 
     reference = setup.model if setup.impl == "both" else None
-    total = compare.forward_runs(audit.planned(setup.audited, setup.schedules, reference)) * setup.tokens.size(1)
+    total = runplan.forward_runs(audit.planned(setup.audited, setup.schedules, reference)) * setup.tokens.size(1)
     seen = {"base": 0, "last": 0}
 
     def tokens(done, _total):  # the audit's comparisons one after the other, on one bar

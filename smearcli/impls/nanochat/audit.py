@@ -22,14 +22,14 @@ from typing import Optional, Sequence
 from torch import Tensor
 
 from ... import compare as cmp
-from ... import jsondoc
+from ... import jsondoc, runplan
 from ...metrics import RunMetrics
 from ...names import DEFAULT_SCHEDULES, LOGIC_NAMES, NOISE_MARGIN
 from ...render.table import left_out_note, print_analytic, print_table_of, say
 from ...schedules import ScheduleOptions
 from ...units import compact, sci
 from ...verdicts import BUG, CRASHED, INCONCLUSIVE, UNCONFIRMED, line
-from .adapter import USER_LOGIC, NanochatModel, NanochatRunner  # noqa: F401 (USER_LOGIC: re-exported)
+from .adapter import NanochatModel, NanochatRunner
 from .sandbox import FIRST_CAPTURE
 
 SCHEMA = jsondoc.SCHEMAS["audit"]
@@ -156,10 +156,10 @@ def audit(model: NanochatModel, tokens: Tensor, schedules: Sequence[str] = DEFAU
 
 
 def planned(model: NanochatModel, schedules: Sequence[str], reference=None) -> list:
-    """The forward runs `audit` makes (`compare.plan` of each comparison), for progress totals."""
-    runs = cmp.plan([NanochatRunner(model)], schedules)
+    """The forward runs `audit` makes (`runplan.plan` of each comparison), for progress totals."""
+    runs = runplan.plan([NanochatRunner(model)], schedules)
     if reference is not None:
-        runs += cmp.plan(cmp.as_runners(reference, LOGIC_NAMES), schedules)
+        runs += runplan.plan(cmp.as_runners(reference, LOGIC_NAMES), schedules)
     return runs
 
 
