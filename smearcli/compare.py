@@ -36,9 +36,8 @@ from .names import DEFAULT_SCHEDULES, LOGIC_NAMES, NOISE_MARGIN
 from .runner import Described, Runner
 from .runplan import collect, common_layers, plan, run_all
 from .schedules import RunResult, ScheduleOptions, missing, run_schedule, runnable, shape, shape_at
-from .units import sci, sig3, times
+from .units import fmt_steps, sci, sig3, times
 from .verdicts import BUG, CRASHED, INCONCLUSIVE, OK, ROUNDING, UNCONFIRMED, Verdict, line
-from .wording import born_where, fmt_steps, starts_phrase
 
 
 @dataclass
@@ -199,6 +198,24 @@ class Comparison:
         out += [f"{run_word(self.status(m))}: " + self.describe(m) for m in self.failures + self.rounding]
         out.append(self.verdict)
         return "\n".join(out)
+
+
+# -- the phrases a verdict and the table share -------------------------------------------------------
+def born_where(pos: int, starts: Sequence[int]) -> str:
+    """", the first chunk start (16)", ", a chunk start (32)", ", not on a chunk start (first
+    chunk start: 16)", or "" for a run without chunk starts."""
+    if not starts:
+        return ""
+    if pos in starts:
+        return f", {'the first chunk start' if pos == starts[0] else 'a chunk start'} ({pos})"
+    return f", not on a chunk start (first chunk start: {starts[0]})"
+
+
+def starts_phrase(starts: Sequence[int], schedule: str, shown: int = 4) -> str:
+    """"the 3 chunk starts of chunked: 64, 128, 192", the list cut after `shown` with a count."""
+    more = f" and {len(starts) - shown} more" if len(starts) > shown else ""
+    what = "chunk start" if len(starts) == 1 else f"{len(starts)} chunk starts"
+    return f"the {what} of {schedule}: {', '.join(map(str, starts[:shown]))}{more}"
 
 
 def as_runners(target, logics: Sequence[str] = LOGIC_NAMES, name: Optional[str] = None) -> list[Runner]:
