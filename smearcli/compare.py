@@ -36,7 +36,7 @@ from .names import DEFAULT_SCHEDULES, LOGIC_NAMES, NOISE_MARGIN
 from .runner import Described, Runner
 from .runplan import collect, common_layers, plan, run_all
 from .schedules import RunResult, ScheduleOptions, missing, run_schedule, runnable, shape, shape_at
-from .units import fmt_steps, sci, sig3, times
+from .formatters import fmt_steps, sci, sig3, times
 from .verdicts import BUG, CRASHED, INCONCLUSIVE, OK, ROUNDING, UNCONFIRMED, Verdict, line
 
 

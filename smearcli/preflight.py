@@ -25,7 +25,7 @@ from typing import Optional, Sequence
 
 from .errors import UserError
 from .model import param_shapes
-from .units import nbytes
+from .formatters import nbytes
 
 FP32 = 4
 RUN_OVERHEAD = 64 << 20  # allocator slack, Python objects, metric bookkeeping (measured on small runs)

@@ -23,7 +23,7 @@ from smearcli import weights
 from smearcli.impls.nanochat import adapter, audit, sandbox
 from smearcli.errors import UserError
 from smearcli.names import NOISE_MARGIN
-from smearcli.units import compact
+from smearcli.formatters import compact
 from smearcli.schedules import ScheduleOptions
 
 STANDIN = Path(__file__).resolve().parent / "standin"

@@ -18,7 +18,7 @@ from rich.table import Table
 
 from ..compare import Comparison
 from ..names import NOISE_MARGIN
-from ..units import sci, times
+from ..formatters import sci, times
 from ..verdicts import BUG, UNCONFIRMED
 
 # the comparison's columns; the verdict (last, unnamed) and the error columns are never left out

@@ -27,7 +27,7 @@ from ...metrics import RunMetrics
 from ...names import DEFAULT_SCHEDULES, LOGIC_NAMES, NOISE_MARGIN
 from ...render.table import left_out_note, print_analytic, print_table_of, say
 from ...schedules import ScheduleOptions
-from ...units import compact, sci
+from ...formatters import compact, sci
 from ...verdicts import BUG, CRASHED, INCONCLUSIVE, UNCONFIRMED, line
 from .adapter import NanochatModel, NanochatRunner
 from .sandbox import FIRST_CAPTURE
