@@ -32,7 +32,7 @@ from torch import Tensor
 from . import evidence, judge, profile
 from .errors import CannotRun
 from .metrics import AnalyticCheck, NoiseFloor, RunMetrics, analytic_check, measure_all
-from .names import DEFAULT_SCHEDULES, LOGIC_NAMES, NOISE_MARGIN
+from .defaults import DEFAULT_SCHEDULES, LOGIC_NAMES, NOISE_MARGIN
 from .runner import Described, Runner
 from .runplan import collect, common_layers, plan, run_all
 from .schedules import RunResult, ScheduleOptions, missing, run_schedule, runnable, shape, shape_at

@@ -42,7 +42,7 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor
 
-from .names import NOISE_MARGIN
+from .defaults import NOISE_MARGIN
 from .precision import lifted
 from .state import Zeroing, state_kinds
 from .verdicts import BUG, ROUNDING, UNCONFIRMED

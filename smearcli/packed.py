@@ -39,7 +39,7 @@ from torch import Tensor
 from .boundaries import document_starts
 from .compare import Comparison, compare
 from .jsondoc import SCHEMAS, header, model_header
-from .names import FIRST_TOKENS, NOISE_MARGIN, PACKED
+from .defaults import FIRST_TOKENS, NOISE_MARGIN, PACKED
 from .runner import DOCUMENT_MASK, SMEAR_TERMS, NoDocumentMask, Runner
 from .schedules import ScheduleOptions
 from .formatters import sci, times

@@ -13,7 +13,7 @@ import threading
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
-from .names import REFERENCE
+from .defaults import REFERENCE
 from .runner import Runner
 
 SHARED_SCHEDULE = "decode"  # run once for runners that share a one-token step (and the side run)

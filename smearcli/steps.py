@@ -16,7 +16,7 @@ from typing import Callable, NamedTuple, Optional
 
 from torch import Tensor
 
-from .names import CHUNKS, DRAFT, GEN_LEN, REJECT, SAMPLES
+from .defaults import CHUNKS, DRAFT, GEN_LEN, REJECT, SAMPLES
 from .runner import Runner
 from .verdicts import Verdict
 

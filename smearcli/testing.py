@@ -46,7 +46,7 @@ import torch
 from torch import Tensor
 
 from .compare import Comparison, compare
-from .names import NOISE_MARGIN
+from .defaults import NOISE_MARGIN
 from .runner import StepRunner
 from .schedules import ScheduleOptions, plan_steps
 

@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 from smearcli import weights
 from smearcli.impls.nanochat import adapter, audit, sandbox
 from smearcli.errors import UserError
-from smearcli.names import NOISE_MARGIN
+from smearcli.defaults import NOISE_MARGIN
 from smearcli.formatters import compact
 from smearcli.schedules import ScheduleOptions
 

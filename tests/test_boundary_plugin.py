@@ -19,7 +19,7 @@ from smearcli import compare, jsondoc, schedules
 from smearcli.cli import registry
 from smearcli.cli.app import app
 from smearcli.cli.impls import offered
-from smearcli.names import SCHEDULE_NAMES
+from smearcli.defaults import SCHEDULE_NAMES
 from smearcli.render import figures
 from smearcli.runner import COPY
 from smearcli.schedules import Ran, Repro, Schedule

@@ -8,7 +8,7 @@ import torch
 from smearcli import compare as cmp
 from smearcli import jsondoc, ours, runplan, schedules, smear
 from smearcli.inputs import random_tokens
-from smearcli.names import LOGIC_NAMES
+from smearcli.defaults import LOGIC_NAMES
 from smearcli.runner import Output, Runner
 from smearcli.schedules import ScheduleOptions
 from smearcli.weights import random_config, random_model

@@ -98,7 +98,7 @@ def edges() -> dict[str, set[str]]:
 
 def test_the_layers_are_known():
     assert {layer(m) for m in MODULES} == set(LAYERS)
-    for name in ("smearcli.model", "smearcli.compare", "smearcli.names"):
+    for name in ("smearcli.model", "smearcli.compare", "smearcli.defaults"):
         assert layer(name) == "core"
     assert layer("smearcli.cli.commands.compare") == "cli"
     assert layer("smearcli.impls.nanochat.audit") == "features"

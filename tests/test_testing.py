@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from smearcli.names import layer_names
+from smearcli.defaults import layer_names
 from smearcli.weights import random_config, random_model
 from smearcli.smear import smear_gate
 from smearcli.model import rms_norm

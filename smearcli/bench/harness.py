@@ -50,7 +50,7 @@ from torch import Tensor
 
 from .. import flops as F
 from ..model import GPT, rms_norm
-from ..names import LOGIC_NAMES
+from ..defaults import LOGIC_NAMES
 from ..schedules import ScheduleOptions, chunk_plan, run_schedule
 from ..smear import LOGICS
 from .sampled import MIN_SAMPLE, DecodeSample, sample_window, steps_that_fit, time_decode_steps

@@ -39,7 +39,7 @@ import torch
 
 from .. import evidence, frames, judge
 from ..metrics import RunMetrics
-from ..names import NOISE_MARGIN
+from ..defaults import NOISE_MARGIN
 from ..impls.hf import cache_runner as hf_runner
 from ..schedules import run_schedule, run_steps
 from ..verdicts import BUG, CRASHED, INCONCLUSIVE, NOT_BUILT, ROUNDING, UNCONFIRMED, WORDS

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..impls.hf import api
-from ..names import NOISE_MARGIN
+from ..defaults import NOISE_MARGIN
 from ..schedules import SCHEDULES
 from ..formatters import fmt_steps
 

@@ -40,7 +40,7 @@ from .. import evidence
 from ..judge import Run, judge, status
 from ..compare import measure_power
 from ..metrics import measure
-from ..names import NOISE_MARGIN
+from ..defaults import NOISE_MARGIN
 from ..schedules import CRASHED as RUN_CRASHED, UNCHECKED, run_schedule
 from ..verdicts import CRASHED, INCONCLUSIVE, NOT_BUILT, NOT_RUN, OK, UNCONFIRMED
 from . import vllm_plan

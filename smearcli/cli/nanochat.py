@@ -24,7 +24,7 @@ def _model_info(setup) -> dict:
 def prepare(spec, schedules, tolerance) -> Job:
     from ..checkpoint import NoSmearParameters
     from ..errors import UserError
-    from ..names import PACKED
+    from ..defaults import PACKED
     from ..ours import runners
     from .build import build_setup
 

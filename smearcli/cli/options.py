@@ -18,10 +18,10 @@ from typing import Annotated, Optional
 
 import typer
 
-from .. import names
+from .. import defaults
 from ..config import PRESETS
 from ..errors import UserError
-from ..names import ALL_LOGICS, DEFAULT_SCHEDULES, LOGIC_NAMES, PACKED, REFERENCE
+from ..defaults import ALL_LOGICS, DEFAULT_SCHEDULES, LOGIC_NAMES, PACKED, REFERENCE
 from .errors import guarded
 from .registry import REGISTRY
 from .threads import HELP as THREADS_HELP
@@ -89,12 +89,12 @@ class RunSpec:
     chat: bool = False
     schedules: str = ",".join(DEFAULT_SCHEDULES)
     logic: Logic = Logic.both
-    chunks: Optional[int] = None  # None: names.CHUNKS, at most one per token (chunks_for)
+    chunks: Optional[int] = None  # None: defaults.CHUNKS, at most one per token (chunks_for)
     chunk_sizes: Optional[str] = None
-    samples: int = names.SAMPLES
-    gen_len: int = names.GEN_LEN
-    draft: int = names.DRAFT
-    reject: int = names.REJECT
+    samples: int = defaults.SAMPLES
+    gen_len: int = defaults.GEN_LEN
+    draft: int = defaults.DRAFT
+    reject: int = defaults.REJECT
     documents: Optional[str] = None  # packed: document lengths, "100,60,96" (None: split the input on BOS)
     leak_limit: Optional[float] = None  # packed: what --check gates on
     impl: str = "ours"  # a name in cli.impls.REGISTRY
@@ -102,7 +102,7 @@ class RunSpec:
     hf_model: Optional[str] = None  # --impl hf: a built-in tiny config's name or a model directory
     vllm_python: Optional[Path] = None  # --impl vllm: vLLM's interpreter (else $SMEARCLI_VLLM_PYTHON)
     tensor_parallel_size: int = 1  # --impl vllm: passed to vLLM
-    user_code_timeout: float = names.USER_CODE_TIMEOUT
+    user_code_timeout: float = defaults.USER_CODE_TIMEOUT
     threads: Optional[int] = None  # None: the rule in smearcli.threads
     preset: Optional[PresetName] = None
     quiet: bool = False
@@ -181,7 +181,7 @@ class RunSpec:
 
     def chunks_for(self, T: int) -> int:
         """--chunks as given, else the default capped at one chunk per token (a short --text)."""
-        return self.chunks if self.chunks is not None else min(names.CHUNKS, max(T, 1))
+        return self.chunks if self.chunks is not None else min(defaults.CHUNKS, max(T, 1))
 
     def check_impl(self) -> None:
         """The option checks every implementation shares (the registry, cli.impls, checks which

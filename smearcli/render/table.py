@@ -17,7 +17,7 @@ from rich.measure import Measurement
 from rich.table import Table
 
 from ..compare import Comparison
-from ..names import NOISE_MARGIN
+from ..defaults import NOISE_MARGIN
 from ..formatters import sci, times
 from ..verdicts import BUG, UNCONFIRMED
 

@@ -12,7 +12,7 @@ import typer
 
 from ... import jsonsafe
 from ...errors import UserError
-from ...names import REFERENCE
+from ...defaults import REFERENCE
 from ..options import RunSpec, shared_options
 
 

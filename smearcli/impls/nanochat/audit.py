@@ -24,7 +24,7 @@ from torch import Tensor
 from ... import compare as cmp
 from ... import jsondoc, runplan
 from ...metrics import RunMetrics
-from ...names import DEFAULT_SCHEDULES, LOGIC_NAMES, NOISE_MARGIN
+from ...defaults import DEFAULT_SCHEDULES, LOGIC_NAMES, NOISE_MARGIN
 from ...render.table import left_out_note, print_analytic, print_table_of, say
 from ...schedules import ScheduleOptions
 from ...formatters import compact, sci
