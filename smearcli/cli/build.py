@@ -193,15 +193,16 @@ def attach(spec: RunSpec, loaded, device, dtype, found=None):
     return loaded, theirs, list(LOGIC_NAMES)
 
 
-def build_setup(spec: RunSpec, sequence_len: int = 512) -> Setup:
+def build_setup(spec: RunSpec, sequence_len: int = 512, schedules: Optional[list[str]] = None) -> Setup:
     """`sequence_len`: the random model's training context (windows, rotary table) without
-    --preset (a preset brings its own)."""
+    --preset (a preset brings its own); `schedules`: --schedules as the command parsed it for the
+    implementation (`cli.impls.schedules_for`), parsed here only where no command did. The
+    options `cli.impls.implementation` checked (`RunSpec.check_impl`) are not checked again."""
     if spec.preset is not None:
         spec.model_kind()  # --preset with --checkpoint / --model tiny: refused before anything loads
-    schedules = spec.schedule_list()
-    logics = spec.logic_list()
+    schedules = list(schedules) if schedules is not None else spec.schedule_list()
+    logics = spec.logic_list(schedules)
     chunk_sizes = spec.chunk_size_tuple()
-    spec.check_impl()
     impl = getattr(spec.impl, "value", spec.impl)
     opts = check_arguments(spec, schedules, chunk_sizes)
     threads = apply_threads(spec.threads)
@@ -220,8 +221,9 @@ def build_setup(spec: RunSpec, sequence_len: int = 512) -> Setup:
     opts = replace(opts, chunks=spec.chunks_for(T))
     # once, before a random input is drawn: positions and memory of the whole run
     preflight(cfg, device, dtype, B, T, schedules, logics, spec, chunk_sizes)
-    _check_plan(T, schedules, opts)
-    check_boundaries(T, schedules, opts, draft_given=spec.draft != defaults.DRAFT)  # a given input's length
+    if tokens is not None:  # a given input's length (a random input's was checked with the options)
+        _check_plan(T, schedules, opts)
+        check_boundaries(T, schedules, opts, draft_given=spec.draft != defaults.DRAFT)
     if tokens is None:
         tokens = random_tokens(cfg, T, B, spec.seed)
     if PROGRAM["own_process"]:

@@ -35,9 +35,8 @@ def prepare(spec, schedules, tolerance) -> Job:
         raise UserError("--documents sizes the packed schedule; add --schedules packed")
     if spec.leak_limit is not None and PACKED not in schedules:
         raise UserError("--leak-limit gates the packed schedule; add --schedules packed")
-    spec.schedules = ",".join(schedules)
     try:
-        setup = build_setup(spec)
+        setup = build_setup(spec, schedules=schedules)
     except NoSmearParameters as e:
         found = getattr(e, "found", None)
         return Job(lambda bar: no_smear(spec, found))

@@ -142,11 +142,12 @@ class RunSpec:
     def depth_value(self) -> int:
         return 4 if self.depth is None else self.depth
 
-    def logic_list(self) -> list[str]:
-        """The logics to run: `both` is old and fixed, and with the packed schedule also bosmask."""
+    def logic_list(self, schedules: Optional[list[str]] = None) -> list[str]:
+        """The logics to run: `both` is old and fixed, and with the packed schedule also bosmask;
+        `schedules`: the parsed --schedules, where the caller has them (else parsed here)."""
         if self.logic != Logic.both:
             return [self.logic.value]
-        return list(ALL_LOGICS) if PACKED in self.schedule_list() else list(LOGIC_NAMES)
+        return list(ALL_LOGICS) if PACKED in (schedules or self.schedule_list()) else list(LOGIC_NAMES)
 
     def document_lengths(self) -> Optional[tuple[int, ...]]:
         if self.documents is None:

@@ -57,9 +57,8 @@ def _compare(spec: RunSpec, json_out: bool, save: Optional[Path], check: bool, t
     job = impl.job(spec, schedules_for(spec, impl), tolerance)
     with progress_bar("compare", quiet=spec.quiet, unit="tokens") as bar:
         report = job.run(bar)
-    document = report.document()
     if json_out:  # strict JSON: a non-finite number (an overflowing model) is null, said why
-        sys.stdout.write(jsonsafe.dumps(document, indent=1) + "\n")
+        sys.stdout.write(jsonsafe.dumps(report.document(), indent=1) + "\n")
     else:
         report.render(console())
     payload = report.payload() if save is not None else None
