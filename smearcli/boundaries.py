@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from . import boundaries_repro
-from .names import DOCUMENT_START, DRAFT, PADDING, REJECT, ROLLBACK  # the kinds of boundary recorded here
+from .defaults import DOCUMENT_START, DRAFT, PADDING, REJECT, ROLLBACK  # the kinds of boundary recorded here
 from .runner import BOS_DOCUMENTS, COPY, CROP, PADDING as PADDED_BATCH, Runner
 from .steps import Ran, Repro, Schedule, ScheduleOptions, prompt_len, split_even
 

@@ -15,7 +15,7 @@ print(result.verdict)
 The first argument is our GPT (run under each of `logics`), one `smearcli.runner.Runner`, or a
 list of them: one series each, all measured against the first runner's full forward pass, or
 against `reference`'s when given (a runner that is the yardstick only: its full pass is the
-reference, its decode the noise floor, and it runs no schedule of its own).
+reference, that pass in float64 the noise floor, and it runs no schedule of its own).
 
 A run whose `outcome` is set (the engine crashed, or checked nothing) is not measured: it is kept
 in `Comparison.unmeasured`, printed under the table and named in the verdict; a crash fails it.
@@ -29,16 +29,15 @@ from typing import Callable, Optional, Sequence
 import torch
 from torch import Tensor
 
-from . import evidence, profile
+from . import evidence, judge, profile
 from .errors import CannotRun
 from .metrics import AnalyticCheck, NoiseFloor, RunMetrics, analytic_check, measure_all
-from .names import DEFAULT_SCHEDULES, LOGIC_NAMES, NOISE_MARGIN
+from .defaults import DEFAULT_SCHEDULES, LOGIC_NAMES, NOISE_MARGIN
 from .runner import Described, Runner
-from .runplan import collect, common_layers, forward_runs, plan, run_all  # noqa: F401 - plan and forward_runs: part of compare's API (the CLI's progress totals)
+from .runplan import collect, common_layers, plan, run_all
 from .schedules import RunResult, ScheduleOptions, missing, run_schedule, runnable, shape, shape_at
-from .units import sci, sig3, times
+from .formatters import fmt_steps, sci, sig3, times
 from .verdicts import BUG, CRASHED, INCONCLUSIVE, OK, ROUNDING, UNCONFIRMED, Verdict, line
-from .wording import born_where, fmt_steps, starts_phrase
 
 
 @dataclass
@@ -83,18 +82,26 @@ class Comparison:
     def confirmation(self, m: RunMetrics) -> Optional[evidence.Confirmation]:
         return self.confirmations.get((m.schedule, m.logic))
 
+    def judged(self, m: RunMetrics) -> judge.Run:
+        """One measured run as the judge sees it (`smearcli.judge.Run`)."""
+        return judge.Run(f"{m.schedule}/{m.logic}", m.passed, self.confirmation(m))
+
+    @property
+    def judgement(self) -> judge.Judgement:
+        """The verdict word and every run's status, from `smearcli.judge` (nowhere else)."""
+        runs = [self.judged(m) for m in self.metrics]
+        runs += [judge.Run(f"{r.schedule}/{r.logic}", outcome=r.outcome) for r in self.unmeasured]
+        return judge.judge(runs, self.power, self.inconclusive)
+
     def status(self, m: RunMetrics) -> str:
-        """One run's word: ok, bug, unconfirmed, or rounding (left the tolerance in its own
-        precision, gone in float64: counted as ok)."""
-        if m.passed:
-            return OK
-        c = self.confirmation(m)
-        return UNCONFIRMED if c is None else c.status
+        """One run's status (`judge.status`): ok, bug, unconfirmed, or rounding (left the
+        tolerance in its own precision, gone in float64: counted as ok)."""
+        return judge.status(self.judged(m))
 
     @property
     def failures(self) -> list[RunMetrics]:
         """Runs that leave the tolerance and are not float32 rounding (bugs and unconfirmed)."""
-        return [m for m in self.metrics if self.status(m) not in (OK, ROUNDING)]
+        return [m for m in self.metrics if self.status(m) in (BUG, UNCONFIRMED)]
 
     @property
     def bugs(self) -> list[RunMetrics]:
@@ -110,19 +117,9 @@ class Comparison:
 
     @property
     def word(self) -> Verdict:
-        """The verdict word (`smearcli.verdicts`): bug only when confirmed in float64, ok only with
+        """The verdict word (`smearcli.judge`): bug only when confirmed in float64, ok only with
         power."""
-        if self.bugs:
-            return BUG
-        if self.crashed:
-            return CRASHED
-        if self.inconclusive:  # nothing could be judged (an unusable reference, no state to perturb)
-            return INCONCLUSIVE
-        if self.failures:
-            return UNCONFIRMED
-        if self.power is not None and self.power.measured and not self.power.sufficient:
-            return INCONCLUSIVE
-        return OK
+        return self.judgement.word
 
     @property
     def passed(self) -> bool:
@@ -203,6 +200,24 @@ class Comparison:
         return "\n".join(out)
 
 
+# -- the phrases a verdict and the table share -------------------------------------------------------
+def born_where(pos: int, starts: Sequence[int]) -> str:
+    """", the first chunk start (16)", ", a chunk start (32)", ", not on a chunk start (first
+    chunk start: 16)", or "" for a run without chunk starts."""
+    if not starts:
+        return ""
+    if pos in starts:
+        return f", {'the first chunk start' if pos == starts[0] else 'a chunk start'} ({pos})"
+    return f", not on a chunk start (first chunk start: {starts[0]})"
+
+
+def starts_phrase(starts: Sequence[int], schedule: str, shown: int = 4) -> str:
+    """"the 3 chunk starts of chunked: 64, 128, 192", the list cut after `shown` with a count."""
+    more = f" and {len(starts) - shown} more" if len(starts) > shown else ""
+    what = "chunk start" if len(starts) == 1 else f"{len(starts)} chunk starts"
+    return f"the {what} of {schedule}: {', '.join(map(str, starts[:shown]))}{more}"
+
+
 def as_runners(target, logics: Sequence[str] = LOGIC_NAMES, name: Optional[str] = None) -> list[Runner]:
     """A list of runners from a runner, a list of them, or our GPT (one runner per logic)."""
     if isinstance(target, Runner):
@@ -280,7 +295,7 @@ def compare(target, tokens: Tensor, schedules: Sequence[str] = DEFAULT_SCHEDULES
         with profile.section("confirmation"):
             c.confirmations.update(confirm_departures(runs, metrics, by_label, ref_runner, f64, tokens, options,
                                                       step))
-    if power and not c.failures and not c.crashed and runs:
+    if power and c.judgement.wants_power:  # every run agrees: ok now needs power
         step("power")
         with profile.section("power"):
             c.power = measure_power(runners, reference, tokens, tolerance * floor.per_layer[-1])
@@ -338,7 +353,8 @@ def run_word(status: str) -> str:
 
 def verdict(c: Comparison) -> str:
     """One line a person can act on, led by the verdict word (`verdicts.line`)."""
-    word = c.word
+    judged = c.judgement
+    word = judged.word
     within = f"within {c.tolerance:g}x the noise floor"
     tail = "".join(f"; {c.outcome_line(r)}" for r in c.unmeasured if r.outcome != CRASHED)
     if c.rounding:
@@ -348,14 +364,12 @@ def verdict(c: Comparison) -> str:
         lams = [d.smear_lambda for d in c.described]
         if lams and all(lam == 0.0 for lam in lams):
             tail += " (smear_lambda is 0: this model cannot show the bug)"
+        if c.inconclusive or not c.metrics:  # an unusable reference, or nothing measured: no agreement to speak of
+            return line(word, judged.why + tail)
         head = f"every schedule matches the full forward pass {within}"
-        if word is INCONCLUSIVE and c.failures:  # an unusable reference: no agreement to speak of
-            return line(word, c.inconclusive + tail)
         if word is INCONCLUSIVE:
-            return line(word, f"{head}, but {c.inconclusive or c.power.shortfall}{tail}")
-        if c.power is not None:
-            tail += f"; it {c.power.describe()}" if c.power.measured else f"; {c.power.describe()}"
-        return line(word, head + tail)
+            return line(word, f"{head}, but {judged.why}{tail}")
+        return line(word, f"{head}{tail}; it {c.power.describe()}")
     if word is CRASHED:
         return line(word, "; ".join(c.outcome_line(r) for r in c.crashed)
                     + (f"; every run measured matches the full forward pass {within}" if c.metrics else "") + tail)

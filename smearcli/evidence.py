@@ -42,7 +42,7 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor
 
-from .names import NOISE_MARGIN
+from .defaults import NOISE_MARGIN
 from .precision import lifted
 from .state import Zeroing, state_kinds
 from .verdicts import BUG, ROUNDING, UNCONFIRMED
@@ -247,10 +247,6 @@ class Confirmation:
     bound: float = 0.0  # the largest error float64 rounding of this one could leave
     status: str = UNCONFIRMED  # BUG, ROUNDING or UNCONFIRMED
     why: str = ""
-
-    @property
-    def is_bug(self) -> bool:
-        return self.status == BUG
 
     def phrase(self) -> str:
         """"keeps its size in float64 (0.0438 -> 0.0438)" and the like."""

@@ -85,10 +85,25 @@ def run_json(m: "RunMetrics", layers: Sequence[str]) -> dict:
     }
 
 
+def judged(entry: dict, status, confirmation) -> dict:
+    """A run entry with the judge's `status` and the float64 rerun's `confirmation` (or None)
+    right after `passed`, as a scan/1 record has them."""
+    out = {}
+    for k, v in entry.items():
+        out[k] = v
+        if k == "passed":
+            out.update(status=str(status), confirmation=None if confirmation is None else confirmation.to_json())
+    return out
+
+
 def comparison_json(c, model: dict, options, runs: Optional[list] = None, **after_model) -> dict:
     """The compare/1 document of a `compare.Comparison` whose `model` object the caller wrote
     (each implementation knows different facts about its model); `after_model` goes right after
-    it, `runs` replaces the standard run entries (an implementation that adds fields to them)."""
+    it, `runs` replaces the standard run entries (an implementation that adds fields to them).
+    Each run carries the judge's status and its confirmation, the document the verdict word and
+    the power, as the scan's records do."""
+    runs = [run_json(m, c.layers) for m in c.metrics] if runs is None else runs
+    judgement = c.judgement
     return header(
         "compare", model, **after_model,
         input={"batch": int(c.tokens.size(0)), "seq_len": int(c.tokens.size(1))},
@@ -96,12 +111,15 @@ def comparison_json(c, model: dict, options, runs: Optional[list] = None, **afte
         layers=c.layers,
         tolerance=c.tolerance,
         noise_floor={"source": c.noise.source, "per_layer": _floats(c.noise.per_layer)},
-        runs=[run_json(m, c.layers) for m in c.metrics] if runs is None else runs,
-        not_measured=[{"schedule": r.schedule, "logic": r.logic, "outcome": r.outcome, "message": r.message,
+        runs=[judged(entry, c.status(m), c.confirmation(m)) for entry, m in zip(runs, c.metrics)],
+        not_measured=[{"schedule": r.schedule, "logic": r.logic, "outcome": r.outcome,
+                       "status": str(judgement.statuses[f"{r.schedule}/{r.logic}"]), "message": r.message,
                        "steps": r.steps} for r in c.unmeasured],
         analytic_check={s: [{"position": a.position, "predicted": _g(a.predicted), "measured": _g(a.measured),
                              "residual": float(f"{a.residual:.3g}")} for a in checks]
                         for s, checks in c.analytic.items()},
+        power=None if c.power is None else c.power.to_json(),
+        word=str(judgement.word),
         verdict=c.verdict,
     )
 

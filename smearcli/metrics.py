@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from . import profile
-from .names import NOISE_MARGIN
+from .defaults import NOISE_MARGIN
 from .schedules import RunResult
 
 

@@ -14,7 +14,7 @@ from typing import Optional, Sequence
 import torch
 
 from .model import GPT
-from .names import layer_names
+from .defaults import layer_names
 from .runner import BOS_DOCUMENTS, COPY, CROP, DOCUMENT_MASK, EXPAND, SMEAR_TERMS, Described, Output, Runner
 from .smear import ONE_TOKEN_STEP, TAKES_BOS, get_logic
 

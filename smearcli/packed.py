@@ -39,11 +39,11 @@ from torch import Tensor
 from .boundaries import document_starts
 from .compare import Comparison, compare
 from .jsondoc import SCHEMAS, header, model_header
-from .names import FIRST_TOKENS, NOISE_MARGIN, PACKED
+from .defaults import FIRST_TOKENS, NOISE_MARGIN, PACKED
 from .owned import Owned
 from .runner import DOCUMENT_MASK, SMEAR_TERMS, NoDocumentMask, Runner
 from .schedules import ScheduleOptions
-from .units import sci, times
+from .formatters import sci, times
 
 BYTE_BOS = 0  # a byte-level model has no <|bos|>: byte 0 (NUL, absent from text) stands in for it
 NANOCHAT_SPECIALS = 9  # nanochat appends 9 special tokens after the merges, <|bos|> first

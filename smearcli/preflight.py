@@ -25,7 +25,7 @@ from typing import Optional, Sequence
 
 from .errors import UserError
 from .model import param_shapes
-from .units import nbytes
+from .formatters import nbytes
 
 FP32 = 4
 RUN_OVERHEAD = 64 << 20  # allocator slack, Python objects, metric bookkeeping (measured on small runs)
@@ -94,7 +94,7 @@ def run_bytes(config, batch: int, seq_len: int, schedules: Sequence[str], logics
 
     runs = ["full"] + [s for s in schedules for _ in logics]
     if "decode" not in schedules:
-        runs.append("decode")  # the noise floor's run
+        runs.append("decode")  # headroom: once the decode floor's run; kept so the estimate does not shrink
     kept, transient = 0, 0
     for s in runs:
         rows = B * samples if s == "engine" else B

@@ -49,7 +49,7 @@ An engine that chunks by itself (and may return log-probabilities and no hidden 
 their own step plan when it returns None. `one_token_step` is a key: runners with the same non-None
 key run the same computation for a one-token cached step, so `compare` runs decode once for them.
 `thread_safe = True` says two runs on different caches may go on at once from two threads: the
-CLI's `compare` then runs the noise-floor decode beside the other runs (`runplan.run_planned`).
+CLI's `compare` then runs decode (the longest run) beside the other runs (`runplan.run_planned`).
 """
 
 from __future__ import annotations

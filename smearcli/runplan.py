@@ -1,6 +1,7 @@
 """The runs a `compare` makes, and how they are made: `plan` lists them (the reference, each
-(schedule, runner), a shared or extra decode for the noise floor), `run_planned` makes them, one
-after another or with the decode on a second thread beside the others (`overlap`).
+(schedule, runner), decode shared by runners whose one-token step is the same computation),
+`run_planned` makes them, one after another or with the decode on a second thread beside the
+others (`overlap`).
 
 Pure planning and threading: torch is not imported here.
 """
@@ -12,10 +13,10 @@ import threading
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
-from .names import REFERENCE
+from .defaults import REFERENCE
 from .runner import Runner
 
-NOISE_SCHEDULE = "decode"  # run once for runners that share a one-token step (and the side run)
+SHARED_SCHEDULE = "decode"  # run once for runners that share a one-token step (and the side run)
 
 
 @dataclass(frozen=True)
@@ -26,7 +27,7 @@ class PlannedRun:
     runner: Runner
     label: str  # what the progress bar shows
     same_as: Optional[Runner] = None
-    measured: bool = True  # False: the reference, and a decode run for the noise floor only
+    measured: bool = True  # False: the reference (the yardstick, not a schedule under test)
 
 
 def plan(runners: Sequence[Runner], schedules: Sequence[str], reference: Optional[Runner] = None) -> list[PlannedRun]:
@@ -41,11 +42,11 @@ def plan(runners: Sequence[Runner], schedules: Sequence[str], reference: Optiona
     for sched in schedules:
         for r in runners:
             label = f"{sched} / {r.label}" if several else sched
-            if sched == NOISE_SCHEDULE and r.one_token_step is not None and r.one_token_step in decoded:
+            if sched == SHARED_SCHEDULE and r.one_token_step is not None and r.one_token_step in decoded:
                 out.append(PlannedRun(sched, r, label, same_as=decoded[r.one_token_step]))
                 continue
             out.append(PlannedRun(sched, r, label))
-            if sched == NOISE_SCHEDULE and r.one_token_step is not None:
+            if sched == SHARED_SCHEDULE and r.one_token_step is not None:
                 decoded[r.one_token_step] = r
     return out
 
@@ -63,7 +64,7 @@ def side_run(planned: Sequence[PlannedRun]) -> Optional[int]:
     busy however many threads torch has, so on two cores the other runs fit beside it (a d12
     compare of 256 tokens took 19-22 s so, against 27-29 s one run after another)."""
     for i, p in enumerate(planned):
-        if p.schedule == NOISE_SCHEDULE and p.same_as is None:
+        if p.schedule == SHARED_SCHEDULE and p.same_as is None:
             ok = p.runner.thread_safe and str(p.runner.device).startswith("cpu")
             return i if ok else None
     return None

@@ -52,7 +52,7 @@ from torch import Tensor
 
 from . import boundaries
 from .errors import CannotRun
-from .names import REFERENCE, SCHEDULE_NAMES
+from .defaults import REFERENCE, SCHEDULE_NAMES
 from .owned import Owned
 from .runner import EXPAND, PREFIX_CACHE, Runner
 from .steps import (CACHE_COPY, CHUNK_START, CRASHED, PREFIX_HIT, UNCHECKED, Ran, Repro,  # noqa: F401 - the

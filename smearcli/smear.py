@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from .config import SMEAR_GATE_CHANNELS as GATE_CHANNELS
-from .names import ALL_LOGICS, BOS_MASKED
+from .defaults import ALL_LOGICS, BOS_MASKED
 
 
 def smear_gate(x: Tensor, gate_weight: Tensor, smear_lambda: Tensor) -> Tensor:

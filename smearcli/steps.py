@@ -16,7 +16,7 @@ from typing import Callable, NamedTuple, Optional
 
 from torch import Tensor
 
-from .names import CHUNKS, DRAFT, GEN_LEN, REJECT, SAMPLES
+from .defaults import CHUNKS, DRAFT, GEN_LEN, REJECT, SAMPLES
 from .runner import Runner
 from .verdicts import Verdict
 
@@ -56,15 +56,6 @@ class RunResult:
     notes: tuple[str, ...] = ()  # what the run did that a reader must know (rollback: crop or copy)
     outcome: Optional[str] = None  # CRASHED or UNCHECKED: not measured (logits may be empty)
     message: str = ""  # why, for an outcome: the engine's error, or what was not exercised
-
-    @property
-    def step_starts(self) -> list[int]:
-        """Positions where a step begins, after position 0."""
-        out, pos = [], 0
-        for n in self.steps[:-1]:
-            pos += n
-            out.append(pos)
-        return out
 
     @property
     def chunk_starts(self) -> list[int]:

@@ -28,8 +28,8 @@ schedule, token-by-token decode and chunked prefill by default, is measured agai
   that is wrong one token at a time fails like any other.
 - **power**: the tensors of the cache the step returns are zeroed after half the tokens; a kind
   of state whose zeroing moves the later logits by less than 100x the tolerance makes the result
-  INCONCLUSIVE. A cache whose tensors cannot be found is said to be unmeasured, and the check
-  judges on the floor alone.
+  INCONCLUSIVE. A cache whose tensors cannot be found leaves the power unmeasured, which is
+  INCONCLUSIVE too.
 - **confirmation**: a run that leaves the tolerance is rerun in float64 with float32 requests
   lifted (`evidence.Confirmer`): a bug keeps its size, rounding vanishes.
 
@@ -50,12 +50,11 @@ import torch
 from torch import Tensor
 
 from .compare import Comparison, compare
-from .names import NOISE_MARGIN
+from .defaults import NOISE_MARGIN
 from .runner import StepRunner
 from .schedules import ScheduleOptions, plan_steps
 
 Step = Callable[[Tensor, Any], tuple]
-CacheCheck = Comparison  # the name this module's result had before there was one result type
 DEFAULT_SCHEDULES = ("decode", "chunked")
 
 

@@ -50,12 +50,12 @@ from torch import Tensor
 
 from .. import flops as F
 from ..model import GPT, rms_norm
-from ..names import LOGIC_NAMES
+from ..defaults import LOGIC_NAMES
 from ..schedules import ScheduleOptions, chunk_plan, run_schedule
 from ..smear import LOGICS
 from .sampled import MIN_SAMPLE, DecodeSample, sample_window, steps_that_fit, time_decode_steps
-from .rounds import Rounds, Tracker, alternate  # noqa: F401 - part of the harness's API
-from .meters import MemoryMeter, Peak, Timer, environment, measure_peak  # noqa: F401 - Peak: a result type
+from .rounds import Tracker, alternate
+from .meters import MemoryMeter, Peak, Timer, environment, measure_peak
 from .stats import Summary, pair_ratios
 
 Progress = Optional[Callable[[str, int, int], None]]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..units import duration, nbytes
+from ..formatters import duration, nbytes
 from ..jsondoc import header, options_json
 from .harness import IQR_MIN_PAIRS, BenchResult, Ratio
 from .stats import Summary

@@ -38,7 +38,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ..names import NOISE_MARGIN
+from ..defaults import NOISE_MARGIN
 from ..precision import lifted
 from .boundary import SCHEDULES as BOUNDARY_SCHEDULES, short_path
 from .draft import suspect_kind

@@ -37,12 +37,12 @@ from typing import Optional
 
 import torch
 
-from .. import evidence, frames
+from .. import evidence, frames, judge
 from ..metrics import RunMetrics
-from ..names import NOISE_MARGIN
+from ..defaults import NOISE_MARGIN
 from ..impls.hf import cache_runner as hf_runner
 from ..schedules import run_schedule, run_steps
-from ..verdicts import BUG, CRASHED, INCONCLUSIVE, NOT_BUILT, OK, ROUNDING, UNCONFIRMED, WORDS
+from ..verdicts import BUG, CRASHED, INCONCLUSIVE, NOT_BUILT, ROUNDING, UNCONFIRMED, WORDS
 from ..state import KV, Zeroing, state_kinds
 from ..impls.hf import hidden_names
 from ..impls.hf.cache_runner import CacheRunner, full_run
@@ -276,10 +276,13 @@ def check_model(model, tokens, plans: dict, tolerance: float = NOISE_MARGIN, mak
     if refused:
         out["notes"].append(f"not run, refused by their code as a use it does not support: {', '.join(refused)} "
                             f"({next(iter(refused.values()))}); the verdict rests on the schedules it accepts")
-    bad, reruns = confirmed(evidence.Confirmer(runner, tokens, f64), used, tokens, plans,
-                            {k: m for k, m in ms.items() if not m.passed}, out)
+    confs, reruns = confirmed(evidence.Confirmer(runner, tokens, f64), used, tokens, plans,
+                              {k: m for k, m in ms.items() if not m.passed}, out)
+    runs = [judge.Run(k, m.passed, confs.get(k)) for k, m in ms.items()]
+    judged = judge.judge(runs)
+    bad = {k: ms[k] for k in judged.named(BUG, UNCONFIRMED)}
     if bad:  # the step plans' worst heads the record: padded and rollback run cached steps too
-        bugs = {k: m for k, m in bad.items() if out["schedules"][k]["status"] == BUG}
+        bugs = {k: ms[k] for k in judged.named(BUG)}
         pool = bugs or bad
         plain = {k: m for k, m in pool.items() if k not in boundary.SCHEDULES}
         name, worst = max((plain or pool).items(), key=lambda kv: kv[1].max_abs_logits)
@@ -287,7 +290,7 @@ def check_model(model, tokens, plans: dict, tolerance: float = NOISE_MARGIN, mak
         confirmer, rerun = reruns[name]  # the headline's third number: a plain float64 cast
         out["schedules"][name]["confirmation"]["float64"] = confirmer.plain(rerun)
         fd = worst.first_departure
-        out.update(verdict=BUG if bugs else UNCONFIRMED, worst_schedule=name, max_abs=worst.max_abs_logits,
+        out.update(verdict=judged.word, worst_schedule=name, max_abs=worst.max_abs_logits,
                    multiple=worst.logits_multiple, steps=plans[name],
                    confirmation=out["schedules"][name]["confirmation"],
                    born_at=None if fd is None else f"{(runner.layers)[fd[0]] if fd[0] < len(runner.layers) else 'logits'}@{fd[1]}",
@@ -305,16 +308,16 @@ def check_model(model, tokens, plans: dict, tolerance: float = NOISE_MARGIN, mak
     power = evidence.power(runner, tokens, tolerance * floor)
     out["power"] = power.to_json()
     out["notes"].append(power.describe())
-    out["verdict"] = OK if power.sufficient else INCONCLUSIVE
+    out["verdict"] = judge.judge(runs, power).word
     boundary.settle(entries, out["verdict"])
     return out
 
 
-def confirmed(main, used: dict, tokens, plans: dict, bad: dict, out: dict) -> dict:
-    """Each run past the tolerance rerun in float64, lifted (`evidence.Confirmer`), its result in
-    `out["schedules"][name]`: (the runs that are not float32 rounding (bugs and unconfirmed),
+def confirmed(main, used: dict, tokens, plans: dict, bad: dict, out: dict) -> tuple[dict, dict]:
+    """Each run past the tolerance rerun in float64, lifted (`evidence.Confirmer`), its status
+    (`judge.status`) and confirmation in `out["schedules"][name]`: (name -> its `Confirmation`,
     name -> (its confirmer, its rerun))."""
-    left, confirmers, reruns = {}, {id(main.runner): main}, {}
+    confs, confirmers, reruns = {}, {id(main.runner): main}, {}
     for name, m in bad.items():
         r = used.get(name, main.runner)
         if id(r) not in confirmers:  # a boundary's runner: its own twin, the one lifted full pass
@@ -324,20 +327,19 @@ def confirmed(main, used: dict, tokens, plans: dict, bad: dict, out: dict) -> di
         else:
             rerun = lambda t, steps=plans[name], name=name: run_steps(t, tokens, steps, schedule=name)
         reruns[name] = confirmers[id(r)], rerun
-        c = confirmers[id(r)](rerun, m.max_abs_logits)
+        c = confs[name] = confirmers[id(r)](rerun, m.max_abs_logits)
+        status = judge.status(judge.Run(name, False, c))
         entry = out["schedules"][name]
-        entry.update(status=str(c.status), confirmation=c.to_json())
-        if c.status == ROUNDING:
+        entry.update(status=str(status), confirmation=c.to_json())
+        if status == ROUNDING:
             entry["passed"] = True
             out["notes"].append(f"{name}: {c.phrase()}")
             if name in out["boundaries"]:
                 e = out["boundaries"][name]
                 e.update(status=boundary.PASSED, shape=None, why=c.why)
-        else:
-            left[name] = m
-            if name in out["boundaries"] and c.status == UNCONFIRMED:
-                out["boundaries"][name]["status"] = UNCONFIRMED
-    return left, reruns
+        elif name in out["boundaries"] and status == UNCONFIRMED:
+            out["boundaries"][name]["status"] = UNCONFIRMED
+    return confs, reruns
 
 
 def name_shape(model, tokens, plans, name, worst, ms, ref, noise, tolerance):

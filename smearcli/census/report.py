@@ -132,12 +132,6 @@ def short_where(b: dict) -> str:
     return (b.get("file") or "?").split("/")[-1] + (f":{lines[0]}-{lines[1]}" if len(lines) == 2 else "")
 
 
-def born_in_words(r: dict) -> str:
-    """"backbone.layers.0.mixer (MambaMixer, modeling_mamba.py:358-484)" ("" without one)."""
-    b = born(r)
-    return f"{b['module']} ({b.get('class')}, {short_where(b)})" if b else ""
-
-
 def markdown(records: Sequence[dict], meta: Optional[dict] = None) -> str:
     """The census as Markdown: the counts, the findings with their reproducers, then every row."""
     meta = meta or {}

@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Optional
 
 from ..impls.hf import api
-from ..names import NOISE_MARGIN
+from ..defaults import NOISE_MARGIN
 from ..schedules import SCHEDULES
-from ..wording import fmt_steps
+from ..formatters import fmt_steps
 
 # what every reproducer builds its model and feeds its cache with (a template fragment: braces
 # doubled); the cache API is detected by smearcli's own detector, embedded as source (`hf.api`)

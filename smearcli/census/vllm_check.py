@@ -37,9 +37,10 @@ from typing import Optional
 import torch
 
 from .. import evidence
+from ..judge import Run, judge, status
 from ..compare import measure_power
 from ..metrics import measure
-from ..names import NOISE_MARGIN
+from ..defaults import NOISE_MARGIN
 from ..schedules import CRASHED as RUN_CRASHED, UNCHECKED, run_schedule
 from ..verdicts import CRASHED, INCONCLUSIVE, NOT_BUILT, NOT_RUN, OK, UNCONFIRMED
 from . import vllm_plan
@@ -106,7 +107,7 @@ def check(model_type: str, worker, timeout: float = 240.0, memory: Optional[int]
                              max(1.0, deadline - time.monotonic()), memory)
         except WorkerGone as e:
             return record(model_type, CRASHED, reason=str(e), vllm={"answered": False}, **base)
-        rec = judge(model_type, res["result"], Path(d), tokens, req, ref, floor, power, tolerance, base)
+        rec = judged(model_type, res["result"], Path(d), tokens, req, ref, floor, power, tolerance, base)
     if repro_dir is not None and rec["verdict"] in (CRASHED, UNCONFIRMED) and rec.get("worst_schedule"):
         from . import vllm_repro
 
@@ -135,8 +136,9 @@ def runs_of(result: dict, workdir: Path, tokens, req: dict) -> list:
     return out
 
 
-def judge(model_type, result, workdir, tokens, req, ref, floor, power, tolerance, base) -> dict:
-    """The record from the worker's answer: each run measured, then the verdict word."""
+def judged(model_type, result, workdir, tokens, req, ref, floor, power, tolerance, base) -> dict:
+    """The record from the worker's answer: each run measured, then the verdict word from
+    `smearcli.judge` (the runs vLLM crashed on or did not run are the judge's too)."""
     runs = runs_of(result, workdir, tokens, req)
     timing = {"answered": True, "engine_start_s": [e.get("start_s") for e in result.get("engines", [])],
               "total_s": result.get("total_s"), "peak_rss_mb": result.get("peak_rss_mb"),
@@ -146,34 +148,39 @@ def judge(model_type, result, workdir, tokens, req, ref, floor, power, tolerance
     engine_failed = [e for e in result["schedules"] if e.get("engine")]
     if engine_failed and any(e["name"] != "prefix" for e in engine_failed):
         return record(model_type, NOT_BUILT, reason=ENGINE_REFUSED + engine_failed[0].get("message", ""), **base)
-    schedules, notes, metrics = {}, [], {}
+    schedules, notes, metrics, judged = {}, [], {}, []
     for run, entry in zip(runs, result["schedules"]):
         if run.outcome == RUN_CRASHED and entry.get("engine"):  # prefix caching refused for this model
-            schedules[run.schedule] = {"status": str(NOT_RUN), "why": "no engine with prefix caching: " + run.message}
+            why, outcome = "no engine with prefix caching: " + run.message, NOT_RUN
         elif run.outcome == RUN_CRASHED and entry.get("skipped"):  # after a schedule stuck inside vLLM
-            schedules[run.schedule] = {"status": str(NOT_RUN), "why": run.message}
+            why, outcome = run.message, NOT_RUN
         elif run.outcome == RUN_CRASHED:
-            schedules[run.schedule] = {"status": str(CRASHED), "why": run.message}
+            why, outcome = run.message, CRASHED
         elif run.outcome == UNCHECKED:
-            schedules[run.schedule] = {"status": str(NOT_RUN), "why": run.message}
+            why, outcome = run.message, NOT_RUN
             notes.append(f"{run.schedule} checked nothing: {run.message}")
-        else:
+        else:  # measured: a departure stays unconfirmed, vLLM's engine having no float64 form
             m = metrics[run.schedule] = measure(ref, run, floor, tolerance)
-            schedules[run.schedule] = {"status": str(OK if m.passed else UNCONFIRMED),
+            judged.append(Run(run.schedule, m.passed, None if m.passed else no_float64(m)))
+            schedules[run.schedule] = {"status": str(status(judged[-1])),
                                        "max_abs": m.max_abs_logits, "multiple": m.logits_multiple}
             if run.steps and len(run.steps) > 1:
                 schedules[run.schedule]["steps"] = ",".join(map(str, run.steps[:12]))
+            continue
+        judged.append(Run(run.schedule, outcome=outcome))
+        schedules[run.schedule] = {"status": str(status(judged[-1])), "why": why}
     if schedules.get("prefill", {}).get("status") == str(CRASHED):  # nothing to compare a cache against
         return record(model_type, NOT_BUILT, reason="vLLM's prefill in one step raises on the CPU backend: "
                       + schedules["prefill"]["why"], **{**base, "schedules": schedules})
-    crashed = [n for n, s in schedules.items() if s["status"] == str(CRASHED)]
-    failed = [n for n, m in metrics.items() if not m.passed]
+    verdict = judge(judged, power)
+    crashed = verdict.named(CRASHED)
+    failed = verdict.named(UNCONFIRMED)
     steps = {r.schedule: list(r.steps) for r in runs}
     worst = max(failed or list(metrics), key=lambda n: metrics[n].max_abs_logits, default=None)
     out = dict(base, schedules=schedules, notes=notes, worst_schedule=worst,
                max_abs=metrics[worst].max_abs_logits if worst else None,
                multiple=metrics[worst].logits_multiple if worst else None, steps=steps.get(worst))
-    if crashed:
+    if verdict.word is CRASHED:
         first = crashed[0]
         return record(model_type, CRASHED, **{**out, "worst_schedule": first, "steps": steps.get(first),
                                                "max_abs": None, "multiple": None,
@@ -181,15 +188,18 @@ def judge(model_type, result, workdir, tokens, req, ref, floor, power, tolerance
     if "prefill" in failed:  # the one-step path departs too: the model, not a cache
         out["notes"] = notes + ["prefill in one step departs as well: vLLM's implementation of the model computes "
                                 "differently from transformers', beyond its caching paths"]
-    if failed:
-        conf = evidence.Confirmation(metrics[worst].max_abs_logits, "float32", why=NO_FLOAT64)
-        return record(model_type, UNCONFIRMED, confirmation=conf.to_json(), **out)
-    if not metrics:
-        return record(model_type, INCONCLUSIVE, reason="no schedule was measured", **out)
-    out["power"] = power.to_json()
-    if not power.sufficient:
-        return record(model_type, INCONCLUSIVE, reason=power.shortfall,
-                      **{**out, "notes": notes + ([NO_POWER_NOTE] if power.measured else [])})
+    if verdict.word is UNCONFIRMED:
+        return record(model_type, UNCONFIRMED, confirmation=no_float64(metrics[worst]).to_json(), **out)
+    if metrics:
+        out["power"] = power.to_json()
+    if verdict.word is INCONCLUSIVE:
+        return record(model_type, INCONCLUSIVE, reason=verdict.why,
+                      **{**out, "notes": notes + ([NO_POWER_NOTE] if metrics and power.measured else [])})
     if base.get("init") is not None:
         out["notes"] = notes + [init_note(base["init"])]
     return record(model_type, OK, **out)
+
+
+def no_float64(m) -> evidence.Confirmation:
+    """A departure in vLLM: unconfirmed, since its engine has no float64 form to rerun it in."""
+    return evidence.Confirmation(m.max_abs_logits, "float32", why=NO_FLOAT64)

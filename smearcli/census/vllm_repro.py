@@ -17,7 +17,7 @@ import json
 import subprocess
 from pathlib import Path
 
-from ..names import NOISE_MARGIN
+from ..defaults import NOISE_MARGIN
 
 TEMPLATE = '''"""Reproducer: {model_type} ({arch}) in vLLM {version}, CPU, float32.
 

@@ -23,7 +23,7 @@ from ..preflight import TooLarge, check_dtype, check_run_memory
 from ..schedules import ScheduleOptions, chunk_plan
 from ..checkpoint import NoSmearParameters, NoSuchStep, find_step
 from ..weights import LoadedModel, load_checkpoint, preset_config, random_config, random_model, tiny_model
-from .. import names, profile
+from .. import defaults, profile
 from .errors import PROGRAM
 from .options import Device, DType, ModelKind, RunSpec
 from .threads import apply_threads
@@ -105,7 +105,7 @@ def check_arguments(spec: RunSpec, schedules, chunk_sizes) -> ScheduleOptions:
     if not 0 <= spec.seed < 2**64:
         raise UserError(f"--seed must be between 0 and 2^64 - 1, got {spec.seed}")
     T = spec.seq_len_value() if not inputs else None  # random input: its length is known now
-    opts = ScheduleOptions(chunks=spec.chunks_for(T or names.CHUNKS), chunk_sizes=chunk_sizes, samples=spec.samples,
+    opts = ScheduleOptions(chunks=spec.chunks_for(T or defaults.CHUNKS), chunk_sizes=chunk_sizes, samples=spec.samples,
                            gen_len=spec.gen_len, draft=spec.draft)
     for name, value in (("--samples", spec.samples), ("--gen-len", spec.gen_len), ("--draft", spec.draft),
                         ("--reject", spec.reject)):
@@ -114,7 +114,7 @@ def check_arguments(spec: RunSpec, schedules, chunk_sizes) -> ScheduleOptions:
     if "rollback" in schedules and spec.reject >= spec.draft:
         raise UserError(f"--reject {spec.reject} with --draft {spec.draft}: rollback rejects 1 to {spec.draft - 1} "
                         f"tokens of each draft (fewer than --draft), so the cache has something to keep")
-    if spec.reject != names.REJECT and "rollback" not in schedules:  # else ignored without a word
+    if spec.reject != defaults.REJECT and "rollback" not in schedules:  # else ignored without a word
         raise UserError("--reject sizes the rollback schedule; add --schedules rollback")
     _check_leak_limit(spec)
     opts = replace(opts, reject=spec.reject, documents=spec.document_lengths())
@@ -124,7 +124,7 @@ def check_arguments(spec: RunSpec, schedules, chunk_sizes) -> ScheduleOptions:
         if spec.batch < 1:
             raise UserError(f"--batch must be >= 1, got {spec.batch}")
         _check_plan(T, schedules, opts)
-        check_boundaries(T, schedules, opts, draft_given=spec.draft != names.DRAFT)
+        check_boundaries(T, schedules, opts, draft_given=spec.draft != defaults.DRAFT)
     return opts
 
 
@@ -176,9 +176,9 @@ def attach(spec: RunSpec, loaded, device, dtype, found=None):
     Returns (loaded, audited, logics): with --impl nanochat, `loaded` wraps the user's model and
     the one logic is theirs; with --impl both, `loaded` stays ours and runs old and fixed."""
     from ..impls.nanochat.adapter import nanochat_from_checkpoint, nanochat_from_model
-    from ..impls.nanochat.audit import USER_LOGIC
+    from ..impls.nanochat.adapter import USER_LOGIC
     from ..impls.nanochat.sandbox import import_nanochat
-    from ..names import LOGIC_NAMES
+    from ..defaults import LOGIC_NAMES
 
     impl = getattr(spec.impl, "value", spec.impl)
     code = import_nanochat(spec.nanochat_path, dtype=dtype, timeout=spec.user_code_timeout)
@@ -193,15 +193,16 @@ def attach(spec: RunSpec, loaded, device, dtype, found=None):
     return loaded, theirs, list(LOGIC_NAMES)
 
 
-def build_setup(spec: RunSpec, sequence_len: int = 512) -> Setup:
+def build_setup(spec: RunSpec, sequence_len: int = 512, schedules: Optional[list[str]] = None) -> Setup:
     """`sequence_len`: the random model's training context (windows, rotary table) without
-    --preset (a preset brings its own)."""
+    --preset (a preset brings its own); `schedules`: --schedules as the command parsed it for the
+    implementation (`cli.impls.schedules_for`), parsed here only where no command did. The
+    options `cli.impls.implementation` checked (`RunSpec.check_impl`) are not checked again."""
     if spec.preset is not None:
         spec.model_kind()  # --preset with --checkpoint / --model tiny: refused before anything loads
-    schedules = spec.schedule_list()
-    logics = spec.logic_list()
+    schedules = list(schedules) if schedules is not None else spec.schedule_list()
+    logics = spec.logic_list(schedules)
     chunk_sizes = spec.chunk_size_tuple()
-    spec.check_impl()
     impl = getattr(spec.impl, "value", spec.impl)
     opts = check_arguments(spec, schedules, chunk_sizes)
     threads = apply_threads(spec.threads)
@@ -220,8 +221,9 @@ def build_setup(spec: RunSpec, sequence_len: int = 512) -> Setup:
     opts = replace(opts, chunks=spec.chunks_for(T))
     # once, before a random input is drawn: positions and memory of the whole run
     preflight(cfg, device, dtype, B, T, schedules, logics, spec, chunk_sizes)
-    _check_plan(T, schedules, opts)
-    check_boundaries(T, schedules, opts, draft_given=spec.draft != names.DRAFT)  # a given input's length
+    if tokens is not None:  # a given input's length (a random input's was checked with the options)
+        _check_plan(T, schedules, opts)
+        check_boundaries(T, schedules, opts, draft_given=spec.draft != defaults.DRAFT)
     if tokens is None:
         tokens = random_tokens(cfg, T, B, spec.seed)
     if PROGRAM["own_process"]:
@@ -236,7 +238,7 @@ def _given_input(spec: RunSpec, cfg, found, schedules, opts: ScheduleOptions, ch
     """(tokens or None for a random input, options, chunk sizes) from --text, --text-file (a
     chat's turns become its chunks) or --tokens."""
     if spec.text is not None or spec.text_file is not None:
-        tokens, chat = text_input(spec, cfg, found, packed=names.PACKED in schedules)
+        tokens, chat = text_input(spec, cfg, found, packed=defaults.PACKED in schedules)
         if chat is not None and "chunked" in schedules and chunk_sizes is None and spec.chunks is None:
             chunk_sizes = tuple(chat.chunk_sizes)  # one chunk per turn, as a chat reuses its cache
             opts = replace(opts, chunk_sizes=chunk_sizes)

@@ -47,7 +47,7 @@ def implementation(spec, command: str) -> Implementation:
 def offered(impl: Implementation) -> list[str]:
     """The schedules `impl` can run, in registry order: those every one of its runner classes
     declares what they need (`schedules.runnable`); the reference always."""
-    from ..names import REFERENCE
+    from ..defaults import REFERENCE
     from ..schedules import SCHEDULES, runnable
 
     classes = impl.runner_classes()
@@ -65,7 +65,7 @@ def why_not(impl: Implementation, names) -> str:
 def schedules_for(spec, impl: Implementation, allow_reference: bool = False) -> list[str]:
     """--schedules for `impl`: one its runners cannot run is refused when listed by name and left
     out of the default list."""
-    from ..names import DEFAULT_SCHEDULES, ENGINE_SCHEDULES
+    from ..defaults import DEFAULT_SCHEDULES, ENGINE_SCHEDULES
 
     can = offered(impl)  # first: importing its runners registers the schedules they bring
     listed = spec.schedule_list(allow_reference=allow_reference)

@@ -52,7 +52,7 @@ def check_gguf_file(spec: RunSpec, vocab: int):
 
 def schedules_to_run(spec: RunSpec, schedules) -> list:
     from ..impls.llamacpp import LLAMACPP_SCHEDULES
-    from ..names import DEFAULT_SCHEDULES
+    from ..defaults import DEFAULT_SCHEDULES
 
     if spec.schedules == ",".join(DEFAULT_SCHEDULES):  # not chosen: every schedule llama.cpp runs
         return list(LLAMACPP_SCHEDULES)
@@ -62,7 +62,7 @@ def schedules_to_run(spec: RunSpec, schedules) -> list:
 def prepare(spec: RunSpec, schedules, tolerance: float):
     """A Job that runs llama.cpp on `schedules` against the transformers reference (compare/1)."""
     from ..impls import hf, llamacpp
-    from ..names import DEFAULT_SCHEDULES
+    from ..defaults import DEFAULT_SCHEDULES
     from ..runner import LogProbs
     from .build import check_boundaries, flag
     from .hf import check_hf_spec, flag_model, load, tokens_for

@@ -24,7 +24,7 @@ def _model_info(setup) -> dict:
 def prepare(spec, schedules, tolerance) -> Job:
     from ..checkpoint import NoSmearParameters
     from ..errors import UserError
-    from ..names import PACKED
+    from ..defaults import PACKED
     from ..ours import runners
     from .build import build_setup
 
@@ -35,9 +35,8 @@ def prepare(spec, schedules, tolerance) -> Job:
         raise UserError("--documents sizes the packed schedule; add --schedules packed")
     if spec.leak_limit is not None and PACKED not in schedules:
         raise UserError("--leak-limit gates the packed schedule; add --schedules packed")
-    spec.schedules = ",".join(schedules)
     try:
-        setup = build_setup(spec)
+        setup = build_setup(spec, schedules=schedules)
     except NoSmearParameters as e:
         found = getattr(e, "found", None)
         return Job(lambda bar: no_smear(spec, found))
@@ -94,11 +93,11 @@ class AuditReport(Report):
 
 
 def _audit(setup, tolerance, bar) -> Report:
-    from .. import compare
+    from .. import runplan
     from ..impls.nanochat import audit
 
     reference = setup.model if setup.impl == "both" else None
-    total = compare.forward_runs(audit.planned(setup.audited, setup.schedules, reference)) * setup.tokens.size(1)
+    total = runplan.forward_runs(audit.planned(setup.audited, setup.schedules, reference)) * setup.tokens.size(1)
     seen = {"base": 0, "last": 0}
 
     def tokens(done, _total):  # the audit's comparisons one after the other, on one bar

@@ -18,10 +18,10 @@ from typing import Annotated, Optional
 
 import typer
 
-from .. import names
+from .. import defaults
 from ..config import PRESETS
 from ..errors import UserError
-from ..names import ALL_LOGICS, DEFAULT_SCHEDULES, LOGIC_NAMES, PACKED, REFERENCE
+from ..defaults import ALL_LOGICS, DEFAULT_SCHEDULES, LOGIC_NAMES, PACKED, REFERENCE
 from .errors import guarded
 from .registry import REGISTRY
 from .threads import HELP as THREADS_HELP
@@ -89,12 +89,12 @@ class RunSpec:
     chat: bool = False
     schedules: str = ",".join(DEFAULT_SCHEDULES)
     logic: Logic = Logic.both
-    chunks: Optional[int] = None  # None: names.CHUNKS, at most one per token (chunks_for)
+    chunks: Optional[int] = None  # None: defaults.CHUNKS, at most one per token (chunks_for)
     chunk_sizes: Optional[str] = None
-    samples: int = names.SAMPLES
-    gen_len: int = names.GEN_LEN
-    draft: int = names.DRAFT
-    reject: int = names.REJECT
+    samples: int = defaults.SAMPLES
+    gen_len: int = defaults.GEN_LEN
+    draft: int = defaults.DRAFT
+    reject: int = defaults.REJECT
     documents: Optional[str] = None  # packed: document lengths, "100,60,96" (None: split the input on BOS)
     leak_limit: Optional[float] = None  # packed: what --check gates on
     impl: str = "ours"  # a name in cli.impls.REGISTRY
@@ -104,7 +104,7 @@ class RunSpec:
     tensor_parallel_size: int = 1  # --impl vllm: passed to vLLM
     llamacpp_python: Optional[Path] = None  # --impl llamacpp: its interpreter (else $SMEARCLI_LLAMACPP_PYTHON)
     gguf: Optional[Path] = None  # --impl llamacpp: a user's GGUF of --hf-model's model (else converted)
-    user_code_timeout: float = names.USER_CODE_TIMEOUT
+    user_code_timeout: float = defaults.USER_CODE_TIMEOUT
     threads: Optional[int] = None  # None: the rule in smearcli.threads
     preset: Optional[PresetName] = None
     quiet: bool = False
@@ -144,11 +144,12 @@ class RunSpec:
     def depth_value(self) -> int:
         return 4 if self.depth is None else self.depth
 
-    def logic_list(self) -> list[str]:
-        """The logics to run: `both` is old and fixed, and with the packed schedule also bosmask."""
+    def logic_list(self, schedules: Optional[list[str]] = None) -> list[str]:
+        """The logics to run: `both` is old and fixed, and with the packed schedule also bosmask;
+        `schedules`: the parsed --schedules, where the caller has them (else parsed here)."""
         if self.logic != Logic.both:
             return [self.logic.value]
-        return list(ALL_LOGICS) if PACKED in self.schedule_list() else list(LOGIC_NAMES)
+        return list(ALL_LOGICS) if PACKED in (schedules or self.schedule_list()) else list(LOGIC_NAMES)
 
     def document_lengths(self) -> Optional[tuple[int, ...]]:
         if self.documents is None:
@@ -183,7 +184,7 @@ class RunSpec:
 
     def chunks_for(self, T: int) -> int:
         """--chunks as given, else the default capped at one chunk per token (a short --text)."""
-        return self.chunks if self.chunks is not None else min(names.CHUNKS, max(T, 1))
+        return self.chunks if self.chunks is not None else min(defaults.CHUNKS, max(T, 1))
 
     def check_impl(self) -> None:
         """The option checks every implementation shares (the registry, cli.impls, checks which

@@ -117,7 +117,7 @@ class PackedReport(Report):
 
 
 def packed_job(spec, setup, tolerance, info) -> Job:
-    from ..names import FIRST_TOKENS
+    from ..defaults import FIRST_TOKENS
     from ..ours import runners
 
     tokens, lengths = packed_input(spec, setup)

@@ -99,15 +99,6 @@ def _takes_ctx(method) -> bool:
         return False
 
 
-def option_names(cmd, ctx) -> list[str]:
-    """Every flag of a command (e.g. --seq-len, --json, --no-json, -h), as --help accepts them."""
-    out = []
-    for param in cmd.get_params(ctx):
-        if getattr(param, "param_type_name", "option") == "option" and not getattr(param, "hidden", False):
-            out.extend(list(param.opts) + list(param.secondary_opts))
-    return out
-
-
 def walk(app_or_cmd, prog: str = "smearcli") -> Iterator[tuple[str, object, object]]:
     """(full command path, click command, context) for the root and every subcommand, depth first
     in the order --help lists them."""

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional, Sequence
 
-from ..names import figure_schedule
+from ..defaults import figure_schedule
 from .axes import positive_min, value_axis
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .axes import positive_min, value_axis
-from ..names import DOCUMENT_START
+from ..defaults import DOCUMENT_START
 from .figures import NOISE_COLOR, PALETTE, TRANSPARENT_RC, mark_words, start_color  # one look for every figure
 
 if TYPE_CHECKING:  # pragma: no cover

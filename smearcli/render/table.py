@@ -17,8 +17,8 @@ from rich.measure import Measurement
 from rich.table import Table
 
 from ..compare import Comparison
-from ..names import NOISE_MARGIN
-from ..units import sci, times
+from ..defaults import NOISE_MARGIN
+from ..formatters import sci, times
 from ..verdicts import BUG, UNCONFIRMED
 
 # the comparison's columns; the verdict (last, unnamed) and the error columns are never left out

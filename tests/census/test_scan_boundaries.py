@@ -15,7 +15,8 @@ from smearcli.schedules import shape  # noqa: E402
 from smearcli.impls.hf import cache_runner as hf_runner  # noqa: E402
 from smearcli.impls.hf.cache_runner import CacheRunner  # noqa: E402
 from smearcli.census import repro, report, shapes  # noqa: E402
-from smearcli.census.check import BUG, INCONCLUSIVE, OK, T, build, check_model, record, split_points  # noqa: E402
+from smearcli.census.check import T, build, check_model, record, split_points  # noqa: E402
+from smearcli.verdicts import BUG, INCONCLUSIVE, OK  # noqa: E402
 from smearcli.census.derive import derive  # noqa: E402
 from smearcli.runner import PADDING  # noqa: E402
 from smearcli.verdicts import NOT_JUDGED  # noqa: E402

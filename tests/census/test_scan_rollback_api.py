@@ -19,7 +19,7 @@ from smearcli.census.check import T, build, check_model, record, split_points  #
 from smearcli.census.derive import derive  # noqa: E402
 from smearcli.impls.hf import cache_runner as hf_runner  # noqa: E402
 from smearcli.impls.hf.cache_runner import CacheRunner  # noqa: E402
-from smearcli.names import DRAFT, GEN_LEN, REJECT  # noqa: E402
+from smearcli.defaults import DRAFT, GEN_LEN, REJECT  # noqa: E402
 from smearcli.runner import Holder  # noqa: E402
 from smearcli.verdicts import BUG, INCONCLUSIVE, OK  # noqa: E402
 

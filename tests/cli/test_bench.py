@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from smearcli import flops
 from smearcli.bench import harness, meters, report, stats
+from smearcli.bench.rounds import alternate
 from smearcli.cli.app import app
 from smearcli.inputs import random_tokens
 from smearcli.weights import random_config, random_model
@@ -84,7 +85,7 @@ def _fake_fns(order, clock, durations):
 def test_alternate_warmup_count_and_order(warmup, repeats):
     clock, order, log = FakeClock(), [], []
     fns = _fake_fns(order, clock, {"old": 2.0, "fixed": 3.0})
-    rounds = harness.alternate(fns, warmup, repeats, meters.Timer("cpu", clock).measure, log=log, what="s")
+    rounds = alternate(fns, warmup, repeats, meters.Timer("cpu", clock).measure, log=log, what="s")
     assert order == ["old", "fixed"] * (warmup + repeats)
     assert [e[0] for e in log] == ["warmup"] * (2 * warmup) + ["timed"] * (2 * repeats)
     assert rounds.samples == {"old": [2.0] * repeats, "fixed": [3.0] * repeats}
@@ -101,7 +102,7 @@ def test_alternate_memory_run_is_extra_and_untimed():
         fn()
         return 123
 
-    rounds = harness.alternate(fns, 1, 2, meters.Timer("cpu", clock).measure, memory=memory)
+    rounds = alternate(fns, 1, 2, meters.Timer("cpu", clock).measure, memory=memory)
     assert order == ["old", "fixed"] * 4  # 1 warm-up + 2 timed + 1 memory round
     assert len(rounds.samples["old"]) == 2
     assert rounds.memory == {"old": 123, "fixed": 123}
@@ -117,7 +118,7 @@ def test_alternate_auto_repeats_sees_one_round(warmup):
         seen.append(round_s)
         return 4
 
-    rounds = harness.alternate(fns, warmup, choose, meters.Timer("cpu", clock).measure)
+    rounds = alternate(fns, warmup, choose, meters.Timer("cpu", clock).measure)
     assert seen == [5.0]  # asked once, with one round's time
     assert len(rounds.samples["old"]) == len(rounds.samples["fixed"]) == 4
     assert order == ["old", "fixed"] * (warmup + 4)
@@ -461,7 +462,7 @@ def test_memory_from_warmup_when_the_extra_run_does_not_fit():
         measured.append(clock.t)
         fn()
         return 7
-    rounds = harness.alternate(fns, 1, 2, meters.Timer("cpu", clock).measure, memory=memory,
+    rounds = alternate(fns, 1, 2, meters.Timer("cpu", clock).measure, memory=memory,
                                memory_extra=lambda round_s: False)
     assert order == ["old", "fixed"] * 3  # warm-up, two timed rounds, no extra run
     assert rounds.memory == {"old": 7, "fixed": 7} and measured == [0.0, 1.0]  # in the warm-up round

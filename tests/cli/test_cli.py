@@ -9,7 +9,7 @@ import torch
 from typer.testing import CliRunner
 
 from smearcli.cli.app import app
-from smearcli.names import DEFAULT_SCHEDULES, LOGIC_NAMES, SCHEDULE_NAMES
+from smearcli.defaults import DEFAULT_SCHEDULES, LOGIC_NAMES, SCHEDULE_NAMES
 
 runner = CliRunner()
 SMALL = ["--model", "random", "--depth", "2", "--seq-len", "48", "--gen-len", "8"]
@@ -151,3 +151,30 @@ def test_only_the_program_freezes_the_garbage_collector():
     assert p.returncode == 0, p.stderr
     frozen = int(p.stderr.split("FROZEN ")[1].split()[0])
     assert frozen > 100_000  # torch's modules, the model, the inputs
+
+
+def test_each_option_is_parsed_and_checked_once_and_the_json_built_only_when_asked(monkeypatch):
+    """--schedules is parsed once (for the implementation, then handed on), the plan and boundary
+    checks and the implementation's option checks run once, and without --json no document is built."""
+    from smearcli.cli import build, options, reports
+
+    calls: dict = {}
+
+    def counting(owner, name):
+        real = getattr(owner, name)
+
+        def wrapper(*a, **k):
+            calls[name] = calls.get(name, 0) + 1
+            return real(*a, **k)
+        monkeypatch.setattr(owner, name, wrapper)
+    for owner, name in ((options.RunSpec, "schedule_list"), (options.RunSpec, "check_impl"),
+                        (build, "_check_plan"), (build, "check_boundaries"), (reports.ComparisonReport, "document")):
+        counting(owner, name)
+    r = invoke("compare", *SMALL, "--schedules", "chunked,rollback", "--seed", "1")
+    assert r.exit_code == 0, r.output
+    assert calls == {"schedule_list": 1, "check_impl": 1, "_check_plan": 1, "check_boundaries": 1}, calls
+    calls.clear()
+    r = invoke("compare", *SMALL, "--schedules", "chunked", "--json")
+    doc = json.loads(r.stdout)
+    assert r.exit_code == 0 and doc["verdict"].startswith(doc["word"].upper() + ": "), r.output
+    assert calls["document"] == 1 and calls["schedule_list"] == 1, calls

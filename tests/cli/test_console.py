@@ -16,7 +16,7 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from smearcli.cli.app import app
-from smearcli.wording import starts_phrase
+from smearcli.compare import starts_phrase
 
 runner = CliRunner()
 SMALL = ["--model", "random", "--depth", "1", "--seq-len", "32", "--gen-len", "8", "--threads", "1"]

@@ -20,7 +20,7 @@ from smearcli.verdicts import BUG
 from smearcli.cli import registry
 from smearcli.cli.app import app
 from smearcli.cli.impls import offered
-from smearcli.names import SCHEDULE_NAMES
+from smearcli.defaults import SCHEDULE_NAMES
 from smearcli.render import figures
 from smearcli.runner import COPY
 from smearcli.schedules import Ran, Repro, Schedule
@@ -128,7 +128,8 @@ def census_llama():
 
 def test_the_census_runs_the_toy_and_reports_it(toy):
     from smearcli.census import boundary, report
-    from smearcli.census.check import OK, check_model
+    from smearcli.census.check import check_model
+    from smearcli.verdicts import OK
 
     model, cfg, ids, plans = census_llama()
     assert TOY in boundary.SCHEDULES

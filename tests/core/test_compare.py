@@ -9,10 +9,11 @@ from smearcli import compare as cmp
 from smearcli import jsondoc, ours, runplan, schedules, smear
 from smearcli.verdicts import BUG, CRASHED, OK
 from smearcli.inputs import random_tokens
-from smearcli.names import LOGIC_NAMES
+from smearcli.defaults import LOGIC_NAMES
 from smearcli.runner import Output, Runner
 from smearcli.schedules import ScheduleOptions
 from smearcli.weights import random_config, random_model
+from smearcli.verdicts import INCONCLUSIVE
 
 T = 32
 OPTS = ScheduleOptions(chunks=4, gen_len=8)
@@ -33,18 +34,18 @@ def test_the_plan_is_what_runs(model, tokens):
     that calls the model, and the tokens counted reach the total exactly."""
     runners = ours.runners(model, LOGIC_NAMES)
     schedules = ["prefill", "decode", "chunked", "engine", "speculative"]
-    planned = cmp.plan(runners, schedules)
+    planned = runplan.plan(runners, schedules)
     labels, ticks = [], []
     cmp.compare(runners, tokens, schedules, options=OPTS, progress=labels.append,
                 tokens_progress=lambda d, t: ticks.append((d, t)))
     evidence_steps = [lb for lb in labels if lb.startswith(("noise floor", "power")) or lb.endswith("in float64")]
     assert evidence_steps[0] == "noise floor (float64)"  # the floor is the reference in float64, no run of its own
     labels = [lb for lb in labels if lb not in evidence_steps]
-    assert len(labels) == cmp.forward_runs(planned) == 1 + 2 * len(schedules) - 1  # decode shared
+    assert len(labels) == runplan.forward_runs(planned) == 1 + 2 * len(schedules) - 1  # decode shared
     assert [p.label for p in planned if p.same_as is None] == labels
-    assert ticks[-1] == (cmp.forward_runs(planned) * T,) * 2
+    assert ticks[-1] == (runplan.forward_runs(planned) * T,) * 2
     # no schedule is decode: one more run, for the noise floor
-    assert cmp.forward_runs(cmp.plan(runners, ["chunked"])) == 1 + 2  # no decode of its own for the floor
+    assert runplan.forward_runs(runplan.plan(runners, ["chunked"])) == 1 + 2  # no decode of its own for the floor
 
 
 def test_the_result_stores_what_ran(model, tokens):
@@ -122,9 +123,9 @@ def test_runners_of_two_models_share_nothing(model, tokens):
     """Decode is shared only between runners whose one-token step is the same computation: never
     across models."""
     other = random_model(random_config(2), seed=5).model
-    planned = cmp.plan([ours.GPTRunner(model, "old"), ours.GPTRunner(other, "fixed")], ["decode"])
+    planned = runplan.plan([ours.GPTRunner(model, "old"), ours.GPTRunner(other, "fixed")], ["decode"])
     assert all(p.same_as is None for p in planned)
-    shared = cmp.plan(ours.runners(model, LOGIC_NAMES), ["decode"])
+    shared = runplan.plan(ours.runners(model, LOGIC_NAMES), ["decode"])
     assert [p.same_as is not None for p in shared] == [False, False, True]
 
 
@@ -180,8 +181,8 @@ def test_no_sharing_for_a_runner_without_a_one_token_key(small):
     pair = ours.runners(small, ["old", "fixed"])
     for r in pair:  # as a user's code behind an adapter: its one-token step is its own
         r.one_token_step = None
-    assert all(p.same_as is None for p in cmp.plan(pair, ["decode"]))
-    assert any(p.same_as is not None for p in cmp.plan(ours.runners(small, ["old", "fixed"]), ["decode"]))
+    assert all(p.same_as is None for p in runplan.plan(pair, ["decode"]))
+    assert any(p.same_as is not None for p in runplan.plan(ours.runners(small, ["old", "fixed"]), ["decode"]))
 
 
 def test_run_schedule_reports_every_step(small):
@@ -199,7 +200,7 @@ def test_compare_token_progress_counts_every_run(small):
     toks = random_tokens(small.config, 8, 1, 0)
     seen = []
     cmp.compare(small, toks, ["prefill", "decode"], ["old", "fixed"], tokens_progress=lambda d, t: seen.append((d, t)))
-    total = cmp.forward_runs(cmp.plan(ours.runners(small, ["old", "fixed"]), ["prefill", "decode"])) * 8
+    total = runplan.forward_runs(runplan.plan(ours.runners(small, ["old", "fixed"]), ["prefill", "decode"])) * 8
     assert total == 4 * 8  # full, prefill x2, decode once
     assert {t for _, t in seen} == {total} and seen[-1] == (total, total)
     assert all(a[0] < b[0] for a, b in zip(seen, seen[1:]))
@@ -230,7 +231,7 @@ def test_a_separate_reference_and_runs_that_crashed(model, tokens):
     ref = LogProbs(ours.GPTRunner(model, "fixed"))
     engine = Engine(ref, skew=0.0)
     engine.capabilities = frozenset({PREFIX_CACHE})
-    planned = cmp.plan([engine], ["prefill", "chunked", "prefix"], reference=ref)
+    planned = runplan.plan([engine], ["prefill", "chunked", "prefix"], reference=ref)
     assert [(p.schedule, p.runner is ref, p.measured) for p in planned] == [
         ("full", True, False), ("prefill", False, True), ("chunked", False, True), ("prefix", False, True)]
     # no run for the noise floor: the reference's full pass in float64
@@ -243,14 +244,15 @@ def test_a_separate_reference_and_runs_that_crashed(model, tokens):
     assert "every run measured matches" in c.verdict  # the line says the measured runs agree
     assert "prefix crashed: IndexError" in c.table()
     doc = jsondoc.to_json(c)
-    assert doc["not_measured"] == [{"schedule": "prefix", "logic": "engine", "outcome": "crashed",
+    assert doc["not_measured"] == [{"schedule": "prefix", "logic": "engine", "outcome": "crashed", "status": "crashed",
                                     "message": "IndexError: out of bounds", "steps": []}]
     skewed = cmp.compare(Engine(ref, skew=1.0), tokens, ["prefill", "chunked"], reference=ref)
     assert not skewed.get("chunked").passed and skewed.get("prefill").passed
     assert skewed.born_at(skewed.get("chunked")) == ("logits", 8)
 
 
-def test_a_run_that_checked_nothing_is_named_but_does_not_fail(model, tokens):
+def test_a_run_that_checked_nothing_is_named_and_is_no_evidence(model, tokens):
+    """Not a crash, and not an ok either: with nothing measured the check had nothing to judge."""
     from smearcli.runner import LogProbs
 
     ref = LogProbs(ours.GPTRunner(model, "fixed"))
@@ -261,8 +263,9 @@ def test_a_run_that_checked_nothing_is_named_but_does_not_fail(model, tokens):
             return schedules.RunResult(schedule, self.label, r.logits, None, r.steps, [0],
                                        outcome=schedules.UNCHECKED, message="the cache was not read")
     c = cmp.compare(Cold(ref), tokens, ["prefill"], reference=ref)
-    assert c.passed and not c.metrics and c.unmeasured[0].outcome == "checked nothing"
-    assert c.word is OK and "prefill checked nothing: the cache was not read" in c.verdict
+    assert not c.passed and not c.metrics and c.unmeasured[0].outcome == "checked nothing"
+    assert c.word is INCONCLUSIVE and not c.crashed and c.judgement.statuses == {"prefill/engine": "not run"}
+    assert c.verdict == "INCONCLUSIVE: no schedule was measured; prefill checked nothing: the cache was not read"
 
 
 # -- overlap: the noise-floor decode on a second thread ----------------------------------------------
@@ -315,19 +318,19 @@ def test_overlap_runs_decode_beside_the_others_and_changes_no_number(model, toke
         assert all(torch.equal(x, y) for x, y in zip(a[3], b[3]))
     assert [m.max_abs_logits for m in alone.metrics] == [m.max_abs_logits for m in both.metrics]
     assert alone.noise.per_layer == both.noise.per_layer and alone.verdict == both.verdict
-    total = cmp.forward_runs(cmp.plan(runners, schedules_)) * T
+    total = runplan.forward_runs(runplan.plan(runners, schedules_)) * T
     assert ticks[-1] == total and all(a <= b for a, b in zip(ticks, ticks[1:]))  # one count, rising
 
 
 def test_overlap_only_where_it_is_safe(model, tokens, two_threads):
     runners = ours.runners(model, LOGIC_NAMES)
-    planned = cmp.plan(runners, ["chunked", "decode"])
+    planned = runplan.plan(runners, ["chunked", "decode"])
     assert planned[runplan.side_run(planned)].schedule == "decode"
-    assert runplan.side_run(cmp.plan(runners, ["chunked"])) is None  # no decode planned: the floor is float64
+    assert runplan.side_run(runplan.plan(runners, ["chunked"])) is None  # no decode planned: the floor is float64
     other = ours.runners(model, LOGIC_NAMES)
     for r in other:
         r.thread_safe = False  # as a user's code: nobody said two of its runs may go on at once
-    assert runplan.side_run(cmp.plan(other, ["chunked", "decode"])) is None
+    assert runplan.side_run(runplan.plan(other, ["chunked", "decode"])) is None
     seen: list = []
     from smearcli import profile
     with profile.session(True, out=open("/dev/null", "w")):  # a profile times one run at a time
@@ -363,3 +366,25 @@ def test_a_failure_in_the_side_run_is_raised_after_the_others(model, tokens, two
     with pytest.raises(RuntimeError, match="boom at a step of 1"):
         cmp.compare(runners, tokens, ["chunked", "decode"], options=OPTS, overlap=True)
     assert any(name == "MainThread" and n == T // 4 for name, n in seen)  # the chunks still ran
+
+
+def test_the_json_carries_the_judges_word_statuses_power_and_confirmation(model, tokens):
+    """compare/1 says what the judge said, as a scan/1 record does: the word, each run's status
+    and float64 confirmation, and the power behind an ok."""
+    import schema_check
+
+    found = cmp.compare(model, tokens, ["chunked"], options=ScheduleOptions(chunks=2))
+    doc = jsondoc.to_json(found)
+    assert schema_check.document_problems(doc) == []
+    assert doc["word"] == "bug" == found.word and doc["power"] is None  # no power check beside a departure
+    by_logic = {r["logic"]: r for r in doc["runs"]}
+    assert by_logic["old"]["status"] == "bug" and by_logic["fixed"]["status"] == "ok"
+    conf = found.confirmation(found.get("chunked", "old"))
+    assert by_logic["old"]["confirmation"] == conf.to_json() and conf.lifted >= 0.5 * conf.original
+    assert by_logic["fixed"]["confirmation"] is None and doc["verdict"].startswith("BUG: ")
+
+    agreed = cmp.compare(model, tokens, ["chunked"], logics=("fixed",), options=ScheduleOptions(chunks=2))
+    doc = jsondoc.to_json(agreed)
+    assert schema_check.document_problems(doc) == []
+    assert doc["word"] == "ok" and doc["runs"][0]["status"] == "ok" and doc["power"]["sufficient"] is True
+    assert doc["power"]["effects"] == {k: float(v) for k, v in agreed.power.effects.items()}

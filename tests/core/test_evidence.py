@@ -171,7 +171,8 @@ def test_state_that_matters_gives_power():
 
 
 def test_power_not_measured_is_said():
-    """A cache smearcli cannot see into (state kept elsewhere) is judged on the floor alone."""
+    """A cache smearcli cannot see into (state kept elsewhere): the check cannot show it had power,
+    so its agreement is no ok."""
     toy = Toy()
     store = {}
 
@@ -180,7 +181,8 @@ def test_power_not_measured_is_said():
         store["h"] = st
         return logits, "opaque"
     check = check_cache_consistency(hidden_state, tokens(), chunk_sizes=(16, 32), full=toy.full)
-    assert not check.power.measured and "power not measured" in check.verdict and check.passed
+    assert not check.power.measured and not check.passed and check.word == "inconclusive"
+    assert check.verdict.endswith("but power not measured: the cache holds no floating-point tensor to perturb")
 
 
 # -- Hugging Face models through the helper ---------------------------------------------------------

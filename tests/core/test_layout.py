@@ -5,7 +5,7 @@ features (`impls`, `bench`, `census`), cli. A module may import from its own lay
 any lower layer, never from a higher one (the census, built on the transformers implementation, may
 also import `impls`); there is no import cycle; no module outside `cli/` names a
 command-line flag; no module imports another module's private (`_name`) names; every module says
-in a docstring what it owns and stays readable in length.
+in a docstring what it owns (modules are cut by concept: no line cap).
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ PKG = ROOT / "smearcli"
 LAYERS = {"core": 0, "render": 1, "features": 2, "cli": 3}
 FEATURES = ("impls", "bench", "census")
 BUILT_ON = {("census", "impls")}  # same-layer imports allowed: (importer, imported)
-MAX_LINES = 400
 FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9]*(?:-[a-z0-9]+)*")
 
 
@@ -100,7 +99,7 @@ def edges() -> dict[str, set[str]]:
 
 def test_the_layers_are_known():
     assert {layer(m) for m in MODULES} == set(LAYERS)
-    for name in ("smearcli.model", "smearcli.compare", "smearcli.names"):
+    for name in ("smearcli.model", "smearcli.compare", "smearcli.defaults"):
         assert layer(name) == "core"
     assert layer("smearcli.cli.commands.compare") == "cli"
     assert layer("smearcli.impls.nanochat.audit") == "features"
@@ -203,13 +202,12 @@ def test_no_flag_names_outside_the_cli():
 
 
 @pytest.mark.parametrize("mod", sorted(MODULES))
-def test_module_owns_something_and_stays_readable(mod):
-    source = MODULES[mod].read_text()
-    tree = ast.parse(source)
+def test_module_says_what_it_owns(mod):
+    """Every module's docstring names the one concept it holds (modules are cut by concept, not
+    by length: no line cap)."""
+    tree = ast.parse(MODULES[mod].read_text())
     if mod != "smearcli" and not mod.endswith("__main__"):
         assert ast.get_docstring(tree), f"{mod} has no docstring saying what it owns"
-    n = len(source.splitlines())
-    assert n <= MAX_LINES, f"{mod} has {n} lines (at most {MAX_LINES})"
 
 
 def test_the_vllm_worker_needs_no_sys_path_edit():

@@ -149,7 +149,7 @@ def test_blocked_kl_is_the_whole_kl_bit_for_bit(R, T, rows):
 def test_d20_run_estimate_refuses_where_the_model_fits_but_the_run_does_not(monkeypatch):
     from smearcli import preflight
     from smearcli.errors import UserError
-    from smearcli.names import DEFAULT_SCHEDULES
+    from smearcli.defaults import DEFAULT_SCHEDULES
     c = preset_config("d20")
     monkeypatch.setattr(preflight, "available", lambda device: 12 << 30)
     preflight.check_model_memory(c, "cpu")  # 5.2 GiB of fp32 weights fit

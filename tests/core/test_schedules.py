@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from smearcli import ours
-from smearcli.names import ENGINE_SCHEDULES, SCHEDULE_NAMES
+from smearcli.defaults import ENGINE_SCHEDULES, SCHEDULE_NAMES
 from smearcli.runner import Output, Runner
 from smearcli.schedules import (CACHE_COPY, CHUNK_START, SCHEDULES, STEP_PLANS, RunResult, ScheduleOptions,
                                 plan_steps, run_schedule, runnable)

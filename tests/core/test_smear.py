@@ -20,7 +20,7 @@ def expected_full(x):
 
 
 def test_registry_order():
-    from smearcli.names import ALL_LOGICS, LOGIC_NAMES
+    from smearcli.defaults import ALL_LOGICS, LOGIC_NAMES
     assert list(LOGICS) == list(ALL_LOGICS) == [*LOGIC_NAMES, "bosmask"]
 
 

@@ -3,11 +3,12 @@
 import pytest
 import torch
 
-from smearcli.names import layer_names
+from smearcli.defaults import layer_names
 from smearcli.weights import random_config, random_model
 from smearcli.smear import smear_gate
 from smearcli.model import rms_norm
-from smearcli.testing import CacheCheck, assert_cache_consistent, check_cache_consistency, gpt_step
+from smearcli.compare import Comparison
+from smearcli.testing import assert_cache_consistent, check_cache_consistency, gpt_step
 from smearcli.verdicts import OK
 
 T = 48
@@ -31,7 +32,7 @@ def _names(model):
 def test_fixed_logic_passes(model, tokens):
     check = assert_cache_consistent(gpt_step(model, "fixed"), tokens, chunk_sizes=CHUNKS,
                                     layer_names=_names(model))
-    assert isinstance(check, CacheCheck) and check.passed
+    assert isinstance(check, Comparison) and check.passed
     chunked = check.get("chunked")
     assert chunked.steps == list(CHUNKS) and chunked.chunk_starts == [16, 32]
     assert chunked.logits_multiple <= check.tolerance

@@ -22,8 +22,8 @@ from typer.testing import CliRunner
 from smearcli import weights
 from smearcli.impls.nanochat import adapter, audit, sandbox
 from smearcli.errors import UserError
-from smearcli.names import NOISE_MARGIN
-from smearcli.units import compact
+from smearcli.defaults import NOISE_MARGIN
+from smearcli.formatters import compact
 from smearcli.schedules import ScheduleOptions
 
 STANDIN = Path(__file__).resolve().parents[1] / "standin"
@@ -99,7 +99,8 @@ def test_old_standin_is_reported_with_the_chunk_boundary_bug(old_audit):
     failed = {m.schedule for m in c.metrics if not m.passed}
     assert failed == {"chunked", "speculative"}  # the schedules with multi-token steps on a filled cache
     assert old_audit.failed
-    assert old_audit.verdict.startswith("your code has the chunk-boundary smear bug: error ")
+    assert old_audit.verdict.startswith("BUG: your code has the chunk-boundary smear bug: error ")
+    assert old_audit.word == c.word == "bug" and "keeps its size in float64" in c.verdict
     assert [f.kind for f in old_audit.findings] == ["chunk-smear"]
     assert old_audit.likeness.behaves_like == "old"
     # the number in the verdict, recomputed from the raw logits of the user's runs
@@ -115,8 +116,9 @@ def test_old_standin_is_reported_with_the_chunk_boundary_bug(old_audit):
 def test_fixed_standin_is_reported_consistent(fixed_audit):
     c = fixed_audit.comparison
     assert not fixed_audit.failed and not fixed_audit.findings
-    assert fixed_audit.verdict.startswith("your code is consistent across all schedules (prefill, decode, "
+    assert fixed_audit.verdict.startswith("OK: your code is consistent across all schedules (prefill, decode, "
                                           "chunked, engine, speculative)")
+    assert fixed_audit.word == c.word == "ok" and "; it would see a" in fixed_audit.verdict
     assert fixed_audit.likeness.behaves_like == "fixed"
     for m in c.metrics:
         assert m.max_abs_logits <= NOISE_MARGIN * c.noise.per_layer[-1]
@@ -291,7 +293,7 @@ def test_engine_expansion_that_drops_the_smear_state(tmp_path, ours, tokens, FIX
     assert [f.kind for f in a.findings] == ["engine-expansion"]
     P = SEQ - OPTS.gen_len
     assert f"at position {P} (the first token after the copy)" in a.verdict
-    engine = a.comparison.get("engine", audit.USER_LOGIC)
+    engine = a.comparison.get("engine", adapter.USER_LOGIC)
     assert engine.first_departure == (0, P)
     assert a.likeness.behaves_like == "fixed"  # chunked is right; engine departs from both logics
     assert "departs from both on engine" in a.likeness.summary
@@ -325,7 +327,7 @@ def test_cli_json_check_and_errors(FIXED):
     run = doc["nanochat"]["runs"][0]
     assert run["logic"] == "yours" and run["first_departure"] == {"layer": "block0_in", "position": 14}
     assert doc["nanochat"]["layers"][0] == "block0_in"
-    assert doc["verdict"].startswith("your code has the chunk-boundary smear bug")
+    assert doc["verdict"].startswith("BUG: your code has the chunk-boundary smear bug")
 
     r = runner.invoke(app, ["compare", "--impl", "both", "--nanochat-path", str(FIXED), "--check",
                             "--schedules", "chunked", *SMALL])
@@ -340,6 +342,48 @@ def test_cli_json_check_and_errors(FIXED):
     assert nanochat_modules() == []
 
 
+# -- one judge: the audit says what compare says -----------------------------------------------------
+
+def test_a_rounding_only_difference_is_no_finding(old_audit, fixed_audit):
+    """The old stand-in's departures, had their float64 reruns vanished: float32 rounding, which
+    counts as ok. The audit then finds nothing and says OK, as compare does (not "your code
+    diverges")."""
+    import dataclasses
+
+    from smearcli import evidence
+    from smearcli.verdicts import OK, ROUNDING
+
+    c = old_audit.comparison
+    gone = {k: dataclasses.replace(v, lifted=0.0, status=ROUNDING, why="float32 rounding, gone in float64")
+            for k, v in c.confirmations.items()}
+    assert set(gone) == {("chunked", "yours"), ("speculative", "yours")}
+    rounded = dataclasses.replace(c, confirmations=gone, power=fixed_audit.comparison.power)
+    a = audit.Audit(old_audit.model, rounded)
+    assert rounded.word is OK and a.word is OK and not a.failed and a.findings == []
+    assert a.verdict.startswith("OK: your code is consistent across all schedules") and "diverges" not in a.verdict
+    assert "chunked, speculative left the tolerance in float32 only: float32 rounding, gone in float64" in a.verdict
+    assert rounded.verdict.startswith("OK: ") and [rounded.status(m) for m in rounded.metrics].count(ROUNDING) == 2
+    assert isinstance(fixed_audit.comparison.power, evidence.Power)
+
+
+def test_a_powerless_check_is_inconclusive(fixed_audit):
+    """The fixed stand-in's agreement, had zeroing its cache moved the logits only 10x the
+    threshold (so only a 10% error in it could show): INCONCLUSIVE, as compare says, and --check fails."""
+    import dataclasses
+
+    from smearcli import evidence
+    from smearcli.verdicts import INCONCLUSIVE
+
+    c = fixed_audit.comparison
+    weak = evidence.Power(c.power.split, c.power.threshold, {"kv": 10 * c.power.threshold})
+    powerless = dataclasses.replace(c, power=weak)
+    a = audit.Audit(fixed_audit.model, powerless)
+    assert powerless.word is INCONCLUSIVE and a.word is INCONCLUSIVE and a.failed and a.findings == []
+    assert a.verdict.startswith("INCONCLUSIVE: your code is consistent across all schedules")
+    assert a.verdict.endswith("but the check could not see a 10% error in the kv state (OK needs 1%)")
+    assert powerless.verdict.endswith("but the check could not see a 10% error in the kv state (OK needs 1%)")
+
+
 # -- plot -----------------------------------------------------------------------------------------
 
 def test_merged_comparison_draws_ours_and_yours(old_audit):
@@ -351,7 +395,7 @@ def test_merged_comparison_draws_ours_and_yours(old_audit):
     fig = figures.figure(c, "chunked", kind="error")
     d = fig.smearcli_data
     assert d.logics == ["old", "fixed", "yours"]
-    ours = old_audit.comparison.get("chunked", audit.USER_LOGIC).abs_err[-1].double().numpy()
+    ours = old_audit.comparison.get("chunked", adapter.USER_LOGIC).abs_err[-1].double().numpy()
     assert (d.abs_logits["yours"] == ours).all()
 
 

@@ -10,7 +10,7 @@ pytest.importorskip("transformers", reason="transformers is not installed: pip i
 from smearcli.errors import UserError  # noqa: E402
 from smearcli.impls import hf  # noqa: E402
 from smearcli.impls.hf.cache_runner import CacheRunner  # noqa: E402
-from smearcli.names import DEFAULT_SCHEDULES  # noqa: E402
+from smearcli.defaults import DEFAULT_SCHEDULES  # noqa: E402
 from smearcli.schedules import runnable  # noqa: E402
 
 # what check_model and compare --impl hf run by default: the default schedules its runner can run

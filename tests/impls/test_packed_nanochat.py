@@ -19,7 +19,7 @@ from smearcli.cli.app import app
 from smearcli.impls.nanochat import adapter, sandbox
 from smearcli.impls.nanochat.docmask import document_attention
 from smearcli.model import rms_norm
-from smearcli.names import NOISE_MARGIN
+from smearcli.defaults import NOISE_MARGIN
 from smearcli.ours import GPTRunner
 from smearcli.runner import DOCUMENT_MASK, SMEAR_TERMS, NoDocumentMask
 from smearcli.weights import random_config

@@ -90,13 +90,6 @@ def test_the_worker_cuts_the_prefix_at_the_engines_block_and_inspects_a_class_he
     import importlib.util
     import types
 
-    def load(name, path):
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-    # the sibling it imports as a script does, gone from sys.modules after the test
-    monkeypatch.setitem(sys.modules, "worker_parts", load("worker_parts", Path(vllm.WORKER).with_name("worker_parts.py")))
     spec = importlib.util.spec_from_file_location("smearcli_worker_under_test", vllm.WORKER)
     worker = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(worker)
@@ -123,7 +116,7 @@ def test_the_worker_cuts_the_prefix_at_the_engines_block_and_inspects_a_class_he
 
 
 def test_a_request_stuck_inside_vllm_is_interrupted_and_named(tmp_path):
-    """The worker's watchdog (worker_parts.watch), in a Python of its own: a request past its
+    """The worker's watchdog (worker.watch), in a Python of its own: a request past its
     deadline, stuck in a loop inside "vLLM" (a file under a vllm directory), is interrupted and
     reads as that schedule's crash, with the frame it was stuck in (not the watchdog's own, though
     the worker's files sit under a vllm directory too); a Ctrl-C is not taken for it."""
@@ -133,7 +126,7 @@ def test_a_request_stuck_inside_vllm_is_interrupted_and_named(tmp_path):
     fake.parent.mkdir(parents=True)
     fake.write_text("def step():\n    while True:\n        pass\n")
     script = (f"import sys, time; sys.path[:0] = [{str(Path(vllm.WORKER).parent)!r}, {str(fake.parent.parent)!r}]\n"
-              "import worker_parts as w\nfrom vllm import engine\n"
+              "import worker as w\nfrom vllm import engine\n"
               "print(w.stuck(KeyboardInterrupt()))\n"
               "w.watch(); w.DEADLINE[:] = [time.time() + 0.5, False]\n"
               "try:\n    engine.step()\nexcept w.Stuck as e:\n    print(w.stuck(e), w.crash_message(e))\n")

@@ -12,7 +12,7 @@ import typer
 
 from ... import jsonsafe
 from ...errors import UserError
-from ...names import REFERENCE
+from ...defaults import REFERENCE
 from ..options import RunSpec, shared_options
 
 
@@ -88,7 +88,7 @@ def bench(
     from ..build import build_setup
     from ..progress import progress_bar
 
-    setup = build_setup(dataclasses.replace(spec, schedules=",".join(others)))
+    setup = build_setup(dataclasses.replace(spec, schedules=",".join(others)), schedules=others)
     clock_name = clock.value if isinstance(clock, Clock) else str(clock)
     if clock_name == "cpu" and setup.model.device.type != "cpu":
         raise UserError(f"--clock cpu times CPU work; the model runs on {setup.model.device.type} (use --clock wall)")

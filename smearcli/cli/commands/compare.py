@@ -10,7 +10,7 @@ import typer
 
 from ... import jsonsafe
 from ...errors import UserError
-from ...names import NOISE_MARGIN
+from ...defaults import NOISE_MARGIN
 from ..errors import CheckFailed
 from ..options import RunSpec, shared_options
 

@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from ...errors import UserError
-from ...names import NOISE_MARGIN, figure_schedule
+from ...defaults import NOISE_MARGIN, figure_schedule
 from ...render.figures import FORMATS, KINDS
 from ..options import RunSpec, shared_options
 

@@ -35,7 +35,7 @@ from torch import Tensor
 
 from ... import inputs
 from ...errors import UserError
-from ...names import DEFAULT_SCHEDULES, NOISE_MARGIN
+from ...defaults import DEFAULT_SCHEDULES, NOISE_MARGIN
 from ...compare import Comparison
 from ...runner import Described
 from ...schedules import ScheduleOptions, runnable

@@ -18,7 +18,7 @@ from typing import Optional, Sequence
 
 from ... import frames
 from ...compare import Comparison, compare
-from ...names import NOISE_MARGIN
+from ...defaults import NOISE_MARGIN
 from .cache_runner import CacheRunner
 
 

@@ -39,7 +39,7 @@ from typing import Optional, Sequence
 import torch
 
 from ...errors import UserError
-from ...names import ROLLBACK
+from ...defaults import ROLLBACK
 from ...runner import CROP, PREFIX_CACHE, Described, Runner
 from ...schedules import (CRASHED, PREFIX_HIT, UNCHECKED, RunResult, Schedule, ScheduleOptions, chunk_plan,
                           prompt_len, register)

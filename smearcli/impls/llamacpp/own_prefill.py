@@ -21,7 +21,7 @@ from typing import Optional
 from ...compare import Comparison
 
 from ...schedules import shape
-from ...units import sci
+from ...formatters import sci
 
 
 @dataclass

@@ -22,7 +22,7 @@ from torch import Tensor
 from ...config import ConfigError, GPTConfig
 from ...errors import UserCodeError, UserError
 from ...model import param_shapes, rms_norm
-from ...names import layer_names
+from ...defaults import layer_names
 from ...preflight import check_model_memory
 from ...runner import BOS_DOCUMENTS, DOCUMENT_MASK, EXPAND, SMEAR_TERMS, Described, Output, Runner
 from ...smear import smear_gate

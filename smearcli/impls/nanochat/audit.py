@@ -22,13 +22,14 @@ from typing import Optional, Sequence
 from torch import Tensor
 
 from ... import compare as cmp
-from ... import jsondoc
+from ... import jsondoc, runplan
 from ...metrics import RunMetrics
-from ...names import DEFAULT_SCHEDULES, LOGIC_NAMES, NOISE_MARGIN
+from ...defaults import DEFAULT_SCHEDULES, LOGIC_NAMES, NOISE_MARGIN
 from ...render.table import left_out_note, print_analytic, print_table_of, say
 from ...schedules import ScheduleOptions
-from ...units import compact, sci
-from .adapter import USER_LOGIC, NanochatModel, NanochatRunner  # noqa: F401 (USER_LOGIC: re-exported)
+from ...formatters import compact, sci
+from ...verdicts import BUG, CRASHED, INCONCLUSIVE, UNCONFIRMED, line
+from .adapter import NanochatModel, NanochatRunner
 from .sandbox import FIRST_CAPTURE
 
 SCHEMA = jsondoc.SCHEMAS["audit"]
@@ -121,8 +122,14 @@ class Audit:
     likeness: Optional[Likeness] = None
 
     @property
+    def word(self):
+        """The verdict word: the comparison's, from `smearcli.judge` (the audit derives none)."""
+        return self.comparison.word
+
+    @property
     def failed(self) -> bool:
-        return bool(self.comparison.failures)
+        """Whether `--check` fails: anything but ok, as for `compare`."""
+        return not self.comparison.passed
 
     @property
     def findings(self) -> list[Finding]:
@@ -149,10 +156,10 @@ def audit(model: NanochatModel, tokens: Tensor, schedules: Sequence[str] = DEFAU
 
 
 def planned(model: NanochatModel, schedules: Sequence[str], reference=None) -> list:
-    """The forward runs `audit` makes (`compare.plan` of each comparison), for progress totals."""
-    runs = cmp.plan([NanochatRunner(model)], schedules)
+    """The forward runs `audit` makes (`runplan.plan` of each comparison), for progress totals."""
+    runs = runplan.plan([NanochatRunner(model)], schedules)
     if reference is not None:
-        runs += cmp.plan(cmp.as_runners(reference, LOGIC_NAMES), schedules)
+        runs += runplan.plan(cmp.as_runners(reference, LOGIC_NAMES), schedules)
     return runs
 
 
@@ -169,23 +176,17 @@ def merged(a: Audit) -> cmp.Comparison:
                           dict(o.analytic), o.tolerance, o.dtype)
 
 
-def for_plot(model: NanochatModel, tokens: Tensor, schedule: str, options: ScheduleOptions,
-             tolerance: float = NOISE_MARGIN, reference=None, progress=None, tokens_progress=None):
-    """A figure of the user's code on one schedule: (the Comparison to draw, the audit verdict)."""
-    a = audit(model, tokens, [schedule], options, tolerance, reference, progress, tokens_progress)
-    return merged(a), a.verdict
-
-
 def _at_starts(m: RunMetrics) -> float:
     return float(m.abs_err[-1][m.chunk_starts].max()) if m.chunk_starts else 0.0
 
 
 def findings(c: cmp.Comparison) -> list[Finding]:
-    """What is wrong with the user's code, one finding per kind of failure."""
+    """What is wrong with the user's code, one finding per kind of failure: the runs the judge
+    calls a bug or unconfirmed (a float32-rounding run is none)."""
     noise = c.noise.per_layer[-1]
     chunk, engine, other = [], [], []
     for m, r in zip(c.metrics, c.runs):
-        if m.passed:
+        if m not in c.failures:
             continue
         fd = m.first_departure
         if fd is not None and fd[0] == 0 and fd[1] in m.chunk_starts:
@@ -198,11 +199,15 @@ def findings(c: cmp.Comparison) -> list[Finding]:
     if chunk:
         worst = max(chunk, key=_at_starts)
         err = _at_starts(worst)
-        text = (f"your code has the chunk-boundary smear bug: error {compact(err)} at chunk starts, "
+        confirmed = all(m in c.bugs for m in chunk)
+        text = (f"your code {'has the chunk-boundary smear bug' if confirmed else 'departs at chunk starts as the smear bug does'}"
+                f": error {compact(err)} at chunk starts, "
                 f"{compact(err / noise)} x noise floor ({', '.join(m.schedule for m in chunk)})")
         checks = [a for m in chunk for a in c.analytic.get(m.schedule, [])]
         if checks and max(a.residual for a in checks) <= 1e-3 * max(a.predicted for a in checks):
             text += "; at every chunk start the error is exactly the dropped smear term gate*x_prev"
+        if not confirmed:
+            text += _confirmed(c, worst)
         out.append(Finding("chunk-smear", [m.schedule for m in chunk], text))
     if engine:
         m, r = engine[0]
@@ -210,7 +215,7 @@ def findings(c: cmp.Comparison) -> list[Finding]:
         out.append(Finding("engine-expansion", ["engine"],
                            f"your code loses the smear state when the engine copies its cache: error "
                            f"{compact(err)} at position {r.expand_at} (the first token after the copy), "
-                           f"{compact(err / noise)} x noise floor"))
+                           f"{compact(err / noise)} x noise floor" + _confirmed(c, m)))
     if other:
         worst = max(other, key=lambda m: m.max_abs_logits)
         fd = worst.first_departure
@@ -218,24 +223,41 @@ def findings(c: cmp.Comparison) -> list[Finding]:
         out.append(Finding("divergence", [m.schedule for m in other],
                            f"your code diverges from its own full forward pass on "
                            f"{', '.join(m.schedule for m in other)}: max |dlogit| {compact(worst.max_abs_logits)}, "
-                           f"{compact(worst.logits_multiple)} x noise floor{born}"))
+                           f"{compact(worst.logits_multiple)} x noise floor{born}" + _confirmed(c, worst)))
     return out
 
 
+def _confirmed(c: cmp.Comparison, m: RunMetrics) -> str:
+    """"; keeps its size in float64 (...)": what the float64 rerun of `m` said, if one ran."""
+    conf = c.confirmation(m)
+    return "" if conf is None else f"; {conf.phrase()}"
+
+
 def audit_verdict(c: cmp.Comparison) -> str:
-    found = findings(c)
-    if found:
-        return "; ".join(f.text for f in found)
+    """The audit's verdict line, led by the judge's word (`Comparison.judgement`), with the
+    findings for a bug or an unconfirmed departure; a crash or a reference nothing can be
+    measured against reads as `compare` says it."""
+    judged = c.judgement
+    word = judged.word
+    rounding = ""
+    if c.rounding:
+        rounding = (f"; {', '.join(m.schedule for m in c.rounding)} left the tolerance in "
+                    f"{str(c.dtype).removeprefix('torch.')} only: float32 rounding, gone in float64")
+    if word in (BUG, UNCONFIRMED):
+        return line(word, "; ".join(f.text for f in findings(c)) + rounding)
+    if word is CRASHED or c.inconclusive or not c.metrics:
+        return c.verdict
     names = ", ".join(m.schedule for m in c.metrics)
-    worst = max((m.max_abs_logits for m in c.metrics), default=0.0)
+    worst = max((m.max_abs_logits for m in c.metrics if m.passed), default=0.0)
     msg = (f"your code is consistent across all schedules ({names}): max |dlogit| {compact(worst)}, "
-           f"within {c.tolerance:g}x the noise floor")
+           f"within {c.tolerance:g}x the noise floor{rounding}")
     if not any(m.chunk_starts for m in c.metrics):
         msg += " (no schedule here feeds several tokens to a non-empty cache: add chunked to test for the bug)"
     if c.description().smear_lambda == 0.0:
         msg += " (smear_lambda is 0: this model cannot show the bug)"
-    return msg
-
+    if word is INCONCLUSIVE:
+        return line(word, f"{msg}, but {judged.why}")
+    return line(word, f"{msg}; it {c.power.describe()}")
 
 
 def to_json(a: Audit, model_info: Optional[dict] = None) -> dict:
@@ -281,11 +303,11 @@ def print_audit(a: Audit, console, title: str = "", footer: str = "") -> None:
     left_out = print_table_of(c, console, f"your code ({where}): {title}")
     if a.ours is not None:
         print_table_of(a.ours, console, "smearcli's reference implementation, same weights and tokens")
-    say(console, f"noise floor (logits): {sci(c.noise.per_layer[-1])} (your code, decode vs full); a run "
+    say(console, f"noise floor (logits): {sci(c.noise.per_layer[-1])} ({c.noise.source}); a run "
                   f"passes within {c.tolerance:g}x.")
-    for line in (left_out_note(left_out, console.width), footer):
-        if line:
-            say(console, line)
+    for text in (left_out_note(left_out, console.width), footer):
+        if text:
+            say(console, text)
     say(console, f"your code ran with attention {code.attention}, compute dtype "
                   f"{str(code.compute_dtype).removeprefix('torch.')} ({code.dtype_source}).")
     say(console, f"{FIRST_CAPTURE}: block 0's input = (resid_lambdas[0] + x0_lambdas[0]) x the post-smear "

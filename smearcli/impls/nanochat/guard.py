@@ -42,9 +42,9 @@ from pathlib import Path
 from ... import frames
 from ...errors import UserCodeError, UserError
 from ...files import Terminated
-from ...names import USER_CODE_TIMEOUT
+from ...defaults import USER_CODE_TIMEOUT
 
-DEFAULT_TIMEOUT = USER_CODE_TIMEOUT  # seconds per call into the user's code (names.py)
+DEFAULT_TIMEOUT = USER_CODE_TIMEOUT  # seconds per call into the user's code (defaults.py)
 MAX_TIMEOUT = 1e6
 GRACE = 2.0  # seconds after the time limit before the watchdog thread ends the process
 REAL_EXIT = os._exit

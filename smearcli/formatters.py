@@ -1,4 +1,5 @@
-"""Numbers for people: the one set of formatters every table, verdict and error message uses.
+"""Numbers for people: the one set of formatters every table, verdict and error message uses
+(a run's steps as "3x16" among them).
 
 Torch-free and dependency-free, so the lowest layers (a memory refusal, a verdict) and the
 renderers format the same number the same way."""
@@ -6,6 +7,7 @@ renderers format the same number the same way."""
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 BYTE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
 
@@ -53,3 +55,14 @@ def nbytes(n: float) -> str:
     if unit == "B":
         return f"{n:.0f} B"
     return f"{n:.1f} {unit}" if n < 1024 else f"{n:.3g} {unit}"
+
+
+def fmt_steps(steps: Sequence[int]) -> str:
+    """16,16,16 as 3x16: runs of equal steps counted."""
+    runs: list[list[int]] = []
+    for n in steps:
+        if runs and runs[-1][0] == n:
+            runs[-1][1] += 1
+        else:
+            runs.append([n, 1])
+    return ",".join(str(n) if k == 1 else f"{k}x{n}" for n, k in runs)

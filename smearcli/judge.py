@@ -1,0 +1,100 @@
+"""The one judge: measured runs in, the verdict word and each run's status out (torch-free).
+
+Every surface that says a verdict about someone's cache (`compare` for every `--impl`, the audit of
+a nanochat checkout, `smearcli.testing`, the census on transformers and on vLLM) measures its runs
+its own way, then hands them here as `Run`s, with the check's `evidence.Power` and whether the
+reference could be used at all, and reads the word back from `judge`. Nothing else turns
+measurements into a word.
+
+A run's status (`status`):
+
+- `ok`: within the tolerance in its own precision;
+- `rounding`: past it, but its float64 rerun vanished (`evidence.Confirmation`): float32 rounding,
+  which counts as ok;
+- `bug` / `unconfirmed`: past it, and its float64 rerun kept its size / could not say (no rerun is
+  `unconfirmed`: a departure is never a bug without one);
+- `crashed` / `not run`: not measured (the run raised, or it checked nothing).
+
+The word (`judge`), in this order: `bug` when any run is a confirmed bug; `crashed` when any run
+raised; `inconclusive` when the reference is unusable (nothing measured against it means anything);
+`unconfirmed` when any run departs without confirmation; `inconclusive` when no run was measured,
+or when the check did not show power (`evidence.Power.sufficient`: not measured, or too weak);
+else `ok`. So OK needs power, BUG needs confirmation, and anything else is said as what it is.
+
+```python
+from smearcli.judge import Run, judge
+j = judge([Run("decode", passed=True), Run("chunked", passed=False, confirmation=c)], power=p)
+j.word, j.statuses["chunked"], j.why
+```
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+from .verdicts import BUG, CRASHED, INCONCLUSIVE, NOT_RUN, OK, ROUNDING, UNCONFIRMED, Verdict
+
+NOTHING_MEASURED = "no schedule was measured"
+POWER_NOT_MEASURED = "power not measured"
+
+
+@dataclass(frozen=True)
+class Run:
+    """One run as the judge sees it: whether it stayed within the tolerance in its own precision,
+    its float64 rerun when it did not (an `evidence.Confirmation`, or None: none was made), or the
+    outcome of a run that was not measured (`verdicts.CRASHED`, or any other: not run)."""
+    name: str
+    passed: bool = True
+    confirmation: Optional[object] = None
+    outcome: Optional[str] = None
+
+
+def status(run: Run) -> str:
+    """One run's status: ok, rounding, bug, unconfirmed, crashed or not run (module docstring); a
+    `verdicts.Verdict` for each but rounding (`verdicts.ROUNDING`)."""
+    if run.outcome is not None:
+        return CRASHED if run.outcome == CRASHED else NOT_RUN
+    if run.passed:
+        return OK
+    c = run.confirmation
+    return UNCONFIRMED if c is None else (ROUNDING if c.status == ROUNDING else Verdict(c.status))
+
+
+@dataclass
+class Judgement:
+    """The verdict word, each run's status (name -> status, in the runs' order) and, for an
+    inconclusive word, why nothing more could be said."""
+    word: Verdict
+    statuses: dict = field(default_factory=dict)
+    why: str = ""
+    wants_power: bool = False  # only power stood between these runs and ok (`judge`)
+
+    def named(self, *wanted) -> list[str]:
+        """The runs whose status is one of `wanted`, in order."""
+        keep = {str(w) for w in wanted}
+        return [n for n, s in self.statuses.items() if s in keep]
+
+
+def judge(runs: Sequence[Run], power=None, unusable: Optional[str] = None) -> Judgement:
+    """The verdict of `runs` (the module docstring gives the order). `power`: the check's
+    `evidence.Power` (None: not measured); `unusable`: why the reference cannot be measured
+    against (`evidence.unusable`), or None."""
+    statuses = {r.name: status(r) for r in runs}
+    found = {str(s) for s in statuses.values()}
+    if str(BUG) in found:
+        return Judgement(BUG, statuses)
+    if str(CRASHED) in found:
+        return Judgement(CRASHED, statuses)
+    if unusable:
+        return Judgement(INCONCLUSIVE, statuses, unusable)
+    if str(UNCONFIRMED) in found:
+        return Judgement(UNCONFIRMED, statuses)
+    if not found & {str(OK), str(ROUNDING)}:
+        return Judgement(INCONCLUSIVE, statuses, NOTHING_MEASURED)
+    # every measured run agrees: ok needs the check to have shown power (the caller measures it
+    # only now: `wants_power`)
+    if power is None or not power.sufficient:
+        why = POWER_NOT_MEASURED if power is None else power.shortfall if power.measured else power.describe()
+        return Judgement(INCONCLUSIVE, statuses, why, wants_power=True)
+    return Judgement(OK, statuses, wants_power=True)
