@@ -148,7 +148,8 @@ def test_an_aliased_checkout_is_the_bug_it_has_under_check(tmp_path):
         assert r.stderr.count("smearcli: error: check failed") == 1, r.stderr
         docs[name] = json.loads(r.stdout)
     a, p = docs["aliased"], docs["plain"]
-    assert a["passed"] is False and a["verdict"].startswith("your code has the chunk-boundary smear bug")
+    assert a["passed"] is False and a["nanochat"]["word"] == "bug"
+    assert a["verdict"].startswith("BUG: your code has the chunk-boundary smear bug")
     assert a["nanochat"]["runs"][0]["passed"] is False
     # the same numbers, bit for bit, as the checkout that returns fresh tensors
     assert a["nanochat"]["runs"][0]["max_abs_logits"] == p["nanochat"]["runs"][0]["max_abs_logits"] > 0
