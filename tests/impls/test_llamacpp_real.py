@@ -14,6 +14,7 @@ pytest.importorskip("transformers", reason="transformers is not installed: pip i
 
 from smearcli.cli.app import app  # noqa: E402
 from smearcli.impls import hf  # noqa: E402
+from conftest import ROOT  # noqa: E402 - the clone's root
 
 PYTHON = os.environ.get("SMEARCLI_LLAMACPP_PYTHON", "")
 pytestmark = [pytest.mark.llamacpp, pytest.mark.skipif(
@@ -61,7 +62,7 @@ def gguf_of(tmp_path, name) -> Path:
     d, out = tmp_path / name, tmp_path / f"{name}.gguf"
     if not d.exists():
         hf.tiny_model(name).save_pretrained(d, safe_serialization=True)
-    here = Path(__file__).resolve().parents[2] / "smearcli" / "impls" / "llamacpp"
+    here = ROOT / "smearcli" / "impls" / "llamacpp"
     subprocess.run([PYTHON, "-c", f"import sys; sys.path.insert(0, {str(here)!r}); from worker_convert import "
                     f"convert; convert({str(d)!r}, {str(out)!r})"], check=True, capture_output=True, timeout=600)
     return out
