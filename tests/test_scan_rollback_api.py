@@ -39,6 +39,15 @@ def scan(model, cfg):
     return check_model(model, tokens(), split_points(cfg, T))
 
 
+def in_transformers(src: str, name: str):
+    """A stand-in function whose frames are in transformers' cache_utils.py (what `frames` reads)."""
+    import transformers.cache_utils as cu
+
+    ns: dict = {}
+    exec(compile(src, cu.__file__, "exec"), ns)
+    return ns[name]
+
+
 def conv_lfm2():
     """LFM2 with a short-conv layer beside its attention layer: conv taps and keys and values, no
     recurrent state, so `crop` can put the cache back (their `is_croppable` is True). (A conv-only
@@ -173,15 +182,35 @@ def test_a_crop_their_api_refuses_is_refused_and_changes_no_verdict(monkeypatch)
     model, cfg = tiny("llama")
     before = scan(model, cfg)["verdict"]
 
-    def refuse(self, n):
-        raise RuntimeError("layer does not track past states")
+    refuse = in_transformers("def refuse(self, n):\n    raise NotImplementedError('crop is not supported for this cache')\n",
+                             "refuse")
     monkeypatch.setattr(DynamicCache, "crop", refuse)
     out = scan(model, cfg)
     e = out["boundaries"]["rollback"]
     assert out["verdict"] == before == OK
-    assert e["their_crop"]["status"] == REFUSED and "does not track past states" in e["their_crop"]["why"]
+    assert e["their_crop"]["status"] == REFUSED and "is not supported for this cache" in e["their_crop"]["why"]
     assert e["mode"] == "copy" and e["copy"]["status"] == OK and e["status"] == OK
     assert "their crop: refused" in e["why"]
+
+
+def test_an_exception_inside_their_crop_is_their_crash_with_the_copy_beside_it(monkeypatch):
+    """An IndexError deep inside their crop is no refusal: it heads the rollback entry and the
+    architecture's verdict (crashed, the frame in transformers), and the copy's pass is reported
+    beside it, not in its place."""
+    from transformers import DynamicCache
+
+    model, cfg = tiny("llama")
+
+    broken = in_transformers("def broken(self, n):\n    return [][n - 100]\n", "broken")  # an IndexError in their frame
+    monkeypatch.setattr(DynamicCache, "crop", broken)
+    out = scan(model, cfg)
+    e = out["boundaries"]["rollback"]
+    assert out["verdict"] == "crashed" and out["worst_schedule"] == "rollback", out
+    assert e["status"] == "crashed" and e["mode"] == "crop"
+    assert e["their_crop"]["status"] == "crashed" and "IndexError" in e["their_crop"]["why"]
+    assert e["copy"]["status"] in (PASSED, "not judged") and e["copy"]["multiple"] <= 10
+    assert "their crop: crashed" in e["why"] and "copy: " in e["why"]
+    assert "IndexError" in out["reason"]
 
 
 def test_a_cache_with_no_crop_is_refused_not_a_failure():
@@ -208,6 +237,6 @@ def test_the_reproducer_takes_the_draft_back_through_their_api(tmp_path, mamba2)
     path = repro.write(rec, cfg, tmp_path / "mamba2.py", total=T)
     src = path.read_text()
     assert "REJECT, MODE = " in src and ", 'crop'  # rollback" in src
-    assert "activate_past_recording()" in src and "cache.crop(keep - n)" in src
+    assert "activate_past_recording(**recording(made, drafted))" in src and "cache.crop(keep - n)" in src
     got, line = repro.run(path)
     assert got == 1, line  # the recurrent state is left behind in transformers itself too

@@ -12,10 +12,13 @@ holds their logic):
   the cache generate makes, past recording on, `crop(-rejected)`, see `hf_runner`), and through a
   copy taken before each draft. Each result is in the entry (`their_crop`, `copy`), each failure
   confirmed in float64 lifted; the entry's top level is the headline run's (a failure first), so a
-  bug of their crop is the architecture's bug like any boundary's. Their API refusing (no crop,
-  or an exception from it) is `refused`, not a bug; `generate_refuses` says why `generate()`
-  itself refuses assisted decoding for the model, where it does. A runner that can neither crop
-  nor copy is reported as such (`schedules.missing`), never skipped in silence.
+  bug of their crop is the architecture's bug like any boundary's. Their API missing (no crop, no
+  recording) or refusing in so many words (`frames.declared_limit`) is `refused`, not a bug; any
+  other exception inside their crop is their crash: it heads the entry (`crashed`, the frame in
+  transformers) and the architecture's verdict, with the copy's result beside it, never instead
+  of it. `generate_refuses` says why `generate()` itself refuses assisted decoding for the model,
+  where the installed release declares it. A runner that can neither crop nor copy is reported as
+  such (`schedules.missing`), never skipped in silence.
 
 Both are measured against the same float32 full pass and float64 floor as every other schedule.
 Each gets an entry in the record's `boundaries` (`entry`): its status (`bug`, `crashed` with the
@@ -211,12 +214,22 @@ def confirm(way: Rolled, tokens, f64=None):
 
 def headline(ways: dict) -> Rolled:
     """The run the verdict reads: the larger confirmed failure, else the larger unconfirmed one,
-    else their crop where it ran, else the copy (crashed, or not run)."""
+    else a way that crashed (their crop first: a raise inside their API is their crash, never
+    passed over for the copy), else their crop where it ran, else the copy (not run)."""
     for status in (BUG, UNCONFIRMED):
         failed = [w for w in ways.values() if w.entry["status"] == status]
         if failed:
             return max(failed, key=lambda w: w.m.max_abs_logits)
+    crashed = [w for w in ways.values() if w.entry["status"] == CRASHED]
+    if crashed:
+        return crashed[0]
     return next((w for w in ways.values() if w.m is not None), ways["copy"])
+
+
+def crash(entries: dict) -> Optional[tuple[str, str]]:
+    """(boundary, frame) of the first boundary whose cached run raised in their code (`crashed`),
+    or None: a raise on a cached path is the architecture's result like a step plan's."""
+    return next(((name, e.get("why") or "") for name, e in entries.items() if e.get("status") == CRASHED), None)
 
 
 def result(way: Rolled) -> dict:

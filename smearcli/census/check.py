@@ -302,6 +302,12 @@ def check_model(model, tokens, plans: dict, tolerance: float = NOISE_MARGIN, mak
         if note:
             out["notes"].append(note)
         return out
+    raised = boundary.crash(entries)  # a boundary that raised in their code, every run else agreeing
+    if raised:
+        boundary.beside(entries, raised[0])
+        out.update(verdict=CRASHED, worst_schedule=raised[0], reason=raised[1])
+        out["notes"].append(f"{raised[0]} raised; the full pass runs")
+        return out
     power = evidence.power(runner, tokens, tolerance * floor)
     out["power"] = power.to_json()
     out["notes"].append(power.describe())
