@@ -439,3 +439,26 @@ def test_the_census_runs_under_the_oldest_supported_release(tmp_path):
     assert Path(q["reproducer"]).read_text().count(f"transformers {hf.OLDEST}") == 1  # its docstring
     assert p.stderr.count("note: transformers' fast SSM kernels are not installed") == 1
     assert "fast path is not available" not in p.stderr
+
+
+class EmptyWhenCached(Recorder):
+    """A model whose cached step returns logits of no position (as CPM-Ant does)."""
+
+    def forward(self, input_ids=None, cache=None, use_cache=None, **_):
+        n = 0 if cache is not None else input_ids.size(1)
+        return Out(logits=torch.zeros(input_ids.size(0), n, 4), cache="theirs")
+
+
+def test_empty_logits_from_a_cached_step_are_the_models_failure_at_its_forward():
+    from smearcli.impls.hf.cache_runner import ModelOutputError
+    from smearcli.runner import Holder
+
+    runner = CacheRunner(EmptyWhenCached())
+    held = Holder()
+    runner.step(torch.zeros(1, 3, dtype=torch.long), held, False)  # the first call makes the cache
+    with pytest.raises(ModelOutputError) as caught:
+        runner.step(torch.zeros(1, 1, dtype=torch.long), held, False)
+    said = boundary.transformers_frame(caught.value)
+    assert said.startswith(caught.value.where) and "in EmptyWhenCached.forward" in said
+    assert "test_hf_releases.py:" in said and "schedules.py" not in said
+    assert "returned logits of shape (1, 0, 4)" in said

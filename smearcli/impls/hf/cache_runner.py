@@ -130,6 +130,9 @@ class CacheRunner(Runner):
             self.caller_cache = True
         elif got is None:
             got = cache.inner  # updated in place
+        if out.logits.dim() != 3 or tuple(out.logits.shape[:2]) != (B, n):
+            raise ModelOutputError(self.model, f"a cached step over {n} token{'s' * (n != 1)} returned logits of "
+                                               f"shape {tuple(out.logits.shape)}, not ({B}, {n}, vocab)")
         cache.inner, cache.started, cache.pos = got, True, cache.pos + n
         if isinstance(cache, Recorded):
             if not cache.recording:  # a cache the model made itself: recorded from the prefill on
@@ -197,6 +200,23 @@ class CacheRunner(Runner):
             kw["position_ids"] = (attention_mask.cumsum(-1) - 1).clamp_min(0).to(self.device)
         out, hs = self._call(tokens, capture, **kw)
         return Output(out.logits, hs)
+
+
+class ModelOutputError(ValueError):
+    """The model's forward returned what a causal LM does not (logits of no position for a cached
+    step: CPM-Ant): the model's failure, named at the model's forward (`where`), not at the
+    runner's line that noticed it."""
+
+    def __init__(self, model, message: str):
+        import inspect
+
+        fn = inspect.unwrap(type(model).forward)
+        try:
+            at = f"{frames.short_path(inspect.getsourcefile(fn) or '?')}:{inspect.getsourcelines(fn)[1]}"
+        except (OSError, TypeError):
+            at = "?"
+        self.where = f"{at} in {type(model).__name__}.forward"
+        super().__init__(f"{type(model).__name__}.forward: {message}")
 
 
 class CropRefused(RuntimeError):
@@ -277,6 +297,35 @@ def assisted_refusal(runner: CacheRunner, tokens: Tensor) -> Optional[str]:
             why.append(f"its {type(held.inner).__name__}.is_croppable is False after the prefill"
                        f"{uncroppable(held.inner)}")
     return "; ".join(why) or None
+
+
+def crop_site(runner: CacheRunner, tokens: Tensor) -> Optional[str]:
+    """"transformers/cache_utils.py:1178 in LinearAttentionCacheLayerMixin.crop": the code their
+    crop runs for the layers that declare themselves uncroppable after a prefill on the cache
+    generate makes (the cache's own `crop` where none does), by the class that defines it; None
+    when the prefill raises or the source cannot be found. One API's code, shared by every
+    architecture whose cache holds such a layer."""
+    import inspect
+
+    probe = CacheRunner(runner.model, crop=True)
+    held = probe.new_cache(tokens.size(0), tokens.size(1))
+    try:
+        with torch.inference_mode():
+            probe.step(tokens[:, :2], held, False)
+    except Exception:
+        return None
+    stuck = [l for l in getattr(held.inner, "layers", None) or [] if getattr(l, "is_croppable", True) is False]
+    target = type(stuck[0]) if stuck else type(held.inner)
+    owner = next((k for k in target.__mro__ if "crop" in vars(k)), None)
+    if owner is None:
+        return None
+    try:
+        fn = inspect.unwrap(vars(owner)["crop"])
+        line = inspect.getsourcelines(fn)[1]
+        path = frames.short_path(inspect.getsourcefile(fn) or "?")
+    except (OSError, TypeError):
+        return None
+    return f"{path}:{line} in {owner.__qualname__}.crop"
 
 
 def uncroppable(cache) -> str:
