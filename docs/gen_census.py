@@ -1,13 +1,21 @@
 """Regenerate the census in docs/guide/scan.md: `smearcli scan --jobs 2` over every causal LM of
 the installed transformers, its Markdown report put between the `census` markers of the page.
 
-    python docs/gen_census.py            # about 6.5 minutes on 2 cores (scripts/regen.py --only census)
+    python docs/gen_census.py            # about 6.5 minutes on 2 idle cores (scripts/regen.py --only census)
+    python docs/gen_census.py --against OLD.jsonl --against-source OLD_SITE/transformers
+    python docs/gen_census.py --diff-only --against OLD.jsonl ...   # the diff alone, from build/scan
 
-The scan's files (JSON Lines, reproducers, bug-report drafts) go to build/scan/.
+With `--against` (the previous release's record file) the page's `census-diff` block gets what
+changed per architecture (`smearcli.census.diff`), each change with the one line of explanation
+docs/guide/scan-changes.json holds for it (model type -> line; a change without one says what
+the records and the sources tell). The scan's files (JSON Lines, reproducers, bug-report drafts)
+go to build/scan/.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import re
 import subprocess
@@ -17,11 +25,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "guide" / "scan.md"
+WHY = ROOT / "docs" / "guide" / "scan-changes.json"
 OUT = ROOT / "build" / "scan"
 BLOCK = re.compile(r"(<!-- census:start -->\n).*?(<!-- census:end -->)", re.S)
+DIFF = re.compile(r"(<!-- census-diff:start -->\n).*?(<!-- census-diff:end -->)", re.S)
 
 
-def main() -> None:
+def census() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     cmd = [sys.executable, "-m", "smearcli", "scan", "--jobs", "2", "--quiet", "--out", str(OUT / "census.jsonl"),
@@ -41,6 +51,41 @@ def main() -> None:
         sys.exit(f"gen_census: {PAGE} has no census markers")
     PAGE.write_text(BLOCK.sub(lambda m: m.group(1) + stamp + body + m.group(2), text))
     print(f"gen_census: {PAGE.relative_to(ROOT)} updated", flush=True)
+
+
+def changes(against: Path, source) -> None:
+    """The page's diff block: this census (build/scan) against the previous release's records."""
+    sys.path.insert(0, str(ROOT))
+    from smearcli.census import diff, isolate
+
+    previous, current = isolate.merge([against]), isolate.merge([OUT / "census.jsonl"])
+    sources = None
+    if source is not None:
+        import transformers
+
+        sources = diff.Sources(Path(source), Path(transformers.__file__).parent)
+    found = diff.compare(previous, current, sources)
+    why = json.loads(WHY.read_text()) if WHY.exists() else {}
+    body = diff.markdown(found, diff.release(previous), diff.release(current), why)
+    text = PAGE.read_text()
+    if not DIFF.search(text):
+        sys.exit(f"gen_census: {PAGE} has no census-diff markers")
+    PAGE.write_text(DIFF.sub(lambda m: m.group(1) + body + m.group(2), text))
+    print(f"gen_census: {PAGE.relative_to(ROOT)}: {len(found)} changes against {diff.release(previous)}", flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--against", type=Path, help="the previous release's census record file")
+    ap.add_argument("--against-source", type=Path, help="the previous release's transformers package directory")
+    ap.add_argument("--diff-only", action="store_true", help="no scan: the diff of build/scan's census alone")
+    args = ap.parse_args()
+    if args.diff_only and args.against is None:
+        ap.error("--diff-only needs --against")
+    if not args.diff_only:
+        census()
+    if args.against is not None:
+        changes(args.against, args.against_source)
 
 
 if __name__ == "__main__":
