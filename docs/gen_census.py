@@ -66,13 +66,20 @@ def census(shards=None) -> None:
     print(f"gen_census: {PAGE.relative_to(ROOT)} updated", flush=True)
 
 
-def changes(against: Path, source, shards=None) -> None:
+def changes(against: Path, source, shards=None, common: bool = False) -> None:
     """The page's diff block: this census (build/scan, or its shards) against the previous
-    release's records."""
+    release's records; `common`: only the architectures the previous census holds (one rerun on
+    a subset), said in the block."""
     sys.path.insert(0, str(ROOT))
     from smearcli.census import diff, isolate
 
     previous, current = isolate.merge([against]), isolate.merge(shards or [OUT / "census.jsonl"])
+    said = ""
+    if common:
+        held = {r["model_type"] for r in previous}
+        said = (f"The previous release's census here covers {len(held)} of the {len(current)} architectures; "
+                "the diff compares those alone.\n\n")
+        current = [r for r in current if r["model_type"] in held]
     sources = None
     if source is not None:
         import transformers
@@ -80,7 +87,7 @@ def changes(against: Path, source, shards=None) -> None:
         sources = diff.Sources(Path(source), Path(transformers.__file__).parent)
     found = diff.compare(previous, current, sources)
     why = json.loads(WHY.read_text()) if WHY.exists() else {}
-    body = diff.markdown(found, diff.release(previous), diff.release(current), why)
+    body = said + diff.markdown(found, diff.release(previous), diff.release(current), why)
     text = PAGE.read_text()
     if not DIFF.search(text):
         sys.exit(f"gen_census: {PAGE} has no census-diff markers")
@@ -93,6 +100,7 @@ def main() -> None:
     ap.add_argument("--against", type=Path, help="the previous release's census record file")
     ap.add_argument("--against-source", type=Path, help="the previous release's transformers package directory")
     ap.add_argument("--diff-only", action="store_true", help="no scan: the diff of build/scan's census alone")
+    ap.add_argument("--common", action="store_true", help="diff only the architectures --against holds")
     ap.add_argument("--from", dest="shards", type=Path, action="append", help="no scan: the census's shard files")
     args = ap.parse_args()
     if args.diff_only and args.against is None:
@@ -100,7 +108,7 @@ def main() -> None:
     if not args.diff_only:
         census(args.shards)
     if args.against is not None:
-        changes(args.against, args.against_source, args.shards)
+        changes(args.against, args.against_source, args.shards, args.common)
 
 
 if __name__ == "__main__":
