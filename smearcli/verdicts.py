@@ -11,8 +11,14 @@ A verdict is a claim about someone else's code, so each word says exactly what w
 - `inconclusive`: every run agrees, but the state under test never moved the logits enough for an
   error in it to show;
 - `crashed`: a cached path raised where the full pass runs;
+- `timed out`: the check did not finish within its time, retried once with more (the record
+  says how long and at what load): nothing about their code;
 - `not run`: the check was not made (a run before it failed, or it was not asked for);
-- `not built`: the model, its config or its full pass does not run on the inputs given.
+- `not built`: the model, its config or its full pass does not run on the inputs given;
+- `unsupported`: a path the library itself declares it does not support (transformers: a cache
+  whose `is_croppable` is False, a model `generate` refuses assisted decoding for), quoted where
+  it is said; measured and reported, never counted as a bug (what the library's API then does
+  anyway is one finding about that API, at its code).
 
 `passed(word)` is True for `ok` alone: every surface (the library's `Comparison.passed`, the CLI's
 `--check`, the census, `smearcli.testing`) passes nothing else. `line(word, detail)` is the one
@@ -32,8 +38,10 @@ class Verdict(str, Enum):
     UNCONFIRMED = "unconfirmed"
     INCONCLUSIVE = "inconclusive"
     CRASHED = "crashed"
+    TIMED_OUT = "timed out"
     NOT_RUN = "not run"
     NOT_BUILT = "not built"
+    UNSUPPORTED = "unsupported"
 
     def __str__(self) -> str:
         return self.value
@@ -41,11 +49,13 @@ class Verdict(str, Enum):
 
 OK, BUG, UNCONFIRMED, INCONCLUSIVE = Verdict.OK, Verdict.BUG, Verdict.UNCONFIRMED, Verdict.INCONCLUSIVE
 CRASHED, NOT_RUN, NOT_BUILT = Verdict.CRASHED, Verdict.NOT_RUN, Verdict.NOT_BUILT
+TIMED_OUT, UNSUPPORTED = Verdict.TIMED_OUT, Verdict.UNSUPPORTED
 WORDS = tuple(v.value for v in Verdict)  # in order of the enum: the census counts them in this order
 
 # the order "worst" follows when several results make one (a census's layer orders, a comparison's
-# runs): a confirmed bug outranks a crash, which outranks what could not be decided
-SEVERITY = (BUG, CRASHED, UNCONFIRMED, INCONCLUSIVE, NOT_BUILT, NOT_RUN, OK)
+# runs): a confirmed bug outranks a crash, which outranks what could not be decided; a path the
+# library declares unsupported is no failure of it
+SEVERITY = (BUG, CRASHED, UNCONFIRMED, INCONCLUSIVE, TIMED_OUT, NOT_BUILT, NOT_RUN, UNSUPPORTED, OK)
 
 # what a float64 rerun says of one departure (`evidence.Confirmation.status`)
 ROUNDING = "rounding"  # gone in float64: float32 rounding, not a finding (the run counts as ok)

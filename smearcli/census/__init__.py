@@ -8,9 +8,11 @@ and of every one the installed vLLM runs (`--engine vllm`).
   (rollback through transformers' own cache API beside a copy), `born` the module an error is
   born in, `shapes` names the failure;
 - `record` declares a record's fields once; `records` reads and writes the record files,
-  `isolate` runs each architecture in its own process with limits and streams JSON Lines;
+  `isolate` runs each architecture in its own process with limits and streams JSON Lines, `budget`
+  says what happens when time runs out (a retry, then `timed out`; a verdict already made kept);
 - `report` draws the table, the JSON document and the Markdown census, `groups` puts findings
-  with one root cause together, `repro` and `draft` write a standalone reproducer and a bug-report
-  draft per finding;
+  with one root cause together (and findings about an API, once), `repro` and `draft` write a
+  standalone reproducer and a bug-report draft per finding, `findings_files` in an order that
+  never leaves a file without its record;
 - `vllm_plan`, `vllm_check`, `vllm_engine`, `vllm_census`, `vllm_repro`: the same on vLLM's engine.
 """

@@ -12,10 +12,16 @@ holds their logic):
   the cache generate makes, past recording on, `crop(-rejected)`, see `hf_runner`), and through a
   copy taken before each draft. Each result is in the entry (`their_crop`, `copy`), each failure
   confirmed in float64 lifted; the entry's top level is the headline run's (a failure first), so a
-  bug of their crop is the architecture's bug like any boundary's. Their API refusing (no crop,
-  or an exception from it) is `refused`, not a bug; `generate_refuses` says why `generate()`
-  itself refuses assisted decoding for the model, where it does. A runner that can neither crop
-  nor copy is reported as such (`schedules.missing`), never skipped in silence.
+  bug of their crop is the architecture's bug like any boundary's. Their API missing (no crop, no
+  recording) or refusing in so many words (`frames.declared_limit`) is `refused`, not a bug; any
+  other exception inside their crop is their crash: it heads the entry (`crashed`, the frame in
+  transformers) and the architecture's verdict, with the copy's result beside it, never instead
+  of it. `generate_refuses` says why `generate()` itself refuses assisted decoding for the model,
+  where the installed release declares it. A runner that can neither crop nor copy is reported as
+  such (`schedules.missing`), never skipped in silence. Where the library declares the rollback
+  unsupported (`generate_refuses`), their crop is `unsupported` with the declaration quoted, never
+  the architecture's bug; what it did anyway is one finding about their API at its code
+  (`declared`, `api_finding`).
 
 Both are measured against the same float32 full pass and float64 floor as every other schedule.
 Each gets an entry in the record's `boundaries` (`entry`): its status (`bug`, `crashed` with the
@@ -40,7 +46,8 @@ from ..boundaries import rollback_mode
 from ..metrics import RunMetrics, measure
 from ..defaults import NOISE_MARGIN
 from ..schedules import ScheduleOptions, census_schedules, missing, run_schedule, runnable, shape
-from ..verdicts import BUG, CRASHED, INCONCLUSIVE, NOT_JUDGED, NOT_JUDGED_WHY, NOT_RUN, OK, ROUNDING, UNCONFIRMED
+from ..verdicts import (BUG, CRASHED, INCONCLUSIVE, NOT_JUDGED, NOT_JUDGED_WHY, NOT_RUN, OK, ROUNDING, UNCONFIRMED,
+                        UNSUPPORTED)
 from ..impls.hf import cache_runner as hf_runner
 from .shapes import LEFT_UNSUPPORTED
 
@@ -60,7 +67,10 @@ def __getattr__(name: str):
 
 def transformers_frame(exc: BaseException) -> str:
     """"transformers/models/x/modeling_x.py:123 in fn: Error: message" for the deepest frame in
-    transformers (the deepest frame at all when none is): `frames.describe`."""
+    transformers (the deepest frame at all when none is): `frames.describe`. A model whose forward
+    returned no causal LM's output (`hf_runner.ModelOutputError`) is named at its forward."""
+    if isinstance(exc, hf_runner.ModelOutputError):
+        return f"{exc.where}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
     return frames.describe(exc, "transformers")
 
 
@@ -170,10 +180,11 @@ def run_rollback(model, make, layers, tokens, ref, noise, tolerance, runner):
     for way in ways.values():
         if way.m is not None and not way.m.passed:
             f64 = confirm(way, tokens, f64)
+    refuses = generate_refuses(runner, tokens)
+    declared(ways["crop"], refuses, runner, tokens)
     head = headline(ways)
     e = dict(head.entry, mode=rollback_mode(head.runner) if head.runner is not None else None,
-             their_crop=result(ways["crop"]), copy=result(ways["copy"]),
-             generate_refuses=generate_refuses(runner, tokens))
+             their_crop=result(ways["crop"]), copy=result(ways["copy"]), generate_refuses=refuses)
     said = summary(ways, e["generate_refuses"])
     e["why"] = said or head.entry["why"]
     notes = [n for n in (head.run.notes if head.run is not None else ()) if n.startswith("rollback")]
@@ -194,6 +205,26 @@ def their_crop(model, make, layers, tokens, ref, noise, tolerance) -> Rolled:
         return Rolled(None, None, entry(REFUSED, why=str(refused)), None)
 
 
+API_FINDING = "crop returns without error and leaves the state as the draft left it"
+
+
+def declared(way: Rolled, refuses: Optional[str], runner, tokens) -> None:
+    """Their crop on a path the library declares unsupported (`refuses`, what `generate` refuses,
+    quoted): `unsupported`, the declaration in `declared`, no failure of the architecture, which
+    the copy's run decides. Where their crop returned without error and still left the logits off
+    (a bug or unconfirmed departure), `api_finding` names the API's code that did it
+    (`hf_runner.crop_site`): one finding about their API, which the census groups by that code
+    across architectures (`groups.api_findings`), never one bug per architecture. A refusal of
+    their API (`refused`) or a crop that did not run stays as it is."""
+    st = way.entry["status"]
+    if not refuses or st in (REFUSED, NOT_RUN):
+        return
+    if st in (BUG, UNCONFIRMED):
+        way.entry["api_finding"] = {"at": hf_runner.crop_site(runner, tokens), "what": API_FINDING,
+                                    "status": str(st)}
+    way.entry.update(status=str(UNSUPPORTED), declared=refuses, shape=None)
+
+
 def confirm(way: Rolled, tokens, f64=None):
     """A failed rollback rerun in float64 lifted (`evidence.Confirmer`), as `check` confirms every
     finding: its entry becomes `bug`, `unconfirmed`, or passed (float32 rounding). Returns the
@@ -211,18 +242,32 @@ def confirm(way: Rolled, tokens, f64=None):
 
 def headline(ways: dict) -> Rolled:
     """The run the verdict reads: the larger confirmed failure, else the larger unconfirmed one,
-    else their crop where it ran, else the copy (crashed, or not run)."""
+    else a way that crashed (their crop first: a raise inside their API is their crash, never
+    passed over for the copy), else their crop where it ran, else the copy; a way the library
+    declares unsupported (`declared`) is never the headline: it is reported beside it."""
     for status in (BUG, UNCONFIRMED):
         failed = [w for w in ways.values() if w.entry["status"] == status]
         if failed:
             return max(failed, key=lambda w: w.m.max_abs_logits)
-    return next((w for w in ways.values() if w.m is not None), ways["copy"])
+    crashed = [w for w in ways.values() if w.entry["status"] == CRASHED]
+    if crashed:
+        return crashed[0]
+    judged = [w for w in ways.values() if w.m is not None and w.entry["status"] != UNSUPPORTED]
+    return judged[0] if judged else ways["copy"]  # a path declared unsupported never heads
+
+
+def crash(entries: dict) -> Optional[tuple[str, str]]:
+    """(boundary, frame) of the first boundary whose cached run raised in their code (`crashed`),
+    or None: a raise on a cached path is the architecture's result like a step plan's."""
+    return next(((name, e.get("why") or "") for name, e in entries.items() if e.get("status") == CRASHED), None)
 
 
 def result(way: Rolled) -> dict:
     """One way's own result for the record: status (`passed` until the verdict settles it, `bug`,
     `unconfirmed`, `crashed`, `not run`, `refused`), its numbers, why, and its confirmation."""
-    return {k: way.entry.get(k) for k in ("status", "max_abs", "multiple", "why", "confirmation")}
+    out = {k: way.entry.get(k) for k in ("status", "max_abs", "multiple", "why", "confirmation")}
+    out.update({k: way.entry[k] for k in ("declared", "api_finding") if k in way.entry})  # unsupported
+    return out
 
 
 def in_words(e: dict) -> str:
@@ -230,6 +275,9 @@ def in_words(e: dict) -> str:
     st = e["status"]
     if st in (BUG, UNCONFIRMED):
         return f"{st} {e['multiple'] or 0:.2g}x"
+    if st == UNSUPPORTED:  # the declaration follows in the summary ("generate() refuses ...")
+        found = e.get("api_finding")
+        return f"{st}, yet it ran: {found['status']} {e['multiple'] or 0:.2g}x" if found else f"{st}"
     return "within the floor" if st == PASSED and not e["why"] else f"{st} ({e['why']})"
 
 

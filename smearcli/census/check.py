@@ -165,28 +165,26 @@ def check(model_type: str, seed: int = 0, tolerance: float = NOISE_MARGIN, total
     """The record of one architecture (see the module docstring); `config` replaces the derived
     one. With `repro_dir`, a finding gets a standalone reproducer there, run once: its path and
     exit status are in the record (`reproducer`, `reproducer_status`)."""
+    import time
+
+    from . import budget
+
+    t0 = time.monotonic()
     rec = _check_orders(model_type, seed, tolerance, total, config)
+    budget.stage(public(rec))  # the verdict is in: kept even if a reproducer runs out of time
     if rec["verdict"] == BUG and repro_dir is not None and rec.get("_config") is not None:
-        from pathlib import Path
+        from . import findings_files
 
-        from . import repro
-
-        kw = dict(seed=seed, vocab=rec["vocab"], margin=tolerance, total=total)
-        path = repro.write(rec, rec["_config"], Path(repro_dir) / f"{model_type}.py", **kw)
-        rec["reproducer"] = str(path)
-        rec["reproducer_status"], rec["reproducer_output"] = repro.run(path)
-        for name, e in rec["boundaries"].items():  # a failed boundary beside another headline
-            if e["status"] == BUG and name != rec["worst_schedule"]:
-                p = repro.write(rec, rec["_config"], Path(repro_dir) / f"{model_type}-{name}.py", schedule=name, **kw)
-                e["reproducer"], (e["reproducer_status"], _) = str(p), repro.run(p)
-        import transformers
-
-        from . import draft
-
-        rec["report_draft"] = str(draft.write(rec, path.with_suffix(".md"), {
-            "transformers": transformers.__version__, "torch": torch.__version__}))
+        findings_files.attach(rec, repro_dir, budget.later_limit(time.monotonic() - t0),
+                              lambda r: budget.stage(public(r)), seed=seed, vocab=rec["vocab"], margin=tolerance,
+                              total=total)
     rec.pop("_config", None)
     return rec
+
+
+def public(rec: dict) -> dict:
+    """The record without the fields that only ride along in this process (`_config`)."""
+    return {k: v for k, v in rec.items() if not k.startswith("_")}
 
 
 def _check_orders(model_type, seed, tolerance, total, config) -> dict:
@@ -304,6 +302,12 @@ def check_model(model, tokens, plans: dict, tolerance: float = NOISE_MARGIN, mak
             out["notes"].append(f"explicit {fixed} makes {name} pass")
         if note:
             out["notes"].append(note)
+        return out
+    raised = boundary.crash(entries)  # a boundary that raised in their code, every run else agreeing
+    if raised:
+        boundary.beside(entries, raised[0])
+        out.update(verdict=CRASHED, worst_schedule=raised[0], reason=raised[1])
+        out["notes"].append(f"{raised[0]} raised; the full pass runs")
         return out
     power = evidence.power(runner, tokens, tolerance * floor)
     out["power"] = power.to_json()

@@ -127,3 +127,25 @@ def where(b: dict) -> str:
 def of(records: Sequence[dict], model_type: str) -> Optional[dict]:
     """The group of one architecture (None when it is not a finding)."""
     return next((g for g in groups(records) if model_type in g["architectures"]), None)
+
+
+def api_findings(records: Sequence[dict]) -> list[dict]:
+    """Findings about an API rather than an architecture: a rollback the library declares
+    unsupported whose crop still ran and left the logits off (`census.boundary.declared`), one per
+    piece of their code (`api_finding["at"]`: the cache layer's `crop`), each with every
+    architecture it affects (by name), the first one's declaration and the largest error. None of
+    them is a bug of an architecture."""
+    by: dict[str, dict] = {}
+    for r in sorted(records, key=lambda r: r["model_type"]):
+        crop = (((r.get("boundaries") or {}).get("rollback") or {}).get("their_crop")) or {}
+        found = crop.get("api_finding")
+        if not isinstance(found, dict):
+            continue
+        at = str(found.get("at") or "?")
+        g = by.setdefault(at, {"at": at, "what": found.get("what"), "declared": crop.get("declared"),
+                               "architectures": [], "largest": None})
+        g["architectures"].append(r["model_type"])
+        m = crop.get("multiple")
+        if isinstance(m, (int, float)) and (g["largest"] is None or m > g["largest"]):
+            g["largest"] = m
+    return sorted(by.values(), key=lambda g: (-len(g["architectures"]), g["at"]))

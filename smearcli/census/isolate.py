@@ -4,8 +4,17 @@
 transformers once, so a child starts in milliseconds), at most `jobs` at a time. In the child:
 `resource.setrlimit(RLIMIT_AS)` caps the memory, one thread, then `check(name)`; its record comes
 back over a pipe as one JSON line. The parent kills a child that outlives its wall-clock limit.
-A child that hangs, dies (a signal, an allocation refused) or raises is that architecture's
-result (`crashed` with the reason; running out of memory says so first), never the scan's end.
+A child that dies (a signal, an allocation refused) or raises is that architecture's result
+(`crashed` with the reason; running out of memory says so first), never the scan's end.
+
+Time is not a verdict. A child past its wall-clock limit is killed and the architecture is tried
+once more, after the others, with `RETRY_FACTOR` times the time; what is still out of time then is
+`timed out` (with both limits and the load), never `crashed`. A check sends the record it has so
+far at each stage (`stage`: its verdict, then the reproducer files it wrote); once the verdict is
+in, the architecture's own limit no longer applies: the rest (writing and running reproducers)
+gets its own limit, scaled to the check's pace (`later_limit`), and when that runs out the last
+record sent is kept, with what did not finish in its notes (a reproducer file on disk always has a
+record pointing at it: `check` sends its path before running it).
 Every record says which transformers release made it (`transformers_version`). transformers'
 warnings that a fast SSM kernel is not installed are kept out of the progress lines
 (`impls.hf.kernels`): a child sends back what was missing after its record, and the run says it
@@ -35,11 +44,14 @@ from typing import Callable, Iterable, Optional, Sequence
 
 from .. import jsonsafe
 from ..errors import UserError
-from ..verdicts import CRASHED, NOT_BUILT
+from ..verdicts import CRASHED, NOT_BUILT, TIMED_OUT
 from ..impls.hf import kernels
-from . import records
+from . import budget, records
+from .budget import later_limit, stage, timed_out  # noqa: F401 - the census's names for them
 
 DEFAULT_TIMEOUT = 240.0  # seconds per architecture
+RETRY_FACTOR = budget.RETRY_FACTOR
+STAGE = budget.STAGE
 DEFAULT_MEMORY = 3 << 30  # bytes of address space per architecture
 SLOW_KERNELS = "slow_kernels"  # a child's second line: the fast kernels transformers fell back without
 
@@ -116,6 +128,7 @@ def _child(check: Callable[[str], dict], name: str, fd: int, memory: Optional[in
     code = 0
     try:
         _as_worker(parent, inherited)
+        budget.send_stages_to(fd)
         if memory:
             resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
         torch = sys.modules.get("torch")  # imported by the parent with the check, never here
@@ -132,9 +145,7 @@ def _child(check: Callable[[str], dict], name: str, fd: int, memory: Optional[in
         data = (jsonsafe.dumps(rec, default=str) + "\n").encode()
         if slow.missing:  # a second line, after the record: what the parent says once at the end
             data += (json.dumps({SLOW_KERNELS: sorted(slow.missing)}) + "\n").encode()
-        while data:
-            n = os.write(fd, data)
-            data = data[n:]
+        budget.write_all(fd, data)
     except BaseException:
         code = 3
     finally:
@@ -192,8 +203,9 @@ def run(names: Sequence[str], check: Callable[[str], dict], sink: "records.Sink"
     if jobs < 1:
         raise UserError(f"jobs must be at least 1, got {jobs}")
     done = sink.names()
-    todo = [n for n in dict.fromkeys(names) if n not in done]
-    running: dict[int, tuple[str, int, float, bytearray]] = {}  # pid -> (name, read fd, start, buffer)
+    todo = [(n, timeout) for n in dict.fromkeys(names) if n not in done]  # (name, its limit)
+    tried: dict[str, float] = {}  # name -> the limit it ran out of the first time
+    running: dict[int, list] = {}  # pid -> [name, read fd, start, buffer, limit, verdict at (or None)]
     results: list[dict] = []
     slow: set[str] = set()  # the fast kernels the children said were missing
     version = transformers_version()
@@ -209,16 +221,22 @@ def run(names: Sequence[str], check: Callable[[str], dict], sink: "records.Sink"
     try:
         while todo or running:
             while todo and len(running) < jobs:
-                _spawn(check, todo.pop(0), memory, running, sink.fd)
+                _spawn(check, *todo.pop(0), running, memory, sink.fd)
             for rec in _collect(running, memory, slow):
                 finish(rec)
             now = time.monotonic()
-            for pid, (name, fd, start, _) in list(running.items()):
-                if now - start > timeout:
+            for pid, (name, fd, start, buf, limit, verdict_at) in list(running.items()):
+                if verdict_at is not None:  # the verdict is in: the rest has its own limit
+                    if now - verdict_at > later_limit(verdict_at - start):
+                        _kill(pid, running)
+                        finish(budget.kept(name, buf, now - start, later_limit(verdict_at - start)))
+                elif now - start > limit:
                     _kill(pid, running)
-                    finish({"model_type": name, "verdict": str(CRASHED),
-                            "reason": f"timed out: no result within {timeout:g} s (a hang, or too slow)",
-                            "wall_s": round(now - start, 2)})
+                    if name not in tried:  # once more, after the others, with more time
+                        tried[name] = limit
+                        todo.append((name, limit * RETRY_FACTOR))
+                    else:
+                        finish(timed_out(name, tried[name], limit, now - start))
     finally:
         with records.signals_held():  # a second Ctrl-C must not leave a worker behind
             for pid in list(running):
@@ -228,7 +246,7 @@ def run(names: Sequence[str], check: Callable[[str], dict], sink: "records.Sink"
     return results
 
 
-def _spawn(check, name: str, memory: Optional[int], running: dict, sink_fd: int) -> None:
+def _spawn(check, name: str, limit: float, running: dict, memory: Optional[int], sink_fd: int) -> None:
     """Fork `name`'s worker and list it in `running`, SIGINT and SIGTERM held back in between: a
     signal at the moment of the fork is handled once the worker is listed, so it is stopped too."""
     r, w = os.pipe()
@@ -246,7 +264,7 @@ def _spawn(check, name: str, memory: Optional[int], running: dict, sink_fd: int)
         with contextlib.suppress(OSError):  # the child does it too; whichever runs first
             os.setpgid(pid, pid)
         os.close(w)
-        running[pid] = (name, r, time.monotonic(), bytearray())
+        running[pid] = [name, r, time.monotonic(), bytearray(), limit, None]
 
 
 def _collect(running: dict, memory: Optional[int], slow: set) -> list[dict]:
@@ -259,18 +277,28 @@ def _collect(running: dict, memory: Optional[int], slow: set) -> list[dict]:
     out = []
     for fd, _ in poller.poll(200):
         chunk = os.read(fd, 1 << 16)
-        name, _, start, buf = running[fds[fd]]
+        worker = running[fds[fd]]
+        name, _, start, buf = worker[:4]
         if chunk:
             buf.extend(chunk)
+            if worker[5] is None and b'{"' + STAGE.encode() + b'"' in buf:  # the verdict is in
+                worker[5] = time.monotonic()  # its own limit stops; `later_limit` starts
             continue
         pid = fds[fd]  # end of file: the child is done
         with records.signals_held():  # reaped and dropped together: the cleanup sees one or the other
             _, status = os.waitpid(pid, 0)
             os.close(fd)
             del running[pid]
-        text, _, after = bytes(buf).partition(b"\n")
+        lines = [x for x in bytes(buf).split(b"\n") if x.strip() and not x.startswith(b'{"' + STAGE.encode())]
+        text, after = (lines[0] if lines else b""), b"\n".join(lines[1:])
         slow.update(_slow_kernels(after))
-        out.append(_record(name, text, status, memory, time.monotonic() - start))
+        rec = _record(name, text, status, memory, time.monotonic() - start)
+        kept = budget.staged(name, bytes(buf)) if rec.get("verdict") == CRASHED and not text.strip() else None
+        if kept is not None:  # it died after its verdict (writing or running a reproducer): the verdict stands
+            kept = dict(kept, notes=[*(kept.get("notes") or []), f"after its verdict, {rec['reason']}"])
+            kept["wall_s"] = kept.get("wall_s") or rec.get("wall_s")
+            rec = kept
+        out.append(rec)
     return out
 
 

@@ -11,13 +11,14 @@ from typing import Optional, Sequence
 
 from ..jsondoc import SCHEMAS, header
 from ..schedules import census_schedules  # the boundaries every architecture also runs (check.boundary)
-from ..verdicts import BUG, CRASHED, INCONCLUSIVE, NOT_BUILT, NOT_JUDGED, NOT_JUDGED_WHY, NOT_RUN, OK, UNCONFIRMED
-from .groups import born, groups
+from ..verdicts import (BUG, CRASHED, INCONCLUSIVE, NOT_BUILT, NOT_JUDGED, NOT_JUDGED_WHY, NOT_RUN, OK, TIMED_OUT,
+                        UNCONFIRMED)
+from .groups import api_findings, born, groups
 from . import record
 from .shapes import LEFT_UNSUPPORTED
 
 SCHEMA = SCHEMAS["scan"]
-ORDER = tuple(str(v) for v in (BUG, CRASHED, UNCONFIRMED, INCONCLUSIVE, OK, NOT_BUILT))
+ORDER = tuple(str(v) for v in (BUG, CRASHED, UNCONFIRMED, INCONCLUSIVE, OK, NOT_BUILT, TIMED_OUT))
 FIELDS = record.FIELDS  # every field of a record, in the order the JSON document lists them
 PY_PATH = re.compile(r"\S*/([^/\s]+\.py:\d+)")  # "transformers/models/x/modeling_x.py:12" -> "modeling_x.py:12"
 
@@ -114,6 +115,9 @@ def table(records: Sequence[dict], width: int = 80) -> str:
         b = boundary_counts(records, name)
         if b:
             out.append(_cut(f"{name}: " + ", ".join(f"{n} {k}" for k, n in sorted(b.items())), width))
+    for g in api_findings(records):  # one line per piece of their API's code, not per architecture
+        out.append(_cut(f"their API, declared unsupported: {g['at'].split('/')[-1]}: {g['what']} "
+                        f"({len(g['architectures'])} architectures)", width))
     out.append(_cut(f"{len(records)} architectures: " + ", ".join(f"{n} {k}" for k, n in c.items() if n), width))
     return "\n".join(out)
 
@@ -157,6 +161,7 @@ def markdown(records: Sequence[dict], meta: Optional[dict] = None) -> str:
                        f"{r.get('shape')} | {where} | {'default' if r.get('init') is None else r['init']} | {rep} |")
         out.append("")
         out += groups_md(records)
+    out += api_md(records)
     out += boundaries_md(records)
     out += ["## Every architecture", "", "| architecture | verdict | worst schedule | error | shape or reason | "
             f"{' / '.join(census_schedules())} |", "|---|---|---|---|---|---|"]
@@ -196,6 +201,26 @@ def boundaries_md(records: Sequence[dict]) -> list[str]:
                             f"{why.replace('|', '/')[:160]} |")
     if rows:
         out += ["", "| architecture | boundary | result | shape / why |", "|---|---|---|---|", *rows]
+    return out + [""]
+
+
+def api_md(records: Sequence[dict]) -> list[str]:
+    """Declared unsupported, done anyway: one row per piece of their API's code
+    (`groups.api_findings`), with every architecture it affects; none counted as a bug."""
+    found = api_findings(records)
+    if not found:
+        return []
+    out = ["## Declared unsupported, done anyway: findings about the API", "",
+           "A rollback the library declares unsupported (`unsupported` in the rollback entry, with the "
+           "declaration quoted) is not counted as a bug. Where their `crop` still returned without error and "
+           "left the logits off, that is one finding about their API, at its code, for every architecture "
+           "it affects (`smearcli.census.groups.api_findings`).", "",
+           "| their code | what it does | architectures | largest error | declared (first architecture) |",
+           "|---|---|---|---|---|"]
+    for g in found:
+        big = "-" if g["largest"] is None else f"{g['largest']:.2g}x the floor"
+        out.append(f"| `{g['at']}` | {g['what']} | {', '.join(g['architectures'])} | {big} | "
+                   f"{str(g['declared'] or '-').replace('|', '/')[:200]} |")
     return out + [""]
 
 

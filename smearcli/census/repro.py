@@ -162,9 +162,11 @@ def schedule(model, ids):
 def their_crop_fragment() -> str:
     """The reproducers' `their_crop(model, ids)` (a template fragment, no braces): the rollback
     schedule taken back through their cache API as transformers' assisted generation calls it
-    (`_assisted_decoding`, 5.24): the cache `generate()` makes, `activate_past_recording()` before
-    the prefill, then `cache.crop(-rejected)` after every forward, `crop(0)` where none was
-    rejected. The scan's crop-mode runner (`impls.hf.cache_runner`) makes the same calls."""
+    (`_assisted_decoding`): the cache `generate()` makes, `activate_past_recording(...)` before
+    the prefill with what the installed release's generate passes it (`recording`, the embedded
+    detector: `recurrent_states_to_keep=DRAFT - 1` from 5.25 on, nothing before), then
+    `cache.crop(-rejected)` after every forward, `crop(0)` where none was rejected. The scan's
+    crop-mode runner (`impls.hf.cache_runner`) makes the same calls."""
     return '''def generation_cache(model):
     """The cache generate() makes before the prefill, or None where it makes none."""
     if not model._supports_default_dynamic_cache():
@@ -181,11 +183,12 @@ def their_crop(model, ids):
     cache's own crop as assisted generation takes it back."""
     vocab = max(int(ids.max()) + 1, 2)
     made = generation_cache(model)
+    drafted = DRAFT - 1  # tokens drafted per verify step, as generate counts them (num_drafting_tokens)
     if made is not None:
-        made.activate_past_recording()  # generate: before the prefill
+        made.activate_past_recording(**recording(made, drafted))  # generate: before the prefill
     out, cache = step(model, ids[:, :PROMPT], made, 0)
     if made is None:  # a cache the model made itself: recorded from the prefill on
-        cache.activate_past_recording()
+        cache.activate_past_recording(**recording(cache, drafted))
     cache.crop(0)  # generate crops after every forward: 0 tokens when none was rejected
     logits, pos = [out], PROMPT
     while pos < T:

@@ -88,11 +88,15 @@ def test_a_crop_that_keeps_the_rejected_draft_is_state_not_rolled_back(monkeypat
 
 
 def test_a_crop_their_api_refuses_falls_back_to_a_copy(monkeypatch):
+    """A refusal in so many words, raised in their code (any other exception is their crash:
+    tests/test_scan_rollback_api.py)."""
+    import transformers.cache_utils as cu
     from transformers import DynamicCache
 
-    def refuse(self, n):
-        raise RuntimeError("layer does not track past states")
-    monkeypatch.setattr(DynamicCache, "crop", refuse)
+    ns: dict = {}
+    exec(compile("def refuse(self, n):\n    raise NotImplementedError('crop is not supported here')\n",
+                 cu.__file__, "exec"), ns)
+    monkeypatch.setattr(DynamicCache, "crop", ns["refuse"])
     model, cfg = tiny_llama()
     out = scan(model, cfg)
     e = out["boundaries"]["rollback"]

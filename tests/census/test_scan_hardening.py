@@ -306,7 +306,7 @@ def oom_when_built(name: str) -> dict:
 
 def test_out_of_memory_is_crashed_as_the_guide_says(tmp_path):
     guide = (ROOT / "docs" / "guide" / "scan.md").read_text()
-    assert "| `crashed` | their code raised (the frame is in the table), or the process hung or ran out of memory " \
+    assert "| `crashed` | their code raised (the frame is in the table), or the process died or ran out of memory " \
         "(the reason then starts with *out of memory*, building the model included" in guide
     (rec,) = isolate.scan(["blt"], oom_when_built, tmp_path / "s.jsonl", memory=1 << 30)
     assert rec["verdict"] == "crashed", rec

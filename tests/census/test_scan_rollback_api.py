@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-pytest.importorskip("transformers", reason="transformers is not installed: pip install 'smearcli[hf]'")
+transformers = pytest.importorskip("transformers", reason="transformers is not installed: pip install 'smearcli[hf]'")
 
 from smearcli.schedules import shape  # noqa: E402
 from smearcli.census import repro  # noqa: E402
@@ -21,7 +21,7 @@ from smearcli.impls.hf import cache_runner as hf_runner  # noqa: E402
 from smearcli.impls.hf.cache_runner import CacheRunner  # noqa: E402
 from smearcli.defaults import DRAFT, GEN_LEN, REJECT  # noqa: E402
 from smearcli.runner import Holder  # noqa: E402
-from smearcli.verdicts import BUG, INCONCLUSIVE, OK  # noqa: E402
+from smearcli.verdicts import BUG, INCONCLUSIVE, OK, UNSUPPORTED  # noqa: E402
 
 
 def tiny(model_type: str, **overrides):
@@ -39,6 +39,15 @@ def scan(model, cfg):
     return check_model(model, tokens(), split_points(cfg, T))
 
 
+def in_transformers(src: str, name: str):
+    """A stand-in function whose frames are in transformers' cache_utils.py (what `frames` reads)."""
+    import transformers.cache_utils as cu
+
+    ns: dict = {}
+    exec(compile(src, cu.__file__, "exec"), ns)
+    return ns[name]
+
+
 def conv_lfm2():
     """LFM2 with a short-conv layer beside its attention layer: conv taps and keys and values, no
     recurrent state, so `crop` can put the cache back (their `is_croppable` is True). (A conv-only
@@ -52,22 +61,55 @@ def mamba2():
     return model, cfg, scan(model, cfg)
 
 
-def test_a_crop_that_leaves_the_recurrent_state_is_their_bug_while_the_copy_passes(mamba2):
+RELEASE = tuple(int(x) for x in transformers.__version__.split(".")[:2])
+BEFORE_525 = pytest.mark.skipif(RELEASE >= (5, 25), reason="5.25's crop restores the recurrent state")
+
+
+@BEFORE_525
+def test_a_crop_the_library_declares_unsupported_is_unsupported_and_no_bug(mamba2):
+    """5.24 declares the rollback unsupported (`_is_stateful`, `is_croppable` False with its
+    docstring); their crop still returns and leaves the recurrent state: `unsupported`, the
+    declaration quoted, one finding about their API at the layer's `crop`, and the copy decides."""
     _, _, out = mamba2
-    assert out["verdict"] == BUG and out["worst_schedule"] == "rollback", out
-    assert out["shape"] == shape("rollback")
+    assert out["verdict"] in (OK, INCONCLUSIVE), out  # the copy and every step plan agree
     e = out["boundaries"]["rollback"]
-    assert e["mode"] == "crop" and e["status"] == BUG
+    assert e["mode"] == "copy" and e["status"] == out["verdict"]
     theirs, copy = e["their_crop"], e["copy"]
-    assert theirs["status"] == BUG and theirs["multiple"] > 10
-    assert copy["status"] == PASSED and copy["multiple"] <= 10  # the copy rolls back exactly
-    # confirmed like any finding: the error keeps its size in float64, lifted
-    c = theirs["confirmation"]
-    assert c["status"] == BUG and c["float64_lifted"] >= 0.5 * c["original"]
-    assert out["confirmation"]["status"] == BUG
-    assert "their crop: bug" in e["why"] and "copy: within the floor" in e["why"]
+    assert theirs["status"] == UNSUPPORTED and theirs["multiple"] > 10  # measured all the same
+    assert "_is_stateful" in theirs["declared"] and "is_croppable is False" in theirs["declared"]
+    assert "only supported when there are no recurrent states" in theirs["declared"]  # their docstring
+    found = theirs["api_finding"]
+    assert found["status"] == BUG and found["at"].startswith("transformers/cache_utils.py:")
+    assert found["at"].endswith(".crop") and "LinearAttention" in found["at"]
+    assert theirs["confirmation"]["status"] == BUG  # confirmed like any departure
+    assert copy["status"] == out["verdict"] and copy["multiple"] <= 10
+    assert "their crop: unsupported, yet it ran: bug" in e["why"] and "generate() refuses" in e["why"]
 
 
+@BEFORE_525
+def test_the_api_finding_is_one_for_every_architecture_it_affects(mamba2):
+    """Two architectures whose uncroppable layers share one `crop`: one finding, both named."""
+    from smearcli.census import groups, report
+
+    _, _, out = mamba2
+    a = record("mamba2", **{k: v for k, v in out.items() if k != "verdict"}, verdict=out["verdict"])
+    b = dict(a, model_type="zamba2")
+    found = groups.api_findings([b, a])
+    assert len(found) == 1 and found[0]["architectures"] == ["mamba2", "zamba2"]
+    md = report.markdown([a, b], {"transformers_version": "x"})
+    assert "findings about the API" in md and md.count(found[0]["at"]) == 1
+    assert groups.groups([a, b]) == []  # no architecture's bug
+
+
+@pytest.mark.skipif(RELEASE < (5, 25), reason="5.25 records the recurrent states a crop restores")
+def test_their_crop_called_as_525_generate_calls_it_rolls_back(mamba2):
+    _, _, out = mamba2
+    e = out["boundaries"]["rollback"]
+    assert e["their_crop"]["status"] in (OK, INCONCLUSIVE) and e["their_crop"]["multiple"] <= 10
+    assert e["generate_refuses"] is None  # 5.25 declares nothing
+
+
+@BEFORE_525
 def test_their_crop_puts_the_conv_taps_back_and_leaves_the_recurrent_state(mamba2):
     """What the bug is, seen in the cache: after a draft and `crop(-rejected)`, the conv taps equal
     those of a cache that only saw the accepted tokens, the recurrent state does not."""
@@ -89,6 +131,7 @@ def test_their_crop_puts_the_conv_taps_back_and_leaves_the_recurrent_state(mamba
     assert float((a.recurrent_states[0] - b.recurrent_states[0]).abs().max()) > 1e-3 * scale
 
 
+@BEFORE_525
 def test_generate_refusing_assisted_decoding_is_in_the_record_and_matches_generate(mamba2):
     model, _, out = mamba2
     refuses = out["boundaries"]["rollback"]["generate_refuses"]
@@ -173,15 +216,35 @@ def test_a_crop_their_api_refuses_is_refused_and_changes_no_verdict(monkeypatch)
     model, cfg = tiny("llama")
     before = scan(model, cfg)["verdict"]
 
-    def refuse(self, n):
-        raise RuntimeError("layer does not track past states")
+    refuse = in_transformers("def refuse(self, n):\n    raise NotImplementedError('crop is not supported for this cache')\n",
+                             "refuse")
     monkeypatch.setattr(DynamicCache, "crop", refuse)
     out = scan(model, cfg)
     e = out["boundaries"]["rollback"]
     assert out["verdict"] == before == OK
-    assert e["their_crop"]["status"] == REFUSED and "does not track past states" in e["their_crop"]["why"]
+    assert e["their_crop"]["status"] == REFUSED and "is not supported for this cache" in e["their_crop"]["why"]
     assert e["mode"] == "copy" and e["copy"]["status"] == OK and e["status"] == OK
     assert "their crop: refused" in e["why"]
+
+
+def test_an_exception_inside_their_crop_is_their_crash_with_the_copy_beside_it(monkeypatch):
+    """An IndexError deep inside their crop is no refusal: it heads the rollback entry and the
+    architecture's verdict (crashed, the frame in transformers), and the copy's pass is reported
+    beside it, not in its place."""
+    from transformers import DynamicCache
+
+    model, cfg = tiny("llama")
+
+    broken = in_transformers("def broken(self, n):\n    return [][n - 100]\n", "broken")  # an IndexError in their frame
+    monkeypatch.setattr(DynamicCache, "crop", broken)
+    out = scan(model, cfg)
+    e = out["boundaries"]["rollback"]
+    assert out["verdict"] == "crashed" and out["worst_schedule"] == "rollback", out
+    assert e["status"] == "crashed" and e["mode"] == "crop"
+    assert e["their_crop"]["status"] == "crashed" and "IndexError" in e["their_crop"]["why"]
+    assert e["copy"]["status"] in (PASSED, "not judged") and e["copy"]["multiple"] <= 10
+    assert "their crop: crashed" in e["why"] and "copy: " in e["why"]
+    assert "IndexError" in out["reason"]
 
 
 def test_a_cache_with_no_crop_is_refused_not_a_failure():
@@ -201,13 +264,16 @@ def test_a_cache_with_no_recording_api_is_refused_and_generate_makes_none():
     assert "_is_stateful" in e["generate_refuses"] and "generate makes no cache" in e["generate_refuses"]
 
 
+@BEFORE_525
 @pytest.mark.slow
 def test_the_reproducer_takes_the_draft_back_through_their_api(tmp_path, mamba2):
     model, cfg, out = mamba2
-    rec = record("mamba2", **{k: v for k, v in out.items() if k != "verdict"}, verdict=out["verdict"])
-    path = repro.write(rec, cfg, tmp_path / "mamba2.py", total=T)
+    e = dict(out["boundaries"]["rollback"], mode="crop")  # their crop's run, as the API finding's
+    rec = record("mamba2", **{k: v for k, v in out.items() if k not in ("verdict", "boundaries")},
+                 boundaries={"rollback": e}, verdict=out["verdict"])
+    path = repro.write(rec, cfg, tmp_path / "mamba2.py", total=T, schedule="rollback")
     src = path.read_text()
     assert "REJECT, MODE = " in src and ", 'crop'  # rollback" in src
-    assert "activate_past_recording()" in src and "cache.crop(keep - n)" in src
+    assert "activate_past_recording(**recording(made, drafted))" in src and "cache.crop(keep - n)" in src
     got, line = repro.run(path)
     assert got == 1, line  # the recurrent state is left behind in transformers itself too

@@ -163,6 +163,76 @@ def test_the_reproducer_embeds_the_one_detector_and_agrees_with_it():
     assert ns["out_cache"](out) == api.out_cache(out) == "c"
 
 
+# -- past recording: what each release's generate passes activate_past_recording ------------------
+class Layer524:  # 5.0 - 5.24: a layer records its past, no count
+    def activate_past_recording(self):
+        self.said = {}
+
+
+class Layer525:  # 5.25: a linear-attention layer keeps the last N recurrent states
+    def activate_past_recording(self, recurrent_states_to_keep=None):
+        self.said = {"recurrent_states_to_keep": recurrent_states_to_keep}
+
+
+class Sliding525:  # 5.25: a sliding-window layer records its past, takes any keywords, keeps no count
+    def activate_past_recording(self, **kwargs):
+        self.said = {}
+
+
+class Forwarding:  # 5.25's DynamicCache: **kwargs, handed to each layer that records
+    def __init__(self, *layers):
+        self.layers = list(layers)
+
+    def activate_past_recording(self, **kwargs):
+        for layer in self.layers:
+            layer.activate_past_recording(**kwargs)
+
+    def crop(self, n):
+        pass
+
+
+class Plain524(Forwarding):  # 5.24's DynamicCache: no arguments at all
+    def activate_past_recording(self):
+        for layer in self.layers:
+            layer.activate_past_recording()
+
+
+class EncDec:  # an EncoderDecoderCache: its self-attention cache decides
+    def __init__(self, inner):
+        self.self_attention_cache = inner
+
+    def activate_past_recording(self, **kwargs):
+        self.self_attention_cache.activate_past_recording(**kwargs)
+
+
+@pytest.mark.parametrize("cache,expected", [
+    (Plain524(Layer524()), {}),
+    (Forwarding(Sliding525()), {}),  # forwards kwargs, but no layer names a count
+    (Forwarding(Sliding525(), Layer525()), {"recurrent_states_to_keep": 3}),
+    (Layer525(), {"recurrent_states_to_keep": 3}),
+    (EncDec(Forwarding(Layer525())), {"recurrent_states_to_keep": 3}),
+    (EncDec(Plain524(Layer524())), {}),
+], ids=["5.24 cache", "attention-only 5.25", "hybrid 5.25", "a 5.25 layer", "enc-dec 5.25", "enc-dec 5.24"])
+def test_past_recording_passes_the_drafted_count_where_the_release_takes_it(cache, expected):
+    from smearcli.impls.hf import cache_runner
+
+    assert api.recording(cache, 3) == expected
+    assert reproducer_namespace()["recording"](cache, 3) == expected  # the embedded copy agrees
+    cache_runner.record(cache, 3)  # the runner calls it so: each recording layer heard the count
+    inner = getattr(cache, "self_attention_cache", cache)
+    for layer in getattr(inner, "layers", [inner]):
+        assert layer.said == ({"recurrent_states_to_keep": 3} if isinstance(layer, Layer525) else {})
+
+
+def test_the_runner_records_the_tokens_generate_drafts_per_verify_step():
+    """generate's verify step feeds the last accepted token and `num_drafting_tokens` candidates;
+    the rollback boundary feeds DRAFT tokens, so the runner keeps DRAFT - 1 states."""
+    from smearcli.defaults import DRAFT
+
+    runner = CacheRunner(hf.tiny_model("llama"), crop=True)
+    assert runner.drafted == DRAFT - 1
+
+
 @pytest.mark.parametrize("cls", [CacheParams50, Cache524], ids=lambda c: c.__name__)
 def test_the_reproducer_steps_pass_the_cache_as_the_runner_does(cls):
     ns = reproducer_namespace()
@@ -368,3 +438,26 @@ def test_the_census_runs_under_the_oldest_supported_release(tmp_path):
     assert Path(q["reproducer"]).read_text().count(f"transformers {hf.OLDEST}") == 1  # its docstring
     assert p.stderr.count("note: transformers' fast SSM kernels are not installed") == 1
     assert "fast path is not available" not in p.stderr
+
+
+class EmptyWhenCached(Recorder):
+    """A model whose cached step returns logits of no position (as CPM-Ant does)."""
+
+    def forward(self, input_ids=None, cache=None, use_cache=None, **_):
+        n = 0 if cache is not None else input_ids.size(1)
+        return Out(logits=torch.zeros(input_ids.size(0), n, 4), cache="theirs")
+
+
+def test_empty_logits_from_a_cached_step_are_the_models_failure_at_its_forward():
+    from smearcli.impls.hf.cache_runner import ModelOutputError
+    from smearcli.runner import Holder
+
+    runner = CacheRunner(EmptyWhenCached())
+    held = Holder()
+    runner.step(torch.zeros(1, 3, dtype=torch.long), held, False)  # the first call makes the cache
+    with pytest.raises(ModelOutputError) as caught:
+        runner.step(torch.zeros(1, 1, dtype=torch.long), held, False)
+    said = boundary.transformers_frame(caught.value)
+    assert said.startswith(caught.value.where) and "in EmptyWhenCached.forward" in said
+    assert "test_hf_releases.py:" in said and "schedules.py" not in said
+    assert "returned logits of shape (1, 0, 4)" in said

@@ -175,6 +175,12 @@ def scan(
                       ] = "transformers",
     vllm_python: Annotated[Optional[Path], typer.Option("--vllm-python", help="With --engine vllm: the Python "
                            "of vLLM's environment (default $SMEARCLI_VLLM_PYTHON).")] = None,
+    against: Annotated[Optional[list[Path]], typer.Option("--against", help="A previous census's record file "
+                       "(another release of the same engine; repeat for its shards): print what changed per "
+                       "architecture; with --check exit 1 on regressions only.")] = None,
+    against_source: Annotated[Optional[Path], typer.Option("--against-source", help="With --against: the "
+                              "previous release's transformers package directory, to quote the lines of each "
+                              "changed architecture's modeling file that changed.")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No line per architecture on stderr.")] = False,
 ) -> None:
     """Check every causal-LM architecture of the installed transformers: a tiny config derived
@@ -201,8 +207,15 @@ def scan(
         check_output("--markdown", markdown)
     if figure is not None:
         check_output("--figure", figure, (".png", ".svg", ".pdf"))
-    distinct([("--merge", p) for p in merge or []],
+    distinct([("--merge", p) for p in merge or []] + [("--against", p) for p in against or []],
              [("--out", None if merge else out), ("--markdown", markdown), ("--figure", figure)])
+    previous = read_against(against, merge, against_source)  # refused before anything runs
+    if previous is not None and not merge:
+        from ...census.diff import engine as engine_of
+
+        if engine_of(previous) != engine:
+            raise UserError(f"--against holds a census on {engine_of(previous)}, and this one runs on {engine} "
+                            "(--engine): a diff is between releases of one engine")
     t0 = time.monotonic()
     info = {}
     if merge:
@@ -239,12 +252,54 @@ def scan(
         from ...render import figures, scan_figure
 
         figures.save(scan_figure.figure(records), figure)
+    if previous is not None:  # --against: what changed, and --check gates on regressions alone
+        from ...census import diff
+
+        changes = diff.compare(previous, records, sources(against_source))
+        (sys.stderr if json_out else sys.stdout).write(
+            "\n".join(diff.lines(changes, diff.release(previous), diff.release(records))) + "\n")
+        worse = diff.regressions(changes)
+        if check and worse:
+            raise CheckFailed(f"{len(worse)} architecture{'s' * (len(worse) != 1)} regressed against "
+                              f"{diff.release(previous)}: {', '.join(c.model_type for c in worse)}")
+        return
     from ...verdicts import BUG, CRASHED, UNCONFIRMED
 
     failing = (BUG, CRASHED, UNCONFIRMED) if on_vllm else (BUG,)  # vLLM: no float64 rerun to confirm
     bugs = [r["model_type"] for r in records if r.get("verdict") in failing]
     if check and bugs:
         raise CheckFailed(f"{len(bugs)} architectures disagree with their full pass: {', '.join(bugs)}")
+
+
+def read_against(against, merge, source):
+    """--against's records (its files merged as shards: a torn or foreign file, a file given twice,
+    a file also given to --merge are refused, naming it), read before the census runs; None
+    without --against."""
+    from ...census import isolate
+
+    if source is not None and not against:
+        raise UserError("--against-source is the previous release's transformers directory: it needs --against")
+    if source is not None and not (source / "models").is_dir():
+        raise UserError(f"--against-source {source}: not a transformers package directory (no models/ in it)")
+    if not against:
+        return None
+    mine = {os.path.realpath(p): p for p in merge or []}
+    for p in against:
+        if os.path.realpath(p) in mine:
+            raise UserError(f"--against {p} is also --merge {mine[os.path.realpath(p)]}: a census compared with "
+                            "itself shows nothing")
+    return isolate.merge(against)
+
+
+def sources(previous_dir):
+    """Both releases' transformers directories (`census.diff.Sources`), None without --against-source."""
+    if previous_dir is None:
+        return None
+    import transformers
+
+    from ...census import diff
+
+    return diff.Sources(Path(previous_dir), Path(transformers.__file__).parent)
 
 
 def _run(out, jobs, part, resume, wanted, timeout, memory_mb, repro_dir, quiet):

@@ -46,7 +46,7 @@ from .api import KEYWORDS as CACHE_KEYWORDS  # noqa: F401 - the one list (`hf.ap
 
 OLDEST = "5.0.0"  # the oldest release run end to end (tests/impls/test_hf_releases.py installs it)
 # run end to end (compare --impl hf, scan); every release between had its cache API read
-TESTED_VERSIONS = ("5.0.0", "5.3.0", "5.4.0", "5.15.1", "5.23.0", "5.24.0")
+TESTED_VERSIONS = ("5.0.0", "5.3.0", "5.4.0", "5.15.1", "5.23.0", "5.24.0", "5.25.0")
 
 
 # -- built-in tiny configs ------------------------------------------------------------------------

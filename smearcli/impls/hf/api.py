@@ -15,9 +15,15 @@ one of them by asking the model, not the version number:
   with the model's config where the release's `DynamicCache` takes one;
 - `crop`: every 5.x `DynamicCache.crop` takes a negative count as "drop that many tokens" (5.0
   names the argument `max_length` and reads a negative one that way; 5.24 takes only that form),
-  so smearcli always crops by a negative count.
+  so smearcli always crops by a negative count;
+- past recording (`recording`): what `generate` passes `activate_past_recording`. Up to 5.24 it
+  takes nothing; 5.25's assisted decoding passes `recurrent_states_to_keep=N`, N the tokens its
+  candidate generator drafts per verify step (`num_drafting_tokens`), so a linear-attention layer
+  keeps the last N recurrent states and `crop` can restore one (called bare, the model's forward
+  compares an int with None and raises). Read from the signatures of the cache's method and, where
+  that forwards `**kwargs`, of its layers' (or its self-attention cache's).
 
-`cache_keyword`, `passes_cache_position`, `out_cache` and `caller_cache` use nothing but
+`cache_keyword`, `passes_cache_position`, `out_cache`, `caller_cache` and `recording` use nothing but
 `KEYWORDS`, the standard library and transformers: `standalone()` is their source, which every
 reproducer embeds (it runs without smearcli), so the census and its reproducers detect the cache
 API with the same code.
@@ -60,7 +66,30 @@ def caller_cache(model):
     return DynamicCache()
 
 
-STANDALONE = (cache_keyword, passes_cache_position, out_cache, caller_cache)  # what a reproducer embeds
+def recording(cache, drafted):
+    """The keywords `generate` passes `cache.activate_past_recording` when each verify step drafts
+    `drafted` tokens: {"recurrent_states_to_keep": drafted} where the release's method (or, where it
+    forwards **kwargs, one of its layers') names that parameter (5.25 on); {} where none does."""
+    def takes(fn):  # True: names it; None: forwards **kwargs; False: neither
+        try:
+            params = inspect.signature(fn).parameters
+        except (TypeError, ValueError):
+            return False
+        if "recurrent_states_to_keep" in params:
+            return True
+        return None if any(p.kind is p.VAR_KEYWORD for p in params.values()) else False
+
+    said = takes(getattr(cache, "activate_past_recording", None))
+    if said is None:  # DynamicCache forwards to its layers, EncoderDecoderCache to its self-attention cache
+        inner = getattr(cache, "self_attention_cache", None)
+        if inner is not None:
+            return recording(inner, drafted)
+        said = any(takes(getattr(layer, "activate_past_recording", None))
+                   for layer in getattr(cache, "layers", None) or ())
+    return {"recurrent_states_to_keep": int(drafted)} if said else {}
+
+
+STANDALONE = (cache_keyword, passes_cache_position, out_cache, caller_cache, recording)  # what a reproducer embeds
 
 
 def standalone() -> str:

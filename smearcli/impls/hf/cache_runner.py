@@ -7,14 +7,19 @@ hf` drive it:
   `position_ids` / attention mask (to tell "positions restart" and "mask wrong" apart), and a float64 twin
   (`float64()`, MoE experts made eager) for `smearcli.evidence`'s floor and confirmation.
 - `CacheRunner(..., crop=True)` declares `CROP` and takes a rejected draft back through the
-  cache's own API the way assisted generation calls it (transformers 5.24, `_assisted_decoding`):
-  the cache made as `generate()` makes it (`generation_cache`), `activate_past_recording()` before
-  the prefill, `crop(-rejected)` after a verify step and `crop(0)` after every other forward (it
-  shrinks recorded conv and sliding-window states back). Their API refusing (no `crop`, or an
-  exception from it) raises `CropRefused`: a result of the check, not a failure of it.
+  cache's own API the way assisted generation calls it (`_assisted_decoding`): the cache made as
+  `generate()` makes it (`generation_cache`), `activate_past_recording(...)` before the prefill
+  with what the installed release's `generate` passes it (`api.recording`: nothing up to 5.24,
+  `recurrent_states_to_keep=` the tokens drafted per verify step from 5.25 on), `crop(-rejected)`
+  after a verify step and `crop(0)` after every other forward (it shrinks recorded conv and
+  sliding-window states back). Their API missing (no `crop`, no `activate_past_recording`) or
+  refusing in so many words (`frames.declared_limit`: a NotImplementedError, a ValueError "not
+  supported") raises `CropRefused`: a result of the check. Any other exception from their `crop`
+  is their crash and propagates as it is, with its frame in transformers.
 - `assisted_refusal(runner, tokens)`: why `generate()` itself would refuse assisted decoding for
-  the model (a stateful model, no cache it can make, a cache whose `is_croppable` is False after
-  the prefill), or None.
+  the model, as far as the installed release declares it (a model flagged `_is_stateful` where
+  the release has that flag, no cache it can make, a cache whose `is_croppable` is False after the
+  prefill, with the property's docstring), or None.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor
 
+from ... import frames
+from ...defaults import DRAFT
 from ...precision import float64_model
 from ...runner import COPY, CROP, PADDING, Described, Holder, Output, Runner
 from ...schedules import RunResult, run_schedule
@@ -57,6 +64,7 @@ class CacheRunner(Runner):
         self.pad_id: Optional[int] = None  # padded batches: the id padding holds (None: as given)
         self.pad_positions = True  # padded batches: explicit position_ids where the forward takes them
         self.caller_cache = False  # set when the model returned no cache and the caller made one
+        self.drafted = DRAFT - 1  # tokens drafted per verify step, as generate counts them (the rest: the last accepted one)
 
     def notes(self) -> list[str]:
         out = [f"cache passed back as {self.keyword}="]
@@ -122,10 +130,13 @@ class CacheRunner(Runner):
             self.caller_cache = True
         elif got is None:
             got = cache.inner  # updated in place
+        if out.logits.dim() != 3 or tuple(out.logits.shape[:2]) != (B, n):
+            raise ModelOutputError(self.model, f"a cached step over {n} token{'s' * (n != 1)} returned logits of "
+                                               f"shape {tuple(out.logits.shape)}, not ({B}, {n}, vocab)")
         cache.inner, cache.started, cache.pos = got, True, cache.pos + n
         if isinstance(cache, Recorded):
             if not cache.recording:  # a cache the model made itself: recorded from the prefill on
-                record(cache.inner)
+                record(cache.inner, self.drafted)
                 cache.recording = True
             cache.due = True  # generate crops after every forward; `crop` or the next step does it
         return Output(out.logits, hs)
@@ -137,7 +148,7 @@ class CacheRunner(Runner):
         if not cache.started:
             made = generation_cache(self.model)
             if made is not None:
-                record(made)
+                record(made, self.drafted)
                 cache.inner, cache.started, cache.recording = made, True, True
         elif cache.due:
             self._crop(cache.inner, 0)
@@ -166,13 +177,17 @@ class CacheRunner(Runner):
 
     @staticmethod
     def _crop(inner, count: int) -> None:
+        """Their `crop(count)`: missing, or refusing in so many words, is `CropRefused`; any other
+        exception is their crash and propagates unchanged."""
         if not callable(getattr(inner, "crop", None)):
             raise CropRefused(f"{type(inner).__name__} has no crop")
         try:
             inner.crop(count)
         except Exception as e:
-            raise CropRefused(f"{type(inner).__name__}.crop refused a count of {count}: {type(e).__name__}: "
-                              f"{first_line(e)}") from e
+            limit = frames.declared_limit(e, "transformers")
+            if limit is None:
+                raise
+            raise CropRefused(f"{type(inner).__name__}.crop refused a count of {count}: {limit}") from e
 
     def forward_padded(self, tokens, attention_mask, capture):
         """One cached prefill of a padded batch with its attention mask; where the forward takes
@@ -185,6 +200,23 @@ class CacheRunner(Runner):
             kw["position_ids"] = (attention_mask.cumsum(-1) - 1).clamp_min(0).to(self.device)
         out, hs = self._call(tokens, capture, **kw)
         return Output(out.logits, hs)
+
+
+class ModelOutputError(ValueError):
+    """The model's forward returned what a causal LM does not (logits of no position for a cached
+    step: CPM-Ant): the model's failure, named at the model's forward (`where`), not at the
+    runner's line that noticed it."""
+
+    def __init__(self, model, message: str):
+        import inspect
+
+        fn = inspect.unwrap(type(model).forward)
+        try:
+            at = f"{frames.short_path(inspect.getsourcefile(fn) or '?')}:{inspect.getsourcelines(fn)[1]}"
+        except (OSError, TypeError):
+            at = "?"
+        self.where = f"{at} in {type(model).__name__}.forward"
+        super().__init__(f"{type(model).__name__}.forward: {message}")
 
 
 class CropRefused(RuntimeError):
@@ -220,24 +252,32 @@ def generation_cache(model):
     return DynamicCache(config=cfg)
 
 
-def record(inner) -> None:
-    """`activate_past_recording()`, as assisted generation calls it before the prefill: layers that
-    keep a fixed window (conv taps, sliding windows) keep their past until the next `crop`."""
+def record(inner, drafted: int) -> None:
+    """`activate_past_recording(...)`, as assisted generation calls it before the prefill, with
+    what the release's `generate` passes (`api.recording`): layers that keep a fixed window (conv
+    taps, sliding windows) keep their past until the next `crop`, and from 5.25 on, layers with a
+    recurrent state keep the last `drafted` of them. Missing or refusing in so many words:
+    `CropRefused`; any other exception is their crash and propagates."""
     activate = getattr(inner, "activate_past_recording", None)
     if not callable(activate):
         raise CropRefused(f"{type(inner).__name__} has no activate_past_recording")
+    kw = api.recording(inner, drafted)
     try:
-        activate()
+        activate(**kw)
     except Exception as e:
-        raise CropRefused(f"{type(inner).__name__}.activate_past_recording() refused: {type(e).__name__}: "
-                          f"{first_line(e)}") from e
+        limit = frames.declared_limit(e, "transformers")
+        if limit is None:
+            raise
+        args = ", ".join(f"{k}={v}" for k, v in kw.items())
+        raise CropRefused(f"{type(inner).__name__}.activate_past_recording({args}) refused: {limit}") from e
 
 
 def assisted_refusal(runner: CacheRunner, tokens: Tensor) -> Optional[str]:
-    """Why `generate()` would refuse assisted decoding for the model, in the order it checks
-    (transformers 5.24): a model flagged `_is_stateful`, no cache made for it, a cache whose
-    `is_croppable` is False after the prefill (a linear-attention layer with a recurrent state);
-    None when it would run it."""
+    """Why `generate()` refuses assisted decoding for the model, as the installed release declares
+    it, in the order it checks: a model flagged `_is_stateful` (the flag exists up to 5.24; 5.25
+    has none), no cache made for it, a cache with no recording API, a cache whose `is_croppable` is
+    False after the prefill (quoted with the property's docstring); None when it declares nothing.
+    A prefill that raises on that cache is no refusal (the crop run reports it as a crash)."""
     model, why = runner.model, []
     if getattr(model, "_is_stateful", False):
         why.append(f"{type(model).__name__}._is_stateful (\"not supported with stateful models\")")
@@ -250,8 +290,8 @@ def assisted_refusal(runner: CacheRunner, tokens: Tensor) -> Optional[str]:
             probe.step(tokens[:, :2], held, False)
     except CropRefused as e:  # generate calls activate_past_recording() on whatever cache it has
         why.append(f"its cache has no recording API ({e})")
-    except Exception as e:
-        why.append(f"the prefill on the cache generate makes raises ({type(e).__name__}: {first_line(e)})")
+    except Exception:
+        pass  # their crash, not their declaration: the crop run meets it again and reports it
     else:
         if getattr(held.inner, "is_croppable", True) is False:
             why.append(f"its {type(held.inner).__name__}.is_croppable is False after the prefill"
@@ -259,15 +299,56 @@ def assisted_refusal(runner: CacheRunner, tokens: Tensor) -> Optional[str]:
     return "; ".join(why) or None
 
 
+def crop_site(runner: CacheRunner, tokens: Tensor) -> Optional[str]:
+    """"transformers/cache_utils.py:1178 in LinearAttentionCacheLayerMixin.crop": the code their
+    crop runs for the layers that declare themselves uncroppable after a prefill on the cache
+    generate makes (the cache's own `crop` where none does), by the class that defines it; None
+    when the prefill raises or the source cannot be found. One API's code, shared by every
+    architecture whose cache holds such a layer."""
+    import inspect
+
+    probe = CacheRunner(runner.model, crop=True)
+    held = probe.new_cache(tokens.size(0), tokens.size(1))
+    try:
+        with torch.inference_mode():
+            probe.step(tokens[:, :2], held, False)
+    except Exception:
+        return None
+    stuck = [l for l in getattr(held.inner, "layers", None) or [] if getattr(l, "is_croppable", True) is False]
+    target = type(stuck[0]) if stuck else type(held.inner)
+    owner = next((k for k in target.__mro__ if "crop" in vars(k)), None)
+    if owner is None:
+        return None
+    try:
+        fn = inspect.unwrap(vars(owner)["crop"])
+        line = inspect.getsourcelines(fn)[1]
+        path = frames.short_path(inspect.getsourcefile(fn) or "?")
+    except (OSError, TypeError):
+        return None
+    return f"{path}:{line} in {owner.__qualname__}.crop"
+
+
 def uncroppable(cache) -> str:
-    """" (LinearAttentionLayer: a recurrent state)": the layers whose `is_croppable` is False, and
-    whether one holds a recurrent state (which a crop leaves as the draft left it)."""
+    """" (LinearAttentionLayer: a recurrent state; "Whether `crop` can put ...")": the layers whose
+    `is_croppable` is False, whether one holds a recurrent state (which a crop leaves as the draft
+    left it), and the docstring of their `is_croppable`, where it has one (the declaration)."""
     stuck = [l for l in getattr(cache, "layers", None) or [] if getattr(l, "is_croppable", True) is False]
     if not stuck:
         return ""
     names = ", ".join(sorted({type(l).__name__ for l in stuck}))
     recurrent = any(any((getattr(l, "is_recurrent_states_initialized", None) or {}).values()) for l in stuck)
-    return f" ({names}{': a recurrent state' if recurrent else ''})"
+    doc = croppable_doc(stuck[0])
+    return f" ({names}{': a recurrent state' if recurrent else ''}{f'; {doc}' if doc else ''})"
+
+
+def croppable_doc(layer) -> Optional[str]:
+    """The docstring of the layer class's `is_croppable` property, on one line and quoted, or None
+    (a plain class attribute has none)."""
+    import inspect
+
+    prop = inspect.getattr_static(type(layer), "is_croppable", None)
+    doc = inspect.getdoc(prop) if isinstance(prop, property) else None
+    return f'"{" ".join(doc.split())}"' if doc else None
 
 
 def full_run(runner: Runner, tokens: Tensor, capture: bool = False, schedule: str = "full") -> RunResult:

@@ -1,0 +1,228 @@
+"""What changed between two censuses (`smearcli scan --against PREVIOUS`): another release of the
+same engine, per architecture.
+
+`compare(previous, current)` takes two lists of records (`census.records`: a scan's own, a record
+file, merged shards) and gives one `Change` per architecture whose result moved:
+
+- `fixed`: a bug before, `ok` now (an ok has power), with the path that failed then measured now
+  (`path`: the schedule's numbers in the current record); a bug whose path is not measured now is
+  a `verdict changed`, not a fix;
+- `regressed`: `ok` before, `bug` or `crashed` now;
+- `new`, `gone`: in one census only;
+- `diagnosis changed`: the same failing verdict, another schedule, shape or born-in class;
+- `verdict changed`: any other move (a crash that became a bug, time that became a verdict, ...).
+
+Each change carries both censuses' numbers, and its cause where the records and sources tell it
+(`cause`): time (`timed out` on one side), or, when both releases' transformers sources are
+given (`Sources`), the lines of the architecture's modeling file and of `cache_utils.py` that
+changed between them. `regressions(changes)` is what `--check` gates on. Torch-free: it reads
+records only.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional, Sequence
+
+from ..errors import UserError
+from ..verdicts import BUG, CRASHED, OK, TIMED_OUT, UNCONFIRMED
+
+FIXED, REGRESSED, NEW, GONE = "fixed", "regressed", "new", "gone"
+DIAGNOSIS, VERDICT = "diagnosis changed", "verdict changed"
+KINDS = (REGRESSED, FIXED, VERDICT, DIAGNOSIS, NEW, GONE)  # the order the report lists them in
+FAILING = (str(BUG), str(UNCONFIRMED), str(CRASHED))
+SHARED = "cache_utils.py"  # the cache API every architecture's cache is made of
+MAX_LINES = 6  # changed lines quoted per file
+
+
+@dataclass(frozen=True)
+class Sources:
+    """Both releases' transformers package directories (`.../site-packages/transformers`), for the
+    modeling files' changed lines."""
+
+    before: Path
+    after: Path
+
+    def changed(self, relative: str) -> Optional[list[str]]:
+        """The changed lines of one file between the releases ("-123: old", "+125: new"), [] when it
+        is the same, None when either release lacks it."""
+        a, b = self.before / relative, self.after / relative
+        if not (a.is_file() and b.is_file()):
+            return None
+        old, new = a.read_text().splitlines(), b.read_text().splitlines()
+        out = []
+        for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, old, new, autojunk=False).get_opcodes():
+            if tag == "equal":
+                continue
+            out += [f"-{i + 1}: {old[i].strip()}" for i in range(i1, i2) if old[i].strip()]
+            out += [f"+{j + 1}: {new[j].strip()}" for j in range(j1, j2) if new[j].strip()]
+        return out
+
+
+@dataclass
+class Change:
+    """One architecture whose result moved between the censuses."""
+
+    model_type: str
+    kind: str  # one of KINDS
+    before: Optional[dict]  # the previous record's numbers (`numbers`), None when it was not there
+    after: Optional[dict]  # the current record's, None when it is gone
+    path: Optional[dict] = None  # fixed: the path that failed before, as measured now
+    cause: Optional[str] = None  # what the records and the sources tell of why
+    lines: dict = field(default_factory=dict)  # file -> its changed lines (`Sources.changed`), quoted
+
+    def to_json(self) -> dict:
+        return {"model_type": self.model_type, "change": self.kind, "before": self.before, "after": self.after,
+                "path": self.path, "cause": self.cause, "lines": self.lines}
+
+
+def numbers(rec: dict) -> dict:
+    """What a change shows of one side: verdict, schedule, error, multiple, shape, where born, why."""
+    born = rec.get("born_in") if isinstance(rec.get("born_in"), dict) else {}
+    return {"verdict": rec.get("verdict"), "worst_schedule": rec.get("worst_schedule"), "max_abs": rec.get("max_abs"),
+            "multiple": rec.get("multiple"), "shape": rec.get("shape"), "born_in": born.get("class"),
+            "reason": rec.get("reason"), "release": rec.get("vllm_version") or rec.get("transformers_version")}
+
+
+def engine(records: Sequence[dict]) -> str:
+    """The engine a census ran on ("transformers" or "vllm"); a UserError for a mixed one."""
+    kinds = {r.get("engine") or "transformers" for r in records}
+    if len(kinds) > 1:
+        raise UserError(f"the records mix engines ({', '.join(sorted(kinds))}): a census is of one engine")
+    return kinds.pop() if kinds else "transformers"
+
+
+def release(records: Sequence[dict]) -> str:
+    """"transformers 5.24.0", "vLLM 0.32.0" (releases joined by "/" where the records differ)."""
+    on_vllm = engine(records) == "vllm"
+    found = sorted({str(r.get("vllm_version" if on_vllm else "transformers_version") or "?") for r in records})
+    return f"{'vLLM' if on_vllm else 'transformers'} {'/'.join(found) or '?'}"
+
+
+def _path(before: dict, after: dict) -> Optional[dict]:
+    """The schedule that failed before, as the current record measured it (None: not measured)."""
+    name = before.get("worst_schedule")
+    if not name:
+        return None
+    got = (after.get("schedules") or {}).get(name) or (after.get("boundaries") or {}).get(name)
+    if not isinstance(got, dict) or got.get("max_abs") is None:
+        return None
+    return {"schedule": name, "max_abs": got.get("max_abs"), "multiple": got.get("multiple")}
+
+
+def kind(before: Optional[dict], after: Optional[dict]) -> Optional[str]:
+    """The change between two records of one architecture (None: nothing moved)."""
+    if before is None:
+        return NEW
+    if after is None:
+        return GONE
+    v0, v1 = before.get("verdict"), after.get("verdict")
+    if v0 == OK and v1 in (BUG, CRASHED):
+        return REGRESSED
+    if v0 == BUG and v1 == OK and _path(before, after) is not None:
+        return FIXED
+    if v0 != v1:
+        return VERDICT
+    if v1 in FAILING and any(numbers(before)[k] != numbers(after)[k] for k in ("worst_schedule", "shape", "born_in")):
+        return DIAGNOSIS
+    return None
+
+
+def compare(previous: Sequence[dict], current: Sequence[dict], sources: Optional[Sources] = None) -> list[Change]:
+    """One `Change` per architecture whose result moved, in `KINDS` order then by name; both
+    censuses must be of one engine (a UserError otherwise)."""
+    was, now = engine(previous), engine(current)
+    if was != now:
+        raise UserError(f"the previous census is on {was}, this one is on {now}: a diff is between releases of "
+                        "one engine (their verdicts rest on different paths)")
+    old = {r["model_type"]: r for r in previous}
+    new = {r["model_type"]: r for r in current}
+    shared = sources.changed(SHARED) if sources is not None else None
+    out = []
+    for name in sorted(set(old) | set(new)):
+        a, b = old.get(name), new.get(name)
+        k = kind(a, b)
+        if k is None:
+            continue
+        c = Change(name, k, numbers(a) if a else None, numbers(b) if b else None,
+                   path=_path(a, b) if k == FIXED else None)
+        explain(c, sources, shared)
+        out.append(c)
+    return sorted(out, key=lambda c: (KINDS.index(c.kind), c.model_type))
+
+
+def modeling_file(model_type: str) -> str:
+    """The modeling file of a model type, relative to the transformers package."""
+    return f"models/{model_type}/modeling_{model_type}.py"
+
+
+def explain(c: Change, sources: Optional[Sources], shared: Optional[list]) -> None:
+    """`c.cause` and `c.lines`: time where one side timed out; else the lines that changed in its
+    modeling file and in the shared cache API, where both releases' sources are given."""
+    sides = [s for s in (c.before, c.after) if s]
+    if any(s["verdict"] == TIMED_OUT for s in sides):
+        c.cause = "time: one census ran out of time on it (the record says the limits and the load), not their code"
+        return
+    if sources is None or c.kind in (NEW, GONE):
+        return
+    own = sources.changed(modeling_file(c.model_type))
+    said = []
+    if own:
+        c.lines[modeling_file(c.model_type).split("/")[-1]] = own[:MAX_LINES]
+        said.append(f"{len(own)} lines differ in {modeling_file(c.model_type).split('/')[-1]}")
+    elif own == []:
+        said.append(f"{modeling_file(c.model_type).split('/')[-1]} unchanged")
+    if shared and any(s.get("worst_schedule") == "rollback" for s in sides):
+        c.lines[SHARED] = shared[:MAX_LINES]
+        said.append(f"{len(shared)} lines differ in {SHARED} (the cache API the rollback runs through)")
+    c.cause = "; ".join(said) or None
+
+
+def regressions(changes: Sequence[Change]) -> list[Change]:
+    """The changes `--check --against` fails on: `regressed` and nothing else."""
+    return [c for c in changes if c.kind == REGRESSED]
+
+
+def _num(side: Optional[dict]) -> str:
+    if not side:
+        return "-"
+    v = side["verdict"]
+    if v in FAILING and side.get("max_abs") is not None:
+        return f"{v} {side['max_abs']:.2g} ({side.get('worst_schedule')})"
+    return str(v)
+
+
+def lines(changes: Sequence[Change], was: str, now: str, width: int = 100) -> list[str]:
+    """The console's lines: a heading, then one line per change (and its cause under it)."""
+    if not changes:
+        return [f"against {was}: nothing changed"]
+    head = f"against {was} (now {now}): " + ", ".join(
+        f"{sum(c.kind == k for c in changes)} {k}" for k in KINDS if any(c.kind == k for c in changes))
+    out = [head[:width]]
+    for c in changes:
+        row = f"  {c.model_type:<18} {c.kind:<17} {_num(c.before)} -> {_num(c.after)}"
+        if c.path:
+            row += f"; {c.path['schedule']} now {c.path['max_abs']:.2g}"
+        out.append(row[:width])
+        if c.cause:
+            out.append(f"  {'':<18} {c.cause}"[:width])
+    return out
+
+
+def markdown(changes: Sequence[Change], was: str, now: str, why: Optional[dict] = None) -> str:
+    """The diff as Markdown: counts, then a row per change with both sides' numbers, the cause the
+    records and sources give, and `why` (model type -> one line of explanation), where given."""
+    why = why or {}
+    out = [f"Against {was}: " + (", ".join(f"{sum(c.kind == k for c in changes)} {k}" for k in KINDS
+                                           if any(c.kind == k for c in changes)) or "nothing changed") + ".", ""]
+    if not changes:
+        return "\n".join(out) + "\n"
+    out += [f"| architecture | change | {was} | {now} | why |", "|---|---|---|---|---|"]
+    for c in changes:
+        said = why.get(c.model_type) or c.cause or "-"
+        if c.path:
+            said = f"{c.path['schedule']} now {c.path['max_abs']:.2g}; {said}"
+        out.append(f"| {c.model_type} | {c.kind} | {_num(c.before)} | {_num(c.after)} | {said.replace('|', '/')} |")
+    return "\n".join(out) + "\n"
