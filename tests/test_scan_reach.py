@@ -229,18 +229,18 @@ def test_architectures_run_on_the_inputs_their_config_asks_for(model_type):
     assert rec["verdict"] not in (CRASHED, NOT_BUILT), rec["reason"]
 
 
-def test_prophetnet_refuses_multi_token_cached_steps_on_purpose_and_is_judged_on_the_rest():
-    """ProphetNet's decoder asserts that a cached step after the first holds one token ("use_cache
-    is only supported for decoder_input_ids of length 1"): a limit its API declares, not a crash.
-    The chunked plans and the rollback drafts are not run, with that message, and the verdict rests
-    on what it accepts (decode, prefill): never `crashed`."""
+def test_prophetnet_is_a_full_pass_that_leaks_future_tokens():
+    """ProphetNet's decoder full pass moves earlier positions when later tokens are removed (its
+    n-gram self-attention reads ahead): the reference is the finding (`census.causal`), confirmed
+    in float64, and no cached schedule (decode, which it accepts; chunks, which it refuses) is
+    judged against it."""
+    from smearcli.census import causal
+
     rec = check.check("prophetnet")
-    assert rec["verdict"] not in (CRASHED, NOT_BUILT), rec["reason"]
-    refused = [n for n in rec["notes"] if n.startswith("not run, refused by their code")]
-    assert refused and "chunks of 16" in refused[0] and "only supported for `decoder_input_ids` of length 1" in refused[0]
-    assert "chunks of 16" not in rec["schedules"] and "decode" in rec["schedules"]
-    assert rec["boundaries"]["rollback"]["status"] == "not run"
-    assert "only supported" in rec["boundaries"]["rollback"]["why"]
+    assert rec["verdict"] == BUG and rec["shape"] == causal.LEAK, rec
+    assert rec["confirmation"]["status"] == BUG and rec["born_at"].startswith("logits@")
+    assert rec["born_in"]["class"] == "ProphetNetNgramSelfAttention"
+    assert not rec["schedules"] and not rec["boundaries"]
 
 
 def test_a_declared_limit_is_told_from_a_crash():

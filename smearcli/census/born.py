@@ -244,6 +244,38 @@ def trace(runner, tokens, steps, position: int, tolerance: float = NOISE_MARGIN)
     return None
 
 
+def leak_in(runner, tokens, changed, cut: int, tolerance: float = NOISE_MARGIN) -> Optional[dict]:
+    """The `born_in` of a full pass that leaks future tokens (`causal`): the full pass on `tokens`
+    and on `changed` (the same up to `cut`, then changed or cut off), compared over the positions before `cut`; the first call
+    whose output moves there while the inputs it receives do not is where the leak starts."""
+    T = tokens.size(1)
+    span = (0, changed.size(1), cut - 1)
+    try:
+        a = full_calls(runner, tokens)
+        with torch.inference_mode(), Recorder(runner.model) as rec:
+            runner.forward(changed, False)
+    except Exception as e:
+        return {"module": None, "why": f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:160]}"}
+    for call in rec.calls:
+        ref = a.get((call.name, call.index))
+        if ref is None:
+            continue
+        off, _, multiple = worst(call.outputs, ref.outputs, {}, span, T, tolerance)
+        if not off:
+            continue
+        first, at = call, call
+        while at.parent is not None:
+            mine = a.get((at.name, at.index))
+            ins_off, compared, _ = worst(at.inputs, mine.inputs, {}, span, T, tolerance) if mine else (True, 0, 0.0)
+            if not ins_off and (compared or not at.inputs):
+                break
+            at = at.parent
+        out = describe(at, runner.model)
+        out.update(position=cut - 1, first_off=first.name, multiple=multiple if multiple != float("inf") else None)
+        return out
+    return {"module": None, "why": f"no module output moves {tolerance:g}x its floor before position {cut}"}
+
+
 def source(cls) -> tuple[Optional[str], int, list[str]]:
     """(the file, the first line, the lines) of a module class's forward, decorators included."""
     fn = inspect.unwrap(cls.forward)

@@ -1,0 +1,80 @@
+"""A failing step plan's shape, diagnosed by reruns (`name_shape`): explicit `position_ids` or an
+explicit attention mask that makes it pass, the dropped-state hypothesis replayed
+(`dropped_state`), then the error's profile (`shapes.classify`)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from ..names import NOISE_MARGIN
+from ..schedules import run_steps
+from ..state import KV, Zeroing, state_kinds
+from ..impls.hf.cache_runner import CacheRunner
+from . import shapes
+from .boundary import logits_noise, logits_only
+
+
+def name_shape(model, tokens, plans, name, worst, ms, ref, noise, tolerance):
+    """(the failing run's shape, the explicit argument that fixes it or None, a note or None)."""
+    thr = NOISE_MARGIN * noise.per_layer[-1]
+    fixed = None
+    for arg, kw in (("position_ids", dict(positions=True)), ("attention_mask", dict(mask=True))):
+        r = CacheRunner(model, **kw)
+        if not (r.positions or r.mask):
+            continue
+        try:
+            m = measure_one(r, tokens, plans[name], name, ref, noise, tolerance)
+        except Exception:
+            continue
+        if m.passed:
+            fixed = arg
+            break
+    decode_fails = "decode" in ms and not ms["decode"].passed  # a plan their code refused is not in ms
+    chunks_pass = all(ms[k].passed for k in ("chunks of 16", "prefill") if k in ms)
+    steps = plans[name]
+    starts = shapes.boundaries(steps)
+    matches = None
+    if fixed is None and starts and not decode_fails:
+        matches = dropped_state(model, tokens, steps, starts, thr)
+    err = worst.abs_err[-1].tolist()
+    shape = shapes.classify(err, steps, thr, fixed, decode_fails, chunks_pass, matches is not None)
+    note = None
+    if matches:
+        note = f"token-by-token decode with the {matches} at each chunk start equals {name} to the floor"
+    return shape, fixed, note
+
+
+def dropped_state(model, tokens, steps, starts, thr) -> Optional[str]:
+    """The kinds of carried state whose zeroing at each multi-token chunk start makes token-by-token
+    decode equal the failing run (the hypothesis "the chunk forgot its state" replayed), or None."""
+    probe = CacheRunner(model)
+    held = probe.new_cache(1, 2)
+    with torch.inference_mode():
+        probe.step(tokens[:, :2], held, False)
+    kinds = [k for k in state_kinds(held.inner) if k != KV]
+    if not kinds:
+        return None
+    cache_starts = tuple(s for s, n in zip(starts, steps[1:]) if n > 1)
+    try:
+        run = run_steps(CacheRunner(model), tokens, steps)
+    except Exception:
+        return None
+    for subset in ([[k] for k in kinds] if len(kinds) > 1 else []) + [kinds]:
+        r = Zeroing(CacheRunner(model), cache_starts, subset)
+        try:
+            replay = run_steps(r, tokens, [1] * tokens.size(1))
+        except Exception:
+            continue
+        if float((replay.logits - run.logits).abs().max()) <= thr:
+            return " and ".join(subset) + " state zeroed"
+    return None
+
+
+def measure_one(runner, tokens, steps, name, ref, noise, tolerance):
+    """One step plan on `runner` against the reference's logits (`boundary.measured`)."""
+    from .boundary import measured
+
+    run = run_steps(runner, tokens, steps, capture=False, schedule=name)
+    return measured(logits_only(ref), run, logits_noise(noise), tolerance)
