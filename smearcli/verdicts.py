@@ -12,7 +12,13 @@ A verdict is a claim about someone else's code, so each word says exactly what w
   error in it to show;
 - `crashed`: a cached path raised where the full pass runs;
 - `not run`: the check was not made (a run before it failed, or it was not asked for);
-- `not built`: the model, its config or its full pass does not run on the inputs given.
+- `not built`: the model, its config or its full pass does not run on the inputs given;
+- `latent`: a confirmed departure seen only in a layer order the architecture's default
+  configuration does not have (`census.variants`): real code, not reachable as configured;
+- `tie artifact`: a departure that comes from an exact tie in a discrete choice (a top-k) and
+  vanishes under a deterministic tie-break or on another seed (`census.ties`): not a logic error.
+
+Neither `latent` nor `tie artifact` is counted as a bug.
 
 `passed(word)` is True for `ok` alone: every surface (the library's `Comparison.passed`, the CLI's
 `--check`, the census, `smearcli.testing`) passes nothing else. `line(word, detail)` is the one
@@ -34,6 +40,8 @@ class Verdict(str, Enum):
     CRASHED = "crashed"
     NOT_RUN = "not run"
     NOT_BUILT = "not built"
+    LATENT = "latent"
+    TIE_ARTIFACT = "tie artifact"
 
     def __str__(self) -> str:
         return self.value
@@ -41,11 +49,12 @@ class Verdict(str, Enum):
 
 OK, BUG, UNCONFIRMED, INCONCLUSIVE = Verdict.OK, Verdict.BUG, Verdict.UNCONFIRMED, Verdict.INCONCLUSIVE
 CRASHED, NOT_RUN, NOT_BUILT = Verdict.CRASHED, Verdict.NOT_RUN, Verdict.NOT_BUILT
+LATENT, TIE_ARTIFACT = Verdict.LATENT, Verdict.TIE_ARTIFACT
 WORDS = tuple(v.value for v in Verdict)  # in order of the enum: the census counts them in this order
 
 # the order "worst" follows when several results make one (a census's layer orders, a comparison's
 # runs): a confirmed bug outranks a crash, which outranks what could not be decided
-SEVERITY = (BUG, CRASHED, UNCONFIRMED, INCONCLUSIVE, NOT_BUILT, NOT_RUN, OK)
+SEVERITY = (BUG, CRASHED, UNCONFIRMED, LATENT, TIE_ARTIFACT, INCONCLUSIVE, NOT_BUILT, NOT_RUN, OK)
 
 # what a float64 rerun says of one departure (`evidence.Confirmation.status`)
 ROUNDING = "rounding"  # gone in float64: float32 rounding, not a finding (the run counts as ok)

@@ -13,7 +13,7 @@ import torch  # noqa: E402
 from hf_standin import ShiftConfig, ShiftLM  # noqa: E402
 from smearcli.census import causal  # noqa: E402
 from smearcli.census.check import check_model, split_points  # noqa: E402
-from smearcli.verdicts import BUG, OK  # noqa: E402
+from smearcli.verdicts import BUG, OK, UNCONFIRMED  # noqa: E402
 
 T = 33
 
@@ -62,3 +62,105 @@ def test_a_causal_full_pass_passes_the_reference_check():
     ref = full_run(runner, ids)
     assert causal.leak(runner, ids, ref, 1e-6) is None
     assert check_model(m, ids, split_points(m.config, T))["verdict"] == OK
+
+
+# -- ties: a top-k whose choice is an exact tie is not a logic error ------------------------------
+class TieLM(ShiftLM):
+    """The shift stand-in plus a top-k over scores that are exactly 0 for most keys (a ReLU): each
+    position adds the embeddings its top-2 visible keys select. Which of several tied keys a top-k
+    returns is the kernel's business (`kernel` below stands in for one that breaks ties one way on
+    a single query row, the other way on many): the full pass and a decode step pick differently."""
+
+    def forward(self, input_ids=None, cache=None, use_cache=None, output_hidden_states=None,
+                return_dict=None, **kwargs):
+        past = getattr(cache, "ids", None) if cache is not None else None
+        out = super().forward(input_ids=input_ids, cache=cache, use_cache=use_cache,
+                              output_hidden_states=output_hidden_states)
+        held = input_ids if past is None else torch.cat([past, input_ids], 1)
+        if use_cache:
+            (out.cache if hasattr(out, "cache") else out.past_key_values).ids = held
+        e = self.embed(held)  # (1, S, C)
+        S, n = held.size(1), input_ids.size(1)
+        scores = torch.relu(e[..., 0] - 1).expand(n, S).clone()  # exactly 0 for most keys
+        q = torch.arange(S - n, S).unsqueeze(1)
+        scores = scores.masked_fill(torch.arange(S).unsqueeze(0) > q, -1.0)  # below every visible key
+        k = min(2, S)
+        idx = torch.topk(scores, k, dim=-1).indices
+        seen = (idx <= q).unsqueeze(-1)  # a future key picked where fewer than k are visible: left out
+        out.logits = out.logits + self.head((e[0][idx] * seen).sum(1) / 2).unsqueeze(0)
+        return out
+
+
+REAL_TOPK = torch.topk
+
+
+def kernel(input, k, dim=-1, largest=True, sorted=True, **kw):
+    """A top-k whose tie-break depends on the shape, as a kernel's may: on one query row, among
+    equal values the higher index wins; on many, the lower."""
+    flip = input.dim() == 2 and input.size(0) == 1 and dim in (-1, 1)
+    x = input.flip(-1) if flip else input
+    vals, idx = torch.sort(x, dim=dim, descending=largest, stable=True)
+    vals, idx = vals.narrow(dim, 0, k), idx.narrow(dim, 0, k)
+    return torch.return_types.topk((vals, input.size(-1) - 1 - idx if flip else idx))
+
+
+@pytest.fixture
+def shape_dependent_ties(monkeypatch):
+    from smearcli.census import ties
+
+    monkeypatch.setattr(torch, "topk", kernel)
+    monkeypatch.setattr(torch.Tensor, "topk", lambda self, *a, **kw: kernel(self, *a, **kw))
+    monkeypatch.setattr(ties, "_TOPK", kernel)  # what `watching` calls through
+
+
+def test_ties_are_seen_and_broken_the_same_way_everywhere():
+    from smearcli.census import ties
+
+    with ties.watching() as seen:
+        torch.topk(torch.tensor([[0.0, 0.0, 1.0]]), 2)  # 1.0, then two zeros for one place
+        torch.tensor([[3.0, 2.0, 1.0]]).topk(1)
+    assert (seen.calls, seen.ties) == (2, 1)
+    with ties.tie_break():
+        assert torch.tensor([0.0, 5.0, 0.0, 0.0]).topk(2).indices.tolist() == [1, 0]  # the lower index
+    assert torch.topk is REAL_TOPK  # put back
+
+
+def test_a_departure_that_a_tie_break_removes_is_a_tie_artifact(shape_dependent_ties):
+    from smearcli.census import ties
+
+    m, ids = model(TieLM), tokens()
+    plans = {"decode": [1] * T, "chunks of 8": [8] * 4 + [1]}
+    with ties.watching() as seen:
+        first = check_model(m, ids, plans)
+    assert first["verdict"] == BUG and seen.ties > 0  # what the census called a bug before the rule
+
+    def rerun(seed, broke):
+        with ties.tie_break() if broke else ties.watching() as s:
+            out = check_model(model(TieLM, seed), tokens(seed), plans)
+        out["_ties"] = getattr(s, "ties", 0)
+        return out
+    out = ties.replicate(first, seen.ties, rerun, 0)
+    assert out["verdict"] == ties.TIE_ARTIFACT, out["notes"]
+    assert out["replication"]["ties"] == seen.ties and out["replication"]["tie_break"]["verdict"] == OK
+    assert any(n.startswith("a tie artifact") for n in out["notes"])
+
+
+def test_a_real_departure_survives_the_tie_break_and_the_second_seed():
+    from smearcli.census import ties
+
+    broken = ShiftLM(ShiftConfig(bug_layer=0)).eval()  # a multi-token step drops its state
+    calls = []
+
+    def rerun(seed, broke):
+        calls.append((seed, broke))
+        torch.manual_seed(seed)
+        mm = ShiftLM(ShiftConfig(bug_layer=0)).eval()
+        return check_model(mm, tokens(seed), {"chunks of 8": [8] * 4 + [1]})
+    first = check_model(broken, tokens(), {"chunks of 8": [8] * 4 + [1]})
+    assert first["verdict"] == BUG
+    out = ties.replicate(first, 0, rerun, 0)
+    assert out["verdict"] == BUG and calls == [(1, False)]  # no tie: the second seed alone
+    assert out["replication"]["second_seed"]["verdict"] == BUG
+    fixed = ties.replicate(check_model(broken, tokens(), {"chunks of 8": [8] * 4 + [1]}), 0,
+                           lambda s, b: {"verdict": OK, "notes": []}, 0)
+    assert fixed["verdict"] == UNCONFIRMED and "not replicated" in fixed["notes"][-1]

@@ -48,7 +48,7 @@ from ..schedules import run_schedule, run_steps
 from ..verdicts import BUG, CRASHED, INCONCLUSIVE, NOT_BUILT, OK, ROUNDING, UNCONFIRMED, WORDS
 from ..impls.hf import hidden_names
 from ..impls.hf.cache_runner import CacheRunner, full_run
-from . import born, boundary, causal, diagnose, shapes, variants
+from . import born, boundary, causal, diagnose, shapes, ties, variants
 from .record import new as new_record
 from .boundary import logits_noise, logits_only, measured, transformers_frame
 from .derive import derive
@@ -219,7 +219,11 @@ def _check(model_type, seed, tolerance, total, config, summary: Optional[dict]) 
             return record(model_type, NOT_BUILT, reason="the model cannot be built from the tiny config: "
                           + transformers_frame(e), **base)
         try:
-            res = check_model(model, tokens, plans, tolerance)
+            with ties.watching() as seen:
+                res = check_model(model, tokens, plans, tolerance)
+            if res["verdict"] == BUG:  # replicated (another seed, a tie-break) before it is called a bug
+                res = ties.replicate(res, seen.ties, lambda s, broke: recheck(config, init, s, broke, total, vocab,
+                                                                              plans, tolerance), seed)
         except Exception as e:  # a cached path raised where the full pass runs (`check_model`)
             where = getattr(e, "schedule", None)
             return record(model_type, CRASHED, reason=transformers_frame(e), model_class=type(model).__name__,
@@ -232,6 +236,17 @@ def _check(model_type, seed, tolerance, total, config, summary: Optional[dict]) 
         last = res
     last["notes"].append(NO_POWER_NOTE)
     return record(model_type, **last)
+
+
+def recheck(config, init, seed: int, broke: bool, total: int, vocab: int, plans: dict, tolerance: float) -> dict:
+    """`check_model` again on `seed` (its weights and tokens), under the tie-break when `broke`;
+    its `_ties`: the top-k calls with a tie at their edge (`ties.watching`)."""
+    tokens = torch.randint(0, vocab, (1, total), generator=torch.Generator().manual_seed(seed))
+    model = build(config, init, seed)
+    with ties.tie_break() if broke else ties.watching() as seen:
+        out = check_model(model, tokens, plans, tolerance)
+    out["_ties"] = getattr(seen, "ties", 0)
+    return out
 
 
 def init_note(init: float) -> str:
