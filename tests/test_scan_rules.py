@@ -164,3 +164,51 @@ def test_a_real_departure_survives_the_tie_break_and_the_second_seed():
     fixed = ties.replicate(check_model(broken, tokens(), {"chunks of 8": [8] * 4 + [1]}), 0,
                            lambda s, b: {"verdict": OK, "notes": []}, 0)
     assert fixed["verdict"] == UNCONFIRMED and "not replicated" in fixed["notes"][-1]
+
+
+# -- the right shape and the right line -----------------------------------------------------------
+def test_a_cache_that_misreports_its_length_is_named_so():
+    from test_scan_reach import ReachConfig, ReachLM
+
+    from smearcli.census import shapes
+
+    torch.manual_seed(0)
+    m = ReachLM(ReachConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2,
+                            layer_types=["linear_attention", "full_attention"])).eval()
+    out = check_model(m, tokens(), {"chunks of 8": [8] * 4 + [1], "decode": [1] * T})
+    assert out["verdict"] == BUG and out["shape"] == shapes.LENGTH, out
+    assert any("ReachCache.get_seq_length() is 0 after " in n for n in out["notes"])
+    torch.manual_seed(0)  # attention first: the length is right, and so is everything else
+    m = ReachLM(ReachConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2)).eval()
+    from smearcli.census import diagnose
+    assert diagnose.misreported(m, tokens(), [8] * 4 + [1]) is None
+
+
+def test_a_departure_at_the_window_on_every_cached_schedule():
+    from types import SimpleNamespace as M
+
+    from smearcli.census import diagnose, shapes
+
+    plans = {"decode": [1] * T, "prefill": [T], "chunks of 16": [16, 16, 1]}
+    every = {"decode": M(passed=False, first_departure=(0, 8)), "prefill": M(passed=True, first_departure=None),
+             "chunks of 16": M(passed=False, first_departure=(1, 8))}
+    assert "departs first at position 8" in diagnose.window_edge(every, plans, 8)
+    assert diagnose.window_edge(every, plans, None) is None  # no window: nothing to line up with
+    one_off = dict(every, **{"chunks of 16": M(passed=False, first_departure=(0, 16))})
+    assert diagnose.window_edge(one_off, plans, 8) is None
+    one_passes = dict(every, **{"chunks of 16": M(passed=True, first_departure=None)})
+    assert diagnose.window_edge(one_passes, plans, 8) is None
+    assert shapes.classify([0.0] * T, [1] * T, 1e-6, decode_fails=True, chunks_pass=True,
+                           window_edge=True) == shapes.WINDOW_EDGE
+    assert shapes.classify([0.0] * T, [1] * T, 1e-6, fixed_by="position_ids", length=True) == shapes.LENGTH
+
+
+def test_the_born_in_lines_are_those_of_the_state_the_replay_zeroed():
+    from smearcli.census import born
+
+    conv = [535, "if conv_state is not None and seq_len == 1:", "a branch on a one-token step"]
+    scan = [584, "if recurrent_state is not None and seq_len == 1:", "a branch on a one-token step"]
+    b = born.narrow({"module": "m", "suspects": [conv, scan]}, ["recurrent"])
+    assert b["suspects"] == [scan] and "recurrent state" in b["cause"]
+    assert born.narrow({"module": "m", "suspects": [conv, scan]}, ["conv"])["suspects"] == [conv]
+    assert born.narrow({"module": "m", "suspects": [conv]}, [])["suspects"] == [conv]  # no replay: as found

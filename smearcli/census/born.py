@@ -276,6 +276,28 @@ def leak_in(runner, tokens, changed, cut: int, tolerance: float = NOISE_MARGIN) 
     return {"module": None, "why": f"no module output moves {tolerance:g}x its floor before position {cut}"}
 
 
+# the words a suspect line names each kind of carried state by (`state.state_kinds`)
+STATE_WORDS = {"conv": ("conv",), "recurrent": ("recurrent", "ssm_state", "ssm", "scan", "initial_state")}
+
+
+def narrow(born_in: Optional[dict], kinds) -> Optional[dict]:
+    """A `born_in` whose suspects are cut to the lines that handle the state the dropped-state
+    replay zeroed (`kinds`: "recurrent", "conv"): zeroing that state reproduces the error, so
+    carrying it is the change that removes it, and a line on the other state is not the cause
+    (Mamba's conv branch carries its state; the scan starts from zero). `cause` names the state;
+    nothing changes when no suspect line names it."""
+    if not born_in or not born_in.get("suspects") or not kinds:
+        return born_in
+    mine = [w for k in kinds for w in STATE_WORDS.get(k, (k,))]
+    others = [w for k, ws in STATE_WORDS.items() if k not in kinds for w in ws]
+    keep = [s for s in born_in["suspects"] if any(w in s[1] for w in mine) and not any(w in s[1] for w in others)]
+    if keep:
+        born_in["suspects"] = keep
+        born_in["cause"] = (f"the {' and '.join(kinds)} state: zeroing it at each multi-token cached step's start "
+                            "reproduces the error, so carrying it there removes it")
+    return born_in
+
+
 def source(cls) -> tuple[Optional[str], int, list[str]]:
     """(the file, the first line, the lines) of a module class's forward, decorators included."""
     fn = inspect.unwrap(cls.forward)

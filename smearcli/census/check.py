@@ -318,7 +318,9 @@ def check_model(model, tokens, plans: dict, tolerance: float = NOISE_MARGIN, mak
             fixed = note = None
             out["shape"] = shapes.classify(worst.abs_err[-1].tolist(), plans[name], 0.0, schedule=name)
         else:
-            out["shape"], fixed, note = diagnose.name_shape(model, tokens, plans, name, worst, ms, ref, noise, tolerance)
+            out["shape"], fixed, note, kinds = diagnose.name_shape(model, tokens, plans, name, worst, ms, ref, noise,
+                                                                   tolerance, first_int(model.config, WINDOW_KEYS))
+            born.narrow(out["born_in"], kinds)  # the suspect lines of the state the replay zeroed
         if fixed:
             out["notes"].append(f"explicit {fixed} makes {name} pass")
         if note:

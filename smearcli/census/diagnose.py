@@ -16,9 +16,12 @@ from . import shapes
 from .boundary import logits_noise, logits_only
 
 
-def name_shape(model, tokens, plans, name, worst, ms, ref, noise, tolerance):
-    """(the failing run's shape, the explicit argument that fixes it or None, a note or None)."""
+def name_shape(model, tokens, plans, name, worst, ms, ref, noise, tolerance, window=None):
+    """(the failing run's shape, the explicit argument that fixes it or None, a note or None, the
+    kinds of state whose zeroing replays it: [] when none); `window`: the config's sliding window."""
     thr = NOISE_MARGIN * noise.per_layer[-1]
+    length = misreported(model, tokens, plans[name])
+    edge = window_edge(ms, plans, window)
     fixed = None
     for arg, kw in (("position_ids", dict(positions=True)), ("attention_mask", dict(mask=True))):
         r = CacheRunner(model, **kw)
@@ -36,14 +39,61 @@ def name_shape(model, tokens, plans, name, worst, ms, ref, noise, tolerance):
     steps = plans[name]
     starts = shapes.boundaries(steps)
     matches = None
-    if fixed is None and starts and not decode_fails:
+    if fixed is None and starts and not decode_fails and not (length or edge):
         matches = dropped_state(model, tokens, steps, starts, thr)
     err = worst.abs_err[-1].tolist()
-    shape = shapes.classify(err, steps, thr, fixed, decode_fails, chunks_pass, matches is not None)
+    shape = shapes.classify(err, steps, thr, fixed, decode_fails, chunks_pass, matches is not None,
+                            length=bool(length), window_edge=bool(edge))
     note = None
-    if matches:
+    if length:
+        note = f"{name}: {length}"
+    elif edge:
+        note = edge
+    elif matches:
         note = f"token-by-token decode with the {matches} at each chunk start equals {name} to the floor"
-    return shape, fixed, note
+    kinds = [k for k in (matches or "").removesuffix(" state zeroed").split(" and ") if k]
+    return shape, fixed, note, kinds
+
+
+def misreported(model, tokens, steps) -> Optional[str]:
+    """Where the cache misreports its length on `steps`: after a step, its `get_seq_length()` is not
+    the number of tokens fed so far ("get_seq_length() is 0 after 21 tokens fed"), or None. Only a
+    cache that holds attention keys is asked (a cache of recurrent state alone has no length)."""
+    runner = CacheRunner(model)
+    cache = runner.new_cache(1, tokens.size(1))
+    pos = 0
+    try:
+        with torch.inference_mode():
+            for n in steps:
+                runner.step(tokens[:, pos:pos + n], cache, False)
+                pos += n
+                ask = getattr(cache.inner, "get_seq_length", None)
+                if not callable(ask) or KV not in state_kinds(cache.inner):
+                    return None
+                got = int(ask())
+                if got != pos:
+                    fed = f"{pos} token{'s' * (pos != 1)}"
+                    return (f"{type(cache.inner).__name__}.get_seq_length() is {got} after {fed} fed, so the next "
+                            "step's positions and masks start from the wrong place")
+    except Exception:
+        return None
+    return None
+
+
+def window_edge(ms: dict, plans: dict, window: Optional[int]) -> Optional[str]:
+    """A note when every cached step plan that ran departs, and first exactly at position `window`
+    (the sliding window's length), whatever its steps; None otherwise."""
+    if not window:
+        return None
+    from .boundary import SCHEDULES
+
+    cached = {k: m for k, m in ms.items() if k in plans and k not in SCHEDULES and len(plans[k]) > 1}
+    if len(cached) < 2 or any(m.passed or m.first_departure is None for m in cached.values()):
+        return None
+    if any(m.first_departure[1] != window for m in cached.values()):
+        return None
+    return (f"every cached schedule ({len(cached)}) departs first at position {window}, the sliding window's length, "
+            "whatever its steps: the cached path sizes its window or mask differently from the full pass")
 
 
 def dropped_state(model, tokens, steps, starts, thr) -> Optional[str]:
