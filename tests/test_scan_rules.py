@@ -193,6 +193,9 @@ def test_a_departure_at_the_window_on_every_cached_schedule():
     every = {"decode": M(passed=False, first_departure=(0, 8)), "prefill": M(passed=True, first_departure=None),
              "chunks of 16": M(passed=False, first_departure=(1, 8))}
     assert "departs first at position 8" in diagnose.window_edge(every, plans, 8)
+    plans["prefill, then single tokens"] = [T - 6] + [1] * 6  # the prefill runs as the full pass does
+    every["prefill, then single tokens"] = M(passed=False, first_departure=(0, T - 6))
+    assert diagnose.window_edge(every, plans, 8) is not None
     assert diagnose.window_edge(every, plans, None) is None  # no window: nothing to line up with
     one_off = dict(every, **{"chunks of 16": M(passed=False, first_departure=(0, 16))})
     assert diagnose.window_edge(one_off, plans, 8) is None
@@ -212,3 +215,65 @@ def test_the_born_in_lines_are_those_of_the_state_the_replay_zeroed():
     assert b["suspects"] == [scan] and "recurrent state" in b["cause"]
     assert born.narrow({"module": "m", "suspects": [conv, scan]}, ["conv"])["suspects"] == [conv]
     assert born.narrow({"module": "m", "suspects": [conv]}, [])["suspects"] == [conv]  # no replay: as found
+
+
+# -- reachability: the finding through generate ---------------------------------------------------
+def census_model(model_type, seed=0):
+    from smearcli.census.check import build
+    from smearcli.census.derive import derive
+
+    return build(derive(model_type).config, None, seed)
+
+
+def test_reachability_says_what_generate_does_on_each_path():
+    from smearcli.census import reach
+
+    m, a = census_model("llama"), census_model("llama", 1)
+    ids = tokens(vocab=256)
+    clean = reach.paths(m, ids, 1e-4, a)
+    assert {e["result"] for e in clean.values()} == {reach.AGREES}, clean
+    real = m.forward
+
+    def wrong(*args, **kw):  # a multi-token step onto a cache that holds tokens: its logits shifted
+        out = real(*args, **kw)
+        cache = kw.get("cache", kw.get("past_key_values"))
+        ids = kw.get("input_ids", args[0] if args else None)
+        if cache is not None and cache.get_seq_length() > ids.size(1) and ids.size(1) > 1:
+            out.logits = out.logits + 1.0
+        return out
+    m.forward = wrong
+    ids = torch.randint(0, 256, (1, 40), generator=torch.Generator().manual_seed(0))
+    # chunks of 16, 16 and 8: the last one, whose logits generate returns, lands on a cache
+    got = reach.paths(m, ids, 1e-4, a)
+    assert got["generate"]["result"] == reach.AGREES  # prefill, then one token at a time
+    assert got["prefill_chunk_size"]["result"] == reach.SILENT and got["prefill_chunk_size"]["max_abs"] >= 0.5
+    assert got["assistant model"]["result"] == reach.SILENT  # the verify steps hold several tokens
+    assert reach.summary(got) == reach.SILENT and "prefill_chunk_size: silently wrong" in reach.words(got)
+    assert reach.paths(m, ids, 1e-4)["assistant model"]["result"] == reach.NOT_RUN
+
+
+def test_generate_raising_first_and_refusing_are_told_apart():
+    from smearcli.census import reach
+
+    got = reach.paths(census_model("mamba"), tokens(vocab=256), 1e-4, census_model("mamba", 1))
+    assert got["assistant model"]["result"] == reach.REFUSED  # generate: "not supported with stateful models"
+    assert "stateful" in got["assistant model"]["why"]
+    assert got["prefill_chunk_size"]["result"] == reach.RAISES  # inside the cache, not generate's check
+    assert "get_seq_length" in got["prefill_chunk_size"]["why"]
+
+
+def test_the_draft_leads_with_reachability_and_the_table_says_it(tmp_path):
+    from smearcli.census import draft, reach, report
+
+    rec = {"model_type": "x", "verdict": "bug", "worst_schedule": "chunks of 16", "steps": [16, 16, 1],
+           "max_abs": 0.5, "shape": "state dropped at chunk starts", "notes": [],
+           "reach": {"generate": {"result": reach.AGREES, "max_abs": 0.0, "why": None},
+                     "prefill_chunk_size": {"result": reach.SILENT, "max_abs": 0.5, "why": None},
+                     "assistant model": {"result": reach.REFUSED, "max_abs": None, "why": "stateful"}}}
+    text = draft.write(rec, tmp_path / "x.md", {"transformers": "t"}).read_text().splitlines()
+    lead = text.index(next(line for line in text if line.startswith("**Through the public API**")))
+    assert lead < next(i for i, line in enumerate(text) if line.startswith("Shape of the error"))
+    assert "- `prefill_chunk_size`: **silently wrong**, max |dlogit| 0.5" in text
+    assert "- `assistant model`: **refused**: stateful" in text
+    md = report.markdown([rec])
+    assert "| public API |" in md and f"| {reach.SILENT} |" in md

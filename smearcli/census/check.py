@@ -168,6 +168,8 @@ def check(model_type: str, seed: int = 0, tolerance: float = NOISE_MARGIN, total
     one. With `repro_dir`, a finding gets a standalone reproducer there, run once: its path and
     exit status are in the record (`reproducer`, `reproducer_status`)."""
     rec = _check_orders(model_type, seed, tolerance, total, config)
+    if rec["verdict"] == BUG and rec.get("_config") is not None and rec.get("shape") != causal.LEAK:
+        reachability(rec, seed, tolerance, total)
     if rec["verdict"] == BUG and repro_dir is not None and rec.get("_config") is not None \
             and rec.get("shape") != causal.LEAK:  # a leak has no cached schedule to reproduce
         from pathlib import Path
@@ -190,6 +192,16 @@ def check(model_type: str, seed: int = 0, tolerance: float = NOISE_MARGIN, total
             "transformers": transformers.__version__, "torch": torch.__version__}))
     rec.pop("_config", None)
     return rec
+
+
+def reachability(rec: dict, seed: int, tolerance: float, total: int) -> None:
+    """The finding run through transformers' public API (`reach.paths`: generate, chunked prefill, a
+    left-padded batch, an assistant model of other weights), into the record's `reach`."""
+    from . import reach
+
+    tokens = torch.randint(0, rec["vocab"], (1, total), generator=torch.Generator().manual_seed(seed))
+    model, assistant = build(rec["_config"], rec.get("init"), seed), build(rec["_config"], rec.get("init"), seed + 1)
+    rec["reach"] = reach.paths(model, tokens, tolerance * (rec.get("floor") or 0.0), assistant)
 
 
 def _check_orders(model_type, seed, tolerance, total, config) -> dict:

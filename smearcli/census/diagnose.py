@@ -82,7 +82,8 @@ def misreported(model, tokens, steps) -> Optional[str]:
 
 def window_edge(ms: dict, plans: dict, window: Optional[int]) -> Optional[str]:
     """A note when every cached step plan that ran departs, and first exactly at position `window`
-    (the sliding window's length), whatever its steps; None otherwise."""
+    (the sliding window's length; a prefill over it, then single tokens: at its first cached token),
+    whatever its steps; None otherwise."""
     if not window:
         return None
     from .boundary import SCHEDULES
@@ -90,10 +91,20 @@ def window_edge(ms: dict, plans: dict, window: Optional[int]) -> Optional[str]:
     cached = {k: m for k, m in ms.items() if k in plans and k not in SCHEDULES and len(plans[k]) > 1}
     if len(cached) < 2 or any(m.passed or m.first_departure is None for m in cached.values()):
         return None
-    if any(m.first_departure[1] != window for m in cached.values()):
+    if any(m.first_departure[1] != edge(plans[k], window) for k, m in cached.items()):
         return None
-    return (f"every cached schedule ({len(cached)}) departs first at position {window}, the sliding window's length, "
-            "whatever its steps: the cached path sizes its window or mask differently from the full pass")
+    return (f"every cached schedule ({len(cached)}) departs first at position {window}, the sliding window's length "
+            "(or at its first step after it), whatever its steps: the cached path sizes its window or mask "
+            "differently from the full pass")
+
+
+def edge(steps, window: int) -> int:
+    """Where a schedule of `steps` first departs if the window is the cause: at the window, or, for
+    one prefill past the window then single tokens, at the first cached token (the prefill ran as
+    the full pass does)."""
+    if steps and steps[0] > window and all(n == 1 for n in steps[1:]):
+        return steps[0]  # one prefill over the window, then single tokens: the first cached token
+    return window
 
 
 def dropped_state(model, tokens, steps, starts, thr) -> Optional[str]:
