@@ -244,6 +244,60 @@ def trace(runner, tokens, steps, position: int, tolerance: float = NOISE_MARGIN)
     return None
 
 
+def leak_in(runner, tokens, changed, cut: int, tolerance: float = NOISE_MARGIN) -> Optional[dict]:
+    """The `born_in` of a full pass that leaks future tokens (`causal`): the full pass on `tokens`
+    and on `changed` (the same up to `cut`, then changed or cut off), compared over the positions before `cut`; the first call
+    whose output moves there while the inputs it receives do not is where the leak starts."""
+    T = tokens.size(1)
+    span = (0, changed.size(1), cut - 1)
+    try:
+        a = full_calls(runner, tokens)
+        with torch.inference_mode(), Recorder(runner.model) as rec:
+            runner.forward(changed, False)
+    except Exception as e:
+        return {"module": None, "why": f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:160]}"}
+    for call in rec.calls:
+        ref = a.get((call.name, call.index))
+        if ref is None:
+            continue
+        off, _, multiple = worst(call.outputs, ref.outputs, {}, span, T, tolerance)
+        if not off:
+            continue
+        first, at = call, call
+        while at.parent is not None:
+            mine = a.get((at.name, at.index))
+            ins_off, compared, _ = worst(at.inputs, mine.inputs, {}, span, T, tolerance) if mine else (True, 0, 0.0)
+            if not ins_off and (compared or not at.inputs):
+                break
+            at = at.parent
+        out = describe(at, runner.model)
+        out.update(position=cut - 1, first_off=first.name, multiple=multiple if multiple != float("inf") else None)
+        return out
+    return {"module": None, "why": f"no module output moves {tolerance:g}x its floor before position {cut}"}
+
+
+# the words a suspect line names each kind of carried state by (`state.state_kinds`)
+STATE_WORDS = {"conv": ("conv",), "recurrent": ("recurrent", "ssm_state", "ssm", "scan", "initial_state")}
+
+
+def narrow(born_in: Optional[dict], kinds) -> Optional[dict]:
+    """A `born_in` whose suspects are cut to the lines that handle the state the dropped-state
+    replay zeroed (`kinds`: "recurrent", "conv"): zeroing that state reproduces the error, so
+    carrying it is the change that removes it, and a line on the other state is not the cause
+    (Mamba's conv branch carries its state; the scan starts from zero). `cause` names the state;
+    nothing changes when no suspect line names it."""
+    if not born_in or not born_in.get("suspects") or not kinds:
+        return born_in
+    mine = [w for k in kinds for w in STATE_WORDS.get(k, (k,))]
+    others = [w for k, ws in STATE_WORDS.items() if k not in kinds for w in ws]
+    keep = [s for s in born_in["suspects"] if any(w in s[1] for w in mine) and not any(w in s[1] for w in others)]
+    if keep:
+        born_in["suspects"] = keep
+        born_in["cause"] = (f"the {' and '.join(kinds)} state: zeroing it at each multi-token cached step's start "
+                            "reproduces the error, so carrying it there removes it")
+    return born_in
+
+
 def source(cls) -> tuple[Optional[str], int, list[str]]:
     """(the file, the first line, the lines) of a module class's forward, decorators included."""
     fn = inspect.unwrap(cls.forward)

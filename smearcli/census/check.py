@@ -6,6 +6,9 @@ the model seeded, and runs it:
 
 1. the reference is the full pass in float32; the noise floor is the full pass in float64 against
    it (`smearcli.evidence.floor`), so no schedule under test, decode included, can raise the floor;
+   the reference is checked first (`causal`): a full pass whose earlier positions move when the last
+   tokens are removed or changed leaks future tokens, and that is the finding (no cached path is
+   judged against it);
 2. every schedule of `split_points` (decode, prefill, chunks of 16, a prefill then single tokens,
    chunk widths below and at the conv width, around the sliding window and the SSM chunk size,
    seeded odd widths) and the project's `padded` and `rollback` boundaries (`boundary`: a padded
@@ -43,10 +46,9 @@ from ..defaults import NOISE_MARGIN
 from ..impls.hf import cache_runner as hf_runner
 from ..schedules import run_schedule, run_steps
 from ..verdicts import BUG, CRASHED, INCONCLUSIVE, NOT_BUILT, ROUNDING, UNCONFIRMED, WORDS
-from ..state import KV, Zeroing, state_kinds
 from ..impls.hf import hidden_names
 from ..impls.hf.cache_runner import CacheRunner, full_run
-from . import born, boundary, shapes, variants
+from . import born, boundary, causal, diagnose, shapes, ties, variants
 from .record import new as new_record
 from .boundary import logits_noise, logits_only, measured, transformers_frame
 from .derive import derive
@@ -172,7 +174,11 @@ def check(model_type: str, seed: int = 0, tolerance: float = NOISE_MARGIN, total
     t0 = time.monotonic()
     rec = _check_orders(model_type, seed, tolerance, total, config)
     budget.stage(public(rec))  # the verdict is in: kept even if a reproducer runs out of time
-    if rec["verdict"] == BUG and repro_dir is not None and rec.get("_config") is not None:
+    if rec["verdict"] == BUG and rec.get("_config") is not None and rec.get("shape") != causal.LEAK:
+        reachability(rec, seed, tolerance, total)
+        budget.stage(public(rec))
+    if rec["verdict"] == BUG and repro_dir is not None and rec.get("_config") is not None \
+            and rec.get("shape") != causal.LEAK:  # a leak has no cached schedule to reproduce
         from . import findings_files
 
         findings_files.attach(rec, repro_dir, budget.later_limit(time.monotonic() - t0),
@@ -185,6 +191,16 @@ def check(model_type: str, seed: int = 0, tolerance: float = NOISE_MARGIN, total
 def public(rec: dict) -> dict:
     """The record without the fields that only ride along in this process (`_config`)."""
     return {k: v for k, v in rec.items() if not k.startswith("_")}
+
+
+def reachability(rec: dict, seed: int, tolerance: float, total: int) -> None:
+    """The finding run through transformers' public API (`reach.paths`: generate, chunked prefill, a
+    left-padded batch, an assistant model of other weights), into the record's `reach`."""
+    from . import reach
+
+    tokens = torch.randint(0, rec["vocab"], (1, total), generator=torch.Generator().manual_seed(seed))
+    model, assistant = build(rec["_config"], rec.get("init"), seed), build(rec["_config"], rec.get("init"), seed + 1)
+    rec["reach"] = reach.paths(model, tokens, tolerance * (rec.get("floor") or 0.0), assistant)
 
 
 def _check_orders(model_type, seed, tolerance, total, config) -> dict:
@@ -214,7 +230,11 @@ def _check(model_type, seed, tolerance, total, config, summary: Optional[dict]) 
             return record(model_type, NOT_BUILT, reason="the model cannot be built from the tiny config: "
                           + transformers_frame(e), **base)
         try:
-            res = check_model(model, tokens, plans, tolerance)
+            with ties.watching() as seen:
+                res = check_model(model, tokens, plans, tolerance)
+            if res["verdict"] == BUG:  # replicated (another seed, a tie-break) before it is called a bug
+                res = ties.replicate(res, seen.ties, lambda s, broke: recheck(config, init, s, broke, total, vocab,
+                                                                              plans, tolerance), seed)
         except Exception as e:  # a cached path raised where the full pass runs (`check_model`)
             where = getattr(e, "schedule", None)
             return record(model_type, CRASHED, reason=transformers_frame(e), model_class=type(model).__name__,
@@ -227,6 +247,17 @@ def _check(model_type, seed, tolerance, total, config, summary: Optional[dict]) 
         last = res
     last["notes"].append(NO_POWER_NOTE)
     return record(model_type, **last)
+
+
+def recheck(config, init, seed: int, broke: bool, total: int, vocab: int, plans: dict, tolerance: float) -> dict:
+    """`check_model` again on `seed` (its weights and tokens), under the tie-break when `broke`;
+    its `_ties`: the top-k calls with a tie at their edge (`ties.watching`)."""
+    tokens = torch.randint(0, vocab, (1, total), generator=torch.Generator().manual_seed(seed))
+    model = build(config, init, seed)
+    with ties.tie_break() if broke else ties.watching() as seen:
+        out = check_model(model, tokens, plans, tolerance)
+    out["_ties"] = getattr(seen, "ties", 0)
+    return out
 
 
 def init_note(init: float) -> str:
@@ -261,6 +292,10 @@ def check_model(model, tokens, plans: dict, tolerance: float = NOISE_MARGIN, mak
     f64 = evidence.Float64(runner, tokens, capture=ref.hiddens is not None)  # the floor's and the confirmations'
     noise = evidence.floor(runner, ref, tokens, torch.float32, f64)
     floor_source = noise.source
+    leaked = causal.judge(runner, tokens, ref, noise, tolerance)  # the reference checked first
+    if leaked is not None:
+        return {"model_class": type(model).__name__, "floor": noise.per_layer[-1], "floor_source": floor_source,
+                **leaked}
     refused: dict = {}
     ms = run_all(runner, tokens, plans, ref, noise, tolerance, refused)
     bms, entries, bsteps, notes, used = boundary.run_boundaries(model, make, runner.layers, tokens, ref, noise,
@@ -297,7 +332,9 @@ def check_model(model, tokens, plans: dict, tolerance: float = NOISE_MARGIN, mak
             fixed = note = None
             out["shape"] = shapes.classify(worst.abs_err[-1].tolist(), plans[name], 0.0, schedule=name)
         else:
-            out["shape"], fixed, note = name_shape(model, tokens, plans, name, worst, ms, ref, noise, tolerance)
+            out["shape"], fixed, note, kinds = diagnose.name_shape(model, tokens, plans, name, worst, ms, ref, noise,
+                                                                   tolerance, first_int(model.config, WINDOW_KEYS))
+            born.narrow(out["born_in"], kinds)  # the suspect lines of the state the replay zeroed
         if fixed:
             out["notes"].append(f"explicit {fixed} makes {name} pass")
         if note:
@@ -344,59 +381,3 @@ def confirmed(main, used: dict, tokens, plans: dict, bad: dict, out: dict) -> tu
         elif name in out["boundaries"] and status == UNCONFIRMED:
             out["boundaries"][name]["status"] = UNCONFIRMED
     return confs, reruns
-
-
-def name_shape(model, tokens, plans, name, worst, ms, ref, noise, tolerance):
-    """(the failing run's shape, the explicit argument that fixes it or None, a note or None)."""
-    thr = NOISE_MARGIN * noise.per_layer[-1]
-    fixed = None
-    for arg, kw in (("position_ids", dict(positions=True)), ("attention_mask", dict(mask=True))):
-        r = CacheRunner(model, **kw)
-        if not (r.positions or r.mask):
-            continue
-        try:
-            m = run_all(r, tokens, {name: plans[name]}, logits_only(ref), logits_noise(noise), tolerance, {})[name]
-        except Exception:
-            continue
-        if m.passed:
-            fixed = arg
-            break
-    decode_fails = "decode" in ms and not ms["decode"].passed  # a plan their code refused is not in ms
-    chunks_pass = all(ms[k].passed for k in ("chunks of 16", "prefill") if k in ms)
-    steps = plans[name]
-    starts = shapes.boundaries(steps)
-    matches = None
-    if fixed is None and starts and not decode_fails:
-        matches = dropped_state(model, tokens, steps, starts, thr)
-    err = worst.abs_err[-1].tolist()
-    shape = shapes.classify(err, steps, thr, fixed, decode_fails, chunks_pass, matches is not None)
-    note = None
-    if matches:
-        note = f"token-by-token decode with the {matches} at each chunk start equals {name} to the floor"
-    return shape, fixed, note
-
-
-def dropped_state(model, tokens, steps, starts, thr) -> Optional[str]:
-    """The kinds of carried state whose zeroing at each multi-token chunk start makes token-by-token
-    decode equal the failing run (the hypothesis "the chunk forgot its state" replayed), or None."""
-    probe = CacheRunner(model)
-    held = probe.new_cache(1, 2)
-    with torch.inference_mode():
-        probe.step(tokens[:, :2], held, False)
-    kinds = [k for k in state_kinds(held.inner) if k != KV]
-    if not kinds:
-        return None
-    cache_starts = tuple(s for s, n in zip(starts, steps[1:]) if n > 1)
-    try:
-        run = run_steps(CacheRunner(model), tokens, steps)
-    except Exception:
-        return None
-    for subset in ([[k] for k in kinds] if len(kinds) > 1 else []) + [kinds]:
-        r = Zeroing(CacheRunner(model), cache_starts, subset)
-        try:
-            replay = run_steps(r, tokens, [1] * tokens.size(1))
-        except Exception:
-            continue
-        if float((replay.logits - run.logits).abs().max()) <= thr:
-            return " and ".join(subset) + " state zeroed"
-    return None

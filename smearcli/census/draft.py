@@ -91,7 +91,7 @@ def write(record: dict, path: Path, versions: dict, group: Optional[dict] = None
                              f"{record.get('worst_schedule')!r} ({record.get('steps')})")
     lines = [f"# {record.get('model_class') or record['model_type']}: "
              f"{TITLES.get(record.get('worst_schedule'), 'cached steps disagree with the full pass')}", "",
-             ", ".join(f"{k} {v}" for k, v in versions.items()), "",
+             ", ".join(f"{k} {v}" for k, v in versions.items()), "", *reach_section(record.get("reach")),
              f"{how} gives logits up to {record.get('max_abs') or 0:.3g} away from one call "
              "without a cache (tiny random config, float32, CPU; the float32 rounding floor is measured from "
              "the same pass in float64).", "",
@@ -113,6 +113,20 @@ def write(record: dict, path: Path, versions: dict, group: Optional[dict] = None
     path = Path(path)
     path.write_text("\n".join(lines) + "\n")
     return path
+
+
+def reach_section(reach) -> list[str]:
+    """The draft's lead: each public-API path as run (`census.reach`), and what it gave."""
+    if not isinstance(reach, dict) or not reach:
+        return []
+    out = ["**Through the public API** (greedy `generate`, compared with the full pass over the tokens it made):", ""]
+    for name, e in reach.items():
+        if not isinstance(e, dict):
+            continue
+        num = f", max |dlogit| {e['max_abs']:.3g}" if e.get("max_abs") is not None else ""
+        why = f": {e['why']}" if e.get("why") else ""
+        out.append(f"- `{name}`: **{e.get('result')}**{num}{why}")
+    return out + [""]
 
 
 def born_section(born: dict) -> list[str]:

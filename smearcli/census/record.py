@@ -43,6 +43,8 @@ class Record:
     floor_source: Optional[str] = _f(STRING)  # where the floor came from
     power: Optional[dict] = _f(OBJECT)  # what zeroing each kind of state showed (evidence.Power)
     confirmation: Optional[dict] = _f(OBJECT)  # the finding rerun in float64 (evidence.Confirmation)
+    reach: Optional[dict] = _f(OBJECT)  # the finding through the public API: path -> result (census.reach)
+    replication: Optional[dict] = _f(OBJECT)  # the finding rerun on a second seed, under a tie-break (census.ties)
     model_class: Optional[str] = _f(STRING)
     reason: Optional[str] = _f(STRING)  # why it is crashed or not built
     notes: list = _f(LIST, factory=list)

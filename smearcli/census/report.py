@@ -11,14 +11,14 @@ from typing import Optional, Sequence
 
 from ..jsondoc import SCHEMAS, header
 from ..schedules import census_schedules  # the boundaries every architecture also runs (check.boundary)
-from ..verdicts import (BUG, CRASHED, INCONCLUSIVE, NOT_BUILT, NOT_JUDGED, NOT_JUDGED_WHY, NOT_RUN, OK, TIMED_OUT,
-                        UNCONFIRMED)
+from ..verdicts import (BUG, CRASHED, INCONCLUSIVE, LATENT, NOT_BUILT, NOT_JUDGED, NOT_JUDGED_WHY, NOT_RUN, OK,
+                        TIE_ARTIFACT, TIMED_OUT, UNCONFIRMED)
 from .groups import api_findings, born, groups
-from . import record
+from . import reach, record
 from .shapes import LEFT_UNSUPPORTED
 
 SCHEMA = SCHEMAS["scan"]
-ORDER = tuple(str(v) for v in (BUG, CRASHED, UNCONFIRMED, INCONCLUSIVE, OK, NOT_BUILT, TIMED_OUT))
+ORDER = tuple(str(v) for v in (BUG, CRASHED, UNCONFIRMED, LATENT, TIE_ARTIFACT, INCONCLUSIVE, OK, NOT_BUILT, TIMED_OUT))
 FIELDS = record.FIELDS  # every field of a record, in the order the JSON document lists them
 PY_PATH = re.compile(r"\S*/([^/\s]+\.py:\d+)")  # "transformers/models/x/modeling_x.py:12" -> "modeling_x.py:12"
 
@@ -148,7 +148,7 @@ def markdown(records: Sequence[dict], meta: Optional[dict] = None) -> str:
                 "its code lifted to float64: a bug keeps its size, rounding vanishes (`smearcli.evidence`). "
                 "An unconfirmed one shrank without vanishing, or could not run lifted.", "",
                 "| architecture | verdict | worst schedule | max abs dlogit | float64, lifted | shape | born in | init | "
-                "reproducer (exit) |", "|---|---|---|---|---|---|---|---|---|"]
+                "public API | reproducer (exit) |", "|---|---|---|---|---|---|---|---|---|---|"]
         for r in bugs:
             rep = r.get("reproducer")
             rep = f"`{rep.split('/')[-1]}` ({r.get('reproducer_status')})" if rep else "-"
@@ -158,7 +158,8 @@ def markdown(records: Sequence[dict], meta: Optional[dict] = None) -> str:
             # the JSON, the draft and the console's line
             where = f"`{b.get('class')}`" if b else "-"
             out.append(f"| {r['model_type']} | {r.get('verdict')} | {r.get('worst_schedule')} | {_err(r)} | {_f64(r)} | "
-                       f"{r.get('shape')} | {where} | {'default' if r.get('init') is None else r['init']} | {rep} |")
+                       f"{r.get('shape')} | {where} | {'default' if r.get('init') is None else r['init']} | "
+                       f"{reach.summary(r.get('reach'))} | {rep} |")
         out.append("")
         out += groups_md(records)
     out += api_md(records)

@@ -11,6 +11,11 @@ A run's logits error along the positions, against its boundaries, says what kind
 - *mask wrong*: off inside the first call too, or fixed by an explicit attention mask;
 - *decode path differs*: the one-token step disagrees with the chunk path (decode fails, chunks
   of several tokens pass);
+- *cache misreports its length*: after a cached step the cache's `get_seq_length()` is not the
+  number of tokens fed (a layer 0 that keeps no keys reports 0), so the next step's positions and
+  masks start from the wrong place (decided by asking the cache, `diagnose.misreported`);
+- *departs at the sliding window*: every cached schedule departs first exactly at the window's
+  length, whatever its steps (a mask or window that the cached path sizes differently);
 - the boundaries' own shapes (each registered boundary's `shape`, `smearcli.schedules.shape`):
   *padding leaks into a row* (a row beside padded ones in one batch differs from the row alone)
   and *state not rolled back* (a cache cropped or restored after rejected drafts keeps what the
@@ -31,6 +36,8 @@ CONTEXT_LOST = "context lost"
 POSITIONS = "positions restart"
 MASK = "mask wrong"
 DECODE_PATH = "decode path differs"
+LENGTH = "cache misreports its length"
+WINDOW_EDGE = "departs at the sliding window"
 OTHER = "other"
 # a padded batch off only in its left-padded row, on a model whose forward takes no position_ids:
 # the row can only be numbered after its padding (absolute positions counted from the cache), or,
@@ -38,11 +45,12 @@ OTHER = "other"
 # allows, not a wrong cache: a boundary status of its own, shown, never counted as a bug
 LEFT_UNSUPPORTED = "left padding unsupported"
 PROFILE_SHAPES = (STATE_DROPPED, CONTEXT_LOST, POSITIONS, MASK, DECODE_PATH)  # what a step plan's error can show
+RERUN_SHAPES = (LENGTH, WINDOW_EDGE)  # what asking the cache or comparing every schedule shows
 
 
 def all_shapes() -> tuple[str, ...]:
     """Every shape a finding may have: the step plans', each census boundary's own, then other."""
-    return PROFILE_SHAPES + tuple(shape(name) for name in census_schedules()) + (OTHER,)
+    return PROFILE_SHAPES + RERUN_SHAPES + tuple(shape(name) for name in census_schedules()) + (OTHER,)
 
 FADED = 0.1  # a chunk's tail under this share of its head's error: the error faded
 SPREAD = 0.9  # share of positions from the first boundary on that must be off: state dropped
@@ -91,14 +99,20 @@ def profile_shape(err: Sequence[float], steps: Sequence[int], threshold: float) 
 def classify(err: Sequence[float], steps: Sequence[int], threshold: float,
              fixed_by: Optional[str] = None, decode_fails: bool = False,
              chunks_pass: bool = False, matches_dropped_state: bool = False,
-             schedule: Optional[str] = None) -> str:
+             schedule: Optional[str] = None, length: bool = False, window_edge: bool = False) -> str:
     """The shape: a census boundary's (padded, rollback) failure is that boundary's own shape; then
     reruns first: `fixed_by` "position_ids" or "attention_mask" when the run passes
     with that argument given explicitly; `decode_fails` and `chunks_pass` for the decode path;
     `matches_dropped_state` when decode with the state zeroed at the run's chunk starts equals the
-    run (the hypothesis replayed)."""
+    run (the hypothesis replayed); `length` when the cache misreports its length after a step and
+    `window_edge` when every cached schedule departs first at the window: those name the cause
+    before any rerun does (an explicit `position_ids` may hide a wrong length, not fix it)."""
     if schedule in census_schedules():
         return shape(schedule)
+    if length:
+        return LENGTH
+    if window_edge:
+        return WINDOW_EDGE
     if fixed_by == "position_ids":
         return POSITIONS
     if fixed_by == "attention_mask":

@@ -11,7 +11,9 @@ Derivation keeps one layer of each kind in the defaults' order; this module make
   kind's first layer moved to the front (the rest in default order);
 - `reorder(d, lay, order)` rewrites the dict for one order; `label` names each layer's kind;
 - `combine(records)` makes one architecture's record of its orders' records: the worst verdict
-  (`verdicts.worst`) heads it, and `variants` lists every order with its verdict and numbers.
+  (`verdicts.worst`) heads it, and `variants` lists every order with its verdict and numbers. A
+  finding seen only in an order the default configuration does not have (another kind as layer 0)
+  is `latent`: real code, but no configuration as shipped runs it, so it is not counted as a bug.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from ..verdicts import NOT_BUILT, worst
+from ..verdicts import BUG, LATENT, NOT_BUILT, UNCONFIRMED, worst
 
 PERIODS = {"attn_layer_period": "attn_layer_offset", "expert_layer_period": "expert_layer_offset"}
 SCALARS = (str, int, float, bool, type(None))
@@ -128,20 +130,35 @@ def reorder(d: dict, lay: Layout, order: list[int]) -> dict:
 
 def combine(records: list[dict], names: list[list[str]]) -> dict:
     """One architecture's record of its orders' records (`names[i]`: record i's layer order, layer 0
-    first). One order: its record as it is. Several: the first record with the worst verdict of the
-    orders that were built (`verdicts.worst`) heads it, with its `order`; `variants` lists each
-    order's verdict and numbers. An order whose config or model cannot be built does not decide
-    the verdict while another order runs (the config class refused that order: not a finding)."""
+    first; record 0 is the defaults' order). One order: its record as it is. Several: a finding
+    (bug, unconfirmed) of an order other than the defaults' counts as `latent` (`real`); the first
+    record with the worst of those verdicts among the orders that were built (`verdicts.worst`)
+    heads it, with its `order`; `variants` lists each order's own verdict and numbers. An order
+    whose config or model cannot be built does not decide the verdict while another order runs
+    (the config class refused that order: not a finding)."""
     if len(records) == 1:
         return records[0]
-    ran = [r for r in records if r["verdict"] != NOT_BUILT] or records
-    word = worst(r["verdict"] for r in ran)
-    head = next(r for r in ran if r["verdict"] == word)
-    out = dict(head)
-    out["order"] = names[records.index(head)]
+    said = [real(r, i) for i, r in enumerate(records)]
+    ran = [i for i, r in enumerate(records) if r["verdict"] != NOT_BUILT] or list(range(len(records)))
+    word = worst(said[i] for i in ran)
+    at = next(i for i in ran if said[i] == word)
+    head = records[at]
+    out = dict(head, verdict=said[at])
+    out["order"] = names[at]
     out["variants"] = [{"order": o, **{k: r.get(k) for k in KEPT}} for r, o in zip(records, names)]
-    if head is not records[0]:
+    if at and word == LATENT:
+        out["notes"] = list(head.get("notes") or []) + [
+            f"latent: {head['verdict']} only with layer 0 '{names[at][0]}', which the default configuration does "
+            f"not have (its layer 0 is '{names[0][0]}', where it is {records[0]['verdict']}); not counted as a bug"]
+    elif at:
         out["notes"] = list(head.get("notes") or []) + [
             f"{word} only with layer 0 '{out['order'][0]}'; in the defaults' order (layer 0 "
             f"'{names[0][0]}') it is {records[0]['verdict']}"]
     return out
+
+
+def real(record: dict, i: int) -> str:
+    """The verdict an order's record gives the architecture: a finding of a layer order the default
+    configuration does not have (`i` > 0: another kind as layer 0) is `latent`."""
+    v = record["verdict"]
+    return str(LATENT) if i and str(v) in (str(BUG), str(UNCONFIRMED)) else v

@@ -16,7 +16,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, Pre
 from transformers.modeling_outputs import CausalLMOutputWithPast  # noqa: E402
 
 from smearcli.census import check, derive, variants  # noqa: E402
-from smearcli.verdicts import BUG, CRASHED, NOT_BUILT, OK, worst  # noqa: E402
+from smearcli.verdicts import BUG, CRASHED, LATENT, NOT_BUILT, OK, worst  # noqa: E402
 
 _FIELDS = {f.name for f in dataclasses.fields(CausalLMOutputWithPast)}
 _CACHE_FIELD = "cache" if "cache" in _FIELDS else "past_key_values"
@@ -138,13 +138,14 @@ def test_census_flags_the_hybrid_only_with_its_recurrent_layer_first(reach):
     alone = {tuple(v.order): check.check(reach, config=v.config) for v in d.variants}
     assert alone[tuple(attention_first)]["verdict"] == OK
     assert alone[tuple(recurrent_first)]["verdict"] == BUG
-    rec = check.check(reach)
-    assert rec["verdict"] == BUG and rec["order"] == recurrent_first
+    rec = check.check(reach)  # the default configuration has attention first: the finding is latent
+    assert rec["verdict"] == LATENT and rec["order"] == recurrent_first
     assert [(v["order"], v["verdict"]) for v in rec["variants"]] == [(attention_first, OK), (recurrent_first, BUG)]
     finding = rec["variants"][1]
     assert finding["worst_schedule"] == rec["worst_schedule"] and finding["max_abs"] == rec["max_abs"] > 0
     assert rec["config"]["layer_types"] == recurrent_first  # the head order's own config
-    assert any("only with layer 0 'linear_attention'" in n for n in rec["notes"])
+    assert any("only with layer 0 'linear_attention', which the default configuration does not have" in n
+               for n in rec["notes"])
 
 
 def test_a_failing_full_pass_is_not_built_and_a_failing_cached_step_crashed(reach):
@@ -222,6 +223,18 @@ def test_worst_order_heads_the_record():
     assert variants.combine([one], [[]]) is one  # one kind: nothing new in the record
 
 
+def test_a_finding_only_in_an_order_the_defaults_lack_is_latent():
+    names = [["attention", "recurrent"], ["recurrent", "attention"]]
+    ok, bug = {"verdict": "ok", "notes": []}, {"verdict": "bug", "notes": [], "max_abs": 0.5}
+    out = variants.combine([ok, bug], names)
+    assert out["verdict"] == LATENT and out["order"] == names[1] and out["max_abs"] == 0.5
+    assert [v["verdict"] for v in out["variants"]] == ["ok", "bug"]  # each order says what it showed
+    assert "not counted as a bug" in out["notes"][-1]
+    assert variants.combine([bug, ok], names[::-1])["verdict"] == BUG  # the defaults' own order: a bug
+    crashed = {"verdict": "crashed", "notes": [], "reason": "x"}
+    assert variants.combine([crashed, bug], names)["verdict"] == CRASHED  # the defaults' crash outranks
+
+
 # -- theirs or ours: architectures that crashed on our inputs ------------------------------------
 @pytest.mark.parametrize("model_type", ["xmod", "deepseek_v2"])
 def test_architectures_run_on_the_inputs_their_config_asks_for(model_type):
@@ -229,18 +242,18 @@ def test_architectures_run_on_the_inputs_their_config_asks_for(model_type):
     assert rec["verdict"] not in (CRASHED, NOT_BUILT), rec["reason"]
 
 
-def test_prophetnet_refuses_multi_token_cached_steps_on_purpose_and_is_judged_on_the_rest():
-    """ProphetNet's decoder asserts that a cached step after the first holds one token ("use_cache
-    is only supported for decoder_input_ids of length 1"): a limit its API declares, not a crash.
-    The chunked plans and the rollback drafts are not run, with that message, and the verdict rests
-    on what it accepts (decode, prefill): never `crashed`."""
+def test_prophetnet_is_a_full_pass_that_leaks_future_tokens():
+    """ProphetNet's decoder full pass moves earlier positions when later tokens are removed (its
+    n-gram self-attention reads ahead): the reference is the finding (`census.causal`), confirmed
+    in float64, and no cached schedule (decode, which it accepts; chunks, which it refuses) is
+    judged against it."""
+    from smearcli.census import causal
+
     rec = check.check("prophetnet")
-    assert rec["verdict"] not in (CRASHED, NOT_BUILT), rec["reason"]
-    refused = [n for n in rec["notes"] if n.startswith("not run, refused by their code")]
-    assert refused and "chunks of 16" in refused[0] and "only supported for `decoder_input_ids` of length 1" in refused[0]
-    assert "chunks of 16" not in rec["schedules"] and "decode" in rec["schedules"]
-    assert rec["boundaries"]["rollback"]["status"] == "not run"
-    assert "only supported" in rec["boundaries"]["rollback"]["why"]
+    assert rec["verdict"] == BUG and rec["shape"] == causal.LEAK, rec
+    assert rec["confirmation"]["status"] == BUG and rec["born_at"].startswith("logits@")
+    assert rec["born_in"]["class"] == "ProphetNetNgramSelfAttention"
+    assert not rec["schedules"] and not rec["boundaries"]
 
 
 def test_a_declared_limit_is_told_from_a_crash():

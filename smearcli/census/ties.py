@@ -1,0 +1,126 @@
+"""Exact ties in a discrete choice, and replication: a departure a maintainer can reproduce.
+
+A top-k (a sparse-attention indexer, an MoE router) chooses by comparing numbers. When two of them
+are exactly equal at the edge of the choice (an indexer's ReLU scores at exactly 0 on a tiny
+config), which one is kept depends on the order a kernel happens to evaluate them in: the full
+pass and a cached step may keep different keys and differ by a whole key's contribution. That
+survives float64 (a tie is exact in any precision), so the float64 confirmation cannot catch it.
+
+- `watching()` records, while it is open, every top-k call that has an exact tie at its edge (the
+  k-th and the (k+1)-th value equal and finite in some row);
+- `tie_break()` makes every top-k deterministic while it is open: among equal values the lower
+  index is kept (a stable sort), in the full pass and in every cached step alike;
+- `replicate(fields, rerun)` takes `check_model`'s fields of a `bug` and reruns the check: under the
+  tie-break where a tie was seen, and on a second seed for the weights and tokens. A departure that
+  vanishes under the tie-break, or on the second seed where ties were seen, is a `tie artifact`; one
+  that vanishes on the second seed without any tie is `unconfirmed` (not replicated); one that stays
+  is a bug. The record's `replication` says what each rerun gave.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, Optional
+
+import torch
+
+from ..verdicts import BUG, TIE_ARTIFACT, UNCONFIRMED
+
+FINDINGS = (str(BUG), str(UNCONFIRMED))
+_TOPK = torch.topk
+
+
+def _stable(input, k, dim=-1, largest=True, sorted=True, **kw):
+    vals, idx = torch.sort(input, dim=dim, descending=largest, stable=True)
+    return torch.return_types.topk((vals.narrow(dim, 0, k), idx.narrow(dim, 0, k)))
+
+
+def tied(input, k: int, dim: int = -1, largest: bool = True) -> bool:
+    """Whether a top-k of `input` has an exact tie at its edge: the k-th and (k+1)-th values equal
+    and finite in some row."""
+    n = input.size(dim) if input.dim() else 1
+    if not 0 < k < n or not input.is_floating_point():
+        return False
+    with torch.no_grad():
+        vals = _TOPK(input.detach(), k + 1, dim=dim, largest=largest).values
+        a, b = vals.narrow(dim, k - 1, 1), vals.narrow(dim, k, 1)
+        return bool(((a == b) & torch.isfinite(a)).any())
+
+
+@contextlib.contextmanager
+def _patched(topk):
+    function, method = torch.topk, torch.Tensor.topk
+    torch.topk = topk
+    torch.Tensor.topk = lambda self, *a, **kw: topk(self, *a, **kw)
+    try:
+        yield
+    finally:
+        torch.topk, torch.Tensor.topk = function, method
+
+
+class Seen:
+    """The top-k calls with a tie at their edge while `watching()` was open."""
+
+    def __init__(self):
+        self.calls = self.ties = 0
+
+
+@contextlib.contextmanager
+def watching():
+    """Every top-k call checked for an exact tie at its edge (`tied`), counted in the `Seen` yielded."""
+    seen = Seen()
+
+    def topk(input, k, dim=-1, largest=True, sorted=True, **kw):
+        seen.calls += 1
+        seen.ties += tied(input, int(k), dim, largest)
+        return _TOPK(input, k, dim=dim, largest=largest, sorted=sorted, **kw)
+
+    with _patched(topk):
+        yield seen
+
+
+@contextlib.contextmanager
+def tie_break():
+    """Every top-k keeps the lower index among equal values (a stable sort), on every path."""
+    with _patched(_stable):
+        yield
+
+
+def summary(fields: dict) -> dict:
+    """What a rerun of the check gave, for the record's `replication`."""
+    return {k: fields.get(k) for k in ("verdict", "worst_schedule", "max_abs", "shape")}
+
+
+def replicate(fields: dict, ties: int, rerun: Callable[..., dict], seed: int) -> dict:
+    """`fields` (`check_model`'s, a bug) judged again (module docstring): `rerun(seed, tie_break)`
+    runs the same check on another seed or under the tie-break and returns its fields. Returns
+    `fields` with `verdict` settled and `replication` set."""
+    rep: dict = {"ties": ties}
+    word: Optional[str] = None
+    if ties:
+        broke = rerun(seed, True)
+        rep["tie_break"] = summary(broke)
+        if str(broke["verdict"]) not in FINDINGS:
+            word = TIE_ARTIFACT
+    if word is None:
+        other = rerun(seed + 1, False)
+        rep["seed"] = seed + 1
+        rep["second_seed"] = summary(other)
+        if str(other["verdict"]) != str(BUG):
+            word = TIE_ARTIFACT if ties or other.get("_ties") else UNCONFIRMED
+    fields["replication"] = rep
+    if word == TIE_ARTIFACT:
+        fields["verdict"] = TIE_ARTIFACT
+        fields["notes"].append(f"a tie artifact: {ties} top-k call(s) had an exact tie at the edge of the choice; "
+                               + ("under a deterministic tie-break (the lower index kept) it is "
+                                  f"{rep['tie_break']['verdict']}" if "tie_break" in rep and
+                                  str(rep["tie_break"]["verdict"]) not in FINDINGS else
+                                  f"on seed {seed + 1} it is {rep['second_seed']['verdict']}"))
+    elif word == UNCONFIRMED:
+        fields["verdict"] = UNCONFIRMED
+        fields["notes"].append(f"not replicated: on seed {seed + 1} (weights and tokens) it is "
+                               f"{rep['second_seed']['verdict']}")
+    else:
+        fields["notes"].append(f"replicated on seed {seed + 1} (weights and tokens): "
+                               f"{rep['second_seed']['worst_schedule']}, {rep['second_seed']['max_abs'] or 0:.3g}")
+    return fields

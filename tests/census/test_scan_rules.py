@@ -1,0 +1,279 @@
+"""The rules a finding must pass before the census calls it a bug (issue 42), each held with a
+stand-in model: the reference checked first (a full pass that reads later tokens is the finding,
+and no cached path is blamed for it)."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("transformers")
+
+import torch  # noqa: E402
+
+from hf_standin import ShiftConfig, ShiftLM  # noqa: E402
+from smearcli.census import causal  # noqa: E402
+from smearcli.census.check import check_model, split_points  # noqa: E402
+from smearcli.verdicts import BUG, OK, UNCONFIRMED  # noqa: E402
+
+T = 33
+
+
+class PeekLM(ShiftLM):
+    """The shift stand-in whose full pass also mixes in the next token's embedding: every position
+    reads one token ahead (a causal LM that is not causal), its cached steps carry their state."""
+
+    def forward(self, input_ids=None, cache=None, use_cache=None, output_hidden_states=None,
+                return_dict=None, **kwargs):
+        out = super().forward(input_ids=input_ids, cache=cache, use_cache=use_cache,
+                              output_hidden_states=output_hidden_states)
+        if input_ids.size(1) > 1:
+            ahead = torch.cat([input_ids[:, 1:], input_ids[:, -1:]], 1)
+            out.logits = out.logits + self.head(self.embed(ahead))
+        return out
+
+
+def model(cls, seed=0):
+    torch.manual_seed(seed)
+    return cls(ShiftConfig()).eval()
+
+
+def tokens(seed=0, vocab=64):
+    return torch.randint(0, vocab, (1, T), generator=torch.Generator().manual_seed(seed))
+
+
+def test_a_full_pass_that_reads_ahead_is_the_finding_and_no_cached_path_is_blamed():
+    m, ids = model(PeekLM), tokens()
+    out = check_model(m, ids, split_points(m.config, T))
+    assert out["verdict"] == BUG and out["shape"] == causal.LEAK, out
+    assert out["worst_schedule"] == causal.SCHEDULE and out["confirmation"]["status"] == BUG
+    cut = T - min(causal.CHANGED, T // 4)  # the tokens from `cut` on were changed
+    assert out["born_at"] == f"logits@{cut - 1}"  # position cut-1 reads token cut, no earlier one
+    assert any("tokens changed" in n or "tokens removed" in n for n in out["notes"])
+    assert not out.get("schedules") and not out.get("boundaries")  # no cached schedule judged
+    assert any("the reference is not causal" in n for n in out["notes"])
+    assert out["born_in"]["module"]  # where the leak starts: a module whose inputs agree before cut
+
+
+def test_a_causal_full_pass_passes_the_reference_check():
+    m, ids = model(ShiftLM), tokens()
+    from smearcli.impls.hf.cache_runner import CacheRunner, full_run
+
+    runner = CacheRunner(m)
+    ref = full_run(runner, ids)
+    assert causal.leak(runner, ids, ref, 1e-6) is None
+    assert check_model(m, ids, split_points(m.config, T))["verdict"] == OK
+
+
+# -- ties: a top-k whose choice is an exact tie is not a logic error ------------------------------
+class TieLM(ShiftLM):
+    """The shift stand-in plus a top-k over scores that are exactly 0 for most keys (a ReLU): each
+    position adds the embeddings its top-2 visible keys select. Which of several tied keys a top-k
+    returns is the kernel's business (`kernel` below stands in for one that breaks ties one way on
+    a single query row, the other way on many): the full pass and a decode step pick differently."""
+
+    def forward(self, input_ids=None, cache=None, use_cache=None, output_hidden_states=None,
+                return_dict=None, **kwargs):
+        past = getattr(cache, "ids", None) if cache is not None else None
+        out = super().forward(input_ids=input_ids, cache=cache, use_cache=use_cache,
+                              output_hidden_states=output_hidden_states)
+        held = input_ids if past is None else torch.cat([past, input_ids], 1)
+        if use_cache:
+            (out.cache if hasattr(out, "cache") else out.past_key_values).ids = held
+        e = self.embed(held)  # (1, S, C)
+        S, n = held.size(1), input_ids.size(1)
+        scores = torch.relu(e[..., 0] - 1).expand(n, S).clone()  # exactly 0 for most keys
+        q = torch.arange(S - n, S).unsqueeze(1)
+        scores = scores.masked_fill(torch.arange(S).unsqueeze(0) > q, -1.0)  # below every visible key
+        k = min(2, S)
+        idx = torch.topk(scores, k, dim=-1).indices
+        seen = (idx <= q).unsqueeze(-1)  # a future key picked where fewer than k are visible: left out
+        out.logits = out.logits + self.head((e[0][idx] * seen).sum(1) / 2).unsqueeze(0)
+        return out
+
+
+REAL_TOPK = torch.topk
+
+
+def kernel(input, k, dim=-1, largest=True, sorted=True, **kw):
+    """A top-k whose tie-break depends on the shape, as a kernel's may: on one query row, among
+    equal values the higher index wins; on many, the lower."""
+    flip = input.dim() == 2 and input.size(0) == 1 and dim in (-1, 1)
+    x = input.flip(-1) if flip else input
+    vals, idx = torch.sort(x, dim=dim, descending=largest, stable=True)
+    vals, idx = vals.narrow(dim, 0, k), idx.narrow(dim, 0, k)
+    return torch.return_types.topk((vals, input.size(-1) - 1 - idx if flip else idx))
+
+
+@pytest.fixture
+def shape_dependent_ties(monkeypatch):
+    from smearcli.census import ties
+
+    monkeypatch.setattr(torch, "topk", kernel)
+    monkeypatch.setattr(torch.Tensor, "topk", lambda self, *a, **kw: kernel(self, *a, **kw))
+    monkeypatch.setattr(ties, "_TOPK", kernel)  # what `watching` calls through
+
+
+def test_ties_are_seen_and_broken_the_same_way_everywhere():
+    from smearcli.census import ties
+
+    with ties.watching() as seen:
+        torch.topk(torch.tensor([[0.0, 0.0, 1.0]]), 2)  # 1.0, then two zeros for one place
+        torch.tensor([[3.0, 2.0, 1.0]]).topk(1)
+    assert (seen.calls, seen.ties) == (2, 1)
+    with ties.tie_break():
+        assert torch.tensor([0.0, 5.0, 0.0, 0.0]).topk(2).indices.tolist() == [1, 0]  # the lower index
+    assert torch.topk is REAL_TOPK  # put back
+
+
+def test_a_departure_that_a_tie_break_removes_is_a_tie_artifact(shape_dependent_ties):
+    from smearcli.census import ties
+
+    m, ids = model(TieLM), tokens()
+    plans = {"decode": [1] * T, "chunks of 8": [8] * 4 + [1]}
+    with ties.watching() as seen:
+        first = check_model(m, ids, plans)
+    assert first["verdict"] == BUG and seen.ties > 0  # what the census called a bug before the rule
+
+    def rerun(seed, broke):
+        with ties.tie_break() if broke else ties.watching() as s:
+            out = check_model(model(TieLM, seed), tokens(seed), plans)
+        out["_ties"] = getattr(s, "ties", 0)
+        return out
+    out = ties.replicate(first, seen.ties, rerun, 0)
+    assert out["verdict"] == ties.TIE_ARTIFACT, out["notes"]
+    assert out["replication"]["ties"] == seen.ties and out["replication"]["tie_break"]["verdict"] == OK
+    assert any(n.startswith("a tie artifact") for n in out["notes"])
+
+
+def test_a_real_departure_survives_the_tie_break_and_the_second_seed():
+    from smearcli.census import ties
+
+    broken = ShiftLM(ShiftConfig(bug_layer=0)).eval()  # a multi-token step drops its state
+    calls = []
+
+    def rerun(seed, broke):
+        calls.append((seed, broke))
+        torch.manual_seed(seed)
+        mm = ShiftLM(ShiftConfig(bug_layer=0)).eval()
+        return check_model(mm, tokens(seed), {"chunks of 8": [8] * 4 + [1]})
+    first = check_model(broken, tokens(), {"chunks of 8": [8] * 4 + [1]})
+    assert first["verdict"] == BUG
+    out = ties.replicate(first, 0, rerun, 0)
+    assert out["verdict"] == BUG and calls == [(1, False)]  # no tie: the second seed alone
+    assert out["replication"]["second_seed"]["verdict"] == BUG
+    fixed = ties.replicate(check_model(broken, tokens(), {"chunks of 8": [8] * 4 + [1]}), 0,
+                           lambda s, b: {"verdict": OK, "notes": []}, 0)
+    assert fixed["verdict"] == UNCONFIRMED and "not replicated" in fixed["notes"][-1]
+
+
+# -- the right shape and the right line -----------------------------------------------------------
+def test_a_cache_that_misreports_its_length_is_named_so():
+    from test_scan_reach import ReachConfig, ReachLM
+
+    from smearcli.census import shapes
+
+    torch.manual_seed(0)
+    m = ReachLM(ReachConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2,
+                            layer_types=["linear_attention", "full_attention"])).eval()
+    out = check_model(m, tokens(), {"chunks of 8": [8] * 4 + [1], "decode": [1] * T})
+    assert out["verdict"] == BUG and out["shape"] == shapes.LENGTH, out
+    assert any("ReachCache.get_seq_length() is 0 after " in n for n in out["notes"])
+    torch.manual_seed(0)  # attention first: the length is right, and so is everything else
+    m = ReachLM(ReachConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2)).eval()
+    from smearcli.census import diagnose
+    assert diagnose.misreported(m, tokens(), [8] * 4 + [1]) is None
+
+
+def test_a_departure_at_the_window_on_every_cached_schedule():
+    from types import SimpleNamespace as M
+
+    from smearcli.census import diagnose, shapes
+
+    plans = {"decode": [1] * T, "prefill": [T], "chunks of 16": [16, 16, 1]}
+    every = {"decode": M(passed=False, first_departure=(0, 8)), "prefill": M(passed=True, first_departure=None),
+             "chunks of 16": M(passed=False, first_departure=(1, 8))}
+    assert "departs first at position 8" in diagnose.window_edge(every, plans, 8)
+    plans["prefill, then single tokens"] = [T - 6] + [1] * 6  # the prefill runs as the full pass does
+    every["prefill, then single tokens"] = M(passed=False, first_departure=(0, T - 6))
+    assert diagnose.window_edge(every, plans, 8) is not None
+    assert diagnose.window_edge(every, plans, None) is None  # no window: nothing to line up with
+    one_off = dict(every, **{"chunks of 16": M(passed=False, first_departure=(0, 16))})
+    assert diagnose.window_edge(one_off, plans, 8) is None
+    one_passes = dict(every, **{"chunks of 16": M(passed=True, first_departure=None)})
+    assert diagnose.window_edge(one_passes, plans, 8) is None
+    assert shapes.classify([0.0] * T, [1] * T, 1e-6, decode_fails=True, chunks_pass=True,
+                           window_edge=True) == shapes.WINDOW_EDGE
+    assert shapes.classify([0.0] * T, [1] * T, 1e-6, fixed_by="position_ids", length=True) == shapes.LENGTH
+
+
+def test_the_born_in_lines_are_those_of_the_state_the_replay_zeroed():
+    from smearcli.census import born
+
+    conv = [535, "if conv_state is not None and seq_len == 1:", "a branch on a one-token step"]
+    scan = [584, "if recurrent_state is not None and seq_len == 1:", "a branch on a one-token step"]
+    b = born.narrow({"module": "m", "suspects": [conv, scan]}, ["recurrent"])
+    assert b["suspects"] == [scan] and "recurrent state" in b["cause"]
+    assert born.narrow({"module": "m", "suspects": [conv, scan]}, ["conv"])["suspects"] == [conv]
+    assert born.narrow({"module": "m", "suspects": [conv]}, [])["suspects"] == [conv]  # no replay: as found
+
+
+# -- reachability: the finding through generate ---------------------------------------------------
+def census_model(model_type, seed=0):
+    from smearcli.census.check import build
+    from smearcli.census.derive import derive
+
+    return build(derive(model_type).config, None, seed)
+
+
+def test_reachability_says_what_generate_does_on_each_path():
+    from smearcli.census import reach
+
+    m, a = census_model("llama"), census_model("llama", 1)
+    ids = tokens(vocab=256)
+    clean = reach.paths(m, ids, 1e-4, a)
+    assert {e["result"] for e in clean.values()} == {reach.AGREES}, clean
+    real = m.forward
+
+    def wrong(*args, **kw):  # a multi-token step onto a cache that holds tokens: its logits shifted
+        out = real(*args, **kw)
+        cache = kw.get("cache", kw.get("past_key_values"))
+        ids = kw.get("input_ids", args[0] if args else None)
+        if cache is not None and cache.get_seq_length() > ids.size(1) and ids.size(1) > 1:
+            out.logits = out.logits + 1.0
+        return out
+    m.forward = wrong
+    ids = torch.randint(0, 256, (1, 40), generator=torch.Generator().manual_seed(0))
+    # chunks of 16, 16 and 8: the last one, whose logits generate returns, lands on a cache
+    got = reach.paths(m, ids, 1e-4, a)
+    assert got["generate"]["result"] == reach.AGREES  # prefill, then one token at a time
+    assert got["prefill_chunk_size"]["result"] == reach.SILENT and got["prefill_chunk_size"]["max_abs"] >= 0.5
+    assert got["assistant model"]["result"] == reach.SILENT  # the verify steps hold several tokens
+    assert reach.summary(got) == reach.SILENT and "prefill_chunk_size: silently wrong" in reach.words(got)
+    assert reach.paths(m, ids, 1e-4)["assistant model"]["result"] == reach.NOT_RUN
+
+
+def test_generate_raising_first_and_refusing_are_told_apart():
+    from smearcli.census import reach
+
+    got = reach.paths(census_model("mamba"), tokens(vocab=256), 1e-4, census_model("mamba", 1))
+    assert got["assistant model"]["result"] == reach.REFUSED  # generate: "not supported with stateful models"
+    assert "stateful" in got["assistant model"]["why"]
+    assert got["prefill_chunk_size"]["result"] == reach.RAISES  # inside the cache, not generate's check
+    assert "get_seq_length" in got["prefill_chunk_size"]["why"]
+
+
+def test_the_draft_leads_with_reachability_and_the_table_says_it(tmp_path):
+    from smearcli.census import draft, reach, report
+
+    rec = {"model_type": "x", "verdict": "bug", "worst_schedule": "chunks of 16", "steps": [16, 16, 1],
+           "max_abs": 0.5, "shape": "state dropped at chunk starts", "notes": [],
+           "reach": {"generate": {"result": reach.AGREES, "max_abs": 0.0, "why": None},
+                     "prefill_chunk_size": {"result": reach.SILENT, "max_abs": 0.5, "why": None},
+                     "assistant model": {"result": reach.REFUSED, "max_abs": None, "why": "stateful"}}}
+    text = draft.write(rec, tmp_path / "x.md", {"transformers": "t"}).read_text().splitlines()
+    lead = text.index(next(line for line in text if line.startswith("**Through the public API**")))
+    assert lead < next(i for i, line in enumerate(text) if line.startswith("Shape of the error"))
+    assert "- `prefill_chunk_size`: **silently wrong**, max |dlogit| 0.5" in text
+    assert "- `assistant model`: **refused**: stateful" in text
+    md = report.markdown([rec])
+    assert "| public API |" in md and f"| {reach.SILENT} |" in md
