@@ -14,7 +14,8 @@ from smearcli.model import GPT
 from smearcli.schedules import ScheduleOptions, run_schedule
 
 TOL = 1e-4  # fp32 rounding between differently-shaped kernels stays far below this
-BUG = 1e-3  # the dropped smear term at the embedding is orders of magnitude above this
+BUG = TOL  # the dropped smear term gate*x_prev at a chunk start: above rounding, but its size follows the
+# random weights (3.9e-4 on a 4-wide embedding with seed 1, which a bound of 1e-3 failed)
 
 _models: dict = {}
 
@@ -49,7 +50,8 @@ def _err(ref, run, layer):
     return (a - b).abs().amax(dim=(0, 2))  # (T,)
 
 
-common = settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+common = settings(max_examples=15, deadline=None, derandomize=True,  # the same examples on every run
+                  suppress_health_check=[HealthCheck.too_slow])
 
 
 @common
@@ -104,7 +106,7 @@ def test_old_is_exact_without_smear():
     assert float(_err(ref, run, "logits").max()) < TOL
 
 
-@settings(max_examples=6, deadline=None)
+@settings(max_examples=6, deadline=None, derandomize=True)
 @given(pattern=st.sampled_from(["SL", "SSSL"]), chunking=chunkings(min_len=140, max_len=170),
        shape=shapes)
 def test_sliding_windows_under_chunking(pattern, chunking, shape):
