@@ -81,61 +81,28 @@ def misreported(model, tokens, steps) -> Optional[str]:
 
 
 def window_edge(ms: dict, plans: dict, window: Optional[int]) -> Optional[str]:
-    """A note when every cached step plan that ran departs, and first exactly at position `window`
-    (the sliding window's length; a prefill over it, then single tokens: at its first cached token),
-    whatever its steps; None otherwise."""
-    if not window:
-        return None
+    """A note when every cached step plan that ran departs, each first exactly at its first step that
+    starts once the cache holds the sliding window (`edge`: decode at the window, chunks of 16 at
+    16), whatever its steps; None otherwise."""
     from .boundary import SCHEDULES
 
+    if not window:
+        return None
     cached = {k: m for k, m in ms.items() if k in plans and k not in SCHEDULES and len(plans[k]) > 1}
     if len(cached) < 2 or any(m.passed or m.first_departure is None for m in cached.values()):
         return None
     if any(m.first_departure[1] != edge(plans[k], window) for k, m in cached.items()):
         return None
-    return (f"every cached schedule ({len(cached)}) departs first at position {window}, the sliding window's length "
-            "(or at its first step after it), whatever its steps: the cached path sizes its window or mask "
-            "differently from the full pass")
+    return (f"every cached schedule ({len(cached)}) departs first at its first step that starts once the cache "
+            f"holds the sliding window ({window} tokens), whatever its steps: the cached path windows or masks the "
+            "cache differently from the full pass")
 
 
-def edge(steps, window: int) -> int:
-    """Where a schedule of `steps` first departs if the window is the cause: at the window, or, for
-    one prefill past the window then single tokens, at the first cached token (the prefill ran as
-    the full pass does)."""
-    if steps and steps[0] > window and all(n == 1 for n in steps[1:]):
-        return steps[0]  # one prefill over the window, then single tokens: the first cached token
-    return window
-
-
-def dropped_state(model, tokens, steps, starts, thr) -> Optional[str]:
-    """The kinds of carried state whose zeroing at each multi-token chunk start makes token-by-token
-    decode equal the failing run (the hypothesis "the chunk forgot its state" replayed), or None."""
-    probe = CacheRunner(model)
-    held = probe.new_cache(1, 2)
-    with torch.inference_mode():
-        probe.step(tokens[:, :2], held, False)
-    kinds = [k for k in state_kinds(held.inner) if k != KV]
-    if not kinds:
-        return None
-    cache_starts = tuple(s for s, n in zip(starts, steps[1:]) if n > 1)
-    try:
-        run = run_steps(CacheRunner(model), tokens, steps)
-    except Exception:
-        return None
-    for subset in ([[k] for k in kinds] if len(kinds) > 1 else []) + [kinds]:
-        r = Zeroing(CacheRunner(model), cache_starts, subset)
-        try:
-            replay = run_steps(r, tokens, [1] * tokens.size(1))
-        except Exception:
-            continue
-        if float((replay.logits - run.logits).abs().max()) <= thr:
-            return " and ".join(subset) + " state zeroed"
+def edge(steps, window: int) -> Optional[int]:
+    """The first step start at or past `window` (None when no step starts there)."""
+    pos = 0
+    for n in steps[:-1]:
+        pos += n
+        if pos >= window:
+            return pos
     return None
-
-
-def measure_one(runner, tokens, steps, name, ref, noise, tolerance):
-    """One step plan on `runner` against the reference's logits (`boundary.measured`)."""
-    from .boundary import measured
-
-    run = run_steps(runner, tokens, steps, capture=False, schedule=name)
-    return measured(logits_only(ref), run, logits_noise(noise), tolerance)

@@ -189,18 +189,22 @@ def test_a_departure_at_the_window_on_every_cached_schedule():
 
     from smearcli.census import diagnose, shapes
 
-    plans = {"decode": [1] * T, "prefill": [T], "chunks of 16": [16, 16, 1]}
+    # moshi on 5.24: each cached schedule departs first at its first step that starts once the cache
+    # holds the window (8): decode at 8, chunks of 16 at 16, a prefill of T-6 at T-6
+    plans = {"decode": [1] * T, "prefill": [T], "chunks of 16": [16, 16, 1],
+             "prefill, then single tokens": [T - 6] + [1] * 6, "widths 7,8,9": [7, 8, 9, 9]}
     every = {"decode": M(passed=False, first_departure=(0, 8)), "prefill": M(passed=True, first_departure=None),
-             "chunks of 16": M(passed=False, first_departure=(1, 8))}
-    assert "departs first at position 8" in diagnose.window_edge(every, plans, 8)
-    plans["prefill, then single tokens"] = [T - 6] + [1] * 6  # the prefill runs as the full pass does
-    every["prefill, then single tokens"] = M(passed=False, first_departure=(0, T - 6))
-    assert diagnose.window_edge(every, plans, 8) is not None
+             "chunks of 16": M(passed=False, first_departure=(1, 16)),
+             "prefill, then single tokens": M(passed=False, first_departure=(0, T - 6)),
+             "widths 7,8,9": M(passed=False, first_departure=(1, 15))}
+    assert "holds the sliding window (8 tokens)" in diagnose.window_edge(every, plans, 8)
     assert diagnose.window_edge(every, plans, None) is None  # no window: nothing to line up with
-    one_off = dict(every, **{"chunks of 16": M(passed=False, first_departure=(0, 16))})
+    one_off = dict(every, **{"chunks of 16": M(passed=False, first_departure=(0, 9))})
     assert diagnose.window_edge(one_off, plans, 8) is None
     one_passes = dict(every, **{"chunks of 16": M(passed=True, first_departure=None)})
     assert diagnose.window_edge(one_passes, plans, 8) is None
+    dropped = dict(every, decode=M(passed=False, first_departure=(0, 1)))  # state dropped: at the first step
+    assert diagnose.window_edge(dropped, plans, 8) is None
     assert shapes.classify([0.0] * T, [1] * T, 1e-6, decode_fails=True, chunks_pass=True,
                            window_edge=True) == shapes.WINDOW_EDGE
     assert shapes.classify([0.0] * T, [1] * T, 1e-6, fixed_by="position_ids", length=True) == shapes.LENGTH
