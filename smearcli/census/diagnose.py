@@ -106,3 +106,37 @@ def edge(steps, window: int) -> Optional[int]:
         if pos >= window:
             return pos
     return None
+
+
+def dropped_state(model, tokens, steps, starts, thr) -> Optional[str]:
+    """The kinds of carried state whose zeroing at each multi-token chunk start makes token-by-token
+    decode equal the failing run (the hypothesis "the chunk forgot its state" replayed), or None."""
+    probe = CacheRunner(model)
+    held = probe.new_cache(1, 2)
+    with torch.inference_mode():
+        probe.step(tokens[:, :2], held, False)
+    kinds = [k for k in state_kinds(held.inner) if k != KV]
+    if not kinds:
+        return None
+    cache_starts = tuple(s for s, n in zip(starts, steps[1:]) if n > 1)
+    try:
+        run = run_steps(CacheRunner(model), tokens, steps)
+    except Exception:
+        return None
+    for subset in ([[k] for k in kinds] if len(kinds) > 1 else []) + [kinds]:
+        r = Zeroing(CacheRunner(model), cache_starts, subset)
+        try:
+            replay = run_steps(r, tokens, [1] * tokens.size(1))
+        except Exception:
+            continue
+        if float((replay.logits - run.logits).abs().max()) <= thr:
+            return " and ".join(subset) + " state zeroed"
+    return None
+
+
+def measure_one(runner, tokens, steps, name, ref, noise, tolerance):
+    """One step plan on `runner` against the reference's logits (`boundary.measured`)."""
+    from .boundary import measured
+
+    run = run_steps(runner, tokens, steps, capture=False, schedule=name)
+    return measured(logits_only(ref), run, logits_noise(noise), tolerance)
