@@ -737,6 +737,11 @@ CASES += [
 def run_all(tmp: Path, monkeypatch) -> list[tuple["Case", int, str]]:
     """(case, exit status, message) of every case, each in its own directory under `tmp` with a
     copy of a good checkpoint; `monkeypatch` (pytest's) sets up the simulated conditions."""
+    # every implementation's schedules registered first (llama.cpp brings ubatch and batched on
+    # import): the refusal of an unknown schedule lists the registered ones, which otherwise depend
+    # on what tests ran before in this process
+    import smearcli.impls.llamacpp  # noqa: F401
+
     good = write_checkpoint(tmp / "src" / "good")
     rows = []
     for i, case in enumerate(CASES):
