@@ -9,61 +9,32 @@ from __future__ import annotations
 import json
 import re
 import signal
-import subprocess
-import tempfile
 import time
 from pathlib import Path
 from typing import Optional
 
 from ...errors import UserError
-from .environment import MAKE_ENV, PROTOCOL, hello, refuse, runnable, stop, worker_env
+from .. import foreign
+from ..foreign import one_line
+from .environment import ENGINE, PROTOCOL, hello, runnable, worker_env
 
 RAISED, REFUSED, STUCK_EXIT = "raised", "refused", 3  # the worker's words and its watchdog's exit status
-RESULT_LIMIT = 4 << 20
-MESSAGE_LIMIT = 2000
-STDERR_TAIL = 64 << 10
-
-
-def one_line(text: str, limit: int = 300) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def garbage(s, what: str) -> UserError:
-    return UserError(f"{s.python}: the llama.cpp worker's answer is not smearcli's protocol {PROTOCOL} ({what}); "
-                     f"{MAKE_ENV}, and rerun")
+    return ENGINE.garbage(s.python, what)
 
 
 def read_result(s, path: Path) -> dict:
     """result.json, trusted once it is small, speaks PROTOCOL and has well-formed entries."""
-    size = path.stat().st_size
-    if size > RESULT_LIMIT:
-        raise garbage(s, f"result.json is {size:,} bytes, over the {RESULT_LIMIT >> 20} MiB limit")
-    try:
-        res = json.loads(path.read_bytes().decode(), parse_constant=refuse)
-    except (ValueError, UnicodeDecodeError, RecursionError) as e:
-        raise garbage(s, f"result.json is not JSON: {one_line(str(e))}") from None
-    if not isinstance(res, dict) or res.get("protocol") != PROTOCOL:
-        got = res.get("protocol") if isinstance(res, dict) else type(res).__name__
-        raise garbage(s, f"result.json speaks protocol {got!r}")
+    res = foreign.read_json(ENGINE, s.python, path)
     entries = res.get("schedules")
     if not isinstance(entries, list) or not all(isinstance(e, dict) and isinstance(e.get("name"), str)
                                                 for e in entries):
         raise garbage(s, "its schedules are not a list of named entries")
     for e in entries:
-        if e.get("outcome") not in (None, RAISED, REFUSED):
-            raise garbage(s, f"{e['name']}: outcome {one_line(repr(e.get('outcome')))}")
-        if not isinstance(e.get("message", ""), str):
-            raise garbage(s, f"{e['name']}: a message that is not text")
-        e["message"] = one_line(e.get("message", ""), MESSAGE_LIMIT)
-        arrays = e.get("arrays") or {}
-        if not isinstance(arrays, dict) or not all(
-                isinstance(f, str) and f.endswith(".npy") and Path(f).name == f for f in arrays.values()):
-            raise garbage(s, f"{e['name']}: arrays that are not .npy files beside result.json")
-        for key in ("steps", "cuts"):
-            v = e.get(key)
-            if v is not None and not (isinstance(v, list) and all(type(n) is int and n >= 0 for n in v)):
-                raise garbage(s, f"{e['name']}: {key} is not a list of counts")
+        foreign.check_entry(ENGINE, s.python, e, (RAISED, REFUSED))
+        foreign.check_counts(ENGINE, s.python, e, ("steps", "cuts"))
     return res
 
 
@@ -95,23 +66,6 @@ def death(rc: Optional[int], err: str, s) -> str:
     return f"{what}: {one_line(lines[-1], 200)}" if lines else what
 
 
-def _spawn(s, req_path: Path, workdir: Path, timeout: float) -> tuple[Optional[int], str]:
-    with tempfile.TemporaryFile() as err:
-        p = subprocess.Popen([runnable(s.python), s.worker, str(req_path), str(workdir)], env=worker_env(s.env),
-                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
-        try:
-            rc: Optional[int] = p.wait(timeout=max(timeout, 1.0))
-        except subprocess.TimeoutExpired:
-            stop(p)
-            rc = None
-        except BaseException:  # Ctrl-C: the worker goes with us
-            stop(p)
-            raise
-        size = err.seek(0, 2)
-        err.seek(max(0, size - STDERR_TAIL))
-        return rc, err.read().decode(errors="replace")
-
-
 def call_worker(s, req: dict, workdir: Path) -> dict:
     """Run the worker on `req`, a fresh one after each death, until every schedule has its entry;
     the final result.json (arrays stay in `workdir`). The environment's own problems are the
@@ -123,7 +77,8 @@ def call_worker(s, req: dict, workdir: Path) -> dict:
     start, deaths = time.time(), []
     wanted = len(req["schedules"]) + (2 if req.get("f16_too") else 0)
     while True:
-        rc, err = _spawn(s, req_path, workdir, s.timeout_s - (time.time() - start))
+        rc, err = foreign.spawn([runnable(s.python), s.worker, str(req_path), str(workdir)], worker_env(s.env),
+                               s.timeout_s - (time.time() - start))
         res = read_result(s, out) if out.is_file() else None
         if rc == 0 and res is not None and res.get("running") is None:
             break

@@ -40,7 +40,10 @@ import torch
 from ...errors import UserError
 from ...runner import PREFIX_CACHE, Described, Runner
 from ...schedules import CRASHED, PREFIX_HIT, UNCHECKED, RunResult, ScheduleOptions, chunk_plan
-from .environment import MAKE_ENV, PROTOCOL, RAISED, WORKER, check_python, hello, refuse, runnable, worker_env  # noqa: F401
+from .. import foreign
+from ..foreign import MESSAGE_LIMIT, RESULT_LIMIT  # noqa: F401 (the limits read_result holds to)
+from .environment import (ENGINE, MAKE_ENV, PROTOCOL, RAISED, WORKER, check_python, hello, refuse,  # noqa: F401
+                          runnable, worker_env)
 
 VLLM_SCHEDULES = ("prefill", "decode", "chunked", "prefix")
 BLOCK_SIZE = 32  # vLLM's CPU backend takes block sizes that are multiples of 32
@@ -108,59 +111,24 @@ def request(s: Settings, tokens: torch.Tensor, schedules: Sequence[str], opts: S
             "kv_cache_memory_bytes": s.kv_cache_memory_bytes, "schedules": entries}
 
 
-RESULT_LIMIT = 4 << 20  # bytes of result.json; a real one is a few kilobytes
-MESSAGE_LIMIT = 2000  # characters of a schedule's message kept from the worker
-
-
 def garbage(s: Settings, what: str) -> UserError:
-    return UserError(f"{s.python}: the vLLM worker's answer is not smearcli's protocol {PROTOCOL} ({what}); "
-                     f"{MAKE_ENV}, and rerun")
+    return ENGINE.garbage(s.python, what)
 
 
 def read_result(s: Settings, path: Path, req: dict) -> dict:
     """result.json, trusted only once it is small, speaks PROTOCOL and names the request's
     schedules with fields of the right types (UserError otherwise: the environment, not the model)."""
-    size = path.stat().st_size
-    if size > RESULT_LIMIT:
-        raise garbage(s, f"result.json is {size:,} bytes, over the {RESULT_LIMIT >> 20} MiB limit")
-    try:
-        res = json.loads(path.read_bytes().decode(), parse_constant=refuse)
-    except (ValueError, UnicodeDecodeError, RecursionError) as e:
-        raise garbage(s, f"result.json is not JSON: {one_line(str(e))}") from None
-    if not isinstance(res, dict) or res.get("protocol") != PROTOCOL:
-        got = res.get("protocol") if isinstance(res, dict) else type(res).__name__
-        raise garbage(s, f"result.json speaks protocol {got!r}")
+    res = foreign.read_json(ENGINE, s.python, path)
     entries = res.get("schedules")
     want = [e["name"] for e in req["schedules"]]
     if not isinstance(entries, list) or [e.get("name") if isinstance(e, dict) else e for e in entries] != want:
         raise garbage(s, f"its schedules are not the {','.join(want)} asked for")
     for e in entries:
-        _check_entry(s, e)
+        foreign.check_entry(ENGINE, s.python, e, (RAISED,))
+        if "prefix" in e and not (type(e["prefix"]) is int and e["prefix"] > 0):
+            raise garbage(s, f"{e['name']}: a prefix that is not a count of tokens")
+        foreign.check_counts(ENGINE, s.python, e, ("steps", "num_cached_tokens"))
     return res
-
-
-def _check_entry(s: Settings, e: dict) -> None:
-    name = e["name"]
-    if e.get("outcome") not in (None, RAISED):
-        raise garbage(s, f"{name}: outcome {one_line(repr(e.get('outcome')))}")
-    if not isinstance(e.get("message", ""), str):
-        raise garbage(s, f"{name}: a message that is not text")
-    e["message"] = one_line(e.get("message", ""), MESSAGE_LIMIT)
-    arrays = e.get("arrays") or {}
-    if not isinstance(arrays, dict) or not all(
-            isinstance(f, str) and f.endswith(".npy") and Path(f).name == f for f in arrays.values()):
-        raise garbage(s, f"{name}: arrays that are not .npy files beside result.json")
-    if "prefix" in e and not (type(e["prefix"]) is int and e["prefix"] > 0):
-        raise garbage(s, f"{name}: a prefix that is not a count of tokens")
-    for key in ("steps", "num_cached_tokens"):
-        v = e.get(key)
-        if v is not None and not (isinstance(v, list) and all(type(n) is int and n >= 0 for n in v)):
-            raise garbage(s, f"{name}: {key} is not a list of counts")
-
-
-def one_line(text: str, limit: int = 300) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def call_worker(s: Settings, req: dict, workdir: Path) -> dict:
@@ -266,7 +234,7 @@ def to_run(entry: dict, workdir: Path, tokens: torch.Tensor, req: dict) -> RunRe
     def unmeasured(outcome, message, steps=()):
         return RunResult(name, "vllm", torch.empty(R, 0, V), None, list(steps), rows, outcome=outcome,
                          message=message)
-    if entry.get("outcome"):  # RAISED, the one outcome `_check_entry` lets through: vLLM raised in it
+    if entry.get("outcome"):  # RAISED, the one outcome `read_result` lets through: vLLM raised in it
         return unmeasured(CRASHED, entry.get("message", ""), entry.get("steps") or ())
     try:
         if name != "prefix":
