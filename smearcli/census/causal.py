@@ -59,6 +59,11 @@ def vocab_of(model, tokens: torch.Tensor) -> int:
     return min(256, int(v)) if isinstance(v, int) and v > 1 else int(tokens.max()) + 1
 
 
+def probe_width(total: int, n: int = CHANGED) -> int:
+    """How many of `total` tokens the probes remove or change: `n`, at most a quarter of them."""
+    return min(n, max(1, total // 4))
+
+
 def early_error(a: torch.Tensor, b: torch.Tensor, cut: int) -> torch.Tensor:
     """max |a - b| per position over the positions before `cut` (logits (R, T, V))."""
     return (a[:, :cut].double() - b[:, :cut].double()).abs().amax(dim=(0, 2))
@@ -69,7 +74,7 @@ def leak(runner, tokens: torch.Tensor, ref, threshold: float, vocab: Optional[in
     """The leak of `runner`'s full pass (`ref`: on `tokens`), or None when no position before the
     changed ones moves past `threshold` (tolerance x the logits' floor)."""
     T = tokens.size(1)
-    n = min(n, max(1, T // 4))
+    n = probe_width(T, n)
     cut = T - n
     probes = {"removed": tokens[:, :cut], "changed": changed_tail(tokens, vocab or vocab_of(runner.model, tokens), n)}
     found = []

@@ -177,8 +177,7 @@ def check(model_type: str, seed: int = 0, tolerance: float = NOISE_MARGIN, total
     if rec["verdict"] == BUG and rec.get("_config") is not None and rec.get("shape") != causal.LEAK:
         reachability(rec, seed, tolerance, total)
         budget.stage(public(rec))
-    if rec["verdict"] == BUG and repro_dir is not None and rec.get("_config") is not None \
-            and rec.get("shape") != causal.LEAK:  # a leak has no cached schedule to reproduce
+    if rec["verdict"] == BUG and repro_dir is not None and rec.get("_config") is not None:
         from . import findings_files
 
         findings_files.attach(rec, repro_dir, budget.later_limit(time.monotonic() - t0),

@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 from typing import Optional
 
+from .causal import LEAK, SCHEDULE
+
 PATTERNS = (
     ("a branch on a one-token step", re.compile(r"(seq_len|shape\[1\]|size\(1\)|q_len)\s*==\s*1")),
     ("a branch on having a previous state", re.compile(r"has_previous_state|\bis_(conv|recurrent)_states?_initialized")),
@@ -19,7 +21,8 @@ PATTERNS = (
 )
 
 TITLES = {"padded": "a row beside padded rows differs from the row alone",
-          "rollback": "rejected drafts are not taken back out of the cache"}
+          "rollback": "rejected drafts are not taken back out of the cache",
+          SCHEDULE: "the full pass reads the tokens after each position"}
 BOUNDARY_WORDS = {
     "padded": "Running a row in one batch beside its prefix right- and left-padded, with the attention mask",
     "rollback": "A prefill, then drafts whose last tokens are rejected and taken back out of the model's own cache",
@@ -89,12 +92,19 @@ def write(record: dict, path: Path, versions: dict, group: Optional[dict] = None
     how = BOUNDARY_WORDS.get(record.get("worst_schedule"),
                              f"Feeding the same tokens through the model's own cache in the steps "
                              f"{record.get('worst_schedule')!r} ({record.get('steps')})")
+    said = (f"{how} gives logits up to {record.get('max_abs') or 0:.3g} away from one call "
+            "without a cache (tiny random config, float32, CPU; the float32 rounding floor is measured from "
+            "the same pass in float64).")
+    if record.get("shape") == LEAK:  # no cache involved: the full pass itself reads ahead
+        said = (f"One call without a cache, run again with the last tokens removed or changed, moves the logits "
+                f"of earlier positions by up to {record.get('max_abs') or 0:.3g} (tiny random config, float32, "
+                "CPU; the float32 rounding floor is measured from the same pass in float64): a position's logits "
+                "depend on the tokens after it, so every caller of the forward over a whole sequence (scoring, "
+                "the loss with labels, a prefill) sees the future.")
     lines = [f"# {record.get('model_class') or record['model_type']}: "
              f"{TITLES.get(record.get('worst_schedule'), 'cached steps disagree with the full pass')}", "",
              ", ".join(f"{k} {v}" for k, v in versions.items()), "", *reach_section(record.get("reach")),
-             f"{how} gives logits up to {record.get('max_abs') or 0:.3g} away from one call "
-             "without a cache (tiny random config, float32, CPU; the float32 rounding floor is measured from "
-             "the same pass in float64).", "",
+             said, "",
              f"Shape of the error: **{record.get('shape')}**" + (f"; first off at {record['born_at']}" if record.get("born_at") else ""),
              ""]
     lines += [f"- {n}" for n in record.get("notes") or [] if "cache passed back" not in n]

@@ -22,7 +22,7 @@ def attach(rec: dict, repro_dir, limit: float, stage, **kw) -> None:
     path = repro.write(rec, rec["_config"], Path(repro_dir) / f"{name}.py", **kw)
     rec["reproducer"] = str(path)
     beside = {}  # a failed boundary beside another headline: its own reproducer
-    for b, e in rec["boundaries"].items():
+    for b, e in (rec.get("boundaries") or {}).items():
         if e["status"] == "bug" and b != rec["worst_schedule"]:
             beside[b] = repro.write(rec, rec["_config"], Path(repro_dir) / f"{name}-{b}.py", schedule=b, **kw)
             e["reproducer"], e["reproducer_status"] = str(beside[b]), None

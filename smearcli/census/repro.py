@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..impls.hf import api
+from .causal import LEAK
 from ..defaults import NOISE_MARGIN
 from ..schedules import SCHEDULES
 from ..formatters import fmt_steps
@@ -159,6 +160,60 @@ def schedule(model, ids):
 
 
 
+# a full pass that reads later tokens (`census.causal`): the "schedule" is the same full pass on the
+# tokens with the last ones removed, or changed (whichever moves the earlier positions more), its
+# earlier positions set against the full pass's, so MAIN's distance measures the leak and nothing else
+LEAK_TEMPLATE = '''"""Reproducer: {model_type} ({model_class}) under transformers {version}.
+
+The full pass (no cache) should be causal: the logits at a position must not move when the tokens
+after it are removed or changed. Found by smearcli scan: with the last {changed} of {total} tokens
+{how}, the earlier positions move by max |dlogit| {max_abs:.3g} (first at position {first}). Every
+caller of the model's forward over a whole sequence (scoring, the loss with labels, a prefill) gets
+logits that depend on later tokens. Needs torch and transformers only.
+Exit status: 1 while the leak is there, 0 once fixed.
+"""
+import contextlib
+import copy
+import inspect
+import json
+import sys
+
+import torch
+import transformers
+
+MODEL_TYPE = {model_type!r}
+CONFIG = json.loads({config_json!r})
+T = {total!r}
+CHANGED = {changed!r}  # the last tokens removed, or replaced by the next id
+CUT = T - CHANGED  # the positions before it must not move
+VOCAB = {vocab!r}
+SEED = {seed!r}
+MARGIN = {margin!r}  # an error this many times the float32 rounding floor is no longer rounding
+
+
+''' + MODEL + '''
+
+def probes(ids):
+    changed = ids.clone()
+    changed[:, CUT:] = (ids[:, CUT:] + 1) % VOCAB
+    return ids[:, :CUT], changed
+
+
+def schedule(model, ids):
+    """The full pass's own logits, but before CUT those of the probe that moved them most."""
+    full = model(input_ids=ids, use_cache=False).logits
+    worst, pick = -1.0, None
+    for probe in probes(ids):
+        other = model(input_ids=probe, use_cache=False).logits[:, :CUT]
+        err = float((other.double() - full[:, :CUT].double()).abs().max())
+        if err > worst:
+            worst, pick = err, other
+    return torch.cat([pick, full[:, CUT:]], dim=1)
+
+
+''' + MAIN.replace("{length}", "T").replace("{what}", "the full pass vs itself with its last tokens removed or changed")
+
+
 def their_crop_fragment() -> str:
     """The reproducers' `their_crop(model, ids)` (a template fragment, no braces): the rollback
     schedule taken back through their cache API as transformers' assisted generation calls it
@@ -262,6 +317,8 @@ def write(record: dict, config, path: Path, seed: int = 0, vocab: int = 256,
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     schedule = schedule or record.get("worst_schedule")
+    if record.get("shape") == LEAK:
+        return write_leak(record, d, path, seed, vocab, margin, total)
     e = (record.get("boundaries") or {}).get(schedule) or {}
     fragment = boundary_source(schedule, e, total)
     if fragment is not None:
@@ -278,6 +335,23 @@ def write(record: dict, config, path: Path, seed: int = 0, vocab: int = 256,
         steps_short=fmt_steps(record["steps"]), max_abs=record.get("max_abs") or 0.0,
         shape=record.get("shape"), config_json=json.dumps(d, default=str), steps=list(record["steps"]),
         seed=seed, margin=margin, vocab=vocab))
+    return path
+
+
+def write_leak(record: dict, config: dict, path: Path, seed: int, vocab: int, margin: float, total: int) -> Path:
+    """The reproducer of a full pass that leaks future tokens (`causal`), the same probes over the
+    same `total` tokens as the check (`causal.probe_width`)."""
+    import transformers
+
+    from .causal import probe_width
+
+    born = str(record.get("born_at") or "")
+    path.write_text(LEAK_TEMPLATE.format(
+        model_type=record["model_type"], model_class=record.get("model_class") or "?",
+        version=transformers.__version__, changed=probe_width(total), total=total,
+        how="removed or changed", max_abs=record.get("max_abs") or 0.0,
+        first=born.rpartition("@")[2] or "?", config_json=json.dumps(config, default=str), vocab=vocab,
+        seed=seed, margin=margin))
     return path
 
 

@@ -281,3 +281,21 @@ def test_the_draft_leads_with_reachability_and_the_table_says_it(tmp_path):
     assert "- `assistant model`: **refused**: stateful" in text
     md = report.markdown([rec])
     assert "| public API |" in md and f"| {reach.SILENT} |" in md
+
+
+@pytest.mark.slow  # two reproducers in isolated Pythons, each importing transformers (20-80 s)
+def test_a_leak_has_a_reproducer_that_exits_1_and_0_on_a_causal_full_pass(tmp_path):
+    """A leak finding is a bug only with a reproducer that shows it without smearcli (issue 42):
+    the leak template exits 1 on prophetnet (its ngram attention moves earlier positions when the
+    last tokens go) and 0 on llama, whose full pass is causal."""
+    from smearcli.census import repro
+    from smearcli.census.check import record
+    from smearcli.census.derive import derive
+
+    for model_type, want in (("prophetnet", 1), ("llama", 0)):
+        rec = record(model_type, BUG, worst_schedule=causal.SCHEDULE, steps=[49], max_abs=0.0054,
+                     shape=causal.LEAK, born_at="logits@0")
+        path = repro.write(rec, derive(model_type).config, tmp_path / f"{model_type}.py")
+        status, line = repro.run(path)
+        assert status == want, (model_type, line)
+        assert "import smearcli" not in path.read_text() and "CUT = T - CHANGED" in path.read_text()
