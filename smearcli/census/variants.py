@@ -13,7 +13,8 @@ Derivation keeps one layer of each kind in the defaults' order; this module make
 - `combine(records)` makes one architecture's record of its orders' records: the worst verdict
   (`verdicts.worst`) heads it, and `variants` lists every order with its verdict and numbers. A
   finding seen only in an order the default configuration does not have (another kind as layer 0)
-  is `latent`: real code, but no configuration as shipped runs it, so it is not counted as a bug.
+  is `latent`: real code, but no configuration as shipped runs it, so it is not counted as a bug;
+  unless a published configuration has that layer 0 (`PUBLISHED`, each with where it is said).
 """
 
 from __future__ import annotations
@@ -30,6 +31,14 @@ SCALARS = (str, int, float, bool, type(None))
 # such kind would double the check's cost and could show no order effect the other misses)
 MLP_WORDS = ("mlp", "moe", "expert", "ffn", "sparsity", "intermediate")
 # the numbers a variant's line keeps: what a finding needs to be read without the head record
+# Layer 0 as published configurations have it, where it differs from the config class's defaults:
+# a finding in that order is reachable as shipped, so not latent. Each with where it is said.
+PUBLISHED = {
+    # MiniMax-Text-01 (and M1): attn_type_list [0, 0, 0, 0, 0, 0, 0, 1] x 10, 0 = lightning (linear)
+    # attention, so layer 0 is linear; MiniMaxConfig() puts full attention first
+    "minimax": ("linear_attention", "MiniMax-Text-01's config: attn_type_list [0]*7 + [1], repeated; "
+                                    "0 is linear (lightning) attention"),
+}
 KEPT = ("verdict", "worst_schedule", "max_abs", "multiple", "shape", "born_at", "born_in", "init", "reason")
 
 
@@ -138,7 +147,7 @@ def combine(records: list[dict], names: list[list[str]]) -> dict:
     (the config class refused that order: not a finding)."""
     if len(records) == 1:
         return records[0]
-    said = [real(r, i) for i, r in enumerate(records)]
+    said = [real(r, i, names[i][0] if names[i] else None) for i, r in enumerate(records)]
     ran = [i for i, r in enumerate(records) if r["verdict"] != NOT_BUILT] or list(range(len(records)))
     word = worst(said[i] for i in ran)
     at = next(i for i in ran if said[i] == word)
@@ -151,14 +160,26 @@ def combine(records: list[dict], names: list[list[str]]) -> dict:
             f"latent: {head['verdict']} only with layer 0 '{names[at][0]}', which the default configuration does "
             f"not have (its layer 0 is '{names[0][0]}', where it is {records[0]['verdict']}); not counted as a bug"]
     elif at:
+        shipped = published(head, names[at][0])
         out["notes"] = list(head.get("notes") or []) + [
             f"{word} only with layer 0 '{out['order'][0]}'; in the defaults' order (layer 0 "
-            f"'{names[0][0]}') it is {records[0]['verdict']}"]
+            f"'{names[0][0]}') it is {records[0]['verdict']}"
+            + (f"; a published configuration has that layer 0 ({shipped})" if shipped else "")]
     return out
 
 
-def real(record: dict, i: int) -> str:
-    """The verdict an order's record gives the architecture: a finding of a layer order the default
-    configuration does not have (`i` > 0: another kind as layer 0) is `latent`."""
+def published(record: dict, first: Optional[str]) -> Optional[str]:
+    """Where a published configuration of `record`'s architecture is said to have layer 0 of kind
+    `first` (`PUBLISHED`), or None."""
+    known = PUBLISHED.get(record.get("model_type"))
+    return known[1] if known and first is not None and known[0] == first else None
+
+
+def real(record: dict, i: int, first: Optional[str] = None) -> str:
+    """The verdict an order's record gives the architecture: a finding of a layer order (`i` > 0:
+    another kind as layer 0, `first`) that neither the default configuration nor a published one
+    (`PUBLISHED`) has is `latent`."""
     v = record["verdict"]
-    return str(LATENT) if i and str(v) in (str(BUG), str(UNCONFIRMED)) else v
+    if i and str(v) in (str(BUG), str(UNCONFIRMED)) and not published(record, first):
+        return str(LATENT)
+    return v

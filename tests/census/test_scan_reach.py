@@ -235,6 +235,22 @@ def test_a_finding_only_in_an_order_the_defaults_lack_is_latent():
     assert variants.combine([crashed, bug], names)["verdict"] == CRASHED  # the defaults' crash outranks
 
 
+
+def test_a_finding_in_an_order_a_published_configuration_has_is_a_bug():
+    """MiniMax's config class puts full attention first, its published configurations linear
+    attention (`variants.PUBLISHED`): a finding with linear attention first is reachable as
+    shipped, so a bug; the same order on an architecture without a published layout stays latent."""
+    first, _ = variants.PUBLISHED["minimax"]
+    names = [["full_attention", first], [first, "full_attention"]]
+    ok = {"model_type": "minimax", "verdict": "ok", "notes": []}
+    bug = {"model_type": "minimax", "verdict": "bug", "notes": [], "max_abs": 0.5}
+    out = variants.combine([ok, bug], names)
+    assert out["verdict"] == BUG and out["order"] == names[1]
+    assert "published configuration" in out["notes"][-1]
+    other = [dict(r, model_type="llama") for r in (ok, bug)]
+    assert variants.combine(other, names)["verdict"] == LATENT
+
+
 # -- theirs or ours: architectures that crashed on our inputs ------------------------------------
 @pytest.mark.parametrize("model_type", ["xmod", "deepseek_v2"])
 def test_architectures_run_on_the_inputs_their_config_asks_for(model_type):
