@@ -13,10 +13,9 @@ from unittest import mock
 import torch
 import torch.nn as nn
 
-from .config import PRESETS, ConfigError, GPTConfig, nanochat_shape, preset_config  # noqa: F401 - presets: torch-free data, exposed here
+from .config import ConfigError, GPTConfig, nanochat_shape, preset_config
 from .errors import UserError
-# what loading needs from the files; also re-exported here, where callers look for checkpoints
-from .checkpoint import (NoSmearParameters, can_mmap, check_tensors, find_step, list_steps,  # noqa: F401
+from .checkpoint import (NoSmearParameters, can_mmap, check_tensors, find_step, list_steps,
                          read_meta, read_state_dict, smear_keys_missing, SMEAR_KEYS)
 from .model import GPT, param_shapes
 from .preflight import check_model_memory

@@ -43,7 +43,7 @@ import torch
 from .. import evidence, frames, judge
 from ..metrics import RunMetrics
 from ..defaults import NOISE_MARGIN
-from ..impls.hf import cache_runner as hf_runner
+from ..impls.hf import api as hf_api
 from ..schedules import run_schedule, run_steps
 from ..verdicts import BUG, CRASHED, INCONCLUSIVE, NOT_BUILT, ROUNDING, UNCONFIRMED, WORDS
 from ..impls.hf import hidden_names
@@ -174,7 +174,7 @@ def check(model_type: str, seed: int = 0, tolerance: float = NOISE_MARGIN, total
     t0 = time.monotonic()
     rec = _check_orders(model_type, seed, tolerance, total, config)
     budget.stage(public(rec))  # the verdict is in: kept even if a reproducer runs out of time
-    if rec["verdict"] == BUG and rec.get("_config") is not None and rec.get("shape") != causal.LEAK:
+    if rec["verdict"] == BUG and rec.get("_config") is not None and rec.get("shape") != shapes.LEAK:
         reachability(rec, seed, tolerance, total)
         budget.stage(public(rec))
     if rec["verdict"] == BUG and repro_dir is not None and rec.get("_config") is not None:
@@ -271,9 +271,9 @@ NO_POWER_NOTE = (f"the check never had power (every kind of state at {evidence.M
 def check_model(model, tokens, plans: dict, tolerance: float = NOISE_MARGIN, make=CacheRunner) -> dict:
     """Verdict fields of one built model on `plans` (name -> steps), then the padded and rollback
     boundaries (`boundary`); `make(model, layers, crop=False)` builds the runner they run on."""
-    if hf_runner.cache_keyword(model) is None:
+    if hf_api.cache_keyword(model) is None:
         return {"verdict": NOT_BUILT, "model_class": type(model).__name__, "notes": [],
-                "reason": f"{type(model).__name__}.forward takes no cache (none of {', '.join(hf_runner.KEYWORDS)})"}
+                "reason": f"{type(model).__name__}.forward takes no cache (none of {', '.join(hf_api.KEYWORDS)})"}
     probe = CacheRunner(model)
     runner = make(model, layer_names(probe, tokens))
     try:

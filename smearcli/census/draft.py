@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from .causal import LEAK, SCHEDULE
+from .shapes import LEAK, LEAK_SCHEDULE
 
 PATTERNS = (
     ("a branch on a one-token step", re.compile(r"(seq_len|shape\[1\]|size\(1\)|q_len)\s*==\s*1")),
@@ -22,7 +22,7 @@ PATTERNS = (
 
 TITLES = {"padded": "a row beside padded rows differs from the row alone",
           "rollback": "rejected drafts are not taken back out of the cache",
-          SCHEDULE: "the full pass reads the tokens after each position"}
+          LEAK_SCHEDULE: "the full pass reads the tokens after each position"}
 BOUNDARY_WORDS = {
     "padded": "Running a row in one batch beside its prefix right- and left-padded, with the attention mask",
     "rollback": "A prefill, then drafts whose last tokens are rejected and taken back out of the model's own cache",

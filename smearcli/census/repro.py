@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..impls.hf import api
-from .causal import LEAK
+from .shapes import LEAK
 from ..defaults import NOISE_MARGIN
 from ..schedules import SCHEDULES
 from ..formatters import fmt_steps
@@ -318,7 +318,7 @@ def write(record: dict, config, path: Path, seed: int = 0, vocab: int = 256,
     path.parent.mkdir(parents=True, exist_ok=True)
     schedule = schedule or record.get("worst_schedule")
     if record.get("shape") == LEAK:
-        return write_leak(record, d, path, seed, vocab, margin, total)
+        return write_leak(record, d, path, seed, vocab, margin)
     e = (record.get("boundaries") or {}).get(schedule) or {}
     fragment = boundary_source(schedule, e, total)
     if fragment is not None:
@@ -338,17 +338,15 @@ def write(record: dict, config, path: Path, seed: int = 0, vocab: int = 256,
     return path
 
 
-def write_leak(record: dict, config: dict, path: Path, seed: int, vocab: int, margin: float, total: int) -> Path:
-    """The reproducer of a full pass that leaks future tokens (`causal`), the same probes over the
-    same `total` tokens as the check (`causal.probe_width`)."""
+def write_leak(record: dict, config: dict, path: Path, seed: int, vocab: int, margin: float) -> Path:
+    """The reproducer of a full pass that leaks future tokens (`causal`): the check's own probes,
+    from its record's `steps` (the positions kept, then the tokens removed or changed)."""
     import transformers
 
-    from .causal import probe_width
-
-    born = str(record.get("born_at") or "")
+    born, (kept, changed) = str(record.get("born_at") or ""), record["steps"]
     path.write_text(LEAK_TEMPLATE.format(
         model_type=record["model_type"], model_class=record.get("model_class") or "?",
-        version=transformers.__version__, changed=probe_width(total), total=total,
+        version=transformers.__version__, changed=changed, total=kept + changed,
         how="removed or changed", max_abs=record.get("max_abs") or 0.0,
         first=born.rpartition("@")[2] or "?", config_json=json.dumps(config, default=str), vocab=vocab,
         seed=seed, margin=margin))

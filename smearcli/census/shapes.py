@@ -38,6 +38,8 @@ MASK = "mask wrong"
 DECODE_PATH = "decode path differs"
 LENGTH = "cache misreports its length"
 WINDOW_EDGE = "departs at the sliding window"
+LEAK = "the full pass leaks future tokens"  # the reference itself reads later tokens (`causal`)
+LEAK_SCHEDULE = "full pass, last tokens changed"  # a leak's `worst_schedule`
 OTHER = "other"
 # a padded batch off only in its left-padded row, on a model whose forward takes no position_ids:
 # the row can only be numbered after its padding (absolute positions counted from the cache), or,

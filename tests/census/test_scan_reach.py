@@ -15,7 +15,7 @@ from torch import nn  # noqa: E402
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel  # noqa: E402
 from transformers.modeling_outputs import CausalLMOutputWithPast  # noqa: E402
 
-from smearcli.census import check, derive, variants  # noqa: E402
+from smearcli.census import check, derive, shapes, variants  # noqa: E402
 from smearcli.verdicts import BUG, CRASHED, LATENT, NOT_BUILT, OK, worst  # noqa: E402
 
 _FIELDS = {f.name for f in dataclasses.fields(CausalLMOutputWithPast)}
@@ -266,7 +266,7 @@ def test_prophetnet_is_a_full_pass_that_leaks_future_tokens():
     from smearcli.census import causal
 
     rec = check.check("prophetnet")
-    assert rec["verdict"] == BUG and rec["shape"] == causal.LEAK, rec
+    assert rec["verdict"] == BUG and rec["shape"] == shapes.LEAK, rec
     assert rec["confirmation"]["status"] == BUG and rec["born_at"].startswith("logits@")
     assert rec["born_in"]["class"] == "ProphetNetNgramSelfAttention"
     assert not rec["schedules"] and not rec["boundaries"]

@@ -11,7 +11,7 @@ pytest.importorskip("transformers")
 import torch  # noqa: E402
 
 from hf_standin import ShiftConfig, ShiftLM  # noqa: E402
-from smearcli.census import causal  # noqa: E402
+from smearcli.census import causal, shapes  # noqa: E402
 from smearcli.census.check import check_model, split_points  # noqa: E402
 from smearcli.verdicts import BUG, OK, UNCONFIRMED  # noqa: E402
 
@@ -44,8 +44,8 @@ def tokens(seed=0, vocab=64):
 def test_a_full_pass_that_reads_ahead_is_the_finding_and_no_cached_path_is_blamed():
     m, ids = model(PeekLM), tokens()
     out = check_model(m, ids, split_points(m.config, T))
-    assert out["verdict"] == BUG and out["shape"] == causal.LEAK, out
-    assert out["worst_schedule"] == causal.SCHEDULE and out["confirmation"]["status"] == BUG
+    assert out["verdict"] == BUG and out["shape"] == shapes.LEAK, out
+    assert out["worst_schedule"] == shapes.LEAK_SCHEDULE and out["confirmation"]["status"] == BUG
     cut = T - min(causal.CHANGED, T // 4)  # the tokens from `cut` on were changed
     assert out["born_at"] == f"logits@{cut - 1}"  # position cut-1 reads token cut, no earlier one
     assert any("tokens changed" in n or "tokens removed" in n for n in out["notes"])
@@ -293,8 +293,8 @@ def test_a_leak_has_a_reproducer_that_exits_1_and_0_on_a_causal_full_pass(tmp_pa
     from smearcli.census.derive import derive
 
     for model_type, want in (("prophetnet", 1), ("llama", 0)):
-        rec = record(model_type, BUG, worst_schedule=causal.SCHEDULE, steps=[49], max_abs=0.0054,
-                     shape=causal.LEAK, born_at="logits@0")
+        rec = record(model_type, BUG, worst_schedule=shapes.LEAK_SCHEDULE, steps=[41, 8], max_abs=0.0054,
+                     shape=shapes.LEAK, born_at="logits@0")
         path = repro.write(rec, derive(model_type).config, tmp_path / f"{model_type}.py")
         status, line = repro.run(path)
         assert status == want, (model_type, line)

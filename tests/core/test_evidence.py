@@ -190,7 +190,7 @@ tf = pytest.importorskip("transformers")
 
 
 def _hf_step(model):
-    from smearcli.impls.hf.cache_runner import cache_keyword
+    from smearcli.impls.hf.api import cache_keyword
 
     kw = cache_keyword(model)
 

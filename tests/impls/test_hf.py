@@ -9,6 +9,7 @@ pytest.importorskip("transformers", reason="transformers is not installed: pip i
 
 from smearcli.errors import UserError  # noqa: E402
 from smearcli.impls import hf  # noqa: E402
+from smearcli.impls.hf import api  # noqa: E402
 from smearcli.impls.hf.cache_runner import CacheRunner  # noqa: E402
 from smearcli.defaults import DEFAULT_SCHEDULES  # noqa: E402
 from smearcli.schedules import runnable  # noqa: E402
@@ -30,7 +31,7 @@ def test_llama_is_consistent():
     assert [m.schedule for m in check.metrics] == list(HF_DEFAULT)
     assert check.get("chunked").steps == [16, 16, 16]
     assert check.layers[0] == "emb" and check.layers[-1] == "logits"
-    assert info.cache_keyword in hf.CACHE_KEYWORDS
+    assert info.cache_keyword in api.KEYWORDS
     assert any(info.transformers_version in n for n in check.notes)
 
 

@@ -39,10 +39,9 @@ from ...defaults import DEFAULT_SCHEDULES, NOISE_MARGIN
 from ...compare import Comparison
 from ...runner import Described
 from ...schedules import ScheduleOptions, runnable
-from .load import load_dir, load_dir_with_notes, require_transformers  # noqa: F401 - re-exported
+from .load import load_dir_with_notes, require_transformers
 from .cache_runner import CacheRunner
 from . import api
-from .api import KEYWORDS as CACHE_KEYWORDS  # noqa: F401 - the one list (`hf.api`), by its old name
 
 OLDEST = "5.0.0"  # the oldest release run end to end (tests/impls/test_hf_releases.py installs it)
 # run end to end (compare --impl hf, scan); every release between had its cache API read

@@ -37,7 +37,7 @@ from ...precision import float64_model
 from ...runner import COPY, CROP, PADDING, Described, Holder, Output, Runner
 from ...schedules import RunResult, run_schedule
 from . import api
-from .api import KEYWORDS, cache_keyword, out_cache  # noqa: F401 - the one detector, re-exported
+from .api import out_cache
 
 
 class CacheRunner(Runner):
