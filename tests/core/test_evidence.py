@@ -253,3 +253,40 @@ def test_the_float64_copy_is_shared_and_made_anew_after_a_weight_changes():
         lin.weight.add_(1.0)  # a training step between two checks
     again = precision.float64_model(lin)
     assert again is not first and torch.equal(again.weight, lin.weight.double())
+
+
+def test_the_float64_copy_converts_the_weights_themselves_exactly():
+    """`float64_model` converts each weight straight to float64 (no float32 copy first): the same
+    tensors, bit for bit, as `deepcopy(model).double()`, a tied weight still one tensor, the
+    original untouched, and a stale float64 copy kept on the model not copied into the new one."""
+    import copy
+
+    class Tied(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            g = torch.Generator().manual_seed(3)
+            self.emb = torch.nn.Embedding(V, 8)
+            self.emb.weight.data = torch.randn(V, 8, generator=g).to(torch.bfloat16).float()
+            self.head = torch.nn.Linear(8, V, bias=True)
+            self.head.weight = self.emb.weight  # tied, as many LMs are
+            self.register_buffer("table", torch.randn(5, generator=g).half())
+            self.register_buffer("steps", torch.arange(4))  # not floating point: left as it is
+
+    model = Tied()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    expected = copy.deepcopy(model).double()
+    m64 = precision.float64_model(model)
+    got, want = m64.state_dict(), expected.state_dict()
+    assert got.keys() == want.keys()
+    for k in want:
+        assert got[k].dtype == want[k].dtype and torch.equal(got[k], want[k]), k
+    assert m64.steps.dtype == torch.int64 and m64.table.dtype == torch.float64
+    assert m64.head.weight is m64.emb.weight and m64.emb.weight is not model.emb.weight
+    assert isinstance(m64.head.weight, torch.nn.Parameter)
+    assert all(torch.equal(model.state_dict()[k], v) and model.state_dict()[k].dtype == v.dtype
+               for k, v in before.items())
+    with torch.no_grad():
+        model.head.bias.add_(1.0)  # a weight changed: made anew
+    again = precision.float64_model(model)
+    assert again is not m64 and again.__dict__.get("_float64_copy") is None  # the stale copy not copied
+    assert torch.equal(again.head.bias, model.head.bias.double())
