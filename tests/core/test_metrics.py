@@ -2,6 +2,8 @@
 every row in order, engine rows expanded from one prompt, rows out of order; small and large
 vocabularies; and no (T, V) float64 tensor on the way."""
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -95,6 +97,10 @@ def test_measure_is_the_whole_tensor_formulas_bit_for_bit(case):
     assert torch.equal(m.kl, kl)
     assert m.top1_agreement == top1
     assert torch.equal(abs_error(ref, run), err)
+    doubled = [dataclasses.replace(r, logits=r.logits.double(), hiddens=r.hiddens and [h.double() for h in r.hiddens])
+               for r in (ref, run)]
+    in64 = abs_error(ref, run, torch.float64)  # converted a block at a time: the whole conversion's numbers
+    assert in64.dtype == torch.float64 and torch.equal(in64, plain_abs_error(*doubled))
     assert torch.equal(ref_scale(ref), plain_ref_scale(ref))
     assert torch.equal(kl_per_position(ref.logits, run.logits, run.row_map), kl)
     assert (m.schedule, m.logic, m.steps, m.chunk_starts, m.noise, m.tolerance) == \
