@@ -109,8 +109,9 @@ def _memo(tensors: list[Tensor], key: tuple, compute):
     memo = _SHARED.get()
     if memo is None:
         return compute()
-    for refs, k, result in memo:
+    for i, (refs, k, result) in enumerate(memo):
         if k == key and len(refs) == len(tensors) and all(w() is t for w, t in zip(refs, tensors)):
+            memo.insert(0, memo.pop(i))  # the reference's terms, asked for by every run, stay in
             return result
     result = compute()
     memo.insert(0, ([weakref.ref(t) for t in tensors], key, result))
