@@ -69,6 +69,7 @@ class Float64:
         self.twin = self.run = None
         self.lifted = False  # whether `run` ran under the lift
         self.why = ""
+        self._scale: Optional[float] = None  # `scale()`, once read
 
     def make(self) -> "Float64":
         from .schedules import run_schedule
@@ -95,6 +96,13 @@ class Float64:
                 self.why = f"its full pass does not run in float64 ({type(e).__name__}: {_first_line(e)})"
         return self
 
+
+    def scale(self) -> float:
+        """max |logit| of the float64 full pass, read once for every confirmation that bounds its
+        rounding by it (a pass over the whole logits each time, before)."""
+        if self._scale is None:
+            self._scale = float(self.run.logits.abs().max())
+        return self._scale
 
     def sibling(self, runner) -> "Float64":
         """The same for another runner of the same model (a padded or cropping one): its own twin,
@@ -328,6 +336,6 @@ class Confirmer:
             c.status, c.why = UNCONFIRMED, (f"not confirmed: it does not run in float64 lifted "
                                             f"({type(e).__name__}: {_first_line(e)})")
             return c
-        c.bound = rounding_bound(c.original, f64.dtype, float(f64.run.logits.abs().max()))
+        c.bound = rounding_bound(c.original, f64.dtype, f64.scale())
         c.status, c.why = classify(c.original, c.lifted, c.bound)
         return c

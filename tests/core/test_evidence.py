@@ -113,6 +113,25 @@ def test_rounding_is_not_a_bug():
     assert "float32 rounding, gone in float64" in check.verdict
 
 
+def test_every_confirmation_bounds_rounding_by_the_float64_pass_read_once(monkeypatch):
+    """Each departing run's rounding bound is `rounding_bound` at the float64 full pass's largest
+    logit, which is read from the logits once for all of them (`Float64.scale`)."""
+    import copy
+
+    toy = Toy()
+    toy.cached_error = lambda x: (x + 1000.0) - 1000.0
+    reads = []
+    real = evidence.Float64.scale
+    monkeypatch.setattr(evidence.Float64, "scale", lambda self: reads.append(self._scale) or real(self))
+    check = check_cache_consistency(toy.step, tokens(), chunk_sizes=(16, 16, 16), full=toy.full)
+    confirmed = [check.confirmation(m) for m in check.metrics if check.confirmation(m) is not None]
+    assert len(confirmed) >= 2 and len(reads) == len(confirmed) and reads[0] is None
+    assert all(r is not None for r in reads[1:])  # the later ones found it already read
+    scale = float(copy.deepcopy(toy).double().full(tokens()).float().abs().max())
+    for conf in confirmed:
+        assert conf.bound == evidence.rounding_bound(conf.original, torch.float32, scale)
+
+
 def test_logic_error_keeps_its_size_in_float64():
     toy = Toy()
     toy.cached_error = lambda x: x * 1.001
