@@ -143,6 +143,9 @@ def floor(runner, ref, tokens: Tensor, dtype=None, f64: Optional[Float64] = None
 
 def unusable(ref) -> Optional[str]:
     """Why nothing can be measured against a reference (its logits are not all finite), or None."""
+    lo, hi = torch.aminmax(ref.logits)  # NaN propagates into both, an infinity into one of them
+    if math.isfinite(float(lo)) and math.isfinite(float(hi)):
+        return None  # the usual case in one reduction, without a (B, T, V) mask (0.45 s at d12 / 1024 tokens)
     bad = ~torch.isfinite(ref.logits).all(dim=-1)  # (B, T): positions with a non-finite logit
     if not bool(bad.any()):
         return None

@@ -309,3 +309,19 @@ def test_the_float64_copy_converts_the_weights_themselves_exactly():
     again = precision.float64_model(model)
     assert again is not m64 and again.__dict__.get("_float64_copy") is None  # the stale copy not copied
     assert torch.equal(again.head.bias, model.head.bias.double())
+
+
+@pytest.mark.parametrize("bad", [None, float("nan"), float("inf"), float("-inf")])
+def test_a_reference_is_unusable_exactly_when_a_logit_is_not_finite(bad):
+    """`unusable` answers from one reduction when every logit is finite, and otherwise counts the
+    positions with a non-finite logit as the whole-tensor mask does."""
+    from smearcli.steps import RunResult
+
+    logits = torch.randn(2, 6, V, generator=torch.Generator().manual_seed(1)) * 1e30
+    if bad is not None:
+        logits[1, 4, 7] = logits[0, 4, 2] = logits[0, 1, 0] = bad
+    why = evidence.unusable(RunResult("full", "old", logits, None, [6], [0, 1]))
+    if bad is None:
+        assert why is None
+    else:
+        assert why is not None and "at 2 of 6 positions" in why
