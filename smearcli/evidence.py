@@ -69,6 +69,7 @@ class Float64:
         self.twin = self.run = None
         self.lifted = False  # whether `run` ran under the lift
         self.why = ""
+        self._scale: Optional[float] = None  # `scale()`, once read
 
     def make(self) -> "Float64":
         from .schedules import run_schedule
@@ -95,6 +96,13 @@ class Float64:
                 self.why = f"its full pass does not run in float64 ({type(e).__name__}: {_first_line(e)})"
         return self
 
+
+    def scale(self) -> float:
+        """max |logit| of the float64 full pass, read once for every confirmation that bounds its
+        rounding by it (a pass over the whole logits each time, before)."""
+        if self._scale is None:
+            self._scale = float(self.run.logits.abs().max())
+        return self._scale
 
     def sibling(self, runner) -> "Float64":
         """The same for another runner of the same model (a padded or cropping one): its own twin,
@@ -135,6 +143,9 @@ def floor(runner, ref, tokens: Tensor, dtype=None, f64: Optional[Float64] = None
 
 def unusable(ref) -> Optional[str]:
     """Why nothing can be measured against a reference (its logits are not all finite), or None."""
+    lo, hi = torch.aminmax(ref.logits)  # NaN propagates into both, an infinity into one of them
+    if math.isfinite(float(lo)) and math.isfinite(float(hi)):
+        return None  # the usual case in one reduction, without a (B, T, V) mask (0.45 s at d12 / 1024 tokens)
     bad = ~torch.isfinite(ref.logits).all(dim=-1)  # (B, T): positions with a non-finite logit
     if not bool(bad.any()):
         return None
@@ -287,9 +298,9 @@ def departure(ref, run) -> float:
 
     from .metrics import abs_error
 
-    a = dataclasses.replace(ref, hiddens=None, logits=ref.logits.double())
-    b = dataclasses.replace(run, hiddens=None, logits=run.logits.double())
-    return float(abs_error(a, b)[-1].max())
+    a = dataclasses.replace(ref, hiddens=None)
+    b = dataclasses.replace(run, hiddens=None)
+    return float(abs_error(a, b, torch.float64)[-1].max())  # in float64 a block at a time: no double copies
 
 
 class Confirmer:
@@ -328,6 +339,6 @@ class Confirmer:
             c.status, c.why = UNCONFIRMED, (f"not confirmed: it does not run in float64 lifted "
                                             f"({type(e).__name__}: {_first_line(e)})")
             return c
-        c.bound = rounding_bound(c.original, f64.dtype, float(f64.run.logits.abs().max()))
+        c.bound = rounding_bound(c.original, f64.dtype, f64.scale())
         c.status, c.why = classify(c.original, c.lifted, c.bound)
         return c

@@ -113,6 +113,25 @@ def test_rounding_is_not_a_bug():
     assert "float32 rounding, gone in float64" in check.verdict
 
 
+def test_every_confirmation_bounds_rounding_by_the_float64_pass_read_once(monkeypatch):
+    """Each departing run's rounding bound is `rounding_bound` at the float64 full pass's largest
+    logit, which is read from the logits once for all of them (`Float64.scale`)."""
+    import copy
+
+    toy = Toy()
+    toy.cached_error = lambda x: (x + 1000.0) - 1000.0
+    reads = []
+    real = evidence.Float64.scale
+    monkeypatch.setattr(evidence.Float64, "scale", lambda self: reads.append(self._scale) or real(self))
+    check = check_cache_consistency(toy.step, tokens(), chunk_sizes=(16, 16, 16), full=toy.full)
+    confirmed = [check.confirmation(m) for m in check.metrics if check.confirmation(m) is not None]
+    assert len(confirmed) >= 2 and len(reads) == len(confirmed) and reads[0] is None
+    assert all(r is not None for r in reads[1:])  # the later ones found it already read
+    scale = float(copy.deepcopy(toy).double().full(tokens()).float().abs().max())
+    for conf in confirmed:
+        assert conf.bound == evidence.rounding_bound(conf.original, torch.float32, scale)
+
+
 def test_logic_error_keeps_its_size_in_float64():
     toy = Toy()
     toy.cached_error = lambda x: x * 1.001
@@ -253,3 +272,56 @@ def test_the_float64_copy_is_shared_and_made_anew_after_a_weight_changes():
         lin.weight.add_(1.0)  # a training step between two checks
     again = precision.float64_model(lin)
     assert again is not first and torch.equal(again.weight, lin.weight.double())
+
+
+def test_the_float64_copy_converts_the_weights_themselves_exactly():
+    """`float64_model` converts each weight straight to float64 (no float32 copy first): the same
+    tensors, bit for bit, as `deepcopy(model).double()`, a tied weight still one tensor, the
+    original untouched, and a stale float64 copy kept on the model not copied into the new one."""
+    import copy
+
+    class Tied(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            g = torch.Generator().manual_seed(3)
+            self.emb = torch.nn.Embedding(V, 8)
+            self.emb.weight.data = torch.randn(V, 8, generator=g).to(torch.bfloat16).float()
+            self.head = torch.nn.Linear(8, V, bias=True)
+            self.head.weight = self.emb.weight  # tied, as many LMs are
+            self.register_buffer("table", torch.randn(5, generator=g).half())
+            self.register_buffer("steps", torch.arange(4))  # not floating point: left as it is
+
+    model = Tied()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    expected = copy.deepcopy(model).double()
+    m64 = precision.float64_model(model)
+    got, want = m64.state_dict(), expected.state_dict()
+    assert got.keys() == want.keys()
+    for k in want:
+        assert got[k].dtype == want[k].dtype and torch.equal(got[k], want[k]), k
+    assert m64.steps.dtype == torch.int64 and m64.table.dtype == torch.float64
+    assert m64.head.weight is m64.emb.weight and m64.emb.weight is not model.emb.weight
+    assert isinstance(m64.head.weight, torch.nn.Parameter)
+    assert all(torch.equal(model.state_dict()[k], v) and model.state_dict()[k].dtype == v.dtype
+               for k, v in before.items())
+    with torch.no_grad():
+        model.head.bias.add_(1.0)  # a weight changed: made anew
+    again = precision.float64_model(model)
+    assert again is not m64 and again.__dict__.get("_float64_copy") is None  # the stale copy not copied
+    assert torch.equal(again.head.bias, model.head.bias.double())
+
+
+@pytest.mark.parametrize("bad", [None, float("nan"), float("inf"), float("-inf")])
+def test_a_reference_is_unusable_exactly_when_a_logit_is_not_finite(bad):
+    """`unusable` answers from one reduction when every logit is finite, and otherwise counts the
+    positions with a non-finite logit as the whole-tensor mask does."""
+    from smearcli.steps import RunResult
+
+    logits = torch.randn(2, 6, V, generator=torch.Generator().manual_seed(1)) * 1e30
+    if bad is not None:
+        logits[1, 4, 7] = logits[0, 4, 2] = logits[0, 1, 0] = bad
+    why = evidence.unusable(RunResult("full", "old", logits, None, [6], [0, 1]))
+    if bad is None:
+        assert why is None
+    else:
+        assert why is not None and "at 2 of 6 positions" in why

@@ -2,6 +2,8 @@
 every row in order, engine rows expanded from one prompt, rows out of order; small and large
 vocabularies; and no (T, V) float64 tensor on the way."""
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -95,6 +97,10 @@ def test_measure_is_the_whole_tensor_formulas_bit_for_bit(case):
     assert torch.equal(m.kl, kl)
     assert m.top1_agreement == top1
     assert torch.equal(abs_error(ref, run), err)
+    doubled = [dataclasses.replace(r, logits=r.logits.double(), hiddens=r.hiddens and [h.double() for h in r.hiddens])
+               for r in (ref, run)]
+    in64 = abs_error(ref, run, torch.float64)  # converted a block at a time: the whole conversion's numbers
+    assert in64.dtype == torch.float64 and torch.equal(in64, plain_abs_error(*doubled))
     assert torch.equal(ref_scale(ref), plain_ref_scale(ref))
     assert torch.equal(kl_per_position(ref.logits, run.logits, run.row_map), kl)
     assert (m.schedule, m.logic, m.steps, m.chunk_starts, m.noise, m.tolerance) == \
@@ -204,3 +210,21 @@ def test_shared_work_lives_as_long_as_one_comparison(monkeypatch):
     assert len(calls) == 4  # outside a scope nothing is kept
     for a, b in zip(together, apart):
         assert torch.equal(a.abs_err, b.abs_err) and a.kl_max == b.kl_max
+
+
+def test_the_reference_terms_stay_shared_past_the_memo_size(monkeypatch):
+    """A d12 compare measures 9 runs, more than the memo holds (MEMO_SIZE): the reference's scale
+    and softmax terms, asked for by every run, are still computed once (they were recomputed every
+    few runs), and every run's numbers are the same as measured alone."""
+    ref, _ = make(B=1, T=12, V=50, C=8, layers=1, row_map=[0], seed=3)
+    runs = [make(B=1, T=12, V=50, C=8, layers=1, row_map=[0], seed=10 + i)[1] for i in range(3 * metrics.MEMO_SIZE)]
+    floor = NoiseFloor([1e-3] * 2)
+    scales, softmax = [], []
+    real_scale, real_softmax = metrics.ref_scale, metrics._ref_softmax_terms
+    monkeypatch.setattr(metrics, "ref_scale", lambda r: scales.append(1) or real_scale(r))
+    monkeypatch.setattr(metrics, "_ref_softmax_terms", lambda r: softmax.append(1) or real_softmax(r))
+    together = metrics.measure_all(ref, runs, floor)
+    assert (len(scales), len(softmax)) == (1, 1)
+    for a, r in zip(together, runs):
+        b = measure(ref, r, floor)
+        assert torch.equal(a.abs_err, b.abs_err) and torch.equal(a.kl, b.kl) and a.top1_agreement == b.top1_agreement
