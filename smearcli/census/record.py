@@ -64,6 +64,7 @@ class Record:
     engine: Optional[str] = _f(STRING)  # "vllm" for `scan --engine vllm` (None: transformers itself)
     vllm_version: Optional[str] = _f(STRING)  # the vLLM release, for the vLLM engine
     vllm: Optional[dict] = _f(OBJECT)  # the vLLM engine's start times and memory
+    llamacpp: Optional[dict] = _f(OBJECT)  # the llama.cpp engine's version, GGUF, conversion, load and run times
 
     def to_json(self) -> dict:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}

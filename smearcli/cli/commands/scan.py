@@ -26,9 +26,10 @@ MIN_MEMORY_MB, MAX_MEMORY_MB = 64, 1 << 27  # 128 TiB: all the address space x86
 # the options that only mean something when architectures run (with --merge nothing runs)
 RUN_ONLY = {"out": "--out", "jobs": "--jobs", "shard": "--shard", "resume": "--resume", "only": "--only",
             "timeout": "--timeout", "memory_mb": "--memory-mb", "repro_dir": "--repro-dir", "engine": "--engine",
-            "vllm_python": "--vllm-python"}
-ENGINES = ("transformers", "vllm")
-REPRO_FILES = (".py", ".md", "-vllm.py")  # what repro and draft write per finding (-vllm.py: the census on vLLM),
+            "vllm_python": "--vllm-python", "llamacpp_python": "--llamacpp-python"}
+ENGINES = ("transformers", "vllm", "llamacpp")
+REPRO_FILES = (".py", ".md", "-vllm.py", "-llamacpp.py", "-llamacpp.gguf")  # what repro and draft write per
+# finding (-vllm.py: the census on vLLM; -llamacpp.py and the GGUF it reads: the census on llama.cpp),
 # besides one "-NAME.py" per census boundary
 
 
@@ -169,12 +170,15 @@ def scan(
     figure: Annotated[Optional[Path], typer.Option("--figure", help="Also draw architectures x "
                       "schedules (error over the floor) to this .png, .svg or .pdf.")] = None,
     check: Annotated[bool, typer.Option("--check", help="Exit 1 if any architecture is a bug (with --engine "
-                     "vllm: crashed or unconfirmed, vLLM having no float64 rerun).")] = False,
+                     "vllm or llamacpp: crashed or unconfirmed, neither having a float64 rerun).")] = False,
     engine: Annotated[str, typer.Option("--engine", help="Where the cached paths run: transformers (its "
-                      "own caches) or vllm (vLLM's scheduler and caches, against the transformers full pass).")
+                      "own caches), vllm (vLLM's scheduler and caches) or llamacpp (llama.cpp's micro-batches, "
+                      "calls, seq_cp and seq_rm), the last two against the transformers full pass.")
                       ] = "transformers",
     vllm_python: Annotated[Optional[Path], typer.Option("--vllm-python", help="With --engine vllm: the Python "
                            "of vLLM's environment (default $SMEARCLI_VLLM_PYTHON).")] = None,
+    llamacpp_python: Annotated[Optional[Path], typer.Option("--llamacpp-python", help="With --engine llamacpp: "
+                               "the Python of llama.cpp's environment (default $SMEARCLI_LLAMACPP_PYTHON).")] = None,
     against: Annotated[Optional[list[Path]], typer.Option("--against", help="A previous census's record file "
                        "(another release of the same engine; repeat for its shards): print what changed per "
                        "architecture; with --check exit 1 on regressions only.")] = None,
@@ -225,11 +229,17 @@ def scan(
 
         records, info = run_vllm(out, part, resume, wanted, timeout, memory_mb, repro_dir, quiet, vllm_python,
                                  check_repro_files)
+    elif engine == "llamacpp":
+        from ..llamacpp_scan import run_llamacpp
+
+        records, info = run_llamacpp(out, jobs, part, resume, wanted, timeout, memory_mb, repro_dir, quiet,
+                                     llamacpp_python, check_repro_files)
     else:
         records = _run(out, jobs, part, resume, wanted, timeout, memory_mb, repro_dir, quiet)
     info = meta() | info | {"wall_s": round(time.monotonic() - t0, 1)}
     on_vllm = bool(records) and all(r.get("engine") == "vllm" for r in records)
-    if not merge and not on_vllm:  # one draft per root cause, naming every architecture it breaks
+    on_llamacpp = bool(records) and all(r.get("engine") == "llamacpp" for r in records)
+    if not merge and not on_vllm and not on_llamacpp:  # one draft per root cause, naming every architecture it breaks
         from ...census import draft
 
         draft.write_groups(records, {"transformers": info.get("transformers_version", "?"),
@@ -246,6 +256,10 @@ def scan(
                 from ...census import vllm_census
 
                 f.write(vllm_census.markdown(records, info))
+            elif on_llamacpp:
+                from ...census import llamacpp
+
+                f.write(llamacpp.markdown(records, info))
             else:
                 f.write(report.markdown(records, info))
     if figure is not None and any(r.get("schedules") for r in records):
@@ -265,7 +279,7 @@ def scan(
         return
     from ...verdicts import BUG, CRASHED, UNCONFIRMED
 
-    failing = (BUG, CRASHED, UNCONFIRMED) if on_vllm else (BUG,)  # vLLM: no float64 rerun to confirm
+    failing = (BUG, CRASHED, UNCONFIRMED) if on_vllm or on_llamacpp else (BUG,)  # no float64 rerun to confirm
     bugs = [r["model_type"] for r in records if r.get("verdict") in failing]
     if check and bugs:
         raise CheckFailed(f"{len(bugs)} architectures disagree with their full pass: {', '.join(bugs)}")
