@@ -381,3 +381,41 @@ def confirmed(main, used: dict, tokens, plans: dict, bad: dict, out: dict) -> tu
         elif name in out["boundaries"] and status == UNCONFIRMED:
             out["boundaries"][name]["status"] = UNCONFIRMED
     return confs, reruns
+
+
+class Session:
+    """The transformers engine (`census.engines`): in smearcli's own process, every causal LM of the
+    installed transformers, architectures at once as `--jobs` allows."""
+
+    def __init__(self, python=None, quiet: bool = False):
+        if python is not None:
+            from ..errors import UserError
+
+            raise UserError("the transformers engine runs in smearcli's own Python: it takes no engine Python")
+
+    def meta(self) -> dict:
+        return {}  # its versions are those of smearcli's own process, which every run's meta holds
+
+    def model_types(self) -> list[str]:
+        from .isolate import causal_lm_types
+
+        return causal_lm_types()
+
+    def check(self, model_type: str, repro_dir, timeout: float, memory) -> dict:
+        return check(model_type, repro_dir=repro_dir)
+
+    def checked(self, rec: dict, more: bool) -> bool:
+        return False
+
+    def close(self) -> None:
+        pass
+
+
+open_session = Session
+
+
+def repro_tails() -> tuple[str, ...]:
+    """What a finding writes, after its model type: the reproducer, the draft, one per census boundary."""
+    from ..schedules import census_schedules
+
+    return (".py", ".md") + tuple(f"-{b}.py" for b in census_schedules())
