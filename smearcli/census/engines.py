@@ -168,3 +168,11 @@ register(Engine(
     repro_tails=("-vllm.py",),
     title="# smearcli scan on vLLM: vLLM {vllm_version} (CPU), transformers {transformers_version} reference",
     sections="smearcli.census.vllm_census:sections"))
+register(Engine(
+    "llamacpp", "llama.cpp's micro-batches, calls, seq_cp and seq_rm, against the transformers full pass",
+    open="smearcli.census.llamacpp:open_session", env_var="SMEARCLI_LLAMACPP_PYTHON",
+    failing=(str(BUG), str(CRASHED), str(UNCONFIRMED)),
+    names_are="an architecture both llama.cpp's converter and transformers register as a causal LM",
+    repro_tails=("-llamacpp.py", "-llamacpp.gguf"),
+    title="# smearcli scan on llama.cpp: transformers {transformers_version} reference",
+    sections="smearcli.census.llamacpp:sections"))

@@ -23,15 +23,16 @@ run by llama.cpp under its schedules against the same weights' full pass in tran
   * what the converter or llama.cpp's loader refuses is `not built` with the reason; a partial
     `seq_rm` llama.cpp refuses on recurrent memory (its documented limit) is the rollback
     schedule's `unsupported`, not a crash; a worker that dies is `crashed` with llama.cpp's frame.
-- `run(...)`: the census, each architecture in its own forked process (`isolate`, `--timeout`);
-- `summary(records, wall_s)`: the benchmark (conversion, load, runs); `markdown(records, meta)`: the page.
+- `Session` / `open_session`: the engine as `census.engines` runs it (registered there as
+  "llamacpp"; `isolate.census` checks each architecture in its own forked process, `--timeout`);
+- `summary(records, wall_s)`: the benchmark (conversion, load, runs); `sections(records, meta)`: the
+  page under the title `report.markdown` gives it.
 
 A finding's reproducer is `census.llamacpp_repro` (llama.cpp's environment only, no smearcli).
 """
 
 from __future__ import annotations
 
-import functools
 import tempfile
 import time
 from pathlib import Path
@@ -41,7 +42,7 @@ import torch
 
 from ..defaults import NOISE_MARGIN
 from ..verdicts import CRASHED, NOT_BUILT, OK, UNCONFIRMED, UNSUPPORTED
-from . import derive, isolate, records, vllm_plan
+from . import derive, vllm_plan
 from .boundary import transformers_frame
 from .check import INIT_LADDER, NO_POWER_NOTE, build, init_note, record, text_config
 from .report import counts, sort_key
@@ -238,13 +239,6 @@ def timing(runner) -> dict:
             "recurrent": r.get("recurrent"), "hybrid": r.get("hybrid"), "deaths": len(r.get("deaths") or [])}
 
 
-def run(python: str, names: Sequence[str], sink: "records.Sink", jobs: int, timeout: float, memory: Optional[int],
-        repro_dir: Optional[Path], on_record: Optional[Callable[[dict], None]] = None) -> None:
-    """Check `names`, `jobs` at once, each in its own forked process (`isolate`), records to `sink`."""
-    isolate.run(list(names), functools.partial(check, python=python, timeout=timeout, repro_dir=repro_dir),
-                sink, jobs=jobs, timeout=timeout, memory=memory, on_record=on_record)
-
-
 def summary(recs: Sequence[dict], wall_s: float) -> dict:
     """The benchmark: the census's wall time and llama.cpp's share of it (conversion, load, runs)."""
     ll = [r.get("llamacpp") or {} for r in recs]
@@ -266,17 +260,15 @@ def _cell(text, n: int = 160) -> str:
     return str(text or "").replace("|", "/").replace("\n", " ")[:n]
 
 
-def markdown(recs: Sequence[dict], meta: Optional[dict] = None) -> str:
-    """The census on llama.cpp as Markdown: counts, the benchmark, the cache findings and crashes
-    (with reproducers), the implementation's own departures, what was not built and why, then every
-    architecture with its verdict or its reason."""
+def sections(recs: Sequence[dict], meta: Optional[dict] = None) -> list[str]:
+    """The census on llama.cpp's page after its title and count line (`report.markdown` frames it):
+    what ran, the benchmark, the cache findings and crashes (with reproducers), the implementation's
+    own departures, what was not built and why, then every architecture with its verdict or reason."""
     meta = meta or {}
-    c = counts(recs)
     version = meta.get("llama_cpp_python") or next(((r.get("llamacpp") or {}).get("llama_cpp_python") for r in recs
                                                    if (r.get("llamacpp") or {}).get("llama_cpp_python")), "?")
-    out = [f"# smearcli scan on llama.cpp: llama-cpp-python {version} (CPU, float32 GGUF, float32 KV cache), "
-           f"transformers {meta.get('transformers_version', '?')} reference", "",
-           f"{len(recs)} architectures: " + ", ".join(f"{n} {k}" for k, n in c.items() if n) + ".", ""]
+    out = [f"llama-cpp-python {version} (CPU build, one thread per model), float32 GGUF, float32 KV cache, {T} "
+           "tokens per architecture.", ""]
     b = meta.get("benchmark")
     if b:
         out += [f"Benchmark: {summary_line(b)}" + (f"; load {meta['load']}" if meta.get("load") else "") + ".", ""]
@@ -318,5 +310,62 @@ def markdown(recs: Sequence[dict], meta: Optional[dict] = None) -> str:
         said = r.get("reason") or "; ".join(n for n in r.get("notes") or [] if "one-call prefill against" in n)
         out.append(f"| {r['model_type']} | {r['verdict']} | {r.get('worst_schedule') or '-'} | {err} | {mult} | "
                    f"{rb} | {_cell(said)} |")
-    return "\n".join(out) + "\n"
+    return out
+
+
+def markdown(recs: Sequence[dict], meta: Optional[dict] = None) -> str:
+    """The whole page, as `report.markdown` frames every engine's."""
+    from . import engines
+    from .report import markdown as framed
+
+    return framed(recs, meta, engines.get(ENGINE))
+
+
+def load() -> str:
+    """The machine's load average (1, 5, 15 minutes): what any time reported here ran beside."""
+    import os
+
+    try:
+        return "%.1f, %.1f, %.1f" % os.getloadavg()
+    except OSError:
+        return "?"
+
+
+class Session:
+    """The llama.cpp engine (`census.engines`): its environment checked by the handshake, the
+    converter's architectures listed there, each architecture checked with its own worker; the
+    benchmark of the run in `meta()`."""
+
+    def __init__(self, python: Optional[str], quiet: bool = False):
+        from ..errors import UserError
+        from ..impls.llamacpp import ENV_PYTHON, check_python
+
+        if not python:
+            raise UserError(f"the llama.cpp engine needs the Python of llama.cpp's environment (${ENV_PYTHON}); "
+                            "scripts/make_llamacpp_env.sh DIR makes one (then DIR/bin/python)")
+        self.python, self.quiet = python, quiet
+        self.hello = check_python(python)
+        self.names = names_for(python)
+        self.t0, self.done = time.monotonic(), []
+
+    def meta(self) -> dict:
+        return {"engine": ENGINE, "llama_cpp_python": self.hello.get("llama_cpp_python"),
+                "llamacpp_python": self.python, "benchmark": summary(self.done, time.monotonic() - self.t0),
+                "load": load()}
+
+    def model_types(self) -> list[str]:
+        return list(self.names)
+
+    def check(self, model_type: str, repro_dir: Path, timeout: float, memory: Optional[int]) -> dict:
+        return check(model_type, self.python, timeout=timeout, repro_dir=repro_dir)
+
+    def checked(self, rec: dict, more: bool) -> bool:
+        self.done.append(rec)
+        return False
+
+    def close(self) -> None:
+        pass
+
+
+open_session = Session
 

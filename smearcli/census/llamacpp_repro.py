@@ -82,7 +82,7 @@ def child():
     one_call = np.stack(decode(ctx, items))
     L.llama_free(ctx)
     name = SCHEDULE["name"]
-    if name in ("ubatch", "chunked", "decode"):
+    if name in ("prefill", "ubatch", "chunked", "decode"):  # prefill: llama.cpp dying in its one call (above)
         sizes = SCHEDULE.get("sizes") or ([1] * T if name == "decode" else [T])
         ctx = context(T if name == "ubatch" else max(sizes), SCHEDULE.get("width") or max(sizes))
         got, pos = [], 0
@@ -154,7 +154,8 @@ def main():
 if __name__ == "__main__":
     sys.exit(child() if sys.argv[1:] == ["child"] else main())
 '''
-HOW = {"ubatch": "one llama_decode call whose prompt llama.cpp splits into micro-batches of n_ubatch",
+HOW = {"prefill": "llama.cpp's own one-call prefill (one llama_decode of the whole row)",
+       "ubatch": "one llama_decode call whose prompt llama.cpp splits into micro-batches of n_ubatch",
        "chunked": "successive llama_decode calls of the sizes given",
        "decode": "one llama_decode call per token",
        "prefix": "a prefix on sequence 0 copied to sequence 1 (llama_memory_seq_cp), the rest decoded on sequence 1",

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Optional
 
@@ -51,37 +50,26 @@ def names_for(names: list, wanted, part) -> list[str]:
     return names
 
 
-def load() -> str:
-    try:
-        return "%.1f, %.1f, %.1f" % os.getloadavg()
-    except OSError:
-        return "?"
-
-
 def run_llamacpp(out: Path, jobs: int, part, resume: bool, wanted, timeout: float, memory_mb: int, repro_dir: Path,
                  quiet: bool, llamacpp_python: Optional[Path], check_repro_files) -> tuple[list, dict]:
     """(every record --out holds, the run's meta: llama-cpp-python's version and the benchmark);
     `check_repro_files(repro_dir, names)` refuses reproducer paths that cannot be written."""
-    from ..census import llamacpp
-    from ..impls.llamacpp import check_python
+    from ..census import isolate, llamacpp
     from .build import flag
 
     python, given_as = python_of(llamacpp_python)
     with flag(given_as):  # a bad environment is exit 2, before any model
-        hello = check_python(python)
-        every = llamacpp.names_for(python)  # the converter's list: the environment's answer, as the handshake
-    names = names_for(every, wanted, part)
-    check_repro_files(repro_dir, names)
-    t0 = time.monotonic()
-    done = {}
+        session = llamacpp.open_session(python, quiet)
+    try:
+        names = names_for(session.model_types(), wanted, part)
+        check_repro_files(repro_dir, names)
 
-    def run(sink, said):
-        before = set(sink.names())
-        llamacpp.run(python, names, sink, jobs, timeout, memory_mb << 20, repro_dir.resolve(), said)
-        done["recs"] = [r for r in sink.records() if r["model_type"] not in before]
-    recs = written(out, resume, quiet, run)
-    bench = llamacpp.summary(done.get("recs", []), time.monotonic() - t0)
+        def run(sink, said):
+            isolate.census(session, names, sink, jobs, timeout, memory_mb << 20, repro_dir, said)
+        recs = written(out, resume, quiet, run)
+        info = session.meta()
+    finally:
+        session.close()
     if not quiet:
-        sys.stderr.write(f"smearcli: {llamacpp.summary_line(bench)} (--jobs {jobs}, load {load()})\n")
-    return recs, {"engine": "llamacpp", "llama_cpp_python": hello.get("llama_cpp_python"), "llamacpp_python": python,
-                  "benchmark": bench, "load": load(), "jobs": jobs}
+        sys.stderr.write(f"smearcli: {llamacpp.summary_line(info['benchmark'])} (--jobs {jobs}, load {info['load']})\n")
+    return recs, {**info, "jobs": jobs}

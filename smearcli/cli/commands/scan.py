@@ -256,10 +256,8 @@ def scan(
                 from ...census import vllm_census
 
                 f.write(vllm_census.markdown(records, info))
-            elif on_llamacpp:
-                from ...census import llamacpp
-
-                f.write(llamacpp.markdown(records, info))
+            elif on_llamacpp:  # the engine's page, framed as every engine's (census.engines)
+                f.write(report.markdown(records, info))
             else:
                 f.write(report.markdown(records, info))
     if figure is not None and any(r.get("schedules") for r in records):
