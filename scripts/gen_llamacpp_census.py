@@ -38,7 +38,7 @@ def scan(*args: str) -> None:
     if p.returncode not in (0, 1):
         sys.exit(f"gen_llamacpp_census: the census failed (exit {p.returncode})")
     doc = json.loads(p.stdout)
-    meta = {k: doc.get(k) for k in ("benchmark", "load", "jobs", "llama_cpp_python")}
+    meta = {**{k: doc.get(k) for k in ("benchmark", "load", "llama_cpp_python")}, "jobs": JOBS}
     BENCH.write_text(json.dumps(meta) + "\n")
     print("gen_llamacpp_census:", json.dumps(meta), flush=True)
 

@@ -14,5 +14,8 @@ and of every one the installed vLLM runs (`--engine vllm`).
   with one root cause together (and findings about an API, once), `repro` and `draft` write a
   standalone reproducer and a bug-report draft per finding, `findings_files` in an order that
   never leaves a file without its record;
-- `vllm_plan`, `vllm_check`, `vllm_engine`, `vllm_census`, `vllm_repro`: the same on vLLM's engine.
+- `engines` is the registry of the engines a census runs on (`scan --engine`), `isolate.census` the
+  one loop they all run through;
+- `vllm_plan`, `vllm_check`, `vllm_engine`, `vllm_census` (its session and page), `vllm_repro`: the
+  vLLM engine.
 """

@@ -18,7 +18,8 @@ What an `Engine` declares (cheap: registering imports none of its code, `--help`
   that runs in smearcli's own process. A bad environment is a `UserError` (the CLI makes it exit 2
   before anything is checked or written).
 - `env_var`: the environment variable naming its Python; None: the engine runs in-process and
-  takes no `--engine-python` (the CLI refuses one).
+  takes no `--engine-python` (the CLI refuses one). `environment`: what that Python's environment
+  is and how one is made, for the refusal when none is given.
 - `concurrent`: whether architectures may run `--jobs` at once (each in its own forked process);
   False when they share one resource (vLLM's one worker process).
 - `failing`: the verdict words `scan --check` exits 1 on (transformers: bug; vLLM, which has no
@@ -84,6 +85,7 @@ class Engine:
     help: str
     open: Union[Callable, str]
     env_var: Optional[str] = None
+    environment: str = "the engine's own environment"
     concurrent: bool = True
     failing: tuple[str, ...] = (str(BUG),)
     names_are: str = "a model type this engine checks"
@@ -155,14 +157,52 @@ def of_records(records: Sequence[dict]) -> Engine:
     return ENGINES[name]
 
 
+class InProcess:
+    """The transformers engine's session: in smearcli's own process, every causal LM of the
+    installed transformers (`isolate.causal_lm_types`), checked by `check.check`, architectures at
+    once as `--jobs` allows; nothing to start, restart or close."""
+
+    def __init__(self, python: Optional[str] = None, quiet: bool = False):
+        if python is not None:
+            raise UserError("the transformers engine runs in smearcli's own Python: it takes no engine Python")
+
+    def meta(self) -> dict:
+        return {}  # its versions are those of smearcli's own process, which every run's meta holds
+
+    def model_types(self) -> list[str]:
+        from . import isolate
+
+        return isolate.causal_lm_types()
+
+    def check(self, model_type: str, repro_dir: Path, timeout: float, memory: Optional[int]) -> dict:
+        from . import check
+
+        return check.check(model_type, repro_dir=repro_dir)
+
+    def checked(self, record: dict, more: bool) -> bool:
+        return False
+
+    def close(self) -> None:
+        pass
+
+
+def transformers_tails() -> tuple[str, ...]:
+    """What a transformers finding writes after its model type: the reproducer, the draft, and one
+    reproducer per census boundary."""
+    from ..schedules import census_schedules
+
+    return (".py", ".md") + tuple(f"-{b}.py" for b in census_schedules())
+
+
 register(Engine(
-    "transformers", "transformers' own caches", open="smearcli.census.check:open_session",
-    names_are="a causal LM of this transformers", repro_tails="smearcli.census.check:repro_tails",
+    "transformers", "transformers' own caches", open=InProcess,
+    names_are="a causal LM of this transformers", repro_tails=transformers_tails,
     title="# smearcli scan: transformers {transformers_version}", counted="causal-LM architectures",
     sections="smearcli.census.report:transformers_sections", after_run="smearcli.census.draft:after_run"))
 register(Engine(
     "vllm", "vLLM's scheduler and caches, against the transformers full pass",
     open="smearcli.census.vllm_census:open_session", env_var="SMEARCLI_VLLM_PYTHON", concurrent=False,
+    environment="an environment with vLLM; scripts/make_vllm_env.sh DIR makes one (then DIR/bin/python)",
     failing=(str(BUG), str(CRASHED), str(UNCONFIRMED)),
     names_are="an architecture both the installed vLLM and transformers register as a causal LM",
     repro_tails=("-vllm.py",),
@@ -171,6 +211,7 @@ register(Engine(
 register(Engine(
     "llamacpp", "llama.cpp's micro-batches, calls, seq_cp and seq_rm, against the transformers full pass",
     open="smearcli.census.llamacpp:open_session", env_var="SMEARCLI_LLAMACPP_PYTHON",
+    environment="an environment with llama-cpp-python; scripts/make_llamacpp_env.sh DIR makes one (then DIR/bin/python)",
     failing=(str(BUG), str(CRASHED), str(UNCONFIRMED)),
     names_are="an architecture both llama.cpp's converter and transformers register as a causal LM",
     repro_tails=("-llamacpp.py", "-llamacpp.gguf"),

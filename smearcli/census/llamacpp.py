@@ -349,9 +349,14 @@ class Session:
         self.t0, self.done = time.monotonic(), []
 
     def meta(self) -> dict:
+        """llama-cpp-python's version, the benchmark and the load (the benchmark said on stderr unless quiet)."""
+        bench, now = summary(self.done, time.monotonic() - self.t0), load()
+        if not self.quiet:
+            import sys
+
+            sys.stderr.write(f"smearcli: {summary_line(bench)} (load {now})\n")
         return {"engine": ENGINE, "llama_cpp_python": self.hello.get("llama_cpp_python"),
-                "llamacpp_python": self.python, "benchmark": summary(self.done, time.monotonic() - self.t0),
-                "load": load()}
+                "llamacpp_python": self.python, "benchmark": bench, "load": now}
 
     def model_types(self) -> list[str]:
         return list(self.names)

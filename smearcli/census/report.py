@@ -11,14 +11,13 @@ from typing import Optional, Sequence
 
 from ..jsondoc import SCHEMAS, header
 from ..schedules import census_schedules  # the boundaries every architecture also runs (check.boundary)
-from ..verdicts import (BUG, CRASHED, INCONCLUSIVE, LATENT, NOT_BUILT, NOT_JUDGED, NOT_JUDGED_WHY, NOT_RUN, OK,
-                        TIE_ARTIFACT, TIMED_OUT, UNCONFIRMED)
+from ..verdicts import BUG, CRASHED, NOT_JUDGED, NOT_JUDGED_WHY, NOT_RUN, OK, UNCONFIRMED
 from .groups import api_findings, born, groups
 from . import reach, record
 from .shapes import LEFT_UNSUPPORTED
 
 SCHEMA = SCHEMAS["scan"]
-ORDER = tuple(str(v) for v in (BUG, CRASHED, UNCONFIRMED, LATENT, TIE_ARTIFACT, INCONCLUSIVE, OK, NOT_BUILT, TIMED_OUT))
+ORDER = record.ORDER
 FIELDS = record.FIELDS  # every field of a record, in the order the JSON document lists them
 PY_PATH = re.compile(r"\S*/([^/\s]+\.py:\d+)")  # "transformers/models/x/modeling_x.py:12" -> "modeling_x.py:12"
 

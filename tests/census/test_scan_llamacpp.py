@@ -36,7 +36,7 @@ def fake_python(tmp_path):
 def scan(tmp_path, python, monkeypatch, only, mode="good", *extra):
     monkeypatch.setenv("SMEARCLI_STANDIN_MODE", mode)
     out = tmp_path / f"{mode}.jsonl"
-    r = runner.invoke(app, ["scan", "--engine", "llamacpp", "--llamacpp-python", str(python), "--only", only,
+    r = runner.invoke(app, ["scan", "--engine", "llamacpp", "--engine-python", str(python), "--only", only,
                             "--out", str(out), "--repro-dir", str(tmp_path / "repro"), "--json", *extra])
     assert "Traceback" not in r.output, r.output
     doc = json.loads(r.stdout) if r.stdout.strip().startswith("{") else None
@@ -96,4 +96,4 @@ def test_only_names_outside_the_converters_list_and_no_environment_are_refused(t
     assert r.exit_code == 2 and "gpt2 is not an architecture both llama.cpp's converter" in r.output
     monkeypatch.delenv("SMEARCLI_LLAMACPP_PYTHON", raising=False)
     r = runner.invoke(app, ["scan", "--engine", "llamacpp", "--only", "llama", "--out", str(tmp_path / "x.jsonl")])
-    assert r.exit_code == 2 and "--engine llamacpp needs --llamacpp-python" in r.output
+    assert r.exit_code == 2 and "--engine llamacpp needs --engine-python PATH (or $SMEARCLI_LLAMACPP_PYTHON)" in r.output

@@ -30,7 +30,7 @@ def test_the_converters_architectures_include_llama_and_mamba():
 
 
 def test_a_tiny_llama_is_ok_and_a_tiny_mamba_gives_every_schedule_a_result(tmp_path):
-    r = CliRunner().invoke(app, ["scan", "--engine", "llamacpp", "--llamacpp-python", PYTHON, "--only", "llama,mamba",
+    r = CliRunner().invoke(app, ["scan", "--engine", "llamacpp", "--engine-python", PYTHON, "--only", "llama,mamba",
                                  "--jobs", "2", "--out", str(tmp_path / "s.jsonl"), "--repro-dir",
                                  str(tmp_path / "repro"), "--json"])
     assert "Traceback" not in r.output, r.output
