@@ -1,5 +1,6 @@
 """`smearcli scan`: a census of every causal-LM architecture the installed transformers registers,
-and of every one the installed vLLM runs (`--engine vllm`).
+and of every one the installed vLLM runs (`--engine vllm`) or llama.cpp's converter registers
+(`--engine llamacpp`).
 
 - `derive` makes each tiny config from the config class's defaults, and `variants` one per layer
   kind with that kind as layer 0;
@@ -17,5 +18,6 @@ and of every one the installed vLLM runs (`--engine vllm`).
 - `engines` is the registry of the engines a census runs on (`scan --engine`), `isolate.census` the
   one loop they all run through;
 - `vllm_plan`, `vllm_check`, `vllm_engine`, `vllm_census` (its session and page), `vllm_repro`: the
-  vLLM engine.
+  vLLM engine;
+- `llamacpp` (its session, one architecture's check and page), `llamacpp_repro`: the llama.cpp engine.
 """
