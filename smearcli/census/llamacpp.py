@@ -208,7 +208,9 @@ def judged(model_type, model, model_dir: Path, python: str, tokens, ref_runner, 
                       born_at=f"logits@{worst.first}",
                       reason=f"{FINDING}: {worst.schedule} departs from llama.cpp's own one-call prefill by "
                              f"{worst.max_abs:.3g} from position {worst.first} (threshold {own.threshold:.3g}); "
-                             "llama.cpp has no float64 to confirm it in",
+                             + (f"that prefill itself departs from transformers by {own.prefill_max:.3g} (the "
+                                "implementation's); " if own.prefill_departs else "")
+                             + "llama.cpp has no float64 to confirm it in",
                       _finding=True, **out), c, runner
     worst = "prefill" if own.prefill_departs and "prefill" in metrics else max(
         failed or metrics, key=lambda n: metrics[n].max_abs_logits, default=None)
