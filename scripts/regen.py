@@ -12,6 +12,9 @@
   minutes on 2 cores, the one step not in the default list: `--only census`);
 - vllm-census: `scripts/gen_vllm_census.py` (the census on vLLM in docs/guide/vllm.md; needs
   $SMEARCLI_VLLM_PYTHON, skipped with a message without it; not in the default list either);
+- llamacpp-census: `scripts/gen_llamacpp_census.py` (the census on llama.cpp in
+  docs/guide/llamacpp.md; needs $SMEARCLI_LLAMACPP_PYTHON, skipped with a message without it;
+  about 15 minutes on 2 busy cores; not in the default list either);
 - notebooks: every notebooks/*.ipynb executed in place (nbclient, one kernel each, one torch
   thread as the notebooks themselves set), so their outputs are what nbval compares.
 
@@ -29,7 +32,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-STEPS = ("snippets", "errors", "notebooks", "census", "vllm-census")
+STEPS = ("snippets", "errors", "notebooks", "census", "vllm-census", "llamacpp-census")
 DEFAULT = ("snippets", "errors", "notebooks")
 
 
@@ -70,6 +73,8 @@ def main() -> None:
         run("census", [sys.executable, "docs/gen_census.py"], env)
     if "vllm-census" in steps:
         run("vllm-census", [sys.executable, "scripts/gen_vllm_census.py"], env)
+    if "llamacpp-census" in steps:
+        run("llamacpp-census", [sys.executable, "scripts/gen_llamacpp_census.py"], env)
     if "notebooks" in steps:
         execute_notebooks(sorted((ROOT / "notebooks").glob("*.ipynb")))
 

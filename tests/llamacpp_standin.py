@@ -16,6 +16,11 @@ misbehave as llama.cpp can:
 - noconvert: the converter refuses the architecture;
 - garbage: result.json is not JSON (a worker that is not smearcli's).
 
+`archs` answers the converter's registry as $SMEARCLI_STANDIN_ARCHS (comma-separated; default
+LlamaForCausalLM,MambaForCausalLM). A converted model leaves a placeholder model.gguf (what a
+reproducer keeps beside it); a file ending in .py given alone is a reproducer run in "llama.cpp's
+environment": the stand-in has no llama.cpp, so it says so and exits 2, as a reproducer does there.
+
 `hello` answers the handshake with llama-cpp-python $SMEARCLI_STANDIN_VERSION (default 0.3.36,
 none when it is "missing"). With a GGUF, `expect_arch` is answered as $SMEARCLI_STANDIN_ARCH (default
 "llama"). The request is copied to $SMEARCLI_STANDIN_SEEN when set.
@@ -68,6 +73,8 @@ def main(req_path, outdir):
             return write(outdir, result)
     if not req.get("gguf"):
         result["convert"] = {"arch": "llama", "convert_s": 0.1, "bytes": 1000}
+        with open(os.path.join(outdir, "model.gguf"), "wb") as f:
+            f.write(b"GGUF stand-in")
     result.update(load_s=0.01, vocab=req["vocab"], recurrent=False, hybrid=False)
     model = AutoModelForCausalLM.from_pretrained(req["model"]).eval()
     with torch.no_grad():
@@ -138,5 +145,11 @@ def main(req_path, outdir):
 if __name__ == "__main__":
     if sys.argv[1:] == ["hello"]:
         hello()
+    elif sys.argv[1:] == ["archs"]:
+        names = os.environ.get("SMEARCLI_STANDIN_ARCHS", "LlamaForCausalLM,MambaForCausalLM").split(",")
+        print(json.dumps({"worker": "smearcli-llamacpp", "protocol": PROTOCOL, "archs": names}))
+    elif len(sys.argv) == 2 and sys.argv[1].endswith(".py"):
+        print("run this with the Python of llama.cpp's environment (the stand-in has no llama.cpp)", file=sys.stderr)
+        sys.exit(2)
     else:
         main(sys.argv[1], sys.argv[2])

@@ -1,5 +1,6 @@
 """`smearcli scan`: a census of every causal-LM architecture the installed transformers registers,
-and of every one the installed vLLM runs (`--engine vllm`).
+and of every one the installed vLLM runs (`--engine vllm`) or llama.cpp's converter registers
+(`--engine llamacpp`).
 
 - `derive` makes each tiny config from the config class's defaults, and `variants` one per layer
   kind with that kind as layer 0;
@@ -14,5 +15,9 @@ and of every one the installed vLLM runs (`--engine vllm`).
   with one root cause together (and findings about an API, once), `repro` and `draft` write a
   standalone reproducer and a bug-report draft per finding, `findings_files` in an order that
   never leaves a file without its record;
-- `vllm_plan`, `vllm_check`, `vllm_engine`, `vllm_census`, `vllm_repro`: the same on vLLM's engine.
+- `engines` is the registry of the engines a census runs on (`scan --engine`), `isolate.census` the
+  one loop they all run through;
+- `vllm_plan`, `vllm_check`, `vllm_engine`, `vllm_census` (its session and page), `vllm_repro`: the
+  vLLM engine;
+- `llamacpp` (its session, one architecture's check and page), `llamacpp_repro`: the llama.cpp engine.
 """

@@ -380,3 +380,4 @@ def confirmed(main, used: dict, tokens, plans: dict, bad: dict, out: dict) -> tu
         elif name in out["boundaries"] and status == UNCONFIRMED:
             out["boundaries"][name]["status"] = UNCONFIRMED
     return confs, reruns
+

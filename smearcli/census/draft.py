@@ -183,3 +183,9 @@ def write_groups(records, versions: dict) -> list[Path]:
         if rec.get("reproducer") and Path(rec["reproducer"]).is_file():
             repro.note_group(Path(rec["reproducer"]), g["architectures"][1:])
     return out
+
+
+def after_run(records, meta: dict) -> None:
+    """The transformers engine's step once a run is over (`census.engines`): `write_groups`."""
+    write_groups(records, {"transformers": meta.get("transformers_version", "?"),
+                           "torch": meta.get("torch_version", "?")})

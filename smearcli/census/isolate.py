@@ -192,14 +192,28 @@ def scan(names: Sequence[str], check: Callable[[str], dict], out: Path, jobs: in
         return run(names, check, sink, jobs, timeout, memory, on_record, on_note)
 
 
+def census(session, names: Sequence[str], sink: "records.Sink", jobs: int = 1, timeout: float = DEFAULT_TIMEOUT,
+           memory: Optional[int] = DEFAULT_MEMORY, repro_dir: Path = Path("scan-repro"),
+           on_record: Optional[Callable[[dict], None]] = None) -> list[dict]:
+    """The one census loop, on any engine: `names` (those `sink` does not hold yet) checked by
+    `session` (`census.engines.Session`), each in its own process (`run`: its limits, its retry of
+    a time-out), at most `jobs` at once; the records of this run."""
+    where = Path(repro_dir).resolve()
+    return run(names, lambda name: session.check(name, where, timeout, memory), sink, jobs=jobs, timeout=timeout,
+               memory=memory, on_record=on_record, checked=session.checked)
+
+
 def run(names: Sequence[str], check: Callable[[str], dict], sink: "records.Sink", jobs: int = 1,
         timeout: float = DEFAULT_TIMEOUT, memory: Optional[int] = DEFAULT_MEMORY,
         on_record: Optional[Callable[[dict], None]] = None,
-        on_note: Callable[[str], None] = say) -> list[dict]:
+        on_note: Callable[[str], None] = say,
+        checked: Optional[Callable[[dict, bool], bool]] = None) -> list[dict]:
     """`scan` on an open `records.Sink`: the names it does not hold yet, at most `jobs` at once.
     However this ends (a SIGINT, a SIGTERM, an error), every worker is killed and reaped first: none
     runs on, and only whole records are in the file. A run whose architectures fell back to slow
-    kernels says so once at its end (`on_note`)."""
+    kernels says so once at its end (`on_note`). `checked(record, more)`, in this process before a
+    record is written, may ask for that name to be checked once more instead
+    (`census.engines.Session.checked`)."""
     if jobs < 1:
         raise UserError(f"jobs must be at least 1, got {jobs}")
     done = sink.names()
@@ -210,9 +224,16 @@ def run(names: Sequence[str], check: Callable[[str], dict], sink: "records.Sink"
     slow: set[str] = set()  # the fast kernels the children said were missing
     version = transformers_version()
 
+    again: set[str] = set()  # the names checked once more at `checked`'s asking
+
     def finish(rec: dict) -> None:
         if version is not None and rec.get("transformers_version") is None:  # every field is present, null
             rec["transformers_version"] = version
+        name = rec["model_type"]
+        if checked is not None and checked(rec, bool(todo or running)) and name not in again:
+            again.add(name)
+            todo.insert(0, (name, timeout))
+            return
         sink.write(rec)
         results.append(rec)
         if on_record is not None:

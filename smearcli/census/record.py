@@ -17,6 +17,11 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Optional
 
+from ..verdicts import BUG, CRASHED, INCONCLUSIVE, LATENT, NOT_BUILT, OK, TIE_ARTIFACT, TIMED_OUT, UNCONFIRMED
+
+# every verdict word a record may hold, in the order reports list them
+ORDER = tuple(str(v) for v in (BUG, CRASHED, UNCONFIRMED, LATENT, TIE_ARTIFACT, INCONCLUSIVE, OK, NOT_BUILT, TIMED_OUT))
+
 # JSON types a field may hold (null is always allowed): the Python types it reads as, and the words
 STRING, NUMBER, INTEGER = ((str,), "a string"), ((int, float), "a number"), ((int,), "an integer")
 LIST, OBJECT = ((list,), "a list"), ((dict,), "an object")
@@ -64,6 +69,7 @@ class Record:
     engine: Optional[str] = _f(STRING)  # "vllm" for `scan --engine vllm` (None: transformers itself)
     vllm_version: Optional[str] = _f(STRING)  # the vLLM release, for the vLLM engine
     vllm: Optional[dict] = _f(OBJECT)  # the vLLM engine's start times and memory
+    llamacpp: Optional[dict] = _f(OBJECT)  # the llama.cpp engine's version, GGUF, conversion, load and run times
 
     def to_json(self) -> dict:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}

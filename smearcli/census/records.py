@@ -29,8 +29,10 @@ from typing import Iterable, Optional
 from .. import jsonsafe
 from ..errors import UserError
 from ..files import regular_file, special_kind
-from .record import JSON_TYPES, NUMBER, STRING
-from .report import ORDER as VERDICTS, SCHEMA
+from ..jsondoc import SCHEMAS
+from .record import JSON_TYPES, NUMBER, ORDER as VERDICTS, STRING
+
+SCHEMA = SCHEMAS["scan"]
 
 MAX_BYTES = 64 << 20  # a census of every architecture is well under 1 MiB; the meta files' cap
 FIELD_TYPES = JSON_TYPES  # the JSON type of every field a record may hold (census.record)

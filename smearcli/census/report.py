@@ -11,14 +11,13 @@ from typing import Optional, Sequence
 
 from ..jsondoc import SCHEMAS, header
 from ..schedules import census_schedules  # the boundaries every architecture also runs (check.boundary)
-from ..verdicts import (BUG, CRASHED, INCONCLUSIVE, LATENT, NOT_BUILT, NOT_JUDGED, NOT_JUDGED_WHY, NOT_RUN, OK,
-                        TIE_ARTIFACT, TIMED_OUT, UNCONFIRMED)
+from ..verdicts import BUG, CRASHED, NOT_JUDGED, NOT_JUDGED_WHY, NOT_RUN, OK, UNCONFIRMED
 from .groups import api_findings, born, groups
 from . import reach, record
 from .shapes import LEFT_UNSUPPORTED
 
 SCHEMA = SCHEMAS["scan"]
-ORDER = tuple(str(v) for v in (BUG, CRASHED, UNCONFIRMED, LATENT, TIE_ARTIFACT, INCONCLUSIVE, OK, NOT_BUILT, TIMED_OUT))
+ORDER = record.ORDER
 FIELDS = record.FIELDS  # every field of a record, in the order the JSON document lists them
 PY_PATH = re.compile(r"\S*/([^/\s]+\.py:\d+)")  # "transformers/models/x/modeling_x.py:12" -> "modeling_x.py:12"
 
@@ -136,12 +135,25 @@ def short_where(b: dict) -> str:
     return (b.get("file") or "?").split("/")[-1] + (f":{lines[0]}-{lines[1]}" if len(lines) == 2 else "")
 
 
-def markdown(records: Sequence[dict], meta: Optional[dict] = None) -> str:
-    """The census as Markdown: the counts, the findings with their reproducers, then every row."""
-    meta = meta or {}
+def markdown(records: Sequence[dict], meta: Optional[dict] = None, engine=None) -> str:
+    """The census as Markdown, on any engine (`census.engines`; default: the one its records ran
+    on): the engine's title, the counts, then the engine's own sections. A version the meta lacks
+    (a `--merge`) is read from the records."""
+    from . import engines
+
+    engine = engine or engines.of_records(records)
+    versions = {k: r[k] for r in reversed(records) for k in ("transformers_version", "vllm_version") if r.get(k)}
+    meta = {**versions, **{k: v for k, v in (meta or {}).items() if v is not None}}
     c = counts(records)
-    out = [f"# smearcli scan: transformers {meta.get('transformers_version', '?')}", "",
-           f"{len(records)} causal-LM architectures: " + ", ".join(f"{n} {k}" for k, n in c.items() if n) + ".", ""]
+    out = [engine.page_title(meta), "",
+           f"{len(records)} {engine.counted}: " + ", ".join(f"{n} {k}" for k, n in c.items() if n) + ".", ""]
+    return "\n".join(out + engine.page_sections(records, meta)) + "\n"
+
+
+def transformers_sections(records: Sequence[dict], meta: dict) -> list[str]:
+    """The transformers engine's page: the findings with their reproducers, their root causes,
+    the findings about the API, the boundaries, then every row."""
+    out = []
     bugs = [r for r in sorted(records, key=sort_key) if r.get("verdict") in (BUG, UNCONFIRMED)]
     if bugs:
         out += ["## Findings", "", "Each finding was rerun with the model in float64 and every float32 request inside "
@@ -178,7 +190,7 @@ def markdown(records: Sequence[dict], meta: Optional[dict] = None) -> str:
         cells = " / ".join(boundary_cell(r, b).replace("|", "/")[:40] for b in census_schedules())
         out.append(f"| {r['model_type']} | {r.get('verdict')} | {r.get('worst_schedule') or '-'} | {_err(r)} | {why} | "
                    f"{cells} |")
-    return "\n".join(out) + "\n"
+    return out
 
 
 def boundaries_md(records: Sequence[dict]) -> list[str]:

@@ -3,22 +3,22 @@ registers that transformers has a causal-LM class for, each on its tiny config i
 the same weights' full pass in transformers (`vllm_check`), with one vLLM process for them all
 (`vllm_engine.Worker`) and each architecture in its own forked process (`isolate`).
 
-`run(...)` writes the records as the transformers census does (`records.Sink`: resuming,
-shards and merging work the same), `summary(...)` is the benchmark (the census's wall time and
-the shares spent importing vLLM and starting engines), `markdown(...)` the census as a page.
+The engine's `Session` (`census.engines`) runs in the census's one loop (`isolate.census`: the
+record file, resuming, shards and merging are the transformers census's), `summary(...)` is the
+benchmark (the census's wall time and the shares spent importing vLLM and starting engines),
+`sections(...)` the engine's own part of the census's page (`report.markdown`).
 """
 
 from __future__ import annotations
 
-import functools
-import tempfile
+import sys
 import time
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Optional, Sequence
 
 from ..verdicts import CRASHED, NOT_BUILT, UNCONFIRMED
-from . import isolate, records, vllm_check, vllm_plan
-from .report import counts, sort_key
+from . import vllm_check, vllm_plan
+from .report import sort_key
 from .vllm_engine import Worker, archs
 
 SKIP = str(NOT_BUILT)  # an architecture the census could not run, with why
@@ -57,41 +57,66 @@ def refused_by_the_process(rec: dict) -> bool:
             and not any(f in reason for f in CONFIG_FRAMES))
 
 
-def attempt(worker: Worker, name: str, check, timeout: float, memory: Optional[int], scratch: Path) -> dict:
-    """One architecture in its own forked process (`isolate`), its record kept aside."""
-    scratch.unlink(missing_ok=True)
-    with records.Sink(scratch) as aside:
-        (rec,) = isolate.run([name], check, aside, jobs=1, timeout=timeout, memory=memory)
-    worker.served += 1
-    return rec
-
-
-def run(worker: Worker, names: Sequence[str], sink: "records.Sink", timeout: float, memory: Optional[int],
-        repro_dir: Path, on_record: Optional[Callable[[dict], None]] = None) -> list[dict]:
-    """Check `names` (those `sink` does not hold yet), one at a time; a worker that died, hung or
-    left an answer unread is started again before the next architecture. An engine vLLM refused in
-    a worker that had served others is tried again in a fresh one before it counts, unless vLLM's
+class Session:
+    """The vLLM engine's census (`census.engines`): one worker (`vllm_engine.Worker`) for every
+    architecture, each checked in its own forked process, one at a time. Between architectures a
+    worker that died, hung or left an answer unread is started again; an engine vLLM refused in a
+    worker that had served others is checked again in a fresh one before it counts, unless vLLM's
     config validation refused it (`refused_by_the_process`)."""
-    check = functools.partial(check_one, worker=worker, timeout=timeout, memory=memory, repro_dir=repro_dir)
-    todo = [n for n in names if n not in sink.names()]
-    done = []
-    with tempfile.TemporaryDirectory(prefix="smearcli-vllm-census-") as d:
-        for i, name in enumerate(todo):
-            rec = attempt(worker, name, check, timeout, memory, Path(d) / "one.jsonl")
-            if refused_by_the_process(rec) and worker.served > 1:
-                worker.kill()
-                worker.start()
-                rec = attempt(worker, name, check, timeout, memory, Path(d) / "one.jsonl")
-                rec["notes"] = list(rec.get("notes") or []) + ["checked again in a fresh vLLM process"]
-            sink.write(rec)
-            done.append(rec)
-            if on_record is not None:
-                on_record(rec)
-            clean = (rec.get("vllm") or {}).get("answered") and not (rec.get("vllm") or {}).get("stuck")
-            if i + 1 < len(todo) and (not clean or not worker.alive()):
-                worker.kill()
-                worker.start()
-    return done
+
+    def __init__(self, worker: Worker, python: Optional[str] = None, quiet: bool = True):
+        self.worker, self.python, self.quiet = worker, python, quiet
+        self.t0 = time.monotonic()
+        self.done: list[dict] = []
+        self.again: Optional[str] = None  # the architecture being checked again
+
+    def model_types(self) -> list[str]:
+        return names_for(self.worker)
+
+    def check(self, model_type: str, repro_dir: Path, timeout: float, memory: Optional[int]) -> dict:
+        return check_one(model_type, self.worker, timeout, memory, repro_dir)
+
+    def checked(self, rec: dict, more: bool) -> bool:
+        w = self.worker
+        w.served += 1
+        if rec["model_type"] == self.again:
+            rec["notes"] = list(rec.get("notes") or []) + ["checked again in a fresh vLLM process"]
+        elif refused_by_the_process(rec) and w.served > 1:
+            w.kill()
+            w.start()
+            self.again = rec["model_type"]
+            return True
+        self.done.append(rec)
+        clean = (rec.get("vllm") or {}).get("answered") and not (rec.get("vllm") or {}).get("stuck")
+        if more and (not clean or not w.alive()):
+            w.kill()
+            w.start()
+        return False
+
+    def meta(self) -> dict:
+        """vLLM's version and the benchmark (said on stderr unless quiet)."""
+        bench = summary(self.done, self.worker, time.monotonic() - self.t0)
+        if not self.quiet:
+            sys.stderr.write("smearcli: " + summary_line(bench) + "\n")
+        return {"engine": "vllm", "vllm_version": self.worker.ready.get("vllm"), "vllm_python": self.python,
+                "benchmark": bench}
+
+    def close(self) -> None:
+        self.worker.close()
+
+
+def open_session(python: str, quiet: bool = False) -> Session:
+    """vLLM's environment checked by its handshake (a UserError when it is not one), then its
+    worker started (vLLM imported): the census's fixed cost."""
+    from ..impls.vllm import check_python
+
+    check_python(python)
+    t0 = time.monotonic()
+    w = Worker(python)
+    w.start()
+    s = Session(w, python, quiet)
+    s.t0 = t0
+    return s
 
 
 def summary(recs: Sequence[dict], worker: Optional[Worker], wall_s: float) -> dict:
@@ -110,14 +135,6 @@ def summary_line(s: dict) -> str:
             f"{s['engine_start_s']:g} s ({s['engine_start_share']}%)")
 
 
-def started(python: str) -> tuple[Worker, float]:
-    """vLLM's worker, started (vLLM imported): the census's fixed cost, timed."""
-    w = Worker(python)
-    t0 = time.monotonic()
-    w.start()
-    return w, time.monotonic() - t0
-
-
 def _cell(text, n: int = 120) -> str:
     return str(text or "").replace("|", "/").replace("\n", " ")[:n]
 
@@ -129,15 +146,10 @@ def _departure(r: dict) -> str:
     return said[0] if said else (r.get("confirmation") or {}).get("why") or ""
 
 
-def markdown(recs: Sequence[dict], meta: Optional[dict] = None) -> str:
-    """The census on vLLM as Markdown: counts, findings with reproducers, what could not run and
-    why, then every architecture."""
-    meta = meta or {}
-    c = counts(recs)
-    version = meta.get("vllm_version") or next((r["vllm_version"] for r in recs if r.get("vllm_version")), "?")
-    out = [f"# smearcli scan on vLLM: vLLM {version} (CPU), transformers "
-           f"{meta.get('transformers_version', '?')} reference", "",
-           f"{len(recs)} architectures: " + ", ".join(f"{n} {k}" for k, n in c.items() if n) + ".", ""]
+def sections(recs: Sequence[dict], meta: dict) -> list[str]:
+    """The vLLM engine's page (`report.markdown` puts the title and counts above): findings with
+    reproducers, what could not run and why, then every architecture."""
+    out = []
     found = [r for r in sorted(recs, key=sort_key) if r.get("verdict") in FINDINGS]
     if found:
         out += ["## Findings", "", "vLLM has no float64 form, so a departure reads unconfirmed; a crash is "
@@ -163,4 +175,4 @@ def markdown(recs: Sequence[dict], meta: Optional[dict] = None) -> str:
         notes = "; ".join(r.get("notes") or []) or (r.get("reason") if r.get("verdict") != SKIP else "")
         out.append(f"| {r['model_type']} | {r['verdict']} | {r.get('worst_schedule') or '-'} | {err} | {mult} | "
                    f"{_cell(notes)} |")
-    return "\n".join(out) + "\n"
+    return out

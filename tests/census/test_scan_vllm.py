@@ -176,10 +176,14 @@ def in_process(monkeypatch):
 
 
 def census(worker, names, tmp_path):
-    """`vllm_census.run` as the scan calls it (each architecture in its forked process)."""
+    """The vLLM engine's session in the census's loop (`isolate.census`), as the scan runs it (each
+    architecture in its forked process)."""
+    from smearcli.census import isolate
+
     tmp_path.mkdir(parents=True, exist_ok=True)
     with records.Sink(tmp_path / "census.jsonl") as sink:
-        recs = vllm_census.run(worker, names, sink, timeout=600.0, memory=None, repro_dir=tmp_path / "repro")
+        recs = isolate.census(vllm_census.Session(worker), names, sink, timeout=600.0, memory=None,
+                              repro_dir=tmp_path / "repro")
     return {r["model_type"]: r for r in recs}
 
 
@@ -211,7 +215,7 @@ def test_an_engine_vllm_does_not_start_is_not_built_with_why(in_process):
     a = vllm_check.check("llama", in_process(llama="noengine"))
     assert a["verdict"] == NOT_BUILT and a["reason"].startswith(vllm_check.ENGINE_REFUSED)
     assert "head size 16" in a["reason"]
-    md = vllm_census.markdown([a])  # as --merge writes it: the version from the records
+    md = report.markdown([a])  # as --merge writes it: the version from the records
     assert md.startswith("# smearcli scan on vLLM: vLLM stand-in (CPU)")
     assert "## Not run on the CPU backend" in md and "| llama | vLLM did not start" in md
 
@@ -255,7 +259,7 @@ def test_a_schedule_stuck_inside_vllm_is_that_schedules_crash_and_the_rest_not_r
 def test_options_the_vllm_census_refuses(fake_python, tmp_path, monkeypatch):
     monkeypatch.delenv(ENV_PYTHON, raising=False)
     r = runner.invoke(app, ["scan", "--engine", "vllm", "--out", str(tmp_path / "v.jsonl")])
-    assert r.exit_code == 2 and "--engine vllm needs --vllm-python" in r.stderr
+    assert r.exit_code == 2 and "--engine vllm needs --engine-python" in r.stderr
     r = runner.invoke(app, ["scan", "--engine", "vllm", "--jobs", "2", "--vllm-python", str(fake_python)])
     assert r.exit_code == 2 and "one architecture at a time" in r.stderr
     r = runner.invoke(app, ["scan", "--engine", "sglang"])

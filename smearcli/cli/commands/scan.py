@@ -1,8 +1,10 @@
-"""`smearcli scan`: every causal-LM architecture the installed transformers registers, checked
-the way `compare --impl hf` checks one (the work is `smearcli.census`)."""
+"""`smearcli scan`: every causal-LM architecture an engine runs (`--engine`: the engines registered
+in `smearcli.census.engines`), checked the way `compare --impl hf` checks one (the work is
+`smearcli.census`)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import stat
@@ -15,6 +17,7 @@ from typing import Annotated, Optional
 import typer
 
 from ... import jsonsafe
+from ...census import engines
 from ...errors import UserError
 from ..errors import CheckFailed, guarded
 from ..record_file import written
@@ -26,10 +29,8 @@ MIN_MEMORY_MB, MAX_MEMORY_MB = 64, 1 << 27  # 128 TiB: all the address space x86
 # the options that only mean something when architectures run (with --merge nothing runs)
 RUN_ONLY = {"out": "--out", "jobs": "--jobs", "shard": "--shard", "resume": "--resume", "only": "--only",
             "timeout": "--timeout", "memory_mb": "--memory-mb", "repro_dir": "--repro-dir", "engine": "--engine",
-            "vllm_python": "--vllm-python"}
-ENGINES = ("transformers", "vllm")
-REPRO_FILES = (".py", ".md", "-vllm.py")  # what repro and draft write per finding (-vllm.py: the census on vLLM),
-# besides one "-NAME.py" per census boundary
+            "engine_python": "--engine-python", "vllm_python": "--vllm-python"}
+ENGINES = tuple(engines.names())  # the built-in engines, for --engine's help (a later registration runs too)
 
 
 def parse_shard(text: Optional[str]) -> Optional[tuple[int, int]]:
@@ -103,14 +104,14 @@ def check_repro_dir(path: Path) -> None:
     os.unlink(probe)
 
 
-def check_repro_files(repro_dir: Path, names) -> None:
-    """The reproducer and draft paths of these architectures: none may be a directory, a device or
-    a FIFO (writing one would block, or write to the device)."""
+def check_repro_files(repro_dir: Path, names, tails) -> None:
+    """The reproducer and draft paths of these architectures (`tails` after each name: the engine's
+    `Engine.tails()`): none may be a directory, a device or a FIFO (writing one would block, or
+    write to the device)."""
     from ...files import special_kind
-    from ...schedules import census_schedules
 
     for name in names:
-        for tail in REPRO_FILES + tuple(f"-{b}.py" for b in census_schedules()):
+        for tail in tails:
             p = repro_dir / f"{name}{tail}"
             try:
                 mode = os.stat(p).st_mode
@@ -135,6 +136,7 @@ def distinct(inputs: list, outputs: list) -> None:
 
 
 def meta() -> dict:
+    """The versions of smearcli's own process, in every run's meta (an engine's session adds its own)."""
     import platform
 
     import torch
@@ -142,6 +144,31 @@ def meta() -> dict:
 
     return {"transformers_version": transformers.__version__, "torch_version": torch.__version__,
             "python": platform.python_version()}
+
+
+def engine_of(name: str) -> "engines.Engine":
+    if name not in engines.names():
+        raise UserError(f"--engine takes {' or '.join(engines.names())}, got {name!r}")
+    return engines.get(name)
+
+
+def python_of(engine: "engines.Engine", given: Optional[Path], alias: Optional[Path]) -> tuple[Optional[str], str]:
+    """(the engine's Python, the option or variable it came from); (None, "") for an in-process engine."""
+    if given is not None and alias is not None:
+        raise UserError("--vllm-python is --engine-python's old name: give one of them")
+    given = given if given is not None else alias
+    flag_name = "--engine-python" if alias is None else "--vllm-python"
+    if engine.env_var is None:
+        if given is not None:
+            raise UserError(f"--engine {engine.name} runs in smearcli's own Python: {flag_name} has no meaning with it")
+        return None, ""
+    if given is not None:
+        return str(given), flag_name
+    env = os.environ.get(engine.env_var, "").strip()
+    if env:
+        return env, f"${engine.env_var}"
+    raise UserError(f"--engine {engine.name} needs --engine-python PATH (or ${engine.env_var}): the Python of "
+                    f"{engine.environment}")
 
 
 @guarded
@@ -168,13 +195,15 @@ def scan(
                         "Markdown to this file.")] = None,
     figure: Annotated[Optional[Path], typer.Option("--figure", help="Also draw architectures x "
                       "schedules (error over the floor) to this .png, .svg or .pdf.")] = None,
-    check: Annotated[bool, typer.Option("--check", help="Exit 1 if any architecture is a bug (with --engine "
-                     "vllm: crashed or unconfirmed, vLLM having no float64 rerun).")] = False,
-    engine: Annotated[str, typer.Option("--engine", help="Where the cached paths run: transformers (its "
-                      "own caches) or vllm (vLLM's scheduler and caches, against the transformers full pass).")
-                      ] = "transformers",
-    vllm_python: Annotated[Optional[Path], typer.Option("--vllm-python", help="With --engine vllm: the Python "
-                           "of vLLM's environment (default $SMEARCLI_VLLM_PYTHON).")] = None,
+    check: Annotated[bool, typer.Option("--check", help="Exit 1 if any architecture fails: a bug (with --engine "
+                     "vllm also crashed or unconfirmed, vLLM having no float64 rerun).")] = False,
+    engine: Annotated[str, typer.Option("--engine", help="Where the cached paths run: " + "; ".join(
+                      f"{e.name} ({e.help})" for e in engines.ENGINES.values()) + ".")] = "transformers",
+    engine_python: Annotated[Optional[Path], typer.Option("--engine-python", help="The Python of the engine's own "
+                             "environment, for an engine that runs in one (vllm: default $SMEARCLI_VLLM_PYTHON).")
+                             ] = None,
+    vllm_python: Annotated[Optional[Path], typer.Option("--vllm-python", hidden=True,
+                           help="--engine-python's old name, kept for one release.")] = None,
     against: Annotated[Optional[list[Path]], typer.Option("--against", help="A previous census's record file "
                        "(another release of the same engine; repeat for its shards): print what changed per "
                        "architecture; with --check exit 1 on regressions only.")] = None,
@@ -190,11 +219,10 @@ def scan(
     and --memory-mb; records stream to --out. Try: smearcli scan --only bamba,llama."""
     from ...census import isolate, report
 
-    if engine not in ENGINES:
-        raise UserError(f"--engine takes {' or '.join(ENGINES)}, got {engine!r}")
-    if engine == "vllm" and jobs != 1:
-        raise UserError("--engine vllm checks one architecture at a time (one vLLM process serves them all); "
-                        "drop --jobs, or split the census with --shard")
+    eng = engine_of(engine)
+    if not eng.concurrent and jobs != 1:
+        raise UserError(f"--engine {eng.name} checks one architecture at a time; drop --jobs, or split the census "
+                        "with --shard")
     check_limits(jobs, timeout, memory_mb)
     part = parse_shard(shard)
     wanted = parse_only(only)
@@ -211,29 +239,23 @@ def scan(
              [("--out", None if merge else out), ("--markdown", markdown), ("--figure", figure)])
     previous = read_against(against, merge, against_source)  # refused before anything runs
     if previous is not None and not merge:
-        from ...census.diff import engine as engine_of
+        from ...census.diff import engine as engine_in
 
-        if engine_of(previous) != engine:
-            raise UserError(f"--against holds a census on {engine_of(previous)}, and this one runs on {engine} "
+        if engine_in(previous) != engine:
+            raise UserError(f"--against holds a census on {engine_in(previous)}, and this one runs on {engine} "
                             "(--engine): a diff is between releases of one engine")
     t0 = time.monotonic()
-    info = {}
+    info = meta()
     if merge:
         records = isolate.merge(merge)
-    elif engine == "vllm":
-        from ..vllm_scan import run_vllm
-
-        records, info = run_vllm(out, part, resume, wanted, timeout, memory_mb, repro_dir, quiet, vllm_python,
-                                 check_repro_files)
+        eng = engines.of_records(records)
     else:
-        records = _run(out, jobs, part, resume, wanted, timeout, memory_mb, repro_dir, quiet)
-    info = meta() | info | {"wall_s": round(time.monotonic() - t0, 1)}
-    on_vllm = bool(records) and all(r.get("engine") == "vllm" for r in records)
-    if not merge and not on_vllm:  # one draft per root cause, naming every architecture it breaks
-        from ...census import draft
-
-        draft.write_groups(records, {"transformers": info.get("transformers_version", "?"),
-                                     "torch": info.get("torch_version", "?")})
+        records, mine = _run(eng, python_of(eng, engine_python, vllm_python), out, jobs, part, resume, wanted,
+                             timeout, memory_mb, repro_dir, quiet)
+        info |= mine | {"wall_s": round(time.monotonic() - t0, 1)}
+        eng.finish(records, info)  # the transformers engine: one draft per root cause, naming every architecture
+    if merge:
+        info["wall_s"] = round(time.monotonic() - t0, 1)
     if json_out:
         sys.stdout.write(jsonsafe.dumps(report.document(records, info), indent=1, default=str) + "\n")
     else:
@@ -242,12 +264,7 @@ def scan(
         from ...files import atomic_write
 
         with atomic_write(markdown) as f:
-            if on_vllm:
-                from ...census import vllm_census
-
-                f.write(vllm_census.markdown(records, info))
-            else:
-                f.write(report.markdown(records, info))
+            f.write(report.markdown(records, info, eng))
     if figure is not None and any(r.get("schedules") for r in records):
         from ...render import figures, scan_figure
 
@@ -263,10 +280,7 @@ def scan(
             raise CheckFailed(f"{len(worse)} architecture{'s' * (len(worse) != 1)} regressed against "
                               f"{diff.release(previous)}: {', '.join(c.model_type for c in worse)}")
         return
-    from ...verdicts import BUG, CRASHED, UNCONFIRMED
-
-    failing = (BUG, CRASHED, UNCONFIRMED) if on_vllm else (BUG,)  # vLLM: no float64 rerun to confirm
-    bugs = [r["model_type"] for r in records if r.get("verdict") in failing]
+    bugs = [r["model_type"] for r in records if r.get("verdict") in eng.failing]
     if check and bugs:
         raise CheckFailed(f"{len(bugs)} architectures disagree with their full pass: {', '.join(bugs)}")
 
@@ -302,27 +316,34 @@ def sources(previous_dir):
     return diff.Sources(Path(previous_dir), Path(transformers.__file__).parent)
 
 
-def _run(out, jobs, part, resume, wanted, timeout, memory_mb, repro_dir, quiet):
-    import functools
-
-    from ...census import check as chk
+def _run(eng, python, out, jobs, part, resume, wanted, timeout, memory_mb, repro_dir, quiet) -> tuple[list, dict]:
+    """One census on `eng` (its Python and the option it came from in `python`): (every record
+    --out holds, the engine's meta)."""
     from ...census import isolate
+    from ..build import flag
 
-    names = isolate.causal_lm_types()
-    if wanted is not None:
-        unknown = [n for n in wanted if n not in names]
-        if unknown:
-            raise UserError(f"--only: {', '.join(unknown)} is not a causal LM of this transformers")
-        names = wanted
-    if part is not None:
-        share = isolate.shard(names, *part)
-        if not share:
-            raise UserError(f"--shard {part[0]}/{part[1]}: {len(names)} architectures make fewer than "
-                            f"{part[0]} shares, so this one would check none")
-        names = share
-    check_repro_files(repro_dir, names)
+    python, given_as = python
+    with flag(given_as) if given_as else contextlib.nullcontext():  # a bad environment is exit 2, before any model
+        session = eng.session(python, quiet)
+    try:
+        names = session.model_types()
+        if wanted is not None:
+            unknown = [n for n in wanted if n not in names]
+            if unknown:
+                raise UserError(f"--only: {', '.join(unknown)} is not {eng.names_are} ({len(names)} are)")
+            names = list(wanted)
+        if part is not None:
+            share = isolate.shard(names, *part)
+            if not share:
+                raise UserError(f"--shard {part[0]}/{part[1]}: {len(names)} architectures make fewer than "
+                                f"{part[0]} shares, so this one would check none")
+            names = share
+        check_repro_files(repro_dir, names, eng.tails())
 
-    def run(sink, said):
-        isolate.run(names, functools.partial(chk.check, repro_dir=repro_dir.resolve()), sink, jobs=jobs,
-                    timeout=timeout, memory=memory_mb << 20, on_record=said)
-    return written(out, resume, quiet, run)
+        def run(sink, said):
+            isolate.census(session, names, sink, jobs=jobs, timeout=timeout, memory=memory_mb << 20,
+                           repro_dir=repro_dir, on_record=said)
+        recs = written(out, resume, quiet, run)
+        return recs, session.meta()
+    finally:
+        session.close()

@@ -31,6 +31,7 @@ printed one; a fresh worker runs the rest.
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,7 +45,7 @@ from ...runner import CROP, PREFIX_CACHE, Described, Runner
 from ...schedules import (CRASHED, PREFIX_HIT, UNCHECKED, RunResult, Schedule, ScheduleOptions, chunk_plan,
                           prompt_len, register)
 from .calls import REFUSED, call_worker, death, read_result  # noqa: F401
-from .environment import MAKE_ENV, PROTOCOL, VERSION, WORKER, check_python, hello  # noqa: F401
+from .environment import MAKE_ENV, PROTOCOL, VERSION, WORKER, archs, check_python, hello  # noqa: F401
 from .gguf_header import BadGGUF, Header, check as check_gguf  # noqa: F401
 
 ENV_PYTHON = "SMEARCLI_LLAMACPP_PYTHON"
@@ -79,6 +80,7 @@ class Settings:
     stuck_s: float = 300.0  # one schedule; past it the worker's watchdog ends it
     worker: str = str(WORKER)
     env: dict = field(default_factory=dict)
+    keep_gguf: Optional[str] = None  # where the converted GGUF is copied before the worker's directory goes
 
 
 def widths_for(config, T: int) -> tuple[int, ...]:
@@ -204,6 +206,9 @@ class LlamaCppRunner(Runner):
                 req = request(self.settings, tokens.cpu(), self.schedules, options)
                 self.result = call_worker(self.settings, req, Path(d))
                 self.result["asked"] = req["schedules"]
+                converted = Path(d) / "model.gguf"
+                if self.settings.keep_gguf and converted.is_file():
+                    shutil.copyfile(converted, self.settings.keep_gguf)
                 self._runs = {}
                 if self.result.get("arch_mismatch"):
                     want, got = self.result["arch_mismatch"]

@@ -59,3 +59,23 @@ def hello(python: str, worker: str = str(WORKER), env: Optional[dict] = None,
 
 def check_python(python: str) -> dict:
     return hello(python)
+
+
+ARCHS_LIMIT = 1 << 20  # bytes of `worker.py archs`' answer read: a few hundred names
+
+
+def archs(python: str, worker: str = str(WORKER), env: Optional[dict] = None, timeout: float = 120.0) -> list:
+    """The Hugging Face architectures llama.cpp's converter registers, as the worker answers
+    `archs` in `python` (the converter's package imported there, no model module); UserError when
+    the answer is not a list of names."""
+    rc, out, err = foreign.run_capped(ENGINE, [foreign.runnable(python), worker, "archs"], worker_env(env), timeout,
+                                      ARCHS_LIMIT)
+    answer = foreign.handshake_line(ENGINE, out)
+    got = answer.get("archs") if answer else None
+    if rc != 0 or not isinstance(got, list) or not all(isinstance(a, str) for a in got):
+        said = [ln for ln in (err or "").splitlines() if ln.strip()][-1:]
+        why = "no answer in time" if rc is None else f"exit status {rc}" + (f": {foreign.one_line(said[0], 200)}"
+                                                                           if said else "")
+        raise UserError(f"{python}: llama.cpp's converter did not list its architectures ({why}); {MAKE_ENV}")
+    return got
+

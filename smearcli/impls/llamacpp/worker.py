@@ -3,10 +3,12 @@
 It imports only llama-cpp-python's low-level bindings (`llama_cpp.llama_cpp`), numpy, the standard
 library and, to write a GGUF, the converter that environment carries beside it
 (`share/llamacpp-convert`: llama.cpp's `conversion/` package, with its `gguf`, torch and
-transformers); never smearcli. Usage, by the adapter: `PYTHON worker.py REQUEST.json OUTDIR | hello`.
+transformers); never smearcli. Usage, by the adapter: `PYTHON worker.py REQUEST.json OUTDIR | hello | archs`.
 
 `hello` is the handshake (one JSON line: `worker`, `protocol`, `python`, `llama_cpp_python`,
-`gguf`, `torch`, `transformers`, `converter`), made without importing llama.cpp.
+`gguf`, `torch`, `transformers`, `converter`), made without importing llama.cpp. `archs` prints
+`{"worker": ..., "protocol": ..., "archs": [...]}`: the Hugging Face architectures the converter
+registers (what `smearcli scan --engine llamacpp` checks).
 
 The request (protocol 1) is JSON: `model` (a Hugging Face model directory, converted here to a
 float32 GGUF with a vocabulary-less tokenizer of the config's `vocab_size` dummy entries: tiny
@@ -46,7 +48,7 @@ import threading
 import time
 
 # run as a script, this file's directory comes first on sys.path: the sibling below is found there
-from worker_convert import convert, converter_dir, gguf_arch  # noqa: E402
+from worker_convert import convert, converter_dir, gguf_arch, registered  # noqa: E402
 
 PROTOCOL = 1
 RAISED, REFUSED = "raised", "refused"
@@ -367,7 +369,9 @@ def main(request_path: str, outdir: str) -> None:
 if __name__ == "__main__":
     if sys.argv[1:] == ["hello"]:
         hello()
+    elif sys.argv[1:] == ["archs"]:
+        print(json.dumps({"worker": "smearcli-llamacpp", "protocol": PROTOCOL, "archs": registered()}), flush=True)
     elif len(sys.argv) != 3:
-        sys.exit("usage: worker.py REQUEST.json OUTDIR | hello")
+        sys.exit("usage: worker.py REQUEST.json OUTDIR | hello | archs")
     else:
         main(sys.argv[1], sys.argv[2])

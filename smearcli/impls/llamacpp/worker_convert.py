@@ -32,6 +32,12 @@ def load_conversion():
     return module
 
 
+def registered() -> list:
+    """Every Hugging Face architecture name the converter registers for a text model (its
+    `TEXT_MODEL_MAP`, read without importing the model modules), sorted."""
+    return sorted(load_conversion().TEXT_MODEL_MAP)
+
+
 def gguf_arch(model_dir: str) -> tuple:
     """(the converter's class for the config's architecture, its GGUF architecture name)."""
     import gguf

@@ -1,0 +1,219 @@
+"""The engines a census runs on, in one registry, as `--impl`'s implementations are in
+`cli.registry`: `scan --engine NAME` runs any registered engine through one loop (`isolate.census`: one
+`--only`/`--shard`/`--resume`/`--merge` path, one record file, one report, one figure).
+
+An engine is one module and one registration:
+
+```python
+from smearcli.census import engines
+engines.register(engines.Engine("toy", "a toy engine", open="my_module:open_session"))
+```
+
+What an `Engine` declares (cheap: registering imports none of its code, `--help` lists it):
+
+- `name`: what `--engine` takes; `help`: one phrase for `--engine`'s help.
+- `open`: `(python, quiet) -> Session`, or "module:function" naming it (imported when a census
+  runs): the engine made ready, its environment checked. `python` is the interpreter of the
+  engine's own environment (from `--engine-python` or the variable `env_var`), None for an engine
+  that runs in smearcli's own process. A bad environment is a `UserError` (the CLI makes it exit 2
+  before anything is checked or written).
+- `env_var`: the environment variable naming its Python; None: the engine runs in-process and
+  takes no `--engine-python` (the CLI refuses one). `environment`: what that Python's environment
+  is and how one is made, for the refusal when none is given.
+- `concurrent`: whether architectures may run `--jobs` at once (each in its own forked process);
+  False when they share one resource (vLLM's one worker process).
+- `failing`: the verdict words `scan --check` exits 1 on (transformers: bug; vLLM, which has no
+  float64 rerun to confirm a departure: bug, crashed, unconfirmed).
+- `names_are`: what its model types are, for `--only`'s refusal ("is not NAMES_ARE").
+- `repro_tails`: the file-name tails its reproducer (and draft) write per finding, after the
+  model type ("llama.py", "llama-vllm.py"), or a "module:function" giving them: the CLI refuses,
+  before anything runs, a directory or a FIFO where one would go.
+- `title`: its Markdown page's first line, formatted with the run's meta (`{transformers_version}`,
+  `{vllm_version}`, ...; a missing key reads "?"); `counted`: what the page's count line counts
+  ("causal-LM architectures").
+- `sections`: `(records, meta) -> list[str]` (or "module:function"): its page's own Markdown
+  lines after the count line (findings, what could not run, every architecture; `report.markdown`
+  puts the frame around them).
+- `after_run`: `(records, meta) -> None` (or "module:function", or None): what it writes once a
+  run (not a `--merge`) is over, like the transformers engine's one bug-report draft per root cause.
+
+What a `Session` (the object `open` returns) does while the census runs:
+
+- `meta() -> dict`: the versions it reports for the run's meta (and the JSON document's header),
+  beyond those of smearcli's own process (transformers, torch, Python: every run's meta holds
+  them); asked once the run is over, so a benchmark of the run may be in it;
+- `model_types() -> list[str]`: every model type it can check, sorted (`--only` and `--shard`
+  pick from these);
+- `check(model_type, repro_dir, timeout, memory) -> dict`: one architecture's record
+  (`census.record.new`), called in the architecture's own forked process (`isolate`), its
+  reproducer written in `repro_dir` for a finding; `timeout` in seconds and `memory` in bytes are
+  the limits `isolate` holds the process to (a check that waits on another process ends its waits
+  within them);
+- `checked(record, more) -> bool`: in the census's own process after each record, before it is
+  written (`more`: whether another architecture follows): whatever the engine must do between
+  architectures (restart a worker it shares); True checks that architecture once more instead of
+  writing this record (the second record is written whatever it says);
+- `close()`: the run is over (or stopped): release what `open` started.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional, Protocol, Sequence, Union
+
+from ..errors import UserError
+from ..verdicts import BUG, CRASHED, UNCONFIRMED
+
+
+class Session(Protocol):
+    def meta(self) -> dict: ...
+
+    def model_types(self) -> list[str]: ...
+
+    def check(self, model_type: str, repro_dir: Path, timeout: float, memory: Optional[int]) -> dict: ...
+
+    def checked(self, record: dict, more: bool) -> bool: ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class Engine:
+    name: str
+    help: str
+    open: Union[Callable, str]
+    env_var: Optional[str] = None
+    environment: str = "the engine's own environment"
+    concurrent: bool = True
+    failing: tuple[str, ...] = (str(BUG),)
+    names_are: str = "a model type this engine checks"
+    repro_tails: Union[tuple[str, ...], str, Callable] = (".py",)
+    title: str = "smearcli scan"
+    counted: str = "architectures"
+    sections: Union[Callable, str, None] = None
+    after_run: Union[Callable, str, None] = None
+
+    def session(self, python: Optional[str], quiet: bool = False) -> Session:
+        return load(self.open)(python, quiet)
+
+    def tails(self) -> tuple[str, ...]:
+        return tuple(self.repro_tails if isinstance(self.repro_tails, tuple) else load(self.repro_tails)())
+
+    def page_title(self, meta: dict) -> str:
+        return self.title.format_map(_Unknown(meta or {}))
+
+    def page_sections(self, records: Sequence[dict], meta: dict) -> list[str]:
+        return list(load(self.sections)(records, meta)) if self.sections else []
+
+    def finish(self, records: Sequence[dict], meta: dict) -> None:
+        if self.after_run:
+            load(self.after_run)(records, meta)
+
+
+class _Unknown(dict):
+    def __missing__(self, key):
+        return "?"
+
+
+def load(thing):
+    """`thing` itself, or the object a "module:name" string names."""
+    if not isinstance(thing, str):
+        return thing
+    module, _, name = thing.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+ENGINES: dict[str, Engine] = {}
+
+
+def register(engine: Engine) -> Engine:
+    """Add an engine (a name already taken is replaced: a test's toy engine may shadow one)."""
+    ENGINES[engine.name] = engine
+    return engine
+
+
+def names() -> list[str]:
+    return list(ENGINES)
+
+
+def get(name: str) -> Engine:
+    """The engine `name`; a UserError listing every registered one."""
+    if name not in ENGINES:
+        raise UserError(f"no engine is named {name!r}; the engines are {', '.join(ENGINES)}")
+    return ENGINES[name]
+
+
+def of_records(records: Sequence[dict]) -> Engine:
+    """The engine a census's records ran on (the `engine` field; none: transformers); a UserError for
+    a mix, or a name no engine registered here holds."""
+    kinds = {r.get("engine") or "transformers" for r in records}
+    if len(kinds) > 1:
+        raise UserError(f"the records mix engines ({', '.join(sorted(kinds))}): a census is of one engine")
+    name = kinds.pop() if kinds else "transformers"
+    if name not in ENGINES:
+        raise UserError(f"the records are of the engine {name!r}, which is not registered here")
+    return ENGINES[name]
+
+
+class InProcess:
+    """The transformers engine's session: in smearcli's own process, every causal LM of the
+    installed transformers (`isolate.causal_lm_types`), checked by `check.check`, architectures at
+    once as `--jobs` allows; nothing to start, restart or close."""
+
+    def __init__(self, python: Optional[str] = None, quiet: bool = False):
+        if python is not None:
+            raise UserError("the transformers engine runs in smearcli's own Python: it takes no engine Python")
+
+    def meta(self) -> dict:
+        return {}  # its versions are those of smearcli's own process, which every run's meta holds
+
+    def model_types(self) -> list[str]:
+        from . import isolate
+
+        return isolate.causal_lm_types()
+
+    def check(self, model_type: str, repro_dir: Path, timeout: float, memory: Optional[int]) -> dict:
+        from . import check
+
+        return check.check(model_type, repro_dir=repro_dir)
+
+    def checked(self, record: dict, more: bool) -> bool:
+        return False
+
+    def close(self) -> None:
+        pass
+
+
+def transformers_tails() -> tuple[str, ...]:
+    """What a transformers finding writes after its model type: the reproducer, the draft, and one
+    reproducer per census boundary."""
+    from ..schedules import census_schedules
+
+    return (".py", ".md") + tuple(f"-{b}.py" for b in census_schedules())
+
+
+register(Engine(
+    "transformers", "transformers' own caches", open=InProcess,
+    names_are="a causal LM of this transformers", repro_tails=transformers_tails,
+    title="# smearcli scan: transformers {transformers_version}", counted="causal-LM architectures",
+    sections="smearcli.census.report:transformers_sections", after_run="smearcli.census.draft:after_run"))
+register(Engine(
+    "vllm", "vLLM's scheduler and caches, against the transformers full pass",
+    open="smearcli.census.vllm_census:open_session", env_var="SMEARCLI_VLLM_PYTHON", concurrent=False,
+    environment="an environment with vLLM; scripts/make_vllm_env.sh DIR makes one (then DIR/bin/python)",
+    failing=(str(BUG), str(CRASHED), str(UNCONFIRMED)),
+    names_are="an architecture both the installed vLLM and transformers register as a causal LM",
+    repro_tails=("-vllm.py",),
+    title="# smearcli scan on vLLM: vLLM {vllm_version} (CPU), transformers {transformers_version} reference",
+    sections="smearcli.census.vllm_census:sections"))
+register(Engine(
+    "llamacpp", "llama.cpp's micro-batches, calls, seq_cp and seq_rm, against the transformers full pass",
+    open="smearcli.census.llamacpp:open_session", env_var="SMEARCLI_LLAMACPP_PYTHON",
+    environment="an environment with llama-cpp-python; scripts/make_llamacpp_env.sh DIR makes one (then DIR/bin/python)",
+    failing=(str(BUG), str(CRASHED), str(UNCONFIRMED)),
+    names_are="an architecture both llama.cpp's converter and transformers register as a causal LM",
+    repro_tails=("-llamacpp.py", "-llamacpp.gguf"),
+    title="# smearcli scan on llama.cpp: transformers {transformers_version} reference",
+    sections="smearcli.census.llamacpp:sections"))

@@ -1,0 +1,94 @@
+"""An engine is one module and one registration (`smearcli.census.engines`): a toy engine defined
+in tests/toy_engine.py gets the whole census through the CLI (the table, --json, --markdown,
+--figure, the record file, --check, a reproducer per finding) and --merge of its shards."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from smearcli.census import engines, records
+from smearcli.cli.app import app
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import toy_engine  # noqa: E402
+from schema_check import document_problems, record_problems  # noqa: E402
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def toy(monkeypatch, tmp_path):
+    monkeypatch.setitem(engines.ENGINES, "toy", toy_engine.ENGINE)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def scan(*args):
+    r = runner.invoke(app, ["scan", "--engine", "toy", *args])
+    assert "Traceback" not in r.output, r.output
+    return r
+
+
+def test_the_registry_lists_the_built_in_engines_and_a_registered_one(toy):
+    assert {"transformers", "vllm", "toy"} <= set(engines.names())
+    r = runner.invoke(app, ["scan", "--engine", "nope"])
+    assert r.exit_code == 2 and "--engine takes transformers or vllm or llamacpp or toy, got 'nope'" in r.stderr
+    # what the toy computes, independently of the census: toy_drop restarts its sum at chunk starts
+    assert toy_engine.outputs("toy_drop", 4)[4] == toy_engine.TOKENS[4] != toy_engine.outputs("toy_ok", 4)[4]
+
+
+def test_a_toy_engine_gets_the_whole_census(toy):
+    r = scan("--out", "toy.jsonl", "--markdown", "toy.md", "--figure", "toy.png", "--repro-dir", "repro", "-q")
+    assert r.exit_code == 0, r.output
+    table = r.stdout.splitlines()
+    assert table[0].startswith("architecture") and table[-1] == "3 architectures: 1 bug, 1 crashed, 1 ok"
+    assert any(line.startswith("toy_drop") and " bug " in line for line in table)
+    # the record file: one record per architecture, each a valid scan record of the toy engine
+    recs = {x["model_type"]: x for x in records.read(toy / "toy.jsonl").records}
+    assert sorted(recs) == list(toy_engine.TYPES) and all(x["engine"] == "toy" for x in recs.values())
+    assert all(record_problems(x) == [] for x in recs.values())
+    drop = recs["toy_drop"]
+    # each chunk loses the sum before it, the last chunk the most: chunks of 4 the first 8 tokens'
+    # (3+1+4+1+5+9+2+6 = 31), chunks of 5 the first 10 (+5+3 = 39), decode the first 11 (+5 = 44)
+    got = {k: v["max_abs"] for k, v in drop["schedules"].items()}
+    assert got == {"chunks of 4": 31, "chunks of 5": 39, "decode": 44}
+    assert drop["worst_schedule"] == "decode" and drop["max_abs"] == 44 and drop["multiple"] == 44 / toy_engine.FLOOR
+    assert recs["toy_crash"]["reason"].startswith("chunks of 4: toy cache")
+    # the reproducer was written and run once: it exits 1 while the bug is there
+    rep = Path(drop["reproducer"])
+    assert rep == (toy / "repro" / "toy_drop-toy.py").resolve() and drop["reproducer_status"] == 1
+    assert "max abs error 44" in subprocess.run([sys.executable, str(rep)], capture_output=True, text=True).stdout
+    # the page: the toy's title, the counts, its own section
+    md = (toy / "toy.md").read_text()
+    assert md.startswith("# smearcli scan on the toy\n\n3 architectures: 1 bug, 1 crashed, 1 ok.")
+    assert "## Toy architectures" in md and "- toy_drop: bug" in md
+    assert (toy / "toy.png").read_bytes()[:4] == b"\x89PNG"
+    # --json: the scan/1 document with the toy's meta
+    r = scan("--out", "toy.jsonl", "--resume", "--json", "-q")
+    doc = json.loads(r.stdout)
+    assert r.exit_code == 0 and document_problems(doc) == [] and doc["engine"] == "toy"
+    assert doc["counts"]["bug"] == 1 and [a["model_type"] for a in doc["architectures"]] == list(toy_engine.TYPES)
+    # --check exits 1 on its bug
+    r = scan("--out", "toy.jsonl", "--resume", "--check", "-q")
+    assert r.exit_code == 1 and "toy_drop" in r.stderr and "toy_crash" not in r.stderr
+
+
+def test_only_shard_and_merge_go_through_the_one_path(toy):
+    r = scan("--only", "toy_ok,nope", "--out", "a.jsonl")
+    assert r.exit_code == 2 and "--only: nope is not a toy model type (3 are)" in r.stderr
+    for i in (1, 2):
+        r = scan("--shard", f"{i}/2", "--out", f"s{i}.jsonl", "--repro-dir", "repro", "-q")
+        assert r.exit_code == 0, r.output
+    merged = runner.invoke(app, ["scan", "--merge", "s1.jsonl", "--merge", "s2.jsonl", "--markdown", "m.md", "--json"])
+    assert merged.exit_code == 0, merged.output
+    doc = json.loads(merged.stdout)
+    assert [a["model_type"] for a in doc["architectures"]] == list(toy_engine.TYPES)
+    assert (toy / "m.md").read_text().startswith("# smearcli scan on the toy")  # the records' engine's page
+    r = scan("--engine-python", sys.executable, "--out", "x.jsonl")
+    assert r.exit_code == 2 and "runs in smearcli's own Python" in r.stderr

@@ -1,0 +1,99 @@
+"""`scan --engine llamacpp` without compiling llama.cpp: the census against the stand-in worker
+(tests/llamacpp_standin.py: it speaks the worker's protocol, lists the converter's architectures
+as $SMEARCLI_STANDIN_ARCHS, and computes every schedule with transformers, misbehaving per mode).
+The expected verdicts follow from what each mode does, not from a previous run: every schedule
+equal to the full pass is ok with power; a micro-batch width off from position 5 is the cache
+finding there; a one-call prefill off at position 3 on every path is the implementation's own
+departure; a refused partial seq_rm is the rollback's `unsupported`; a refused conversion is
+`not built`. The real engine is tests/census/test_scan_llamacpp_real.py."""
+
+import json
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+pytest.importorskip("transformers", reason="transformers is not installed: pip install 'smearcli[hf]'")
+
+from smearcli.cli.app import app  # noqa: E402
+from smearcli.census import llamacpp  # noqa: E402
+
+runner = CliRunner()
+STANDIN = Path(__file__).resolve().parents[1] / "llamacpp_standin.py"
+ALL = {"prefill", "ubatch", "chunked", "decode", "prefix", "rollback", "batched"}
+
+
+@pytest.fixture
+def fake_python(tmp_path):
+    p = tmp_path / "python"
+    p.write_text(f'#!/bin/sh\nshift\nexec "{sys.executable}" "{STANDIN}" "$@"\n')
+    p.chmod(p.stat().st_mode | stat.S_IXUSR)
+    return p
+
+
+def scan(tmp_path, python, monkeypatch, only, mode="good", *extra):
+    monkeypatch.setenv("SMEARCLI_STANDIN_MODE", mode)
+    out = tmp_path / f"{mode}.jsonl"
+    r = runner.invoke(app, ["scan", "--engine", "llamacpp", "--engine-python", str(python), "--only", only,
+                            "--out", str(out), "--repro-dir", str(tmp_path / "repro"), "--json", *extra])
+    assert "Traceback" not in r.output, r.output
+    doc = json.loads(r.stdout) if r.stdout.strip().startswith("{") else None
+    return r, {a["model_type"]: a for a in doc["architectures"]} if doc else None, doc
+
+
+def test_two_architectures_are_ok_with_every_schedule_and_a_page(tmp_path, fake_python, monkeypatch):
+    md = tmp_path / "census.md"
+    r, recs, doc = scan(tmp_path, fake_python, monkeypatch, "llama,mamba", "good", "--markdown", str(md))
+    assert r.exit_code == 0, r.output
+    assert sorted(recs) == ["llama", "mamba"]
+    for rec in recs.values():
+        assert rec["verdict"] == "ok", rec
+        assert rec["engine"] == "llamacpp" and rec["llamacpp"]["llama_cpp_python"] == "0.3.36"
+        assert set(rec["schedules"]) == ALL
+        assert all(s["status"] == "ok" for s in rec["schedules"].values())
+        assert rec["power"] and rec["floor"] > 0
+    assert doc["benchmark"]["architectures"] == 2 and "census on llama.cpp: 2 architectures" in r.stderr
+    page = md.read_text()
+    assert "| llama | ok |" in page and "| mamba | ok |" in page and "2 architectures: 2 ok" in page
+
+
+def test_a_micro_batch_error_is_the_cache_finding_at_its_first_position(tmp_path, fake_python, monkeypatch):
+    r, recs, _ = scan(tmp_path, fake_python, monkeypatch, "llama", "skew", "--check")
+    assert r.exit_code == 1, r.output  # --check: unconfirmed fails on an engine without a float64 rerun
+    rec = recs["llama"]
+    assert rec["verdict"] == "unconfirmed" and rec["worst_schedule"] == "ubatch"
+    assert rec["reason"].startswith(llamacpp.FINDING) and rec["born_at"] == "logits@5"
+    assert rec["shape"].startswith(llamacpp.BOUNDARY["ubatch"])
+    assert rec["schedules"]["ubatch"]["first"] == 5 and rec["schedules"]["prefill"]["status"] == "ok"
+    repro = Path(rec["reproducer"])
+    assert repro.name == "llama-llamacpp.py" and (repro.parent / "llama-llamacpp.gguf").is_file()
+    text = repro.read_text()
+    assert "import smearcli" not in text and "'width': 5" in text
+    assert rec["reproducer_status"] == 2  # the stand-in's "environment" has no llama.cpp: nothing reproduced
+
+
+def test_a_departure_already_in_the_one_call_prefill_is_the_implementations(tmp_path, fake_python, monkeypatch):
+    r, recs, _ = scan(tmp_path, fake_python, monkeypatch, "llama", "own")
+    rec = recs["llama"]
+    assert rec["verdict"] == "unconfirmed" and rec["worst_schedule"] == "prefill"
+    assert rec["reason"].startswith(llamacpp.OWN) and rec["reproducer"] is None and rec["born_at"] is None
+
+
+def test_a_refused_rollback_is_unsupported_and_a_refused_conversion_not_built(tmp_path, fake_python, monkeypatch):
+    r, recs, _ = scan(tmp_path, fake_python, monkeypatch, "mamba", "refuse")
+    rec = recs["mamba"]
+    assert rec["verdict"] == "ok", rec
+    assert rec["schedules"]["rollback"]["status"] == "unsupported"
+    assert "documented limit" in rec["schedules"]["rollback"]["why"]
+    r, recs, _ = scan(tmp_path, fake_python, monkeypatch, "llama", "noconvert")
+    assert recs["llama"]["verdict"] == "not built" and "not supported" in recs["llama"]["reason"]
+
+
+def test_only_names_outside_the_converters_list_and_no_environment_are_refused(tmp_path, fake_python, monkeypatch):
+    r, _, _ = scan(tmp_path, fake_python, monkeypatch, "gpt2")
+    assert r.exit_code == 2 and "gpt2 is not an architecture both llama.cpp's converter" in r.output
+    monkeypatch.delenv("SMEARCLI_LLAMACPP_PYTHON", raising=False)
+    r = runner.invoke(app, ["scan", "--engine", "llamacpp", "--only", "llama", "--out", str(tmp_path / "x.jsonl")])
+    assert r.exit_code == 2 and "--engine llamacpp needs --engine-python PATH (or $SMEARCLI_LLAMACPP_PYTHON)" in r.output

@@ -1,0 +1,106 @@
+"""A toy census engine, registered the way a real one is (`smearcli.census.engines`): one module,
+one registration, no package file touched (tests/census/test_engines.py runs the whole census on it).
+
+Its "model" is a running sum over the tokens with a cache that carries the sum from one chunk to
+the next; the model type names how its cached path behaves: `toy_ok` carries the sum, `toy_drop`
+drops it at every chunk start (the bug), `toy_crash` raises in its cached path. The error of a
+schedule is measured here, against the full pass, in the record's own terms (max_abs, multiple of
+the floor); a finding gets a standalone reproducer that recomputes it and exits 1 while it is there.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from smearcli.census import engines, record
+
+TYPES = ("toy_crash", "toy_drop", "toy_ok")
+TOKENS = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8]
+PLANS = {"chunks of 4": 4, "chunks of 5": 5, "decode": 1}
+FLOOR = 1e-6  # the toy's arithmetic is exact: any departure is many floors
+
+REPRO = '''"""Reproducer: {model_type} drops its carried sum at chunk starts ({schedule})."""
+import sys
+
+TOKENS, CHUNK = {tokens!r}, {chunk!r}
+full = [sum(TOKENS[:i + 1]) for i in range(len(TOKENS))]
+cached, carried = [], 0
+for start in range(0, len(TOKENS), CHUNK):
+    carried = 0  # the bug: the cache's sum is not carried into the chunk
+    for t in TOKENS[start:start + CHUNK]:
+        carried += t
+        cached.append(carried)
+err = max(abs(a - b) for a, b in zip(full, cached))
+print(f"max abs error {{err}}")
+sys.exit(1 if err > 0 else 0)
+'''
+
+
+def outputs(model_type: str, chunk: int) -> list[int]:
+    """The toy's running sum, computed `chunk` tokens at a time through its cache."""
+    out, carried = [], 0
+    for start in range(0, len(TOKENS), chunk):
+        if model_type == "toy_crash" and start > 0:
+            raise RuntimeError("toy cache: no slot for a second chunk")
+        if model_type == "toy_drop":
+            carried = 0
+        for t in TOKENS[start:start + chunk]:
+            carried += t
+            out.append(carried)
+    return out
+
+
+class Toy:
+    """The toy's session: in-process, nothing started, architectures at once as --jobs allows."""
+
+    def __init__(self, python=None, quiet=False):
+        pass
+
+    def meta(self) -> dict:
+        return {"engine": "toy"}
+
+    def model_types(self) -> list[str]:
+        return list(TYPES)
+
+    def check(self, model_type: str, repro_dir: Path, timeout: float, memory) -> dict:
+        full = outputs("toy_ok", len(TOKENS))
+        schedules, worst = {}, None
+        for name, chunk in PLANS.items():
+            try:
+                err = float(max(abs(a - b) for a, b in zip(full, outputs(model_type, chunk))))
+            except RuntimeError as e:
+                return record.new(model_type, "crashed", engine="toy", reason=f"{name}: {e}", worst_schedule=name)
+            schedules[name] = {"status": "bug" if err else "ok", "max_abs": err, "multiple": err / FLOOR}
+            if err and (worst is None or err > schedules[worst]["max_abs"]):
+                worst = name
+        if worst is None:
+            return record.new(model_type, "ok", engine="toy", schedules=schedules, floor=FLOOR)
+        path = Path(repro_dir) / f"{model_type}-toy.py"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(REPRO.format(model_type=model_type, schedule=worst, tokens=TOKENS, chunk=PLANS[worst]))
+        status = subprocess.run([sys.executable, str(path)], capture_output=True, timeout=timeout).returncode
+        return record.new(model_type, "bug", engine="toy", schedules=schedules, floor=FLOOR, worst_schedule=worst,
+                          max_abs=schedules[worst]["max_abs"], multiple=schedules[worst]["multiple"],
+                          reproducer=str(path), reproducer_status=status)
+
+    def checked(self, rec: dict, more: bool) -> bool:
+        return False
+
+    def close(self) -> None:
+        pass
+
+
+def sections(records, meta) -> list[str]:
+    """The toy's page: one line per architecture."""
+    return ["## Toy architectures", ""] + [f"- {r['model_type']}: {r['verdict']}" for r in records] + [""]
+
+
+ENGINE = engines.Engine("toy", "a running sum with a carried cache (a test's engine)", open=Toy,
+                        names_are="a toy model type", repro_tails=("-toy.py",), title="# smearcli scan on the toy",
+                        sections=sections)
+
+
+def register() -> engines.Engine:
+    return engines.register(ENGINE)
