@@ -195,13 +195,15 @@ def scan(
                         "Markdown to this file.")] = None,
     figure: Annotated[Optional[Path], typer.Option("--figure", help="Also draw architectures x "
                       "schedules (error over the floor) to this .png, .svg or .pdf.")] = None,
-    check: Annotated[bool, typer.Option("--check", help="Exit 1 if any architecture fails: a bug (with --engine "
-                     "vllm also crashed or unconfirmed, vLLM having no float64 rerun).")] = False,
+    check: Annotated[bool, typer.Option("--check", help="Exit 1 if any architecture fails by its engine's words ("
+                     + "; ".join(f"{e.name}: {', '.join(e.failing)}" for e in engines.ENGINES.values()) + ").")
+                     ] = False,
     engine: Annotated[str, typer.Option("--engine", help="Where the cached paths run: " + "; ".join(
                       f"{e.name} ({e.help})" for e in engines.ENGINES.values()) + ".")] = "transformers",
     engine_python: Annotated[Optional[Path], typer.Option("--engine-python", help="The Python of the engine's own "
-                             "environment, for an engine that runs in one (vllm: default $SMEARCLI_VLLM_PYTHON).")
-                             ] = None,
+                             "environment, for an engine that runs in one (" + "; ".join(
+                                 f"{e.name}: default ${e.env_var}" for e in engines.ENGINES.values() if e.env_var)
+                             + ").")] = None,
     vllm_python: Annotated[Optional[Path], typer.Option("--vllm-python", hidden=True,
                            help="--engine-python's old name, kept for one release.")] = None,
     against: Annotated[Optional[list[Path]], typer.Option("--against", help="A previous census's record file "
