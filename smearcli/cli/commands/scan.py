@@ -219,7 +219,7 @@ def scan(
     and rollback boundaries over a float64 noise floor, the carried state shown to matter before an ok, the error's shape named, and a
     standalone reproducer per finding. Each architecture runs in its own process with --timeout
     and --memory-mb; records stream to --out. Try: smearcli scan --only bamba,llama."""
-    from ...census import isolate, report
+    from ...census import records as census_records, report
 
     eng = engine_of(engine)
     if not eng.concurrent and jobs != 1:
@@ -249,7 +249,7 @@ def scan(
     t0 = time.monotonic()
     info = meta()
     if merge:
-        records = isolate.merge(merge)
+        records = census_records.merge(merge)
         eng = engines.of_records(records)
     else:
         records, mine = _run(eng, python_of(eng, engine_python, vllm_python), out, jobs, part, resume, wanted,
@@ -291,7 +291,7 @@ def read_against(against, merge, source):
     """--against's records (its files merged as shards: a torn or foreign file, a file given twice,
     a file also given to --merge are refused, naming it), read before the census runs; None
     without --against."""
-    from ...census import isolate
+    from ...census import records as census_records
 
     if source is not None and not against:
         raise UserError("--against-source is the previous release's transformers directory: it needs --against")
@@ -304,7 +304,7 @@ def read_against(against, merge, source):
         if os.path.realpath(p) in mine:
             raise UserError(f"--against {p} is also --merge {mine[os.path.realpath(p)]}: a census compared with "
                             "itself shows nothing")
-    return isolate.merge(against)
+    return census_records.merge(against)
 
 
 def sources(previous_dir):
