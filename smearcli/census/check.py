@@ -80,6 +80,11 @@ def text_config(cfg):
         return getattr(cfg, "decoder", None) or cfg
 
 
+def vocab_of(cfg) -> int:
+    """The token ids a check draws below: the model's vocabulary, at most 256 (every engine's)."""
+    return min(256, int(getattr(text_config(cfg), "vocab_size", 256) or 256))
+
+
 def first_int(cfg, keys) -> Optional[int]:
     """The first of `keys` the config (or its text config) sets to an integer above 1."""
     for src in (cfg, text_config(cfg)):
@@ -217,7 +222,7 @@ def _check_orders(model_type, seed, tolerance, total, config) -> dict:
 
 
 def _check(model_type, seed, tolerance, total, config, summary: Optional[dict]) -> dict:
-    vocab = min(256, int(getattr(text_config(config), "vocab_size", 256) or 256))
+    vocab = vocab_of(config)
     tokens = torch.randint(0, vocab,
                            (1, total), generator=torch.Generator().manual_seed(seed))
     plans = split_points(config, total, seed)

@@ -22,9 +22,9 @@ once at the end, as one line (`on_note`).
 
 Records are appended to a JSON Lines file as they finish, one whole record per write, under an
 exclusive lock (`records.Sink`), so `resume` skips what a stopped scan already wrote; `shard(names,
-i, n)` picks every n-th name for one machine of a CI matrix, and `merge(paths)` reads shard files
-back into one list sorted by name, the same list a single scan writes (a line that is not a
-record, or a name twice, is refused: `records`). A SIGINT or SIGTERM in the parent, even at a
+i, n)` picks every n-th name for one machine of a CI matrix, and `records.merge(paths)` reads shard
+files back into one list sorted by name, the same list a single scan writes (a line that is not a
+record, or a name twice, is refused). A SIGINT or SIGTERM in the parent, even at a
 fork, kills every worker (with what it started) before the parent goes on to exit; a worker also
 dies with its parent.
 """
@@ -40,7 +40,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Iterable, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from .. import jsonsafe
 from ..errors import UserError
@@ -68,19 +68,6 @@ def shard(names: Sequence[str], index: int, count: int) -> list[str]:
     if count < 1 or not 1 <= index <= count:
         raise UserError(f"a shard is i/n with 1 <= i <= n, got {index}/{count}")
     return list(names)[index - 1::count]
-
-
-def read_records(path: Path) -> list[dict]:
-    """The records of a scan file, each checked (`records.parse`); none when it does not exist."""
-    if not Path(path).exists():
-        return []
-    return records.read(path).records
-
-
-def merge(paths: Iterable[Path]) -> list[dict]:
-    """One record per model type from any number of scan files, sorted by model type (a bad line,
-    a model type twice, an empty file: a UserError naming the file and line, see `records`)."""
-    return records.merge(paths)
 
 
 # what an allocation refused under RLIMIT_AS looks like once their code has caught and re-raised

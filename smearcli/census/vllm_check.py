@@ -45,7 +45,7 @@ from ..schedules import CRASHED as RUN_CRASHED, UNCHECKED, run_schedule
 from ..verdicts import CRASHED, INCONCLUSIVE, NOT_BUILT, NOT_RUN, OK, UNCONFIRMED
 from . import vllm_plan
 from .boundary import transformers_frame
-from .check import INIT_LADDER, NO_POWER_NOTE, build, init_note, record, text_config
+from .check import INIT_LADDER, NO_POWER_NOTE, build, init_note, record, vocab_of
 from .vllm_engine import WorkerGone
 
 NO_FLOAT64 = "not confirmed: vLLM's engine has no float64 form to rerun it in"
@@ -53,13 +53,12 @@ ENGINE_REFUSED = "vLLM did not start an engine for the tiny model: "
 
 
 def request(model_dir: Path, tokens: torch.Tensor, vocab: int, entries: list, one_engine: bool = False) -> dict:
-    from ..impls.vllm import PROTOCOL
+    """The worker's request (`impls.vllm.payload`, as `compare --impl vllm` sends it), with the
+    census's cache budget; the worker's Python is not part of it."""
+    from ..impls.vllm import Settings, payload
 
-    T = tokens.size(1)
-    return {"protocol": PROTOCOL, "model": str(Path(model_dir).resolve()), "rows": tokens.tolist(), "vocab": vocab,
-            "dtype": "float32", "device": "cpu", "tensor_parallel_size": 1,
-            "max_model_len": -(-(T + 1) // vllm_plan.BLOCK) * vllm_plan.BLOCK, "block_size": vllm_plan.BLOCK,
-            "kv_cache_memory_bytes": vllm_plan.KV_CACHE_BYTES, "one_engine": one_engine, "schedules": entries}
+    return payload(Settings("", str(model_dir), vocab, kv_cache_memory_bytes=vllm_plan.KV_CACHE_BYTES), tokens,
+                   entries, one_engine)
 
 
 def check(model_type: str, worker, timeout: float = 240.0, memory: Optional[int] = None, seed: int = 0,
@@ -71,7 +70,7 @@ def check(model_type: str, worker, timeout: float = 240.0, memory: Optional[int]
     base = dict(engine="vllm", vllm_version=(worker.ready or {}).get("vllm"))
     if config is None:
         return record(model_type, NOT_BUILT, reason=changes, vllm={"answered": True}, **base)
-    vocab = min(256, int(getattr(text_config(config), "vocab_size", 256) or 256))
+    vocab = vocab_of(config)
     base.update(config=changes, vocab=vocab)
     tokens = torch.randint(0, vocab, (1, vllm_plan.length(config)), generator=torch.Generator().manual_seed(seed))
     for init in INIT_LADDER:  # power first, on transformers' side: vLLM then runs the weights that have it

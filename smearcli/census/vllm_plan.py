@@ -14,12 +14,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
+from ..impls.vllm import BLOCK_SIZE
 from . import derive
 
-T = 64  # two cache blocks of 32: the prefix request reads the first
+T = 64  # two cache blocks of BLOCK_SIZE (32): the prefix request reads the first
 STATE_T = 128  # a model with a conv state: vLLM raises its block until a page holds the Mamba state's (64
 # tokens for the tiny hybrids) and caches whole blocks only, so the input is two of those
-BLOCK = 32  # vLLM's CPU backend takes block sizes that are multiples of 32
 HEAD = 32  # the smallest head size vLLM's CPU attention takes (32, 64, 80, ... 512); derive's is 16
 ODD = 13  # an odd chunk budget that straddles no block, conv width or window edge
 DEFAULT_CONV = 4  # the conv width budgets stand on when the model has none
@@ -115,7 +115,7 @@ def budgets(config) -> list[int]:
     Without a conv, one small budget (3) stands for both: nothing in the model has that width."""
     cw = conv_width(config)
     small = (cw - 1, cw) if cw else (DEFAULT_CONV - 1,)
-    return sorted({b for b in (*small, BLOCK, ODD) if 1 <= b < length(config)})
+    return sorted({b for b in (*small, BLOCK_SIZE, ODD) if 1 <= b < length(config)})
 
 
 def one_engine(config) -> bool:
@@ -130,7 +130,7 @@ def schedule_entries(config) -> list[dict]:
     """The worker's schedules: prefill, chunked at each budget, decode, then prefix (a block) last
     (on the engine the others ran on, or a second: `one_engine`)."""
     return ([{"name": "prefill"}] + [{"name": "chunked", "budget": b} for b in budgets(config)]
-            + [{"name": "decode"}, {"name": "prefix", "prefix": BLOCK}])
+            + [{"name": "decode"}, {"name": "prefix", "prefix": BLOCK_SIZE}])
 
 
 def label(entry: dict) -> str:

@@ -8,13 +8,12 @@ chunk budget; or a one-token prompt decoded), prints the numbers, and exits 1 wh
 there: vLLM raises, or its log-probabilities are further from the model's full pass in
 transformers than `MARGIN` x that pass's own float32 rounding (against its float64 copy), 0 once
 fixed. `attach(...)` writes it and has the worker run it once in vLLM's interpreter with `-I` (no
-PYTHONPATH, no user site), so the record holds its path and exit status; `run` does the same here.
+PYTHONPATH, no user site), so the record holds its path and exit status.
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 from ..defaults import NOISE_MARGIN
@@ -184,19 +183,6 @@ def write(rec: dict, config, path: Path, req: dict, seed: int = 0, margin: float
         block=req["block_size"], max_len=req["max_model_len"], vocab=req["vocab"],
         one_engine=bool(req.get("one_engine"))))
     return path
-
-
-def run(path: Path, python: str, timeout: float = 600.0) -> tuple[int, str]:
-    """(exit status, last line) of a reproducer in vLLM's interpreter, isolated (`-I`)."""
-    from ..impls.vllm import runnable
-
-    try:
-        p = subprocess.run([runnable(python), "-I", str(path)], capture_output=True, text=True, timeout=timeout,
-                           stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
-        return -1, f"timed out after {timeout:g} s"
-    lines = [ln for ln in (p.stdout.strip() or p.stderr.strip()).splitlines() if ln.strip()]
-    return p.returncode, lines[-1] if lines else ""
 
 
 def attach(rec: dict, config, repro_dir: Path, worker, seed: int, req: dict, timeout: float) -> None:

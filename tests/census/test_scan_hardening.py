@@ -142,7 +142,7 @@ def test_merge_of_good_shards_still_works(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     Path("s.jsonl").write_text(line() + "\n" + line(model_type="b", verdict="bug", max_abs=0.5).rstrip("\n"))
     Path("t.jsonl").write_text(line(model_type="c", verdict="crashed", reason="x.py:1 in f: E"))
-    assert [r["model_type"] for r in isolate.merge([Path("t.jsonl"), Path("s.jsonl")])] == ["a", "b", "c"]
+    assert [r["model_type"] for r in records.merge([Path("t.jsonl"), Path("s.jsonl")])] == ["a", "b", "c"]
 
 
 # -- record files: --resume ------------------------------------------------------------------------
@@ -171,7 +171,7 @@ def test_resume_drops_a_torn_last_record_and_says_so(standin):
 def test_resume_after_a_last_record_without_its_newline_keeps_lines_apart(standin):
     Path("scan.jsonl").write_text(line(model_type="arch0").rstrip("\n"))  # an edited file
     invoke(["scan", "--resume", "--only", "arch0,arch1", "-q"])
-    assert [r["model_type"] for r in isolate.read_records(Path("scan.jsonl"))] == ["arch0", "arch1"]
+    assert [r["model_type"] for r in records.read(Path("scan.jsonl")).records] == ["arch0", "arch1"]
 
 
 # -- options that cannot mean anything -------------------------------------------------------------

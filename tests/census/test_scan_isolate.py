@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from smearcli.errors import UserError
-from smearcli.census import isolate
+from smearcli.census import isolate, records
 
 
 def stand_in(name: str) -> dict:
@@ -40,7 +40,7 @@ def test_hang_crash_and_allocation_are_results(tmp_path):
     recs = isolate.scan(["fine", "hangs", "raises", "dies", "allocates", "fine2"], stand_in, out,
                         jobs=2, timeout=3, memory=1 << 30)
     assert time.monotonic() - t0 < 40  # the hang is tried twice: 3 s, then 7.5 s
-    by = {r["model_type"]: r for r in isolate.read_records(out)}
+    by = {r["model_type"]: r for r in records.read(out).records}
     assert set(by) == {"fine", "hangs", "raises", "dies", "allocates", "fine2"}
     assert by["fine"]["verdict"] == by["fine2"]["verdict"] == "ok"
     assert by["fine"]["notes"] != [ran_in(os.getpid())]  # it ran in a child
@@ -111,12 +111,12 @@ def test_resume_skips_what_is_there_and_a_torn_line(tmp_path):
     out.write_text(json.dumps({"model_type": "a", "verdict": "bug"}) + "\n" + '{"model_type": "b", "verd')
     recs = isolate.scan(["a", "b", "c"], stand_in, out, resume=True)
     assert [r["model_type"] for r in recs] == ["b", "c"]
-    by = {r["model_type"]: r for r in isolate.read_records(out)}
+    by = {r["model_type"]: r for r in records.read(out).records}
     assert by["a"]["verdict"] == "bug"  # kept, not rerun
     assert by["b"]["verdict"] == by["c"]["verdict"] == "ok"
     recs = isolate.scan(["a", "b"], stand_in, out)  # without resume the file starts over
-    assert {r["model_type"] for r in isolate.read_records(out)} == {"a", "b"}
-    assert isolate.read_records(out)[0]["verdict"] == "ok"
+    assert {r["model_type"] for r in records.read(out).records} == {"a", "b"}
+    assert records.read(out).records[0]["verdict"] == "ok"
 
 
 def test_shards_merge_into_the_single_scan(tmp_path):
@@ -129,11 +129,11 @@ def test_shards_merge_into_the_single_scan(tmp_path):
         parts.append(p)
     assert sorted(sum((isolate.shard(names, i, 3) for i in (1, 2, 3)), [])) == names
     strip = lambda recs: [{k: v for k, v in r.items() if k not in ("notes", "wall_s")} for r in recs]
-    assert strip(isolate.merge(parts)) == strip(isolate.merge([tmp_path / "all.jsonl"]))
+    assert strip(records.merge(parts)) == strip(records.merge([tmp_path / "all.jsonl"]))
     with pytest.raises(UserError):
         isolate.shard(names, 4, 3)
     with pytest.raises(UserError):
-        isolate.merge([tmp_path / "missing.jsonl"])
+        records.merge([tmp_path / "missing.jsonl"])
 
 
 def full_record(name: str) -> dict:

@@ -19,7 +19,7 @@ transformers = pytest.importorskip("transformers", reason="transformers is not i
 
 from smearcli.census import records, report, vllm_census, vllm_check, vllm_engine, vllm_plan  # noqa: E402
 from smearcli.cli.app import app  # noqa: E402
-from smearcli.impls.vllm import ENV_PYTHON  # noqa: E402
+from smearcli.impls.vllm import BLOCK_SIZE, ENV_PYTHON  # noqa: E402
 from smearcli.verdicts import CRASHED, INCONCLUSIVE, NOT_BUILT, OK, UNCONFIRMED  # noqa: E402
 from conftest import ROOT  # noqa: E402 - the clone's root
 
@@ -60,12 +60,12 @@ def test_the_tiny_config_takes_head_size_32_and_keeps_the_census_shapes():
 def test_chunked_prefill_runs_below_and_at_the_conv_width_a_block_and_an_odd_budget():
     mamba, _ = vllm_plan.tiny_config("mamba2")
     cw = mamba.conv_kernel
-    assert vllm_plan.budgets(mamba) == sorted({cw - 1, cw, vllm_plan.BLOCK, vllm_plan.ODD})
+    assert vllm_plan.budgets(mamba) == sorted({cw - 1, cw, BLOCK_SIZE, vllm_plan.ODD})
     names = [vllm_plan.label(e) for e in vllm_plan.schedule_entries(mamba)]
     assert names[0] == "prefill" and names[-1] == "prefix" and "decode" in names
-    assert f"chunked@{cw - 1}" in names and f"chunked@{vllm_plan.BLOCK}" in names
+    assert f"chunked@{cw - 1}" in names and f"chunked@{BLOCK_SIZE}" in names
     llama, _ = vllm_plan.tiny_config("llama")  # no conv: one small budget stands for both
-    assert vllm_plan.budgets(llama) == [3, vllm_plan.ODD, vllm_plan.BLOCK]
+    assert vllm_plan.budgets(llama) == [3, vllm_plan.ODD, BLOCK_SIZE]
     # one engine (prefix caching on) serves a model without a conv state; Mamba's other schedules
     # run the path without caching, so its prefix schedule gets a second
     assert vllm_plan.one_engine(llama) and not vllm_plan.one_engine(mamba)
@@ -160,7 +160,7 @@ def test_the_census_on_the_standin_records_each_architecture_and_survives_a_dead
     assert checked.exit_code == 1  # crashed and unconfirmed fail --check on vLLM
 
 
-# -- one architecture, judged (`vllm_check.check`) and the census around it (`vllm_census.run`), on
+# -- one architecture, judged (`vllm_check.check`) and the census around it (`vllm_census.Session` in `isolate.census`), on
 # the stand-in in this process (`vllm_standin.InProcess`): the scan's end-to-end test above runs the
 # same through the CLI, the worker process and the reproducers
 @pytest.fixture

@@ -22,7 +22,7 @@ pytest.importorskip("transformers", reason="transformers is not installed: pip i
 import transformers  # noqa: E402
 
 from smearcli import frames  # noqa: E402
-from smearcli.census import boundary, isolate, repro, report, shapes  # noqa: E402
+from smearcli.census import boundary, isolate, records, repro, report, shapes  # noqa: E402
 from smearcli.impls import hf  # noqa: E402
 from smearcli.impls.hf import api, kernels  # noqa: E402
 from smearcli.impls.hf.cache_runner import CacheRunner  # noqa: E402
@@ -372,7 +372,7 @@ def test_a_census_run_says_the_fallbacks_once_and_records_its_release(tmp_path, 
     err = capfd.readouterr().err
     assert "fast path" not in err and "falling back" not in err, err
     assert {r["transformers_version"] for r in recs} == {transformers.__version__}
-    on_disk = isolate.read_records(tmp_path / "scan.jsonl")
+    on_disk = records.read(tmp_path / "scan.jsonl").records
     assert all(r["transformers_version"] == transformers.__version__ for r in on_disk)
     assert report.document(on_disk)["architectures"][0]["transformers_version"] == transformers.__version__
     said.clear()

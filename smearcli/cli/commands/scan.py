@@ -195,13 +195,15 @@ def scan(
                         "Markdown to this file.")] = None,
     figure: Annotated[Optional[Path], typer.Option("--figure", help="Also draw architectures x "
                       "schedules (error over the floor) to this .png, .svg or .pdf.")] = None,
-    check: Annotated[bool, typer.Option("--check", help="Exit 1 if any architecture fails: a bug (with --engine "
-                     "vllm also crashed or unconfirmed, vLLM having no float64 rerun).")] = False,
+    check: Annotated[bool, typer.Option("--check", help="Exit 1 if any architecture fails by its engine's words ("
+                     + "; ".join(f"{e.name}: {', '.join(e.failing)}" for e in engines.ENGINES.values()) + ").")
+                     ] = False,
     engine: Annotated[str, typer.Option("--engine", help="Where the cached paths run: " + "; ".join(
                       f"{e.name} ({e.help})" for e in engines.ENGINES.values()) + ".")] = "transformers",
     engine_python: Annotated[Optional[Path], typer.Option("--engine-python", help="The Python of the engine's own "
-                             "environment, for an engine that runs in one (vllm: default $SMEARCLI_VLLM_PYTHON).")
-                             ] = None,
+                             "environment, for an engine that runs in one (" + "; ".join(
+                                 f"{e.name}: default ${e.env_var}" for e in engines.ENGINES.values() if e.env_var)
+                             + ").")] = None,
     vllm_python: Annotated[Optional[Path], typer.Option("--vllm-python", hidden=True,
                            help="--engine-python's old name, kept for one release.")] = None,
     against: Annotated[Optional[list[Path]], typer.Option("--against", help="A previous census's record file "
@@ -217,7 +219,7 @@ def scan(
     and rollback boundaries over a float64 noise floor, the carried state shown to matter before an ok, the error's shape named, and a
     standalone reproducer per finding. Each architecture runs in its own process with --timeout
     and --memory-mb; records stream to --out. Try: smearcli scan --only bamba,llama."""
-    from ...census import isolate, report
+    from ...census import records as census_records, report
 
     eng = engine_of(engine)
     if not eng.concurrent and jobs != 1:
@@ -247,7 +249,7 @@ def scan(
     t0 = time.monotonic()
     info = meta()
     if merge:
-        records = isolate.merge(merge)
+        records = census_records.merge(merge)
         eng = engines.of_records(records)
     else:
         records, mine = _run(eng, python_of(eng, engine_python, vllm_python), out, jobs, part, resume, wanted,
@@ -289,7 +291,7 @@ def read_against(against, merge, source):
     """--against's records (its files merged as shards: a torn or foreign file, a file given twice,
     a file also given to --merge are refused, naming it), read before the census runs; None
     without --against."""
-    from ...census import isolate
+    from ...census import records as census_records
 
     if source is not None and not against:
         raise UserError("--against-source is the previous release's transformers directory: it needs --against")
@@ -302,7 +304,7 @@ def read_against(against, merge, source):
         if os.path.realpath(p) in mine:
             raise UserError(f"--against {p} is also --merge {mine[os.path.realpath(p)]}: a census compared with "
                             "itself shows nothing")
-    return isolate.merge(against)
+    return census_records.merge(against)
 
 
 def sources(previous_dir):

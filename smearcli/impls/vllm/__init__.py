@@ -104,11 +104,19 @@ def request(s: Settings, tokens: torch.Tensor, schedules: Sequence[str], opts: S
         if name == "prefix":
             e["prefix"] = prefix_len(T, s.block_size)
         entries.append(e)
+    return payload(s, tokens, entries)
+
+
+def payload(s: Settings, tokens: torch.Tensor, entries: list, one_engine: bool = False) -> dict:
+    """The worker's request for `entries` (each schedule's name and its budget or prefix), as both
+    `compare --impl vllm` and the census on vLLM send it; `one_engine`: prefix caching on for every
+    schedule (one engine start)."""
+    T = tokens.size(1)
     max_len = -(-(T + 1) // s.block_size) * s.block_size  # decode generates T tokens after one
     return {"protocol": PROTOCOL, "model": str(Path(s.model).resolve()), "rows": tokens.tolist(), "vocab": s.vocab,
             "dtype": s.dtype, "device": s.device, "tensor_parallel_size": s.tensor_parallel_size,
             "max_model_len": max_len, "block_size": s.block_size,
-            "kv_cache_memory_bytes": s.kv_cache_memory_bytes, "schedules": entries}
+            "kv_cache_memory_bytes": s.kv_cache_memory_bytes, "one_engine": one_engine, "schedules": entries}
 
 
 def garbage(s: Settings, what: str) -> UserError:
