@@ -44,7 +44,7 @@ from ..defaults import NOISE_MARGIN
 from ..verdicts import CRASHED, NOT_BUILT, OK, UNCONFIRMED, UNSUPPORTED
 from . import derive, vllm_plan
 from .boundary import transformers_frame
-from .check import INIT_LADDER, NO_POWER_NOTE, build, init_note, record, text_config
+from .check import INIT_LADDER, NO_POWER_NOTE, build, init_note, record, text_config, vocab_of
 from .report import counts, sort_key
 
 T = 48  # tokens: room for micro-batches of 3 to 7, three 16-token calls and drafts of the default size
@@ -111,8 +111,8 @@ def check(model_type: str, python: str, timeout: float = 240.0, seed: int = 0, t
     if vocab < 2:
         return record(model_type, NOT_BUILT, reason="the tiny config has no vocab_size for llama.cpp's vocabulary",
                       **base)
-    base.update(config=got.summary(), vocab=min(256, vocab))
-    tokens = torch.randint(0, min(256, vocab), (1, T), generator=torch.Generator().manual_seed(seed))
+    base.update(config=got.summary(), vocab=vocab_of(config))
+    tokens = torch.randint(0, vocab_of(config), (1, T), generator=torch.Generator().manual_seed(seed))
     got = powered(config, tokens, seed, tolerance)
     if isinstance(got, str):
         return record(model_type, NOT_BUILT, reason=got, **base)

@@ -160,7 +160,7 @@ def test_the_census_on_the_standin_records_each_architecture_and_survives_a_dead
     assert checked.exit_code == 1  # crashed and unconfirmed fail --check on vLLM
 
 
-# -- one architecture, judged (`vllm_check.check`) and the census around it (`vllm_census.run`), on
+# -- one architecture, judged (`vllm_check.check`) and the census around it (`vllm_census.Session` in `isolate.census`), on
 # the stand-in in this process (`vllm_standin.InProcess`): the scan's end-to-end test above runs the
 # same through the CLI, the worker process and the reproducers
 @pytest.fixture
