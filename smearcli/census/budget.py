@@ -43,10 +43,17 @@ def stage(rec: dict) -> None:
     write_all(_stage_fd, (jsonsafe.dumps({STAGE: rec}, default=str) + "\n").encode())
 
 
+# the least a worker gets after its verdict: each reproducer is a fresh Python importing torch and
+# transformers (about 10 s idle, a minute or more at load 10 on 2 cores), a cost the check's own
+# time never paid (its process was forked with both imported); at 60 s, two censuses at once left
+# 14 of 16 reproducers unfinished
+LATER_FLOOR = 300.0
+
+
 def later_limit(check_s: float) -> float:
-    """Seconds a worker may take after its verdict (writing and running reproducers), scaled to
-    the pace of its check: twice the check's own time, and at least a minute."""
-    return max(60.0, 2.0 * check_s)
+    """Seconds a worker may take after its verdict (reachability, writing and running reproducers),
+    scaled to the pace of its check: three times the check's own time, and at least `LATER_FLOOR`."""
+    return max(LATER_FLOOR, 3.0 * check_s)
 
 
 def write_all(fd: int, data: bytes) -> None:

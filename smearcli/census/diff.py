@@ -7,7 +7,9 @@ file, merged shards) and gives one `Change` per architecture whose result moved:
 - `fixed`: a bug before, `ok` now (an ok has power), with the path that failed then measured now
   (`path`: the schedule's numbers in the current record); a bug whose path is not measured now is
   a `verdict changed`, not a fix;
-- `regressed`: `ok` before, `bug` or `crashed` now;
+- `regressed`: `bug` or `crashed` now, where their code ran without failing before (`ok`,
+  `inconclusive`, `unsupported`, `latent`, `tie artifact`: `RAN_CLEAN`); from a time-out, a model
+  that did not build or a departure already there it is a `verdict changed`;
 - `new`, `gone`: in one census only;
 - `diagnosis changed`: the same failing verdict, another schedule, shape or born-in class;
 - `verdict changed`: any other move (a crash that became a bug, time that became a verdict, ...).
@@ -27,12 +29,15 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from ..errors import UserError
-from ..verdicts import BUG, CRASHED, OK, TIMED_OUT, UNCONFIRMED
+from ..verdicts import BUG, CRASHED, INCONCLUSIVE, LATENT, OK, TIE_ARTIFACT, TIMED_OUT, UNCONFIRMED, UNSUPPORTED
 
 FIXED, REGRESSED, NEW, GONE = "fixed", "regressed", "new", "gone"
 DIAGNOSIS, VERDICT = "diagnosis changed", "verdict changed"
 KINDS = (REGRESSED, FIXED, VERDICT, DIAGNOSIS, NEW, GONE)  # the order the report lists them in
 FAILING = (str(BUG), str(UNCONFIRMED), str(CRASHED))
+# what a release can regress from: their code ran and nothing failed (an inconclusive that now
+# crashes is a new crash, as zaya's on 5.25)
+RAN_CLEAN = (str(OK), str(INCONCLUSIVE), str(UNSUPPORTED), str(LATENT), str(TIE_ARTIFACT))
 SHARED = "cache_utils.py"  # the cache API every architecture's cache is made of
 MAX_LINES = 6  # changed lines quoted per file
 
@@ -119,7 +124,7 @@ def kind(before: Optional[dict], after: Optional[dict]) -> Optional[str]:
     if after is None:
         return GONE
     v0, v1 = before.get("verdict"), after.get("verdict")
-    if v0 == OK and v1 in (BUG, CRASHED):
+    if v0 in RAN_CLEAN and v1 in (BUG, CRASHED):
         return REGRESSED
     if v0 == BUG and v1 == OK and _path(before, after) is not None:
         return FIXED

@@ -22,6 +22,7 @@ def rec(name, verdict, release="5.24.0", **kw):
 
 BUG_ROLLBACK = dict(worst_schedule="rollback", max_abs=0.23, multiple=1.5e5, shape="state not rolled back")
 BEFORE = [rec("fixed_one", "bug", **BUG_ROLLBACK), rec("regresses", "ok"), rec("gone_one", "ok"),
+          rec("now_crashes", "inconclusive"), rec("bug_to_crash", "bug", **BUG_ROLLBACK),
           rec("rediagnosed", "bug", worst_schedule="decode", max_abs=0.01, shape="decode path differs"),
           rec("slow", "timed out", reason="timed out: no verdict within 240 s, nor within 600 s on a retry (load 9)"),
           rec("same", "bug", worst_schedule="decode", max_abs=0.01, shape="decode path differs"),
@@ -29,6 +30,8 @@ BEFORE = [rec("fixed_one", "bug", **BUG_ROLLBACK), rec("regresses", "ok"), rec("
 AFTER = [rec("fixed_one", "ok", "5.25.0", boundaries={"rollback": {"status": "ok", "max_abs": 2e-6, "multiple": 1.2}}),
          rec("regresses", "crashed", "5.25.0", reason="modeling_x.py:1 in f: TypeError: boom"),
          rec("new_one", "ok", "5.25.0"),
+         rec("now_crashes", "crashed", "5.25.0", reason="cache_utils.py:1204 in crop: IndexError: x"),
+         rec("bug_to_crash", "crashed", "5.25.0", reason="cache_utils.py:1204 in crop: IndexError: x"),
          rec("rediagnosed", "bug", "5.25.0", worst_schedule="chunks of 16", max_abs=0.02,
              shape="state dropped at chunk starts"),
          rec("slow", "bug", "5.25.0", worst_schedule="decode", max_abs=0.5, shape="decode path differs"),
@@ -40,14 +43,17 @@ def test_each_kind_of_change_with_both_releases_numbers():
     by = {c.model_type: c for c in diff.compare(BEFORE, AFTER)}
     assert {k: c.kind for k, c in by.items()} == {
         "fixed_one": diff.FIXED, "regresses": diff.REGRESSED, "gone_one": diff.GONE, "new_one": diff.NEW,
-        "rediagnosed": diff.DIAGNOSIS, "slow": diff.VERDICT, "unmeasured": diff.VERDICT}  # "same" did not move
+        "rediagnosed": diff.DIAGNOSIS, "slow": diff.VERDICT, "unmeasured": diff.VERDICT,
+        "now_crashes": diff.REGRESSED, "bug_to_crash": diff.VERDICT}  # "same" did not move
     fixed = by["fixed_one"]
     assert fixed.path == {"schedule": "rollback", "max_abs": 2e-6, "multiple": 1.2}  # the fixed path, measured
     assert fixed.before["max_abs"] == 0.23 and fixed.before["release"] == "5.24.0"
     assert fixed.after["verdict"] == "ok" and fixed.after["release"] == "5.25.0"
     assert by["unmeasured"].path is None  # an ok that never measured the failing path is no fix
     assert by["slow"].cause.startswith("time:")
-    assert [c.model_type for c in diff.regressions(by.values())] == ["regresses"]
+    # a new crash where their code ran clean (ok or inconclusive) gates a release; a bug that now
+    # crashes, or a time-out that now has a verdict, does not
+    assert sorted(c.model_type for c in diff.regressions(by.values())) == ["now_crashes", "regresses"]
 
 
 def test_the_changed_lines_of_the_modeling_file_and_the_cache_api(tmp_path):
@@ -71,7 +77,7 @@ def test_the_changed_lines_of_the_modeling_file_and_the_cache_api(tmp_path):
 def test_markdown_lists_every_change_with_its_explanation():
     changes = diff.compare(BEFORE, AFTER)
     md = diff.markdown(changes, "transformers 5.24.0", "transformers 5.25.0", {"regresses": "ours: a test"})
-    assert md.startswith("Against transformers 5.24.0: 1 regressed, 1 fixed, 2 verdict changed")
+    assert md.startswith("Against transformers 5.24.0: 2 regressed, 1 fixed, 3 verdict changed")
     assert "| regresses | regressed | ok | crashed | ours: a test |" in md
     assert "| fixed_one | fixed | bug 0.23 (rollback) | ok | rollback now 2e-06; -" in md
 
@@ -93,12 +99,12 @@ def test_against_prints_the_changes_and_check_fails_on_regressions_only(tmp_path
     a, b = files(tmp_path)
     r = invoke("--merge", b, "--against", a)
     assert r.exit_code == 0, r.output
-    assert "against transformers 5.24.0 (now transformers 5.25.0): 1 regressed, 1 fixed" in r.stdout
+    assert "against transformers 5.24.0 (now transformers 5.25.0): 2 regressed, 1 fixed" in r.stdout
     assert "fixed_one" in r.stdout and "rollback now 2e-06" in r.stdout
     r = invoke("--merge", b, "--against", a, "--check")
-    assert r.exit_code == 1 and "1 architecture regressed against transformers 5.24.0: regresses" in r.stderr
-    no_regression = [x for x in AFTER if x["model_type"] != "regresses"]
-    a, b = files(tmp_path, after=no_regression + [rec("regresses", "ok", "5.25.0")])
+    assert r.exit_code == 1 and "2 architectures regressed against transformers 5.24.0: now_crashes, regresses" in r.stderr
+    no_regression = [x for x in AFTER if x["model_type"] not in ("regresses", "now_crashes")]
+    a, b = files(tmp_path, after=no_regression + [rec("regresses", "ok", "5.25.0"), rec("now_crashes", "inconclusive", "5.25.0")])
     r = invoke("--merge", b, "--against", a, "--check")  # bugs remain, none regressed: the gate passes
     assert r.exit_code == 0, r.output
 

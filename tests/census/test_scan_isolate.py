@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from smearcli.errors import UserError
-from smearcli.census import isolate, records
+from smearcli.census import budget, isolate, records
 
 
 def stand_in(name: str) -> dict:
@@ -99,7 +99,7 @@ def test_a_finding_made_is_kept_when_what_follows_runs_out_of_time(tmp_path, mon
 
 
 def test_the_time_after_a_verdict_is_scaled_to_the_checks_pace():
-    assert isolate.later_limit(10) == 60.0 and isolate.later_limit(200) == 400.0
+    assert isolate.later_limit(10) == budget.LATER_FLOOR and isolate.later_limit(200) == 600.0
 
 
 def test_stage_outside_a_worker_does_nothing():
