@@ -72,9 +72,9 @@ def changes(against: Path, source, shards=None, common: bool = False) -> None:
     release's records; `common`: only the architectures the previous census holds (one rerun on
     a subset), said in the block."""
     sys.path.insert(0, str(ROOT))
-    from smearcli.census import diff, isolate
+    from smearcli.census import diff, records
 
-    previous, current = isolate.merge([against]), isolate.merge(shards or [OUT / "census.jsonl"])
+    previous, current = records.merge([against]), records.merge(shards or [OUT / "census.jsonl"])
     said = ""
     if common:
         held = {r["model_type"] for r in previous}
