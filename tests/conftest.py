@@ -8,6 +8,17 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def standin_python(directory: Path, script: Path) -> Path:
+    """An executable standing in for an engine's Python (vLLM's, llama.cpp's): it runs the stand-in
+    `script` with the worker's arguments, as that Python would run the worker."""
+    import stat
+
+    p = Path(directory) / "python"
+    p.write_text(f'#!/bin/sh\nshift\nexec "{sys.executable}" "{script}" "$@"\n')
+    p.chmod(p.stat().st_mode | stat.S_IXUSR)
+    return p
 # The CLI's tables take their width from COLUMNS when piped (120 without it). pytest-xdist's workers
 # start with COLUMNS=80 and LINES=24 in their environment, and a developer's shell may export its
 # own: every test starts without them, as a plain CI run does, and a test about width sets them.

@@ -8,8 +8,6 @@ departure; a refused partial seq_rm is the rollback's `unsupported`; a refused c
 `not built`. The real engine is tests/census/test_scan_llamacpp_real.py."""
 
 import json
-import stat
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +17,7 @@ pytest.importorskip("transformers", reason="transformers is not installed: pip i
 
 from smearcli.cli.app import app  # noqa: E402
 from smearcli.census import llamacpp  # noqa: E402
+from conftest import standin_python  # noqa: E402
 
 runner = CliRunner()
 STANDIN = Path(__file__).resolve().parents[1] / "llamacpp_standin.py"
@@ -27,10 +26,7 @@ ALL = {"prefill", "ubatch", "chunked", "decode", "prefix", "rollback", "batched"
 
 @pytest.fixture
 def fake_python(tmp_path):
-    p = tmp_path / "python"
-    p.write_text(f'#!/bin/sh\nshift\nexec "{sys.executable}" "{STANDIN}" "$@"\n')
-    p.chmod(p.stat().st_mode | stat.S_IXUSR)
-    return p
+    return standin_python(tmp_path, STANDIN)
 
 
 def scan(tmp_path, python, monkeypatch, only, mode="good", *extra):

@@ -7,8 +7,6 @@ real vLLM when $SMEARCLI_VLLM_PYTHON names its interpreter."""
 
 import json
 import os
-import stat
-import sys
 import time
 from pathlib import Path
 
@@ -21,7 +19,7 @@ from smearcli.census import records, report, vllm_census, vllm_check, vllm_engin
 from smearcli.cli.app import app  # noqa: E402
 from smearcli.impls.vllm import BLOCK_SIZE, ENV_PYTHON  # noqa: E402
 from smearcli.verdicts import CRASHED, INCONCLUSIVE, NOT_BUILT, OK, UNCONFIRMED  # noqa: E402
-from conftest import ROOT  # noqa: E402 - the clone's root
+from conftest import ROOT, standin_python  # noqa: E402
 
 STANDIN = Path(__file__).resolve().parents[1] / "vllm_standin.py"
 runner = CliRunner()
@@ -30,10 +28,7 @@ runner = CliRunner()
 @pytest.fixture
 def fake_python(tmp_path):
     """An executable that runs the stand-in with the worker's arguments, as vLLM's Python would."""
-    p = tmp_path / "python"
-    p.write_text(f'#!/bin/sh\nshift\nexec "{sys.executable}" "{STANDIN}" "$@"\n')
-    p.chmod(p.stat().st_mode | stat.S_IXUSR)
-    return p
+    return standin_python(tmp_path, STANDIN)
 
 
 def test_the_architectures_are_vllms_with_a_transformers_causal_lm():

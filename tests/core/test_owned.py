@@ -10,8 +10,6 @@ storage with one of them. On a checkout whose forward returns views of one reuse
 
 import json
 import shutil
-import stat
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,6 +20,7 @@ from smearcli import compare as compare_module
 from smearcli import testing
 from smearcli.runner import Output, Runner
 from smearcli.schedules import RunResult
+from conftest import standin_python
 
 STANDIN = Path(__file__).resolve().parents[1] / "standin" / "old"
 VLLM_STANDIN = Path(__file__).resolve().parents[1] / "vllm_standin.py"
@@ -103,9 +102,7 @@ def fake_vllm(tmp_path: Path, monkeypatch) -> list:
 
     model = tmp_path / "llama"
     hf.tiny_model("llama").save_pretrained(model, safe_serialization=True)
-    python = tmp_path / "python"
-    python.write_text(f'#!/bin/sh\nshift\nexec "{sys.executable}" "{VLLM_STANDIN}" "$@"\n')
-    python.chmod(python.stat().st_mode | stat.S_IXUSR)
+    python = standin_python(tmp_path, VLLM_STANDIN)
     monkeypatch.setenv("SMEARCLI_STANDIN_MODE", "good")
     return ["--impl", "vllm", "--hf-model", str(model), "--vllm-python", str(python), "--seq-len", "64",
             "--chunks", "4", "--schedules", "prefill,chunked"]

@@ -8,9 +8,7 @@ another version, without llama-cpp-python; a user's --gguf refused up front. The
 checks are tests/test_llamacpp_real.py."""
 
 import json
-import stat
 import struct
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,6 +19,7 @@ pytest.importorskip("transformers", reason="transformers is not installed: pip i
 from smearcli.cli.app import app  # noqa: E402
 from smearcli.impls import hf, llamacpp  # noqa: E402
 from smearcli.schedules import SCHEDULES, ScheduleOptions  # noqa: E402
+from conftest import standin_python  # noqa: E402
 
 runner = CliRunner()
 STANDIN = Path(__file__).resolve().parents[1] / "llamacpp_standin.py"
@@ -37,10 +36,7 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture
 def fake_python(tmp_path):
-    p = tmp_path / "python"
-    p.write_text(f'#!/bin/sh\nshift\nexec "{sys.executable}" "{STANDIN}" "$@"\n')
-    p.chmod(p.stat().st_mode | stat.S_IXUSR)
-    return p
+    return standin_python(tmp_path, STANDIN)
 
 
 def compare(model_dir, python, monkeypatch, tmp_path, mode="good", *extra):

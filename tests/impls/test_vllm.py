@@ -6,7 +6,6 @@ chunk-boundary error. The real vLLM checks are tests/impls/test_vllm_real.py."""
 
 import json
 import re
-import stat
 import sys
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from smearcli.cli.app import app  # noqa: E402
 from smearcli.impls import hf, vllm
 from smearcli.impls.vllm import environment as vllm_env  # noqa: E402
 from smearcli.schedules import ScheduleOptions  # noqa: E402
+from conftest import standin_python  # noqa: E402
 
 runner = CliRunner()
 STANDIN = Path(__file__).resolve().parents[1] / "vllm_standin.py"
@@ -36,10 +36,7 @@ def model_dir(tmp_path_factory):
 def fake_python(tmp_path):
     """An executable that runs the stand-in with the worker's two arguments, as vLLM's Python would
     run the worker."""
-    p = tmp_path / "python"
-    p.write_text(f'#!/bin/sh\nshift\nexec "{sys.executable}" "{STANDIN}" "$@"\n')
-    p.chmod(p.stat().st_mode | stat.S_IXUSR)
-    return p
+    return standin_python(tmp_path, STANDIN)
 
 
 def compare(model_dir, fake_python, monkeypatch, tmp_path, mode="good", *extra):

@@ -9,8 +9,6 @@
 Run against the stand-in worker (tests/vllm_standin.py), which refuses as vLLM does."""
 
 import json
-import stat
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,6 +19,7 @@ pytest.importorskip("transformers", reason="transformers is not installed: pip i
 
 from smearcli.cli.app import app  # noqa: E402
 from smearcli.impls import hf  # noqa: E402
+from conftest import standin_python  # noqa: E402
 
 STANDIN = Path(__file__).resolve().parents[1] / "vllm_standin.py"
 cli = CliRunner()
@@ -36,10 +35,7 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture
 def fake_python(tmp_path):
-    p = tmp_path / "python"
-    p.write_text(f'#!/bin/sh\nshift\nexec "{sys.executable}" "{STANDIN}" "$@"\n')
-    p.chmod(p.stat().st_mode | stat.S_IXUSR)
-    return p
+    return standin_python(tmp_path, STANDIN)
 
 
 def without_safetensors(model_dir: Path, tmp_path: Path) -> dict:
