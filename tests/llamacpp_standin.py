@@ -63,7 +63,8 @@ def main(req_path, outdir):
             f.write("Segmentation fault (core dumped)")
         return None
     if mode == "noconvert":
-        result["not_built"] = "llama.cpp's converter: NotImplementedError: Architecture 'X' not supported!"
+        result["not_built"] = ("llama.cpp's converter: NotImplementedError: Architecture 'X' not supported! "
+                               f"(reading {req.get('model')}/config.json)")  # as the real one names its files
         return write(outdir, result)
     if req.get("gguf") and req.get("expect_arch"):
         want = os.environ.get("SMEARCLI_STANDIN_ARCH", "llama")

@@ -128,7 +128,8 @@ def check(model_type: str, python: str, timeout: float = 240.0, seed: int = 0, t
         rec, c, runner = judged(model_type, model, Path(d) / "model", python, tokens, ref_runner, power, tolerance,
                                 base, max(30.0, timeout - 15.0 - (time.monotonic() - t0)), threads, gguf)
         if rec.get("reason"):  # the converter names files in the temporary directory: not the record's business
-            rec["reason"] = str(rec["reason"]).replace(d, "MODEL_DIR")
+            for spelt in {str(Path(d).resolve()), d}:  # the worker is sent the resolved path
+                rec["reason"] = str(rec["reason"]).replace(spelt, "MODEL_DIR")
         if init is not None and rec["verdict"] == str(OK):
             rec["notes"].append(init_note(init))
         if repro_dir is not None and rec.get("_finding") and gguf.is_file():

@@ -85,6 +85,8 @@ def test_a_refused_rollback_is_unsupported_and_a_refused_conversion_not_built(tm
     assert "documented limit" in rec["schedules"]["rollback"]["why"]
     r, recs, _ = scan(tmp_path, fake_python, monkeypatch, "llama", "noconvert")
     assert recs["llama"]["verdict"] == "not built" and "not supported" in recs["llama"]["reason"]
+    # the temporary directory the model was converted in is not the record's (nor the page's) business
+    assert "MODEL_DIR/model/config.json" in recs["llama"]["reason"], recs["llama"]["reason"]
 
 
 def test_only_names_outside_the_converters_list_and_no_environment_are_refused(tmp_path, fake_python, monkeypatch):
