@@ -10,6 +10,14 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 
 
+LLAMACPP_PYTHON = os.environ.get("SMEARCLI_LLAMACPP_PYTHON", "")
+# the marks of a test that runs llama.cpp's real environment: skipped, with how to make one, without it
+NEEDS_LLAMACPP = [pytest.mark.llamacpp, pytest.mark.skipif(
+    not LLAMACPP_PYTHON or not Path(LLAMACPP_PYTHON).is_file(),
+    reason="needs llama.cpp's environment: scripts/make_llamacpp_env.sh DIR, then "
+           "SMEARCLI_LLAMACPP_PYTHON=DIR/bin/python")]
+
+
 def standin_python(directory: Path, script: Path) -> Path:
     """An executable standing in for an engine's Python (vLLM's, llama.cpp's): it runs the stand-in
     `script` with the worker's arguments, as that Python would run the worker."""

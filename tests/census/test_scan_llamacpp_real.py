@@ -5,8 +5,6 @@ Mamba must give every schedule a result, its partial seq_rm refused as llama.cpp
 (`unsupported`) or run, never a crash of smearcli's."""
 
 import json
-import os
-from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -16,11 +14,9 @@ pytest.importorskip("transformers", reason="transformers is not installed: pip i
 from smearcli.cli.app import app  # noqa: E402
 from smearcli.census import llamacpp  # noqa: E402
 
-PYTHON = os.environ.get("SMEARCLI_LLAMACPP_PYTHON", "")
-pytestmark = [pytest.mark.llamacpp, pytest.mark.skipif(
-    not PYTHON or not Path(PYTHON).is_file(),
-    reason="needs llama.cpp's environment: scripts/make_llamacpp_env.sh DIR, then "
-           "SMEARCLI_LLAMACPP_PYTHON=DIR/bin/python")]
+from conftest import LLAMACPP_PYTHON as PYTHON, NEEDS_LLAMACPP  # noqa: E402
+
+pytestmark = NEEDS_LLAMACPP
 ALL = {"prefill", "ubatch", "chunked", "decode", "prefix", "rollback", "batched"}
 
 

@@ -4,7 +4,6 @@ Llama must be OK with power; a tiny Mamba must give every schedule a result (mea
 llama.cpp documents, or crashed with llama.cpp's frame), never an error of smearcli's."""
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -14,13 +13,9 @@ pytest.importorskip("transformers", reason="transformers is not installed: pip i
 
 from smearcli.cli.app import app  # noqa: E402
 from smearcli.impls import hf  # noqa: E402
-from conftest import ROOT  # noqa: E402 - the clone's root
+from conftest import LLAMACPP_PYTHON as PYTHON, NEEDS_LLAMACPP, ROOT  # noqa: E402 - ROOT: the clone's root
 
-PYTHON = os.environ.get("SMEARCLI_LLAMACPP_PYTHON", "")
-pytestmark = [pytest.mark.llamacpp, pytest.mark.skipif(
-    not PYTHON or not Path(PYTHON).is_file(),
-    reason="needs llama.cpp's environment: scripts/make_llamacpp_env.sh DIR, then "
-           "SMEARCLI_LLAMACPP_PYTHON=DIR/bin/python")]
+pytestmark = NEEDS_LLAMACPP
 runner = CliRunner()
 ALL = ["prefill", "ubatch", "chunked", "decode", "prefix", "rollback", "batched"]
 
