@@ -262,7 +262,9 @@ def summary_line(s: dict) -> str:
 
 
 def _cell(text, n: int = 160) -> str:
-    return str(text or "").replace("|", "/").replace("\n", " ")[:n]
+    """`text` as one Markdown table cell: one line, at most `n` characters, its pipes escaped (a
+    "max |d log-prob|" reads as written, not as "/d log-prob/")."""
+    return str(text or "").replace("\n", " ")[:n].replace("|", "\\|")
 
 
 def sections(recs: Sequence[dict], meta: Optional[dict] = None) -> list[str]:

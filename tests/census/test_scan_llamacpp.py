@@ -53,6 +53,8 @@ def test_two_architectures_are_ok_with_every_schedule_and_a_page(tmp_path, fake_
     assert doc["benchmark"]["architectures"] == 2 and "census on llama.cpp: 2 architectures" in r.stderr
     page = md.read_text()
     assert "| llama | ok |" in page and "| mamba | ok |" in page and "2 architectures: 2 ok" in page
+    # a pipe inside a cell is escaped, so the cell reads as written and the row keeps its columns
+    assert "max \\|d log-prob\\|" in page and "/d log-prob/" not in page
 
 
 def test_a_micro_batch_error_is_the_cache_finding_at_its_first_position(tmp_path, fake_python, monkeypatch):
