@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 
 from ..errors import UserError
-from .options import RunSpec
+from .options import RunSpec, foreign_python
 
 SUBTITLE = ("llama.cpp runs each schedule with its own micro-batches, calls and sequence operations (in its "
             "own environment);\nthe reference is the same model's full forward in transformers; both as "
@@ -26,13 +26,9 @@ def llamacpp_python(spec: RunSpec) -> tuple[str, str]:
     """(llama.cpp's interpreter, where it was given: the option or the environment variable)."""
     from ..impls.llamacpp import ENV_PYTHON
 
-    if spec.llamacpp_python is not None:
-        return str(spec.llamacpp_python), "--llamacpp-python"
-    env = os.environ.get(ENV_PYTHON, "").strip()
-    if env:
-        return env, f"${ENV_PYTHON}"
-    raise UserError(f"--impl llamacpp needs --llamacpp-python PATH (or ${ENV_PYTHON}): the Python of an "
-                    "environment with llama-cpp-python; scripts/make_llamacpp_env.sh DIR makes one (then DIR/bin/python)")
+    return foreign_python(spec.llamacpp_python, "--llamacpp-python", ENV_PYTHON, "--impl llamacpp",
+                          "an environment with llama-cpp-python; scripts/make_llamacpp_env.sh DIR makes one "
+                          "(then DIR/bin/python)")
 
 
 def check_gguf_file(spec: RunSpec, vocab: int):

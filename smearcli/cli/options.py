@@ -70,6 +70,20 @@ I = "Input"
 S = "Schedules"
 
 
+def foreign_python(given: Optional[Path], flag: str, env_var: str, needed_by: str, environment: str) -> tuple[str, str]:
+    """(the Python of an engine's own environment, where it was given: `flag` or `$env_var`, which
+    a refusal of it names). None given and the variable unset: a UserError saying that `needed_by`
+    (`--impl vllm`, `--engine llamacpp`) needs `flag` and what `environment` it must be."""
+    import os
+
+    if given is not None:
+        return str(given), flag
+    env = os.environ.get(env_var, "").strip()
+    if env:
+        return env, f"${env_var}"
+    raise UserError(f"{needed_by} needs {flag} PATH (or ${env_var}): the Python of {environment}")
+
+
 @dataclass
 class RunSpec:
     model: Optional[ModelKind] = None  # None: tiny, or random when --depth is given (model_kind)

@@ -9,11 +9,10 @@ only when `--impl vllm` runs.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from ..errors import UserError
-from .options import Device, DType, RunSpec
+from .options import Device, DType, RunSpec, foreign_python
 
 SUBTITLE = ("vLLM runs each schedule with its own scheduler and caches (in its own environment); "
             "the reference is\nthe same model's full forward in transformers; both as log-probabilities.")
@@ -24,13 +23,8 @@ def vllm_python(spec: RunSpec) -> tuple[str, str]:
     refusal of it names)."""
     from ..impls.vllm import ENV_PYTHON
 
-    if spec.vllm_python is not None:
-        return str(spec.vllm_python), "--vllm-python"
-    env = os.environ.get(ENV_PYTHON, "").strip()
-    if env:
-        return env, f"${ENV_PYTHON}"
-    raise UserError(f"--impl vllm needs --vllm-python PATH (or ${ENV_PYTHON}): the Python of an environment "
-                    "with vLLM; scripts/make_vllm_env.sh DIR makes one (then DIR/bin/python)")
+    return foreign_python(spec.vllm_python, "--vllm-python", ENV_PYTHON, "--impl vllm",
+                          "an environment with vLLM; scripts/make_vllm_env.sh DIR makes one (then DIR/bin/python)")
 
 
 def check_vllm_spec(spec: RunSpec, schedules):

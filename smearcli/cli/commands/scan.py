@@ -21,6 +21,7 @@ from ...census import engines
 from ...errors import UserError
 from ..errors import CheckFailed, guarded
 from ..record_file import written
+from ..options import foreign_python
 
 
 SHARD = re.compile(r"\s*(\d+)\s*/\s*(\d+)\s*")
@@ -162,13 +163,7 @@ def python_of(engine: "engines.Engine", given: Optional[Path], alias: Optional[P
         if given is not None:
             raise UserError(f"--engine {engine.name} runs in smearcli's own Python: {flag_name} has no meaning with it")
         return None, ""
-    if given is not None:
-        return str(given), flag_name
-    env = os.environ.get(engine.env_var, "").strip()
-    if env:
-        return env, f"${engine.env_var}"
-    raise UserError(f"--engine {engine.name} needs --engine-python PATH (or ${engine.env_var}): the Python of "
-                    f"{engine.environment}")
+    return foreign_python(given, flag_name, engine.env_var, f"--engine {engine.name}", engine.environment)
 
 
 @guarded
