@@ -217,6 +217,12 @@ class GPT(nn.Module):
     def device(self) -> torch.device:
         return self.transformer.wte.weight.device
 
+    def lookup_tables(self) -> list[Tensor]:
+        """The embedding tables (`is_embedding`): only indexed, and every row read is converted to
+        the compute dtype before use (`.to(self.dtype)` in `forward`), so a float64 twin
+        (`precision.float64_model`) reads them in their stored dtype and shares them."""
+        return [p for name, p in self.named_parameters() if is_embedding(name)]
+
     def new_cache(self, batch_size: int, max_len: int) -> KVCache:
         return KVCache.for_model(self.config, batch_size, max_len, device=self.device, dtype=self.dtype)
 

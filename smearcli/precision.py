@@ -115,14 +115,20 @@ def in_float64(modules):
 
 def float64_model(model):
     """A float64 deep copy of a torch model, MoE experts switched to their eager form where the
-    model has one (grouped matrix multiplication refuses float64). Made once per model and kept on
+    model has one (grouped matrix multiplication refuses float64); the tables a model names in
+    `lookup_tables()` are shared with it, not copied (`_float64_memo`). Made once per model and kept on
     it (not as a submodule: no state_dict entry), so every runner of one model shares the copy; made
     anew once a weight has changed since (a training step between two checks)."""
     stamp = tuple((t.data_ptr(), t._version) for t in list(model.parameters()) + list(model.buffers()))
     kept = model.__dict__.get("_float64_copy")
     if kept is not None and kept[0] == stamp:
         return kept[1]
-    m64 = copy.deepcopy(model, _float64_memo(model, kept)).double()
+    shared = {id(t) for t in getattr(model, "lookup_tables", list)()}
+    m64 = copy.deepcopy(model, _float64_memo(model, kept, shared))
+    with torch.no_grad():  # what the memo left to deepcopy (a tensor with attributes of its own)
+        for t in list(m64.parameters()) + list(m64.buffers()):
+            if t.is_floating_point() and t.dtype != torch.float64 and id(t) not in shared:
+                t.data = t.data.double()
     setter = getattr(m64, "set_experts_implementation", None)
     if setter is not None:
         try:
@@ -133,15 +139,23 @@ def float64_model(model):
     return m64
 
 
-def _float64_memo(model, stale) -> dict:
+def _float64_memo(model, stale, shared: set) -> dict:
     """A deepcopy memo that hands the copy each floating-point parameter and buffer already in
     float64 (converted straight from the original: no float32 copy made first and converted after,
     which doubled the copy's cost) and drops a stale float64 copy kept on the model rather than
     copying it too. float32, float16 and bfloat16 all convert to float64 exactly: the same values
-    as `deepcopy(model).double()`. A tensor carrying attributes of its own is left to deepcopy."""
+    as `deepcopy(model).double()`. A tensor carrying attributes of its own is left to deepcopy.
+
+    The tensors in `shared` (ids of the model's `lookup_tables()`: tables it only indexes and whose
+    rows it converts to its compute dtype itself) are handed over as they are, not copied: a row
+    read in float32 and converted is the row a float64 table holds, bit for bit, and at d12 these
+    tables are 350 of the 488 million weights, whose float64 copy was most of the floor's time."""
     memo: dict = {} if stale is None else {id(stale): None}
     with torch.no_grad():
         for t in list(model.parameters()) + list(model.buffers()):
+            if id(t) in shared:
+                memo[id(t)] = t
+                continue
             if id(t) in memo or not t.is_floating_point() or vars(t) or type(t) not in (Tensor, torch.nn.Parameter):
                 continue
             d = t.detach().to(torch.float64, copy=True)

@@ -311,6 +311,36 @@ def test_the_float64_copy_converts_the_weights_themselves_exactly():
     assert torch.equal(again.head.bias, model.head.bias.double())
 
 
+def test_our_float64_twin_shares_its_lookup_tables_and_computes_the_same_numbers():
+    """Our GPT's embedding tables (`GPT.lookup_tables`) are only indexed, each row converted to the
+    compute dtype: the float64 twin shares them instead of copying (most of a d12 twin's memory and
+    time) and its lifted full pass is, bit for bit, a whole float64 copy's; the original keeps its
+    float32 tables."""
+    import copy
+
+    from smearcli.ours import GPTRunner, runners
+    from smearcli.precision import lifted
+    from smearcli.schedules import run_schedule
+    from smearcli.weights import preset_model
+
+    model = preset_model("small").model
+    tables = model.lookup_tables()
+    assert {id(t) for t in tables} == {id(model.transformer.wte.weight)} | {
+        id(ve.weight) for ve in model.value_embeds.values()} and len(tables) > 1
+    twin = runners(model, ["old"])[0].float64()
+    assert all(a is b for a, b in zip(twin.model.lookup_tables(), tables))
+    assert twin.model.lm_head.weight.dtype == torch.float64 and tables[0].dtype == torch.float32
+    whole = copy.deepcopy(model).double()
+    whole.dtype, whole._rotary_device = torch.float64, None
+    tokens = torch.randint(0, model.config.vocab_size, (1, 40), generator=torch.Generator().manual_seed(1))
+    with lifted():
+        got = run_schedule(twin, tokens, "full", capture=True)
+        want = run_schedule(GPTRunner(whole, "old", "model", None), tokens, "full", capture=True)
+    assert torch.equal(got.logits, want.logits)
+    assert all(torch.equal(a, b) for a, b in zip(got.hiddens, want.hiddens))
+    assert all(t.dtype == torch.float32 for t in model.parameters())
+
+
 @pytest.mark.parametrize("bad", [None, float("nan"), float("inf"), float("-inf")])
 def test_a_reference_is_unusable_exactly_when_a_logit_is_not_finite(bad):
     """`unusable` answers from one reduction when every logit is finite, and otherwise counts the
