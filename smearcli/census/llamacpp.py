@@ -36,7 +36,7 @@ from __future__ import annotations
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Optional, Sequence
 
 import torch
 
@@ -44,8 +44,9 @@ from ..defaults import NOISE_MARGIN
 from ..verdicts import CRASHED, NOT_BUILT, OK, UNCONFIRMED, UNSUPPORTED
 from . import derive, vllm_plan
 from .boundary import transformers_frame
-from .check import INIT_LADDER, NO_POWER_NOTE, build, init_note, record, text_config, vocab_of
-from .report import counts, sort_key
+from .check import NO_POWER_NOTE, init_note, record, text_config, vocab_of
+from .report import sort_key
+from .vllm_check import powered
 
 T = 48  # tokens: room for micro-batches of 3 to 7, three 16-token calls and drafts of the default size
 ENGINE = "llamacpp"
@@ -70,32 +71,6 @@ def names_for(python: str) -> list[str]:
     return vllm_plan.model_types(archs(python))
 
 
-def powered(config, tokens, seed: int, tolerance: float):
-    """(model, reference runner, its full pass, the float64 floor, power, init) at the first init of
-    the census's ladder that shows power (or the last tried), or a str: why nothing runs."""
-    from ..compare import measure_power
-    from .. import evidence
-    from .vllm_check import reference
-
-    for init in INIT_LADDER:
-        try:
-            model = build(config, init, seed)
-        except Exception as e:
-            return "the model cannot be built from the tiny config: " + transformers_frame(e)
-        try:
-            ref_runner, ref, floor = reference(model, tokens)
-        except Exception as e:
-            return "the full pass in transformers does not run: " + transformers_frame(e)
-        try:
-            power = measure_power([], ref_runner, tokens, tolerance * floor.per_layer[-1])
-        except Exception as e:
-            power = evidence.Power(0, tolerance * floor.per_layer[-1],
-                                   why="zeroing the transformers reference's cache raised: " + transformers_frame(e))
-        if not power.measured or power.sufficient:
-            break
-    return model, ref_runner, ref, floor, power, init
-
-
 def check(model_type: str, python: str, timeout: float = 240.0, seed: int = 0, tolerance: float = NOISE_MARGIN,
           repro_dir: Optional[Path] = None, threads: int = THREADS) -> dict:
     """One architecture's record (the module docstring says how it is judged); the llama.cpp worker
@@ -114,9 +89,9 @@ def check(model_type: str, python: str, timeout: float = 240.0, seed: int = 0, t
     base.update(config=got.summary(), vocab=vocab_of(config))
     tokens = torch.randint(0, vocab_of(config), (1, T), generator=torch.Generator().manual_seed(seed))
     got = powered(config, tokens, seed, tolerance)
-    if isinstance(got, str):
-        return record(model_type, NOT_BUILT, reason=got, **base)
-    model, ref_runner, ref, floor, power, init = got
+    if got.why:
+        return record(model_type, NOT_BUILT, reason=got.why, **base)
+    model, ref_runner, floor, power, init = got.model, got.runner, got.floor, got.power, got.init
     base.update(model_class=type(model).__name__, init=init, floor=floor.per_layer[-1], floor_source=floor.source)
     with tempfile.TemporaryDirectory(prefix=f"smearcli-llamacpp-{model_type}-") as d:
         try:

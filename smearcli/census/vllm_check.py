@@ -73,25 +73,12 @@ def check(model_type: str, worker, timeout: float = 240.0, memory: Optional[int]
     vocab = vocab_of(config)
     base.update(config=changes, vocab=vocab)
     tokens = torch.randint(0, vocab, (1, vllm_plan.length(config)), generator=torch.Generator().manual_seed(seed))
-    for init in INIT_LADDER:  # power first, on transformers' side: vLLM then runs the weights that have it
-        try:
-            model = build(config, init, seed)
-        except Exception as e:
-            return record(model_type, NOT_BUILT, reason="the model cannot be built from the tiny config: "
-                          + transformers_frame(e), vllm={"answered": True}, **base)
-        base.update(model_class=type(model).__name__, init=init)
-        try:
-            ref_runner, ref, floor = reference(model, tokens)
-        except Exception as e:
-            return record(model_type, NOT_BUILT, reason="the full pass in transformers does not run: "
-                          + transformers_frame(e), vllm={"answered": True}, **base)
-        try:
-            power = measure_power([], ref_runner, tokens, tolerance * floor.per_layer[-1])
-        except Exception as e:  # transformers' own cache fails: vLLM still runs, but OK cannot be shown
-            power = evidence.Power(0, tolerance * floor.per_layer[-1],
-                                   why="zeroing the transformers reference's cache raised: " + transformers_frame(e))
-        if not power.measured or power.sufficient:
-            break
+    got = powered(config, tokens, seed, tolerance)
+    if got.model is not None:
+        base.update(model_class=type(got.model).__name__, init=got.init)
+    if got.why:
+        return record(model_type, NOT_BUILT, reason=got.why, vllm={"answered": True}, **base)
+    model, ref, floor, power = got.model, got.ref, got.floor, got.power
     with tempfile.TemporaryDirectory(prefix=f"smearcli-vllm-{model_type}-") as d:
         try:
             vllm_plan.save(model, Path(d) / "model", model_type)
@@ -112,6 +99,46 @@ def check(model_type: str, worker, timeout: float = 240.0, memory: Optional[int]
 
         vllm_repro.attach(rec, config, Path(repro_dir), worker, seed, req, max(1.0, deadline - time.monotonic() - 5))
     return rec
+
+
+@dataclasses.dataclass
+class Powered:
+    """The reference a foreign engine is held to: transformers' full pass of the tiny model, built
+    at the first init of the census's ladder (`check.INIT_LADDER`) whose cache state moves the
+    logits enough to show (power), or at the last one tried. `why` says why there is none."""
+    model: Optional[object] = None  # None: not built
+    init: Optional[float] = None
+    runner: Optional[object] = None  # the reference runner (`reference`)
+    ref: Optional[object] = None  # its full pass
+    floor: Optional[object] = None  # the float64 noise floor
+    power: Optional[evidence.Power] = None
+    why: str = ""
+
+
+def powered(config, tokens, seed: int, tolerance: float) -> Powered:
+    """Power first, on transformers' side: the engine then runs the weights that have it (vLLM and
+    llama.cpp expose no cache to zero; the same weights in transformers stand in)."""
+    got = Powered()
+    for init in INIT_LADDER:
+        try:
+            got.model, got.init = build(config, init, seed), init
+        except Exception as e:
+            got.why = "the model cannot be built from the tiny config: " + transformers_frame(e)
+            return got
+        try:
+            got.runner, got.ref, got.floor = reference(got.model, tokens)
+        except Exception as e:
+            got.why = "the full pass in transformers does not run: " + transformers_frame(e)
+            return got
+        threshold = tolerance * got.floor.per_layer[-1]
+        try:
+            got.power = measure_power([], got.runner, tokens, threshold)
+        except Exception as e:  # transformers' own cache fails: the engine still runs, but OK cannot be shown
+            got.power = evidence.Power(0, threshold, why="zeroing the transformers reference's cache raised: "
+                                       + transformers_frame(e))
+        if not got.power.measured or got.power.sufficient:
+            break
+    return got
 
 
 def reference(model, tokens):
