@@ -28,7 +28,7 @@ from ...runner import BOS_DOCUMENTS, DOCUMENT_MASK, EXPAND, SMEAR_TERMS, Describ
 from ...smear import smear_gate
 from ...checkpoint import NoSmearParameters, check_tensors, find_step, read_meta, read_state_dict, smear_keys_missing
 from .guard import return_line, returned_at, user_code
-from .sandbox import FIRST_CAPTURE, NanochatCode
+from .sandbox import FIRST_CAPTURE, NanochatCode, computing_in
 
 USER_LOGIC = "yours"  # the label of the user's runs: their code has its own smear logic
 
@@ -137,6 +137,8 @@ class NanochatModel:
         try:
             # stdout kept for our output; where their forward returns, for a wrong return value
             with (user_code(self.code.root, "GPT.forward", self.code.timeout),
+                  computing_in(self.code, self.dtype) if self.dtype != self.code.compute_dtype
+                  else contextlib.nullcontext(),  # the float64 copy (`NanochatRunner.float64`)
                   return_line(type(self.net).forward) as returned):
                 out = self.net(idx, kv_cache=None if cache is None else cache.inner)
         finally:
@@ -229,8 +231,9 @@ class NanochatRunner(Runner):
         return self.model.smear_terms(tokens)
 
     def float64(self):
-        """Their code on a float64 copy of their GPT, its cache made in float64 (their float32
-        requests are lifted by `precision.lifted()` where a departure is confirmed)."""
+        """Their code on a float64 copy of their GPT, its cache made in float64 and its calls made
+        with their COMPUTE_DTYPE set to float64 (`sandbox.computing_in`); their float32 requests
+        are lifted by `precision.lifted()` where a departure is confirmed."""
         from ...precision import float64_model
 
         net = float64_model(self.model.net)

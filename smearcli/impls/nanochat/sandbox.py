@@ -226,6 +226,24 @@ def _compute_dtype(modules: dict, requested: Optional[torch.dtype]) -> tuple[tor
     return (requested or torch.float32), "assumed: the code defines no COMPUTE_DTYPE"
 
 
+@contextlib.contextmanager
+def computing_in(code: NanochatCode, dtype: torch.dtype):
+    """The body runs with the code's COMPUTE_DTYPE set to `dtype` in every module of it that holds
+    one, and the values they had put back afterwards. Upstream reads that module constant at call
+    time: it casts activations and the rotary table to it and asserts that the table is in it
+    (nanochat/gpt.py, `GPT.forward`), so a float64 copy of their GPT runs only with it set to
+    float64. Process-wide, like `precision.lifted()`, under which the float64 copy runs."""
+    saved = [(m, m.COMPUTE_DTYPE) for m in code.modules.values()
+             if isinstance(getattr(m, "COMPUTE_DTYPE", None), torch.dtype)]
+    for m, _ in saved:
+        m.COMPUTE_DTYPE = dtype
+    try:
+        yield
+    finally:
+        for m, value in saved:
+            m.COMPUTE_DTYPE = value
+
+
 def _attention_path(modules: dict, attention: str) -> str:
     fa = modules.get(f"{PACKAGE}.flash_attention")
     if fa is None or not hasattr(fa, "USE_FA3"):

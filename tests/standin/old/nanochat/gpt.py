@@ -154,6 +154,8 @@ class GPT(nn.Module):
 
     def forward(self, idx, targets=None, kv_cache=None):
         B, T = idx.shape
+        # as upstream: the rotary table must be in the module's compute dtype, read at call time
+        assert self.cos.dtype == COMPUTE_DTYPE, f"rotary table in {self.cos.dtype}, not {COMPUTE_DTYPE}"
         T0 = 0 if kv_cache is None else kv_cache.get_pos()
         cos_sin = self.cos[:, T0:T0 + T], self.sin[:, T0:T0 + T]
         x = norm(self.transformer.wte(idx).to(COMPUTE_DTYPE))
