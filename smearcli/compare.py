@@ -226,7 +226,7 @@ def as_runners(target, logics: Sequence[str] = LOGIC_NAMES, name: Optional[str] 
         if not target or not all(isinstance(r, Runner) for r in target):
             raise TypeError("compare takes our GPT, a Runner, or a non-empty list of Runners")
         return list(target)
-    from .ours import runners  # our GPT
+    from .gpt_runners import runners  # our GPT
 
     return runners(target, logics, name)
 

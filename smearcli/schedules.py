@@ -276,7 +276,7 @@ def as_runner(target, logic: Optional[str] = None) -> Runner:
         if logic is not None:
             raise ValueError(f"a runner brings its own logic ({target.label}); leave logic out")
         return target
-    from .ours import GPTRunner  # our GPT: the one model smearcli itself implements
+    from .gpt_runners import GPTRunner  # our GPT: the one model smearcli itself implements
     return GPTRunner(target, logic or "fixed")
 
 
