@@ -55,8 +55,7 @@ from .errors import CannotRun
 from .defaults import REFERENCE, SCHEDULE_NAMES
 from .owned import Owned
 from .runner import EXPAND, PREFIX_CACHE, Runner
-from .steps import (CACHE_COPY, CHUNK_START, CRASHED, PREFIX_HIT, UNCHECKED, Ran, Repro,  # noqa: F401 - the
-                    RunResult, Schedule, ScheduleOptions, chunk_plan, prompt_len, split_even)  # schedules' API
+from .steps import CACHE_COPY, Ran, RunResult, Schedule, ScheduleOptions, chunk_plan, prompt_len
 
 
 # -- the built-in schedules' runs -------------------------------------------------------------------

@@ -41,7 +41,6 @@ import dataclasses
 from typing import Optional
 
 from .. import evidence, frames
-from ..frames import short_path  # noqa: F401 - census.born names its frames by it
 from ..boundaries import rollback_mode
 from ..metrics import RunMetrics, measure
 from ..defaults import NOISE_MARGIN

@@ -36,7 +36,7 @@ from __future__ import annotations
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Optional, Sequence
 
 import torch
 
@@ -45,7 +45,7 @@ from ..verdicts import CRASHED, NOT_BUILT, OK, UNCONFIRMED, UNSUPPORTED
 from . import derive, vllm_plan
 from .boundary import transformers_frame
 from .check import INIT_LADDER, NO_POWER_NOTE, build, init_note, record, text_config, vocab_of
-from .report import counts, sort_key
+from .report import sort_key
 
 T = 48  # tokens: room for micro-batches of 3 to 7, three 16-token calls and drafts of the default size
 ENGINE = "llamacpp"
@@ -65,7 +65,7 @@ OWN = "the implementation's own departure, not a cache finding"
 def names_for(python: str) -> list[str]:
     """Every model type this census can check: the converter's architectures with a
     transformers causal-LM class."""
-    from ..impls.llamacpp import archs
+    from ..impls.llamacpp.environment import archs
 
     return vllm_plan.model_types(archs(python))
 
@@ -152,7 +152,7 @@ def judged(model_type, model, model_dir: Path, python: str, tokens, ref_runner, 
     from ..impls import llamacpp
     from ..impls.llamacpp.own_prefill import against_prefill
     from ..judge import Run, status
-    from ..schedules import UNCHECKED
+    from ..steps import UNCHECKED
     from ..steps import ScheduleOptions
 
     settings = llamacpp.Settings(python=python, model=str(model_dir), vocab=int(text_config(model.config).vocab_size),
@@ -345,7 +345,8 @@ class Session:
 
     def __init__(self, python: Optional[str], quiet: bool = False):
         from ..errors import UserError
-        from ..impls.llamacpp import ENV_PYTHON, check_python
+        from ..impls.llamacpp import ENV_PYTHON
+        from ..impls.llamacpp.environment import check_python
 
         if not python:
             raise UserError(f"the llama.cpp engine needs the Python of llama.cpp's environment (${ENV_PYTHON}); "

@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Optional
 
 from ..errors import UserError
-from ..impls.vllm import WORKER, runnable, worker_env
+from ..impls.foreign import runnable
+from ..impls.vllm.environment import WORKER, worker_env
 
 READY_TIMEOUT_S = 600.0  # vLLM's import: 15 to 30 s alone, minutes on a loaded machine
 POLL_S = 0.2

@@ -23,7 +23,7 @@ from smearcli.cli.impls import offered
 from smearcli.defaults import SCHEDULE_NAMES
 from smearcli.render import figures
 from smearcli.runner import COPY
-from smearcli.schedules import Ran, Repro, Schedule
+from smearcli.steps import Ran, Repro, Schedule
 from smearcli.weights import random_config, random_model
 
 # -- the toy boundary: everything a new boundary writes ------------------------------------------

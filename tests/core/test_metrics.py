@@ -11,7 +11,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from smearcli import metrics
 from smearcli.metrics import NoiseFloor, abs_error, kl_per_position, measure, noise_floor, ref_scale
-from smearcli.schedules import CACHE_COPY, RunResult
+from smearcli.steps import CACHE_COPY, RunResult
 
 
 # -- the plain formulas measure must equal (one whole-tensor expression each) -----------------------

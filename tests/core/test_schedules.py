@@ -6,8 +6,8 @@ import torch
 from smearcli import gpt_runners
 from smearcli.defaults import ENGINE_SCHEDULES, SCHEDULE_NAMES
 from smearcli.runner import Output, Runner
-from smearcli.schedules import (CACHE_COPY, CHUNK_START, SCHEDULES, STEP_PLANS, RunResult, ScheduleOptions,
-                                plan_steps, run_schedule, runnable)
+from smearcli.schedules import SCHEDULES, STEP_PLANS, plan_steps, run_schedule, runnable
+from smearcli.steps import CACHE_COPY, CHUNK_START, RunResult, ScheduleOptions
 from smearcli.weights import random_config, random_model
 
 T = 24
