@@ -243,12 +243,6 @@ def _logits_pass(ref: Tensor, run: Tensor, row_map: list[int], expand_at: Option
     return err, kl, agree
 
 
-def kl_per_position(ref_logits: Tensor, run_logits: Tensor, row_map: list[int]) -> Tensor:
-    """(T,): KL(ref || run) in nats, max over rows (tests/core/test_metrics.py checks it bit for bit
-    against the whole-tensor formula)."""
-    return _logits_pass(ref_logits, run_logits, row_map)[1].amax(dim=0).clamp_min(0).float()
-
-
 @dataclass
 class RunMetrics:
     schedule: str

@@ -112,13 +112,6 @@ TAKES_BOS = frozenset({BOS_MASKED})  # logics called with `is_bos=` (the model n
 ONE_TOKEN_STEP: dict[str, Callable] = {"old": smear_one_token, "fixed": smear_one_token}
 
 
-def same_one_token_step(logics) -> bool:
-    """True when every logic named runs the same code for a cached one-token step, so one decode
-    run serves them all. False for a logic the registry does not know (a user's own code)."""
-    fns = {ONE_TOKEN_STEP.get(name) for name in logics}
-    return len(fns) == 1 and None not in fns
-
-
 def get_logic(name: str) -> SmearFn:
     try:
         return LOGICS[name]

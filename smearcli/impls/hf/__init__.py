@@ -43,10 +43,6 @@ from .load import load_dir_with_notes, require_transformers
 from .cache_runner import CacheRunner
 from . import api
 
-OLDEST = "5.0.0"  # the oldest release run end to end (tests/impls/test_hf_releases.py installs it)
-# run end to end (compare --impl hf, scan); every release between had its cache API read
-TESTED_VERSIONS = ("5.0.0", "5.3.0", "5.4.0", "5.15.1", "5.23.0", "5.24.0", "5.25.0")
-
 
 # -- built-in tiny configs ------------------------------------------------------------------------
 _COMMON = dict(vocab_size=128, hidden_size=64, num_hidden_layers=2)

@@ -233,10 +233,6 @@ class Recorded(Holder):
     due: bool = False
 
 
-def first_line(e: BaseException) -> str:
-    return (str(e).splitlines() or [""])[0][:160]
-
-
 def generation_cache(model):
     """The cache `generate()` makes before the prefill (`_prepare_cache_for_generation`): a
     `DynamicCache` of the text config (beside a cross-attention one for an encoder-decoder), or
