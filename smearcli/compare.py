@@ -35,7 +35,8 @@ from .metrics import AnalyticCheck, NoiseFloor, RunMetrics, analytic_check, meas
 from .defaults import DEFAULT_SCHEDULES, LOGIC_NAMES, NOISE_MARGIN
 from .runner import Described, Runner
 from .runplan import collect, common_layers, plan, run_all
-from .schedules import RunResult, ScheduleOptions, missing, run_schedule, runnable, shape, shape_at
+from .schedules import missing, run_schedule, runnable, shape, shape_at
+from .steps import RunResult, ScheduleOptions
 from .formatters import fmt_steps, sci, sig3, times
 from .verdicts import BUG, CRASHED, INCONCLUSIVE, OK, ROUNDING, UNCONFIRMED, Verdict, line
 

@@ -34,7 +34,7 @@ from torch import Tensor
 
 from . import profile
 from .defaults import NOISE_MARGIN
-from .schedules import RunResult
+from .steps import RunResult
 
 
 BLOCK = 1 << 17  # elements per block of the one pass (a float32 block stays in a core's L2 cache)

@@ -42,7 +42,7 @@ from .jsondoc import SCHEMAS, header, model_header
 from .defaults import FIRST_TOKENS, NOISE_MARGIN, PACKED
 from .owned import Owned
 from .runner import DOCUMENT_MASK, SMEAR_TERMS, NoDocumentMask, Runner
-from .schedules import ScheduleOptions
+from .steps import ScheduleOptions
 from .formatters import sci, times
 
 BYTE_BOS = 0  # a byte-level model has no <|bos|>: byte 0 (NUL, absent from text) stands in for it

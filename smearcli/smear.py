@@ -29,7 +29,7 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor
 
-from .config import SMEAR_GATE_CHANNELS as GATE_CHANNELS
+from .config import SMEAR_GATE_CHANNELS
 from .defaults import ALL_LOGICS, BOS_MASKED
 
 
@@ -42,7 +42,7 @@ def smear_gate(x: Tensor, gate_weight: Tensor, smear_lambda: Tensor) -> Tensor:
     # here, ~1e-5 in the logits). Upstream's loaded parameters keep requires_grad=True, ours
     # may not; copying first makes the flattened mm the only path, so we match upstream
     # whatever requires_grad says. At batch 1, or on an unsliced x, both paths are the same mm.
-    g = torch.nn.functional.linear(x[..., :GATE_CHANNELS].contiguous(), gate_weight.to(x.dtype))
+    g = torch.nn.functional.linear(x[..., :SMEAR_GATE_CHANNELS].contiguous(), gate_weight.to(x.dtype))
     return smear_lambda.to(x.dtype) * torch.sigmoid(g)
 
 

@@ -8,11 +8,11 @@ import torch
 from typer.testing import CliRunner
 
 from smearcli import gpt_runners, packed
-from smearcli.boundaries import DOCUMENT_START, PADDING, ROLLBACK, split_on_bos
+from smearcli.boundaries import split_on_bos
 from smearcli.cli.app import app
 from smearcli.compare import compare
 from smearcli.model import rms_norm
-from smearcli.defaults import NOISE_MARGIN
+from smearcli.defaults import DOCUMENT_START, NOISE_MARGIN, PADDING, ROLLBACK
 from smearcli.runner import COPY, CROP, PADDING as PADDED_BATCH, Output, Runner
 from smearcli.schedules import ScheduleOptions, run_schedule, runnable, shape
 from smearcli.weights import random_config, random_model

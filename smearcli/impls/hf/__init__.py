@@ -38,7 +38,8 @@ from ...errors import UserError
 from ...defaults import DEFAULT_SCHEDULES, NOISE_MARGIN
 from ...compare import Comparison
 from ...runner import Described
-from ...schedules import ScheduleOptions, runnable
+from ...schedules import runnable
+from ...steps import ScheduleOptions
 from .load import load_dir_with_notes, require_transformers
 from .cache_runner import CacheRunner
 from . import api
