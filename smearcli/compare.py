@@ -35,7 +35,8 @@ from .metrics import AnalyticCheck, NoiseFloor, RunMetrics, analytic_check, meas
 from .defaults import DEFAULT_SCHEDULES, LOGIC_NAMES, NOISE_MARGIN
 from .runner import Described, Runner
 from .runplan import collect, common_layers, plan, run_all
-from .schedules import RunResult, ScheduleOptions, missing, run_schedule, runnable, shape, shape_at
+from .schedules import missing, run_schedule, runnable, shape, shape_at
+from .steps import RunResult, ScheduleOptions
 from .formatters import fmt_steps, sci, sig3, times
 from .verdicts import BUG, CRASHED, INCONCLUSIVE, OK, ROUNDING, UNCONFIRMED, Verdict, line
 
@@ -226,7 +227,7 @@ def as_runners(target, logics: Sequence[str] = LOGIC_NAMES, name: Optional[str] 
         if not target or not all(isinstance(r, Runner) for r in target):
             raise TypeError("compare takes our GPT, a Runner, or a non-empty list of Runners")
         return list(target)
-    from .ours import runners  # our GPT
+    from .gpt_runners import runners  # our GPT
 
     return runners(target, logics, name)
 

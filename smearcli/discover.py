@@ -33,7 +33,6 @@ from .tokenizer import find_tokenizer
 # nanochat versions, which had a midtraining stage)
 SOURCE_DIRS = {"base": "base_checkpoints", "sft": "chatsft_checkpoints", "rl": "chatrl_checkpoints",
                "mid": "mid_checkpoints"}
-SOURCES = ("base", "sft", "rl")  # the sources current nanochat writes
 DEFAULT_SOURCE_ORDER = ("sft", "rl", "base", "mid")  # tried in this order when none is given
 _DIR_SOURCES = {v: k for k, v in SOURCE_DIRS.items()}
 _TAG_DEPTH = re.compile(r"d(\d+)")  # nanochat matches this at the start of the tag name

@@ -58,18 +58,6 @@ def span_flops(config: GPTConfig, start: int, n: int) -> int:
     return 2 * matmul_params(config) * n + attn
 
 
-def prefill_flops(config: GPTConfig, num_tokens: int) -> int:
-    """Forward FLOPs of a prompt of `num_tokens` from position 0 (one row)."""
-    return span_flops(config, 0, num_tokens)
-
-
-def decode_flops(config: GPTConfig, context_len: int) -> int:
-    """Forward FLOPs of one decoded token that sees `context_len` tokens, itself included."""
-    if context_len < 1:
-        raise ValueError(f"context_len must be >= 1, got {context_len}")
-    return span_flops(config, context_len - 1, 1)
-
-
 def run_flops(config: GPTConfig, steps: Sequence[int], batch: int, rows: Optional[int] = None,
               expand_at: Optional[int] = None) -> int:
     """Forward FLOPs of a schedule run: `steps` are the step sizes per input row, `batch` the input

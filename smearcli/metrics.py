@@ -34,7 +34,7 @@ from torch import Tensor
 
 from . import profile
 from .defaults import NOISE_MARGIN
-from .schedules import RunResult
+from .steps import RunResult
 
 
 BLOCK = 1 << 17  # elements per block of the one pass (a float32 block stays in a core's L2 cache)
@@ -241,12 +241,6 @@ def _logits_pass(ref: Tensor, run: Tensor, row_map: list[int], expand_at: Option
                 kl[xs, s:e] = q.mul_(p.exp_()).sum(-1)  # exp(p) * (p - q), summed over the vocabulary
     agree = run_top == ref_top[torch.tensor(row_map, device=ref_top.device)]
     return err, kl, agree
-
-
-def kl_per_position(ref_logits: Tensor, run_logits: Tensor, row_map: list[int]) -> Tensor:
-    """(T,): KL(ref || run) in nats, max over rows (tests/core/test_metrics.py checks it bit for bit
-    against the whole-tensor formula)."""
-    return _logits_pass(ref_logits, run_logits, row_map)[1].amax(dim=0).clamp_min(0).float()
 
 
 @dataclass

@@ -21,8 +21,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .cache import KVCache
-from .config import VE_GATE_CHANNELS, GPTConfig
-from .smear import GATE_CHANNELS, TAKES_BOS, get_logic, smear_gate
+from .config import SMEAR_GATE_CHANNELS, VE_GATE_CHANNELS, GPTConfig
+from .smear import TAKES_BOS, get_logic, smear_gate
 
 ROTARY_BASE = 100000
 SOFTCAP = 15.0
@@ -182,7 +182,7 @@ class GPT(nn.Module):
         self.lm_head = Linear(C, V)
         self.resid_lambdas = nn.Parameter(torch.ones(config.n_layer))
         self.x0_lambdas = nn.Parameter(torch.zeros(config.n_layer))
-        self.smear_gate = Linear(GATE_CHANNELS, 1)
+        self.smear_gate = Linear(SMEAR_GATE_CHANNELS, 1)
         self.smear_lambda = nn.Parameter(torch.zeros(1))
         self.backout_lambda = nn.Parameter(torch.full((1,), 0.2))
         self.value_embeds = nn.ModuleDict({

@@ -20,10 +20,10 @@ A leak is a measurement of training against inference, not a bug: the verdict sa
 `limit` (a max |dlogit| over each document's first tokens) makes it a gate.
 
 ```python
-from smearcli import ours, packed, weights
+from smearcli import gpt_runners, packed, weights
 model = weights.tiny_model().model
 tokens = packed.packed_tokens(model.config.vocab_size, (100, 60, 96), packed.default_bos(model.config))
-result = packed.measure(ours.runners(model, ["old", "fixed", "bosmask"], bos=0), tokens, (100, 60, 96))
+result = packed.measure(gpt_runners.runners(model, ["old", "fixed", "bosmask"], bos=0), tokens, (100, 60, 96))
 print(result.table())
 ```
 """
@@ -42,7 +42,7 @@ from .jsondoc import SCHEMAS, header, model_header
 from .defaults import FIRST_TOKENS, NOISE_MARGIN, PACKED
 from .owned import Owned
 from .runner import DOCUMENT_MASK, SMEAR_TERMS, NoDocumentMask, Runner
-from .schedules import ScheduleOptions
+from .steps import ScheduleOptions
 from .formatters import sci, times
 
 BYTE_BOS = 0  # a byte-level model has no <|bos|>: byte 0 (NUL, absent from text) stands in for it

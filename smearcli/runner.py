@@ -65,7 +65,6 @@ DOCUMENT_MASK = "document_mask"
 PADDING = "padding"
 PREFIX_CACHE = "prefix_cache"
 BOS_DOCUMENTS = "bos_documents"
-CAPABILITIES = (EXPAND, CROP, SMEAR_TERMS, COPY, DOCUMENT_MASK, PADDING, PREFIX_CACHE, BOS_DOCUMENTS)
 
 
 class NoDocumentMask(Exception):

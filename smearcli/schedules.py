@@ -55,8 +55,7 @@ from .errors import CannotRun
 from .defaults import REFERENCE, SCHEDULE_NAMES
 from .owned import Owned
 from .runner import EXPAND, PREFIX_CACHE, Runner
-from .steps import (CACHE_COPY, CHUNK_START, CRASHED, PREFIX_HIT, UNCHECKED, Ran, Repro,  # noqa: F401 - the
-                    RunResult, Schedule, ScheduleOptions, chunk_plan, prompt_len, split_even)  # schedules' API
+from .steps import CACHE_COPY, Ran, RunResult, Schedule, ScheduleOptions, chunk_plan, prompt_len
 
 
 # -- the built-in schedules' runs -------------------------------------------------------------------
@@ -276,7 +275,7 @@ def as_runner(target, logic: Optional[str] = None) -> Runner:
         if logic is not None:
             raise ValueError(f"a runner brings its own logic ({target.label}); leave logic out")
         return target
-    from .ours import GPTRunner  # our GPT: the one model smearcli itself implements
+    from .gpt_runners import GPTRunner  # our GPT: the one model smearcli itself implements
     return GPTRunner(target, logic or "fixed")
 
 

@@ -29,7 +29,7 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor
 
-from .config import SMEAR_GATE_CHANNELS as GATE_CHANNELS
+from .config import SMEAR_GATE_CHANNELS
 from .defaults import ALL_LOGICS, BOS_MASKED
 
 
@@ -42,7 +42,7 @@ def smear_gate(x: Tensor, gate_weight: Tensor, smear_lambda: Tensor) -> Tensor:
     # here, ~1e-5 in the logits). Upstream's loaded parameters keep requires_grad=True, ours
     # may not; copying first makes the flattened mm the only path, so we match upstream
     # whatever requires_grad says. At batch 1, or on an unsliced x, both paths are the same mm.
-    g = torch.nn.functional.linear(x[..., :GATE_CHANNELS].contiguous(), gate_weight.to(x.dtype))
+    g = torch.nn.functional.linear(x[..., :SMEAR_GATE_CHANNELS].contiguous(), gate_weight.to(x.dtype))
     return smear_lambda.to(x.dtype) * torch.sigmoid(g)
 
 
@@ -110,13 +110,6 @@ TAKES_BOS = frozenset({BOS_MASKED})  # logics called with `is_bos=` (the model n
 # A fact about the code above, checked by tests/core/test_presets.py on random inputs: when two
 # logics map to the same function, their decode runs are the same computation, bit for bit.
 ONE_TOKEN_STEP: dict[str, Callable] = {"old": smear_one_token, "fixed": smear_one_token}
-
-
-def same_one_token_step(logics) -> bool:
-    """True when every logic named runs the same code for a cached one-token step, so one decode
-    run serves them all. False for a logic the registry does not know (a user's own code)."""
-    fns = {ONE_TOKEN_STEP.get(name) for name in logics}
-    return len(fns) == 1 and None not in fns
 
 
 def get_logic(name: str) -> SmearFn:

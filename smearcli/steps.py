@@ -17,7 +17,6 @@ from typing import Callable, NamedTuple, Optional
 from torch import Tensor
 
 from .defaults import CHUNKS, DRAFT, GEN_LEN, REJECT, SAMPLES
-from .runner import Runner
 from .verdicts import Verdict
 
 # The kinds of boundary a run records (`RunResult.boundaries`): positions where per-token state

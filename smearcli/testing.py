@@ -52,7 +52,8 @@ from torch import Tensor
 from .compare import Comparison, compare
 from .defaults import NOISE_MARGIN
 from .runner import StepRunner
-from .schedules import ScheduleOptions, plan_steps
+from .schedules import plan_steps
+from .steps import ScheduleOptions
 
 Step = Callable[[Tensor, Any], tuple]
 DEFAULT_SCHEDULES = ("decode", "chunked")

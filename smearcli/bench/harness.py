@@ -51,7 +51,8 @@ from torch import Tensor
 from .. import flops as F
 from ..model import GPT, rms_norm
 from ..defaults import LOGIC_NAMES
-from ..schedules import ScheduleOptions, chunk_plan, run_schedule
+from ..schedules import run_schedule
+from ..steps import ScheduleOptions, chunk_plan
 from ..smear import LOGICS
 from .sampled import MIN_SAMPLE, DecodeSample, sample_window, steps_that_fit, time_decode_steps
 from .rounds import Tracker, alternate

@@ -40,7 +40,8 @@ from torch import Tensor
 
 from ..defaults import NOISE_MARGIN
 from ..precision import lifted
-from .boundary import SCHEDULES as BOUNDARY_SCHEDULES, short_path
+from ..frames import short_path
+from .boundary import SCHEDULES as BOUNDARY_SCHEDULES
 from .draft import suspect_kind
 
 EPS32 = torch.finfo(torch.float32).eps

@@ -41,11 +41,11 @@ import dataclasses
 from typing import Optional
 
 from .. import evidence, frames
-from ..frames import short_path  # noqa: F401 - census.born names its frames by it
 from ..boundaries import rollback_mode
 from ..metrics import RunMetrics, measure
 from ..defaults import NOISE_MARGIN
-from ..schedules import ScheduleOptions, census_schedules, missing, run_schedule, runnable, shape
+from ..schedules import census_schedules, missing, run_schedule, runnable, shape
+from ..steps import ScheduleOptions
 from ..verdicts import (BUG, CRASHED, INCONCLUSIVE, NOT_JUDGED, NOT_JUDGED_WHY, NOT_RUN, OK, ROUNDING, UNCONFIRMED,
                         UNSUPPORTED)
 from ..impls.hf import cache_runner as hf_runner

@@ -10,11 +10,11 @@ A child that dies (a signal, an allocation refused) or raises is that architectu
 Time is not a verdict. A child past its wall-clock limit is killed and the architecture is tried
 once more, after the others, with `RETRY_FACTOR` times the time; what is still out of time then is
 `timed out` (with both limits and the load), never `crashed`. A check sends the record it has so
-far at each stage (`stage`: its verdict, then the reproducer files it wrote); once the verdict is
-in, the architecture's own limit no longer applies: the rest (writing and running reproducers)
-gets its own limit, scaled to the check's pace (`later_limit`), and when that runs out the last
-record sent is kept, with what did not finish in its notes (a reproducer file on disk always has a
-record pointing at it: `check` sends its path before running it).
+far at each stage (`budget.stage`: its verdict, then the reproducer files it wrote); once the
+verdict is in, the architecture's own limit no longer applies: the rest (writing and running
+reproducers) gets its own limit, scaled to the check's pace (`budget.later_limit`), and when that
+runs out the last record sent is kept, with what did not finish in its notes (a reproducer file on
+disk always has a record pointing at it: `check` sends its path before running it).
 Every record says which transformers release made it (`transformers_version`). transformers'
 warnings that a fast SSM kernel is not installed are kept out of the progress lines
 (`impls.hf.kernels`): a child sends back what was missing after its record, and the run says it
@@ -44,10 +44,9 @@ from typing import Callable, Optional, Sequence
 
 from .. import jsonsafe
 from ..errors import UserError
-from ..verdicts import CRASHED, NOT_BUILT, TIMED_OUT
+from ..verdicts import CRASHED, NOT_BUILT
 from ..impls.hf import kernels
 from . import budget, records
-from .budget import later_limit, stage, timed_out  # noqa: F401 - the census's names for them
 
 DEFAULT_TIMEOUT = 240.0  # seconds per architecture
 RETRY_FACTOR = budget.RETRY_FACTOR
@@ -235,16 +234,16 @@ def run(names: Sequence[str], check: Callable[[str], dict], sink: "records.Sink"
             now = time.monotonic()
             for pid, (name, fd, start, buf, limit, verdict_at) in list(running.items()):
                 if verdict_at is not None:  # the verdict is in: the rest has its own limit
-                    if now - verdict_at > later_limit(verdict_at - start):
+                    if now - verdict_at > budget.later_limit(verdict_at - start):
                         _kill(pid, running)
-                        finish(budget.kept(name, buf, now - start, later_limit(verdict_at - start)))
+                        finish(budget.kept(name, buf, now - start, budget.later_limit(verdict_at - start)))
                 elif now - start > limit:
                     _kill(pid, running)
                     if name not in tried:  # once more, after the others, with more time
                         tried[name] = limit
                         todo.append((name, limit * RETRY_FACTOR))
                     else:
-                        finish(timed_out(name, tried[name], limit, now - start))
+                        finish(budget.timed_out(name, tried[name], limit, now - start))
     finally:
         with records.signals_held():  # a second Ctrl-C must not leave a worker behind
             for pid in list(running):
@@ -290,7 +289,7 @@ def _collect(running: dict, memory: Optional[int], slow: set) -> list[dict]:
         if chunk:
             buf.extend(chunk)
             if worker[5] is None and b'{"' + STAGE.encode() + b'"' in buf:  # the verdict is in
-                worker[5] = time.monotonic()  # its own limit stops; `later_limit` starts
+                worker[5] = time.monotonic()  # its own limit stops; `budget.later_limit` starts
             continue
         pid = fds[fd]  # end of file: the child is done
         with records.signals_held():  # reaped and dropped together: the cleanup sees one or the other

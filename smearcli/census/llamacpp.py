@@ -66,7 +66,7 @@ OWN = "the implementation's own departure, not a cache finding"
 def names_for(python: str) -> list[str]:
     """Every model type this census can check: the converter's architectures with a
     transformers causal-LM class."""
-    from ..impls.llamacpp import archs
+    from ..impls.llamacpp.environment import archs
 
     return vllm_plan.model_types(archs(python))
 
@@ -127,7 +127,7 @@ def judged(model_type, model, model_dir: Path, python: str, tokens, ref_runner, 
     from ..impls import llamacpp
     from ..impls.llamacpp.own_prefill import against_prefill
     from ..judge import Run, status
-    from ..schedules import UNCHECKED
+    from ..steps import UNCHECKED
     from ..steps import ScheduleOptions
 
     settings = llamacpp.Settings(python=python, model=str(model_dir), vocab=int(text_config(model.config).vocab_size),
@@ -320,7 +320,8 @@ class Session:
 
     def __init__(self, python: Optional[str], quiet: bool = False):
         from ..errors import UserError
-        from ..impls.llamacpp import ENV_PYTHON, check_python
+        from ..impls.llamacpp import ENV_PYTHON
+        from ..impls.llamacpp.environment import check_python
 
         if not python:
             raise UserError(f"the llama.cpp engine needs the Python of llama.cpp's environment (${ENV_PYTHON}); "

@@ -190,7 +190,8 @@ def write(rec: dict, entry: dict, tokens: list, threshold: float, gguf_name: str
 
 def run(path: Path, python: str, timeout: float = 300.0) -> tuple[int, str]:
     """(exit status, last line) of a reproducer in llama.cpp's interpreter, isolated (`-I`)."""
-    from ..impls.llamacpp.environment import runnable, worker_env
+    from ..impls.foreign import runnable
+    from ..impls.llamacpp.environment import worker_env
 
     try:
         p = subprocess.run([runnable(python), "-I", str(path)], capture_output=True, text=True, timeout=timeout,

@@ -108,7 +108,7 @@ class Session:
 def open_session(python: str, quiet: bool = False) -> Session:
     """vLLM's environment checked by its handshake (a UserError when it is not one), then its
     worker started (vLLM imported): the census's fixed cost."""
-    from ..impls.vllm import check_python
+    from ..impls.vllm.environment import check_python
 
     check_python(python)
     t0 = time.monotonic()

@@ -41,7 +41,8 @@ from ..judge import Run, judge, status
 from ..compare import measure_power
 from ..metrics import measure
 from ..defaults import NOISE_MARGIN
-from ..schedules import CRASHED as RUN_CRASHED, UNCHECKED, run_schedule
+from ..schedules import run_schedule
+from ..steps import CRASHED as RUN_CRASHED, UNCHECKED
 from ..verdicts import CRASHED, INCONCLUSIVE, NOT_BUILT, NOT_RUN, OK, UNCONFIRMED
 from . import vllm_plan
 from .boundary import transformers_frame

@@ -7,7 +7,8 @@ Each architecture is still checked in its own forked process (`isolate`): that p
 the job to the worker's stdin, waits for the answer line on its stdout, and stops the worker
 itself when the answer does not come in time or the worker's resident memory passes the limit
 (`ask`); a worker that dies, hangs or is stopped is started again before the next architecture
-(`Worker.ensure`), so one model's crash is that model's record and never the census's end.
+(`kill`, then `start`, in `vllm_census`), so one model's crash is that model's record and never the
+census's end.
 
 vLLM's own output (its logs, a crash's traceback) goes to a log file, whose last lines name a
 worker that died. The time spent importing vLLM is summed in `import_s`, for the benchmark.
@@ -28,7 +29,8 @@ from pathlib import Path
 from typing import Optional
 
 from ..errors import UserError
-from ..impls.vllm import WORKER, runnable, worker_env
+from ..impls.foreign import runnable
+from ..impls.vllm.environment import WORKER, worker_env
 
 READY_TIMEOUT_S = 600.0  # vLLM's import: 15 to 30 s alone, minutes on a loaded machine
 POLL_S = 0.2
@@ -85,12 +87,6 @@ class Worker:
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
-
-    def ensure(self) -> None:
-        """A live worker for the next model: a dead one is reaped and started again."""
-        if not self.alive():
-            self.kill()
-            self.start()
 
     def kill(self) -> None:
         """Stop the worker and all it started (its session), and reap it."""

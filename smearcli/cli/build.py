@@ -20,9 +20,10 @@ from ..config import ConfigError
 from ..errors import UserError
 from ..inputs import load_tokens, random_tokens, read_text_bytes, read_text_file, text_documents, text_tokens
 from ..preflight import TooLarge, check_dtype, check_run_memory
-from ..schedules import ScheduleOptions, chunk_plan
+from ..steps import ScheduleOptions, chunk_plan
 from ..checkpoint import NoSmearParameters, NoSuchStep, find_step
-from ..weights import LoadedModel, load_checkpoint, preset_config, random_config, random_model, tiny_model
+from ..config import preset_config
+from ..weights import LoadedModel, load_checkpoint, random_config, random_model, tiny_model
 from .. import defaults, profile
 from .errors import PROGRAM
 from .options import Device, DType, ModelKind, RunSpec

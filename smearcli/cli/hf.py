@@ -53,7 +53,7 @@ def prepare(spec: RunSpec, schedules, tolerance: float):
     """A Job that checks the model of --hf-model on `schedules`; its report writes smearcli.compare/1."""
     from ..impls import hf
     from ..defaults import DRAFT
-    from ..schedules import chunk_plan
+    from ..steps import chunk_plan
     from .build import check_boundaries
     from .threads import apply_threads
 

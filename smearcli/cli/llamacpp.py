@@ -33,7 +33,7 @@ def llamacpp_python(spec: RunSpec) -> tuple[str, str]:
 
 def check_gguf_file(spec: RunSpec, vocab: int):
     """--gguf's header against the bounds and the config's vocabulary (UserError with the reason)."""
-    from ..impls.llamacpp import BadGGUF, check_gguf
+    from ..impls.llamacpp.gguf_header import BadGGUF, check as check_gguf
 
     path = Path(spec.gguf)
     if not path.is_file():
@@ -58,6 +58,7 @@ def schedules_to_run(spec: RunSpec, schedules) -> list:
 def prepare(spec: RunSpec, schedules, tolerance: float):
     """A Job that runs llama.cpp on `schedules` against the transformers reference (compare/1)."""
     from ..impls import hf, llamacpp
+    from ..impls.llamacpp.environment import check_python
     from ..defaults import DEFAULT_SCHEDULES
     from ..runner import LogProbs
     from .build import check_boundaries, flag
@@ -83,7 +84,7 @@ def prepare(spec: RunSpec, schedules, tolerance: float):
                         "llama.cpp (CMAKE_ARGS=-DGGML_CUDA=on) is not driven by this smearcli yet")
     python, given_as = llamacpp_python(spec)
     with flag(given_as):  # the handshake before any model is loaded: a bad environment is exit 2
-        hello = llamacpp.check_python(python)
+        hello = check_python(python)
     threads = apply_threads(spec.threads)
     model, info, _ = load(spec)
     vocab = int(model.config.vocab_size)

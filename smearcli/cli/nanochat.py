@@ -1,6 +1,6 @@
 """`--impl ours|nanochat|both`: nanochat-shaped models from the CLI, as registry jobs.
 
-ours: our GPT under each `--logic` (runners from `smearcli.ours`), the standard report. nanochat
+ours: our GPT under each `--logic` (runners from `smearcli.gpt_runners`), the standard report. nanochat
 and both: the audit of the user's checkout (`impls.nanochat.audit`), with its own report (its
 table, findings and likeness; schema smearcli.audit/1). `--schedules packed` is the packed
 report (`cli.packed`) for each: the user's runner, with `both` beside ours under old and fixed. A checkpoint from before the smear is an
@@ -25,7 +25,7 @@ def prepare(spec, schedules, tolerance) -> Job:
     from ..checkpoint import NoSmearParameters
     from ..errors import UserError
     from ..defaults import PACKED
-    from ..ours import runners
+    from ..gpt_runners import runners
     from .build import build_setup
 
     if PACKED in schedules and len(schedules) > 1:

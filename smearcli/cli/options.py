@@ -57,7 +57,7 @@ class Logic(str, Enum):
     both = "both"
 
 
-class Source(str, Enum):  # nanochat's checkpoint sources (discover.SOURCES)
+class Source(str, Enum):  # the checkpoint sources current nanochat writes (discover.SOURCE_DIRS: also mid)
     base = "base"
     sft = "sft"
     rl = "rl"

@@ -118,7 +118,7 @@ class PackedReport(Report):
 
 def packed_job(spec, setup, tolerance, info) -> Job:
     from ..defaults import FIRST_TOKENS
-    from ..ours import runners
+    from ..gpt_runners import runners
 
     tokens, lengths = packed_input(spec, setup)
     bos = int(tokens[0, 0])

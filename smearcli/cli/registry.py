@@ -84,7 +84,7 @@ NOT_HF = tuple((f, "configures a nanochat model and does not apply to --impl hf 
 # user's checkout runs packed (its documents alone against the packed row, the attention split
 # through its own SDPA calls masked to the documents) but neither padded nor, as it can neither crop
 # nor copy its cache, rollback; a transformers model has no engine expansion and no BOS documents
-OURS = "smearcli.ours:GPTRunner"
+OURS = "smearcli.gpt_runners:GPTRunner"
 NANOCHAT = "smearcli.impls.nanochat.adapter:NanochatRunner"
 register(Implementation("ours", "smearcli's reimplementation of nanochat's GPT; --logic picks the smear",
                         "smearcli.cli.nanochat:prepare", commands=COMMANDS, runners=(OURS,)))

@@ -63,6 +63,7 @@ def check_plan(T: int, schedules, opts) -> None:
 def prepare(spec: RunSpec, schedules, tolerance: float):
     """A Job that runs vLLM on `schedules` against the transformers reference (compare/1 document)."""
     from ..impls import hf, vllm
+    from ..impls.vllm.environment import check_python
     from ..runner import LogProbs
     from .build import flag
     from .hf import flag_model, load, tokens_for
@@ -73,7 +74,7 @@ def prepare(spec: RunSpec, schedules, tolerance: float):
     opts = check_vllm_spec(spec, schedules)
     python, given_as = vllm_python(spec)
     with flag(given_as):  # its handshake, before any model is loaded: a bad environment is exit 2
-        vllm.check_python(python)
+        check_python(python)
     if spec.tokens is None:  # random input: its length is known before the model loads
         check_plan(spec.seq_len_value(), schedules, opts)
     threads = apply_threads(spec.threads)

@@ -2,12 +2,12 @@
 next when documents share one row, and whose part it is.
 
 ```python
-from smearcli import ours, packed, weights
+from smearcli import gpt_runners, packed, weights
 from smearcli.render import figures, packed_figure
 model = weights.tiny_model().model
 lengths = (100, 60, 96)
 tokens = packed.packed_tokens(model.config.vocab_size, lengths, packed.default_bos(model.config))
-result = packed.measure(ours.runners(model, ["old", "fixed", "bosmask"], bos=int(tokens[0, 0])), tokens, lengths)
+result = packed.measure(gpt_runners.runners(model, ["old", "fixed", "bosmask"], bos=int(tokens[0, 0])), tokens, lengths)
 figures.save(packed_figure.figure(result), "packed.png")
 ```
 

@@ -16,7 +16,8 @@ pytest.importorskip("transformers", reason="transformers is not installed: pip i
 from smearcli.cli.app import app  # noqa: E402
 from smearcli.compare import compare  # noqa: E402
 from smearcli.census import repro  # noqa: E402
-from smearcli.census.check import BUG, CRASHED, check, record  # noqa: E402
+from smearcli.census.check import check, record  # noqa: E402
+from smearcli.verdicts import BUG, CRASHED  # noqa: E402
 from smearcli.census.derive import derive  # noqa: E402
 from smearcli.runner import StepRunner  # noqa: E402
 

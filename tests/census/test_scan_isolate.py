@@ -76,15 +76,15 @@ def finds_then_stalls(name: str) -> dict:
     """A check that makes its finding, sends it (`stage`), then stalls in what comes after (a
     reproducer on a busy machine)."""
     rec = {"model_type": name, "verdict": "bug", "worst_schedule": "decode", "notes": []}
-    isolate.stage(rec)
+    budget.stage(rec)
     if name == "stalls-after-file":
-        isolate.stage(dict(rec, reproducer="/tmp/x.py"))
+        budget.stage(dict(rec, reproducer="/tmp/x.py"))
     while True:
         time.sleep(0.05)
 
 
 def test_a_finding_made_is_kept_when_what_follows_runs_out_of_time(tmp_path, monkeypatch):
-    monkeypatch.setattr(isolate, "later_limit", lambda check_s: 1.0)
+    monkeypatch.setattr(budget, "later_limit", lambda check_s: 1.0)
     t0 = time.monotonic()
     recs = isolate.scan(["stalls", "stalls-after-file"], finds_then_stalls, tmp_path / "scan.jsonl", jobs=2,
                         timeout=60)  # the architecture's limit is not what ends it
@@ -99,11 +99,11 @@ def test_a_finding_made_is_kept_when_what_follows_runs_out_of_time(tmp_path, mon
 
 
 def test_the_time_after_a_verdict_is_scaled_to_the_checks_pace():
-    assert isolate.later_limit(10) == budget.LATER_FLOOR and isolate.later_limit(200) == 600.0
+    assert budget.later_limit(10) == budget.LATER_FLOOR and budget.later_limit(200) == 600.0
 
 
 def test_stage_outside_a_worker_does_nothing():
-    isolate.stage({"model_type": "x", "verdict": "ok"})  # no parent to send it to: no error, no output
+    budget.stage({"model_type": "x", "verdict": "ok"})  # no parent to send it to: no error, no output
 
 
 def test_resume_skips_what_is_there_and_a_torn_line(tmp_path):

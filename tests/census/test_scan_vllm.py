@@ -97,7 +97,8 @@ def test_a_worker_that_hangs_runs_away_or_dies_is_stopped_and_started_again(fake
         while w.alive() and time.monotonic() < deadline:  # stopped by the asker, reaped here
             time.sleep(0.05)
         assert not w.alive()
-        w.ensure()
+        w.kill()  # as the census does before the next model: reaped, then started again
+        w.start()
         assert w.alive() and w.starts == 2 and vllm_engine.archs(w)  # the next model gets a live one
     finally:
         w.close()

@@ -165,7 +165,7 @@ def test_bench_alternates_and_summarises(tiny):
     c = res.cell("chunked", "fixed")
     assert c.steps == len(chunk_plan(16, opts))
     assert c.tokens == 16
-    assert c.flops == flops.prefill_flops(tiny.config, 16)
+    assert c.flops == flops.span_flops(tiny.config, 0, 16)  # a prompt of 16 from position 0
     assert c.tokens_per_s == pytest.approx(16 / c.summary.median)
     assert isinstance(c.peak_mem, int) or c.peak_mem is None
 
@@ -189,7 +189,8 @@ def test_engine_tokens_and_flops_count_expanded_rows(tiny):
                       timer=meters.Timer("cpu", clock), run=Recorder(clock))
     c = res.cell("engine", "old")
     assert c.tokens == 8 + 3 * 4
-    expected = flops.prefill_flops(tiny.config, 8) + 3 * sum(flops.decode_flops(tiny.config, p + 1) for p in range(8, 12))
+    # the prompt of 8 once, then each of 3 rows decodes one token at positions 8 to 11
+    expected = flops.span_flops(tiny.config, 0, 8) + 3 * sum(flops.span_flops(tiny.config, p, 1) for p in range(8, 12))
     assert c.flops == expected
 
 
@@ -274,10 +275,10 @@ def test_span_flops_brute_force(start, n):
 def test_flops_do_not_depend_on_the_split():
     cfg = random_config(2, sequence_len=64)
     T = 150
-    whole = flops.prefill_flops(cfg, T)
+    whole = flops.span_flops(cfg, 0, T)
     assert flops.run_flops(cfg, [T], 1) == whole
     assert flops.run_flops(cfg, [40, 60, 1, 49], 1) == whole
-    assert sum(flops.decode_flops(cfg, c) for c in range(1, T + 1)) == whole
+    assert sum(flops.span_flops(cfg, p, 1) for p in range(T)) == whole  # one token at a time
     assert flops.run_flops(cfg, [T], 3) == 3 * whole
     assert flops.run_tokens([100, 50], 2, rows=6, expand_at=100) == 2 * 100 + 6 * 50
 

@@ -364,13 +364,13 @@ def test_packed_figure_draws_the_packed_json(monkeypatch, tmp_path):
 
 def test_packed_figure_leaves_out_a_part_not_measured(monkeypatch, tmp_path):
     """A runner without a document mask has no smear/attention split: those bars are absent, not 0."""
-    from smearcli import ours, packed
+    from smearcli import gpt_runners, packed
     from smearcli.render import packed_figure
 
     lm = weights.random_model(weights.random_config(2), seed=0)
     lengths = (20, 12, 16)
     tokens = packed.packed_tokens(lm.model.config.vocab_size, lengths, packed.default_bos(lm.model.config))
-    result = packed.measure(ours.runners(lm.model, ["old"], bos=int(tokens[0, 0])), tokens, lengths)
+    result = packed.measure(gpt_runners.runners(lm.model, ["old"], bos=int(tokens[0, 0])), tokens, lengths)
     result.logics[0].documents[2].masked_first = None
     drawn = artists(packed_figure.figure(result, "split"))
     assert len(drawn["first:old"]) == 2 and len(drawn["masked_first:old"]) == 1

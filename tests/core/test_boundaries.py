@@ -7,12 +7,12 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from smearcli import ours, packed
-from smearcli.boundaries import DOCUMENT_START, PADDING, ROLLBACK, split_on_bos
+from smearcli import gpt_runners, packed
+from smearcli.boundaries import split_on_bos
 from smearcli.cli.app import app
 from smearcli.compare import compare
 from smearcli.model import rms_norm
-from smearcli.defaults import NOISE_MARGIN
+from smearcli.defaults import DOCUMENT_START, NOISE_MARGIN, PADDING, ROLLBACK
 from smearcli.runner import COPY, CROP, PADDING as PADDED_BATCH, Output, Runner
 from smearcli.schedules import ScheduleOptions, run_schedule, runnable, shape
 from smearcli.weights import random_config, random_model
@@ -33,7 +33,7 @@ def tokens(model):
 
 @pytest.fixture(scope="module")
 def result(model, tokens):
-    return packed.measure(ours.runners(model, ["old", "fixed", "bosmask"], bos=BOS), tokens, LENGTHS, first=4)
+    return packed.measure(gpt_runners.runners(model, ["old", "fixed", "bosmask"], bos=BOS), tokens, LENGTHS, first=4)
 
 
 def test_packed_tokens_hold_bos_at_each_start_only(tokens):
@@ -43,9 +43,9 @@ def test_packed_tokens_hold_bos_at_each_start_only(tokens):
 
 
 def test_the_packed_schedule_runs_each_document_alone(model, tokens):
-    r = run_schedule(ours.GPTRunner(model, "fixed"), tokens, "packed", opts=ScheduleOptions(documents=LENGTHS))
+    r = run_schedule(gpt_runners.GPTRunner(model, "fixed"), tokens, "packed", opts=ScheduleOptions(documents=LENGTHS))
     assert r.boundaries == {DOCUMENT_START: [12, 20]} and r.chunk_starts == []  # fresh calls, no cache
-    second = ours.GPTRunner(model, "fixed").forward(tokens[:, 12:20], False).logits
+    second = gpt_runners.GPTRunner(model, "fixed").forward(tokens[:, 12:20], False).logits
     assert torch.equal(r.logits[:, 12:20], second)
 
 
@@ -85,8 +85,8 @@ def test_a_leak_limit_makes_it_a_gate(model, tokens, result):
 def test_the_bos_mask_is_the_fixed_logic_where_no_token_is_bos(model):
     t = torch.randint(1, 256, (1, 20), generator=torch.Generator().manual_seed(5))
     opts = ScheduleOptions(chunk_sizes=(7, 13))
-    a = run_schedule(ours.GPTRunner(model, "fixed"), t, "chunked", opts=opts)
-    b = run_schedule(ours.GPTRunner(model, "bosmask", bos=BOS), t, "chunked", opts=opts)
+    a = run_schedule(gpt_runners.GPTRunner(model, "fixed"), t, "chunked", opts=opts)
+    b = run_schedule(gpt_runners.GPTRunner(model, "bosmask", bos=BOS), t, "chunked", opts=opts)
     assert torch.equal(a.logits, b.logits)
 
 

@@ -23,7 +23,7 @@ from smearcli.cli.impls import offered
 from smearcli.defaults import SCHEDULE_NAMES
 from smearcli.render import figures
 from smearcli.runner import COPY
-from smearcli.schedules import Ran, Repro, Schedule
+from smearcli.steps import Ran, Repro, Schedule
 from smearcli.weights import random_config, random_model
 
 # -- the toy boundary: everything a new boundary writes ------------------------------------------
@@ -144,7 +144,6 @@ def test_the_census_runs_the_toy_and_reports_it(toy):
 @pytest.mark.slow
 def test_the_toys_reproducer_needs_torch_and_transformers_only(toy, tmp_path):
     from smearcli.census import repro
-    from smearcli.census.check import BUG
 
     model, cfg, ids, plans = census_llama()
     record = {"model_type": "llama", "model_class": type(model).__name__, "worst_schedule": TOY,
@@ -156,7 +155,7 @@ def test_the_toys_reproducer_needs_torch_and_transformers_only(toy, tmp_path):
 
 
 def test_a_copy_that_forgets_is_the_toys_bug_in_the_census(toy):
-    from smearcli.census.check import BUG, check_model
+    from smearcli.census.check import check_model
     from smearcli.impls.hf.cache_runner import CacheRunner
 
     class Forgets(CacheRunner):

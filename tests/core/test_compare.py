@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from smearcli import compare as cmp
-from smearcli import jsondoc, ours, runplan, schedules, smear
+from smearcli import gpt_runners, jsondoc, runplan, schedules, smear, steps
 from smearcli.verdicts import BUG, CRASHED, OK
 from smearcli.inputs import random_tokens
 from smearcli.defaults import LOGIC_NAMES
@@ -32,7 +32,7 @@ def tokens():
 def test_the_plan_is_what_runs(model, tokens):
     """The progress totals the CLI shows come from `plan`: every label announced is a planned run
     that calls the model, and the tokens counted reach the total exactly."""
-    runners = ours.runners(model, LOGIC_NAMES)
+    runners = gpt_runners.runners(model, LOGIC_NAMES)
     schedules = ["prefill", "decode", "chunked", "engine", "speculative"]
     planned = runplan.plan(runners, schedules)
     labels, ticks = [], []
@@ -66,9 +66,9 @@ def test_one_verdict_for_one_runner_and_for_several(model, tokens):
     assert both.word is BUG and [both.run_name(m) for m in both.bugs] == ["chunked/old"]
     assert "born at emb@8, the first chunk start (8)" in both.verdict
     assert both.verdict.endswith("the fixed logic matches every schedule")
-    fixed = cmp.compare(ours.GPTRunner(model, "fixed"), tokens, ["chunked"], options=OPTS)
+    fixed = cmp.compare(gpt_runners.GPTRunner(model, "fixed"), tokens, ["chunked"], options=OPTS)
     assert fixed.passed and fixed.word is OK
-    old = cmp.compare(ours.GPTRunner(model, "old"), tokens, ["chunked"], options=OPTS)
+    old = cmp.compare(gpt_runners.GPTRunner(model, "old"), tokens, ["chunked"], options=OPTS)
     assert old.word is BUG and [old.run_name(m) for m in old.bugs] == ["chunked"]
     assert "matches every schedule" not in old.verdict
     assert "BUG: chunked (steps 4x8) diverges from the full pass: born at emb@8" in old.table()
@@ -99,7 +99,7 @@ class LogitsOnly(Runner):
     label = "logits-only"
 
     def __init__(self, model):
-        self.inner, self.dtype = ours.GPTRunner(model, "old"), torch.float32
+        self.inner, self.dtype = gpt_runners.GPTRunner(model, "old"), torch.float32
 
     def forward(self, toks, capture):
         return Output(self.inner.forward(toks, False).logits, None)
@@ -123,9 +123,9 @@ def test_runners_of_two_models_share_nothing(model, tokens):
     """Decode is shared only between runners whose one-token step is the same computation: never
     across models."""
     other = random_model(random_config(2), seed=5).model
-    planned = runplan.plan([ours.GPTRunner(model, "old"), ours.GPTRunner(other, "fixed")], ["decode"])
+    planned = runplan.plan([gpt_runners.GPTRunner(model, "old"), gpt_runners.GPTRunner(other, "fixed")], ["decode"])
     assert all(p.same_as is None for p in planned)
-    shared = runplan.plan(ours.runners(model, LOGIC_NAMES), ["decode"])
+    shared = runplan.plan(gpt_runners.runners(model, LOGIC_NAMES), ["decode"])
     assert [p.same_as is not None for p in shared] == [False, False, True]
 
 
@@ -178,11 +178,11 @@ def test_compare_does_not_share_when_one_token_steps_differ(small, monkeypatch):
 
 
 def test_no_sharing_for_a_runner_without_a_one_token_key(small):
-    pair = ours.runners(small, ["old", "fixed"])
+    pair = gpt_runners.runners(small, ["old", "fixed"])
     for r in pair:  # as a user's code behind an adapter: its one-token step is its own
         r.one_token_step = None
     assert all(p.same_as is None for p in runplan.plan(pair, ["decode"]))
-    assert any(p.same_as is not None for p in runplan.plan(ours.runners(small, ["old", "fixed"]), ["decode"]))
+    assert any(p.same_as is not None for p in runplan.plan(gpt_runners.runners(small, ["old", "fixed"]), ["decode"]))
 
 
 def test_run_schedule_reports_every_step(small):
@@ -200,7 +200,7 @@ def test_compare_token_progress_counts_every_run(small):
     toks = random_tokens(small.config, 8, 1, 0)
     seen = []
     cmp.compare(small, toks, ["prefill", "decode"], ["old", "fixed"], tokens_progress=lambda d, t: seen.append((d, t)))
-    total = runplan.forward_runs(runplan.plan(ours.runners(small, ["old", "fixed"]), ["prefill", "decode"])) * 8
+    total = runplan.forward_runs(runplan.plan(gpt_runners.runners(small, ["old", "fixed"]), ["prefill", "decode"])) * 8
     assert total == 4 * 8  # full, prefill x2, decode once
     assert {t for _, t in seen} == {total} and seen[-1] == (total, total)
     assert all(a[0] < b[0] for a, b in zip(seen, seen[1:]))
@@ -217,18 +217,18 @@ class Engine(Runner):
     def run(self, schedule, tokens, options):
         T = tokens.size(1)
         if schedule == "prefix":
-            return schedules.RunResult(schedule, self.label, torch.empty(1, 0, 1), None, [], [0],
-                                       outcome=schedules.CRASHED, message="IndexError: out of bounds")
+            return steps.RunResult(schedule, self.label, torch.empty(1, 0, 1), None, [], [0],
+                                       outcome=steps.CRASHED, message="IndexError: out of bounds")
         lp = self.reference.forward(tokens, False).logits.clone()
         if schedule == "chunked":
             lp[:, 8] += self.skew
-        return schedules.RunResult(schedule, self.label, lp, None, [T] if schedule == "prefill" else [8, T - 8], [0])
+        return steps.RunResult(schedule, self.label, lp, None, [T] if schedule == "prefill" else [8, T - 8], [0])
 
 
 def test_a_separate_reference_and_runs_that_crashed(model, tokens):
     from smearcli.runner import PREFIX_CACHE, LogProbs
 
-    ref = LogProbs(ours.GPTRunner(model, "fixed"))
+    ref = LogProbs(gpt_runners.GPTRunner(model, "fixed"))
     engine = Engine(ref, skew=0.0)
     engine.capabilities = frozenset({PREFIX_CACHE})
     planned = runplan.plan([engine], ["prefill", "chunked", "prefix"], reference=ref)
@@ -255,13 +255,13 @@ def test_a_run_that_checked_nothing_is_named_and_is_no_evidence(model, tokens):
     """Not a crash, and not an ok either: with nothing measured the check had nothing to judge."""
     from smearcli.runner import LogProbs
 
-    ref = LogProbs(ours.GPTRunner(model, "fixed"))
+    ref = LogProbs(gpt_runners.GPTRunner(model, "fixed"))
 
     class Cold(Engine):
         def run(self, schedule, tokens, options):
             r = super().run("prefill", tokens, options)
-            return schedules.RunResult(schedule, self.label, r.logits, None, r.steps, [0],
-                                       outcome=schedules.UNCHECKED, message="the cache was not read")
+            return steps.RunResult(schedule, self.label, r.logits, None, r.steps, [0],
+                                       outcome=steps.UNCHECKED, message="the cache was not read")
     c = cmp.compare(Cold(ref), tokens, ["prefill"], reference=ref)
     assert not c.passed and not c.metrics and c.unmeasured[0].outcome == "checked nothing"
     assert c.word is INCONCLUSIVE and not c.crashed and c.judgement.statuses == {"prefill/engine": "not run"}
@@ -269,7 +269,7 @@ def test_a_run_that_checked_nothing_is_named_and_is_no_evidence(model, tokens):
 
 
 # -- overlap: the noise-floor decode on a second thread ----------------------------------------------
-class Recording(ours.GPTRunner):
+class Recording(gpt_runners.GPTRunner):
     """Our runner, noting the thread of every step and able to fail on a chosen schedule."""
 
     def __init__(self, model, logic, seen, fail_on=None, pace=0.0):
@@ -323,11 +323,11 @@ def test_overlap_runs_decode_beside_the_others_and_changes_no_number(model, toke
 
 
 def test_overlap_only_where_it_is_safe(model, tokens, two_threads):
-    runners = ours.runners(model, LOGIC_NAMES)
+    runners = gpt_runners.runners(model, LOGIC_NAMES)
     planned = runplan.plan(runners, ["chunked", "decode"])
     assert planned[runplan.side_run(planned)].schedule == "decode"
     assert runplan.side_run(runplan.plan(runners, ["chunked"])) is None  # no decode planned: the floor is float64
-    other = ours.runners(model, LOGIC_NAMES)
+    other = gpt_runners.runners(model, LOGIC_NAMES)
     for r in other:
         r.thread_safe = False  # as a user's code: nobody said two of its runs may go on at once
     assert runplan.side_run(runplan.plan(other, ["chunked", "decode"])) is None

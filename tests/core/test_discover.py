@@ -11,7 +11,8 @@ import torch
 
 from smearcli import discover as dc
 from smearcli.errors import UserError
-from smearcli.weights import NoSmearParameters, load_checkpoint, smear_keys_missing
+from smearcli.checkpoint import NoSmearParameters, smear_keys_missing
+from smearcli.weights import load_checkpoint
 from hardening_util import PT, edit_state, write_checkpoint
 
 tiktoken = pytest.importorskip("tiktoken")

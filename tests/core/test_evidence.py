@@ -318,7 +318,7 @@ def test_our_float64_twin_shares_its_lookup_tables_and_computes_the_same_numbers
     float32 tables."""
     import copy
 
-    from smearcli.ours import GPTRunner, runners
+    from smearcli.gpt_runners import GPTRunner, runners
     from smearcli.precision import lifted
     from smearcli.schedules import run_schedule
     from smearcli.weights import preset_model

@@ -69,7 +69,7 @@ def watched(monkeypatch):
     import smearcli.impls.hf  # noqa: F401 - every runner class, known before it is watched
     import smearcli.impls.nanochat.adapter  # noqa: F401
     import smearcli.impls.vllm  # noqa: F401
-    import smearcli.ours  # noqa: F401
+    import smearcli.gpt_runners  # noqa: F401
 
     held, measured = [], []
     for cls in {Runner, *subclasses(Runner)}:

@@ -3,11 +3,11 @@
 import pytest
 import torch
 
-from smearcli import ours
+from smearcli import gpt_runners
 from smearcli.defaults import ENGINE_SCHEDULES, SCHEDULE_NAMES
 from smearcli.runner import Output, Runner
-from smearcli.schedules import (CACHE_COPY, CHUNK_START, SCHEDULES, STEP_PLANS, RunResult, ScheduleOptions,
-                                plan_steps, run_schedule, runnable)
+from smearcli.schedules import SCHEDULES, STEP_PLANS, plan_steps, run_schedule, runnable
+from smearcli.steps import CACHE_COPY, CHUNK_START, RunResult, ScheduleOptions
 from smearcli.weights import random_config, random_model
 
 T = 24
@@ -25,7 +25,7 @@ def tokens():
 
 def test_boundaries_are_recorded_by_kind(model, tokens):
     opts = ScheduleOptions(chunk_sizes=(10, 4, 10), gen_len=8, samples=3, draft=3)
-    fixed = ours.GPTRunner(model, "fixed")
+    fixed = gpt_runners.GPTRunner(model, "fixed")
     chunked = run_schedule(fixed, tokens, "chunked", opts=opts)
     assert chunked.boundaries == {CHUNK_START: [10, 14]}
     engine = run_schedule(fixed, tokens, "engine", opts=opts)
@@ -39,7 +39,7 @@ def test_boundaries_are_recorded_by_kind(model, tokens):
 def test_every_schedule_covers_every_position_once(model, tokens):
     opts = ScheduleOptions(chunks=5, gen_len=7, draft=2, reject=1)
     for name in SCHEDULES:
-        if not runnable(ours.GPTRunner(model, "fixed"), name):
+        if not runnable(gpt_runners.GPTRunner(model, "fixed"), name):
             # no padding mask; prefix: only engines; a schedule an engine registered (llama.cpp's ubatch)
             assert name == "padded" or name in ENGINE_SCHEDULES or name not in SCHEDULE_NAMES
             continue
@@ -56,7 +56,7 @@ class Minimal(Runner):
     label, layers = "minimal", ("logits",)
 
     def __init__(self, model):
-        self.inner = ours.GPTRunner(model, "fixed")
+        self.inner = gpt_runners.GPTRunner(model, "fixed")
 
     def forward(self, tokens, capture):
         return Output(self.inner.forward(tokens, False).logits, None)
@@ -127,10 +127,10 @@ def test_step_outputs_are_written_in_place_not_concatenated(model, tokens, sched
         return real(parts, *a, **k)
 
     monkeypatch.setattr(torch, "cat", watch)
-    run = run_schedule(ours.GPTRunner(model, "fixed"), tokens, schedule)
+    run = run_schedule(gpt_runners.GPTRunner(model, "fixed"), tokens, schedule)
     monkeypatch.setattr(torch, "cat", real)
     assert not seen, seen
-    runner = ours.GPTRunner(model, "fixed")
+    runner = gpt_runners.GPTRunner(model, "fixed")
     rows = run.logits.size(0) // tokens.size(0)
     with torch.inference_mode():  # the same steps by hand, on the first row
         cache, pos, parts = runner.new_cache(1, tokens.size(1)), 0, []

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from smearcli import weights
-from smearcli.weights import list_steps, load_checkpoint
+from smearcli.checkpoint import list_steps
+from smearcli.weights import load_checkpoint
 from conftest import ROOT  # noqa: E402 - the clone's root
 
 EXAMPLES = ROOT / "examples"

@@ -20,7 +20,7 @@ from smearcli import jsondoc, jsonsafe
 from smearcli.census import records, report
 from smearcli.cli.app import app
 from smearcli import schedules
-from smearcli.schedules import CACHE_COPY, PREFIX_HIT, UNCHECKED
+from smearcli.steps import CACHE_COPY, PREFIX_HIT, UNCHECKED
 from smearcli.verdicts import BUG, CRASHED, ROUNDING, UNCONFIRMED, WORDS
 from conftest import ROOT  # noqa: E402 - the clone's root
 

@@ -18,6 +18,7 @@ pytest.importorskip("transformers", reason="transformers is not installed: pip i
 
 from smearcli.cli.app import app  # noqa: E402
 from smearcli.impls import hf, llamacpp  # noqa: E402
+from smearcli.impls.llamacpp import environment as llamacpp_env  # noqa: E402
 from smearcli.schedules import SCHEDULES, ScheduleOptions  # noqa: E402
 from conftest import standin_python  # noqa: E402
 
@@ -67,7 +68,7 @@ def test_every_llamacpp_schedule_against_transformers_and_its_own_prefill(model_
     assert runs["rollback"]["boundaries"]["rollback"]  # the cuts where rejected drafts were removed
     seen = json.loads((tmp_path / "seen.json").read_text())
     by = {s["name"]: s for s in seen["schedules"]}
-    assert seen["protocol"] == llamacpp.PROTOCOL and seen["cache_type"] == "f32" and seen["f16_too"]
+    assert seen["protocol"] == llamacpp_env.PROTOCOL and seen["cache_type"] == "f32" and seen["f16_too"]
     assert by["ubatch"]["widths"] == [3, 5, 7] and by["prefix"]["prefix"] == 16 and by["batched"]["short"] == 22
     assert (by["rollback"]["prompt"], by["rollback"]["draft"], by["rollback"]["reject"]) == (1, 4, 2)
     notes = " | ".join(doc["model"]["notes"])

@@ -14,13 +14,13 @@ import torch
 import torch.nn.functional as F
 from typer.testing import CliRunner
 
-from smearcli import inputs, ours, packed
+from smearcli import gpt_runners, inputs, packed
 from smearcli.cli.app import app
 from smearcli.impls.nanochat import adapter, sandbox
 from smearcli.impls.nanochat.docmask import document_attention
 from smearcli.model import rms_norm
 from smearcli.defaults import NOISE_MARGIN
-from smearcli.ours import GPTRunner
+from smearcli.gpt_runners import GPTRunner
 from smearcli.runner import DOCUMENT_MASK, SMEAR_TERMS, NoDocumentMask
 from smearcli.weights import random_config
 
@@ -59,7 +59,7 @@ def result(ours, row):
 
 
 def ours_runners(model):
-    return ours.runners(model, ["old", "bosmask"], bos=BOS)
+    return gpt_runners.runners(model, ["old", "bosmask"], bos=BOS)
 
 
 # -- the user's runner, split like ours -----------------------------------------------------------

@@ -15,7 +15,8 @@ from typer.testing import CliRunner
 pytest.importorskip("transformers", reason="transformers is not installed: pip install 'smearcli[hf]'")
 
 from smearcli.cli.app import app  # noqa: E402
-from smearcli.impls import hf, vllm
+from smearcli.errors import UserError  # noqa: E402
+from smearcli.impls import foreign, hf, vllm
 from smearcli.impls.vllm import environment as vllm_env  # noqa: E402
 from smearcli.schedules import ScheduleOptions  # noqa: E402
 from conftest import standin_python  # noqa: E402
@@ -62,7 +63,7 @@ def test_every_schedule_against_the_transformers_reference(model_dir, fake_pytho
     assert runs["prefix"]["steps"] == [32, 32] and runs["prefix"]["chunk_starts"] == [32]
     assert runs["prefix"]["max_abs_logits"] < 1e-4
     seen = json.loads((tmp_path / "seen.json").read_text())
-    assert seen["protocol"] == vllm.PROTOCOL and len(seen["rows"][0]) == T and seen["vocab"] == 128
+    assert seen["protocol"] == vllm_env.PROTOCOL and len(seen["rows"][0]) == T and seen["vocab"] == 128
     assert {s["name"]: s for s in seen["schedules"]}["prefix"]["prefix"] == 32
     assert doc["verdict"].startswith("OK")
 
@@ -87,7 +88,7 @@ def test_the_worker_cuts_the_prefix_at_the_engines_block_and_inspects_a_class_he
     import importlib.util
     import types
 
-    spec = importlib.util.spec_from_file_location("smearcli_worker_under_test", vllm.WORKER)
+    spec = importlib.util.spec_from_file_location("smearcli_worker_under_test", vllm_env.WORKER)
     worker = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(worker)
     engine = (lambda block: types.SimpleNamespace(llm_engine=types.SimpleNamespace(
@@ -122,7 +123,7 @@ def test_a_request_stuck_inside_vllm_is_interrupted_and_named(tmp_path):
     fake = tmp_path / "site-packages" / "vllm" / "engine.py"
     fake.parent.mkdir(parents=True)
     fake.write_text("def step():\n    while True:\n        pass\n")
-    script = (f"import sys, time; sys.path[:0] = [{str(Path(vllm.WORKER).parent)!r}, {str(fake.parent.parent)!r}]\n"
+    script = (f"import sys, time; sys.path[:0] = [{str(Path(vllm_env.WORKER).parent)!r}, {str(fake.parent.parent)!r}]\n"
               "import worker as w\nfrom vllm import engine\n"
               "print(w.stuck(KeyboardInterrupt()))\n"
               "w.watch(); w.DEADLINE[:] = [time.time() + 0.5, False]\n"
@@ -310,7 +311,7 @@ def test_an_answer_outside_the_protocol_is_the_environment(model_dir, fake_pytho
     assert r.exit_code == 2 and doc is None, r.output
     (line,) = r.stderr.strip().splitlines()
     assert line == (f"smearcli: error: {fake_python}: the vLLM worker's answer is not smearcli's protocol "
-                    f"{vllm.PROTOCOL} ({want}); make vLLM's environment with scripts/make_vllm_env.sh DIR and "
+                    f"{vllm_env.PROTOCOL} ({want}); make vLLM's environment with scripts/make_vllm_env.sh DIR and "
                     "give DIR/bin/python, and rerun"), line
     assert list(scratch.iterdir()) == []  # the worker's directory is gone
 
@@ -320,32 +321,32 @@ def test_the_worker_checks_what_it_is_told(tmp_path):
     protocol is refused before vLLM is imported, and result.json limits are checked here."""
     import subprocess
 
-    out = subprocess.run([sys.executable, str(vllm.WORKER), "hello"], capture_output=True, text=True, timeout=60)
+    out = subprocess.run([sys.executable, str(vllm_env.WORKER), "hello"], capture_output=True, text=True, timeout=60)
     answer = json.loads(out.stdout)
-    assert answer["worker"] == "smearcli-vllm" and answer["protocol"] == vllm.PROTOCOL and answer["vllm"] is None
+    assert answer["worker"] == "smearcli-vllm" and answer["protocol"] == vllm_env.PROTOCOL and answer["vllm"] is None
     (tmp_path / "req.json").write_text(json.dumps({"protocol": 0}))
-    out = subprocess.run([sys.executable, str(vllm.WORKER), str(tmp_path / "req.json"), str(tmp_path)],
+    out = subprocess.run([sys.executable, str(vllm_env.WORKER), str(tmp_path / "req.json"), str(tmp_path)],
                          capture_output=True, text=True, timeout=60)
-    assert out.returncode == 1 and f"speaks protocol {vllm.PROTOCOL}, the request 0" in out.stderr
+    assert out.returncode == 1 and f"speaks protocol {vllm_env.PROTOCOL}, the request 0" in out.stderr
     s = vllm.Settings(python="py", model="m", vocab=4)
     req = {"schedules": [{"name": "prefill"}]}
     big = tmp_path / "result.json"
     with open(big, "wb") as f:
-        f.truncate(vllm.RESULT_LIMIT + 1)
-    with pytest.raises(vllm.UserError, match="over the 4 MiB limit"):
+        f.truncate(foreign.RESULT_LIMIT + 1)
+    with pytest.raises(UserError, match="over the 4 MiB limit"):
         vllm.read_result(s, big, req)
     for entry, msg in [({"name": "decode"}, "not the prefill asked for"),
                        ({"name": "prefill", "arrays": {"logprobs": "../../etc/passwd"}}, "not .npy files"),
                        ({"name": "prefill", "outcome": "exploded"}, "outcome 'exploded'"),
                        ({"name": "prefill", "steps": [1.5]}, "steps is not a list of counts")]:
-        big.write_text(json.dumps({"protocol": vllm.PROTOCOL, "schedules": [entry]}))
-        with pytest.raises(vllm.UserError, match=msg):
+        big.write_text(json.dumps({"protocol": vllm_env.PROTOCOL, "schedules": [entry]}))
+        with pytest.raises(UserError, match=msg):
             vllm.read_result(s, big, req)
-    big.write_text('{"protocol": %d, "schedules": [{"name": "prefill", "message": NaN}]}' % vllm.PROTOCOL)
-    with pytest.raises(vllm.UserError, match="not JSON"):
+    big.write_text('{"protocol": %d, "schedules": [{"name": "prefill", "message": NaN}]}' % vllm_env.PROTOCOL)
+    with pytest.raises(UserError, match="not JSON"):
         vllm.read_result(s, big, req)
-    big.write_text(json.dumps({"protocol": vllm.PROTOCOL, "schedules": [{"name": "prefill", "message": "x" * 10_000}]}))
-    assert len(vllm.read_result(s, big, req)["schedules"][0]["message"]) == vllm.MESSAGE_LIMIT
+    big.write_text(json.dumps({"protocol": vllm_env.PROTOCOL, "schedules": [{"name": "prefill", "message": "x" * 10_000}]}))
+    assert len(vllm.read_result(s, big, req)["schedules"][0]["message"]) == foreign.MESSAGE_LIMIT
 
 
 def test_the_worker_speaks_the_adapters_protocol_words():
@@ -354,7 +355,7 @@ def test_the_worker_speaks_the_adapters_protocol_words():
     as schedules.CRASHED)."""
     import ast
 
-    tree = ast.parse(Path(vllm.WORKER).read_text())
+    tree = ast.parse(Path(vllm_env.WORKER).read_text())
     consts = {t.id: n.value.value for n in tree.body if isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant)
               for t in n.targets if isinstance(t, ast.Name)}
-    assert consts["PROTOCOL"] == vllm.PROTOCOL and consts["RAISED"] == vllm_env.RAISED
+    assert consts["PROTOCOL"] == vllm_env.PROTOCOL and consts["RAISED"] == vllm_env.RAISED

@@ -38,14 +38,11 @@ from ...errors import UserError
 from ...defaults import DEFAULT_SCHEDULES, NOISE_MARGIN
 from ...compare import Comparison
 from ...runner import Described
-from ...schedules import ScheduleOptions, runnable
+from ...schedules import runnable
+from ...steps import ScheduleOptions
 from .load import load_dir_with_notes, require_transformers
 from .cache_runner import CacheRunner
 from . import api
-
-OLDEST = "5.0.0"  # the oldest release run end to end (tests/impls/test_hf_releases.py installs it)
-# run end to end (compare --impl hf, scan); every release between had its cache API read
-TESTED_VERSIONS = ("5.0.0", "5.3.0", "5.4.0", "5.15.1", "5.23.0", "5.24.0", "5.25.0")
 
 
 # -- built-in tiny configs ------------------------------------------------------------------------

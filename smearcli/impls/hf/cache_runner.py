@@ -35,7 +35,8 @@ from ... import frames
 from ...defaults import DRAFT
 from ...precision import float64_model
 from ...runner import COPY, CROP, PADDING, Described, Holder, Output, Runner
-from ...schedules import RunResult, run_schedule
+from ...schedules import run_schedule
+from ...steps import RunResult
 from . import api
 from .api import out_cache
 
@@ -231,10 +232,6 @@ class Recorded(Holder):
 
     recording: bool = False
     due: bool = False
-
-
-def first_line(e: BaseException) -> str:
-    return (str(e).splitlines() or [""])[0][:160]
 
 
 def generation_cache(model):

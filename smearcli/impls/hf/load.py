@@ -147,6 +147,3 @@ def load_dir_with_notes(path, dtype: Optional[torch.dtype] = None):
     return model.eval(), notes
 
 
-def load_dir(path, dtype: Optional[torch.dtype] = None):
-    """A local model directory, checked (see the module's docstring), in eval mode."""
-    return load_dir_with_notes(path, dtype)[0]

@@ -42,11 +42,10 @@ import torch
 from ...errors import UserError
 from ...defaults import ROLLBACK
 from ...runner import CROP, PREFIX_CACHE, Described, Runner
-from ...schedules import (CRASHED, PREFIX_HIT, UNCHECKED, RunResult, Schedule, ScheduleOptions, chunk_plan,
-                          prompt_len, register)
-from .calls import REFUSED, call_worker, death, read_result  # noqa: F401
-from .environment import MAKE_ENV, PROTOCOL, VERSION, WORKER, archs, check_python, hello  # noqa: F401
-from .gguf_header import BadGGUF, Header, check as check_gguf  # noqa: F401
+from ...schedules import register
+from ...steps import CRASHED, PREFIX_HIT, UNCHECKED, RunResult, Schedule, ScheduleOptions, chunk_plan, prompt_len
+from .calls import REFUSED, call_worker
+from .environment import PROTOCOL, WORKER
 
 ENV_PYTHON = "SMEARCLI_LLAMACPP_PYTHON"
 MICRO_BATCHES = "micro_batches"  # capability: one call split into micro-batches (`n_ubatch`)

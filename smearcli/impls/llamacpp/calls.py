@@ -15,8 +15,8 @@ from typing import Optional
 
 from ...errors import UserError
 from .. import foreign
-from ..foreign import one_line
-from .environment import ENGINE, PROTOCOL, hello, runnable, worker_env
+from ..foreign import one_line, runnable
+from .environment import ENGINE, PROTOCOL, hello, worker_env
 
 RAISED, REFUSED, STUCK_EXIT = "raised", "refused", 3  # the worker's words and its watchdog's exit status
 

@@ -14,7 +14,6 @@ from typing import Optional
 
 from ...errors import UserError
 from .. import foreign
-from ..foreign import refuse, runnable, stop  # noqa: F401 (the adapter's, from here)
 
 PROTOCOL = 1  # the worker's protocol: its handshake and result.json carry it
 VERSION = "0.3.36"  # the llama-cpp-python this smearcli's worker is written against (its low-level API)

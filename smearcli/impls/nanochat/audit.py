@@ -26,7 +26,7 @@ from ... import jsondoc, runplan
 from ...metrics import RunMetrics
 from ...defaults import DEFAULT_SCHEDULES, LOGIC_NAMES, NOISE_MARGIN
 from ...render.table import left_out_note, print_analytic, print_table_of, say
-from ...schedules import ScheduleOptions
+from ...steps import ScheduleOptions
 from ...formatters import compact, sci
 from ...verdicts import BUG, CRASHED, INCONCLUSIVE, UNCONFIRMED, line
 from .adapter import NanochatModel, NanochatRunner

@@ -82,12 +82,10 @@ FIXABLE = "fixable"  # the bug, in a known shape: `diff` holds the fix
 ALREADY_FIXED = "already-fixed"  # nothing to do
 NO_SMEAR = "no-smear"  # the code has no smear: nothing to fix
 UNRECOGNISED = "unrecognised"  # smear code this module does not know: nothing changed, `message` says why
-STATUSES = (FIXABLE, ALREADY_FIXED, NO_SMEAR, UNRECOGNISED)
 
 # the known shapes of the buggy code (see the module docstring)
 SHAPE_UPSTREAM = "upstream-92d63d4"  # gate computed inside each branch
 SHAPE_GATE_BEFORE = "gate-before-dispatch"  # gate computed once before the dispatch (smearcli's stand-in)
-KNOWN_SHAPES = (SHAPE_UPSTREAM, SHAPE_GATE_BEFORE)
 
 MARK = "smearcli fix, nanochat #756"
 
@@ -98,7 +96,7 @@ class SourceFix:
     status: str
     message: str
     fixed: Optional[str] = None  # the whole new text, only when status is FIXABLE
-    shape: Optional[str] = None  # one of KNOWN_SHAPES, when the smear block was rewritten
+    shape: Optional[str] = None  # SHAPE_UPSTREAM or SHAPE_GATE_BEFORE, when the smear block was rewritten
     notes: tuple[str, ...] = ()  # things worth knowing that need no change
 
 
@@ -639,12 +637,12 @@ class FixError(ValueError):
 class FixResult:
     """What `make_fix` / `apply_fix` found and did.
 
-    status: one of STATUSES; message: one paragraph for a person; diff: the unified diff (paths
-    a/nanochat/... b/nanochat/..., for `git apply` / `patch -p1` from the checkout root), empty
-    unless status is FIXABLE; files: the relative paths the diff changes; shape: the known shape
-    of the smear block that was rewritten (None if gpt.py needs no change); notes: remarks that
-    need no change; root: the checkout; written: the files written (apply_fix with write=True);
-    backups: the backups made of them."""
+    status: FIXABLE, ALREADY_FIXED, NO_SMEAR or UNRECOGNISED; message: one paragraph for a person;
+    diff: the unified diff (paths a/nanochat/... b/nanochat/..., for `git apply` / `patch -p1` from
+    the checkout root), empty unless status is FIXABLE; files: the relative paths the diff
+    changes; shape: the known shape of the smear block that was rewritten (None if gpt.py needs no
+    change); notes: remarks that need no change; root: the checkout; written: the files written
+    (apply_fix with write=True); backups: the backups made of them."""
     status: str
     message: str
     diff: str = ""

@@ -39,11 +39,9 @@ import torch
 
 from ...errors import UserError
 from ...runner import PREFIX_CACHE, Described, Runner
-from ...schedules import CRASHED, PREFIX_HIT, UNCHECKED, RunResult, ScheduleOptions, chunk_plan
+from ...steps import CRASHED, PREFIX_HIT, UNCHECKED, RunResult, ScheduleOptions, chunk_plan
 from .. import foreign
-from ..foreign import MESSAGE_LIMIT, RESULT_LIMIT  # noqa: F401 (the limits read_result holds to)
-from .environment import (ENGINE, MAKE_ENV, PROTOCOL, RAISED, WORKER, check_python, hello, refuse,  # noqa: F401
-                          runnable, worker_env)
+from .environment import ENGINE, PROTOCOL, RAISED, WORKER, hello, worker_env
 
 VLLM_SCHEDULES = ("prefill", "decode", "chunked", "prefix")
 BLOCK_SIZE = 32  # vLLM's CPU backend takes block sizes that are multiples of 32
@@ -148,7 +146,7 @@ def call_worker(s: Settings, req: dict, workdir: Path) -> dict:
     env = worker_env(s.env)
     start = time.time()
     try:
-        p = subprocess.run([runnable(s.python), s.worker, str(workdir / "request.json"), str(workdir)], env=env,
+        p = subprocess.run([foreign.runnable(s.python), s.worker, str(workdir / "request.json"), str(workdir)], env=env,
                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                            errors="replace", timeout=s.timeout_s)
         rc, err = p.returncode, p.stderr

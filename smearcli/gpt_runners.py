@@ -1,9 +1,9 @@
 """Our GPT (`smearcli.model`) as runners: one per smear logic, on the same weights.
 
 ```python
-from smearcli import ours, weights
+from smearcli import gpt_runners, weights
 model = weights.tiny_model().model
-old, fixed = ours.runners(model, ["old", "fixed"], name="tiny@500")
+old, fixed = gpt_runners.runners(model, ["old", "fixed"], name="tiny@500")
 ```
 """
 
