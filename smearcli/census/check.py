@@ -51,7 +51,7 @@ from ..impls.hf.cache_runner import CacheRunner, full_run
 from . import born, boundary, causal, diagnose, shapes, ties, variants
 from .record import new as new_record
 from .boundary import logits_noise, logits_only, measured, transformers_frame
-from .derive import derive
+from .derive import default_counts, derive
 
 T = 49  # one past a multiple of the 16-token chunks
 VERDICTS = WORDS
@@ -211,16 +211,18 @@ def _check_orders(model_type, seed, tolerance, total, config) -> dict:
     """Every layer order of the derived config checked, one record (`variants.combine`: the worst
     heads it); a caller's `config` is checked as it is, in its own order."""
     if config is not None:
-        return _check(model_type, seed, tolerance, total, config, None)
+        return _check(model_type, seed, tolerance, total, config, None, None)
     d = derive(model_type)
     if d.error:
         return record(model_type, NOT_BUILT, reason=d.error)
     recs = [record(model_type, NOT_BUILT, reason=v.error, config=v.summary()) if v.error else
-            _check(model_type, seed, tolerance, total, v.config, v.summary()) for v in d.variants]
+            _check(model_type, seed, tolerance, total, v.config, v.summary(), v.changed) for v in d.variants]
     return variants.combine(recs, [v.order for v in d.variants])
 
 
-def _check(model_type, seed, tolerance, total, config, summary: Optional[dict]) -> dict:
+def _check(model_type, seed, tolerance, total, config, summary: Optional[dict], changed: Optional[dict]) -> dict:
+    """One config's record; `changed`: its derivation (key -> (default, tiny)), None for a config
+    given as it is (no default counts to restore)."""
     vocab = vocab_of(config)
     tokens = torch.randint(0, vocab,
                            (1, total), generator=torch.Generator().manual_seed(seed))
@@ -236,9 +238,10 @@ def _check(model_type, seed, tolerance, total, config, summary: Optional[dict]) 
         try:
             with ties.watching() as seen:
                 res = check_model(model, tokens, plans, tolerance)
-            if res["verdict"] == BUG:  # replicated (another seed, a tie-break) before it is called a bug
-                res = ties.replicate(res, seen.ties, lambda s, broke: recheck(config, init, s, broke, total, vocab,
-                                                                              plans, tolerance), seed)
+            if res["verdict"] == BUG:  # replicated (another seed, a tie-break, the default counts) first
+                defaults = None if changed is None else default_counts(config, changed, parameters, total)
+                res = ties.replicate(res, seen.ties, lambda s, broke, cfg=None: recheck(
+                    cfg or config, init, s, broke, total, vocab, plans, tolerance, safe=cfg is not None), seed, defaults)
         except Exception as e:  # a cached path raised where the full pass runs (`check_model`)
             where = getattr(e, "schedule", None)
             return record(model_type, CRASHED, reason=transformers_frame(e), model_class=type(model).__name__,
@@ -253,15 +256,38 @@ def _check(model_type, seed, tolerance, total, config, summary: Optional[dict]) 
     return record(model_type, **last)
 
 
-def recheck(config, init, seed: int, broke: bool, total: int, vocab: int, plans: dict, tolerance: float) -> dict:
+def recheck(config, init, seed: int, broke: bool, total: int, vocab: int, plans: dict, tolerance: float,
+            safe: bool = False) -> dict:
     """`check_model` again on `seed` (its weights and tokens), under the tie-break when `broke`;
-    its `_ties`: the top-k calls with a tie at their edge (`ties.watching`)."""
+    its `_ties`: the top-k calls with a tie at their edge (`ties.watching`). With `safe` (another
+    config: the default counts), a model that cannot be built or a cached path that raises is that
+    rerun's result (`not built`, `crashed`, with the reason), not the architecture's."""
     tokens = torch.randint(0, vocab, (1, total), generator=torch.Generator().manual_seed(seed))
-    model = build(config, init, seed)
-    with ties.tie_break() if broke else ties.watching() as seen:
-        out = check_model(model, tokens, plans, tolerance)
+    try:
+        model = build(config, init, seed)
+    except Exception as e:
+        if not safe:
+            raise
+        return {"verdict": NOT_BUILT, "notes": [], "_ties": 0,
+                "reason": "the model cannot be built: " + transformers_frame(e)}
+    try:
+        with ties.tie_break() if broke else ties.watching() as seen:
+            out = check_model(model, tokens, plans, tolerance)
+    except Exception as e:  # a cached path raised where the full pass runs (`check_model`)
+        if not safe:
+            raise
+        return {"verdict": CRASHED, "notes": [], "_ties": 0, "reason": transformers_frame(e)}
     out["_ties"] = getattr(seen, "ties", 0)
     return out
+
+
+def parameters(config) -> int:
+    """The parameter count of the model `config` builds, built on the meta device (no memory)."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return sum(p.numel() for p in model.parameters())
 
 
 def init_note(init: float) -> str:

@@ -166,6 +166,137 @@ def test_a_real_departure_survives_the_tie_break_and_the_second_seed():
     assert fixed["verdict"] == UNCONFIRMED and "not replicated" in fixed["notes"][-1]
 
 
+# -- the default head and expert counts: a departure the tiny config's shrinking made is no bug ---
+class CountsConfig(ShiftConfig):
+    """The shift stand-in with head and expert counts: its defaults are large (as a real config's),
+    and it refuses more experts per token than experts (as a router's top-k would)."""
+    model_type = "smearcli_counts_standin"
+
+    def __init__(self, num_attention_heads=16, num_key_value_heads=8, num_experts=64, num_experts_per_tok=8,
+                 index_topk=2048, head_dim=None, num_hidden_layers=4, **kw):
+        if num_experts_per_tok > num_experts:
+            raise ValueError(f"num_experts_per_tok {num_experts_per_tok} > num_experts {num_experts}")
+        self.num_attention_heads, self.num_key_value_heads = num_attention_heads, num_key_value_heads
+        self.num_experts, self.num_experts_per_tok, self.index_topk = num_experts, num_experts_per_tok, index_topk
+        self.head_dim = head_dim
+        super().__init__(num_hidden_layers=num_hidden_layers, **kw)
+
+
+def tiny_counts():
+    """A `CountsConfig` derived the way the census derives every config, and what it changed."""
+    from smearcli.census import derive
+
+    d = {k: v for k, v in CountsConfig().to_dict().items() if k not in ("transformers_version", "architectures")}
+    small, changed, _ = derive.shrink(d)
+    return CountsConfig(**small), changed
+
+
+def test_derivation_says_which_counts_it_shrank_and_they_come_back_within_the_bound():
+    from smearcli.census import derive
+
+    cfg, changed = tiny_counts()
+    shrunk = derive.shrunk_counts(changed)
+    assert shrunk["attention heads"] == {"num_attention_heads": (16, derive.HEADS)}
+    assert shrunk["key/value heads"] == {"num_key_value_heads": (8, 2)}
+    assert shrunk["experts"] == {"num_experts": (64, 4), "num_experts_per_tok": (8, 2)}  # one router
+    assert "num_hidden_layers" in changed and all("num_hidden_layers" not in v for v in shrunk.values())
+    sizes = []
+
+    def size(c):  # a stand-in parameter count: 1M per head, 10k per expert
+        sizes.append(c.num_attention_heads)
+        return c.num_attention_heads * 1_000_000 + c.num_experts * 10_000
+    got = derive.default_counts(cfg, changed, size, 49, bound=20_000_000)
+    assert got.restored == {"num_attention_heads": (4, 16), "num_key_value_heads": (2, 8),
+                            "num_experts": (4, 64), "num_experts_per_tok": (2, 8)}
+    assert (got.config.num_attention_heads, got.config.num_experts, got.config.num_experts_per_tok) == (16, 64, 8)
+    assert got.config.head_dim == derive.HEAD_DIM and got.config.hidden_size == cfg.hidden_size  # heads stay narrow
+    assert cfg.num_attention_heads == derive.HEADS  # the tiny config itself is left as it was
+    assert "2048" in got.skipped["indexer top-k"] and "choose nothing" in got.skipped["indexer top-k"]
+    assert got.words().startswith("num_attention_heads 4 -> 16")
+    small = derive.default_counts(cfg, changed, size, 49, bound=10_000_000)  # 16 heads: 16M, over 10M
+    assert "over the bound of 10M" in small.skipped["attention heads"] and small.config.num_attention_heads == 4
+    assert small.config.num_experts == 64  # the next count is still restored
+    assert derive.default_counts(cfg, changed, size, 4096).restored["index_topk"] == (8, 2048)  # a long input
+
+
+def test_a_count_the_config_class_refuses_is_skipped_with_its_reason():
+    from smearcli.census import derive
+
+    cfg, changed = tiny_counts()
+    changed = {**changed, "num_experts": (2, 4)}  # a default of 2 experts: 8 per token cannot run
+    got = derive.default_counts(cfg, changed, lambda c: 1, 49)
+    assert "num_experts_per_tok 8 > num_experts 2" in got.skipped["experts"], got.skipped
+    assert "num_experts" not in got.restored and got.restored["num_attention_heads"] == (4, 16)
+
+
+def counts_rerun(bug_below: int):
+    """`check._check`'s rerun for the counts stand-in: the seed's weights and tokens, and a model
+    that drops its state on multi-token steps while it has fewer than `bug_below` heads."""
+    plans = {"chunks of 8": [8] * 4 + [1]}
+    calls = []
+
+    def rerun(seed, broke, config=None):
+        calls.append((seed, broke, config is not None))
+        cfg = config or tiny_counts()[0]
+        torch.manual_seed(seed)
+        m = ShiftLM(ShiftConfig(bug_layer=0 if cfg.num_attention_heads < bug_below else -1)).eval()
+        return check_model(m, tokens(seed), plans)
+    return rerun, plans, calls
+
+
+def test_a_departure_gone_at_the_default_counts_is_not_replicated_and_one_that_stays_is_a_bug():
+    from smearcli.census import derive, ties
+    from smearcli.census.check import parameters
+
+    cfg, changed = tiny_counts()
+    defaults = derive.default_counts(cfg, changed, lambda c: 1, 49)
+    for bug_below, want in ((8, UNCONFIRMED), (10_000, BUG)):  # 4 heads break it; or any count does
+        rerun, plans, calls = counts_rerun(bug_below)
+        first = rerun(0, False)
+        assert first["verdict"] == BUG
+        out = ties.replicate(first, 0, rerun, 0, defaults)
+        assert out["verdict"] == want and calls[1:] == [(1, False, False), (0, False, True)], (out["notes"], calls)
+        got = out["replication"]["default_counts"]
+        assert got["restored"]["num_attention_heads"] == [4, 16] and got["ties"] == 0
+        assert got["rerun"]["verdict"] == (OK if want == UNCONFIRMED else BUG)
+        if want == UNCONFIRMED:
+            assert out["notes"][-1].startswith("not replicated: at the default head/expert counts "
+                                               "(num_attention_heads 4 -> 16, "), out["notes"]
+        else:
+            assert out["notes"][-1].startswith("replicated at the default head/expert counts (")
+    # ties seen at the default counts: a departure that vanishes there is a tie artifact
+    rerun, plans, calls = counts_rerun(8)
+
+    def tied(seed, broke, config=None):
+        out = rerun(seed, broke, config)
+        out["_ties"] = 3 if config is not None else 0
+        return out
+    out = ties.replicate(rerun(0, False), 0, tied, 0, defaults)
+    assert out["verdict"] == ties.TIE_ARTIFACT and out["replication"]["default_counts"]["ties"] == 3
+    assert "at the default head/expert counts" in out["notes"][-1]
+    llama = derive.derive("llama").config  # the bound's count: the model built on the meta device
+    assert parameters(llama) == sum(p.numel() for p in census_model("llama").parameters()) > 0
+
+
+def test_a_rerun_that_cannot_run_at_the_default_counts_leaves_the_bug_and_says_why():
+    from smearcli.census import derive, ties
+
+    cfg, changed = tiny_counts()
+    defaults = derive.default_counts(cfg, changed, lambda c: 1, 49)
+    rerun, plans, _ = counts_rerun(10_000)
+
+    def refuses(seed, broke, config=None):  # what `check.recheck(safe=True)` returns for a model that raises
+        if config is not None:
+            return {"verdict": "crashed", "notes": [], "_ties": 0, "reason": "RuntimeError: shapes"}
+        return rerun(seed, broke)
+    out = ties.replicate(rerun(0, False), 0, refuses, 0, defaults)
+    assert out["verdict"] == BUG and out["replication"]["default_counts"]["reason"] == "RuntimeError: shapes"
+    assert "could not be checked at the default head/expert counts" in out["notes"][-1]
+    none = ties.replicate(rerun(0, False), 0, rerun, 0, derive.Counts())  # nothing shrunk: no rerun
+    assert none["verdict"] == BUG and "rerun" not in none["replication"]["default_counts"]
+    assert "no head or expert count was shrunk" in none["notes"][-1]
+
+
 # -- the right shape and the right line -----------------------------------------------------------
 def test_a_cache_that_misreports_its_length_is_named_so():
     from test_scan_reach import ReachConfig, ReachLM
