@@ -179,7 +179,7 @@ def check(model_type: str, seed: int = 0, tolerance: float = NOISE_MARGIN, total
     t0 = time.monotonic()
     rec = _check_orders(model_type, seed, tolerance, total, config)
     budget.stage(public(rec))  # the verdict is in: kept even if a reproducer runs out of time
-    if rec["verdict"] == BUG and rec.get("_config") is not None and rec.get("shape") != shapes.LEAK:
+    if rec["verdict"] == BUG and rec.get("_config") is not None:
         reachability(rec, seed, tolerance, total)
         budget.stage(public(rec))
     if rec["verdict"] == BUG and repro_dir is not None and rec.get("_config") is not None:
@@ -199,12 +199,18 @@ def public(rec: dict) -> dict:
 
 def reachability(rec: dict, seed: int, tolerance: float, total: int) -> None:
     """The finding run through transformers' public API (`reach.paths`: generate, chunked prefill, a
-    left-padded batch, an assistant model of other weights), into the record's `reach`."""
+    left-padded batch, an assistant model of other weights; for a full pass that leaks,
+    `reach.leak_paths`: who runs that full pass), into the record's `reach`."""
     from . import reach
 
     tokens = torch.randint(0, rec["vocab"], (1, total), generator=torch.Generator().manual_seed(seed))
+    threshold = tolerance * (rec.get("floor") or 0.0)
+    if rec.get("shape") == shapes.LEAK:  # no cached path to blame: who runs the full pass that leaks
+        rec["reach"] = reach.leak_paths(build(rec["_config"], rec.get("init"), seed), tokens, threshold,
+                                        rec["model_type"])
+        return
     model, assistant = build(rec["_config"], rec.get("init"), seed), build(rec["_config"], rec.get("init"), seed + 1)
-    rec["reach"] = reach.paths(model, tokens, tolerance * (rec.get("floor") or 0.0), assistant)
+    rec["reach"] = reach.paths(model, tokens, threshold, assistant)
 
 
 def _check_orders(model_type, seed, tolerance, total, config) -> dict:

@@ -223,9 +223,9 @@ def test_a_count_the_config_class_refuses_is_skipped_with_its_reason():
     from smearcli.census import derive
 
     cfg, changed = tiny_counts()
-    changed = {**changed, "num_experts": (2, 4)}  # a default of 2 experts: 8 per token cannot run
+    changed = {k: v for k, v in changed.items() if k != "num_experts"}  # experts not shrunk: 8 of 4 per token
     got = derive.default_counts(cfg, changed, lambda c: 1, 49)
-    assert "num_experts_per_tok 8 > num_experts 2" in got.skipped["experts"], got.skipped
+    assert "refuses the defaults: ValueError: num_experts_per_tok 8 > num_experts 4" in got.skipped["experts"]
     assert "num_experts" not in got.restored and got.restored["num_attention_heads"] == (4, 16)
 
 
@@ -395,6 +395,48 @@ def test_generate_raising_first_and_refusing_are_told_apart():
     assert "stateful" in got["assistant model"]["why"]
     assert got["prefill_chunk_size"]["result"] == reach.RAISES  # inside the cache, not generate's check
     assert "get_seq_length" in got["prefill_chunk_size"]["why"]
+
+
+def leaking(m, how):
+    """`m` whose uncached multi-token forward (the full pass, generate's prompt pass) leaks: "peek"
+    adds the next token's one-hot to each position's logits (which tokens follow), "length" adds
+    0.01 per token in the call (how many follow); cached steps are untouched."""
+    import torch.nn.functional as F
+
+    real = m.forward
+
+    def forward(*args, **kw):
+        out = real(*args, **kw)
+        ids = kw.get("input_ids", args[0] if args else None)
+        cache = kw.get("cache", kw.get("past_key_values"))
+        if ids.size(1) > 1 and (cache is None or cache.get_seq_length() == ids.size(1)):
+            if how == "peek":
+                ahead = torch.cat([ids[:, 1:], ids[:, -1:]], 1)
+                out.logits = out.logits + F.one_hot(ahead, out.logits.size(-1)).to(out.logits.dtype)
+            else:
+                out.logits = out.logits + 0.01 * ids.size(1)
+        return out
+    m.forward = forward
+    return m
+
+
+def test_a_leak_says_who_runs_the_full_pass_that_leaks():
+    from smearcli.census import reach
+
+    ids = tokens(vocab=256)
+    clean = reach.leak_paths(census_model("llama"), ids, 1e-4)
+    assert list(clean) == list(reach.LEAK_PATHS) and {e["result"] for e in clean.values()} == {reach.AGREES}, clean
+    assert "prefill_chunk_size=1" in clean["generate"]["why"]  # the causal run it is held against
+    peek = reach.leak_paths(leaking(census_model("llama"), "peek"), ids, 1e-4, "cpmant")
+    assert {e["result"] for e in peek.values()} == {reach.SILENT}, peek
+    assert peek["full pass"]["max_abs"] == pytest.approx(1.0, abs=0.01)  # one one-hot moved
+    assert peek["full pass"]["why"].startswith(reach.DESIGN["cpmant"])  # their design, said where it is theirs
+    assert "depend on" not in peek["full pass"]["why"]  # removed and changed both move it
+    length = reach.leak_paths(leaking(census_model("llama"), "length"), ids, 1e-4)
+    assert length["full pass"]["result"] == reach.SILENT and length["generate's prompt pass"]["result"] == reach.SILENT
+    assert "how many tokens follow, not on which" in length["full pass"]["why"]
+    assert length["full pass"]["max_abs"] == pytest.approx(0.01 * min(causal.CHANGED, T // 4), rel=1e-3)
+    assert "full pass: silently wrong" in reach.words(length) and reach.summary(length) == reach.SILENT
 
 
 def test_the_draft_leads_with_reachability_and_the_table_says_it(tmp_path):
