@@ -178,6 +178,7 @@ def check(model_type: str, seed: int = 0, tolerance: float = NOISE_MARGIN, total
 
     t0 = time.monotonic()
     rec = _check_orders(model_type, seed, tolerance, total, config)
+    declare_copies(rec)
     budget.stage(public(rec))  # the verdict is in: kept even if a reproducer runs out of time
     if rec["verdict"] == BUG and rec.get("_config") is not None:
         reachability(rec, seed, tolerance, total)
@@ -190,6 +191,20 @@ def check(model_type: str, seed: int = 0, tolerance: float = NOISE_MARGIN, total
                               total=total)
     rec.pop("_config", None)
     return rec
+
+
+def declare_copies(rec: dict) -> None:
+    """A finding's born-in class: the classes it declares it copies in transformers' source
+    (`groups.copies`), into `born_in["copies"]`, so the records alone group it (`groups`)."""
+    import os
+
+    import transformers
+
+    from . import groups
+
+    b = rec.get("born_in")
+    if rec.get("verdict") in groups.FINDINGS and isinstance(b, dict) and b.get("file") and b.get("class"):
+        b["copies"] = groups.copies(b["file"], b["class"], os.path.dirname(transformers.__file__))
 
 
 def public(rec: dict) -> dict:

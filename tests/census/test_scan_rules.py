@@ -472,3 +472,63 @@ def test_a_leak_has_a_reproducer_that_exits_1_and_0_on_a_causal_full_pass(tmp_pa
         status, line = repro.run(path)
         assert status == want, (model_type, line)
         assert "import smearcli" not in path.read_text() and "CUT = T - CHANGED" in path.read_text()
+
+
+# -- one report per cause across declared copies --------------------------------------------------
+def fake_transformers(tmp_path):
+    """A stand-in transformers package: Beta's mixer is `# Copied from` Alpha's, Gamma's modular file
+    inherits Beta's, Delta copies Alpha's `forward` only, and Omega's mixer copies nothing."""
+    files = {
+        "alpha/modeling_alpha.py": "class AlphaMixer(nn.Module):\n    def forward(self, x):\n        return x\n",
+        "beta/modeling_beta.py": "import torch\n\n\n# Copied from transformers.models.alpha.modeling_alpha.AlphaMixer "
+                                 "with Alpha->Beta\nclass BetaMixer(nn.Module):\n    def forward(self, x):\n"
+                                 "        return x + 0\n",
+        "gamma/modeling_gamma.py": "class GammaMixer(nn.Module):\n    def forward(self, x):\n        return x * 1\n",
+        "gamma/modular_gamma.py": "from ..beta.modeling_beta import BetaMixer as Base\nfrom ..alpha.configuration_alpha "
+                                  "import AlphaConfig\n\n\nclass GammaMixer(Base):\n    pass\n",
+        "delta/modeling_delta.py": "class DeltaMixer(nn.Module):\n    def __init__(self):\n        pass\n\n"
+                                   "    # Copied from transformers.models.alpha.modeling_alpha.AlphaMixer.forward\n"
+                                   "    def forward(self, x):\n        return x\n",
+        "omega/modeling_omega.py": "class OmegaMixer(nn.Module):\n    def forward(self, x):\n        return -x\n",
+    }
+    for rel, text in files.items():
+        path = tmp_path / "transformers" / "models" / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return str(tmp_path / "transformers")
+
+
+def finding(name, cls, shape="state dropped at chunk starts", copies=None):
+    return {"model_type": name, "verdict": BUG, "shape": shape,
+            "born_in": {"module": "layers.0.mixer", "class": cls, "file": f"transformers/models/{name}/modeling_{name}.py",
+                        "lines": [1, 3], "code": f"digest-{name}", "suspects": [], **({"copies": copies} if copies else {})}}
+
+
+def test_declared_copies_are_read_through_chains(tmp_path):
+    from smearcli.census import groups
+
+    root = fake_transformers(tmp_path)
+    where = lambda name: f"transformers/models/{name}/modeling_{name}.py"
+    assert groups.copies(where("beta"), "BetaMixer", root) == ["alpha.AlphaMixer"]
+    assert groups.copies(where("gamma"), "GammaMixer", root) == ["beta.BetaMixer", "alpha.AlphaMixer"]  # nearest first
+    assert groups.copies(where("delta"), "DeltaMixer", root) == ["alpha.AlphaMixer"]  # its forward is the copy
+    assert groups.copies(where("omega"), "OmegaMixer", root) == []
+    assert groups.copies(where("alpha"), "AlphaMixer", root) == []
+    assert groups.copies("elsewhere.py", "AlphaMixer", root) == []  # not a model's file
+
+
+def test_findings_born_in_declared_copies_are_one_cause(tmp_path):
+    from smearcli.census import groups
+
+    root = fake_transformers(tmp_path)
+    recs = [finding(n, c, copies=groups.copies(f"transformers/models/{n}/modeling_{n}.py", c, root))
+            for n, c in (("alpha", "AlphaMixer"), ("beta", "BetaMixer"), ("gamma", "GammaMixer"),
+                         ("omega", "OmegaMixer"))]
+    got = {tuple(g["architectures"]): g for g in groups.groups(recs)}
+    assert set(got) == {("alpha", "beta", "gamma"), ("omega",)}, list(got)  # different digests, no shared line
+    assert got[("alpha", "beta", "gamma")]["by"].startswith("declared copies of the same code")
+    other_shape = [recs[0], {**recs[1], "shape": "decode path differs"}]  # a copy that breaks another way
+    assert [g["architectures"] for g in groups.groups(other_shape)] == [["alpha"], ["beta"]]
+    # two copies of a class that is no finding are not one cause: what they changed may be it
+    assert [g["architectures"] for g in groups.groups(recs[1:3] + [recs[3]])] == [["beta", "gamma"], ["omega"]]
+    assert [g["architectures"] for g in groups.groups([recs[2], recs[3]])] == [["gamma"], ["omega"]]
