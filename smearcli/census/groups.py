@@ -192,13 +192,15 @@ def entry(recs: list[dict]) -> dict:
     declared = any(set(born(r).get("copies") or []) & mine for r in recs)
     if len(recs) == 1:
         by = None
-    elif declared and not code:
-        by = "declared copies of the same code (`# Copied from`, modular inheritance)"
     elif code:
         by = "the same forward" + ("" if len({born(r).get("class") for r in recs}) == 1
                                    else ", once model names are normalised")
+    elif lines:
+        by = "the same suspect line" + ("s" if len(lines) > 1 else "")
+    elif declared:
+        by = "declared copies of the same code (`# Copied from`, modular inheritance)"
     else:
-        by = "the same suspect line" + ("s" if len(lines) > 1 else "") if lines else "a chain of shared suspect lines"
+        by = "a chain of shared suspect lines"
     return {"architectures": [r["model_type"] for r in recs], "first": first["model_type"], "by": by,
             "lines": lines if len(recs) > 1 else [], "shape": first.get("shape"),
             "code": where(b) if b else None,
