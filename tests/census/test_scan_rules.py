@@ -437,6 +437,17 @@ def test_a_leak_says_who_runs_the_full_pass_that_leaks():
     assert "how many tokens follow, not on which" in length["full pass"]["why"]
     assert length["full pass"]["max_abs"] == pytest.approx(0.01 * min(causal.CHANGED, T // 4), rel=1e-3)
     assert "full pass: silently wrong" in reach.words(length) and reach.summary(length) == reach.SILENT
+    from smearcli.census import draft
+
+    lead = draft.reach_section(length, leak=True)
+    assert lead[0].startswith("**Through the public API** (who runs the full pass that leaks")
+    assert "greedy `generate`, compared" in draft.reach_section(clean_paths())[0]  # a cache's finding: as before
+
+
+def clean_paths():
+    from smearcli.census import reach
+
+    return {k: {"result": reach.AGREES, "max_abs": 0.0, "why": None} for k in reach.PATHS}
 
 
 def test_the_draft_leads_with_reachability_and_the_table_says_it(tmp_path):
