@@ -543,3 +543,13 @@ def test_findings_born_in_declared_copies_are_one_cause(tmp_path):
     # two copies of a class that is no finding are not one cause: what they changed may be it
     assert [g["architectures"] for g in groups.groups(recs[1:3] + [recs[3]])] == [["beta", "gamma"], ["omega"]]
     assert [g["architectures"] for g in groups.groups([recs[2], recs[3]])] == [["gamma"], ["omega"]]
+
+
+def test_a_rerun_at_other_counts_reports_what_the_model_refuses_instead_of_raising():
+    from smearcli.census.check import recheck
+
+    cfg = ShiftConfig()  # no AutoModelForCausalLM builds it: what a refused count looks like to recheck
+    got = recheck(cfg, None, 0, False, T, 64, {"decode": [1] * T}, 1.0, safe=True)
+    assert got["verdict"] == "not built" and got["reason"].startswith("the model cannot be built: ")
+    with pytest.raises(ValueError, match="Unrecognized configuration class"):
+        recheck(cfg, None, 0, False, T, 64, {"decode": [1] * T}, 1.0)  # the architecture's own config: its crash
