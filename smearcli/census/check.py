@@ -180,7 +180,7 @@ def check(model_type: str, seed: int = 0, tolerance: float = NOISE_MARGIN, total
     rec = _check_orders(model_type, seed, tolerance, total, config)
     declare_copies(rec)
     budget.stage(public(rec))  # the verdict is in: kept even if a reproducer runs out of time
-    if rec["verdict"] == BUG and rec.get("_config") is not None:
+    if rec["verdict"] in (BUG, UNCONFIRMED) and rec.get("_config") is not None:  # every finding
         reachability(rec, seed, tolerance, total)
         budget.stage(public(rec))
     if rec["verdict"] == BUG and repro_dir is not None and rec.get("_config") is not None:

@@ -27,8 +27,9 @@ runs the three places it is run, each with the last tokens changed (`causal.chan
 - `generate`: the continuation's logits against the same `generate` with the prompt fed one token
   a step (`prefill_chunk_size=1`: each step sees only the tokens before it, a causal run).
 
-Where the forward is bidirectional by its authors' design (`DESIGN`: what their code says, with
-where), the `full pass` entry's `why` says so: a maintainer may call it a design, not a bug.
+Where the forward is bidirectional by its authors' design (`design`: what their code says, with
+where, or a config that declares itself not causal), the `full pass` entry's `why` says so: a
+maintainer may call it a design, not a bug.
 """
 
 from __future__ import annotations
@@ -44,6 +45,17 @@ CHUNK = 16  # prefill_chunk_size
 PATHS = ("generate", "prefill_chunk_size", "left-padded batch", "assistant model")
 LEAK_PATHS = ("full pass", "generate's prompt pass", "generate")
 # model_type -> what its code declares about a full pass that reads later tokens, and where
+def design(model_type: str, config) -> Optional[str]:
+    """What the model's code or config declares about a full pass that reads later tokens (None
+    when nothing does): `DESIGN`'s reading of their code, or a config's `causal` set to False."""
+    if model_type in DESIGN:
+        return DESIGN[model_type]
+    if getattr(config, "causal", None) is False:
+        return (f"by configuration: {type(config).__name__}.causal is False (its default here), and the model "
+                "makes its attention mask triangular only when it is True: a bidirectional (masked-LM) reading")
+    return None
+
+
 DESIGN = {
     "cpmant": "by construction: CpmAntModel.forward sets `context` to all ones (every input token is "
               "context) and `_prepare_attention_mask` lets a context token attend to every other, so the "
@@ -208,7 +220,8 @@ def leak_paths(model, tokens, threshold: float, model_type: str = "") -> dict:
 
     def full():
         run = lambda t: model(input_ids=t, use_cache=False).logits.float()
-        return _moved(run(tokens), {h: run(t) for h, t in probes.items()}, cut, threshold, DESIGN.get(model_type))
+        return _moved(run(tokens), {h: run(t) for h, t in probes.items()}, cut, threshold,
+                      design(model_type, getattr(model, "config", None)))
 
     def prompt():
         return _moved(prompt_pass(model, tokens), {h: prompt_pass(model, t) for h, t in probes.items()}, cut, threshold)

@@ -432,6 +432,11 @@ def test_a_leak_says_who_runs_the_full_pass_that_leaks():
     assert peek["full pass"]["max_abs"] == pytest.approx(1.0, abs=0.01)  # one one-hot moved
     assert peek["full pass"]["why"].startswith(reach.DESIGN["cpmant"])  # their design, said where it is theirs
     assert "depend on" not in peek["full pass"]["why"]  # removed and changed both move it
+    m = leaking(census_model("llama"), "peek")
+    m.config.causal = False  # a config that declares itself not causal (XLM's default)
+    said = reach.leak_paths(m, ids, 1e-4, "llama")["full pass"]["why"]
+    assert said.startswith("by configuration: LlamaConfig.causal is False"), said
+    assert reach.design("llama", census_model("llama").config) is None
     length = reach.leak_paths(leaking(census_model("llama"), "length"), ids, 1e-4)
     assert length["full pass"]["result"] == reach.SILENT and length["generate's prompt pass"]["result"] == reach.SILENT
     assert "how many tokens follow, not on which" in length["full pass"]["why"]
