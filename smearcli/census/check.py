@@ -18,6 +18,10 @@ the model seeded, and runs it:
    float64 under the precision lift (`evidence.Confirmer`). It is a `bug` when its lifted error
    keeps at least half its float32 size, float32 rounding (not a finding: the schedule counts as
    passed, and the record says so) when it falls to float64 rounding, `unconfirmed` otherwise. A
+   bug is then replicated before it is called one (`ties.replicate`: under a tie-break where a
+   top-k tied, on a second seed, at the default head and expert counts, `derive.default_counts`);
+   every finding is run through the public API (`reach`) and names the classes its born-in class
+   declares it copies (`groups.copies`). A
    finding's shape is named (`shapes.classify`): a boundary's own shape for padded and rollback;
    otherwise from reruns with explicit `position_ids` / attention mask, the dropped-state
    hypothesis replayed, and the error profile;
