@@ -18,6 +18,10 @@ the model seeded, and runs it:
    float64 under the precision lift (`evidence.Confirmer`). It is a `bug` when its lifted error
    keeps at least half its float32 size, float32 rounding (not a finding: the schedule counts as
    passed, and the record says so) when it falls to float64 rounding, `unconfirmed` otherwise. A
+   bug is then replicated before it is called one (`ties.replicate`: under a tie-break where a
+   top-k tied, on a second seed, at the default head and expert counts, `derive.default_counts`);
+   every finding is run through the public API (`reach`) and names the classes its born-in class
+   declares it copies (`groups.copies`). A
    finding's shape is named (`shapes.classify`): a boundary's own shape for padded and rollback;
    otherwise from reruns with explicit `position_ids` / attention mask, the dropped-state
    hypothesis replayed, and the error profile;
@@ -51,7 +55,7 @@ from ..impls.hf.cache_runner import CacheRunner, full_run
 from . import born, boundary, causal, diagnose, shapes, ties, variants
 from .record import new as new_record
 from .boundary import logits_noise, logits_only, measured, transformers_frame
-from .derive import derive
+from .derive import default_counts, derive
 
 T = 49  # one past a multiple of the 16-token chunks
 VERDICTS = WORDS
@@ -178,8 +182,9 @@ def check(model_type: str, seed: int = 0, tolerance: float = NOISE_MARGIN, total
 
     t0 = time.monotonic()
     rec = _check_orders(model_type, seed, tolerance, total, config)
+    declare_copies(rec)
     budget.stage(public(rec))  # the verdict is in: kept even if a reproducer runs out of time
-    if rec["verdict"] == BUG and rec.get("_config") is not None and rec.get("shape") != shapes.LEAK:
+    if rec["verdict"] in (BUG, UNCONFIRMED) and rec.get("_config") is not None:  # every finding
         reachability(rec, seed, tolerance, total)
         budget.stage(public(rec))
     if rec["verdict"] == BUG and repro_dir is not None and rec.get("_config") is not None:
@@ -192,6 +197,20 @@ def check(model_type: str, seed: int = 0, tolerance: float = NOISE_MARGIN, total
     return rec
 
 
+def declare_copies(rec: dict) -> None:
+    """A finding's born-in class: the classes it declares it copies in transformers' source
+    (`groups.copies`), into `born_in["copies"]`, so the records alone group it (`groups`)."""
+    import os
+
+    import transformers
+
+    from . import groups
+
+    b = rec.get("born_in")
+    if rec.get("verdict") in groups.FINDINGS and isinstance(b, dict) and b.get("file") and b.get("class"):
+        b["copies"] = groups.copies(b["file"], b["class"], os.path.dirname(transformers.__file__))
+
+
 def public(rec: dict) -> dict:
     """The record without the fields that only ride along in this process (`_config`)."""
     return {k: v for k, v in rec.items() if not k.startswith("_")}
@@ -199,28 +218,36 @@ def public(rec: dict) -> dict:
 
 def reachability(rec: dict, seed: int, tolerance: float, total: int) -> None:
     """The finding run through transformers' public API (`reach.paths`: generate, chunked prefill, a
-    left-padded batch, an assistant model of other weights), into the record's `reach`."""
+    left-padded batch, an assistant model of other weights; for a full pass that leaks,
+    `reach.leak_paths`: who runs that full pass), into the record's `reach`."""
     from . import reach
 
     tokens = torch.randint(0, rec["vocab"], (1, total), generator=torch.Generator().manual_seed(seed))
+    threshold = tolerance * (rec.get("floor") or 0.0)
+    if rec.get("shape") == shapes.LEAK:  # no cached path to blame: who runs the full pass that leaks
+        rec["reach"] = reach.leak_paths(build(rec["_config"], rec.get("init"), seed), tokens, threshold,
+                                        rec["model_type"])
+        return
     model, assistant = build(rec["_config"], rec.get("init"), seed), build(rec["_config"], rec.get("init"), seed + 1)
-    rec["reach"] = reach.paths(model, tokens, tolerance * (rec.get("floor") or 0.0), assistant)
+    rec["reach"] = reach.paths(model, tokens, threshold, assistant)
 
 
 def _check_orders(model_type, seed, tolerance, total, config) -> dict:
     """Every layer order of the derived config checked, one record (`variants.combine`: the worst
     heads it); a caller's `config` is checked as it is, in its own order."""
     if config is not None:
-        return _check(model_type, seed, tolerance, total, config, None)
+        return _check(model_type, seed, tolerance, total, config, None, None)
     d = derive(model_type)
     if d.error:
         return record(model_type, NOT_BUILT, reason=d.error)
     recs = [record(model_type, NOT_BUILT, reason=v.error, config=v.summary()) if v.error else
-            _check(model_type, seed, tolerance, total, v.config, v.summary()) for v in d.variants]
+            _check(model_type, seed, tolerance, total, v.config, v.summary(), v.changed) for v in d.variants]
     return variants.combine(recs, [v.order for v in d.variants])
 
 
-def _check(model_type, seed, tolerance, total, config, summary: Optional[dict]) -> dict:
+def _check(model_type, seed, tolerance, total, config, summary: Optional[dict], changed: Optional[dict]) -> dict:
+    """One config's record; `changed`: its derivation (key -> (default, tiny)), None for a config
+    given as it is (no default counts to restore)."""
     vocab = vocab_of(config)
     tokens = torch.randint(0, vocab,
                            (1, total), generator=torch.Generator().manual_seed(seed))
@@ -236,9 +263,10 @@ def _check(model_type, seed, tolerance, total, config, summary: Optional[dict]) 
         try:
             with ties.watching() as seen:
                 res = check_model(model, tokens, plans, tolerance)
-            if res["verdict"] == BUG:  # replicated (another seed, a tie-break) before it is called a bug
-                res = ties.replicate(res, seen.ties, lambda s, broke: recheck(config, init, s, broke, total, vocab,
-                                                                              plans, tolerance), seed)
+            if res["verdict"] == BUG:  # replicated (another seed, a tie-break, the default counts) first
+                defaults = None if changed is None else default_counts(config, changed, parameters, total)
+                res = ties.replicate(res, seen.ties, lambda s, broke, cfg=None: recheck(
+                    cfg or config, init, s, broke, total, vocab, plans, tolerance, safe=cfg is not None), seed, defaults)
         except Exception as e:  # a cached path raised where the full pass runs (`check_model`)
             where = getattr(e, "schedule", None)
             return record(model_type, CRASHED, reason=transformers_frame(e), model_class=type(model).__name__,
@@ -253,15 +281,38 @@ def _check(model_type, seed, tolerance, total, config, summary: Optional[dict]) 
     return record(model_type, **last)
 
 
-def recheck(config, init, seed: int, broke: bool, total: int, vocab: int, plans: dict, tolerance: float) -> dict:
+def recheck(config, init, seed: int, broke: bool, total: int, vocab: int, plans: dict, tolerance: float,
+            safe: bool = False) -> dict:
     """`check_model` again on `seed` (its weights and tokens), under the tie-break when `broke`;
-    its `_ties`: the top-k calls with a tie at their edge (`ties.watching`)."""
+    its `_ties`: the top-k calls with a tie at their edge (`ties.watching`). With `safe` (another
+    config: the default counts), a model that cannot be built or a cached path that raises is that
+    rerun's result (`not built`, `crashed`, with the reason), not the architecture's."""
     tokens = torch.randint(0, vocab, (1, total), generator=torch.Generator().manual_seed(seed))
-    model = build(config, init, seed)
-    with ties.tie_break() if broke else ties.watching() as seen:
-        out = check_model(model, tokens, plans, tolerance)
+    try:
+        model = build(config, init, seed)
+    except Exception as e:
+        if not safe:
+            raise
+        return {"verdict": NOT_BUILT, "notes": [], "_ties": 0,
+                "reason": "the model cannot be built: " + transformers_frame(e)}
+    try:
+        with ties.tie_break() if broke else ties.watching() as seen:
+            out = check_model(model, tokens, plans, tolerance)
+    except Exception as e:  # a cached path raised where the full pass runs (`check_model`)
+        if not safe:
+            raise
+        return {"verdict": CRASHED, "notes": [], "_ties": 0, "reason": transformers_frame(e)}
     out["_ties"] = getattr(seen, "ties", 0)
     return out
+
+
+def parameters(config) -> int:
+    """The parameter count of the model `config` builds, built on the meta device (no memory)."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return sum(p.numel() for p in model.parameters())
 
 
 def init_note(init: float) -> str:

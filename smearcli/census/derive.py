@@ -11,6 +11,10 @@ below the scan's step widths (`BLOCK`), so steps cross blocks. Composite configs
 vision config) are shrunk part by part. `Derived.variants` holds one config per layer kind, that
 kind as layer 0 (`variants`), the defaults' order first.
 
+`Derived.changed` records every key derivation set (key -> (default, tiny)); `shrunk_counts` reads
+the head and expert counts among them (`COUNTS`), and `default_counts` puts them back to the
+config class's defaults, within a memory bound, for the replication of a finding (`census.ties`).
+
 Names are matched on the config's own keys, so a new architecture that reuses the common names
 is derived with no entry here. `OVERRIDES` holds the few families where derivation alone fails,
 each with a comment saying why.
@@ -36,6 +40,27 @@ WINDOW = 8  # sliding windows: shorter than the scan's chunks (16)
 BLOCK = 4
 SSM_CHUNK = BLOCK  # the chunked SSM scan (Mamba-2 and its hybrids): the chunk state is carried
 
+# The counts a tiny config shrinks that replication restores to the config class's defaults
+# (`default_counts`, `census.ties`), by what they count; EXACT below sets each key's tiny value.
+HEAD_KEYS = ("num_attention_heads", "n_head", "num_heads", "n_heads", "encoder_attention_heads",
+             "decoder_attention_heads", "linear_num_value_heads", "linear_num_heads")
+KV_HEAD_KEYS = ("num_key_value_heads", "n_head_kv", "num_kv_heads", "multi_query_group_num", "linear_num_key_heads")
+EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts", "num_experts_total")
+PER_TOKEN_KEYS = ("num_experts_per_tok", "moe_topk", "top_k", "moe_k", "num_experts_per_token")
+EXPERT_GROUP_KEYS = ("n_group", "topk_group", "num_expert_group", "num_group", "group_topk")
+INDEXER_KEYS = ("index_n_heads", "index_topk", "index_topk_blocks")
+# a sparse-attention indexer's top-k: key -> the tokens one unit of it keeps (a block of BLOCK)
+TOKEN_TOPK = {"index_topk": 1, "index_topk_blocks": BLOCK}
+# one entry per thing restored together: experts, the experts a token is routed to and their
+# groups go as one (a router's top-k of the default count over 4 experts cannot run)
+COUNTS = {"attention heads": HEAD_KEYS, "key/value heads": KV_HEAD_KEYS,
+          "experts": EXPERT_KEYS + PER_TOKEN_KEYS + EXPERT_GROUP_KEYS,
+          "indexer heads": tuple(k for k in INDEXER_KEYS if k not in TOKEN_TOPK),
+          "indexer top-k": tuple(TOKEN_TOPK)}
+MAX_PARAMS = 50_000_000  # the memory bound of a model at the default counts: 200 MB in float32,
+# 400 MB in the float64 twin the confirmation builds, inside the scan's --memory-mb default (3 GiB);
+# a tiny config already larger (XLM's embedding width is not one derivation shrinks) is its own bound
+
 # key -> value, for every key a config class spells this way (exact names)
 EXACT: dict[str, Any] = {
     "vocab_size": VOCAB,
@@ -47,19 +72,18 @@ EXACT: dict[str, Any] = {
                         "intermediate_dim", "ffn_intermediate_size")},
     **{k: 32 for k in ("moe_intermediate_size", "shared_expert_intermediate_size",
                        "moe_shared_expert_intermediate_size", "expert_intermediate_size")},
-    **{k: HEADS for k in ("num_attention_heads", "n_head", "num_heads", "n_heads", "encoder_attention_heads",
-                          "decoder_attention_heads", "linear_num_value_heads")},
-    **{k: 2 for k in ("linear_num_key_heads",)},
+    **{k: HEADS for k in HEAD_KEYS},
+    **{k: 2 for k in KV_HEAD_KEYS},
     "head_dim": HEAD_DIM,
     "kv_channels": HEAD_DIM,
     **{k: HEAD_DIM for k in ("linear_key_head_dim", "linear_value_head_dim", "qk_nope_head_dim",
                              "v_head_dim", "qk_rope_head_dim", "mamba_d_head", "mamba_headdim",
                              "mamba_head_dim", "ssm_head_dim")},
-    **{k: 4 for k in ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts",
-                      "num_experts_total")},
-    **{k: 2 for k in ("num_experts_per_tok", "moe_topk", "top_k", "moe_k")},
-    **{k: 1 for k in ("n_shared_experts", "num_shared_experts", "n_group", "topk_group",
-                      "first_k_dense_replace", "n_groups", "mamba_n_groups")},
+    **{k: 4 for k in EXPERT_KEYS},
+    **{k: 2 for k in PER_TOKEN_KEYS},
+    **{k: 1 for k in EXPERT_GROUP_KEYS},
+    **{k: 1 for k in ("n_shared_experts", "num_shared_experts", "first_k_dense_replace", "n_groups",
+                      "mamba_n_groups", "num_dense_layers")},
     **{k: 32 for k in ("kv_lora_rank", "q_lora_rank", "mamba_dt_rank", "time_step_rank")},
     **{k: 16 for k in ("state_size", "mamba_d_state", "ssm_state_size", "d_state")},
     **{k: 8 for k in ("mamba_n_heads", "n_mamba_heads", "mamba_num_heads")},
@@ -72,8 +96,7 @@ EXACT: dict[str, Any] = {
     "attention_chunk_size": BLOCK,
     # MiniMax-M3's block-sparse indexer: keys pooled in blocks, each query keeps its top blocks;
     # at 128 there is one block (kept whole), at 4 the 49 tokens make 13 and 2 are kept (8 tokens)
-    "index_block_size": BLOCK,
-    "index_topk_blocks": 2,
+    "index_block_size": BLOCK,  # index_topk_blocks 2 (INDEXER_KEYS)
     "mamba_d_ssm": 128,
     "num_nextn_predict_layers": 0,
     "max_position_embeddings": 256,
@@ -81,14 +104,7 @@ EXACT: dict[str, Any] = {
     "context_length": 256,
     "max_sequence_length": 256,
     "attention_window_size": WINDOW,
-    "num_key_value_heads": 2,
-    "n_head_kv": 2,
-    "num_kv_heads": 2,
-    "multi_query_group_num": 2,
-    "num_experts_per_token": 2,
-    **{k: 1 for k in ("num_expert_group", "num_group", "group_topk", "num_dense_layers")},
     "linear_head_dim": HEAD_DIM,
-    "linear_num_heads": HEADS,
     "rotary_dim": HEAD_DIM // 2,
     "rotary_emb_dim": HEAD_DIM // 2,
     "vocab_size_per_layer_input": VOCAB,
@@ -96,8 +112,7 @@ EXACT: dict[str, Any] = {
     "laurel_rank": 8,
     # sparse attention's indexer (DeepSeek-V3.2 and its kin): a top-k under the scan's 49 tokens, so
     # the indexer chooses and its cached keys change the logits (at 2048 it keeps every token)
-    "index_topk": 8,
-    "index_n_heads": 4,
+    **{k: v for k, v in zip(INDEXER_KEYS, (4, 8, 2))},
     "num_kv_shared_layers": 0,
 }
 # a None default the model reads as a number (DeepSeek-V2's router: topk(k=num_experts_per_tok);
@@ -294,7 +309,7 @@ def shrink(d: dict, model_type: str = "", hints: Optional[dict] = None) -> tuple
         setk("qk_head_dim", out["qk_nope_head_dim"] + (out.get("qk_rope_head_dim") or 0))
     for k, v in OVERRIDES.get(model_type, {}).items():
         if k in out and out[k] != v:
-            changed[k] = (out[k], v)
+            changed[k] = (changed.get(k, (out[k],))[0], v)  # the default, not the value shrunk above
             out[k] = v
     return out, changed, kinds
 
@@ -360,3 +375,86 @@ def layer_orders(cls, small: dict, changed: dict, hints: dict, cfg) -> list[Vari
                                                     f"{type(e).__name__}: {str(e)[:160]}"))
         return out
     return [Variant([], cfg, changed)]
+
+
+@dataclass
+class Counts:
+    """A tiny config with the counts derivation shrank put back to the config class's defaults
+    (`default_counts`): `restored` key -> (tiny, default), `skipped` what -> why (over the memory
+    bound, refused by the config class or the model), `config` the config to rerun (None when
+    nothing was restored)."""
+    restored: dict = field(default_factory=dict)
+    skipped: dict = field(default_factory=dict)
+    config: Any = None
+
+    def entry(self) -> dict:
+        """The record's `replication["default_counts"]` without the rerun's summary."""
+        return {"restored": {k: list(v) for k, v in sorted(self.restored.items())},
+                "skipped": dict(sorted(self.skipped.items()))}
+
+    def words(self) -> str:
+        """"num_attention_heads 4 -> 32, num_experts 4 -> 256"."""
+        return ", ".join(f"{k} {a} -> {b}" for k, (a, b) in sorted(self.restored.items()))
+
+
+def shrunk_counts(changed: dict) -> dict[str, dict[str, tuple]]:
+    """what (a `COUNTS` entry) -> {key: (default, tiny)}: the counts in `changed` (derivation's key ->
+    (default, tiny); a sub-config's key as "part.key") that derivation lowered."""
+    out: dict = {}
+    for key, (default, tiny) in changed.items():
+        name = key.rsplit(".", 1)[-1]
+        what = next((w for w, keys in COUNTS.items() if name in keys), None)
+        if what and all(isinstance(x, int) and not isinstance(x, bool) for x in (default, tiny)) and default > tiny:
+            out.setdefault(what, {})[key] = (default, tiny)
+    return out
+
+
+def rebuilt(config, values: dict):
+    """`config` rebuilt by its class from its `to_dict()` with `values` (key, or "part.key", -> value)
+    set, head_dim set explicitly (HEAD_DIM) beside every head count set, so more heads do not
+    narrow each head of the same width."""
+    d = {k: v for k, v in config.to_dict().items() if k not in ("transformers_version", "architectures")}
+    for key, v in values.items():
+        part, _, name = key.rpartition(".")
+        target = d[part] if part else d
+        target[name] = v
+        if name in HEAD_KEYS + KV_HEAD_KEYS and target.get("head_dim") is None:
+            target["head_dim"] = HEAD_DIM
+    return _config(type(config), d, {})
+
+
+def default_counts(config, changed: dict, size, tokens: int, bound: int = MAX_PARAMS) -> Counts:
+    """`config` (a derived tiny config, `changed` its derivation) with the counts derivation shrank
+    (`shrunk_counts`) restored to their defaults, one `COUNTS` entry at a time in order, each kept
+    when the config class takes it and the model's parameter count, `size(config)`, stays within
+    `bound` (or the tiny model's own size, where that is larger); an entry that does not is
+    `skipped`, with why. An indexer's top-k whose default keeps all of the check's `tokens` is
+    skipped too: restored, the indexer would choose nothing. Width, head_dim and everything else
+    stay tiny."""
+    out = Counts()
+    values: dict = {}
+    limit = None
+    for what, keys in shrunk_counts(changed).items():
+        wide = {k: d for k, (d, _) in keys.items() if d * TOKEN_TOPK.get(k.rsplit(".", 1)[-1], 0) >= tokens}
+        if wide:
+            out.skipped[what] = (f"the default {', '.join(f'{k} {d}' for k, d in wide.items())} keeps every one of "
+                                 f"the {tokens} tokens: restored, the indexer would choose nothing")
+            continue
+        trial = {**values, **{k: default for k, (default, _) in keys.items()}}
+        try:
+            cfg = rebuilt(config, trial)
+        except Exception as e:
+            out.skipped[what] = f"the config class refuses the defaults: {type(e).__name__}: {str(e)[:120]}"
+            continue
+        try:
+            n = size(cfg)
+        except Exception as e:
+            out.skipped[what] = f"the model cannot be built at the defaults: {type(e).__name__}: {str(e)[:120]}"
+            continue
+        limit = max(bound, size(config)) if limit is None else limit
+        if n > limit:
+            out.skipped[what] = f"{n / 1e6:.0f}M parameters at the defaults, over the bound of {limit / 1e6:.0f}M"
+            continue
+        values, out.config = trial, cfg
+        out.restored.update({k: (tiny, default) for k, (default, tiny) in keys.items()})
+    return out

@@ -103,7 +103,7 @@ def write(record: dict, path: Path, versions: dict, group: Optional[dict] = None
                 "the loss with labels, a prefill) sees the future.")
     lines = [f"# {record.get('model_class') or record['model_type']}: "
              f"{TITLES.get(record.get('worst_schedule'), 'cached steps disagree with the full pass')}", "",
-             ", ".join(f"{k} {v}" for k, v in versions.items()), "", *reach_section(record.get("reach")),
+             ", ".join(f"{k} {v}" for k, v in versions.items()), "", *reach_section(record.get("reach"), record.get("shape") == LEAK),
              said, "",
              f"Shape of the error: **{record.get('shape')}**" + (f"; first off at {record['born_at']}" if record.get("born_at") else ""),
              ""]
@@ -125,11 +125,16 @@ def write(record: dict, path: Path, versions: dict, group: Optional[dict] = None
     return path
 
 
-def reach_section(reach) -> list[str]:
-    """The draft's lead: each public-API path as run (`census.reach`), and what it gave."""
+def reach_section(reach, leak: bool = False) -> list[str]:
+    """The draft's lead: each public-API path as run (`census.reach`), and what it gave; `leak`: the
+    finding is a full pass that leaks (`reach.leak_paths`: who runs it)."""
     if not isinstance(reach, dict) or not reach:
         return []
-    out = ["**Through the public API** (greedy `generate`, compared with the full pass over the tokens it made):", ""]
+    out = ["**Through the public API** (" + ("who runs the full pass that leaks, each run again with the last "
+                                             "tokens removed and changed; `generate` against the prompt fed one "
+                                             "token a step" if leak else
+                                             "greedy `generate`, compared with the full pass over the tokens it made")
+           + "):", ""]
     for name, e in reach.items():
         if not isinstance(e, dict):
             continue

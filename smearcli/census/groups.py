@@ -12,6 +12,12 @@ that lists each copy as its own finding asks a maintainer to read one bug four t
   (NemotronH's Mamba-2 mixer carries both of the Mamba mixer's one-token branches, and its
   finding is a decode path, not a dropped state).
 
+- a declared copy: the born-in class says, in transformers' source, that it copies another
+  finding's born-in class (a `# Copied from transformers.models.X.modeling_X.Class` comment above
+  the class or its `forward`, or a modular file's `class Mine(Theirs)`), followed through chains
+  (Jamba's mixer from FalconMamba's from Mamba's), with the same shape. `copies(file, cls, root)`
+  reads the declarations when the finding is made, into its `born_in["copies"]`.
+
 Findings linked through any chain of these are one group. It is computed from the records alone,
 so `scan --merge` of shards groups as one scan does. Each group names the shared code and every
 architecture it breaks; its draft and reproducer are those of its first architecture by name.
@@ -19,6 +25,9 @@ architecture it breaks; its draft and reproducer are those of its first architec
 
 from __future__ import annotations
 
+import ast
+import os
+import re
 from typing import Optional, Sequence
 
 from ..verdicts import BUG, UNCONFIRMED
@@ -37,13 +46,81 @@ def born(rec: dict) -> dict:
     b = rec.get("born_in")
     if not isinstance(b, dict) or not isinstance(b.get("module"), str) or not b["module"]:
         return {}
-    out = {k: (v if isinstance(v, str) else None) for k, v in b.items() if k not in ("lines", "suspects")}
+    out = {k: (v if isinstance(v, str) else None) for k, v in b.items() if k not in ("lines", "suspects", "copies")}
+    out["copies"] = [c for c in b.get("copies") or [] if isinstance(c, str)] if isinstance(b.get("copies"), list) else []
     lines = b.get("lines")
     ok = isinstance(lines, list) and len(lines) == 2 and all(type(x) is int for x in lines)
     out["lines"] = lines if ok else None
     out["suspects"] = [s for s in b.get("suspects") or [] if isinstance(s, list) and len(s) >= 2
                        and isinstance(s[1], str)] if isinstance(b.get("suspects"), list) else []
     out["module"] = b["module"]
+    return out
+
+
+COPIED = re.compile(r"^\s*# Copied from transformers\.models\.(\w+)\.modeling_\w+\.(\w+)")
+
+
+def ident(file: Optional[str], cls: Optional[str]) -> Optional[str]:
+    """"mamba.MambaMixer" for a class in transformers/models/mamba/modeling_mamba.py (None elsewhere)."""
+    parts = (file or "").replace("\\", "/").split("/")
+    if not cls or len(parts) < 2 or "models" not in parts[:-2]:
+        return None
+    return f"{parts[-2]}.{cls}"
+
+
+def declared(root: str, model: str, cls: str) -> list[str]:
+    """The classes ("dir.Class") that `cls` of models/`model` declares it copies, one step: a
+    `# Copied from` comment above `class cls` or above its `def forward`, and its bases in the
+    modular file imported from another model (the modular converter copies it in)."""
+    out: list[str] = []
+    base = os.path.join(root, "models", model)
+    try:
+        lines = open(os.path.join(base, f"modeling_{model}.py"), encoding="utf-8").read().splitlines()
+    except OSError:
+        lines = []
+    start = next((i for i, line in enumerate(lines) if re.match(rf"class {cls}\b", line)), None)
+    if start is not None:
+        above = start - 1
+        while above >= 0 and (lines[above].startswith("#") or lines[above].startswith("@")):
+            m = COPIED.match(lines[above])
+            out += [f"{m.group(1)}.{m.group(2)}"] if m else []
+            above -= 1
+        for i in range(start + 1, len(lines)):
+            if lines[i] and not lines[i][0].isspace() and not lines[i].startswith("#"):
+                break  # the class ended
+            if re.match(r"\s+def forward\b", lines[i]):
+                m = COPIED.match(lines[i - 1]) or (COPIED.match(lines[i - 2]) if lines[i - 1].strip().startswith("@") else None)
+                out += [f"{m.group(1)}.{m.group(2)}"] if m else []
+    try:
+        tree = ast.parse(open(os.path.join(base, f"modular_{model}.py"), encoding="utf-8").read())
+    except (OSError, SyntaxError):
+        return list(dict.fromkeys(out))
+    imported = {}
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and node.module:
+            src = node.module.split(".")
+            if node.level == 2 and len(src) == 2 or src[:2] == ["transformers", "models"] and len(src) == 4:
+                for a in node.names:
+                    imported[a.asname or a.name] = f"{src[-2]}.{a.name}"
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == cls:
+            # a base imported from another model is copied into this model's modeling file
+            out += [imported[b.id] for b in node.bases if isinstance(b, ast.Name) and b.id in imported]
+    return list(dict.fromkeys(out))
+
+
+def copies(file: Optional[str], cls: Optional[str], root: str) -> list[str]:
+    """Every class ("dir.Class") the born-in class declares it copies (`declared`), through chains,
+    nearest first; `root` is transformers' package directory, `file` relative to its parent."""
+    me = ident(file, cls)
+    out: list[str] = []
+    todo = [me] if me else []
+    while todo:
+        model, name = todo.pop(0).split(".", 1)
+        for found in declared(root, model, name):
+            if found != me and found not in out:
+                out.append(found)
+                todo.append(found)
     return out
 
 
@@ -79,6 +156,16 @@ def groups(records: Sequence[dict]) -> list[dict]:
                 parent[_root(parent, i)] = _root(parent, owner[key])
             else:
                 owner[key] = i
+    born_here = {}
+    for i, rec in enumerate(found):
+        b = born(rec)
+        me = ident(b.get("file"), b.get("class")) if b else None
+        if me:
+            born_here.setdefault((me, rec.get("shape")), []).append(i)
+    for i, rec in enumerate(found):  # a declared copy of another finding's born-in class, same shape
+        for c in born(rec).get("copies") or []:
+            for j in born_here.get((c, rec.get("shape")), []):
+                parent[_root(parent, i)] = _root(parent, j)
     members: dict[int, list[dict]] = {}
     for i, rec in enumerate(found):
         members.setdefault(_root(parent, i), []).append(rec)
@@ -101,13 +188,19 @@ def entry(recs: list[dict]) -> dict:
     first = recs[0]
     b = born(first)
     code, lines = shared(recs)
+    mine = {ident(born(r).get("file"), born(r).get("class")) for r in recs} - {None}
+    declared = any(set(born(r).get("copies") or []) & mine for r in recs)
     if len(recs) == 1:
         by = None
     elif code:
         by = "the same forward" + ("" if len({born(r).get("class") for r in recs}) == 1
                                    else ", once model names are normalised")
+    elif lines:
+        by = "the same suspect line" + ("s" if len(lines) > 1 else "")
+    elif declared:
+        by = "declared copies of the same code (`# Copied from`, modular inheritance)"
     else:
-        by = "the same suspect line" + ("s" if len(lines) > 1 else "") if lines else "a chain of shared suspect lines"
+        by = "a chain of shared suspect lines"
     return {"architectures": [r["model_type"] for r in recs], "first": first["model_type"], "by": by,
             "lines": lines if len(recs) > 1 else [], "shape": first.get("shape"),
             "code": where(b) if b else None,

@@ -14,6 +14,22 @@ Each path's logits are compared with the full pass (no cache) over the tokens it
 exception inside the model: the user sees an error, not a wrong answer), `refused` (generate
 itself declines the use, e.g. assisted decoding on a stateful model) or `not run` (no `generate`,
 no assistant), with `why`.
+
+A leak (the full pass itself reads later tokens, `census.causal`) has no cached path to compare
+with the full pass: the question is who runs that full pass. `leak_paths(model, tokens, threshold)`
+runs the three places it is run, each with the last tokens changed (`causal.changed_tail`):
+
+- `full pass`: the forward over a whole sequence, as scoring a text, a perplexity or training
+  calls it: do the earlier positions' logits move;
+- `generate's prompt pass`: the first forward inside `generate` (greedy, NEW tokens), caught as
+  generate runs it (every position's logits kept): do the prompt's earlier positions' logits move
+  (the pass the cache is built from);
+- `generate`: the continuation's logits against the same `generate` with the prompt fed one token
+  a step (`prefill_chunk_size=1`: each step sees only the tokens before it, a causal run).
+
+Where the forward is bidirectional by its authors' design (`design`: what their code says, with
+where, or a config that declares itself not causal), the `full pass` entry's `why` says so: a
+maintainer may call it a design, not a bug.
 """
 
 from __future__ import annotations
@@ -27,6 +43,24 @@ NOT_RUN = "not run"  # the model has no `generate`, or no assistant was given
 NEW = 6  # tokens generated per path
 CHUNK = 16  # prefill_chunk_size
 PATHS = ("generate", "prefill_chunk_size", "left-padded batch", "assistant model")
+LEAK_PATHS = ("full pass", "generate's prompt pass", "generate")
+# model_type -> what its code declares about a full pass that reads later tokens, and where
+def design(model_type: str, config) -> Optional[str]:
+    """What the model's code or config declares about a full pass that reads later tokens (None
+    when nothing does): `DESIGN`'s reading of their code, or a config's `causal` set to False."""
+    if model_type in DESIGN:
+        return DESIGN[model_type]
+    if getattr(config, "causal", None) is False:
+        return (f"by configuration: {type(config).__name__}.causal is False (its default here), and the model "
+                "makes its attention mask triangular only when it is True: a bidirectional (masked-LM) reading")
+    return None
+
+
+DESIGN = {
+    "cpmant": "by construction: CpmAntModel.forward sets `context` to all ones (every input token is "
+              "context) and `_prepare_attention_mask` lets a context token attend to every other, so the "
+              "full pass over the input is bidirectional (a prefix-LM reading; modeling_cpmant.py)",
+}
 
 
 def greedy(model, ids, mask=None, **kw):
@@ -108,12 +142,122 @@ def paths(model, tokens, threshold: float, assistant=None) -> dict:
     return out
 
 
+def _run(path, *args):
+    """{result, max_abs, why} of one leak path: `path(*args)` gives max |dlogit|, or raises."""
+    import torch
+
+    try:
+        with torch.inference_mode():
+            return path(*args)
+    except Exception as e:
+        return {"result": REFUSED if refused(e) else RAISES, "max_abs": None,
+                "why": frames.describe(e, "transformers")[:300]}
+
+
+def _moved(ref, probes: dict, cut: int, threshold: float, design=None) -> dict:
+    """The entry of full-pass logits `ref` (1, T, V) against each probe's (how -> logits over the
+    tokens with the last ones removed or changed): the positions before `cut` must agree."""
+    errs = {how: float((ref[:, :cut].double() - b[:, :cut].double()).abs().max()) for how, b in probes.items()}
+    how, err = max(errs.items(), key=lambda kv: kv[1])
+    said = "; ".join(f"last tokens {h}: {e:.2g}" for h, e in errs.items())
+    if err > threshold and any(e <= threshold for e in errs.values()):
+        said += " (the earlier positions depend on " + ("how many tokens follow, not on which" if how == "removed"
+                                                         else "which tokens follow") + ")"
+    return {"result": SILENT if err > threshold else AGREES, "max_abs": err,
+            "why": f"{design}; {said}" if design else said}
+
+
+def prompt_pass(model, ids):
+    """The logits (1, T, V) of the first forward `generate` runs on `ids` (its prompt pass), every
+    position's kept (generate asks for the last one only: `logits_to_keep` 0 where it passes one)."""
+    seen = []
+
+    def every(m, args, kw):
+        if not seen and "logits_to_keep" in kw:
+            kw = {**kw, "logits_to_keep": 0}
+        return args, kw
+    pre = model.register_forward_pre_hook(every, with_kwargs=True)
+    hook = model.register_forward_hook(lambda m, a, out: seen.append(out.logits.float()) if not seen else None)
+    try:
+        greedy(model, ids)
+    finally:
+        pre.remove()
+        hook.remove()
+    return seen[0]
+
+
+def stepwise(model, ids, new: int = NEW):
+    """The logits (1, new, V) of a greedy continuation of `ids` through the model's own forward, the
+    prompt fed one token a call onto the cache it returns (causal by construction)."""
+    import torch
+
+    from ..impls.hf import api
+
+    key, cache, out, got = api.cache_keyword(model), None, None, []
+    for t in range(ids.size(1) + new):
+        step = ids[:, t:t + 1] if t < ids.size(1) else out.logits[:, -1:].argmax(-1)
+        if t >= ids.size(1):
+            got.append(out.logits[:, -1].float())
+        out = model(input_ids=step, use_cache=True, **({key: cache} if cache is not None else {}))
+        cache = api.out_cache(out)
+        if out.logits.size(1) == 0:
+            raise NoLogits(f"a one-token call onto a cache of {t} tokens returns logits of shape "
+                           f"{tuple(out.logits.shape)}: no position")
+    return torch.stack(got, 1)
+
+
+class NoLogits(ValueError):
+    """A cached call of the model's own forward returned no position's logits."""
+
+
+def leak_paths(model, tokens, threshold: float, model_type: str = "") -> dict:
+    """path -> {result, max_abs, why} for a full pass that reads later tokens (module docstring)."""
+    from .causal import changed_tail, probe_width, vocab_of
+
+    n = probe_width(tokens.size(1))
+    cut = tokens.size(1) - n
+    probes = {"removed": tokens[:, :cut], "changed": changed_tail(tokens, vocab_of(model, tokens), n)}
+
+    def full():
+        run = lambda t: model(input_ids=t, use_cache=False).logits.float()
+        return _moved(run(tokens), {h: run(t) for h, t in probes.items()}, cut, threshold,
+                      design(model_type, getattr(model, "config", None)))
+
+    def prompt():
+        return _moved(prompt_pass(model, tokens), {h: prompt_pass(model, t) for h, t in probes.items()}, cut, threshold)
+
+    def continuation():
+        _, got = greedy(model, tokens)
+        try:
+            _, causal = greedy(model, tokens, prefill_chunk_size=1)
+            how = "generate with prefill_chunk_size=1"
+        except Exception as e:
+            first = frames.describe(e, "transformers")[:160]
+            try:
+                causal, how = stepwise(model, tokens), f"the forward one token a call (prefill_chunk_size=1 raises: {first})"
+            except Exception as e2:
+                return {"result": NOT_RUN, "max_abs": None,
+                        "why": f"no causal run to compare with: prefill_chunk_size=1 raises ({first}); one token a "
+                               f"call: " + (str(e2) if isinstance(e2, NoLogits) else
+                                            f"raises ({frames.describe(e2, 'transformers')[:160]})")}
+        err = float((got - causal).abs().max())
+        return {"result": SILENT if err > threshold else AGREES, "max_abs": err,
+                "why": f"the continuation against the prompt fed one token a step: {how}"}
+    out = {"full pass": _run(full)}
+    if not callable(getattr(model, "generate", None)):
+        why = f"{type(model).__name__} has no generate"
+        return {**out, **{k: {"result": NOT_RUN, "max_abs": None, "why": why} for k in LEAK_PATHS[1:]}}
+    out["generate's prompt pass"] = _run(prompt)
+    out["generate"] = _run(continuation)
+    return out
+
+
 def words(reach: Optional[dict]) -> str:
     """"generate: silently wrong (0.13); prefill_chunk_size: raises first; ..." ("" without one)."""
     if not isinstance(reach, dict):
         return ""
     parts = []
-    for name in PATHS:
+    for name in [k for k in dict.fromkeys(PATHS + LEAK_PATHS) if k in reach]:
         e = reach.get(name)
         if isinstance(e, dict):
             num = f" ({e['max_abs']:.2g})" if e.get("result") == SILENT and e.get("max_abs") is not None else ""

@@ -248,7 +248,8 @@ def groups_md(records: Sequence[dict]) -> list[str]:
     n = sum(len(g["architectures"]) for g in gs)
     out = ["## Root causes", "", f"{n} finding{'s' * (n != 1)}, {len(gs)} root cause{'s' * (len(gs) != 1)}. Findings are one root cause when the modules "
            "they are born in run the same `forward` once model names are normalised, or share a suspect line "
-           "inside it with the same shape (`smearcli.census.groups`); each group has one reproducer and one draft, "
+           "inside it with the same shape, or one's class declares it copies the other's (`# Copied from`, a modular "
+           "file's base) with the same shape (`smearcli.census.groups`); each group has one reproducer and one draft, "
            "its first architecture's.", "",
            "| root cause | architectures | shape | shared | reproducer, draft |", "|---|---|---|---|---|"]
     for g in gs:

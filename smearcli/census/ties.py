@@ -11,10 +11,15 @@ survives float64 (a tie is exact in any precision), so the float64 confirmation 
 - `tie_break()` makes every top-k deterministic while it is open: among equal values the lower
   index is kept (a stable sort), in the full pass and in every cached step alike;
 - `replicate(fields, rerun)` takes `check_model`'s fields of a `bug` and reruns the check: under the
-  tie-break where a tie was seen, and on a second seed for the weights and tokens. A departure that
-  vanishes under the tie-break, or on the second seed where ties were seen, is a `tie artifact`; one
-  that vanishes on the second seed without any tie is `unconfirmed` (not replicated); one that stays
-  is a bug. The record's `replication` says what each rerun gave.
+  tie-break where a tie was seen, on a second seed for the weights and tokens, and at the
+  architecture's default head and expert counts where the tiny config shrank them (`derive.Counts`:
+  the same tiny config, seed and tokens, those counts restored as far as memory allows). A
+  departure that vanishes under the tie-break, or on the second seed or at the default counts where
+  ties were seen, is a `tie artifact`; one that vanishes on the second seed or at the default counts
+  without any tie is `unconfirmed` (not replicated); one that stays is a bug. A rerun at the default
+  counts that cannot run (the model refuses them: crashed, not built) replicates nothing and
+  refutes nothing: the bug stands, and the record says so. The record's `replication` says what
+  each rerun gave.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from typing import Callable, Optional
 
 import torch
 
-from ..verdicts import BUG, TIE_ARTIFACT, UNCONFIRMED
+from ..verdicts import BUG, CRASHED, NOT_BUILT, TIE_ARTIFACT, UNCONFIRMED
 
 FINDINGS = (str(BUG), str(UNCONFIRMED))
 _TOPK = torch.topk
@@ -91,36 +96,74 @@ def summary(fields: dict) -> dict:
     return {k: fields.get(k) for k in ("verdict", "worst_schedule", "max_abs", "shape")}
 
 
-def replicate(fields: dict, ties: int, rerun: Callable[..., dict], seed: int) -> dict:
+def replicate(fields: dict, ties: int, rerun: Callable[..., dict], seed: int, defaults=None) -> dict:
     """`fields` (`check_model`'s, a bug) judged again (module docstring): `rerun(seed, tie_break)`
-    runs the same check on another seed or under the tie-break and returns its fields. Returns
-    `fields` with `verdict` settled and `replication` set."""
+    runs the same check on another seed or under the tie-break and returns its fields;
+    `rerun(seed, False, config)` on another config: `defaults` (a `derive.Counts`, None where the
+    config was not derived) holds the one at the default counts. Returns `fields` with `verdict`
+    settled and `replication` set."""
     rep: dict = {"ties": ties}
     word: Optional[str] = None
+    why = ""
     if ties:
         broke = rerun(seed, True)
         rep["tie_break"] = summary(broke)
         if str(broke["verdict"]) not in FINDINGS:
             word = TIE_ARTIFACT
+            why = f"under a deterministic tie-break (the lower index kept) it is {broke['verdict']}"
     if word is None:
         other = rerun(seed + 1, False)
         rep["seed"] = seed + 1
         rep["second_seed"] = summary(other)
         if str(other["verdict"]) != str(BUG):
             word = TIE_ARTIFACT if ties or other.get("_ties") else UNCONFIRMED
+            why = f"on seed {seed + 1} (weights and tokens) it is {other['verdict']}"
+    if defaults is not None and word is None:
+        rep["default_counts"] = at_defaults(defaults, rerun, seed)
+        got = rep["default_counts"].get("rerun")
+        if got and str(got["verdict"]) not in (str(BUG), str(CRASHED), str(NOT_BUILT)):
+            word = TIE_ARTIFACT if ties or rep["default_counts"].get("ties") else UNCONFIRMED
+            why = f"at the default head/expert counts ({defaults.words()}) it is {got['verdict']}"
     fields["replication"] = rep
     if word == TIE_ARTIFACT:
         fields["verdict"] = TIE_ARTIFACT
         fields["notes"].append(f"a tie artifact: {ties} top-k call(s) had an exact tie at the edge of the choice; "
-                               + ("under a deterministic tie-break (the lower index kept) it is "
-                                  f"{rep['tie_break']['verdict']}" if "tie_break" in rep and
-                                  str(rep["tie_break"]["verdict"]) not in FINDINGS else
-                                  f"on seed {seed + 1} it is {rep['second_seed']['verdict']}"))
+                               + why)
     elif word == UNCONFIRMED:
         fields["verdict"] = UNCONFIRMED
-        fields["notes"].append(f"not replicated: on seed {seed + 1} (weights and tokens) it is "
-                               f"{rep['second_seed']['verdict']}")
+        fields["notes"].append("not replicated: " + why)
     else:
         fields["notes"].append(f"replicated on seed {seed + 1} (weights and tokens): "
                                f"{rep['second_seed']['worst_schedule']}, {rep['second_seed']['max_abs'] or 0:.3g}")
+        if defaults is not None:
+            fields["notes"].append(counts_note(rep["default_counts"], defaults))
     return fields
+
+
+def at_defaults(defaults, rerun: Callable[..., dict], seed: int) -> dict:
+    """The `default_counts` entry: what was restored and skipped, and, when anything was, the check
+    rerun there (`rerun`, its `ties`)."""
+    out = defaults.entry()
+    if defaults.config is not None:
+        got = rerun(seed, False, defaults.config)
+        out["rerun"] = summary(got)
+        out["ties"] = int(got.get("_ties") or 0)
+        if got.get("reason"):
+            out["reason"] = str(got["reason"])[:300]
+    return out
+
+
+def counts_note(entry: dict, defaults) -> str:
+    """The note of a bug's rerun at the default counts (replicated, not run, or nothing to restore)."""
+    skipped = "; ".join(f"{k} not restored: {v}" for k, v in entry.get("skipped", {}).items())
+    got = entry.get("rerun")
+    if got is None:
+        said = "no head or expert count was shrunk" if not skipped else skipped
+        return f"not rerun at the default head/expert counts: {said}"
+    if str(got["verdict"]) == str(BUG):
+        said = f"replicated at the default head/expert counts ({defaults.words()}): {got['worst_schedule']}, " \
+               f"{got['max_abs'] or 0:.3g}"
+    else:
+        said = (f"could not be checked at the default head/expert counts ({defaults.words()}): it is "
+                f"{got['verdict']}" + (f" ({entry['reason']})" if entry.get("reason") else ""))
+    return said + (f"; {skipped}" if skipped else "")

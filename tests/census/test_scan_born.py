@@ -103,6 +103,16 @@ def test_the_mamba_family_is_one_root_cause(family):
     assert g["members"]["mamba"]["class"] == "MambaMixer"
 
 
+def test_the_mamba_mixers_declared_copies_are_read_from_their_modular_files(family):
+    """modular_falcon_mamba.py has `class FalconMambaMixer(MambaMixer)` and modular_jamba.py
+    `class JambaMambaMixer(FalconMambaMixer)`; Zamba's mixer declares no copy."""
+    copies = {n: r["born_in"]["copies"] for n, r in family.items()}
+    assert copies == {"falcon_mamba": ["mamba.MambaMixer"], "jamba": ["falcon_mamba.FalconMambaMixer", "mamba.MambaMixer"],
+                      "mamba": [], "zamba": []}
+    unlined = [{**r, "born_in": {**r["born_in"], "suspects": []}} for r in family.values()]  # no shared line left
+    assert [g["architectures"] for g in groups.groups(unlined)] == [["falcon_mamba", "jamba", "mamba"], ["zamba"]]
+
+
 def finding(name, code, lines=(), shape="state dropped at chunk starts", verdict="bug"):
     return {"model_type": name, "verdict": verdict, "shape": shape,
             "born_in": {"module": "m.layers.0.mixer", "class": f"{name.title()}Mixer", "file": f"modeling_{name}.py",

@@ -166,6 +166,137 @@ def test_a_real_departure_survives_the_tie_break_and_the_second_seed():
     assert fixed["verdict"] == UNCONFIRMED and "not replicated" in fixed["notes"][-1]
 
 
+# -- the default head and expert counts: a departure the tiny config's shrinking made is no bug ---
+class CountsConfig(ShiftConfig):
+    """The shift stand-in with head and expert counts: its defaults are large (as a real config's),
+    and it refuses more experts per token than experts (as a router's top-k would)."""
+    model_type = "smearcli_counts_standin"
+
+    def __init__(self, num_attention_heads=16, num_key_value_heads=8, num_experts=64, num_experts_per_tok=8,
+                 index_topk=2048, head_dim=None, num_hidden_layers=4, **kw):
+        if num_experts_per_tok > num_experts:
+            raise ValueError(f"num_experts_per_tok {num_experts_per_tok} > num_experts {num_experts}")
+        self.num_attention_heads, self.num_key_value_heads = num_attention_heads, num_key_value_heads
+        self.num_experts, self.num_experts_per_tok, self.index_topk = num_experts, num_experts_per_tok, index_topk
+        self.head_dim = head_dim
+        super().__init__(num_hidden_layers=num_hidden_layers, **kw)
+
+
+def tiny_counts():
+    """A `CountsConfig` derived the way the census derives every config, and what it changed."""
+    from smearcli.census import derive
+
+    d = {k: v for k, v in CountsConfig().to_dict().items() if k not in ("transformers_version", "architectures")}
+    small, changed, _ = derive.shrink(d)
+    return CountsConfig(**small), changed
+
+
+def test_derivation_says_which_counts_it_shrank_and_they_come_back_within_the_bound():
+    from smearcli.census import derive
+
+    cfg, changed = tiny_counts()
+    shrunk = derive.shrunk_counts(changed)
+    assert shrunk["attention heads"] == {"num_attention_heads": (16, derive.HEADS)}
+    assert shrunk["key/value heads"] == {"num_key_value_heads": (8, 2)}
+    assert shrunk["experts"] == {"num_experts": (64, 4), "num_experts_per_tok": (8, 2)}  # one router
+    assert "num_hidden_layers" in changed and all("num_hidden_layers" not in v for v in shrunk.values())
+    sizes = []
+
+    def size(c):  # a stand-in parameter count: 1M per head, 10k per expert
+        sizes.append(c.num_attention_heads)
+        return c.num_attention_heads * 1_000_000 + c.num_experts * 10_000
+    got = derive.default_counts(cfg, changed, size, 49, bound=20_000_000)
+    assert got.restored == {"num_attention_heads": (4, 16), "num_key_value_heads": (2, 8),
+                            "num_experts": (4, 64), "num_experts_per_tok": (2, 8)}
+    assert (got.config.num_attention_heads, got.config.num_experts, got.config.num_experts_per_tok) == (16, 64, 8)
+    assert got.config.head_dim == derive.HEAD_DIM and got.config.hidden_size == cfg.hidden_size  # heads stay narrow
+    assert cfg.num_attention_heads == derive.HEADS  # the tiny config itself is left as it was
+    assert "2048" in got.skipped["indexer top-k"] and "choose nothing" in got.skipped["indexer top-k"]
+    assert got.words().startswith("num_attention_heads 4 -> 16")
+    small = derive.default_counts(cfg, changed, size, 49, bound=10_000_000)  # 16 heads: 16M, over 10M
+    assert "over the bound of 10M" in small.skipped["attention heads"] and small.config.num_attention_heads == 4
+    assert small.config.num_experts == 64  # the next count is still restored
+    assert derive.default_counts(cfg, changed, size, 4096).restored["index_topk"] == (8, 2048)  # a long input
+
+
+def test_a_count_the_config_class_refuses_is_skipped_with_its_reason():
+    from smearcli.census import derive
+
+    cfg, changed = tiny_counts()
+    changed = {k: v for k, v in changed.items() if k != "num_experts"}  # experts not shrunk: 8 of 4 per token
+    got = derive.default_counts(cfg, changed, lambda c: 1, 49)
+    assert "refuses the defaults: ValueError: num_experts_per_tok 8 > num_experts 4" in got.skipped["experts"]
+    assert "num_experts" not in got.restored and got.restored["num_attention_heads"] == (4, 16)
+
+
+def counts_rerun(bug_below: int):
+    """`check._check`'s rerun for the counts stand-in: the seed's weights and tokens, and a model
+    that drops its state on multi-token steps while it has fewer than `bug_below` heads."""
+    plans = {"chunks of 8": [8] * 4 + [1]}
+    calls = []
+
+    def rerun(seed, broke, config=None):
+        calls.append((seed, broke, config is not None))
+        cfg = config or tiny_counts()[0]
+        torch.manual_seed(seed)
+        m = ShiftLM(ShiftConfig(bug_layer=0 if cfg.num_attention_heads < bug_below else -1)).eval()
+        return check_model(m, tokens(seed), plans)
+    return rerun, plans, calls
+
+
+def test_a_departure_gone_at_the_default_counts_is_not_replicated_and_one_that_stays_is_a_bug():
+    from smearcli.census import derive, ties
+    from smearcli.census.check import parameters
+
+    cfg, changed = tiny_counts()
+    defaults = derive.default_counts(cfg, changed, lambda c: 1, 49)
+    for bug_below, want in ((8, UNCONFIRMED), (10_000, BUG)):  # 4 heads break it; or any count does
+        rerun, plans, calls = counts_rerun(bug_below)
+        first = rerun(0, False)
+        assert first["verdict"] == BUG
+        out = ties.replicate(first, 0, rerun, 0, defaults)
+        assert out["verdict"] == want and calls[1:] == [(1, False, False), (0, False, True)], (out["notes"], calls)
+        got = out["replication"]["default_counts"]
+        assert got["restored"]["num_attention_heads"] == [4, 16] and got["ties"] == 0
+        assert got["rerun"]["verdict"] == (OK if want == UNCONFIRMED else BUG)
+        if want == UNCONFIRMED:
+            assert out["notes"][-1].startswith("not replicated: at the default head/expert counts "
+                                               "(num_attention_heads 4 -> 16, "), out["notes"]
+        else:
+            assert out["notes"][-1].startswith("replicated at the default head/expert counts (")
+    # ties seen at the default counts: a departure that vanishes there is a tie artifact
+    rerun, plans, calls = counts_rerun(8)
+
+    def tied(seed, broke, config=None):
+        out = rerun(seed, broke, config)
+        out["_ties"] = 3 if config is not None else 0
+        return out
+    out = ties.replicate(rerun(0, False), 0, tied, 0, defaults)
+    assert out["verdict"] == ties.TIE_ARTIFACT and out["replication"]["default_counts"]["ties"] == 3
+    assert "at the default head/expert counts" in out["notes"][-1]
+    llama = derive.derive("llama").config  # the bound's count: the model built on the meta device
+    assert parameters(llama) == sum(p.numel() for p in census_model("llama").parameters()) > 0
+
+
+def test_a_rerun_that_cannot_run_at_the_default_counts_leaves_the_bug_and_says_why():
+    from smearcli.census import derive, ties
+
+    cfg, changed = tiny_counts()
+    defaults = derive.default_counts(cfg, changed, lambda c: 1, 49)
+    rerun, plans, _ = counts_rerun(10_000)
+
+    def refuses(seed, broke, config=None):  # what `check.recheck(safe=True)` returns for a model that raises
+        if config is not None:
+            return {"verdict": "crashed", "notes": [], "_ties": 0, "reason": "RuntimeError: shapes"}
+        return rerun(seed, broke)
+    out = ties.replicate(rerun(0, False), 0, refuses, 0, defaults)
+    assert out["verdict"] == BUG and out["replication"]["default_counts"]["reason"] == "RuntimeError: shapes"
+    assert "could not be checked at the default head/expert counts" in out["notes"][-1]
+    none = ties.replicate(rerun(0, False), 0, rerun, 0, derive.Counts())  # nothing shrunk: no rerun
+    assert none["verdict"] == BUG and "rerun" not in none["replication"]["default_counts"]
+    assert "no head or expert count was shrunk" in none["notes"][-1]
+
+
 # -- the right shape and the right line -----------------------------------------------------------
 def test_a_cache_that_misreports_its_length_is_named_so():
     from test_scan_reach import ReachConfig, ReachLM
@@ -266,6 +397,64 @@ def test_generate_raising_first_and_refusing_are_told_apart():
     assert "get_seq_length" in got["prefill_chunk_size"]["why"]
 
 
+def leaking(m, how):
+    """`m` whose uncached multi-token forward (the full pass, generate's prompt pass) leaks: "peek"
+    adds the next token's one-hot to each position's logits (which tokens follow), "length" adds
+    0.01 per token in the call (how many follow); cached steps are untouched."""
+    import torch.nn.functional as F
+
+    real = m.forward
+
+    def forward(*args, **kw):
+        out = real(*args, **kw)
+        ids = kw.get("input_ids", args[0] if args else None)
+        cache = kw.get("cache", kw.get("past_key_values"))
+        if ids.size(1) > 1 and (cache is None or cache.get_seq_length() == ids.size(1)):
+            if how == "peek":
+                ahead = torch.cat([ids[:, 1:], ids[:, -1:]], 1)
+                out.logits = out.logits + F.one_hot(ahead, out.logits.size(-1)).to(out.logits.dtype)
+            else:
+                out.logits = out.logits + 0.01 * ids.size(1)
+        return out
+    m.forward = forward
+    return m
+
+
+def test_a_leak_says_who_runs_the_full_pass_that_leaks():
+    from smearcli.census import reach
+
+    ids = tokens(vocab=256)
+    clean = reach.leak_paths(census_model("llama"), ids, 1e-4)
+    assert list(clean) == list(reach.LEAK_PATHS) and {e["result"] for e in clean.values()} == {reach.AGREES}, clean
+    assert "prefill_chunk_size=1" in clean["generate"]["why"]  # the causal run it is held against
+    peek = reach.leak_paths(leaking(census_model("llama"), "peek"), ids, 1e-4, "cpmant")
+    assert {e["result"] for e in peek.values()} == {reach.SILENT}, peek
+    assert peek["full pass"]["max_abs"] == pytest.approx(1.0, abs=0.01)  # one one-hot moved
+    assert peek["full pass"]["why"].startswith(reach.DESIGN["cpmant"])  # their design, said where it is theirs
+    assert "depend on" not in peek["full pass"]["why"]  # removed and changed both move it
+    m = leaking(census_model("llama"), "peek")
+    m.config.causal = False  # a config that declares itself not causal (XLM's default)
+    said = reach.leak_paths(m, ids, 1e-4, "llama")["full pass"]["why"]
+    assert said.startswith("by configuration: LlamaConfig.causal is False"), said
+    assert reach.design("llama", census_model("llama").config) is None
+    length = reach.leak_paths(leaking(census_model("llama"), "length"), ids, 1e-4)
+    assert length["full pass"]["result"] == reach.SILENT and length["generate's prompt pass"]["result"] == reach.SILENT
+    assert "how many tokens follow, not on which" in length["full pass"]["why"]
+    assert length["full pass"]["max_abs"] == pytest.approx(0.01 * min(causal.CHANGED, T // 4), rel=1e-3)
+    assert "full pass: silently wrong" in reach.words(length) and reach.summary(length) == reach.SILENT
+    from smearcli.census import draft
+
+    lead = draft.reach_section(length, leak=True)
+    assert lead[0].startswith("**Through the public API** (who runs the full pass that leaks")
+    assert "greedy `generate`, compared" in draft.reach_section(clean_paths())[0]  # a cache's finding: as before
+
+
+def clean_paths():
+    from smearcli.census import reach
+
+    return {k: {"result": reach.AGREES, "max_abs": 0.0, "why": None} for k in reach.PATHS}
+
+
 def test_the_draft_leads_with_reachability_and_the_table_says_it(tmp_path):
     from smearcli.census import draft, reach, report
 
@@ -299,3 +488,73 @@ def test_a_leak_has_a_reproducer_that_exits_1_and_0_on_a_causal_full_pass(tmp_pa
         status, line = repro.run(path)
         assert status == want, (model_type, line)
         assert "import smearcli" not in path.read_text() and "CUT = T - CHANGED" in path.read_text()
+
+
+# -- one report per cause across declared copies --------------------------------------------------
+def fake_transformers(tmp_path):
+    """A stand-in transformers package: Beta's mixer is `# Copied from` Alpha's, Gamma's modular file
+    inherits Beta's, Delta copies Alpha's `forward` only, and Omega's mixer copies nothing."""
+    files = {
+        "alpha/modeling_alpha.py": "class AlphaMixer(nn.Module):\n    def forward(self, x):\n        return x\n",
+        "beta/modeling_beta.py": "import torch\n\n\n# Copied from transformers.models.alpha.modeling_alpha.AlphaMixer "
+                                 "with Alpha->Beta\nclass BetaMixer(nn.Module):\n    def forward(self, x):\n"
+                                 "        return x + 0\n",
+        "gamma/modeling_gamma.py": "class GammaMixer(nn.Module):\n    def forward(self, x):\n        return x * 1\n",
+        "gamma/modular_gamma.py": "from ..beta.modeling_beta import BetaMixer as Base\nfrom ..alpha.configuration_alpha "
+                                  "import AlphaConfig\n\n\nclass GammaMixer(Base):\n    pass\n",
+        "delta/modeling_delta.py": "class DeltaMixer(nn.Module):\n    def __init__(self):\n        pass\n\n"
+                                   "    # Copied from transformers.models.alpha.modeling_alpha.AlphaMixer.forward\n"
+                                   "    def forward(self, x):\n        return x\n",
+        "omega/modeling_omega.py": "class OmegaMixer(nn.Module):\n    def forward(self, x):\n        return -x\n",
+    }
+    for rel, text in files.items():
+        path = tmp_path / "transformers" / "models" / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return str(tmp_path / "transformers")
+
+
+def finding(name, cls, shape="state dropped at chunk starts", copies=None):
+    return {"model_type": name, "verdict": BUG, "shape": shape,
+            "born_in": {"module": "layers.0.mixer", "class": cls, "file": f"transformers/models/{name}/modeling_{name}.py",
+                        "lines": [1, 3], "code": f"digest-{name}", "suspects": [], **({"copies": copies} if copies else {})}}
+
+
+def test_declared_copies_are_read_through_chains(tmp_path):
+    from smearcli.census import groups
+
+    root = fake_transformers(tmp_path)
+    where = lambda name: f"transformers/models/{name}/modeling_{name}.py"
+    assert groups.copies(where("beta"), "BetaMixer", root) == ["alpha.AlphaMixer"]
+    assert groups.copies(where("gamma"), "GammaMixer", root) == ["beta.BetaMixer", "alpha.AlphaMixer"]  # nearest first
+    assert groups.copies(where("delta"), "DeltaMixer", root) == ["alpha.AlphaMixer"]  # its forward is the copy
+    assert groups.copies(where("omega"), "OmegaMixer", root) == []
+    assert groups.copies(where("alpha"), "AlphaMixer", root) == []
+    assert groups.copies("elsewhere.py", "AlphaMixer", root) == []  # not a model's file
+
+
+def test_findings_born_in_declared_copies_are_one_cause(tmp_path):
+    from smearcli.census import groups
+
+    root = fake_transformers(tmp_path)
+    recs = [finding(n, c, copies=groups.copies(f"transformers/models/{n}/modeling_{n}.py", c, root))
+            for n, c in (("alpha", "AlphaMixer"), ("beta", "BetaMixer"), ("gamma", "GammaMixer"),
+                         ("omega", "OmegaMixer"))]
+    got = {tuple(g["architectures"]): g for g in groups.groups(recs)}
+    assert set(got) == {("alpha", "beta", "gamma"), ("omega",)}, list(got)  # different digests, no shared line
+    assert got[("alpha", "beta", "gamma")]["by"].startswith("declared copies of the same code")
+    other_shape = [recs[0], {**recs[1], "shape": "decode path differs"}]  # a copy that breaks another way
+    assert [g["architectures"] for g in groups.groups(other_shape)] == [["alpha"], ["beta"]]
+    # two copies of a class that is no finding are not one cause: what they changed may be it
+    assert [g["architectures"] for g in groups.groups(recs[1:3] + [recs[3]])] == [["beta", "gamma"], ["omega"]]
+    assert [g["architectures"] for g in groups.groups([recs[2], recs[3]])] == [["gamma"], ["omega"]]
+
+
+def test_a_rerun_at_other_counts_reports_what_the_model_refuses_instead_of_raising():
+    from smearcli.census.check import recheck
+
+    cfg = ShiftConfig()  # no AutoModelForCausalLM builds it: what a refused count looks like to recheck
+    got = recheck(cfg, None, 0, False, T, 64, {"decode": [1] * T}, 1.0, safe=True)
+    assert got["verdict"] == "not built" and got["reason"].startswith("the model cannot be built: ")
+    with pytest.raises(ValueError, match="Unrecognized configuration class"):
+        recheck(cfg, None, 0, False, T, 64, {"decode": [1] * T}, 1.0)  # the architecture's own config: its crash
