@@ -54,7 +54,7 @@ from ..impls.hf import hidden_names
 from ..impls.hf.cache_runner import CacheRunner, full_run
 from . import born, boundary, causal, diagnose, shapes, ties, variants
 from .record import new as new_record
-from .boundary import logits_noise, logits_only, measured, transformers_frame
+from .boundary import measured, transformers_frame
 from .derive import default_counts, derive
 
 T = 49  # one past a multiple of the 16-token chunks

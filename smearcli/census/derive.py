@@ -131,8 +131,6 @@ SUBCONFIGS = ("text_config", "decoder", "language_config", "llm_config", "decode
 OVERRIDES: dict[str, dict[str, Any]] = {
     # the Mamba mixers need expand * hidden == heads * head_dim; the generic head count is 8 x 16
     "mamba2": {"num_heads": 8, "head_dim": 16, "expand": 2},
-    # RecurrentGemma's attention width is heads x head_dim and must equal hidden_size (64)
-    "recurrent_gemma": {"num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 16},
     # the defaults have no attention layer at all (attn_layer_indices None: every layer Mamba),
     # so derivation cannot find both kinds; layer 1 is the attention layer
     "bamba": {"attn_layer_indices": [1]},
@@ -149,7 +147,9 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "zamba": {"attention_hidden_size": 2 * WIDTH, "num_hidden_layers": 4, "layers_block_type": ["linear_attention", "hybrid"] * 2},
     # Zamba2's shared attention reads the concatenated input and embedding as well
     "zamba2": {"attention_hidden_size": 2 * WIDTH},
-    # block_types is a 3-layer cycle, not a per-layer list: three layers reach its attention layer
+    # block_types is a 3-layer cycle, not a per-layer list: three layers reach its attention layer.
+    # (Its attention width, heads x head_dim, must equal hidden_size: the generic 4 x 16 = 64 holds.
+    # A second entry for it, written earlier in this dict, never took effect: a repeated key.)
     "recurrent_gemma": {"num_hidden_layers": 3},
     # xLSTM: at chunk_size 8 the chunkwise kernel fails on the first call (a shape), at 16 the
     # full pass runs and the cached steps reach their xLSTMCache

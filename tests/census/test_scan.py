@@ -3,7 +3,6 @@ standalone reproducer (isolation: tests/census/test_scan_isolate.py)."""
 
 from __future__ import annotations
 
-import ast
 import json
 
 import pytest

@@ -12,7 +12,6 @@ import torch
 pytest.importorskip("transformers", reason="transformers is not installed: pip install 'smearcli[hf]'")
 
 from smearcli.schedules import shape  # noqa: E402
-from smearcli.impls.hf import cache_runner as hf_runner  # noqa: E402
 from smearcli.impls.hf.cache_runner import CacheRunner  # noqa: E402
 from smearcli.census import repro, report, shapes  # noqa: E402
 from smearcli.census.check import T, build, check_model, record, split_points  # noqa: E402

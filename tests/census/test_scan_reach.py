@@ -263,7 +263,6 @@ def test_prophetnet_is_a_full_pass_that_leaks_future_tokens():
     n-gram self-attention reads ahead): the reference is the finding (`census.causal`), confirmed
     in float64, and no cached schedule (decode, which it accepts; chunks, which it refuses) is
     judged against it."""
-    from smearcli.census import causal
 
     rec = check.check("prophetnet")
     assert rec["verdict"] == BUG and rec["shape"] == shapes.LEAK, rec

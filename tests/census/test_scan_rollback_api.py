@@ -12,7 +12,6 @@ import torch
 
 transformers = pytest.importorskip("transformers", reason="transformers is not installed: pip install 'smearcli[hf]'")
 
-from smearcli.schedules import shape  # noqa: E402
 from smearcli.census import repro  # noqa: E402
 from smearcli.census.boundary import PASSED, REFUSED  # noqa: E402
 from smearcli.census.check import T, build, check_model, record, split_points  # noqa: E402

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 from hardening_util import FAST, write_checkpoint
 from conftest import ROOT  # noqa: E402 - the clone's root

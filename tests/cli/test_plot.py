@@ -272,7 +272,6 @@ def test_help_does_not_import_matplotlib():
 
 
 def test_readme_shows_the_committed_figure():
-    from pathlib import Path
 
     root = ROOT
     readme = (root / "README.md").read_text()

@@ -8,7 +8,6 @@ import ast
 import errno
 import os
 import pickle
-from pathlib import Path
 
 import pytest
 import torch
@@ -19,7 +18,7 @@ from hypothesis import strategies as st
 import smearcli.preflight as validate
 from smearcli.model import param_shapes
 from smearcli.formatters import nbytes
-from hardening_util import (FAST, PT, Payload, copy_checkpoint, invoke, leftovers, malicious_pickle,
+from hardening_util import (FAST, PT, copy_checkpoint, invoke, leftovers, malicious_pickle,
                             malicious_state, runner, write_checkpoint)
 from smearcli.cache import CacheFullError
 from smearcli.cli.app import app

@@ -4,7 +4,6 @@ beside the one line of an error."""
 
 from __future__ import annotations
 
-import json
 import warnings
 import zipfile
 
@@ -13,7 +12,7 @@ import torch
 
 import smearcli.checkpoint as checkpoint
 import smearcli.inputs as inputs
-from hardening_util import FAST, PT, copy_checkpoint, edit_state, invoke, write_checkpoint
+from hardening_util import FAST, PT, edit_state, invoke, write_checkpoint
 from smearcli.config import GPTConfig
 from smearcli.errors import UserError
 from smearcli.inputs import TOKENS_MAX_BYTES, load_tokens

@@ -9,7 +9,6 @@ import math
 import os
 import re
 import shlex
-import subprocess
 import sys
 from html.parser import HTMLParser
 from pathlib import Path

@@ -2,9 +2,7 @@
 
 import importlib.util
 import json
-from pathlib import Path
 
-import pytest
 import torch
 
 from smearcli import weights

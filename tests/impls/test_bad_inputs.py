@@ -26,8 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import smearcli.preflight as preflight
-from hardening_util import FAST, META, PT, copy_checkpoint, edit_config, edit_state, invoke, leftovers, runner, write_checkpoint
-from smearcli.cli.app import app
+from hardening_util import FAST, META, PT, copy_checkpoint, edit_config, edit_state, invoke, leftovers, write_checkpoint
 from smearcli.errors import UserCodeError, UserError
 from smearcli.files import uncompressed_size, zip_members
 from smearcli.impls.nanochat import adapter, guard, sandbox
