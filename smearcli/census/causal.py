@@ -24,7 +24,7 @@ import torch
 from .. import evidence
 from ..precision import lifted
 from ..verdicts import BUG, ROUNDING, UNCONFIRMED
-from .shapes import LEAK, LEAK_SCHEDULE
+from .shapes import LEAK, leak_schedule
 
 CHANGED = 8  # the tokens changed at the end of the sequence
 
@@ -107,7 +107,7 @@ def confirm(runner, tokens: torch.Tensor, found: Leak) -> evidence.Confirmation:
 def fields(runner, tokens: torch.Tensor, found: Leak, born_in: Optional[dict]) -> dict:
     """The verdict fields of a confirmed (or unconfirmed) leak, for `check_model`'s record."""
     c = found.confirmation
-    return {"verdict": BUG if c.status == BUG else UNCONFIRMED, "worst_schedule": LEAK_SCHEDULE,
+    return {"verdict": BUG if c.status == BUG else UNCONFIRMED, "worst_schedule": leak_schedule(found.how),
             "max_abs": found.max_abs, "shape": LEAK, "born_at": f"logits@{found.first}", "born_in": born_in,
             "confirmation": c.to_json(), "steps": [found.cut, tokens.size(1) - found.cut],
             "notes": [f"with the last {tokens.size(1) - found.cut} tokens {found.how}, the full pass moves the logits "

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from .shapes import LEAK, LEAK_SCHEDULE
+from .shapes import LEAK
 
 PATTERNS = (
     ("a branch on a one-token step", re.compile(r"(seq_len|shape\[1\]|size\(1\)|q_len)\s*==\s*1")),
@@ -22,7 +22,7 @@ PATTERNS = (
 
 TITLES = {"padded": "a row beside padded rows differs from the row alone",
           "rollback": "rejected drafts are not taken back out of the cache",
-          LEAK_SCHEDULE: "the full pass reads the tokens after each position"}
+          LEAK: "the full pass reads the tokens after each position"}
 BOUNDARY_WORDS = {
     "padded": "Running a row in one batch beside its prefix right- and left-padded, with the attention mask",
     "rollback": "A prefill, then drafts whose last tokens are rejected and taken back out of the model's own cache",
@@ -102,7 +102,7 @@ def write(record: dict, path: Path, versions: dict, group: Optional[dict] = None
                 "depend on the tokens after it, so every caller of the forward over a whole sequence (scoring, "
                 "the loss with labels, a prefill) sees the future.")
     lines = [f"# {record.get('model_class') or record['model_type']}: "
-             f"{TITLES.get(record.get('worst_schedule'), 'cached steps disagree with the full pass')}", "",
+             f"{TITLES.get(LEAK if record.get('shape') == LEAK else record.get('worst_schedule'), 'cached steps disagree with the full pass')}", "",
              ", ".join(f"{k} {v}" for k, v in versions.items()), "", *reach_section(record.get("reach"), record.get("shape") == LEAK),
              said, "",
              f"Shape of the error: **{record.get('shape')}**" + (f"; first off at {record['born_at']}" if record.get("born_at") else ""),

@@ -39,8 +39,8 @@ DECODE_PATH = "decode path differs"
 LENGTH = "cache misreports its length"
 WINDOW_EDGE = "departs at the sliding window"
 LEAK = "the full pass leaks future tokens"  # the reference itself reads later tokens (`causal`)
-LEAK_SCHEDULE = "full pass, last tokens changed"  # a leak's `worst_schedule`
 OTHER = "other"
+
 # a padded batch off only in its left-padded row, on a model whose forward takes no position_ids:
 # the row can only be numbered after its padding (absolute positions counted from the cache), or,
 # with a recurrent state, its padding runs through that state. That is what the model's API
@@ -48,6 +48,12 @@ OTHER = "other"
 LEFT_UNSUPPORTED = "left padding unsupported"
 PROFILE_SHAPES = (STATE_DROPPED, CONTEXT_LOST, POSITIONS, MASK, DECODE_PATH)  # what a step plan's error can show
 RERUN_SHAPES = (LENGTH, WINDOW_EDGE)  # what asking the cache or comparing every schedule shows
+
+
+def leak_schedule(how: str) -> str:
+    """A leak's `worst_schedule`: the full pass rerun with its last tokens `how` ("removed", the
+    probe a cached step's view matches, or "changed"), whichever moved the earlier positions."""
+    return f"full pass, last tokens {how}"
 
 
 def all_shapes() -> tuple[str, ...]:
