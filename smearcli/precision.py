@@ -149,7 +149,7 @@ def _float64_memo(model, stale, shared: set) -> dict:
     The tensors in `shared` (ids of the model's `lookup_tables()`: tables it only indexes and whose
     rows it converts to its compute dtype itself) are handed over as they are, not copied: a row
     read in float32 and converted is the row a float64 table holds, bit for bit, and at d12 these
-    tables are 350 of the 488 million weights, whose float64 copy was most of the floor's time."""
+    tables are 352 of the 488 million weights, whose float64 copy was most of the floor's time."""
     memo: dict = {} if stale is None else {id(stale): None}
     with torch.no_grad():
         for t in list(model.parameters()) + list(model.buffers()):
