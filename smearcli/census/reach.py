@@ -17,7 +17,8 @@ no assistant), with `why`.
 
 A leak (the full pass itself reads later tokens, `census.causal`) has no cached path to compare
 with the full pass: the question is who runs that full pass. `leak_paths(model, tokens, threshold)`
-runs the three places it is run, each with the last tokens changed (`causal.changed_tail`):
+runs the three places it is run, each again with the last tokens removed and with them changed
+(`causal.changed_tail`):
 
 - `full pass`: the forward over a whole sequence, as scoring a text, a perplexity or training
   calls it: do the earlier positions' logits move;
@@ -44,7 +45,8 @@ NEW = 6  # tokens generated per path
 CHUNK = 16  # prefill_chunk_size
 PATHS = ("generate", "prefill_chunk_size", "left-padded batch", "assistant model")
 LEAK_PATHS = ("full pass", "generate's prompt pass", "generate")
-# model_type -> what its code declares about a full pass that reads later tokens, and where
+
+
 def design(model_type: str, config) -> Optional[str]:
     """What the model's code or config declares about a full pass that reads later tokens (None
     when nothing does): `DESIGN`'s reading of their code, or a config's `causal` set to False."""
@@ -56,6 +58,7 @@ def design(model_type: str, config) -> Optional[str]:
     return None
 
 
+# model_type -> what its code declares about a full pass that reads later tokens, and where
 DESIGN = {
     "cpmant": "by construction: CpmAntModel.forward sets `context` to all ones (every input token is "
               "context) and `_prepare_attention_mask` lets a context token attend to every other, so the "
