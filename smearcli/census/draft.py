@@ -173,8 +173,8 @@ def group_section(group: dict, me: str) -> list[str]:
 
 
 def write_groups(records, versions: dict) -> list[Path]:
-    """After a scan: each root cause of more than one architecture gets its first architecture's
-    draft rewritten to name them all (`groups.groups`), and its reproducer notes them
+    """After a scan: each root cause of more than one architecture gets the draft of the architecture
+    that heads it (`groups.entry`: the original of declared copies, else the first by name) rewritten to name them all (`groups.groups`), and its reproducer notes them
     (`repro.note_group`). Only the drafts and reproducers this machine wrote are touched."""
     from . import groups, repro
 
@@ -186,7 +186,7 @@ def write_groups(records, versions: dict) -> list[Path]:
             continue
         out.append(write(rec, Path(rec["report_draft"]), versions, g))
         if rec.get("reproducer") and Path(rec["reproducer"]).is_file():
-            repro.note_group(Path(rec["reproducer"]), g["architectures"][1:])
+            repro.note_group(Path(rec["reproducer"]), [a for a in g["architectures"] if a != g["first"]])
     return out
 
 

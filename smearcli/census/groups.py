@@ -20,7 +20,9 @@ that lists each copy as its own finding asks a maintainer to read one bug four t
 
 Findings linked through any chain of these are one group. It is computed from the records alone,
 so `scan --merge` of shards groups as one scan does. Each group names the shared code and every
-architecture it breaks; its draft and reproducer are those of its first architecture by name.
+architecture it breaks; its draft and reproducer are those of the original where the others declare
+they copy it (`origin`: Mamba's mixer, which FalconMamba's and Jamba's copy), else of its first
+architecture by name.
 """
 
 from __future__ import annotations
@@ -183,9 +185,21 @@ def shared(recs: list[dict]) -> tuple[Optional[str], list[str]]:
     return code, list(dict.fromkeys(lines or []))
 
 
+def origin(recs: list[dict]) -> Optional[dict]:
+    """The finding born in the class the others declare they copy, which copies none of theirs:
+    the code a maintainer fixes (and `make fix-copies` carries to the copies). None without one."""
+    def me(r):
+        return ident(born(r).get("file"), born(r).get("class"))
+
+    mine = {me(r) for r in recs} - {None}
+    copied = {c for r in recs for c in born(r).get("copies") or []} & mine
+    return next((r for r in recs if me(r) in copied and not set(born(r).get("copies") or []) & mine), None)
+
+
 def entry(recs: list[dict]) -> dict:
-    """The group of these findings (sorted by name; see `groups`)."""
-    first = recs[0]
+    """The group of these findings (sorted by name; see `groups`), headed by the original where
+    the others declare they copy it (`origin`), else by its first architecture by name."""
+    first = origin(recs) or recs[0]
     b = born(first)
     code, lines = shared(recs)
     mine = {ident(born(r).get("file"), born(r).get("class")) for r in recs} - {None}

@@ -250,7 +250,7 @@ def groups_md(records: Sequence[dict]) -> list[str]:
            "they are born in run the same `forward` once model names are normalised, or share a suspect line "
            "inside it with the same shape, or one's class declares it copies the other's (`# Copied from`, a modular "
            "file's base) with the same shape (`smearcli.census.groups`); each group has one reproducer and one draft, "
-           "its first architecture's.", "",
+           "those of the code the others declare they copy, else of its first architecture by name.", "",
            "| root cause | architectures | shape | shared | reproducer, draft |", "|---|---|---|---|---|"]
     for g in gs:
         first = g["members"][g["first"]]

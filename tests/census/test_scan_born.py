@@ -97,7 +97,7 @@ def test_the_mamba_family_is_one_root_cause(family):
     found = groups.groups(recs)
     assert len(found) == 1
     g = found[0]
-    assert g["architectures"] == sorted(MAMBA_FAMILY) and g["first"] == "falcon_mamba"
+    assert g["architectures"] == sorted(MAMBA_FAMILY) and g["first"] == "mamba"  # the mixer the others copy
     assert len({r["born_in"]["code"] for r in recs}) == 4  # four different forwards ...
     assert "if recurrent_state is not None and seq_len == 1:" in g["lines"]  # ... one shared branch
     assert g["members"]["mamba"]["class"] == "MambaMixer"
@@ -156,7 +156,7 @@ def test_table_markdown_and_json_show_the_module_and_the_groups(family):
     assert all(len(line) <= 80 for line in text.splitlines())
     assert "born in backbone.layers.0.mixer (MambaMixer)" in text
     md = report.markdown(recs)
-    assert "| born in |" in md and "| `MambaMixer` |" in md and "`FalconMambaMixer.forward`, modeling_falcon_mamba.py:" in md
+    assert "| born in |" in md and "| `MambaMixer` |" in md and "`MambaMixer.forward`, modeling_mamba.py:" in md
     assert "## Root causes" in md and "4 findings, 1 root cause." in md
     assert "| falcon_mamba, jamba, mamba, zamba |" in md
     doc = report.document(recs)
@@ -165,26 +165,27 @@ def test_table_markdown_and_json_show_the_module_and_the_groups(family):
 
 
 def test_group_draft_quotes_the_forward_and_names_every_architecture(family, tmp_path):
-    from transformers.models.falcon_mamba.modeling_falcon_mamba import FalconMambaMixer
+    from transformers.models.mamba.modeling_mamba import MambaMixer
 
-    # as a scan leaves the group's first architecture: a reproducer and a draft of its own
-    first = dict(family["falcon_mamba"], report_draft=str(tmp_path / "falcon_mamba.md"),
-                 reproducer=str(tmp_path / "falcon_mamba.py"))
-    (tmp_path / "falcon_mamba.md").write_text("the draft check wrote\n")
-    (tmp_path / "falcon_mamba.py").write_text('"""Reproducer: x.\n"""\nimport sys\n')
-    written = draft.write_groups([first] + [family[n] for n in ("jamba", "mamba", "zamba")], {"transformers": "x"})
-    assert written == [tmp_path / "falcon_mamba.md"]
+    # as a scan leaves the architecture heading the group (Mamba's mixer, which the others declare
+    # they copy): a reproducer and a draft of its own
+    head = dict(family["mamba"], report_draft=str(tmp_path / "mamba.md"), reproducer=str(tmp_path / "mamba.py"))
+    (tmp_path / "mamba.md").write_text("the draft check wrote\n")
+    (tmp_path / "mamba.py").write_text('"""Reproducer: x.\n"""\nimport sys\n')
+    written = draft.write_groups([family[n] for n in ("falcon_mamba", "jamba")] + [head, family["zamba"]],
+                                 {"transformers": "x"})
+    assert written == [tmp_path / "mamba.md"]
     text = written[0].read_text()
-    lines = inspect.getsource(FalconMambaMixer.forward).splitlines()
+    lines = inspect.getsource(MambaMixer.forward).splitlines()
     assert lines[-1] in text and "def forward(" in text  # the forward, quoted
     assert "inside the forward above" in text
     assert "The same code breaks 3 more architectures" in text
-    for name in ("jamba", "mamba", "zamba"):
+    for name in ("falcon_mamba", "jamba", "zamba"):
         assert f"- {name}: `" in text
-    head = (tmp_path / "falcon_mamba.py").read_text()
-    assert head.count(repro.GROUP_LINE) == 1 and "jamba, mamba, zamba" in head
-    repro.note_group(tmp_path / "falcon_mamba.py", ["jamba"])  # a second scan rewrites, never adds
-    assert (tmp_path / "falcon_mamba.py").read_text().count(repro.GROUP_LINE) == 1
+    note = (tmp_path / "mamba.py").read_text()
+    assert note.count(repro.GROUP_LINE) == 1 and "falcon_mamba, jamba, zamba" in note  # every other one
+    repro.note_group(tmp_path / "mamba.py", ["jamba"])  # a second scan rewrites, never adds
+    assert (tmp_path / "mamba.py").read_text().count(repro.GROUP_LINE) == 1
 
 
 def test_boundary_findings_have_no_module():

@@ -551,6 +551,28 @@ def test_findings_born_in_declared_copies_are_one_cause(tmp_path):
     assert [g["architectures"] for g in groups.groups([recs[2], recs[3]])] == [["gamma"], ["omega"]]
 
 
+def test_a_group_of_declared_copies_is_headed_by_the_original():
+    """The row, draft and reproducer of a group of declared copies are the original's (the class the
+    others copy, which copies none of theirs), though another member comes first by name."""
+    from smearcli.census import groups
+
+    def rec(name, model, cls, copies):
+        r = finding(name, cls, copies=copies)
+        r["born_in"]["file"] = f"transformers/models/{model}/modeling_{model}.py"
+        return {**r, "reproducer": f"{name}.py", "report_draft": f"{name}.md"}
+
+    recs = [rec("a_copy", "beta", "BetaMixer", ["alpha.AlphaMixer"]),
+            rec("b_copy", "gamma", "GammaMixer", ["beta.BetaMixer", "alpha.AlphaMixer"]),
+            rec("z_original", "alpha", "AlphaMixer", [])]
+    [g] = groups.groups(recs)
+    assert g["architectures"] == ["a_copy", "b_copy", "z_original"]  # listed by name
+    assert (g["first"], g["reproducer"], g["report_draft"]) == ("z_original", "z_original.py", "z_original.md")
+    assert g["code"].startswith("AlphaMixer.forward")
+    # without Alpha's finding, the class the other copies heads it: Beta's, which Gamma copies
+    [g] = groups.groups(recs[1::-1])
+    assert g["first"] == "a_copy" and g["code"].startswith("BetaMixer.forward")
+
+
 def test_a_rerun_at_other_counts_reports_what_the_model_refuses_instead_of_raising():
     from smearcli.census.check import recheck
 
