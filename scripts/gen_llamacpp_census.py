@@ -17,8 +17,10 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script or loaded by path
+from census_block import write_block  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "build" / "llamacpp-census.jsonl"
@@ -57,18 +59,7 @@ def benchmark() -> str:
 
 
 def write_guide() -> None:
-    with tempfile.TemporaryDirectory() as d:
-        md = Path(d) / "census.md"
-        subprocess.run([sys.executable, "-m", "smearcli", "scan", "--merge", str(OUT), "--markdown", str(md)],
-                       cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
-        body = md.read_text().split("\n", 1)[1].replace("\n## ", "\n#### ")  # under the guide's own heading
-    text = GUIDE.read_text()
-    head, rest = text.split(START, 1)
-    _, tail = rest.split(END, 1)
-    bench = benchmark()
-    block = f"{START}\n\n" + (f"_{bench}_\n" if bench else "") + f"{body}\n{END}"
-    GUIDE.write_text(head + block + tail)
-    print(f"gen_llamacpp_census: {GUIDE.relative_to(ROOT)} updated", flush=True)
+    write_block(GUIDE, START, END, [OUT], benchmark(), "gen_llamacpp_census")
 
 
 def main() -> None:

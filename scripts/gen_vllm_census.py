@@ -19,8 +19,10 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script or loaded by path
+from census_block import write_block  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 LANES = 2  # shards at once: the two cores CI and the docs' numbers have
@@ -93,18 +95,8 @@ def benchmark() -> str:
 
 
 def write_guide() -> None:
-    with tempfile.TemporaryDirectory() as d:
-        md = Path(d) / "census.md"
-        merge = [a for i in range(1, LANES + 1) if out_of(i).exists() for a in ("--merge", str(out_of(i)))]
-        subprocess.run([sys.executable, "-m", "smearcli", "scan", *merge, "--markdown", str(md)],
-                       cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
-        body = md.read_text().split("\n", 1)[1].replace("\n## ", "\n#### ")  # under the guide's own heading
-    text = GUIDE.read_text()
-    head, rest = text.split(START, 1)
-    _, tail = rest.split(END, 1)
-    block = f"{START}\n\n_{benchmark()}_\n{body}\n{END}"
-    GUIDE.write_text(head + block + tail)
-    print(f"gen_vllm_census: {GUIDE.relative_to(ROOT)} updated", flush=True)
+    write_block(GUIDE, START, END, [out_of(i) for i in range(1, LANES + 1) if out_of(i).exists()], benchmark(),
+                "gen_vllm_census")
 
 
 def main() -> None:
