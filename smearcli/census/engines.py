@@ -58,12 +58,12 @@ What a `Session` (the object `open` returns) does while the census runs:
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Protocol, Sequence, Union
 
 from ..errors import UserError
+from ..named import load
 from ..verdicts import BUG, CRASHED, UNCONFIRMED
 
 
@@ -115,14 +115,6 @@ class Engine:
 class _Unknown(dict):
     def __missing__(self, key):
         return "?"
-
-
-def load(thing):
-    """`thing` itself, or the object a "module:name" string names."""
-    if not isinstance(thing, str):
-        return thing
-    module, _, name = thing.partition(":")
-    return getattr(importlib.import_module(module), name)
 
 
 ENGINES: dict[str, Engine] = {}

@@ -19,9 +19,10 @@ CLI.
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from typing import Callable, Optional, Union
+
+from ..named import load
 
 COMMANDS = ("compare", "plot", "bench")
 
@@ -48,14 +49,6 @@ class Implementation:
         from ..runner import Runner
 
         return [load(r) for r in self.runners] if self.runners else [Runner]
-
-
-def load(thing):
-    """`thing` itself, or the object a "module:name" string names."""
-    if not isinstance(thing, str):
-        return thing
-    module, _, name = thing.partition(":")
-    return getattr(importlib.import_module(module), name)
 
 
 REGISTRY: dict[str, Implementation] = {}
