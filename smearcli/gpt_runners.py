@@ -29,6 +29,7 @@ class GPTRunner(Runner):
 
     capabilities = frozenset({EXPAND, SMEAR_TERMS, CROP, COPY, DOCUMENT_MASK, BOS_DOCUMENTS})
     thread_safe = True  # GPT.forward writes only the cache it is given (and its rotary table, once)
+    fresh_outputs = True  # its logits and captures are new tensors of each call, never written after it
 
     def __init__(self, model: GPT, logic: str, name: str = "model", bos: Optional[int] = None):
         get_logic(logic)  # an unknown logic fails here, not in the first forward

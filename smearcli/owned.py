@@ -8,6 +8,8 @@ consistent. So every output (`Output` of `forward`, `step`, `forward_documents`,
 `forward_padded`; a whole `RunResult` of `run`) is copied into float32 tensors of the comparison's
 own as soon as it is received, before the runner is called again: the values every schedule
 measured already (each converted it to float32), bit for bit, now in storage no runner holds.
+A runner that declares `fresh_outputs` (each call allocates its outputs anew and nothing writes
+them afterwards, as our GPT's do) is believed: its float32 outputs are received as they are.
 
 The same place checks that what came back can be measured at all, and says so in the caller's
 terms: logits that are a (batch, tokens, vocab) floating-point tensor for the ids given, a
@@ -38,9 +40,10 @@ def _shape(t) -> str:
     return str(tuple(t.shape)) if isinstance(t, Tensor) else f"a {type(t).__name__}"
 
 
-def _own(t: Tensor) -> Tensor:
-    """A float32 copy of `t` in storage of its own (float32 is what every RunResult holds)."""
-    return t.to(torch.float32, copy=True)
+def _own(t: Tensor, fresh: bool = False) -> Tensor:
+    """A float32 copy of `t` in storage of its own (float32 is what every RunResult holds); `t`
+    itself when it is float32 and `fresh` (nothing writes it after the call)."""
+    return t.to(torch.float32, copy=not fresh)
 
 
 class Owned:
@@ -49,6 +52,7 @@ class Owned:
 
     def __init__(self, runner, schedule: str = "run"):
         self.inner, self.schedule = runner, schedule
+        self.fresh = bool(getattr(runner, "fresh_outputs", False))
         self.calls = 0
         self.vocab: Optional[tuple] = None  # (width, the call that set it)
         self.widths: Optional[list[int]] = None  # the channels of each capture point, from the first call with them
@@ -84,8 +88,8 @@ class Owned:
         # an engine may return more rows than it was given (samples): any count of rows, then T
         rows = whole.logits.size(0) if isinstance(whole.logits, Tensor) and whole.logits.dim() == 3 else "rows"
         self._check(whole.logits, whole.hiddens, (rows, tokens.size(1)), what)
-        return dataclasses.replace(whole, logits=_own(whole.logits),
-                                   hiddens=None if whole.hiddens is None else [_own(h) for h in whole.hiddens])
+        return dataclasses.replace(whole, logits=_own(whole.logits, self.fresh),
+                                   hiddens=None if whole.hiddens is None else [_own(h, self.fresh) for h in whole.hiddens])
 
     # -- receiving -------------------------------------------------------------------------------
     def _received(self, out, tokens: Tensor, what: str, keep: bool = True) -> Output:
@@ -101,7 +105,7 @@ class Owned:
         self._check(logits, hiddens, tuple(tokens.shape), what)
         if not keep:
             return Output(logits, None if hiddens is None else list(hiddens))
-        return Output(_own(logits), None if hiddens is None else [_own(h) for h in hiddens])
+        return Output(_own(logits, self.fresh), None if hiddens is None else [_own(h, self.fresh) for h in hiddens])
 
     def _label(self) -> str:
         return str(getattr(self.inner, "label", "runner"))

@@ -50,6 +50,9 @@ their own step plan when it returns None. `one_token_step` is a key: runners wit
 key run the same computation for a one-token cached step, so `compare` runs decode once for them.
 `thread_safe = True` says two runs on different caches may go on at once from two threads: the
 CLI's `compare` then runs decode (the longest run) beside the other runs (`runplan.run_planned`).
+`fresh_outputs = True` says every tensor a call returns is new, and nothing (the runner, its cache,
+a later call) writes into it afterwards: `owned.Owned` then receives float32 outputs as they are,
+where it copies any other runner's (a copy of a d12 full pass's logits is 256 MB).
 """
 
 from __future__ import annotations
@@ -110,6 +113,8 @@ class Runner:
     # True: two runs on different caches may go on at once, from two threads (`compare`'s
     # `overlap`); only a runner whose forward keeps no state of its own between calls may say so
     thread_safe: bool = False
+    # True: every output tensor is allocated anew by the call and written by nothing after it (`owned`)
+    fresh_outputs: bool = False
 
     def describe(self) -> Described:
         return Described(self.label, self.series or self.label, self.name, "",

@@ -5,7 +5,8 @@ writes again cannot make a buggy cache look consistent.
 Each implementation the default suite can run (ours, a nanochat checkout, transformers, vLLM's
 stand-in worker, a `smearcli.testing` step) is held to it: every tensor its runner returned is kept
 alive (so its memory cannot be handed out again), and no tensor the comparison measured may share
-storage with one of them. On a checkout whose forward returns views of one reused output buffer,
+storage with one of them, unless its runner declares `fresh_outputs` (our GPT's): that claim is
+held here too, by a run whose every output is unchanged once the later calls are made. On a checkout whose forward returns views of one reused output buffer,
 `--check` finds the chunk-boundary bug it has (exit 1), where it reported consistency before."""
 
 import json
@@ -79,7 +80,8 @@ def watched(monkeypatch):
 
             def call(self, *args, _orig=vars(cls)[name], **kwargs):
                 out = _orig(self, *args, **kwargs)
-                held.extend(tensors(out))
+                if not self.fresh_outputs:  # a fresh runner's outputs are measured as they are
+                    held.extend(tensors(out))
                 return out
             monkeypatch.setattr(cls, name, call)
     collect = compare_module.collect
@@ -123,8 +125,37 @@ def test_every_runner_owns_what_it_compares(impl, watched, ours, tokens, tmp_pat
         r = cli.invoke(app(), ["compare", *args, "--json"])
         assert r.exit_code == 0, r.output
         assert json.loads(r.stdout)["schema"].startswith("smearcli.")
-    assert held and measured  # the runner was called, and its runs were measured
+    assert measured and (held or impl in ("ours", "testing"))  # its runs were measured (ours: uncopied)
     assert shared(held, measured) == []
+
+
+def test_a_fresh_runner_returns_what_no_later_call_writes(ours, tokens):
+    """Our GPT runner declares `fresh_outputs`, so Owned measures its tensors uncopied: every call's
+    outputs are new storage, and each is what it was when returned after every later call of the
+    run (the cache, a later step, the next run's forward)."""
+    from smearcli.gpt_runners import GPTRunner
+    from smearcli.owned import Owned
+
+    runner = GPTRunner(ours, "old")
+    assert runner.fresh_outputs
+    owned = Owned(runner, "chunked")
+    outs, snapshots = [], []
+
+    def received(out):
+        outs.extend(tensors(out))
+        snapshots.extend(t.clone() for t in tensors(out))  # as it was when returned
+    with torch.inference_mode():
+        cache = owned.new_cache(tokens.size(0), tokens.size(1))
+        for lo, hi in ((0, 1), (1, 9), (9, tokens.size(1))):  # a first token, then chunks
+            received(owned.step(tokens[:, lo:hi], cache, True))
+        received(owned.forward(tokens, True))
+        again = runner.forward(tokens, True)  # one call more, on another cache
+        runner.step(tokens[:, :5], runner.new_cache(tokens.size(0), tokens.size(1)), True)
+    assert len(outs) == 4 * len(ours.transformer.h) + 8  # logits and every capture point, four calls
+    assert all(torch.equal(t, s) for t, s in zip(outs, snapshots))
+    storages = [t.untyped_storage().data_ptr() for t in outs]
+    assert len(set(storages)) == len(storages)
+    assert {t.untyped_storage().data_ptr() for t in tensors(again)}.isdisjoint(storages)
 
 
 def app():
