@@ -139,6 +139,21 @@ def float64_model(model):
     return m64
 
 
+def float64_copy(t: Tensor) -> Tensor:
+    """`t`'s values in a float64 tensor of its own (exact from float32, float16 and bfloat16)."""
+    with torch.no_grad():
+        return t.detach().to(torch.float64, copy=True)
+
+
+def provide_float64(model, copies) -> None:
+    """Float64 copies of some of `model`'s tensors, made before it is asked for its float64 form
+    (`weights.init_random` makes them on a second core while it draws): `float64_model` takes each
+    whose tensor has not changed since (same storage, same version), and converts the rest itself.
+    `copies`: (tensor, its float64 copy) pairs."""
+    object.__setattr__(model, "_float64_provided",
+                       {id(t): (t, t.data_ptr(), t._version, d) for t, d in copies})
+
+
 def _float64_memo(model, stale, shared: set) -> dict:
     """A deepcopy memo that hands the copy each floating-point parameter and buffer already in
     float64 (converted straight from the original: no float32 copy made first and converted after,
@@ -151,6 +166,7 @@ def _float64_memo(model, stale, shared: set) -> dict:
     read in float32 and converted is the row a float64 table holds, bit for bit, and at d12 these
     tables are 352 of the 488 million weights, whose float64 copy was most of the floor's time."""
     memo: dict = {} if stale is None else {id(stale): None}
+    provided = model.__dict__.pop("_float64_provided", None) or {}  # taken once: a later copy converts anew
     with torch.no_grad():
         for t in list(model.parameters()) + list(model.buffers()):
             if id(t) in shared:
@@ -158,7 +174,11 @@ def _float64_memo(model, stale, shared: set) -> dict:
                 continue
             if id(t) in memo or not t.is_floating_point() or vars(t) or type(t) not in (Tensor, torch.nn.Parameter):
                 continue
-            d = t.detach().to(torch.float64, copy=True)
+            given = provided.get(id(t))
+            if given is not None and given[0] is t and given[1:3] == (t.data_ptr(), t._version):
+                d = given[3]
+            else:
+                d = float64_copy(t)
             memo[id(t)] = torch.nn.Parameter(d, t.requires_grad) if type(t) is torch.nn.Parameter else d
     return memo
 

@@ -8,6 +8,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
+from concurrent.futures import Future, ThreadPoolExecutor
 from unittest import mock
 
 import torch
@@ -18,6 +19,7 @@ from .errors import UserError
 from .checkpoint import (NoSmearParameters, can_mmap, check_tensors, find_step, list_steps,
                          read_meta, read_state_dict, smear_keys_missing, SMEAR_KEYS)
 from .model import GPT, param_shapes
+from .precision import float64_copy, provide_float64
 from .preflight import check_model_memory
 
 TINY_DIR = Path(__file__).resolve().parent / "data" / "tiny"
@@ -69,8 +71,30 @@ def normal_(t: torch.Tensor, std: float, g: torch.Generator) -> torch.Tensor:
     return t.normal_(0.0, 1.0, generator=g).mul_(std)
 
 
+def draws(model: GPT) -> list[tuple[torch.Tensor, str, float]]:
+    """(tensor, "normal" or "uniform", std or bound) for every tensor `init_random` draws, in the
+    one order the generator is read in: the same seed gives the same weights only in this order."""
+    C = model.config.n_embd
+    s = 3 ** 0.5 * C ** -0.5  # uniform bound with std 1/sqrt(C)
+    out = [(model.transformer.wte.weight, "normal", 0.8), (model.lm_head.weight, "normal", 0.05)]
+    for block in model.transformer.h:
+        out += [(block.attn.c_q.weight, "uniform", s), (block.attn.c_k.weight, "uniform", s),
+                (block.attn.c_v.weight, "uniform", s),
+                (block.attn.c_proj.weight, "uniform", s * 0.5),  # upstream: zeros
+                (block.mlp.c_fc.weight, "uniform", s * 0.4),
+                (block.mlp.c_proj.weight, "uniform", s * 0.25)]  # upstream: zeros
+        if block.attn.ve_gate is not None:
+            out.append((block.attn.ve_gate.weight, "uniform", 0.5))
+    out.append((model.smear_gate.weight, "normal", 0.5))  # upstream: uniform(0, 0.02)
+    out += [(ve.weight, "uniform", s) for ve in model.value_embeds.values()]
+    return out
+
+
+FILLS = {"normal": normal_, "uniform": uniform_}
+
+
 @torch.no_grad()
-def init_random(model: GPT, seed: int = 0) -> GPT:
+def init_random(model: GPT, seed: int = 0, float64: bool = False) -> GPT:
     """Fill `model` with seeded random weights that make the smear bug visible.
 
     Starts from upstream's init scales, then departs where upstream's init would hide the bug:
@@ -79,38 +103,75 @@ def init_random(model: GPT, seed: int = 0) -> GPT:
     about 0.5-0.6), the smear gate is spread so gates differ per token, both projections get
     small uniform weights, and lm_head is larger so logits carry signal.
 
-    Every tensor is drawn in place, in the dtype it is stored in, in one fixed order: a float32
-    model gets the same values for the same seed whatever its compute dtype was at draw time; an
-    embedding stored in bfloat16 gets bfloat16 draws (not float32 draws rounded)."""
+    Every tensor is drawn in place, in the dtype it is stored in, in one fixed order (`draws`): a
+    float32 model gets the same values for the same seed whatever its compute dtype was at draw
+    time; an embedding stored in bfloat16 gets bfloat16 draws (not float32 draws rounded).
+
+    One generator read in order is one core's work, however many the forwards use. The other core
+    meanwhile touches each tensor's memory before it is drawn into (the page faults of a d12's
+    2 GB) and, with `float64`, converts each drawn tensor into the model's float64 copy
+    (`precision.float64_model` takes them: a compare needs that copy for its floor)."""
     g = torch.Generator().manual_seed(seed)
-    cfg = model.config
-    C = cfg.n_embd
-    s = 3 ** 0.5 * C ** -0.5  # uniform bound with std 1/sqrt(C)
-    normal_(model.transformer.wte.weight, 0.8, g)
-    normal_(model.lm_head.weight, 0.05, g)
-    for block in model.transformer.h:
-        uniform_(block.attn.c_q.weight, s, g)
-        uniform_(block.attn.c_k.weight, s, g)
-        uniform_(block.attn.c_v.weight, s, g)
-        uniform_(block.attn.c_proj.weight, s * 0.5, g)  # upstream: zeros
-        uniform_(block.mlp.c_fc.weight, s * 0.4, g)
-        uniform_(block.mlp.c_proj.weight, s * 0.25, g)  # upstream: zeros
-        if block.attn.ve_gate is not None:
-            uniform_(block.attn.ve_gate.weight, 0.5, g)
-    n = cfg.n_layer
+    order = draws(model)
+    with Beside([t for t, _, _ in order], model if float64 else None) as beside:
+        for t, fill, scale in order:
+            beside.ready(t)
+            FILLS[fill](t, scale, g)
+            beside.drawn(t)
+    n = model.config.n_layer
     for i in range(n):
         model.resid_lambdas[i] = 1.15 - 0.10 * i / max(n - 1, 1)
         model.x0_lambdas[i] = 0.20 - 0.15 * i / max(n - 1, 1)
     model.smear_lambda.fill_(0.5)  # upstream: 0
-    normal_(model.smear_gate.weight, 0.5, g)  # upstream: uniform(0, 0.02)
     model.backout_lambda.fill_(0.2)
-    for ve in model.value_embeds.values():
-        uniform_(ve.weight, s, g)
     return model
 
 
+class Beside:
+    """The second core's part of drawing a model: its memory touched ahead of the draws, one
+    page at a time in the order they come (`ready(t)` waits for t's pages), and, given the model,
+    each drawn tensor's float64 copy made (`drawn(t)`), handed to `precision.provide_float64` at
+    the end. One worker thread; the generator is read only by the caller's."""
+
+    def __init__(self, tensors: list[torch.Tensor], model: Optional[GPT] = None):
+        self.model = model
+        self.shared = set() if model is None else {id(t) for t in model.lookup_tables()}
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="smearcli-beside")
+        self.touched = {id(t): self.pool.submit(_touch, t) for t in tensors}
+        self.copies: list[tuple[torch.Tensor, Future]] = []
+
+    def ready(self, t: torch.Tensor) -> None:
+        self.touched.pop(id(t)).result()
+
+    def drawn(self, t: torch.Tensor) -> None:
+        if self.model is not None and id(t) not in self.shared:
+            self.copies.append((t, self.pool.submit(float64_copy, t)))
+
+    def __enter__(self) -> "Beside":
+        return self
+
+    def __exit__(self, kind, *_) -> None:
+        try:
+            if kind is None and self.model is not None:
+                provide_float64(self.model, [(t, f.result()) for t, f in self.copies])
+        finally:
+            for f in self.touched.values():
+                f.cancel()
+            self.pool.shutdown(wait=True)
+
+
+def _touch(t: torch.Tensor) -> None:
+    """Write one element of every page of `t` (4 KiB), so the kernel maps its memory now, on this
+    thread, and not inside the draw; the draw overwrites every element."""
+    with torch.no_grad():
+        t.detach().view(-1)[::max(1, 4096 // t.element_size())].zero_()
+
+
 def random_model(config: Optional[GPTConfig] = None, seed: int = 0, device="cpu",
-                 dtype: torch.dtype = torch.float32) -> LoadedModel:
+                 dtype: torch.dtype = torch.float32, float64: bool = False) -> LoadedModel:
+    """A seeded random model of `config` on `device`. `float64`: its float64 copy is made while the
+    weights are drawn (`init_random`), for a caller that will ask for it (a compare's floor); on a
+    CPU only, where the model is drawn."""
     config = config or random_config()
     check_model_memory(config, device)
     # no memory and no default init: init_random writes every tensor. nn.Embedding's own init
@@ -119,7 +180,7 @@ def random_model(config: Optional[GPTConfig] = None, seed: int = 0, device="cpu"
         model = GPT(config)
     model.set_dtype(dtype)  # the dtypes the tensors are stored in, chosen before any memory exists
     model.to_empty(device="cpu")
-    init_random(model, seed)
+    init_random(model, seed, float64=float64 and torch.device(device).type == "cpu")
     model.to(device).eval().requires_grad_(False)
     return LoadedModel(model, "random", meta={"seed": seed, "model_config": config.to_dict()})
 

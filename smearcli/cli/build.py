@@ -194,11 +194,14 @@ def attach(spec: RunSpec, loaded, device, dtype, found=None):
     return loaded, theirs, list(LOGIC_NAMES)
 
 
-def build_setup(spec: RunSpec, sequence_len: int = 512, schedules: Optional[list[str]] = None) -> Setup:
+def build_setup(spec: RunSpec, sequence_len: int = 512, schedules: Optional[list[str]] = None,
+                float64: bool = False) -> Setup:
     """`sequence_len`: the random model's training context (windows, rotary table) without
     --preset (a preset brings its own); `schedules`: --schedules as the command parsed it for the
     implementation (`cli.impls.schedules_for`), parsed here only where no command did. The
-    options `cli.impls.implementation` checked (`RunSpec.check_impl`) are not checked again."""
+    options `cli.impls.implementation` checked (`RunSpec.check_impl`) are not checked again.
+    `float64`: the command will ask for the model's float64 copy (a comparison's floor), which a
+    random model then makes while its weights are drawn (`weights.init_random`)."""
     if spec.preset is not None:
         spec.model_kind()  # --preset with --checkpoint / --model tiny: refused before anything loads
     schedules = list(schedules) if schedules is not None else spec.schedule_list()
@@ -212,7 +215,7 @@ def build_setup(spec: RunSpec, sequence_len: int = 512, schedules: Optional[list
     with flag("--dtype"):
         check_dtype(device, dtype)
     with profile.section("build"):
-        loaded, audited, logics, found = _build_models(spec, impl, logics, device, dtype, sequence_len)
+        loaded, audited, logics, found = _build_models(spec, impl, logics, device, dtype, sequence_len, float64)
     for m in (loaded.model, audited):  # --profile: each forward is timed (a no-op otherwise)
         if m is not None:
             profile.watch_forwards(m)
@@ -250,7 +253,7 @@ def _given_input(spec: RunSpec, cfg, found, schedules, opts: ScheduleOptions, ch
     return None, opts, chunk_sizes
 
 
-def _build_models(spec: RunSpec, impl: str, logics, device, dtype, sequence_len: int):
+def _build_models(spec: RunSpec, impl: str, logics, device, dtype, sequence_len: int, float64: bool = False):
     """The model to run (loaded, built at random or tiny) and, with --impl nanochat|both, the
     user's: (loaded, audited or None, logics, discovered checkpoint or None)."""
     found = None
@@ -273,7 +276,7 @@ def _build_models(spec: RunSpec, impl: str, logics, device, dtype, sequence_len:
         except ConfigError as e:
             raise UserError(f"--depth {spec.depth_value()}: {e}") from e
         try:
-            loaded = random_model(config, seed=spec.seed, device=device, dtype=dtype)
+            loaded = random_model(config, seed=spec.seed, device=device, dtype=dtype, float64=float64)
         except TooLarge as e:
             raise UserError(f"{e} (lower --depth)") from e
     audited = None

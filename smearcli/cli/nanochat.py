@@ -36,7 +36,7 @@ def prepare(spec, schedules, tolerance) -> Job:
     if spec.leak_limit is not None and PACKED not in schedules:
         raise UserError("--leak-limit gates the packed schedule; add --schedules packed")
     try:
-        setup = build_setup(spec, schedules=schedules)
+        setup = build_setup(spec, schedules=schedules, float64=True)  # every comparison has a float64 floor
     except NoSmearParameters as e:
         found = getattr(e, "found", None)
         return Job(lambda bar: no_smear(spec, found))

@@ -110,3 +110,45 @@ def test_random_model_draws_without_temporaries_in_its_stored_dtypes(monkeypatch
     # the float32 tensors of a bfloat16 model are the float32 model's own
     f32 = weights.random_model(cfg, seed=0).model.state_dict()
     assert torch.equal(m.lm_head.weight, f32["lm_head.weight"])
+
+
+def test_the_float64_copy_made_while_drawing_is_the_one_converted_after(monkeypatch):
+    """`random_model(float64=True)` converts each drawn tensor on a second thread while the next is
+    drawn (`weights.Beside`): the weights are the same as without it, bit for bit, and the float64
+    copy `precision.float64_model` then makes takes those conversions (no second conversion) and
+    equals a copy converted afterwards; a tensor changed since is converted anew."""
+    from smearcli import precision
+
+    cfg = weights.random_config(2, sequence_len=64)
+    plain = weights.random_model(cfg, seed=5).model
+    ahead = weights.random_model(cfg, seed=5, float64=True).model
+    assert all(torch.equal(a, b) for a, b in zip(plain.state_dict().values(), ahead.state_dict().values()))
+    provided = ahead.__dict__["_float64_provided"]
+    drawn = [t for t, _, _ in weights.draws(ahead)]
+    shared = {id(t) for t in ahead.lookup_tables()}
+    assert set(provided) == {id(t) for t in drawn if id(t) not in shared}  # every drawn tensor but the tables
+    with torch.no_grad():
+        ahead.lm_head.weight.mul_(2.0)  # changed after its copy was made: that copy is stale
+    converted = []
+    real = precision.float64_copy
+    monkeypatch.setattr(precision, "float64_copy", lambda t: converted.append(t) or real(t))
+    twin, want = precision.float64_model(ahead), precision.float64_model(plain)
+    ids = {id(t) for t in converted}
+    assert id(ahead.lm_head.weight) in ids and id(ahead.transformer.h[0].attn.c_q.weight) not in ids
+    assert twin.transformer.h[0].attn.c_q.weight.data_ptr() == provided[id(ahead.transformer.h[0].attn.c_q.weight)][3].data_ptr()
+    for (k, a), b in zip(twin.state_dict().items(), want.state_dict().values()):
+        assert a.dtype == b.dtype and torch.equal(a, b * 2 if k == "lm_head.weight" else b), k
+    assert "_float64_provided" not in ahead.__dict__  # taken once
+
+
+def test_every_drawn_tensor_is_touched_before_it_is_drawn(monkeypatch):
+    """The second thread maps each tensor's memory (`weights._touch`) before the draw writes it:
+    never during or after, which would overwrite drawn values with zeros."""
+    order = []
+    touch = weights._touch
+    monkeypatch.setattr(weights, "_touch", lambda t: (touch(t), order.append(("touch", id(t)))))
+    for name, fill in list(weights.FILLS.items()):
+        monkeypatch.setitem(weights.FILLS, name, lambda t, s, g, _f=fill: (order.append(("draw", id(t))), _f(t, s, g)))
+    model = weights.random_model(weights.random_config(1, sequence_len=64), seed=0).model
+    for t, _, _ in weights.draws(model):
+        assert order.index(("touch", id(t))) < order.index(("draw", id(t)))
