@@ -100,8 +100,9 @@ class Float64:
     def scale(self) -> float:
         """max |logit| of the float64 full pass, read once for every confirmation that bounds its
         rounding by it (a pass over the whole logits each time, before)."""
-        if self._scale is None:
-            self._scale = float(self.run.logits.abs().max())
+        if self._scale is None:  # max |x| is the larger of |min| and |max|: one pass, no |x| copy
+            lo, hi = torch.aminmax(self.run.logits)
+            self._scale = max(abs(float(lo)), abs(float(hi)))
         return self._scale
 
     def sibling(self, runner) -> "Float64":

@@ -227,3 +227,27 @@ def test_the_reference_terms_stay_shared_past_the_memo_size(monkeypatch):
     for a, r in zip(together, runs):
         b = measure(ref, r, floor)
         assert torch.equal(a.abs_err, b.abs_err) and torch.equal(a.kl, b.kl) and a.top1_agreement == b.top1_agreement
+
+
+def test_top1_agreement_without_argmax_is_argmax_on_ties_and_nans():
+    """`metrics._agrees` answers `x.argmax(-1) == top` without argmax: argmax's pick is the first
+    index holding the maximum, so a tie before `top` disagrees and a tie after it agrees; a NaN is
+    argmax's maximum (the block is left to argmax)."""
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(3, 4, 50, generator=g)
+    top = x.argmax(-1)
+    top[0, 1] = (top[0, 1] + 1) % 50  # disagrees
+    peak = x.amax(-1)
+    x[1, 0, 2], x[1, 0, 40] = peak[1, 0] + 1, peak[1, 0] + 1  # a tie: argmax is 2
+    top[1, 0] = 40  # the later of the tie: disagrees
+    x[1, 2, 5], x[1, 2, 30] = peak[1, 2] + 1, peak[1, 2] + 1
+    top[1, 2] = 5  # the first of the tie: agrees
+    x[2, 3, 0] = peak[2, 3] + 1
+    top[2, 3] = 0  # the maximum at index 0
+    for case in (x, torch.where(torch.arange(50) == 17, float("nan"), x)):  # NaN at index 17 everywhere
+        got = metrics._agrees(case, top)
+        assert torch.equal(got, case.argmax(-1) == top)
+    assert metrics._agrees(x, top).tolist() == [[True, False, True, True], [False, True, True, True],
+                                               [True, True, True, True]]
+    one = top[:1]  # one reference row for every run row (an engine's samples)
+    assert torch.equal(metrics._agrees(x, one), x.argmax(-1) == one.expand(3, -1))
