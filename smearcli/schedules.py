@@ -152,6 +152,13 @@ def _run_steps(runner: Runner, tokens: Tensor, steps: list[int], capture: bool,
     logits, hiddens, depth = out, None, None  # hiddens: None until a step returns them, [] if one did not
     pos = 0
     for n in steps:
+        if n == T and pos == 0 and out is None:  # one step over every token (prefill): its owned outputs are the run's
+            step = runner.step(tokens, cache, capture)
+            logits, hiddens = step.logits, (list(step.hiddens) if step.hiddens else []) if capture else None
+            pos = T
+            if on_step is not None:
+                on_step(n)
+            continue
         step = runner.step(tokens[:, pos:pos + n], cache, capture, keep=False)  # checked; copied just below
         if logits is None:
             logits = step.logits.new_empty((B, T) + tuple(step.logits.shape[2:]), dtype=torch.float32)

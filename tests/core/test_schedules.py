@@ -140,3 +140,20 @@ def test_step_outputs_are_written_in_place_not_concatenated(model, tokens, sched
     if schedule != "engine":  # the engine decodes its rows as a batch: equal only to rounding there
         assert torch.equal(run.logits[rows - 1], real(parts, dim=1)[0])
     assert run.hiddens is not None and all(h.shape[:2] == run.logits.shape[:2] for h in run.hiddens)
+
+
+@pytest.mark.parametrize("fresh", [True, False])
+def test_a_one_step_run_keeps_its_step_outputs_without_another_copy(model, tokens, monkeypatch, fresh):
+    """prefill is one step over every token: the run holds that step's outputs as the seam received
+    them (a fresh runner's own tensors, another runner's copy), not a second copy in a new buffer."""
+    runner = gpt_runners.GPTRunner(model, "fixed")
+    monkeypatch.setattr(runner, "fresh_outputs", fresh)
+    returned = []
+    step = runner.step
+    monkeypatch.setattr(runner, "step", lambda *a: returned.append(step(*a)) or returned[-1])
+    got = run_schedule(runner, tokens, "prefill", capture=True)
+    (out,) = returned
+    same = got.logits.untyped_storage().data_ptr() == out.logits.untyped_storage().data_ptr()
+    assert same is fresh
+    assert torch.equal(got.logits, out.logits) and all(torch.equal(a, b) for a, b in zip(got.hiddens, out.hiddens))
+    assert got.logits.dtype == torch.float32 and len(got.hiddens) == model.config.n_layer + 1
