@@ -179,7 +179,9 @@ def random_model(config: Optional[GPTConfig] = None, seed: int = 0, device="cpu"
     with torch.device("meta"), mock.patch.object(nn.Embedding, "reset_parameters", lambda self: None):
         model = GPT(config)
     model.set_dtype(dtype)  # the dtypes the tensors are stored in, chosen before any memory exists
-    model.to_empty(device="cpu")
+    # memory for every tensor, uninitialised. Not `to_empty`: its empty_like of a meta tensor goes
+    # through torch's Python reference implementation, which imports sympy (about 0.4 s)
+    model._apply(lambda t: torch.empty(t.shape, dtype=t.dtype, device="cpu"))
     init_random(model, seed, float64=float64 and torch.device(device).type == "cpu")
     model.to(device).eval().requires_grad_(False)
     return LoadedModel(model, "random", meta={"seed": seed, "model_config": config.to_dict()})
