@@ -212,34 +212,54 @@ def _logits_pass(ref: Tensor, run: Tensor, row_map: list[int], expand_at: Option
     whole-tensor formulas give, bit for bit: the maxima and argmaxes are exact, and each KL is the
     same double-precision reduction over one position's vocabulary, however positions are blocked.
     No (T, V) double tensor is made; each block's doubles stay in cache."""
-    R, T, V = run.shape
-    groups = _groups(row_map, ref.size(0))
-    err = torch.zeros(T, dtype=run.dtype, device=run.device)
-    kl = torch.empty(R, T, dtype=torch.float64, device=run.device)
-    agree = torch.empty(R, T, dtype=torch.bool, device=run.device)
+    return _logits_passes(ref, [(run, row_map, expand_at)])[0]
+
+
+def _logits_passes(ref: Tensor, runs: list) -> list[tuple[Tensor, Tensor, Tensor]]:
+    """`_logits_pass` of each run in `runs` ((logits, row_map, expand_at) each), their blocks taken
+    in order of position: a block of the reference's float64 log-softmax (and its exp) that several
+    runs need is computed once for all of them (a compare's chunked runs, its decode and its
+    speculative runs all depart after the first chunk), and dropped once the positions move on."""
+    T, V = ref.size(1), ref.size(2)
     ref_top, ref_max, ref_lse = _memo([ref], ("softmax",), lambda: _ref_softmax_terms(ref))  # for every run
-    shared = expand_at if _same_rows_before(run, groups, expand_at) else 0
-    for rs, xs in groups:
-        for lo, hi, rows in ((0, shared, slice(xs.start, xs.start + 1)), (shared, T, xs)):
-            K = min(_positions(rows.stop - rows.start, V, T), KL_CHUNK)
-            for s in range(lo, hi, K):
-                e = min(s + K, hi)
-                r, x = ref[rs, s:e], run[rows, s:e]
-                if (torch.equal(x, r) if x.shape == r.shape else  # rows in order, or rows of one ref row
-                        r.size(0) == 1 and all(torch.equal(x[i:i + 1], r) for i in range(x.size(0)))):
-                    # bit-identical to the reference (a first chunk, a prompt): the formulas below
-                    # give exactly this (err 0, the same argmax, p - q = +0.0 so KL +0.0) at the
-                    # cost of one comparison instead of a float64 log-softmax
-                    agree[xs, s:e] = True
-                    kl[xs, s:e] = 0.0
-                    continue
-                err[s:e] = torch.maximum(err[s:e], torch.sub(x, r).abs_().amax(dim=(0, 2)))
-                agree[xs, s:e] = _agrees(x, ref_top[rs, s:e])
-                p = _ref_log_softmax(r, ref_max[rs, s:e], ref_lse[rs, s:e])
-                q = F.log_softmax(x.double(), dim=-1)
-                torch.sub(p, q, out=q)
-                kl[xs, s:e] = q.mul_(p.exp_()).sum(-1)  # exp(p) * (p - q), summed over the vocabulary
-    return err, kl, agree
+    outs, blocks = [], []
+    for n, (run, row_map, expand_at) in enumerate(runs):
+        R = run.size(0)
+        groups = _groups(row_map, ref.size(0))
+        outs.append((torch.zeros(T, dtype=run.dtype, device=run.device),  # err
+                     torch.empty(R, T, dtype=torch.float64, device=run.device),  # kl
+                     torch.empty(R, T, dtype=torch.bool, device=run.device)))  # agree
+        shared = expand_at if _same_rows_before(run, groups, expand_at) else 0
+        for rs, xs in groups:
+            for lo, hi, rows in ((0, shared, slice(xs.start, xs.start + 1)), (shared, T, xs)):
+                K = min(_positions(rows.stop - rows.start, V, T), KL_CHUNK)
+                blocks += [(s, min(s + K, hi), rs, rows, xs, n) for s in range(lo, hi, K)]
+    blocks.sort(key=lambda b: (b[0], b[2].start, b[1]))  # stable: within one block, the runs in order
+    terms: dict = {}  # (ref rows, s, e) -> (log p, p) of the reference's block, while positions reach it
+    for s, e, rs, rows, xs, n in blocks:
+        (run, _, _), (err, kl, agree) = runs[n], outs[n]
+        r, x = ref[rs, s:e], run[rows, s:e]
+        if (torch.equal(x, r) if x.shape == r.shape else  # rows in order, or rows of one ref row
+                r.size(0) == 1 and all(torch.equal(x[i:i + 1], r) for i in range(x.size(0)))):
+            # bit-identical to the reference (a first chunk, a prompt): the formulas below give
+            # exactly this (err 0, the same argmax, p - q = +0.0 so KL +0.0) at the cost of one
+            # comparison instead of a float64 log-softmax
+            agree[xs, s:e] = True
+            kl[xs, s:e] = 0.0
+            continue
+        err[s:e] = torch.maximum(err[s:e], torch.sub(x, r).abs_().amax(dim=(0, 2)))
+        agree[xs, s:e] = _agrees(x, ref_top[rs, s:e])
+        key = (rs.start, rs.stop, s, e)
+        if key not in terms:
+            for done in [k for k in terms if k[3] <= s]:  # no later block reads them
+                del terms[done]
+            p = _ref_log_softmax(r, ref_max[rs, s:e], ref_lse[rs, s:e])
+            terms[key] = (p, p.exp())
+        p, prob = terms[key]
+        q = F.log_softmax(x.double(), dim=-1)
+        torch.sub(p, q, out=q)
+        kl[xs, s:e] = q.mul_(prob).sum(-1)  # exp(p) * (p - q), summed over the vocabulary
+    return outs
 
 
 def _agrees(x: Tensor, top: Tensor) -> Tensor:
@@ -332,10 +352,11 @@ class RunMetrics:
         return self.logits_multiple <= self.tolerance
 
 
-def _errors(ref: RunResult, run: RunResult) -> tuple[Tensor, Tensor, Tensor, float]:
-    """abs error (layers, T), relative error, KL (T,) and top-1 agreement of `run` against `ref`."""
+def _errors(ref: RunResult, run: RunResult, passed=None) -> tuple[Tensor, Tensor, Tensor, float]:
+    """abs error (layers, T), relative error, KL (T,) and top-1 agreement of `run` against `ref`;
+    `passed`: its logits' pass, made already (`measure_all` makes every run's at once)."""
     groups = _groups(run.row_map, ref.logits.size(0))
-    logits_err, kl, agree = _logits_pass(ref.logits, run.logits, run.row_map, run.expand_at)
+    logits_err, kl, agree = passed or _logits_pass(ref.logits, run.logits, run.row_map, run.expand_at)
     hidden = [_max_abs_diff(r, x, groups) for r, x in zip(ref.hiddens or [], run.hiddens or [])]
     err = torch.stack(hidden + [logits_err])
     scale = _ref_scale(ref)[-err.size(0):]
@@ -345,16 +366,26 @@ def _errors(ref: RunResult, run: RunResult) -> tuple[Tensor, Tensor, Tensor, flo
 
 def measure_all(ref: RunResult, runs: Sequence[RunResult], noise: NoiseFloor,
                 tolerance: float = NOISE_MARGIN) -> list[RunMetrics]:
-    """`measure` of every run against one reference, sharing the work they have in common."""
+    """`measure` of every run against one reference, sharing the work they have in common: the
+    logits of every run are passed over together (`_logits_passes`), the rest per run."""
     with shared_work():
-        return [measure(ref, r, noise, tolerance) for r in runs]
+        with profile.section("metrics"):
+            distinct = {(id(r.logits), tuple(r.row_map), r.expand_at): r for r in runs}  # decode under two logics: one
+            made = _logits_passes(ref.logits, [(r.logits, r.row_map, r.expand_at) for r in distinct.values()])
+            passes = dict(zip(distinct, made))
+        return [_measure(ref, r, noise, tolerance, passes[(id(r.logits), tuple(r.row_map), r.expand_at)])
+                for r in runs]
 
 
 def measure(ref: RunResult, run: RunResult, noise: NoiseFloor, tolerance: float = NOISE_MARGIN) -> RunMetrics:
     """One run against the reference: one pass over its logits, one over each hidden state."""
+    return _measure(ref, run, noise, tolerance)
+
+
+def _measure(ref: RunResult, run: RunResult, noise: NoiseFloor, tolerance: float, passed=None) -> RunMetrics:
     with profile.section("metrics"):
         key = ("run", tuple(run.row_map), run.expand_at, ref.hiddens is None, run.hiddens is None)
-        err, rel, kl, top1 = _memo(_stack(ref) + _stack(run), key, lambda: _errors(ref, run))
+        err, rel, kl, top1 = _memo(_stack(ref) + _stack(run), key, lambda: _errors(ref, run, passed))
         return RunMetrics(run.schedule, run.logic, list(run.steps), run.chunk_starts, err.clone(), rel.clone(),
                           kl.clone(), top1, noise, tolerance, {k: list(v) for k, v in run.marks.items()})
 

@@ -251,3 +251,35 @@ def test_top1_agreement_without_argmax_is_argmax_on_ties_and_nans():
                                                [True, True, True, True]]
     one = top[:1]  # one reference row for every run row (an engine's samples)
     assert torch.equal(metrics._agrees(x, one), x.argmax(-1) == one.expand(3, -1))
+
+
+def test_measuring_runs_together_is_measuring_each_and_shares_the_reference_blocks(monkeypatch):
+    """measure_all passes over every run's logits together (`metrics._logits_passes`): each run's
+    numbers are its own `measure`'s, bit for bit (runs in order, an engine's expanded rows, a run
+    equal to the reference at first, the same run under two names), and a block of the reference's
+    float64 log-softmax that several runs need is computed once: one computation per distinct block,
+    where measuring them one by one computes it once per run."""
+    T, V = 40, 300
+    ref, chunked = make(B=1, T=T, V=V, C=24, layers=1, row_map=[0], seed=21, exact_until=12)
+    _, decode = make(B=1, T=T, V=V, C=24, layers=1, row_map=[0], seed=22)
+    _, engine = make(B=1, T=T, V=V, C=24, layers=1, row_map=[0, 0], seed=23, expand_at=31)
+    twin = dataclasses.replace(decode, logic="fixed")  # the same tensors: one pass for both
+    runs = [chunked, decode, engine, twin]
+    noise = NoiseFloor([1e-3, 1e-3])
+    together = metrics.measure_all(ref, runs, noise)
+    alone = [measure(ref, r, noise) for r in runs]
+    for a, b in zip(together, alone):
+        assert torch.equal(a.abs_err, b.abs_err) and torch.equal(a.rel_err, b.rel_err)
+        assert torch.equal(a.kl, b.kl) and a.top1_agreement == b.top1_agreement
+    for m, r in zip(together, runs):
+        assert torch.equal(m.kl, plain_kl(ref.logits, r.logits, r.row_map))
+    made = []  # the reference's blocks computed, for runs of one row each (the same blocks)
+    real = metrics._ref_log_softmax
+    monkeypatch.setattr(metrics, "_ref_log_softmax", lambda r, *a: made.append(r.shape) or real(r, *a))
+    metrics.measure_all(ref, [chunked, decode, twin], noise)
+    K = min(metrics._positions(1, V, T), metrics.KL_CHUNK)
+    assert len(made) == len(range(0, T, K)) >= 2  # together: each block of the reference once
+    made.clear()
+    for r in (chunked, decode):
+        measure(ref, r, noise)
+    assert len(made) == 2 * len(range(0, T, K))  # one by one: once per run
