@@ -94,7 +94,7 @@ class Toy:
 
 def sections(records, meta) -> list[str]:
     """The toy's page: one line per architecture."""
-    return ["## Toy architectures", ""] + [f"- {r['model_type']}: {r['verdict']}" for r in records] + [""]
+    return ["## Toy architectures", ""] + [f"- {r.model_type}: {r.verdict}" for r in records] + [""]
 
 
 ENGINE = engines.Engine("toy", "a running sum with a carried cache (a test's engine)", open=Toy,

@@ -1,12 +1,17 @@
 """One architecture's census record: every field it carries, with its JSON type and its default,
 declared once here.
 
-`Record` is what `check.record` builds (a field it does not declare is a TypeError, not a key that
-`report.document` would drop in silence); `FIELDS` is the order the JSON document lists them in;
-`JSON_TYPES` is what `records.check_record` holds a record read from a file to, so an edited record
-with a string where a number goes is refused with the file and line, not an internal error half
-way through the report. A field added here reaches the record files, the JSON document and the
-type check at once (tests/census/test_scan_record.py holds every surface to this list).
+`Record` is what every engine's check returns (`new`: a field it does not declare is a TypeError,
+not a key that `report.document` would drop in silence) and what every reader takes: it stays a
+`Record` from the check through `isolate`, the record file and the report. JSON exists only at the
+edges: `to_json` where a record crosses the pipe from a census worker or is written to a file,
+`from_json` where one is read back (`records.check_record` holds the JSON to `JSON_TYPES` first,
+so an edited record with a string where a number goes is refused with the file and line, not an
+internal error half way through the report). `FIELDS` is the order the JSON document lists them
+in. A field added here reaches the record files, the JSON document and the type check at once
+(tests/census/test_scan_record.py holds every surface to this list). `built_from` is the one field
+that never leaves the process: the config the check built the model from, which the reachability
+runs and the reproducer rebuild.
 
 Kept torch-free: the parent of a census, `--merge` and the report read records without torch.
 """
@@ -70,15 +75,31 @@ class Record:
     vllm_version: Optional[str] = _f(STRING)  # the vLLM release, for the vLLM engine
     vllm: Optional[dict] = _f(OBJECT)  # the vLLM engine's start times and memory
     llamacpp: Optional[dict] = _f(OBJECT)  # the llama.cpp engine's version, GGUF, conversion, load and run times
+    # in this process only, never serialised: the config the model was built from (None: not built)
+    built_from: object = field(default=None, repr=False, compare=False)
 
     def to_json(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        """The record as JSON-ready dict: every field of `FIELDS`, in its order."""
+        return {name: getattr(self, name) for name in FIELDS}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Record":
+        """The record a JSON object holds (checked by `records.check_record` first). A field the
+        object lacks reads as null, as the JSON document has always shown it; a key no field
+        declares is left out, as the document leaves it out."""
+        return cls(**{name: d.get(name) for name in FIELDS})
 
 
-FIELDS = tuple(f.name for f in dataclasses.fields(Record))
+FIELDS = tuple(f.name for f in dataclasses.fields(Record) if "json" in f.metadata or f.name in ("model_type", "verdict"))
 JSON_TYPES = {f.name: f.metadata["json"] for f in dataclasses.fields(Record) if "json" in f.metadata}
 
 
-def new(model_type: str, verdict: str, **fields) -> dict:
-    """A record as JSON-ready dict, every field present (defaults for those not given)."""
-    return Record(model_type, str(verdict), **fields).to_json()
+def new(model_type: str, verdict: str, **fields) -> Record:
+    """A record, every field present (defaults for those not given)."""
+    return Record(model_type, str(verdict), **fields)
+
+
+def bare(model_type: str, verdict: str, **fields) -> Record:
+    """A record that says only what it is given, every other field null: what is known of an
+    architecture whose process died or ran out of time (`isolate`, `budget`)."""
+    return Record.from_json({"model_type": model_type, "verdict": str(verdict), **fields})

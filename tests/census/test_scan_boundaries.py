@@ -14,7 +14,8 @@ pytest.importorskip("transformers", reason="transformers is not installed: pip i
 from smearcli.schedules import shape  # noqa: E402
 from smearcli.impls.hf.cache_runner import CacheRunner  # noqa: E402
 from smearcli.census import repro, report, shapes  # noqa: E402
-from smearcli.census.check import T, build, check_model, record, split_points  # noqa: E402
+from smearcli.census.check import T, build, check_model, split_points  # noqa: E402
+from smearcli.census.record import new as record  # noqa: E402
 from smearcli.verdicts import BUG, INCONCLUSIVE, OK  # noqa: E402
 from smearcli.census.derive import derive  # noqa: E402
 from smearcli.runner import PADDING  # noqa: E402
@@ -152,10 +153,10 @@ def test_classify_names_the_boundaries_and_the_report_knows_them():
     assert shapes.classify(e, [10], 1e-5, schedule="padded") == shape("padded")
     assert shapes.classify(e, [10], 1e-5, schedule="rollback") == shape("rollback")
     assert {shape("padded"), shape("rollback")} <= set(shapes.all_shapes())
-    rec = {"model_type": "m", "verdict": "bug", "worst_schedule": "padded", "shape": shape("padded"),
-           "max_abs": 1.0, "boundaries": {"padded": {"status": "bug", "multiple": 3e4, "mode": None},
-                                          "rollback": {"status": "crashed", "mode": "copy",
-                                                       "why": "transformers/models/m/modeling_m.py:7 in f: E: x"}}}
+    rec = record("m", "bug", worst_schedule="padded", shape=shape("padded"), max_abs=1.0,
+                 boundaries={"padded": {"status": "bug", "multiple": 3e4, "mode": None},
+                             "rollback": {"status": "crashed", "mode": "copy",
+                                          "why": "transformers/models/m/modeling_m.py:7 in f: E: x"}})
     text = report.table([rec])
     assert "padding leaks" in text and "padded: 1 bug" in text and "rollback: 1 crashed (copy)" in text
     assert "boundaries" in report.document([rec])["architectures"][0]
@@ -183,13 +184,13 @@ def test_padded_runs_as_the_model_numbers_positions_and_says_which_rows_are_off(
     from smearcli.census.check import check
 
     rob = check("roberta")  # positions from its padding id on: explicit 0-based ones would be wrong
-    e = rob["boundaries"]["padded"]
+    e = rob.boundaries["padded"]
     assert e["status"] == OK and e["positions"] is False and e["pad_id"] == 1
     assert "numbers positions its own way" in e["why"]
     bart = check("bart")  # learned absolute positions and no position_ids: left padding shifts them
-    e = bart["boundaries"]["padded"]
+    e = bart.boundaries["padded"]
     assert e["status"] == shapes.LEFT_UNSUPPORTED and e["shape"] is None  # what its API allows, no bug
-    assert bart["verdict"] in (OK, INCONCLUSIVE), bart["verdict"]
+    assert bart.verdict in (OK, INCONCLUSIVE), bart.verdict
     assert e["rows"]["the row"] == 0.0 or e["rows"]["the row"] < e["rows"]["left-padded"] / 1e3
     assert "off: left-padded" in e["why"] and "takes no position_ids" in e["why"]
 
@@ -222,5 +223,5 @@ def test_left_padding_a_model_cannot_number_is_its_own_status_not_a_bug():
     assert rows["left-padded"] > 10 * out["floor"] >= rows["right-padded"], rows
     assert "right padding passes" in e["why"]
     assert out["verdict"] == OK and "padded" not in out["schedules"], out
-    md = "\n".join(report.boundaries_md([{**out, "model_type": "gpt2-nopos", "verdict": out["verdict"]}]))
+    md = "\n".join(report.boundaries_md([record("gpt2-nopos", **out)]))
     assert "gpt2-nopos | padded | left padding unsupported" in md

@@ -15,7 +15,7 @@ WRONG = {"a string": 7, "a number": "x", "an integer": 1.5, "a list": {"a": 1}, 
 RIGHT = {"a string": "s", "a number": 0.5, "an integer": 3, "a list": [1], "an object": {"k": 1}}
 
 
-def full_record() -> dict:
+def full_record() -> record.Record:
     """A record with a value of its declared type in every field."""
     values = {name: RIGHT[kind[1]] for name, kind in record.JSON_TYPES.items()}
     values.pop("model_type", None)
@@ -27,24 +27,41 @@ def full_record() -> dict:
 
 def test_every_declared_field_reaches_the_json_document_and_back():
     rec = full_record()
-    assert tuple(rec) == record.FIELDS
+    assert tuple(rec.to_json()) == record.FIELDS
     (row,) = report.document([rec])["architectures"]
     assert set(row) == set(record.FIELDS)
-    assert row == json.loads(json.dumps(rec))  # nothing dropped, nothing renamed
-    assert records.check_record("f:1", json.loads(json.dumps(rec))) is not None  # and it reads back
+    assert row == json.loads(json.dumps(rec.to_json()))  # nothing dropped, nothing renamed
+    back = records.check_record("f:1", json.loads(json.dumps(rec.to_json())))  # and it reads back
+    assert isinstance(back, record.Record) and back == rec
 
 
 def test_a_field_that_is_not_declared_is_refused_where_the_record_is_made():
-    from smearcli.census.check import record as make
-
     with pytest.raises(TypeError, match="not_a_field"):
-        make("arch", "ok", not_a_field=1)
-    assert "_config" in make("arch", "ok", _config=object())  # the reproducer's config rides along
+        record.new("arch", "ok", not_a_field=1)
+
+
+def test_the_config_rides_along_in_the_process_and_never_leaves_it():
+    config = object()
+    rec = record.new("arch", "ok", built_from=config)
+    assert rec.built_from is config  # the reachability runs and the reproducer rebuild it
+    assert "built_from" not in record.FIELDS and "built_from" not in record.JSON_TYPES
+    assert "built_from" not in rec.to_json()
+    assert records.check_record("f:1", json.loads(json.dumps(rec.to_json()))).built_from is None
+
+
+def test_a_field_a_file_lacks_reads_as_null_as_the_document_shows_it():
+    rec = records.check_record("f:1", {"model_type": "arch", "verdict": "timed out", "reason": "r"})
+    assert isinstance(rec, record.Record)
+    assert rec.reason == "r" and rec.notes is None and rec.vocab is None and rec.boundaries is None
+    (row,) = report.document([rec])["architectures"]
+    assert row == {name: {"model_type": "arch", "verdict": "timed out", "reason": "r"}.get(name)
+                   for name in record.FIELDS}
+    assert record.bare("arch", "timed out", reason="r") == rec  # what isolate makes of a process that died
 
 
 @pytest.mark.parametrize("name", sorted(set(record.JSON_TYPES) - {"model_type", "verdict"}))
 def test_a_record_read_from_a_file_is_held_to_every_declared_type(name):
-    rec = json.loads(json.dumps(full_record()))
+    rec = json.loads(json.dumps(full_record().to_json()))
     rec[name] = WRONG[record.JSON_TYPES[name][1]]
     with pytest.raises(UserError, match=f'"{name}" must be'):
         records.check_record("f:1", rec)

@@ -7,6 +7,8 @@ refuses assisted decoding, and the reproducer calls their API the same way."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -14,7 +16,8 @@ transformers = pytest.importorskip("transformers", reason="transformers is not i
 
 from smearcli.census import repro  # noqa: E402
 from smearcli.census.boundary import PASSED, REFUSED  # noqa: E402
-from smearcli.census.check import T, build, check_model, record, split_points  # noqa: E402
+from smearcli.census.check import T, build, check_model, split_points  # noqa: E402
+from smearcli.census.record import new as record  # noqa: E402
 from smearcli.census.derive import derive  # noqa: E402
 from smearcli.impls.hf import cache_runner as hf_runner  # noqa: E402
 from smearcli.impls.hf.cache_runner import CacheRunner  # noqa: E402
@@ -92,7 +95,7 @@ def test_the_api_finding_is_one_for_every_architecture_it_affects(mamba2):
 
     _, _, out = mamba2
     a = record("mamba2", **{k: v for k, v in out.items() if k != "verdict"}, verdict=out["verdict"])
-    b = dict(a, model_type="zamba2")
+    b = dataclasses.replace(a, model_type="zamba2")
     found = groups.api_findings([b, a])
     assert len(found) == 1 and found[0]["architectures"] == ["mamba2", "zamba2"]
     md = report.markdown([a, b], {"transformers_version": "x"})
