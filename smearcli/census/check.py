@@ -417,8 +417,8 @@ def confirmed(main, used: dict, tokens, plans: dict, bad: dict, out: dict) -> tu
             out["notes"].append(f"{name}: {c.phrase()}")
             if name in out["boundaries"]:
                 e = out["boundaries"][name]
-                e.update(status=boundary.PASSED, shape=None, why=c.why)
+                e.status, e.shape, e.why = boundary.PASSED, None, c.why
         elif name in out["boundaries"] and status == UNCONFIRMED:
-            out["boundaries"][name]["status"] = UNCONFIRMED
+            out["boundaries"][name].status = UNCONFIRMED
     return confs, reruns
 

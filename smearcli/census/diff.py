@@ -30,7 +30,7 @@ from typing import Optional, Sequence
 
 from ..errors import UserError
 from ..verdicts import BUG, CRASHED, INCONCLUSIVE, LATENT, OK, TIE_ARTIFACT, TIMED_OUT, UNCONFIRMED, UNSUPPORTED
-from .record import Record
+from .record import BoundaryResult, Record
 
 FIXED, REGRESSED, NEW, GONE = "fixed", "regressed", "new", "gone"
 DIAGNOSIS, VERDICT = "diagnosis changed", "verdict changed"
@@ -107,12 +107,14 @@ def release(records: Sequence[Record]) -> str:
     return f"{'vLLM' if on_vllm else 'transformers'} {'/'.join(found) or '?'}"
 
 
-def _path(before: dict, after: dict) -> Optional[dict]:
+def _path(before: Record, after: Record) -> Optional[dict]:
     """The schedule that failed before, as the current record measured it (None: not measured)."""
     name = before.worst_schedule
     if not name:
         return None
     got = (after.schedules or {}).get(name) or (after.boundaries or {}).get(name)
+    if isinstance(got, BoundaryResult):  # a boundary's entry
+        got = {"max_abs": got.max_abs, "multiple": got.multiple}
     if not isinstance(got, dict) or got.get("max_abs") is None:
         return None
     return {"schedule": name, "max_abs": got.get("max_abs"), "multiple": got.get("multiple")}

@@ -24,12 +24,12 @@ def attach(rec: Record, repro_dir, limit: float, stage, **kw) -> None:
     rec.reproducer = str(path)
     beside = {}  # a failed boundary beside another headline: its own reproducer
     for b, e in (rec.boundaries or {}).items():
-        if e["status"] == "bug" and b != rec.worst_schedule:
+        if e.status == "bug" and b != rec.worst_schedule:
             beside[b] = repro.write(rec, rec.built_from, Path(repro_dir) / f"{name}-{b}.py", schedule=b, **kw)
-            e["reproducer"], e["reproducer_status"] = str(beside[b]), None
+            e.reproducer, e.reproducer_status = str(beside[b]), None
     stage(rec)
     rec.reproducer_status, rec.reproducer_output = repro.run(path, timeout=limit)
     for b, p in beside.items():
-        rec.boundaries[b]["reproducer_status"], _ = repro.run(p, timeout=limit)
+        rec.boundaries[b].reproducer_status, _ = repro.run(p, timeout=limit)
     rec.report_draft = str(draft.write(rec, path.with_suffix(".md"), {
         "transformers": transformers.__version__, "torch": torch.__version__}))

@@ -33,7 +33,7 @@ import re
 from typing import Optional, Sequence
 
 from ..verdicts import BUG, UNCONFIRMED
-from .record import Record
+from .record import BoundaryResult, Record
 
 FINDINGS = (str(BUG), str(UNCONFIRMED))
 
@@ -245,15 +245,16 @@ def api_findings(records: Sequence[Record]) -> list[dict]:
     them is a bug of an architecture."""
     by: dict[str, dict] = {}
     for r in sorted(records, key=lambda r: r.model_type):
-        crop = (((r.boundaries or {}).get("rollback") or {}).get("their_crop")) or {}
-        found = crop.get("api_finding")
+        rollback = (r.boundaries or {}).get("rollback")
+        crop = rollback.their_crop if rollback else None
+        found = crop.api_finding if isinstance(crop, BoundaryResult) else None
         if not isinstance(found, dict):
             continue
         at = str(found.get("at") or "?")
-        g = by.setdefault(at, {"at": at, "what": found.get("what"), "declared": crop.get("declared"),
+        g = by.setdefault(at, {"at": at, "what": found.get("what"), "declared": crop.declared,
                                "architectures": [], "largest": None})
         g["architectures"].append(r.model_type)
-        m = crop.get("multiple")
+        m = crop.multiple
         if isinstance(m, (int, float)) and (g["largest"] is None or m > g["largest"]):
             g["largest"] = m
     return sorted(by.values(), key=lambda g: (-len(g["architectures"]), g["at"]))

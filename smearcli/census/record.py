@@ -32,6 +32,86 @@ STRING, NUMBER, INTEGER = ((str,), "a string"), ((int, float), "a number"), ((in
 LIST, OBJECT = ((list,), "a list"), ((dict,), "an object")
 
 
+ABSENT = object()  # a field of a boundary's result never given: left out of its JSON (`BoundaryResult`)
+
+
+@dataclass(eq=False)
+class BoundaryResult:
+    """One boundary's result in a record (`Record.boundaries[name]`: padded, rollback, ...), or one
+    way of taking rollback's drafts back (its `their_crop` and `copy`), as `census.boundary` makes it.
+
+    Each kind of result holds its own fields: every entry its status, numbers, shape, mode and why;
+    padded its pad id, positions and rows; rollback its confirmation, both ways and what `generate`
+    refuses; a failure beside the headline its reproducer; a way the library declares unsupported
+    `declared` and `api_finding`. So a field is in the JSON (`to_json`, in this order) once it has
+    been given a value, None included, at construction or later; one never given reads None and is
+    left out, as the census has always written its entries. `extra`: keys a file holds that no field
+    declares, kept as they were."""
+
+    status: Optional[str] = ABSENT  # passed / ok / bug / crashed / not run / ... (smearcli.verdicts)
+    max_abs: Optional[float] = ABSENT
+    multiple: Optional[float] = ABSENT
+    shape: Optional[str] = ABSENT  # a failure's shape: the boundary's own (`schedules.shape`)
+    mode: Optional[str] = ABSENT  # rollback: how the headline run took the drafts back (crop, copy)
+    why: Optional[str] = ABSENT
+    confirmation: Optional[dict] = ABSENT  # a failure rerun in float64 (evidence.Confirmation)
+    declared: Optional[str] = ABSENT  # their crop: what the library declares unsupported, quoted
+    api_finding: Optional[dict] = ABSENT  # their crop, declared unsupported, ran anyway and departed
+    pad_id: Optional[int] = ABSENT  # padded: the id padding holds
+    positions: Optional[bool] = ABSENT  # padded: whether explicit position_ids were passed
+    rows: Optional[dict] = ABSENT  # padded: max |dlogit| per row of the batch
+    their_crop: Optional["BoundaryResult"] = ABSENT  # rollback through their cache API
+    copy: Optional["BoundaryResult"] = ABSENT  # rollback through a copy taken before each draft
+    generate_refuses: Optional[str] = ABSENT  # rollback: why generate() refuses assisted decoding
+    reproducer: Optional[str] = ABSENT  # a failure beside another headline: its own reproducer
+    reproducer_status: Optional[int] = ABSENT
+    extra: dict = field(default_factory=dict)
+
+    def __setattr__(self, name: str, value) -> None:
+        if name in _RESULT_FIELDS:
+            given = self.__dict__.setdefault("_given", set())
+            if value is ABSENT:
+                value = None
+            else:
+                given.add(name)
+        object.__setattr__(self, name, value)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, BoundaryResult) and self.to_json() == other.to_json()
+
+    def given(self, name: str) -> bool:
+        """Whether `name` was given a value (and so is in the JSON)."""
+        return name in self.__dict__.get("_given", ())
+
+    def but(self, **fields) -> "BoundaryResult":
+        """A copy with `fields` given (the fields given here stay given there)."""
+        out = BoundaryResult(**{name: getattr(self, name) for name in _RESULT_FIELDS if self.given(name)},
+                             extra=dict(self.extra))
+        for name, value in fields.items():
+            setattr(out, name, value)
+        return out
+
+    def to_json(self) -> dict:
+        out = {}
+        for name in _RESULT_FIELDS:
+            if self.given(name):
+                value = getattr(self, name)
+                out[name] = value.to_json() if isinstance(value, BoundaryResult) else value
+        return {**out, **self.extra}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "BoundaryResult":
+        """The result a JSON object holds (`records.check_record` checked its types)."""
+        known = {k: v for k, v in d.items() if k in _RESULT_FIELDS}
+        for way in ("their_crop", "copy"):
+            if isinstance(known.get(way), dict):
+                known[way] = cls.from_json(known[way])
+        return cls(**known, extra={k: v for k, v in d.items() if k not in _RESULT_FIELDS})
+
+
+_RESULT_FIELDS = tuple(f.name for f in dataclasses.fields(BoundaryResult) if f.name != "extra")
+
+
 def _f(kind, default=None, factory=None):
     if factory is not None:
         return field(default_factory=factory, metadata={"json": kind})
@@ -66,7 +146,7 @@ class Record:
     reproducer_status: Optional[int] = _f(INTEGER)  # its exit status when run once
     reproducer_output: Optional[str] = _f(STRING)  # its last line when run once (the vLLM engine's)
     report_draft: Optional[str] = _f(STRING)  # the bug-report draft's path
-    boundaries: dict = _f(OBJECT, factory=dict)  # padded, rollback, ...: one entry each
+    boundaries: dict = _f(OBJECT, factory=dict)  # padded, rollback, ...: one `BoundaryResult` each
     order: Optional[list] = _f(LIST)  # the layer kinds, layer 0 first, of the order that heads the record
     variants: Optional[list] = _f(LIST)  # each layer order's verdict and numbers
     wall_s: Optional[float] = _f(NUMBER)  # seconds the architecture took (census.isolate)
@@ -80,14 +160,22 @@ class Record:
 
     def to_json(self) -> dict:
         """The record as JSON-ready dict: every field of `FIELDS`, in its order."""
-        return {name: getattr(self, name) for name in FIELDS}
+        out = {name: getattr(self, name) for name in FIELDS}
+        if isinstance(self.boundaries, dict):
+            out["boundaries"] = {k: e.to_json() if isinstance(e, BoundaryResult) else e
+                                 for k, e in self.boundaries.items()}
+        return out
 
     @classmethod
     def from_json(cls, d: dict) -> "Record":
         """The record a JSON object holds (checked by `records.check_record` first). A field the
         object lacks reads as null, as the JSON document has always shown it; a key no field
         declares is left out, as the document leaves it out."""
-        return cls(**{name: d.get(name) for name in FIELDS})
+        fields = {name: d.get(name) for name in FIELDS}
+        if isinstance(fields["boundaries"], dict):
+            fields["boundaries"] = {k: BoundaryResult.from_json(e) if isinstance(e, dict) else e
+                                    for k, e in fields["boundaries"].items()}
+        return cls(**fields)
 
 
 FIELDS = tuple(f.name for f in dataclasses.fields(Record) if "json" in f.metadata or f.name in ("model_type", "verdict"))

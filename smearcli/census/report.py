@@ -64,16 +64,16 @@ def boundary_cell(r: dict, name: str) -> str:
     e = (r.boundaries or {}).get(name)
     if not e:
         return "-"
-    st = e.get("status", "?")
+    st = e.status if e.given("status") else "?"
     if st == "bug":
-        text = f"bug {e.get('multiple') or 0:.2g}x"
+        text = f"bug {e.multiple or 0:.2g}x"
     elif st in (CRASHED, NOT_RUN):
-        text = f"{st}: {short_reason(e.get('why') or '') if st == CRASHED else e.get('why') or '?'}"
+        text = f"{st}: {short_reason(e.why or '') if st == CRASHED else e.why or '?'}"
     elif st == NOT_JUDGED:  # it agreed, but beside a failure no power check ran: no verdict of its own
-        text = f"{st}: {e.get('why') or NOT_JUDGED_WHY}"
+        text = f"{st}: {e.why or NOT_JUDGED_WHY}"
     else:
         text = st
-    return text + (f" ({e['mode']})" if e.get("mode") else "")
+    return text + (f" ({e.mode})" if e.mode else "")
 
 
 def boundary_counts(records: Sequence[Record], name: str) -> dict[str, int]:
@@ -82,7 +82,7 @@ def boundary_counts(records: Sequence[Record], name: str) -> dict[str, int]:
     for r in records:
         e = (r.boundaries or {}).get(name)
         if e:
-            key = e.get("status", "?") + (f" ({e['mode']})" if e.get("mode") else "")
+            key = (e.status if e.given("status") else "?") + (f" ({e.mode})" if e.mode else "")
             out[key] = out.get(key, 0) + 1
     return out
 
@@ -203,15 +203,15 @@ def boundaries_md(records: Sequence[Record]) -> list[str]:
     for name in census_schedules():
         b = boundary_counts(records, name)
         out.append(f"- {name}: " + (", ".join(f"{n} {k}" for k, n in sorted(b.items())) or "not run") + ".")
-    if any(e.get("status") == NOT_JUDGED for r in records for e in (r.boundaries or {}).values()):
+    if any(e and e.status == NOT_JUDGED for r in records for e in (r.boundaries or {}).values()):
         out.append(f"- {NOT_JUDGED}: the boundary agreed, but {NOT_JUDGED_WHY} (or beside it), so the power "
                    "check that an ok needs never ran.")
     rows = []
     for r in sorted(records, key=sort_key):
         for name in census_schedules():
-            e = (r.boundaries or {}).get(name) or {}
-            if e.get("status") in (BUG, UNCONFIRMED, CRASHED, NOT_RUN, LEFT_UNSUPPORTED):
-                why = (e.get("shape") or "") + ("; " if e.get("shape") and e.get("why") else "") + (e.get("why") or "")
+            e = (r.boundaries or {}).get(name)
+            if e and e.status in (BUG, UNCONFIRMED, CRASHED, NOT_RUN, LEFT_UNSUPPORTED):
+                why = (e.shape or "") + ("; " if e.shape and e.why else "") + (e.why or "")
                 rows.append(f"| {r.model_type} | {name} | {boundary_cell(r, name).split(':')[0]} | "
                             f"{why.replace('|', '/')[:160]} |")
     if rows:

@@ -28,7 +28,7 @@ from .shapes import LEAK
 from ..defaults import NOISE_MARGIN
 from ..schedules import SCHEDULES
 from ..formatters import fmt_steps
-from .record import Record
+from .record import BoundaryResult, Record
 
 # what every reproducer builds its model and feeds its cache with (a template fragment: braces
 # doubled); the cache API is detected by smearcli's own detector, embedded as source (`hf.api`)
@@ -296,14 +296,16 @@ def schedule(model, ids):
 ''' + MAIN.replace("{length}", "T").replace("{what}", "the row alone vs {{SCHEDULE}}")
 
 
-def boundary_source(schedule: str, entry: dict, total: int) -> Optional[str]:
+def boundary_source(schedule: str, entry: Optional[BoundaryResult], total: int) -> Optional[str]:
     """The reproducer fragment of a registered boundary (`steps.Repro`), its fields filled from the
-    boundary's census `entry`, as a template fragment again (braces doubled); None when `schedule`
-    has none."""
+    boundary's census `entry` (None: it has none), as a template fragment again (braces doubled);
+    None when `schedule` has none. A boundary registers its fragment's values in the core, which
+    knows nothing of the census's types: it reads the entry's JSON form."""
     s = SCHEDULES.get(schedule)
     if s is None or s.repro is None:
         return None
-    return s.repro.source.format(**s.repro.values(entry, total)).replace("{", "{{").replace("}", "}}")
+    given = entry.to_json() if entry is not None else {}
+    return s.repro.source.format(**s.repro.values(given, total)).replace("{", "{{").replace("}", "}}")
 
 
 def write(record: Record, config, path: Path, seed: int = 0, vocab: int = 256,
@@ -320,13 +322,13 @@ def write(record: Record, config, path: Path, seed: int = 0, vocab: int = 256,
     schedule = schedule or record.worst_schedule
     if record.shape == LEAK:
         return write_leak(record, d, path, seed, vocab, margin)
-    e = (record.boundaries or {}).get(schedule) or {}
+    e = (record.boundaries or {}).get(schedule) or BoundaryResult()
     fragment = boundary_source(schedule, e, total)
     if fragment is not None:
         path.write_text(BOUNDARY.replace("{fragment}", fragment).format(
             model_type=record.model_type, model_class=record.model_class or "?",
             version=transformers.__version__, what=SCHEDULES[schedule].repro.what,
-            max_abs=e.get("max_abs") or record.max_abs or 0.0, shape=e.get("shape") or record.shape,
+            max_abs=e.max_abs or record.max_abs or 0.0, shape=e.shape or record.shape,
             config_json=json.dumps(d, default=str), schedule=schedule, total=total, seed=seed, margin=margin,
             vocab=vocab))
         return path

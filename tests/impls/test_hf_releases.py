@@ -386,11 +386,11 @@ def test_a_census_run_says_the_fallbacks_once_and_records_its_release(tmp_path, 
 def test_a_boundary_that_agreed_beside_a_failure_is_not_judged():
     entries = {"padded": boundary.entry(boundary.PASSED), "rollback": boundary.entry("bug")}
     boundary.beside(entries, "chunks of 16")
-    assert entries["padded"]["status"] == NOT_JUDGED
-    assert entries["padded"]["why"] == f"{NOT_JUDGED_WHY} (chunks of 16)"
-    assert "'chunks of 16' fails too" in entries["rollback"]["why"]
+    assert entries["padded"].status == NOT_JUDGED
+    assert entries["padded"].why == f"{NOT_JUDGED_WHY} (chunks of 16)"
+    assert "'chunks of 16' fails too" in entries["rollback"].why
     settled = boundary.settle({"padded": boundary.entry(boundary.PASSED)}, OK)
-    assert settled["padded"]["status"] == OK  # with every schedule agreeing, the verdict is its own
+    assert settled["padded"].status == OK  # with every schedule agreeing, the verdict is its own
 
 
 def test_the_census_report_names_not_judged():
