@@ -178,7 +178,9 @@ class Record:
         return cls(**fields)
 
 
-FIELDS = tuple(f.name for f in dataclasses.fields(Record) if "json" in f.metadata or f.name in ("model_type", "verdict"))
+# the fields a record's JSON holds, in order: all but `built_from`, which never leaves the process
+FIELDS = tuple(f.name for f in dataclasses.fields(Record)
+               if "json" in f.metadata or f.name in ("model_type", "verdict"))
 JSON_TYPES = {f.name: f.metadata["json"] for f in dataclasses.fields(Record) if "json" in f.metadata}
 
 
