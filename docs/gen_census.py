@@ -77,10 +77,10 @@ def changes(against: Path, source, shards=None, common: bool = False) -> None:
     previous, current = records.merge([against]), records.merge(shards or [OUT / "census.jsonl"])
     said = ""
     if common:
-        held = {r["model_type"] for r in previous}
+        held = {r.model_type for r in previous}
         said = (f"The previous release's census here covers {len(held)} of the {len(current)} architectures; "
                 "the diff compares those alone.\n\n")
-        current = [r for r in current if r["model_type"] in held]
+        current = [r for r in current if r.model_type in held]
     sources = None
     if source is not None:
         import transformers

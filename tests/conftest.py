@@ -91,7 +91,7 @@ def json_matches_its_schema(monkeypatch):
 
     def checked_write(sink, rec):
         write(sink, rec)
-        found.extend(schema_check.record_problems(json.loads(dumps(rec, default=str))))
+        found.extend(schema_check.record_problems(json.loads(dumps(rec.to_json(), default=str))))
 
     monkeypatch.setattr(jsonsafe, "dumps", checked_dumps)
     monkeypatch.setattr(records.Sink, "write", checked_write)
@@ -111,7 +111,7 @@ def census_record():
 
     made: dict = {}
 
-    def get(name: str, order=None) -> dict:
+    def get(name: str, order=None):
         if (name, order) not in made:
             pytest.importorskip("transformers")
             from smearcli.census import check, derive

@@ -18,14 +18,16 @@ ROOT = Path(__file__).resolve().parents[1]
 ARCHS = [f"arch{i}" for i in range(6)]
 
 
-def check(name: str, repro_dir=None) -> dict:
+def check(name: str, repro_dir=None):
     marks = Path(os.environ["STANDIN_MARKS"])
     (marks / f"started-{name}-{os.getpid()}").touch()
     time.sleep(float(os.environ.get("STANDIN_SLEEP", "0")))
     (marks / f"finished-{name}").touch()
     bug = name.endswith("3")
-    return {"model_type": name, "verdict": "bug" if bug else "ok", "max_abs": 0.5 if bug else None,
-            "worst_schedule": "chunks of 16" if bug else None, "notes": [f"stand-in for {name}"]}
+    from smearcli.census import record
+
+    return record.new(name, "bug" if bug else "ok", max_abs=0.5 if bug else None,
+                      worst_schedule="chunks of 16" if bug else None, notes=[f"stand-in for {name}"])
 
 
 def install() -> None:

@@ -64,7 +64,7 @@ class Toy:
     def model_types(self) -> list[str]:
         return list(TYPES)
 
-    def check(self, model_type: str, repro_dir: Path, timeout: float, memory) -> dict:
+    def check(self, model_type: str, repro_dir: Path, timeout: float, memory) -> record.Record:
         full = outputs("toy_ok", len(TOKENS))
         schedules, worst = {}, None
         for name, chunk in PLANS.items():
@@ -85,16 +85,16 @@ class Toy:
                           max_abs=schedules[worst]["max_abs"], multiple=schedules[worst]["multiple"],
                           reproducer=str(path), reproducer_status=status)
 
-    def checked(self, rec: dict, more: bool) -> bool:
+    def checked(self, rec: record.Record, more: bool) -> bool:
         return False
 
     def close(self) -> None:
         pass
 
 
-def sections(records, meta) -> list[str]:
+def sections(records: list[record.Record], meta: dict) -> list[str]:
     """The toy's page: one line per architecture."""
-    return ["## Toy architectures", ""] + [f"- {r['model_type']}: {r['verdict']}" for r in records] + [""]
+    return ["## Toy architectures", ""] + [f"- {r.model_type}: {r.verdict}" for r in records] + [""]
 
 
 ENGINE = engines.Engine("toy", "a running sum with a carried cache (a test's engine)", open=Toy,

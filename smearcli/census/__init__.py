@@ -8,7 +8,9 @@ and of every one the installed vLLM runs (`--engine vllm`) or llama.cpp's conver
   departure confirmed in float64, the error's shape), `boundary` its padded and rollback runs
   (rollback through transformers' own cache API beside a copy), `born` the module an error is
   born in, `shapes` names the failure;
-- `record` declares a record's fields once; `records` reads and writes the record files,
+- `record` declares a record's fields once (`Record`, and `BoundaryResult` for each boundary's
+  entry): the object every engine's check returns and every reader takes; `records` reads and
+  writes the record files (JSON only there and on a worker's pipe),
   `isolate` runs each architecture in its own process with limits and streams JSON Lines, `budget`
   says what happens when time runs out (a retry, then `timed out`; a verdict already made kept);
 - `report` draws the table, the JSON document and the Markdown census, `groups` puts findings

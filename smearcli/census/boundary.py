@@ -49,6 +49,7 @@ from ..steps import ScheduleOptions
 from ..verdicts import (BUG, CRASHED, INCONCLUSIVE, NOT_JUDGED, NOT_JUDGED_WHY, NOT_RUN, OK, ROUNDING, UNCONFIRMED,
                         UNSUPPORTED)
 from ..impls.hf import cache_runner as hf_runner
+from .record import BoundaryResult
 from .shapes import LEFT_UNSUPPORTED
 
 PADDED_ROWS = ("the row", "right-padded", "left-padded")  # the padded batch's rows (one input row)
@@ -89,11 +90,11 @@ def measured(ref, run, noise, tolerance: float = NOISE_MARGIN) -> RunMetrics:
     return measure(logits_only(ref), dataclasses.replace(run, hiddens=None), logits_noise(noise), tolerance)
 
 
-def entry(status: str, **kw) -> dict:
-    out = {"status": status, "max_abs": None, "multiple": None, "shape": None, "mode": None, "why": None}
-    # padded adds pad_id, positions (explicit position_ids or not) and rows (max |dlogit| per row)
-    out.update(kw)
-    return out
+def entry(status: str, **kw) -> BoundaryResult:
+    """A boundary's entry in the record: its status, numbers, shape, mode and why (None until
+    known), and what `kw` adds; padded adds pad_id, positions (explicit position_ids or not) and
+    rows (max |dlogit| per row)."""
+    return BoundaryResult(status, **{"max_abs": None, "multiple": None, "shape": None, "mode": None, "why": None, **kw})
 
 
 def run_one(runner, tokens, name: str, ref, noise, tolerance, opts=ScheduleOptions()):
@@ -125,24 +126,24 @@ def run_boundaries(model, make, layers, tokens, ref, noise, tolerance: float = N
         said = prepare_padded(runner, tokens, tolerance * noise.per_layer[-1])
         m, run, entries["padded"] = run_one(runner, tokens, "padded", ref, noise, tolerance)
         e = entries["padded"]
-        e.update(pad_id=getattr(runner, "pad_id", None), positions=getattr(runner, "pad_positions", None)
-                 and getattr(runner, "takes_positions", False))
+        e.pad_id = getattr(runner, "pad_id", None)
+        e.positions = getattr(runner, "pad_positions", None) and getattr(runner, "takes_positions", False)
         if m is not None:
             ms["padded"], steps["padded"], used["padded"] = m, run.steps, runner
-            e["rows"] = dict(zip(PADDED_ROWS, (float(x) for x in (run.logits - ref.logits).abs().amax(dim=(1, 2)))))
-            if e["status"] == BUG:
+            e.rows = dict(zip(PADDED_ROWS, (float(x) for x in (run.logits - ref.logits).abs().amax(dim=(1, 2)))))
+            if e.status == BUG:
                 thr = tolerance * noise.per_layer[-1]
-                said = said + why_padded(e["rows"], thr, e["positions"])
-                if left_only(e["rows"], thr) and not getattr(runner, "takes_positions", False):
-                    e.update(status=LEFT_UNSUPPORTED, shape=None)
+                said = said + why_padded(e.rows, thr, e.positions)
+                if left_only(e.rows, thr) and not getattr(runner, "takes_positions", False):
+                    e.status, e.shape = LEFT_UNSUPPORTED, None
                     del ms["padded"]  # not a finding: the verdict does not read it
-        e["why"] = "; ".join(filter(None, [e["why"], *said])) or None
+        e.why = "; ".join(filter(None, [e.why, *said])) or None
     m, run, entries["rollback"], rb, said = run_rollback(model, make, layers, tokens, ref, noise, tolerance, runner)
     notes += said
     if m is not None:
         ms["rollback"], steps["rollback"], used["rollback"] = m, run.steps, rb
-    if entries["padded"]["status"] in (NOT_RUN, CRASHED):
-        notes.append(f"padded {entries['padded']['status']}: {entries['padded']['why']}")
+    if entries["padded"].status in (NOT_RUN, CRASHED):
+        notes.append(f"padded {entries['padded'].status}: {entries['padded'].why}")
     run_others(runner, tokens, ref, noise, tolerance, (ms, entries, steps, notes, used))
     return ms, entries, steps, notes, used
 
@@ -156,8 +157,8 @@ def run_others(runner, tokens, ref, noise, tolerance, out) -> None:
         m, run, entries[name] = run_one(runner, tokens, name, ref, noise, tolerance)
         if m is not None:
             ms[name], steps[name], used[name] = m, run.steps, runner
-        elif entries[name]["status"] in (NOT_RUN, CRASHED):
-            notes.append(f"{name} {entries[name]['status']}: {entries[name]['why']}")
+        elif entries[name].status in (NOT_RUN, CRASHED):
+            notes.append(f"{name} {entries[name].status}: {entries[name].why}")
 
 
 @dataclasses.dataclass
@@ -166,7 +167,7 @@ class Rolled:
 
     m: Optional[RunMetrics]
     run: object
-    entry: dict
+    entry: BoundaryResult
     runner: object
 
 
@@ -183,13 +184,13 @@ def run_rollback(model, make, layers, tokens, ref, noise, tolerance, runner):
     refuses = generate_refuses(runner, tokens)
     declared(ways["crop"], refuses, runner, tokens)
     head = headline(ways)
-    e = dict(head.entry, mode=rollback_mode(head.runner) if head.runner is not None else None,
-             their_crop=result(ways["crop"]), copy=result(ways["copy"]), generate_refuses=refuses)
-    said = summary(ways, e["generate_refuses"])
-    e["why"] = said or head.entry["why"]
+    e = head.entry.but(mode=rollback_mode(head.runner) if head.runner is not None else None,
+                       their_crop=result(ways["crop"]), copy=result(ways["copy"]), generate_refuses=refuses)
+    said = summary(ways, e.generate_refuses)
+    e.why = said or head.entry.why
     notes = [n for n in (head.run.notes if head.run is not None else ()) if n.startswith("rollback")]
-    if e["status"] == NOT_RUN:
-        notes.append(f"rollback not run: {e['why']}")
+    if e.status == NOT_RUN:
+        notes.append(f"rollback not run: {e.why}")
     elif said:
         notes.append(f"rollback: {said}")
     return head.m, head.run, e, head.runner, notes
@@ -216,13 +217,12 @@ def declared(way: Rolled, refuses: Optional[str], runner, tokens) -> None:
     (`hf_runner.crop_site`): one finding about their API, which the census groups by that code
     across architectures (`groups.api_findings`), never one bug per architecture. A refusal of
     their API (`refused`) or a crop that did not run stays as it is."""
-    st = way.entry["status"]
+    st = way.entry.status
     if not refuses or st in (REFUSED, NOT_RUN):
         return
     if st in (BUG, UNCONFIRMED):
-        way.entry["api_finding"] = {"at": hf_runner.crop_site(runner, tokens), "what": API_FINDING,
-                                    "status": str(st)}
-    way.entry.update(status=str(UNSUPPORTED), declared=refuses, shape=None)
+        way.entry.api_finding = {"at": hf_runner.crop_site(runner, tokens), "what": API_FINDING, "status": str(st)}
+    way.entry.status, way.entry.declared, way.entry.shape = str(UNSUPPORTED), refuses, None
 
 
 def confirm(way: Rolled, tokens, f64=None):
@@ -232,11 +232,11 @@ def confirm(way: Rolled, tokens, f64=None):
     f64 = evidence.Float64(way.runner, tokens, capture=False) if f64 is None else f64.sibling(way.runner)
     rerun = lambda t: run_schedule(t, tokens, "rollback", capture=False)  # noqa: E731
     c = evidence.Confirmer(way.runner, tokens, f64)(rerun, way.m.max_abs_logits)
-    way.entry["confirmation"] = c.to_json()
+    way.entry.confirmation = c.to_json()
     if c.status == ROUNDING:
-        way.entry.update(status=PASSED, shape=None, why=c.why)
+        way.entry.status, way.entry.shape, way.entry.why = PASSED, None, c.why
     elif c.status == UNCONFIRMED:
-        way.entry["status"] = str(UNCONFIRMED)
+        way.entry.status = str(UNCONFIRMED)
     return f64
 
 
@@ -246,51 +246,54 @@ def headline(ways: dict) -> Rolled:
     passed over for the copy), else their crop where it ran, else the copy; a way the library
     declares unsupported (`declared`) is never the headline: it is reported beside it."""
     for status in (BUG, UNCONFIRMED):
-        failed = [w for w in ways.values() if w.entry["status"] == status]
+        failed = [w for w in ways.values() if w.entry.status == status]
         if failed:
             return max(failed, key=lambda w: w.m.max_abs_logits)
-    crashed = [w for w in ways.values() if w.entry["status"] == CRASHED]
+    crashed = [w for w in ways.values() if w.entry.status == CRASHED]
     if crashed:
         return crashed[0]
-    judged = [w for w in ways.values() if w.m is not None and w.entry["status"] != UNSUPPORTED]
+    judged = [w for w in ways.values() if w.m is not None and w.entry.status != UNSUPPORTED]
     return judged[0] if judged else ways["copy"]  # a path declared unsupported never heads
 
 
 def crash(entries: dict) -> Optional[tuple[str, str]]:
     """(boundary, frame) of the first boundary whose cached run raised in their code (`crashed`),
     or None: a raise on a cached path is the architecture's result like a step plan's."""
-    return next(((name, e.get("why") or "") for name, e in entries.items() if e.get("status") == CRASHED), None)
+    return next(((name, e.why or "") for name, e in entries.items() if e.status == CRASHED), None)
 
 
-def result(way: Rolled) -> dict:
+def result(way: Rolled) -> BoundaryResult:
     """One way's own result for the record: status (`passed` until the verdict settles it, `bug`,
     `unconfirmed`, `crashed`, `not run`, `refused`), its numbers, why, and its confirmation."""
-    out = {k: way.entry.get(k) for k in ("status", "max_abs", "multiple", "why", "confirmation")}
-    out.update({k: way.entry[k] for k in ("declared", "api_finding") if k in way.entry})  # unsupported
+    e = way.entry
+    out = BoundaryResult(e.status, max_abs=e.max_abs, multiple=e.multiple, why=e.why, confirmation=e.confirmation)
+    for name in ("declared", "api_finding"):  # unsupported
+        if e.given(name):
+            setattr(out, name, getattr(e, name))
     return out
 
 
-def in_words(e: dict) -> str:
+def in_words(e: BoundaryResult) -> str:
     """One way's result in a few words: "bug 2.1e+04x", "within the floor", "refused (why)"."""
-    st = e["status"]
+    st = e.status
     if st in (BUG, UNCONFIRMED):
-        return f"{st} {e['multiple'] or 0:.2g}x"
+        return f"{st} {e.multiple or 0:.2g}x"
     if st == UNSUPPORTED:  # the declaration follows in the summary ("generate() refuses ...")
-        found = e.get("api_finding")
-        return f"{st}, yet it ran: {found['status']} {e['multiple'] or 0:.2g}x" if found else f"{st}"
-    return "within the floor" if st == PASSED and not e["why"] else f"{st} ({e['why']})"
+        found = e.api_finding
+        return f"{st}, yet it ran: {found['status']} {e.multiple or 0:.2g}x" if found else f"{st}"
+    return "within the floor" if st == PASSED and not e.why else f"{st} ({e.why})"
 
 
 def summary(ways: dict, refuses: Optional[str]) -> Optional[str]:
     """"their crop: bug 2.1e+04x, copy: within the floor; generate() refuses assisted decoding: ..."
     where the two ways differ or fail; None when both stay within the floor."""
     crop, copy = ways["crop"].entry, ways["copy"].entry
-    if crop["status"] == copy["status"] == PASSED and not (crop["why"] or copy["why"]):
+    if crop.status == copy.status == PASSED and not (crop.why or copy.why):
         return None
-    if crop["status"] == copy["status"] == NOT_RUN and crop["why"] == copy["why"]:
+    if crop.status == copy.status == NOT_RUN and crop.why == copy.why:
         return None  # the runner can take nothing back: the entry's own why says it
     out = f"their crop: {in_words(crop)}, copy: {in_words(copy)}"
-    if refuses and crop["status"] != PASSED:
+    if refuses and crop.status != PASSED:
         out += f"; generate() refuses assisted decoding: {refuses}"
     return out
 
@@ -352,9 +355,9 @@ def settle(entries: dict, verdict: str) -> dict:
     """Entries that passed take the architecture's verdict when it is ok or inconclusive (a pass
     on state never shown to matter is no ok); beside another schedule's failure see `beside`."""
     for e in entries.values():
-        for part in (e, e.get("their_crop"), e.get("copy")):  # rollback: each run's own result too
-            if part and part["status"] == PASSED and verdict in (OK, INCONCLUSIVE):
-                part["status"] = str(verdict)
+        for part in (e, e.their_crop, e.copy):  # rollback: each run's own result too
+            if part and part.status == PASSED and verdict in (OK, INCONCLUSIVE):
+                part.status = str(verdict)
     return entries
 
 
@@ -366,8 +369,8 @@ def beside(entries: dict, worst: str) -> dict:
     plan = worst not in census_schedules()
     why = f"{NOT_JUDGED_WHY} ({worst})" if plan else f"{worst} failed beside it"
     for e in entries.values():
-        if e["status"] == PASSED:
-            e.update(status=NOT_JUDGED, why="; ".join(filter(None, [why, e["why"]])))
-        if e["status"] == BUG and plan:
-            e["why"] = "; ".join(filter(None, [e["why"], f"{worst!r} fails too, without this boundary"]))
+        if e.status == PASSED:
+            e.status, e.why = NOT_JUDGED, "; ".join(filter(None, [why, e.why]))
+        if e.status == BUG and plan:
+            e.why = "; ".join(filter(None, [e.why, f"{worst!r} fails too, without this boundary"]))
     return entries

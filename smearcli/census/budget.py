@@ -12,6 +12,7 @@ when one runs out (`census.isolate` runs the workers).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from typing import Optional
@@ -20,6 +21,7 @@ from .. import jsonsafe
 from ..errors import UserError
 from ..verdicts import TIMED_OUT
 from . import records
+from .record import Record, bare
 
 RETRY_FACTOR = 2.5  # an architecture out of time is tried once more with this many times the time
 STAGE = "stage"  # a worker's line with the record so far (`stage`), before its final record
@@ -34,13 +36,13 @@ def send_stages_to(fd: int) -> None:
     _stage_fd = fd
 
 
-def stage(rec: dict) -> None:
+def stage(rec: Record) -> None:
     """In a census worker, send the record so far to the parent (kept if a later step runs out of
     time; after the first, the architecture's own limit no longer applies: `later_limit`); a no-op
-    anywhere else. The record must be JSON-ready (no private fields)."""
+    anywhere else."""
     if _stage_fd is None:
         return
-    write_all(_stage_fd, (jsonsafe.dumps({STAGE: rec}, default=str) + "\n").encode())
+    write_all(_stage_fd, (jsonsafe.dumps({STAGE: rec.to_json()}, default=str) + "\n").encode())
 
 
 # the least a worker gets after its verdict: each reproducer is a fresh Python importing torch and
@@ -68,31 +70,27 @@ def load_words() -> str:
     return f"load {load:.1f} on {os.cpu_count()} cores"
 
 
-def timed_out(name: str, first: float, second: float, wall: float) -> dict:
+def timed_out(name: str, first: float, second: float, wall: float) -> Record:
     """The record of an architecture out of time twice: `timed out`, never a crash (nothing of
     their code was seen to fail), with both limits and the load."""
-    return {"model_type": name, "verdict": str(TIMED_OUT),
-            "reason": f"timed out: no verdict within {first:g} s, nor within {second:g} s on a retry ({load_words()})",
-            "wall_s": round(wall, 2)}
+    return bare(name, TIMED_OUT, wall_s=round(wall, 2),
+                reason=f"timed out: no verdict within {first:g} s, nor within {second:g} s on a retry ({load_words()})")
 
 
-def kept(name: str, buf: bytearray, wall: float, limit: float) -> dict:
+def kept(name: str, buf: bytearray, wall: float, limit: float) -> Record:
     """The last record a worker sent (`stage`) when what came after its verdict ran out of its
     own limit: kept, with what did not finish in its notes."""
     rec = staged(name, bytes(buf))
     if rec is None:  # cannot happen once a verdict was staged; said as what it is all the same
-        return {"model_type": name, "verdict": str(TIMED_OUT), "wall_s": round(wall, 2),
-                "reason": f"timed out after its verdict: nothing readable was kept ({load_words()})"}
-    rec = dict(rec, notes=list(rec.get("notes") or []))
-    left = "its reproducer did not finish" if rec.get("reproducer") else "writing its reproducer did not finish"
-    rec["notes"].append(f"{left} within {limit:g} s (the time after a verdict, scaled to the check's pace; "
-                        f"{load_words()}): the verdict stands")
-    if rec.get("wall_s") is None:
-        rec["wall_s"] = round(wall, 2)
-    return rec
+        return bare(name, TIMED_OUT, wall_s=round(wall, 2),
+                    reason=f"timed out after its verdict: nothing readable was kept ({load_words()})")
+    left = "its reproducer did not finish" if rec.reproducer else "writing its reproducer did not finish"
+    return dataclasses.replace(rec, notes=[*(rec.notes or []), (
+        f"{left} within {limit:g} s (the time after a verdict, scaled to the check's pace; "
+        f"{load_words()}): the verdict stands")], wall_s=round(wall, 2) if rec.wall_s is None else rec.wall_s)
 
 
-def staged(name: str, buf: bytes) -> Optional[dict]:
+def staged(name: str, buf: bytes) -> Optional[Record]:
     """The last record so far in a worker's lines (`stage`), checked; None when there is none."""
     last = None
     for line in buf.split(b"\n"):
@@ -108,4 +106,4 @@ def staged(name: str, buf: bytes) -> Optional[dict]:
         rec = records.check_record(name, last)
     except (ValueError, UserError):
         return None
-    return rec if rec.get("model_type") == name else None
+    return rec if rec.model_type == name else None

@@ -34,7 +34,7 @@ An exception inside the model on a cached path, where the full pass runs, is the
 result (`crashed`, with the frame that raised; the notes name the schedule); a config or a model
 that cannot be built, or a full pass (no cache) that fails on the tiny config and the scan's
 tokens, is `not built` with the reason: our inputs do not run, which says nothing of their cache.
-The record is a plain dict (JSON-ready), see `record`.
+The result is a `census.record.Record`: it stays one through `isolate`, the record file and the report.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ from ..verdicts import BUG, CRASHED, INCONCLUSIVE, NOT_BUILT, ROUNDING, UNCONFIR
 from ..impls.hf import hidden_names
 from ..impls.hf.cache_runner import CacheRunner, full_run
 from . import born, boundary, causal, diagnose, shapes, ties, variants
-from .record import new as new_record
+from .record import Record, new as record
 from .boundary import measured, transformers_frame
 from .derive import default_counts, derive
 
@@ -164,15 +164,8 @@ def run_all(runner, tokens, plans: dict, ref, noise, tolerance, refused: dict) -
     return out
 
 
-def record(model_type: str, verdict: str, **kw) -> dict:
-    """One architecture's record (`census.record.Record`: every field declared there, so one not
-    declared is an error here, never dropped later); `_config` rides along for the reproducer."""
-    private = {k: kw.pop(k) for k in [k for k in kw if k.startswith("_")]}
-    return {**new_record(model_type, verdict, **kw), **private}
-
-
 def check(model_type: str, seed: int = 0, tolerance: float = NOISE_MARGIN, total: int = T,
-          config=None, repro_dir=None) -> dict:
+          config=None, repro_dir=None) -> Record:
     """The record of one architecture (see the module docstring); `config` replaces the derived
     one. With `repro_dir`, a finding gets a standalone reproducer there, run once: its path and
     exit status are in the record (`reproducer`, `reproducer_status`)."""
@@ -183,21 +176,19 @@ def check(model_type: str, seed: int = 0, tolerance: float = NOISE_MARGIN, total
     t0 = time.monotonic()
     rec = _check_orders(model_type, seed, tolerance, total, config)
     declare_copies(rec)
-    budget.stage(public(rec))  # the verdict is in: kept even if a reproducer runs out of time
-    if rec["verdict"] in (BUG, UNCONFIRMED) and rec.get("_config") is not None:  # every finding
+    budget.stage(rec)  # the verdict is in: kept even if a reproducer runs out of time
+    if rec.verdict in (BUG, UNCONFIRMED) and rec.built_from is not None:  # every finding
         reachability(rec, seed, tolerance, total)
-        budget.stage(public(rec))
-    if rec["verdict"] == BUG and repro_dir is not None and rec.get("_config") is not None:
+        budget.stage(rec)
+    if rec.verdict == BUG and repro_dir is not None and rec.built_from is not None:
         from . import findings_files
 
-        findings_files.attach(rec, repro_dir, budget.later_limit(time.monotonic() - t0),
-                              lambda r: budget.stage(public(r)), seed=seed, vocab=rec["vocab"], margin=tolerance,
-                              total=total)
-    rec.pop("_config", None)
+        findings_files.attach(rec, repro_dir, budget.later_limit(time.monotonic() - t0), budget.stage,
+                              seed=seed, vocab=rec.vocab, margin=tolerance, total=total)
     return rec
 
 
-def declare_copies(rec: dict) -> None:
+def declare_copies(rec: Record) -> None:
     """A finding's born-in class: the classes it declares it copies in transformers' source
     (`groups.copies`), into `born_in["copies"]`, so the records alone group it (`groups`)."""
     import os
@@ -206,33 +197,27 @@ def declare_copies(rec: dict) -> None:
 
     from . import groups
 
-    b = rec.get("born_in")
-    if rec.get("verdict") in groups.FINDINGS and isinstance(b, dict) and b.get("file") and b.get("class"):
+    b = rec.born_in
+    if rec.verdict in groups.FINDINGS and isinstance(b, dict) and b.get("file") and b.get("class"):
         b["copies"] = groups.copies(b["file"], b["class"], os.path.dirname(transformers.__file__))
 
 
-def public(rec: dict) -> dict:
-    """The record without the fields that only ride along in this process (`_config`)."""
-    return {k: v for k, v in rec.items() if not k.startswith("_")}
-
-
-def reachability(rec: dict, seed: int, tolerance: float, total: int) -> None:
+def reachability(rec: Record, seed: int, tolerance: float, total: int) -> None:
     """The finding run through transformers' public API (`reach.paths`: generate, chunked prefill, a
     left-padded batch, an assistant model of other weights; for a full pass that leaks,
     `reach.leak_paths`: who runs that full pass), into the record's `reach`."""
     from . import reach
 
-    tokens = torch.randint(0, rec["vocab"], (1, total), generator=torch.Generator().manual_seed(seed))
-    threshold = tolerance * (rec.get("floor") or 0.0)
-    if rec.get("shape") == shapes.LEAK:  # no cached path to blame: who runs the full pass that leaks
-        rec["reach"] = reach.leak_paths(build(rec["_config"], rec.get("init"), seed), tokens, threshold,
-                                        rec["model_type"])
+    tokens = torch.randint(0, rec.vocab, (1, total), generator=torch.Generator().manual_seed(seed))
+    threshold = tolerance * (rec.floor or 0.0)
+    if rec.shape == shapes.LEAK:  # no cached path to blame: who runs the full pass that leaks
+        rec.reach = reach.leak_paths(build(rec.built_from, rec.init, seed), tokens, threshold, rec.model_type)
         return
-    model, assistant = build(rec["_config"], rec.get("init"), seed), build(rec["_config"], rec.get("init"), seed + 1)
-    rec["reach"] = reach.paths(model, tokens, threshold, assistant)
+    model, assistant = build(rec.built_from, rec.init, seed), build(rec.built_from, rec.init, seed + 1)
+    rec.reach = reach.paths(model, tokens, threshold, assistant)
 
 
-def _check_orders(model_type, seed, tolerance, total, config) -> dict:
+def _check_orders(model_type, seed, tolerance, total, config) -> Record:
     """Every layer order of the derived config checked, one record (`variants.combine`: the worst
     heads it); a caller's `config` is checked as it is, in its own order."""
     if config is not None:
@@ -245,7 +230,7 @@ def _check_orders(model_type, seed, tolerance, total, config) -> dict:
     return variants.combine(recs, [v.order for v in d.variants])
 
 
-def _check(model_type, seed, tolerance, total, config, summary: Optional[dict], changed: Optional[dict]) -> dict:
+def _check(model_type, seed, tolerance, total, config, summary: Optional[dict], changed: Optional[dict]) -> Record:
     """One config's record; `changed`: its derivation (key -> (default, tiny)), None for a config
     given as it is (no default counts to restore)."""
     vocab = vocab_of(config)
@@ -275,7 +260,7 @@ def _check(model_type, seed, tolerance, total, config, summary: Optional[dict], 
         if res["verdict"] != INCONCLUSIVE:
             if init is not None:
                 res["notes"].append(init_note(init))
-            return record(model_type, **res, _config=config)
+            return record(model_type, **res, built_from=config)
         last = res
     last["notes"].append(NO_POWER_NOTE)
     return record(model_type, **last)
@@ -432,8 +417,8 @@ def confirmed(main, used: dict, tokens, plans: dict, bad: dict, out: dict) -> tu
             out["notes"].append(f"{name}: {c.phrase()}")
             if name in out["boundaries"]:
                 e = out["boundaries"][name]
-                e.update(status=boundary.PASSED, shape=None, why=c.why)
+                e.status, e.shape, e.why = boundary.PASSED, None, c.why
         elif name in out["boundaries"] and status == UNCONFIRMED:
-            out["boundaries"][name]["status"] = UNCONFIRMED
+            out["boundaries"][name].status = UNCONFIRMED
     return confs, reruns
 

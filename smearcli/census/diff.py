@@ -30,6 +30,7 @@ from typing import Optional, Sequence
 
 from ..errors import UserError
 from ..verdicts import BUG, CRASHED, INCONCLUSIVE, LATENT, OK, TIE_ARTIFACT, TIMED_OUT, UNCONFIRMED, UNSUPPORTED
+from .record import BoundaryResult, Record
 
 FIXED, REGRESSED, NEW, GONE = "fixed", "regressed", "new", "gone"
 DIAGNOSIS, VERDICT = "diagnosis changed", "verdict changed"
@@ -83,35 +84,37 @@ class Change:
                 "path": self.path, "cause": self.cause, "lines": self.lines}
 
 
-def numbers(rec: dict) -> dict:
+def numbers(rec: Record) -> dict:
     """What a change shows of one side: verdict, schedule, error, multiple, shape, where born, why."""
-    born = rec.get("born_in") if isinstance(rec.get("born_in"), dict) else {}
-    return {"verdict": rec.get("verdict"), "worst_schedule": rec.get("worst_schedule"), "max_abs": rec.get("max_abs"),
-            "multiple": rec.get("multiple"), "shape": rec.get("shape"), "born_in": born.get("class"),
-            "reason": rec.get("reason"), "release": rec.get("vllm_version") or rec.get("transformers_version")}
+    born = rec.born_in if isinstance(rec.born_in, dict) else {}
+    return {"verdict": rec.verdict, "worst_schedule": rec.worst_schedule, "max_abs": rec.max_abs,
+            "multiple": rec.multiple, "shape": rec.shape, "born_in": born.get("class"),
+            "reason": rec.reason, "release": rec.vllm_version or rec.transformers_version}
 
 
-def engine(records: Sequence[dict]) -> str:
+def engine(records: Sequence[Record]) -> str:
     """The engine a census ran on ("transformers" or "vllm"); a UserError for a mixed one."""
-    kinds = {r.get("engine") or "transformers" for r in records}
+    kinds = {r.engine or "transformers" for r in records}
     if len(kinds) > 1:
         raise UserError(f"the records mix engines ({', '.join(sorted(kinds))}): a census is of one engine")
     return kinds.pop() if kinds else "transformers"
 
 
-def release(records: Sequence[dict]) -> str:
+def release(records: Sequence[Record]) -> str:
     """"transformers 5.24.0", "vLLM 0.32.0" (releases joined by "/" where the records differ)."""
     on_vllm = engine(records) == "vllm"
-    found = sorted({str(r.get("vllm_version" if on_vllm else "transformers_version") or "?") for r in records})
+    found = sorted({str((r.vllm_version if on_vllm else r.transformers_version) or "?") for r in records})
     return f"{'vLLM' if on_vllm else 'transformers'} {'/'.join(found) or '?'}"
 
 
-def _path(before: dict, after: dict) -> Optional[dict]:
+def _path(before: Record, after: Record) -> Optional[dict]:
     """The schedule that failed before, as the current record measured it (None: not measured)."""
-    name = before.get("worst_schedule")
+    name = before.worst_schedule
     if not name:
         return None
-    got = (after.get("schedules") or {}).get(name) or (after.get("boundaries") or {}).get(name)
+    got = (after.schedules or {}).get(name) or (after.boundaries or {}).get(name)
+    if isinstance(got, BoundaryResult):  # a boundary's entry
+        got = {"max_abs": got.max_abs, "multiple": got.multiple}
     if not isinstance(got, dict) or got.get("max_abs") is None:
         return None
     return {"schedule": name, "max_abs": got.get("max_abs"), "multiple": got.get("multiple")}
@@ -123,7 +126,7 @@ def kind(before: Optional[dict], after: Optional[dict]) -> Optional[str]:
         return NEW
     if after is None:
         return GONE
-    v0, v1 = before.get("verdict"), after.get("verdict")
+    v0, v1 = before.verdict, after.verdict
     if v0 in RAN_CLEAN and v1 in (BUG, CRASHED):
         return REGRESSED
     if v0 == BUG and v1 == OK and _path(before, after) is not None:
@@ -142,8 +145,8 @@ def compare(previous: Sequence[dict], current: Sequence[dict], sources: Optional
     if was != now:
         raise UserError(f"the previous census is on {was}, this one is on {now}: a diff is between releases of "
                         "one engine (their verdicts rest on different paths)")
-    old = {r["model_type"]: r for r in previous}
-    new = {r["model_type"]: r for r in current}
+    old = {r.model_type: r for r in previous}
+    new = {r.model_type: r for r in current}
     shared = sources.changed(SHARED) if sources is not None else None
     out = []
     for name in sorted(set(old) | set(new)):

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Optional
 
 from .shapes import LEAK
+from .record import Record
 
 PATTERNS = (
     ("a branch on a one-token step", re.compile(r"(seq_len|shape\[1\]|size\(1\)|q_len)\s*==\s*1")),
@@ -84,36 +85,36 @@ def quoted(born: dict) -> list[str]:
     return path.read_text(errors="replace").splitlines()[lines[0] - 1:lines[1]]
 
 
-def write(record: dict, path: Path, versions: dict, group: Optional[dict] = None) -> Path:
+def write(record: Record, path: Path, versions: dict, group: Optional[dict] = None) -> Path:
     """The Markdown draft of one finding; with its `group` (`groups.groups`) of more than one
     architecture, the draft of the whole root cause: every architecture it breaks, listed."""
-    src = modeling_file(record.get("model_class"))
+    src = modeling_file(record.model_class)
     rel = str(src).split("site-packages/")[-1] if src else "?"
-    how = BOUNDARY_WORDS.get(record.get("worst_schedule"),
+    how = BOUNDARY_WORDS.get(record.worst_schedule,
                              f"Feeding the same tokens through the model's own cache in the steps "
-                             f"{record.get('worst_schedule')!r} ({record.get('steps')})")
-    said = (f"{how} gives logits up to {record.get('max_abs') or 0:.3g} away from one call "
+                             f"{record.worst_schedule!r} ({record.steps})")
+    said = (f"{how} gives logits up to {record.max_abs or 0:.3g} away from one call "
             "without a cache (tiny random config, float32, CPU; the float32 rounding floor is measured from "
             "the same pass in float64).")
-    if record.get("shape") == LEAK:  # no cache involved: the full pass itself reads ahead
+    if record.shape == LEAK:  # no cache involved: the full pass itself reads ahead
         said = (f"One call without a cache, run again with the last tokens removed or changed, moves the logits "
-                f"of earlier positions by up to {record.get('max_abs') or 0:.3g} (tiny random config, float32, "
+                f"of earlier positions by up to {record.max_abs or 0:.3g} (tiny random config, float32, "
                 "CPU; the float32 rounding floor is measured from the same pass in float64): a position's logits "
                 "depend on the tokens after it, so every caller of the forward over a whole sequence (scoring, "
                 "the loss with labels, a prefill) sees the future.")
-    lines = [f"# {record.get('model_class') or record['model_type']}: "
-             f"{TITLES.get(LEAK if record.get('shape') == LEAK else record.get('worst_schedule'), 'cached steps disagree with the full pass')}", "",
-             ", ".join(f"{k} {v}" for k, v in versions.items()), "", *reach_section(record.get("reach"), record.get("shape") == LEAK),
+    lines = [f"# {record.model_class or record.model_type}: "
+             f"{TITLES.get(LEAK if record.shape == LEAK else record.worst_schedule, 'cached steps disagree with the full pass')}", "",
+             ", ".join(f"{k} {v}" for k, v in versions.items()), "", *reach_section(record.reach, record.shape == LEAK),
              said, "",
-             f"Shape of the error: **{record.get('shape')}**" + (f"; first off at {record['born_at']}" if record.get("born_at") else ""),
+             f"Shape of the error: **{record.shape}**" + (f"; first off at {record.born_at}" if record.born_at else ""),
              ""]
-    lines += [f"- {n}" for n in record.get("notes") or [] if "cache passed back" not in n]
-    born = record.get("born_in") if isinstance(record.get("born_in"), dict) else {}
+    lines += [f"- {n}" for n in record.notes or [] if "cache passed back" not in n]
+    born = record.born_in if isinstance(record.born_in, dict) else {}
     lines += born_section(born) if born.get("module") else []
-    lines += group_section(group, record["model_type"]) if group and len(group["architectures"]) > 1 else []
-    if record.get("reproducer"):
+    lines += group_section(group, record.model_type) if group and len(group["architectures"]) > 1 else []
+    if record.reproducer:
         lines += ["", f"Reproducer (torch and transformers only, exits 1 while the bug is there): "
-                  f"`python {Path(record['reproducer']).name}`"]
+                  f"`python {Path(record.reproducer).name}`"]
     found = suspects(src)
     if found:
         span = born.get("lines") if born.get("file") and born["file"] in rel else None
@@ -179,14 +180,14 @@ def write_groups(records, versions: dict) -> list[Path]:
     from . import groups, repro
 
     out = []
-    by_name = {r["model_type"]: r for r in records}
+    by_name = {r.model_type: r for r in records}
     for g in groups.groups(records):
         rec = by_name[g["first"]]
-        if len(g["architectures"]) < 2 or not rec.get("report_draft") or not Path(rec["report_draft"]).is_file():
+        if len(g["architectures"]) < 2 or not rec.report_draft or not Path(rec.report_draft).is_file():
             continue
-        out.append(write(rec, Path(rec["report_draft"]), versions, g))
-        if rec.get("reproducer") and Path(rec["reproducer"]).is_file():
-            repro.note_group(Path(rec["reproducer"]), [a for a in g["architectures"] if a != g["first"]])
+        out.append(write(rec, Path(rec.report_draft), versions, g))
+        if rec.reproducer and Path(rec.reproducer).is_file():
+            repro.note_group(Path(rec.reproducer), [a for a in g["architectures"] if a != g["first"]])
     return out
 
 

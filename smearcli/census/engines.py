@@ -44,12 +44,13 @@ What a `Session` (the object `open` returns) does while the census runs:
   them); asked once the run is over, so a benchmark of the run may be in it;
 - `model_types() -> list[str]`: every model type it can check, sorted (`--only` and `--shard`
   pick from these);
-- `check(model_type, repro_dir, timeout, memory) -> dict`: one architecture's record
-  (`census.record.new`), called in the architecture's own forked process (`isolate`), its
+- `check(model_type, repro_dir, timeout, memory) -> Record`: one architecture's record
+  (`census.record.Record`, made with `census.record.new`), called in the architecture's own forked
+  process (`isolate`, which sends it to the census's process as JSON and makes it a `Record` again), its
   reproducer written in `repro_dir` for a finding; `timeout` in seconds and `memory` in bytes are
   the limits `isolate` holds the process to (a check that waits on another process ends its waits
   within them);
-- `checked(record, more) -> bool`: in the census's own process after each record, before it is
+- `checked(record, more) -> bool`: in the census's own process after each `Record`, before it is
   written (`more`: whether another architecture follows): whatever the engine must do between
   architectures (restart a worker it shares); True checks that architecture once more instead of
   writing this record (the second record is written whatever it says);
@@ -65,6 +66,7 @@ from typing import Callable, Optional, Protocol, Sequence, Union
 from ..errors import UserError
 from ..named import load
 from ..verdicts import BUG, CRASHED, UNCONFIRMED
+from .record import Record
 
 
 class Session(Protocol):
@@ -72,9 +74,9 @@ class Session(Protocol):
 
     def model_types(self) -> list[str]: ...
 
-    def check(self, model_type: str, repro_dir: Path, timeout: float, memory: Optional[int]) -> dict: ...
+    def check(self, model_type: str, repro_dir: Path, timeout: float, memory: Optional[int]) -> Record: ...
 
-    def checked(self, record: dict, more: bool) -> bool: ...
+    def checked(self, record: Record, more: bool) -> bool: ...
 
     def close(self) -> None: ...
 
@@ -104,10 +106,10 @@ class Engine:
     def page_title(self, meta: dict) -> str:
         return self.title.format_map(_Unknown(meta or {}))
 
-    def page_sections(self, records: Sequence[dict], meta: dict) -> list[str]:
+    def page_sections(self, records: Sequence[Record], meta: dict) -> list[str]:
         return list(load(self.sections)(records, meta)) if self.sections else []
 
-    def finish(self, records: Sequence[dict], meta: dict) -> None:
+    def finish(self, records: Sequence[Record], meta: dict) -> None:
         if self.after_run:
             load(self.after_run)(records, meta)
 
@@ -137,10 +139,10 @@ def get(name: str) -> Engine:
     return ENGINES[name]
 
 
-def of_records(records: Sequence[dict]) -> Engine:
+def of_records(records: Sequence[Record]) -> Engine:
     """The engine a census's records ran on (the `engine` field; none: transformers); a UserError for
     a mix, or a name no engine registered here holds."""
-    kinds = {r.get("engine") or "transformers" for r in records}
+    kinds = {r.engine or "transformers" for r in records}
     if len(kinds) > 1:
         raise UserError(f"the records mix engines ({', '.join(sorted(kinds))}): a census is of one engine")
     name = kinds.pop() if kinds else "transformers"
@@ -166,12 +168,12 @@ class InProcess:
 
         return isolate.causal_lm_types()
 
-    def check(self, model_type: str, repro_dir: Path, timeout: float, memory: Optional[int]) -> dict:
+    def check(self, model_type: str, repro_dir: Path, timeout: float, memory: Optional[int]) -> Record:
         from . import check
 
         return check.check(model_type, repro_dir=repro_dir)
 
-    def checked(self, record: dict, more: bool) -> bool:
+    def checked(self, record: Record, more: bool) -> bool:
         return False
 
     def close(self) -> None:

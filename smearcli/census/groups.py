@@ -33,19 +33,20 @@ import re
 from typing import Optional, Sequence
 
 from ..verdicts import BUG, UNCONFIRMED
+from .record import BoundaryResult, Record
 
 FINDINGS = (str(BUG), str(UNCONFIRMED))
 
 
-def findings(records: Sequence[dict]) -> list[dict]:
+def findings(records: Sequence[Record]) -> list[Record]:
     """The records that are findings (bug or unconfirmed), by name."""
-    return sorted((r for r in records if r.get("verdict") in FINDINGS), key=lambda r: r["model_type"])
+    return sorted((r for r in records if r.verdict in FINDINGS), key=lambda r: r.model_type)
 
 
-def born(rec: dict) -> dict:
+def born(rec: Record) -> dict:
     """A record's `born_in` when it names a module ({} otherwise: a boundary finding, a trace that
     failed), each field of the type the report formats (an edited record's other values: None)."""
-    b = rec.get("born_in")
+    b = rec.born_in
     if not isinstance(b, dict) or not isinstance(b.get("module"), str) or not b["module"]:
         return {}
     out = {k: (v if isinstance(v, str) else None) for k, v in b.items() if k not in ("lines", "suspects", "copies")}
@@ -126,13 +127,13 @@ def copies(file: Optional[str], cls: Optional[str], root: str) -> list[str]:
     return out
 
 
-def links(rec: dict) -> set:
+def links(rec: Record) -> set:
     """What another finding must share with this one to be its group: its code, or one of its
     suspect lines beside its shape."""
     b = born(rec)
     out = {("code", b["code"])} if b.get("code") else set()
     for s in b["suspects"] if b else []:
-        out.add(("line", s[1], rec.get("shape")))
+        out.add(("line", s[1], rec.shape))
     return out
 
 
@@ -143,7 +144,7 @@ def _root(parent: list, i: int) -> int:
     return i
 
 
-def groups(records: Sequence[dict]) -> list[dict]:
+def groups(records: Sequence[Record]) -> list[dict]:
     """One entry per root cause among the findings, in order of their first architecture's name
     (see the module docstring): `architectures`, `first`, `by` (what they share, in words),
     `lines` (the suspect lines they all share), `code` (the first's module, class and forward), `members`
@@ -163,18 +164,18 @@ def groups(records: Sequence[dict]) -> list[dict]:
         b = born(rec)
         me = ident(b.get("file"), b.get("class")) if b else None
         if me:
-            born_here.setdefault((me, rec.get("shape")), []).append(i)
+            born_here.setdefault((me, rec.shape), []).append(i)
     for i, rec in enumerate(found):  # a declared copy of another finding's born-in class, same shape
         for c in born(rec).get("copies") or []:
-            for j in born_here.get((c, rec.get("shape")), []):
+            for j in born_here.get((c, rec.shape), []):
                 parent[_root(parent, i)] = _root(parent, j)
-    members: dict[int, list[dict]] = {}
+    members: dict[int, list[Record]] = {}
     for i, rec in enumerate(found):
         members.setdefault(_root(parent, i), []).append(rec)
-    return [entry(recs) for recs in sorted(members.values(), key=lambda rs: rs[0]["model_type"])]
+    return [entry(recs) for recs in sorted(members.values(), key=lambda rs: rs[0].model_type)]
 
 
-def shared(recs: list[dict]) -> tuple[Optional[str], list[str]]:
+def shared(recs: list[Record]) -> tuple[Optional[str], list[str]]:
     """(the same code by digest for all of them, or None; the suspect lines all of them hold)."""
     codes = {born(r).get("code") for r in recs}
     code = codes.pop() if len(codes) == 1 else None
@@ -185,7 +186,7 @@ def shared(recs: list[dict]) -> tuple[Optional[str], list[str]]:
     return code, list(dict.fromkeys(lines or []))
 
 
-def origin(recs: list[dict]) -> Optional[dict]:
+def origin(recs: list[Record]) -> Optional[dict]:
     """The finding born in the class the others declare they copy, which copies none of theirs:
     the code a maintainer fixes (and `make fix-copies` carries to the copies). None without one."""
     def me(r):
@@ -196,7 +197,7 @@ def origin(recs: list[dict]) -> Optional[dict]:
     return next((r for r in recs if me(r) in copied and not set(born(r).get("copies") or []) & mine), None)
 
 
-def entry(recs: list[dict]) -> dict:
+def entry(recs: list[Record]) -> dict:
     """The group of these findings (sorted by name; see `groups`), headed by the original where
     the others declare they copy it (`origin`), else by its first architecture by name."""
     first = origin(recs) or recs[0]
@@ -215,13 +216,13 @@ def entry(recs: list[dict]) -> dict:
         by = "declared copies of the same code (`# Copied from`, modular inheritance)"
     else:
         by = "a chain of shared suspect lines"
-    return {"architectures": [r["model_type"] for r in recs], "first": first["model_type"], "by": by,
-            "lines": lines if len(recs) > 1 else [], "shape": first.get("shape"),
+    return {"architectures": [r.model_type for r in recs], "first": first.model_type, "by": by,
+            "lines": lines if len(recs) > 1 else [], "shape": first.shape,
             "code": where(b) if b else None,
-            "members": {r["model_type"]: {k: born(r).get(k) for k in ("module", "class", "file", "lines")}
+            "members": {r.model_type: {k: born(r).get(k) for k in ("module", "class", "file", "lines")}
                         for r in recs},
-            "reproducer": first.get("reproducer"), "reproducer_status": first.get("reproducer_status"),
-            "report_draft": first.get("report_draft")}
+            "reproducer": first.reproducer, "reproducer_status": first.reproducer_status,
+            "report_draft": first.report_draft}
 
 
 def where(b: dict) -> str:
@@ -231,28 +232,29 @@ def where(b: dict) -> str:
     return f"{b.get('class')}.forward ({b.get('file') or '?'}{span})"
 
 
-def of(records: Sequence[dict], model_type: str) -> Optional[dict]:
+def of(records: Sequence[Record], model_type: str) -> Optional[dict]:
     """The group of one architecture (None when it is not a finding)."""
     return next((g for g in groups(records) if model_type in g["architectures"]), None)
 
 
-def api_findings(records: Sequence[dict]) -> list[dict]:
+def api_findings(records: Sequence[Record]) -> list[dict]:
     """Findings about an API rather than an architecture: a rollback the library declares
     unsupported whose crop still ran and left the logits off (`census.boundary.declared`), one per
     piece of their code (`api_finding["at"]`: the cache layer's `crop`), each with every
     architecture it affects (by name), the first one's declaration and the largest error. None of
     them is a bug of an architecture."""
     by: dict[str, dict] = {}
-    for r in sorted(records, key=lambda r: r["model_type"]):
-        crop = (((r.get("boundaries") or {}).get("rollback") or {}).get("their_crop")) or {}
-        found = crop.get("api_finding")
+    for r in sorted(records, key=lambda r: r.model_type):
+        rollback = (r.boundaries or {}).get("rollback")
+        crop = rollback.their_crop if rollback else None
+        found = crop.api_finding if isinstance(crop, BoundaryResult) else None
         if not isinstance(found, dict):
             continue
         at = str(found.get("at") or "?")
-        g = by.setdefault(at, {"at": at, "what": found.get("what"), "declared": crop.get("declared"),
+        g = by.setdefault(at, {"at": at, "what": found.get("what"), "declared": crop.declared,
                                "architectures": [], "largest": None})
-        g["architectures"].append(r["model_type"])
-        m = crop.get("multiple")
+        g["architectures"].append(r.model_type)
+        m = crop.multiple
         if isinstance(m, (int, float)) and (g["largest"] is None or m > g["largest"]):
             g["largest"] = m
     return sorted(by.values(), key=lambda g: (-len(g["architectures"]), g["at"]))

@@ -3,7 +3,7 @@
 `scan(names, check, out)` forks one child per architecture (the parent has imported torch and
 transformers once, so a child starts in milliseconds), at most `jobs` at a time. In the child:
 `resource.setrlimit(RLIMIT_AS)` caps the memory, one thread, then `check(name)`; its record comes
-back over a pipe as one JSON line. The parent kills a child that outlives its wall-clock limit.
+back over a pipe as one JSON line (`Record.to_json`; a `Record` again in the parent). The parent kills a child that outlives its wall-clock limit.
 A child that dies (a signal, an allocation refused) or raises is that architecture's result
 (`crashed` with the reason; running out of memory says so first), never the scan's end.
 
@@ -32,6 +32,7 @@ dies with its parent.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import resource
@@ -47,6 +48,7 @@ from ..errors import UserError
 from ..verdicts import CRASHED, NOT_BUILT
 from ..impls.hf import kernels
 from . import budget, records
+from .record import Record, bare
 
 DEFAULT_TIMEOUT = 240.0  # seconds per architecture
 RETRY_FACTOR = budget.RETRY_FACTOR
@@ -74,16 +76,16 @@ def shard(names: Sequence[str], index: int, count: int) -> list[str]:
 ALLOCATION_FAILED = ("MemoryError", "can't allocate memory", "Cannot allocate memory")
 
 
-def memory_verdict(rec: dict, memory: Optional[int]) -> dict:
+def memory_verdict(rec: Record, memory: Optional[int]) -> Record:
     """An architecture that ran out of memory is `crashed`, with "out of memory" first in its
     reason, whichever step ran out (building the model included): the limit is --memory-mb's, not
     the tiny config's fault, and that is what the verdicts' table promises."""
-    reason = str(rec.get("reason") or "")
-    if rec.get("verdict") not in (CRASHED, NOT_BUILT) or reason.startswith("out of memory") or \
+    reason = str(rec.reason or "")
+    if rec.verdict not in (CRASHED, NOT_BUILT) or reason.startswith("out of memory") or \
             not any(w in reason for w in ALLOCATION_FAILED):
         return rec
     limit = f"an allocation over the {memory >> 20} MiB limit was refused" if memory else "an allocation was refused"
-    return {**rec, "verdict": str(CRASHED), "reason": f"out of memory: {limit} ({reason})"}
+    return dataclasses.replace(rec, verdict=str(CRASHED), reason=f"out of memory: {limit} ({reason})")
 
 
 def _as_worker(parent: int, inherited: Sequence[int]) -> None:
@@ -109,7 +111,7 @@ def _as_worker(parent: int, inherited: Sequence[int]) -> None:
             os.close(fd)
 
 
-def _child(check: Callable[[str], dict], name: str, fd: int, memory: Optional[int], parent: int,
+def _child(check: Callable[[str], Record], name: str, fd: int, memory: Optional[int], parent: int,
            inherited: Sequence[int]) -> None:
     code = 0
     try:
@@ -125,10 +127,10 @@ def _child(check: Callable[[str], dict], name: str, fd: int, memory: Optional[in
             try:
                 rec = memory_verdict(check(name), memory)
             except MemoryError:
-                rec = memory_verdict({"model_type": name, "verdict": str(CRASHED), "reason": "MemoryError"}, memory)
+                rec = memory_verdict(bare(name, CRASHED, reason="MemoryError"), memory)
             except BaseException as e:  # the check's own guard missed it: still this name's result
-                rec = {"model_type": name, "verdict": str(CRASHED), "reason": f"{type(e).__name__}: {e}"[:300]}
-        data = (jsonsafe.dumps(rec, default=str) + "\n").encode()
+                rec = bare(name, CRASHED, reason=f"{type(e).__name__}: {e}"[:300])
+        data = (jsonsafe.dumps(rec.to_json(), default=str) + "\n").encode()  # JSON only over the pipe
         if slow.missing:  # a second line, after the record: what the parent says once at the end
             data += (json.dumps({SLOW_KERNELS: sorted(slow.missing)}) + "\n").encode()
         budget.write_all(fd, data)
@@ -157,7 +159,7 @@ def say(text: str) -> None:
     sys.stderr.write(f"smearcli: {text}\n")
 
 
-def _died(name: str, status: int, memory: Optional[int], wall: float) -> dict:
+def _died(name: str, status: int, memory: Optional[int], wall: float) -> Record:
     if os.WIFSIGNALED(status):
         sig = signal.Signals(os.WTERMSIG(status)).name
         why = f"the process died of {sig}"
@@ -165,13 +167,13 @@ def _died(name: str, status: int, memory: Optional[int], wall: float) -> dict:
             why += f" (memory limit {memory >> 20} MiB)"
     else:
         why = f"the process exited with status {os.WEXITSTATUS(status)} and no result"
-    return {"model_type": name, "verdict": str(CRASHED), "reason": why, "wall_s": round(wall, 2)}
+    return bare(name, CRASHED, reason=why, wall_s=round(wall, 2))
 
 
-def scan(names: Sequence[str], check: Callable[[str], dict], out: Path, jobs: int = 1,
+def scan(names: Sequence[str], check: Callable[[str], Record], out: Path, jobs: int = 1,
          timeout: float = DEFAULT_TIMEOUT, memory: Optional[int] = DEFAULT_MEMORY, resume: bool = False,
-         on_record: Optional[Callable[[dict], None]] = None,
-         on_note: Callable[[str], None] = say) -> list[dict]:
+         on_record: Optional[Callable[[Record], None]] = None,
+         on_note: Callable[[str], None] = say) -> list[Record]:
     """Check every name in its own process; append each record to `out`; the records of this run
     (those skipped by `resume` left out), in the order they finished."""
     with records.Sink(out, resume) as sink:
@@ -180,7 +182,7 @@ def scan(names: Sequence[str], check: Callable[[str], dict], out: Path, jobs: in
 
 def census(session, names: Sequence[str], sink: "records.Sink", jobs: int = 1, timeout: float = DEFAULT_TIMEOUT,
            memory: Optional[int] = DEFAULT_MEMORY, repro_dir: Path = Path("scan-repro"),
-           on_record: Optional[Callable[[dict], None]] = None) -> list[dict]:
+           on_record: Optional[Callable[[Record], None]] = None) -> list[Record]:
     """The one census loop, on any engine: `names` (those `sink` does not hold yet) checked by
     `session` (`census.engines.Session`), each in its own process (`run`: its limits, its retry of
     a time-out), at most `jobs` at once; the records of this run."""
@@ -189,11 +191,11 @@ def census(session, names: Sequence[str], sink: "records.Sink", jobs: int = 1, t
                memory=memory, on_record=on_record, checked=session.checked)
 
 
-def run(names: Sequence[str], check: Callable[[str], dict], sink: "records.Sink", jobs: int = 1,
+def run(names: Sequence[str], check: Callable[[str], Record], sink: "records.Sink", jobs: int = 1,
         timeout: float = DEFAULT_TIMEOUT, memory: Optional[int] = DEFAULT_MEMORY,
-        on_record: Optional[Callable[[dict], None]] = None,
+        on_record: Optional[Callable[[Record], None]] = None,
         on_note: Callable[[str], None] = say,
-        checked: Optional[Callable[[dict, bool], bool]] = None) -> list[dict]:
+        checked: Optional[Callable[[Record, bool], bool]] = None) -> list[Record]:
     """`scan` on an open `records.Sink`: the names it does not hold yet, at most `jobs` at once.
     However this ends (a SIGINT, a SIGTERM, an error), every worker is killed and reaped first: none
     runs on, and only whole records are in the file. A run whose architectures fell back to slow
@@ -206,16 +208,16 @@ def run(names: Sequence[str], check: Callable[[str], dict], sink: "records.Sink"
     todo = [(n, timeout) for n in dict.fromkeys(names) if n not in done]  # (name, its limit)
     tried: dict[str, float] = {}  # name -> the limit it ran out of the first time
     running: dict[int, list] = {}  # pid -> [name, read fd, start, buffer, limit, verdict at (or None)]
-    results: list[dict] = []
+    results: list[Record] = []
     slow: set[str] = set()  # the fast kernels the children said were missing
     version = transformers_version()
 
     again: set[str] = set()  # the names checked once more at `checked`'s asking
 
-    def finish(rec: dict) -> None:
-        if version is not None and rec.get("transformers_version") is None:  # every field is present, null
-            rec["transformers_version"] = version
-        name = rec["model_type"]
+    def finish(rec: Record) -> None:
+        if version is not None and rec.transformers_version is None:
+            rec.transformers_version = version
+        name = rec.model_type
         if checked is not None and checked(rec, bool(todo or running)) and name not in again:
             again.add(name)
             todo.insert(0, (name, timeout))
@@ -274,7 +276,7 @@ def _spawn(check, name: str, limit: float, running: dict, memory: Optional[int],
         running[pid] = [name, r, time.monotonic(), bytearray(), limit, None]
 
 
-def _collect(running: dict, memory: Optional[int], slow: set) -> list[dict]:
+def _collect(running: dict, memory: Optional[int], slow: set) -> list[Record]:
     """The records of the workers that finished within 0.2 s (read from their pipes); the fast
     kernels they fell back without are added to `slow`."""
     poller = select.poll()
@@ -300,11 +302,10 @@ def _collect(running: dict, memory: Optional[int], slow: set) -> list[dict]:
         text, after = (lines[0] if lines else b""), b"\n".join(lines[1:])
         slow.update(_slow_kernels(after))
         rec = _record(name, text, status, memory, time.monotonic() - start)
-        kept = budget.staged(name, bytes(buf)) if rec.get("verdict") == CRASHED and not text.strip() else None
+        kept = budget.staged(name, bytes(buf)) if rec.verdict == CRASHED and not text.strip() else None
         if kept is not None:  # it died after its verdict (writing or running a reproducer): the verdict stands
-            kept = dict(kept, notes=[*(kept.get("notes") or []), f"after its verdict, {rec['reason']}"])
-            kept["wall_s"] = kept.get("wall_s") or rec.get("wall_s")
-            rec = kept
+            rec = dataclasses.replace(kept, notes=[*(kept.notes or []), f"after its verdict, {rec.reason}"],
+                                      wall_s=kept.wall_s or rec.wall_s)
         out.append(rec)
     return out
 
@@ -319,16 +320,17 @@ def _slow_kernels(after: bytes) -> list[str]:
     return [str(x) for x in got] if isinstance(got, list) else []
 
 
-def _record(name: str, buf: bytes, status: int, memory: Optional[int], wall: float) -> dict:
-    """The worker's record, checked; a process that died or wrote something else is `crashed`."""
+def _record(name: str, buf: bytes, status: int, memory: Optional[int], wall: float) -> Record:
+    """The worker's record, checked, a `Record` again; a process that died or wrote something else
+    is `crashed`."""
     try:
         rec = records.check_record(name, json.loads(buf.decode()))
-        if rec["model_type"] != name:
-            raise ValueError(f"a record for {rec['model_type']}")
+        if rec.model_type != name:
+            raise ValueError(f"a record for {rec.model_type}")
     except (ValueError, UserError):
         return _died(name, status, memory, wall)
-    if rec.get("wall_s") is None:  # a record has every field (census.record), null until set
-        rec["wall_s"] = round(wall, 2)
+    if rec.wall_s is None:
+        rec.wall_s = round(wall, 2)
     return rec
 
 

@@ -44,7 +44,8 @@ from ..defaults import NOISE_MARGIN
 from ..verdicts import CRASHED, NOT_BUILT, OK, UNCONFIRMED, UNSUPPORTED
 from . import derive, vllm_plan
 from .boundary import transformers_frame
-from .check import NO_POWER_NOTE, init_note, record, text_config, vocab_of
+from .check import NO_POWER_NOTE, init_note, text_config, vocab_of
+from .record import Record, new as record
 from .report import sort_key
 from .vllm_check import powered
 
@@ -72,7 +73,7 @@ def names_for(python: str) -> list[str]:
 
 
 def check(model_type: str, python: str, timeout: float = 240.0, seed: int = 0, tolerance: float = NOISE_MARGIN,
-          repro_dir: Optional[Path] = None, threads: int = THREADS) -> dict:
+          repro_dir: Optional[Path] = None, threads: int = THREADS) -> Record:
     """One architecture's record (the module docstring says how it is judged); the llama.cpp worker
     is ended `timeout` - 15 s after the start at the latest."""
     t0 = time.monotonic()
@@ -100,27 +101,26 @@ def check(model_type: str, python: str, timeout: float = 240.0, seed: int = 0, t
             return record(model_type, NOT_BUILT, reason="the tiny model cannot be saved: " + transformers_frame(e),
                           **base)
         gguf = Path(d) / "model.gguf"
-        rec, c, runner = judged(model_type, model, Path(d) / "model", python, tokens, ref_runner, power, tolerance,
+        rec, finding, c, runner = judged(model_type, model, Path(d) / "model", python, tokens, ref_runner, power, tolerance,
                                 base, max(30.0, timeout - 15.0 - (time.monotonic() - t0)), threads, gguf)
-        if rec.get("reason"):  # the converter names files in the temporary directory: not the record's business
+        if rec.reason:  # the converter names files in the temporary directory: not the record's business
             for spelt in {str(Path(d).resolve()), d}:  # the worker is sent the resolved path
-                rec["reason"] = str(rec["reason"]).replace(spelt, "MODEL_DIR")
-        if init is not None and rec["verdict"] == str(OK):
-            rec["notes"].append(init_note(init))
-        if repro_dir is not None and rec.get("_finding") and gguf.is_file():
+                rec.reason = str(rec.reason).replace(spelt, "MODEL_DIR")
+        if init is not None and rec.verdict == str(OK):
+            rec.notes.append(init_note(init))
+        if repro_dir is not None and finding and gguf.is_file():
             from . import llamacpp_repro
 
             try:
                 llamacpp_repro.attach(rec, c, runner, gguf, Path(repro_dir), python)
             except OSError as e:  # the finding stands; its reproducer could not be written
-                rec["reproducer_output"] = f"the reproducer was not written: {e.strerror or e}"
-    rec.pop("_finding", None)
+                rec.reproducer_output = f"the reproducer was not written: {e.strerror or e}"
     return rec
 
 
 def judged(model_type, model, model_dir: Path, python: str, tokens, ref_runner, power, tolerance, base,
            timeout_s: float, threads: int, gguf: Path):
-    """(the record, the comparison or None, the runner): llama.cpp's runs measured by
+    """(the record, whether it is a finding to reproduce, the comparison or None, the runner): llama.cpp's runs measured by
     `compare.compare` and judged by `smearcli.judge`, then held to llama.cpp's own prefill."""
     from .. import compare
     from ..errors import UserError
@@ -141,11 +141,11 @@ def judged(model_type, model, model_dir: Path, python: str, tokens, ref_runner, 
                             reference=ref_runner, power=False)
     except UserError as e:  # the environment's answer outside the protocol: not the model's
         return record(model_type, CRASHED, reason=f"llama.cpp's worker: {e}", llamacpp=timing(runner), **base), \
-            None, runner
+            False, None, runner
     res = runner.result or {}
     if res.get("not_built"):
         return record(model_type, NOT_BUILT, reason="llama.cpp: " + res["not_built"], llamacpp=timing(runner),
-                      **base), None, runner
+                      **base), False, None, runner
     c.power = power
     own = against_prefill(c, runner.label)
     word = c.word
@@ -174,7 +174,7 @@ def judged(model_type, model, model_dir: Path, python: str, tokens, ref_runner, 
     if word is CRASHED:
         first = c.crashed[0]
         return record(model_type, CRASHED, worst_schedule=first.schedule, steps=steps.get(first.schedule),
-                      reason=f"{first.schedule}: {first.message}", _finding=True, **out), c, runner
+                      reason=f"{first.schedule}: {first.message}", **out), True, c, runner
     metrics = {m.schedule: m for m in c.metrics}
     if found:
         worst = max(found, key=lambda d: d.max_abs)
@@ -189,7 +189,7 @@ def judged(model_type, model, model_dir: Path, python: str, tokens, ref_runner, 
                              + (f"that prefill itself departs from transformers by {own.prefill_max:.3g} (the "
                                 "implementation's); " if own.prefill_departs else "")
                              + "llama.cpp has no float64 to confirm it in",
-                      _finding=True, **out), c, runner
+                      **out), True, c, runner
     worst = "prefill" if own.prefill_departs and "prefill" in metrics else max(
         failed or metrics, key=lambda n: metrics[n].max_abs_logits, default=None)
     fields = dict(worst_schedule=worst, max_abs=metrics[worst].max_abs_logits if worst else None,
@@ -204,7 +204,7 @@ def judged(model_type, model, model_dir: Path, python: str, tokens, ref_runner, 
         fields["reason"] = j.why
         if power is not None and power.measured:
             notes.append(NO_POWER_NOTE)
-    return record(model_type, word, **fields, **out), c, runner
+    return record(model_type, word, **fields, **out), False, c, runner
 
 
 def timing(runner) -> dict:
@@ -219,13 +219,13 @@ def timing(runner) -> dict:
             "recurrent": r.get("recurrent"), "hybrid": r.get("hybrid"), "deaths": len(r.get("deaths") or [])}
 
 
-def summary(recs: Sequence[dict], wall_s: float) -> dict:
+def summary(recs: Sequence[Record], wall_s: float) -> dict:
     """The benchmark: the census's wall time and llama.cpp's share of it (conversion, load, runs)."""
-    ll = [r.get("llamacpp") or {} for r in recs]
+    ll = [r.llamacpp or {} for r in recs]
     total = (lambda k: round(sum(float(x.get(k) or 0) for x in ll), 1))
     return {"wall_s": round(wall_s, 1), "architectures": len(recs), "convert_s": total("convert_s"),
             "load_s": total("load_s"), "runs_s": total("schedules_s"), "worker_wall_s": total("wall_s"),
-            "architecture_s": total("wall_s") and round(sum(float(r.get("wall_s") or 0) for r in recs), 1)}
+            "architecture_s": total("wall_s") and round(sum(float(r.wall_s or 0) for r in recs), 1)}
 
 
 def summary_line(s: dict) -> str:
@@ -242,20 +242,20 @@ def _cell(text, n: int = 160) -> str:
     return str(text or "").replace("\n", " ")[:n].replace("|", "\\|")
 
 
-def sections(recs: Sequence[dict], meta: Optional[dict] = None) -> list[str]:
+def sections(recs: Sequence[Record], meta: Optional[dict] = None) -> list[str]:
     """The census on llama.cpp's page after its title and count line (`report.markdown` frames it):
     what ran, the benchmark, the cache findings and crashes (with reproducers), the implementation's
     own departures, what was not built and why, then every architecture with its verdict or reason."""
     meta = meta or {}
-    version = meta.get("llama_cpp_python") or next(((r.get("llamacpp") or {}).get("llama_cpp_python") for r in recs
-                                                   if (r.get("llamacpp") or {}).get("llama_cpp_python")), "?")
+    version = meta.get("llama_cpp_python") or next(((r.llamacpp or {}).get("llama_cpp_python") for r in recs
+                                                   if (r.llamacpp or {}).get("llama_cpp_python")), "?")
     out = [f"llama-cpp-python {version} (CPU build, one thread per model), float32 GGUF, float32 KV cache, {T} "
            "tokens per architecture.", ""]
     b = meta.get("benchmark")
     if b:
         out += [f"Benchmark: {summary_line(b)}" + (f"; load {meta['load']}" if meta.get("load") else "") + ".", ""]
-    found = [r for r in sorted(recs, key=sort_key) if str(r.get("reason") or "").startswith(FINDING)
-             or r.get("verdict") == str(CRASHED)]
+    found = [r for r in sorted(recs, key=sort_key) if str(r.reason or "").startswith(FINDING)
+             or r.verdict == str(CRASHED)]
     if found:
         out += ["## Findings", "", "A cached path of llama.cpp past the threshold against its own one-call prefill "
                 "(llama.cpp has no float64, so unconfirmed), or a crash with llama.cpp's frame. Each reproducer needs "
@@ -263,39 +263,39 @@ def sections(recs: Sequence[dict], meta: Optional[dict] = None) -> list[str]:
                 "| architecture | verdict | schedule | shape | first position | reason | reproducer (exit) |",
                 "|---|---|---|---|---|---|---|"]
         for r in found:
-            rep = f"`{Path(r['reproducer']).name}` ({r.get('reproducer_status')})" if r.get("reproducer") else "-"
-            out.append(f"| {r['model_type']} | {r['verdict']} | {r.get('worst_schedule') or '-'} | "
-                       f"{_cell(r.get('shape') or '-')} | {(r.get('born_at') or '-').split('@')[-1]} | "
-                       f"{_cell(r.get('reason'), 240)} | {rep} |")
+            rep = f"`{Path(r.reproducer).name}` ({r.reproducer_status})" if r.reproducer else "-"
+            out.append(f"| {r.model_type} | {r.verdict} | {r.worst_schedule or '-'} | "
+                       f"{_cell(r.shape or '-')} | {(r.born_at or '-').split('@')[-1]} | "
+                       f"{_cell(r.reason, 240)} | {rep} |")
         out.append("")
-    own = [r for r in sorted(recs, key=sort_key) if str(r.get("reason") or "").startswith(OWN)]
+    own = [r for r in sorted(recs, key=sort_key) if str(r.reason or "").startswith(OWN)]
     if own:
         out += ["## The implementation's own departures", "", "llama.cpp's one-call prefill already departs from "
                 "the transformers full pass, and every cached path matches that prefill: its kernels or its "
                 "conversion, not its cache.", "", "| architecture | prefill vs transformers | x floor |", "|---|---|---|"]
         for r in own:
-            p = (r.get("schedules") or {}).get("prefill") or {}
-            out.append(f"| {r['model_type']} | {p.get('max_abs', 0):.2g} | {p.get('multiple', 0):.3g} |")
+            p = (r.schedules or {}).get("prefill") or {}
+            out.append(f"| {r.model_type} | {p.get('max_abs', 0):.2g} | {p.get('multiple', 0):.3g} |")
         out.append("")
-    skipped = [r for r in sorted(recs, key=lambda r: r["model_type"]) if r.get("verdict") == str(NOT_BUILT)]
+    skipped = [r for r in sorted(recs, key=lambda r: r.model_type) if r.verdict == str(NOT_BUILT)]
     if skipped:
         out += ["## Not built", "", "| architecture | why |", "|---|---|"]
-        out += [f"| {r['model_type']} | {_cell(r.get('reason'), 240)} |" for r in skipped]
+        out += [f"| {r.model_type} | {_cell(r.reason, 240)} |" for r in skipped]
         out.append("")
     out += ["## Every architecture", "",
             "| architecture | verdict | worst schedule | error | x floor | rollback | reason or notes |",
             "|---|---|---|---|---|---|---|"]
     for r in sorted(recs, key=sort_key):
-        err = "-" if r.get("max_abs") is None else f"{r['max_abs']:.2g}"
-        mult = "-" if r.get("multiple") is None else f"{r['multiple']:.2g}"
-        rb = ((r.get("schedules") or {}).get("rollback") or {}).get("status") or "-"
-        said = r.get("reason") or "; ".join(n for n in r.get("notes") or [] if "one-call prefill against" in n)
-        out.append(f"| {r['model_type']} | {r['verdict']} | {r.get('worst_schedule') or '-'} | {err} | {mult} | "
+        err = "-" if r.max_abs is None else f"{r.max_abs:.2g}"
+        mult = "-" if r.multiple is None else f"{r.multiple:.2g}"
+        rb = ((r.schedules or {}).get("rollback") or {}).get("status") or "-"
+        said = r.reason or "; ".join(n for n in r.notes or [] if "one-call prefill against" in n)
+        out.append(f"| {r.model_type} | {r.verdict} | {r.worst_schedule or '-'} | {err} | {mult} | "
                    f"{rb} | {_cell(said)} |")
     return out
 
 
-def markdown(recs: Sequence[dict], meta: Optional[dict] = None) -> str:
+def markdown(recs: Sequence[Record], meta: Optional[dict] = None) -> str:
     """The whole page, as `report.markdown` frames every engine's."""
     from . import engines
     from .report import markdown as framed
@@ -344,10 +344,10 @@ class Session:
     def model_types(self) -> list[str]:
         return list(self.names)
 
-    def check(self, model_type: str, repro_dir: Path, timeout: float, memory: Optional[int]) -> dict:
+    def check(self, model_type: str, repro_dir: Path, timeout: float, memory: Optional[int]) -> Record:
         return check(model_type, self.python, timeout=timeout, repro_dir=repro_dir)
 
-    def checked(self, rec: dict, more: bool) -> bool:
+    def checked(self, rec: Record, more: bool) -> bool:
         self.done.append(rec)
         return False
 

@@ -18,6 +18,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from .record import Record
+
 TEMPLATE = '''"""Reproducer: {model_type} in llama.cpp (llama-cpp-python {version}), CPU, float32 GGUF, float32 KV cache.
 
 Schedule {schedule}: {how}. Found by smearcli's census on llama.cpp: {finding}.
@@ -165,10 +167,10 @@ HOW = {"prefill": "llama.cpp's own one-call prefill (one llama_decode of the who
        "batched": "the row and its first tokens as two sequences of one llama_decode call"}
 
 
-def entry_of(rec: dict, runner, run, T: int) -> dict:
+def entry_of(rec: Record, runner, run, T: int) -> dict:
     """The failing schedule as the reproducer runs it: the worker's request entry, with the width
     the census showed (ubatch) or the sizes it ran (chunked)."""
-    asked = next(e for e in (runner.result or {}).get("asked", []) if e["name"] == rec["worst_schedule"])
+    asked = next(e for e in (runner.result or {}).get("asked", []) if e["name"] == rec.worst_schedule)
     e = {k: v for k, v in asked.items() if k != "widths"}
     if e["name"] == "ubatch":
         w = int(run.steps[0]) if run.steps else int(asked["widths"][0])
@@ -176,9 +178,9 @@ def entry_of(rec: dict, runner, run, T: int) -> dict:
     return e
 
 
-def write(rec: dict, entry: dict, tokens: list, threshold: float, gguf_name: str, path: Path, version: str) -> Path:
-    finding = rec.get("reason") or rec.get("verdict")
-    text = TEMPLATE.format(model_type=rec["model_type"], version=version, schedule=entry["name"],
+def write(rec: Record, entry: dict, tokens: list, threshold: float, gguf_name: str, path: Path, version: str) -> Path:
+    finding = rec.reason or rec.verdict
+    text = TEMPLATE.format(model_type=rec.model_type, version=version, schedule=entry["name"],
                            how=HOW.get(entry["name"], entry["name"]), finding=str(finding).replace('"""', "'''")[:300],
                            gguf=gguf_name, entry=entry, tokens=tokens, threshold=float(threshold))
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -209,18 +211,18 @@ def keep_gguf(src: Path, dst: Path) -> None:
     part.replace(dst)
 
 
-def attach(rec: dict, c, runner, gguf: Path, repro_dir: Path, python: str) -> None:
+def attach(rec: Record, c, runner, gguf: Path, repro_dir: Path, python: str) -> None:
     """Write the finding's reproducer and its GGUF into `repro_dir`, run it once: `reproducer`,
     `reproducer_status`, `reproducer_output`."""
-    run_ = next((r for r in (c.runs + c.unmeasured if c is not None else []) if r.schedule == rec["worst_schedule"]),
+    run_ = next((r for r in (c.runs + c.unmeasured if c is not None else []) if r.schedule == rec.worst_schedule),
                 None)
     if run_ is None:
         return
-    name = f"{rec['model_type']}-llamacpp"
+    name = f"{rec.model_type}-llamacpp"
     Path(repro_dir).mkdir(parents=True, exist_ok=True)
     keep_gguf(gguf, Path(repro_dir) / f"{name}.gguf")
     threshold = c.tolerance * c.noise.per_layer[-1]
     path = write(rec, entry_of(rec, runner, run_, c.tokens.size(1)), c.tokens[0].tolist(), threshold, f"{name}.gguf",
                  Path(repro_dir) / f"{name}.py", str((runner.result or {}).get("llama_cpp_python")))
-    rec["reproducer"] = str(path)
-    rec["reproducer_status"], rec["reproducer_output"] = run(path, python)
+    rec.reproducer = str(path)
+    rec.reproducer_status, rec.reproducer_output = run(path, python)

@@ -30,7 +30,7 @@ from .. import jsonsafe
 from ..errors import UserError
 from ..files import regular_file, special_kind
 from ..jsondoc import SCHEMAS
-from .record import JSON_TYPES, NUMBER, ORDER as VERDICTS, STRING
+from .record import JSON_TYPES, NUMBER, ORDER as VERDICTS, STRING, Record
 
 SCHEMA = SCHEMAS["scan"]
 
@@ -64,8 +64,9 @@ def _check_types(where: str, rec: dict, types: dict) -> None:
             raise UserError(f"{where}: \"{key}\" must be {word} or null, got {json.dumps(value)[:40]}")
 
 
-def check_record(where: str, rec) -> dict:
-    """`rec` when it is a scan record the report can show; a UserError saying what is wrong."""
+def check_record(where: str, rec) -> Record:
+    """The `Record` a JSON value holds when it is a scan record the report can show (the one type
+    check of a record read from a file or a worker's pipe); a UserError saying what is wrong."""
     if not isinstance(rec, dict):
         raise UserError(f"{where}: a JSON {_json_kind(rec)}, not a scan record (an object with "
                         "model_type and verdict)")
@@ -86,7 +87,7 @@ def check_record(where: str, rec) -> dict:
                 raise UserError(f"{where}: {name}: \"{group}\".{json.dumps(key)} must be an object, got "
                                 f"{json.dumps(entry)[:40]}")
             _check_types(f"{where}: {name}: \"{group}\".{json.dumps(key)}", entry or {}, ENTRY_TYPES)
-    return rec
+    return Record.from_json(rec)
 
 
 def _load(where: str, line: bytes, last: bool):
@@ -130,7 +131,7 @@ def parse(name: str, data: bytes, torn_ok: bool = False) -> Parsed:
                 _whole_document(name, data)
             raise
         rec = check_record(f"{name}:{i}", value)
-        mt = rec["model_type"]
+        mt = rec.model_type
         if mt in seen:
             first = seen[mt]
             raise UserError(f"{name}:{i}: a second record for {mt} "
@@ -141,16 +142,15 @@ def parse(name: str, data: bytes, torn_ok: bool = False) -> Parsed:
     return out
 
 
-def _against(first: dict, second: dict, there: str) -> str:
+def _against(first: Record, second: Record, there: str) -> str:
     """How a second record of a model type compares with the first: the same, or what differs."""
-    def drop(r):  # the timing differs from run to run
-        return {k: v for k, v in r.items() if k != "wall_s"}
-    if drop(first) == drop(second):
+    a, b = first.to_json(), second.to_json()
+    differ = sorted(k for k in a if k != "wall_s" and a[k] != b[k])  # the timing differs from run to run
+    if not differ:
         return f"{there} has the same one"
-    if first.get("verdict") != second.get("verdict"):
-        return f"conflicts with {there}: {first.get('verdict')} there, {second.get('verdict')} here"
-    return f"conflicts with {there}, which differs in " + ", ".join(
-        sorted(k for k in set(first) | set(second) if k != "wall_s" and first.get(k) != second.get(k))[:4])
+    if first.verdict != second.verdict:
+        return f"conflicts with {there}: {first.verdict} there, {second.verdict} here"
+    return f"conflicts with {there}, which differs in " + ", ".join(differ[:4])
 
 
 def _whole_document(name: str, data: bytes) -> None:
@@ -222,10 +222,10 @@ def read(path, torn_ok: bool = False) -> Parsed:
         os.close(fd)
 
 
-def merge(paths: Iterable) -> list[dict]:
+def merge(paths: Iterable) -> list[Record]:
     """One record per model type from scan files (shards), sorted by model type. Each file must
     hold at least one record; a model type in two files, or a file given twice, is refused."""
-    by_name: dict[str, tuple[dict, str]] = {}
+    by_name: dict[str, tuple[Record, str]] = {}
     seen_files: dict[tuple[int, int], str] = {}
     for p in paths:
         p = Path(p)
@@ -239,7 +239,7 @@ def merge(paths: Iterable) -> list[dict]:
         if not got.records:
             raise UserError(f"{p}: holds no scan record (an empty file); nothing to merge")
         for rec, line in zip(got.records, got.lines):
-            mt = rec["model_type"]
+            mt = rec.model_type
             if mt in by_name:
                 first, there = by_name[mt]
                 raise UserError(f"{p}:{line}: a second record for {mt} ({_against(first, rec, there)}); "
@@ -289,7 +289,7 @@ class Sink:
             _lock(self.fd, self.path, fcntl.LOCK_EX, "wait for it to end, or give another output file")
             got = parse(str(self.path), _read_all(self.fd, self.path), torn_ok=True) if resume else Parsed()
             self.kept, self.torn = got.records, got.torn
-            self.written: list[dict] = []
+            self.written: list[Record] = []
             self._start(got.keep if resume else 0)
         except BaseException:
             os.close(self.fd)
@@ -304,19 +304,19 @@ class Sink:
                 os.write(self.fd, b"\n")
 
     def names(self) -> set:
-        return {r["model_type"] for r in self.kept}
+        return {r.model_type for r in self.kept}
 
-    def write(self, rec: dict) -> None:
-        data = (jsonsafe.dumps(rec, default=str) + "\n").encode()
+    def write(self, rec: Record) -> None:
+        data = (jsonsafe.dumps(rec.to_json(), default=str) + "\n").encode()
         with signals_held():
             view = memoryview(data)
             while view:  # one write for a regular file; the loop only guards against a short one
                 view = view[os.write(self.fd, view):]
         self.written.append(rec)
 
-    def records(self) -> list[dict]:
+    def records(self) -> list[Record]:
         """Everything the file holds now, kept and written, sorted by model type."""
-        return sorted(self.kept + self.written, key=lambda r: r["model_type"])
+        return sorted(self.kept + self.written, key=lambda r: r.model_type)
 
     def close(self) -> None:
         if self.fd >= 0:

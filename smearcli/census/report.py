@@ -1,7 +1,7 @@
 """The scan's report: an 80-column table, a versioned JSON document, a Markdown census.
 
-Records are the dicts `check.check` returns (or `isolate` writes for a process that died); only
-`model_type` and `verdict` are certain, every other field is read with a default.
+Records are `census.record.Record`s, as every engine's check returns them and `records` reads them
+back; a field the check never set (a process that died, a record file from an older release) is null.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from ..verdicts import BUG, CRASHED, NOT_JUDGED, NOT_JUDGED_WHY, NOT_RUN, OK, UN
 from .groups import api_findings, born, groups
 from . import reach, record
 from .shapes import LEFT_UNSUPPORTED
+from .record import Record
 
 SCHEMA = SCHEMAS["scan"]
 ORDER = record.ORDER
@@ -22,10 +23,10 @@ FIELDS = record.FIELDS  # every field of a record, in the order the JSON documen
 PY_PATH = re.compile(r"\S*/([^/\s]+\.py:\d+)")  # "transformers/models/x/modeling_x.py:12" -> "modeling_x.py:12"
 
 
-def counts(records: Sequence[dict]) -> dict[str, int]:
+def counts(records: Sequence[Record]) -> dict[str, int]:
     out = {v: 0 for v in ORDER}
     for r in records:
-        out[r.get("verdict", CRASHED)] = out.get(r.get("verdict", CRASHED), 0) + 1
+        out[r.verdict] = out.get(r.verdict, 0) + 1
     return out
 
 
@@ -35,19 +36,19 @@ def _cut(text: str, width: int) -> str:
 
 
 def _err(r: dict) -> str:
-    v = r.get("max_abs")
+    v = r.max_abs
     return "-" if v is None else f"{v:.2g}"
 
 
 def _f64(r: dict) -> str:
     """The finding's error in float64 with the float32 islands lifted (`evidence.confirm`)."""
-    v = (r.get("confirmation") or {}).get("float64_lifted")
+    v = (r.confirmation or {}).get("float64_lifted")
     return "-" if v is None else f"{v:.2g}"
 
 
 def sort_key(r: dict):
-    v = r.get("verdict", CRASHED)
-    return (ORDER.index(v) if v in ORDER else len(ORDER), r["model_type"])
+    v = r.verdict
+    return (ORDER.index(v) if v in ORDER else len(ORDER), r.model_type)
 
 
 COLUMNS = (("architecture", 16), ("verdict", 9), ("worst schedule", 20), ("error", 7), ("shape / why", 16),
@@ -60,28 +61,28 @@ SHORT = {"state dropped at chunk starts": "state dropped", "decode path differs"
 def boundary_cell(r: dict, name: str) -> str:
     """One boundary's result in a few words: "ok", "bug 2.3e+04x", "crashed: modeling_x.py:12",
     "not run: why"; rollback adds its mode ("(crop)", "(copy)"); "-" when it has no entry."""
-    e = (r.get("boundaries") or {}).get(name)
+    e = (r.boundaries or {}).get(name)
     if not e:
         return "-"
-    st = e.get("status", "?")
+    st = e.status if e.given("status") else "?"
     if st == "bug":
-        text = f"bug {e.get('multiple') or 0:.2g}x"
+        text = f"bug {e.multiple or 0:.2g}x"
     elif st in (CRASHED, NOT_RUN):
-        text = f"{st}: {short_reason(e.get('why') or '') if st == CRASHED else e.get('why') or '?'}"
+        text = f"{st}: {short_reason(e.why or '') if st == CRASHED else e.why or '?'}"
     elif st == NOT_JUDGED:  # it agreed, but beside a failure no power check ran: no verdict of its own
-        text = f"{st}: {e.get('why') or NOT_JUDGED_WHY}"
+        text = f"{st}: {e.why or NOT_JUDGED_WHY}"
     else:
         text = st
-    return text + (f" ({e['mode']})" if e.get("mode") else "")
+    return text + (f" ({e.mode})" if e.mode else "")
 
 
-def boundary_counts(records: Sequence[dict], name: str) -> dict[str, int]:
+def boundary_counts(records: Sequence[Record], name: str) -> dict[str, int]:
     """status -> architectures, for one boundary (rollback: "ok (crop)", "ok (copy)", ...)."""
     out: dict[str, int] = {}
     for r in records:
-        e = (r.get("boundaries") or {}).get(name)
+        e = (r.boundaries or {}).get(name)
         if e:
-            key = e.get("status", "?") + (f" ({e['mode']})" if e.get("mode") else "")
+            key = (e.status if e.given("status") else "?") + (f" ({e.mode})" if e.mode else "")
             out[key] = out.get(key, 0) + 1
     return out
 
@@ -94,18 +95,18 @@ def short_reason(reason: str) -> str:
     return reason or ""
 
 
-def table(records: Sequence[dict], width: int = 80) -> str:
+def table(records: Sequence[Record], width: int = 80) -> str:
     """One line per architecture (bugs first), then the counts; every line within `width`."""
     def line(cells):
         return " ".join(_cut(c, w).ljust(w) for c, (_, w) in zip(cells, COLUMNS)).rstrip()[:width]
     out = [line([c for c, _ in COLUMNS]), line(["-" * w for _, w in COLUMNS])]
     for r in sorted(records, key=sort_key):
-        v = r.get("verdict", CRASHED)
-        detail = SHORT.get(r.get("shape"), r.get("shape")) or ("" if v == OK else short_reason(r.get("reason")))
-        if v == BUG and r.get("init") is not None:
-            v = f"bug@{r['init']:g}"
-        out.append(line([r["model_type"], v, r.get("worst_schedule") or "-", _err(r),
-                         detail or "-", (r.get("born_at") or "-").split("@")[-1]]))
+        v = r.verdict
+        detail = SHORT.get(r.shape, r.shape) or ("" if v == OK else short_reason(r.reason))
+        if v == BUG and r.init is not None:
+            v = f"bug@{r.init:g}"
+        out.append(line([r.model_type, v, r.worst_schedule or "-", _err(r),
+                         detail or "-", (r.born_at or "-").split("@")[-1]]))
         if born(r):  # the module under its finding's line: too long for a column of its own
             b = born(r)
             out.append(_cut(" " * (COLUMNS[0][1] + 1) + f"born in {b['module']} ({b.get('class')})", width))
@@ -121,11 +122,9 @@ def table(records: Sequence[dict], width: int = 80) -> str:
     return "\n".join(out)
 
 
-def document(records: Sequence[dict], meta: Optional[dict] = None) -> dict:
+def document(records: Sequence[Record], meta: Optional[dict] = None) -> dict:
     """The --json document (schema smearcli.scan/1): one record per architecture, sorted."""
-    recs = []
-    for r in sorted(records, key=lambda r: r["model_type"]):
-        recs.append({k: r.get(k) for k in FIELDS} | {"model_type": r["model_type"]})
+    recs = [r.to_json() for r in sorted(records, key=lambda r: r.model_type)]
     return header("scan", **(meta or {}), counts=counts(records), groups=groups(records), architectures=recs)
 
 
@@ -135,14 +134,15 @@ def short_where(b: dict) -> str:
     return (b.get("file") or "?").split("/")[-1] + (f":{lines[0]}-{lines[1]}" if len(lines) == 2 else "")
 
 
-def markdown(records: Sequence[dict], meta: Optional[dict] = None, engine=None) -> str:
+def markdown(records: Sequence[Record], meta: Optional[dict] = None, engine=None) -> str:
     """The census as Markdown, on any engine (`census.engines`; default: the one its records ran
     on): the engine's title, the counts, then the engine's own sections. A version the meta lacks
     (a `--merge`) is read from the records."""
     from . import engines
 
     engine = engine or engines.of_records(records)
-    versions = {k: r[k] for r in reversed(records) for k in ("transformers_version", "vllm_version") if r.get(k)}
+    versions = {k: getattr(r, k) for r in reversed(records) for k in ("transformers_version", "vllm_version")
+                if getattr(r, k)}
     meta = {**versions, **{k: v for k, v in (meta or {}).items() if v is not None}}
     c = counts(records)
     out = [engine.page_title(meta), "",
@@ -150,11 +150,11 @@ def markdown(records: Sequence[dict], meta: Optional[dict] = None, engine=None) 
     return "\n".join(out + engine.page_sections(records, meta)) + "\n"
 
 
-def transformers_sections(records: Sequence[dict], meta: dict) -> list[str]:
+def transformers_sections(records: Sequence[Record], meta: dict) -> list[str]:
     """The transformers engine's page: the findings with their reproducers, their root causes,
     the findings about the API, the boundaries, then every row."""
     out = []
-    bugs = [r for r in sorted(records, key=sort_key) if r.get("verdict") in (BUG, UNCONFIRMED)]
+    bugs = [r for r in sorted(records, key=sort_key) if r.verdict in (BUG, UNCONFIRMED)]
     if bugs:
         out += ["## Findings", "", "Each finding was rerun with the model in float64 and every float32 request inside "
                 "its code lifted to float64: a bug keeps its size, rounding vanishes (`smearcli.evidence`). "
@@ -164,16 +164,16 @@ def transformers_sections(records: Sequence[dict], meta: dict) -> list[str]:
                 "| architecture | verdict | worst schedule | max abs dlogit (float64, lifted) | shape | born in | "
                 "public API | reproducer (exit) |", "|---|---|---|---|---|---|---|---|"]
         for r in bugs:
-            rep = r.get("reproducer")
-            rep = f"`{rep.split('/')[-1]}` ({r.get('reproducer_status')})" if rep else "-"
+            rep = r.reproducer
+            rep = f"`{rep.split('/')[-1]}` ({r.reproducer_status})" if rep else "-"
             b = born(r)
             # the class alone: the module's qualified name and the forward's file and lines, which
             # cannot wrap, would widen the table past a page; they are in the Root causes table,
             # the JSON, the draft and the console's line
             where = f"`{b.get('class')}`" if b else "-"
-            init = "" if r.get("init") is None else f" at init {r['init']}"
-            out.append(f"| {r['model_type']} | {r.get('verdict')} | {r.get('worst_schedule')} | {_err(r)} ({_f64(r)}){init} | "
-                       f"{r.get('shape')} | {where} | {reach.summary(r.get('reach'))} | {rep} |")
+            init = "" if r.init is None else f" at init {r.init}"
+            out.append(f"| {r.model_type} | {r.verdict} | {r.worst_schedule} | {_err(r)} ({_f64(r)}){init} | "
+                       f"{r.shape} | {where} | {reach.summary(r.reach)} | {rep} |")
         out.append("")
         out += groups_md(records)
     out += api_md(records)
@@ -181,45 +181,45 @@ def transformers_sections(records: Sequence[dict], meta: dict) -> list[str]:
     out += ["## Every architecture", "", "| architecture | verdict | worst schedule | error | shape or reason | "
             f"{' / '.join(census_schedules())} |", "|---|---|---|---|---|---|"]
     for r in sorted(records, key=sort_key):
-        why = r.get("shape") or r.get("reason") or "; ".join(
-            n for n in (r.get("notes") or []) if n.startswith(("would see", "power not")) or "rounding" in n) or ""
+        why = r.shape or r.reason or "; ".join(
+            n for n in (r.notes or []) if n.startswith(("would see", "power not")) or "rounding" in n) or ""
         why = PY_PATH.sub(r"\1", why)  # a frame by its file's name: a whole path does not wrap on a page
         why = why.replace("|", "/").replace("\n", " ")[:120]
         # one column for both (the section above lists every one that is not ok, with why): the
         # page keeps its width at 1280 px
         cells = " / ".join(boundary_cell(r, b).replace("|", "/")[:40] for b in census_schedules())
-        out.append(f"| {r['model_type']} | {r.get('verdict')} | {r.get('worst_schedule') or '-'} | {_err(r)} | {why} | "
+        out.append(f"| {r.model_type} | {r.verdict} | {r.worst_schedule or '-'} | {_err(r)} | {why} | "
                    f"{cells} |")
     return out
 
 
-def boundaries_md(records: Sequence[dict]) -> list[str]:
+def boundaries_md(records: Sequence[Record]) -> list[str]:
     """The padded and rollback section: counts by status (and rollback's mode), then every
     architecture where one failed, crashed, did not run or could not be left-padded, with why."""
-    if not any(r.get("boundaries") for r in records):
+    if not any(r.boundaries for r in records):
         return []
     *rest, last = census_schedules()
     out = [f"## {', '.join(rest).capitalize()} and {last}" if rest else f"## {last.capitalize()}", ""]
     for name in census_schedules():
         b = boundary_counts(records, name)
         out.append(f"- {name}: " + (", ".join(f"{n} {k}" for k, n in sorted(b.items())) or "not run") + ".")
-    if any(e.get("status") == NOT_JUDGED for r in records for e in (r.get("boundaries") or {}).values()):
+    if any(e and e.status == NOT_JUDGED for r in records for e in (r.boundaries or {}).values()):
         out.append(f"- {NOT_JUDGED}: the boundary agreed, but {NOT_JUDGED_WHY} (or beside it), so the power "
                    "check that an ok needs never ran.")
     rows = []
     for r in sorted(records, key=sort_key):
         for name in census_schedules():
-            e = (r.get("boundaries") or {}).get(name) or {}
-            if e.get("status") in (BUG, UNCONFIRMED, CRASHED, NOT_RUN, LEFT_UNSUPPORTED):
-                why = (e.get("shape") or "") + ("; " if e.get("shape") and e.get("why") else "") + (e.get("why") or "")
-                rows.append(f"| {r['model_type']} | {name} | {boundary_cell(r, name).split(':')[0]} | "
+            e = (r.boundaries or {}).get(name)
+            if e and e.status in (BUG, UNCONFIRMED, CRASHED, NOT_RUN, LEFT_UNSUPPORTED):
+                why = (e.shape or "") + ("; " if e.shape and e.why else "") + (e.why or "")
+                rows.append(f"| {r.model_type} | {name} | {boundary_cell(r, name).split(':')[0]} | "
                             f"{why.replace('|', '/')[:160]} |")
     if rows:
         out += ["", "| architecture | boundary | result | shape / why |", "|---|---|---|---|", *rows]
     return out + [""]
 
 
-def api_md(records: Sequence[dict]) -> list[str]:
+def api_md(records: Sequence[Record]) -> list[str]:
     """Declared unsupported, done anyway: one row per piece of their API's code
     (`groups.api_findings`), with every architecture it affects; none counted as a bug."""
     found = api_findings(records)
@@ -239,7 +239,7 @@ def api_md(records: Sequence[dict]) -> list[str]:
     return out + [""]
 
 
-def groups_md(records: Sequence[dict]) -> list[str]:
+def groups_md(records: Sequence[Record]) -> list[str]:
     """The root causes: findings whose born-in modules run the same code, one row per group with
     the shared code, every architecture it breaks, and the group's one reproducer and draft."""
     gs = groups(records)

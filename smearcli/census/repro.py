@@ -28,6 +28,7 @@ from .shapes import LEAK
 from ..defaults import NOISE_MARGIN
 from ..schedules import SCHEDULES
 from ..formatters import fmt_steps
+from .record import BoundaryResult, Record
 
 # what every reproducer builds its model and feeds its cache with (a template fragment: braces
 # doubled); the cache API is detected by smearcli's own detector, embedded as source (`hf.api`)
@@ -295,59 +296,61 @@ def schedule(model, ids):
 ''' + MAIN.replace("{length}", "T").replace("{what}", "the row alone vs {{SCHEDULE}}")
 
 
-def boundary_source(schedule: str, entry: dict, total: int) -> Optional[str]:
+def boundary_source(schedule: str, entry: Optional[BoundaryResult], total: int) -> Optional[str]:
     """The reproducer fragment of a registered boundary (`steps.Repro`), its fields filled from the
-    boundary's census `entry`, as a template fragment again (braces doubled); None when `schedule`
-    has none."""
+    boundary's census `entry` (None: it has none), as a template fragment again (braces doubled);
+    None when `schedule` has none. A boundary registers its fragment's values in the core, which
+    knows nothing of the census's types: it reads the entry's JSON form."""
     s = SCHEDULES.get(schedule)
     if s is None or s.repro is None:
         return None
-    return s.repro.source.format(**s.repro.values(entry, total)).replace("{", "{{").replace("}", "}}")
+    given = entry.to_json() if entry is not None else {}
+    return s.repro.source.format(**s.repro.values(given, total)).replace("{", "{{").replace("}", "}}")
 
 
-def write(record: dict, config, path: Path, seed: int = 0, vocab: int = 256,
+def write(record: Record, config, path: Path, seed: int = 0, vocab: int = 256,
           margin: float = NOISE_MARGIN, schedule: Optional[str] = None, total: int = 49) -> Path:
     """The reproducer of one finding (`record`: a scan record with `steps`), written to `path`;
     `schedule` a registered boundary with a reproducer fragment (padded, rollback; default: the
     record's worst schedule when it is one) writes that boundary's reproducer over `total` tokens,
-    its numbers from `record["boundaries"]`."""
+    its numbers from `record.boundaries`."""
     import transformers
 
     d = {k: v for k, v in config.to_dict().items() if k not in ("transformers_version", "architectures")}
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    schedule = schedule or record.get("worst_schedule")
-    if record.get("shape") == LEAK:
+    schedule = schedule or record.worst_schedule
+    if record.shape == LEAK:
         return write_leak(record, d, path, seed, vocab, margin)
-    e = (record.get("boundaries") or {}).get(schedule) or {}
+    e = (record.boundaries or {}).get(schedule) or BoundaryResult()
     fragment = boundary_source(schedule, e, total)
     if fragment is not None:
         path.write_text(BOUNDARY.replace("{fragment}", fragment).format(
-            model_type=record["model_type"], model_class=record.get("model_class") or "?",
+            model_type=record.model_type, model_class=record.model_class or "?",
             version=transformers.__version__, what=SCHEDULES[schedule].repro.what,
-            max_abs=e.get("max_abs") or record.get("max_abs") or 0.0, shape=e.get("shape") or record.get("shape"),
+            max_abs=e.max_abs or record.max_abs or 0.0, shape=e.shape or record.shape,
             config_json=json.dumps(d, default=str), schedule=schedule, total=total, seed=seed, margin=margin,
             vocab=vocab))
         return path
     path.write_text(TEMPLATE.format(
-        model_type=record["model_type"], model_class=record.get("model_class") or "?",
-        version=transformers.__version__, schedule=record.get("worst_schedule"),
-        steps_short=fmt_steps(record["steps"]), max_abs=record.get("max_abs") or 0.0,
-        shape=record.get("shape"), config_json=json.dumps(d, default=str), steps=list(record["steps"]),
+        model_type=record.model_type, model_class=record.model_class or "?",
+        version=transformers.__version__, schedule=record.worst_schedule,
+        steps_short=fmt_steps(record.steps), max_abs=record.max_abs or 0.0,
+        shape=record.shape, config_json=json.dumps(d, default=str), steps=list(record.steps),
         seed=seed, margin=margin, vocab=vocab))
     return path
 
 
-def write_leak(record: dict, config: dict, path: Path, seed: int, vocab: int, margin: float) -> Path:
+def write_leak(record: Record, config: dict, path: Path, seed: int, vocab: int, margin: float) -> Path:
     """The reproducer of a full pass that leaks future tokens (`causal`): the check's own probes,
     from its record's `steps` (the positions kept, then the tokens removed or changed)."""
     import transformers
 
-    born, (kept, changed) = str(record.get("born_at") or ""), record["steps"]
+    born, (kept, changed) = str(record.born_at or ""), record.steps
     path.write_text(LEAK_TEMPLATE.format(
-        model_type=record["model_type"], model_class=record.get("model_class") or "?",
+        model_type=record.model_type, model_class=record.model_class or "?",
         version=transformers.__version__, changed=changed, total=kept + changed,
-        how="removed or changed", max_abs=record.get("max_abs") or 0.0,
+        how="removed or changed", max_abs=record.max_abs or 0.0,
         first=born.rpartition("@")[2] or "?", config_json=json.dumps(config, default=str), vocab=vocab,
         seed=seed, margin=margin))
     return path

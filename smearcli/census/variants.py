@@ -19,10 +19,12 @@ Derivation keeps one layer of each kind in the defaults' order; this module make
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Optional
 
 from ..verdicts import BUG, LATENT, NOT_BUILT, UNCONFIRMED, worst
+from .record import Record
 
 PERIODS = {"attn_layer_period": "attn_layer_offset", "expert_layer_period": "expert_layer_offset"}
 SCALARS = (str, int, float, bool, type(None))
@@ -137,7 +139,7 @@ def reorder(d: dict, lay: Layout, order: list[int]) -> dict:
     return out
 
 
-def combine(records: list[dict], names: list[list[str]]) -> dict:
+def combine(records: list[Record], names: list[list[str]]) -> Record:
     """One architecture's record of its orders' records (`names[i]`: record i's layer order, layer 0
     first; record 0 is the defaults' order). One order: its record as it is. Several: a finding
     (bug, unconfirmed) of an order other than the defaults' counts as `latent` (`real`); the first
@@ -148,38 +150,38 @@ def combine(records: list[dict], names: list[list[str]]) -> dict:
     if len(records) == 1:
         return records[0]
     said = [real(r, i, names[i][0] if names[i] else None) for i, r in enumerate(records)]
-    ran = [i for i, r in enumerate(records) if r["verdict"] != NOT_BUILT] or list(range(len(records)))
+    ran = [i for i, r in enumerate(records) if r.verdict != NOT_BUILT] or list(range(len(records)))
     word = worst(said[i] for i in ran)
     at = next(i for i in ran if said[i] == word)
     head = records[at]
-    out = dict(head, verdict=said[at])
-    out["order"] = names[at]
-    out["variants"] = [{"order": o, **{k: r.get(k) for k in KEPT}} for r, o in zip(records, names)]
+    out = dataclasses.replace(head, verdict=said[at])
+    out.order = names[at]
+    out.variants = [{"order": o, **{k: getattr(r, k) for k in KEPT}} for r, o in zip(records, names)]
     if at and word == LATENT:
-        out["notes"] = list(head.get("notes") or []) + [
-            f"latent: {head['verdict']} only with layer 0 '{names[at][0]}', which the default configuration does "
-            f"not have (its layer 0 is '{names[0][0]}', where it is {records[0]['verdict']}); not counted as a bug"]
+        out.notes = list(head.notes or []) + [
+            f"latent: {head.verdict} only with layer 0 '{names[at][0]}', which the default configuration does "
+            f"not have (its layer 0 is '{names[0][0]}', where it is {records[0].verdict}); not counted as a bug"]
     elif at:
         shipped = published(head, names[at][0])
-        out["notes"] = list(head.get("notes") or []) + [
-            f"{word} only with layer 0 '{out['order'][0]}'; in the defaults' order (layer 0 "
-            f"'{names[0][0]}') it is {records[0]['verdict']}"
+        out.notes = list(head.notes or []) + [
+            f"{word} only with layer 0 '{out.order[0]}'; in the defaults' order (layer 0 "
+            f"'{names[0][0]}') it is {records[0].verdict}"
             + (f"; a published configuration has that layer 0 ({shipped})" if shipped else "")]
     return out
 
 
-def published(record: dict, first: Optional[str]) -> Optional[str]:
+def published(record: Record, first: Optional[str]) -> Optional[str]:
     """Where a published configuration of `record`'s architecture is said to have layer 0 of kind
     `first` (`PUBLISHED`), or None."""
-    known = PUBLISHED.get(record.get("model_type"))
+    known = PUBLISHED.get(record.model_type)
     return known[1] if known and first is not None and known[0] == first else None
 
 
-def real(record: dict, i: int, first: Optional[str] = None) -> str:
+def real(record: Record, i: int, first: Optional[str] = None) -> str:
     """The verdict an order's record gives the architecture: a finding of a layer order (`i` > 0:
     another kind as layer 0, `first`) that neither the default configuration nor a published one
     (`PUBLISHED`) has is `latent`."""
-    v = record["verdict"]
+    v = record.verdict
     if i and str(v) in (str(BUG), str(UNCONFIRMED)) and not published(record, first):
         return str(LATENT)
     return v

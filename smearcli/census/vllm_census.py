@@ -20,6 +20,7 @@ from ..verdicts import CRASHED, NOT_BUILT, UNCONFIRMED
 from . import vllm_check, vllm_plan
 from .report import sort_key
 from .vllm_engine import Worker, archs
+from .record import Record
 
 SKIP = str(NOT_BUILT)  # an architecture the census could not run, with why
 ENGINE_REFUSED = vllm_check.ENGINE_REFUSED
@@ -32,11 +33,11 @@ def names_for(worker: Worker) -> list[str]:
     return vllm_plan.model_types(archs(worker))
 
 
-def check_one(name: str, worker: Worker, timeout: float, memory: Optional[int], repro_dir: Path) -> dict:
+def check_one(name: str, worker: Worker, timeout: float, memory: Optional[int], repro_dir: Path) -> Record:
     """One architecture's record, in its forked process; its wait on vLLM ends before isolate's."""
     rec = vllm_check.check(name, worker, timeout=max(5.0, timeout - 10.0), memory=memory, repro_dir=repro_dir)
     # the imports so far, as this process saw them: a census stopped early still has its benchmark
-    rec["vllm"] = {**(rec.get("vllm") or {}), "import_s_so_far": round(worker.import_s, 2), "starts": worker.starts}
+    rec.vllm = {**(rec.vllm or {}), "import_s_so_far": round(worker.import_s, 2), "starts": worker.starts}
     return rec
 
 
@@ -45,15 +46,15 @@ def check_one(name: str, worker: Worker, timeout: float, memory: Optional[int], 
 CONFIG_FRAMES = ("(at vllm/engine/arg_utils.py:", "(at vllm/config/")
 
 
-def refused_by_the_process(rec: dict) -> bool:
+def refused_by_the_process(rec: Record) -> bool:
     """Whether an engine refusal may be the worker process's rather than the model's: any refusal
     but vLLM's config validation. What an earlier model left in a process can refuse the next:
     vLLM 0.32's process-wide parallel state ("expert parallel group is not initialized", a MoE
     after others), and, once a model's module has imported llvmlite (numba), every later engine
     ("'_lib_fn_wrapper' object has no attribute 'get'", vLLM's kernel rebinding scanning the
     process's modules)."""
-    reason = str(rec.get("reason") or "")
-    return (rec.get("verdict") == SKIP and reason.startswith(ENGINE_REFUSED)
+    reason = str(rec.reason or "")
+    return (rec.verdict == SKIP and reason.startswith(ENGINE_REFUSED)
             and not any(f in reason for f in CONFIG_FRAMES))
 
 
@@ -67,27 +68,27 @@ class Session:
     def __init__(self, worker: Worker, python: Optional[str] = None, quiet: bool = True):
         self.worker, self.python, self.quiet = worker, python, quiet
         self.t0 = time.monotonic()
-        self.done: list[dict] = []
+        self.done: list[Record] = []
         self.again: Optional[str] = None  # the architecture being checked again
 
     def model_types(self) -> list[str]:
         return names_for(self.worker)
 
-    def check(self, model_type: str, repro_dir: Path, timeout: float, memory: Optional[int]) -> dict:
+    def check(self, model_type: str, repro_dir: Path, timeout: float, memory: Optional[int]) -> Record:
         return check_one(model_type, self.worker, timeout, memory, repro_dir)
 
-    def checked(self, rec: dict, more: bool) -> bool:
+    def checked(self, rec: Record, more: bool) -> bool:
         w = self.worker
         w.served += 1
-        if rec["model_type"] == self.again:
-            rec["notes"] = list(rec.get("notes") or []) + ["checked again in a fresh vLLM process"]
+        if rec.model_type == self.again:
+            rec.notes = list(rec.notes or []) + ["checked again in a fresh vLLM process"]
         elif refused_by_the_process(rec) and w.served > 1:
             w.kill()
             w.start()
-            self.again = rec["model_type"]
+            self.again = rec.model_type
             return True
         self.done.append(rec)
-        clean = (rec.get("vllm") or {}).get("answered") and not (rec.get("vllm") or {}).get("stuck")
+        clean = (rec.vllm or {}).get("answered") and not (rec.vllm or {}).get("stuck")
         if more and (not clean or not w.alive()):
             w.kill()
             w.start()
@@ -119,9 +120,9 @@ def open_session(python: str, quiet: bool = False) -> Session:
     return s
 
 
-def summary(recs: Sequence[dict], worker: Optional[Worker], wall_s: float) -> dict:
+def summary(recs: Sequence[Record], worker: Optional[Worker], wall_s: float) -> dict:
     """The benchmark: wall time, and the time importing vLLM and starting engines, with shares."""
-    engines = sum(float(s or 0) for r in recs for s in (r.get("vllm") or {}).get("engine_start_s") or [])
+    engines = sum(float(s or 0) for r in recs for s in (r.vllm or {}).get("engine_start_s") or [])
     imports = worker.import_s if worker is not None else 0.0
     share = (lambda x: round(100 * x / wall_s, 1) if wall_s > 0 else None)
     return {"wall_s": round(wall_s, 1), "architectures": len(recs), "vllm_import_s": round(imports, 1),
@@ -142,37 +143,37 @@ def _cell(text, n: int = 120) -> str:
 def _departure(r: dict) -> str:
     """Why a departure is what it is: the prefill note when the one-step path departs too (the
     model, not a cache), else the confirmation's why."""
-    said = [n for n in r.get("notes") or [] if n.startswith("prefill")]
-    return said[0] if said else (r.get("confirmation") or {}).get("why") or ""
+    said = [n for n in r.notes or [] if n.startswith("prefill")]
+    return said[0] if said else (r.confirmation or {}).get("why") or ""
 
 
-def sections(recs: Sequence[dict], meta: dict) -> list[str]:
+def sections(recs: Sequence[Record], meta: dict) -> list[str]:
     """The vLLM engine's page (`report.markdown` puts the title and counts above): findings with
     reproducers, what could not run and why, then every architecture."""
     out = []
-    found = [r for r in sorted(recs, key=sort_key) if r.get("verdict") in FINDINGS]
+    found = [r for r in sorted(recs, key=sort_key) if r.verdict in FINDINGS]
     if found:
         out += ["## Findings", "", "vLLM has no float64 form, so a departure reads unconfirmed; a crash is "
                 "vLLM's own frame. Each reproducer needs only vLLM's environment and exits 1 while the bug is there.",
                 "", "| architecture | verdict | schedule | max abs dlogprob | why | reproducer (exit) |",
                 "|---|---|---|---|---|---|"]
         for r in found:
-            rep = f"`{Path(r['reproducer']).name}` ({r.get('reproducer_status')})" if r.get("reproducer") else "-"
-            err = "-" if r.get("max_abs") is None else f"{r['max_abs']:.2g}"
-            out.append(f"| {r['model_type']} | {r['verdict']} | {r.get('worst_schedule') or '-'} | {err} | "
-                       f"{_cell(r.get('reason') or _departure(r))} | {rep} |")
+            rep = f"`{Path(r.reproducer).name}` ({r.reproducer_status})" if r.reproducer else "-"
+            err = "-" if r.max_abs is None else f"{r.max_abs:.2g}"
+            out.append(f"| {r.model_type} | {r.verdict} | {r.worst_schedule or '-'} | {err} | "
+                       f"{_cell(r.reason or _departure(r))} | {rep} |")
         out.append("")
-    skipped = [r for r in sorted(recs, key=lambda r: r["model_type"]) if r.get("verdict") == SKIP]
+    skipped = [r for r in sorted(recs, key=lambda r: r.model_type) if r.verdict == SKIP]
     if skipped:
         out += ["## Not run on the CPU backend", "", "| architecture | why |", "|---|---|"]
-        out += [f"| {r['model_type']} | {_cell(r.get('reason'), 200)} |" for r in skipped]
+        out += [f"| {r.model_type} | {_cell(r.reason, 200)} |" for r in skipped]
         out.append("")
     out += ["## Every architecture", "", "| architecture | verdict | worst schedule | error | x floor | notes |",
             "|---|---|---|---|---|---|"]
     for r in sorted(recs, key=sort_key):
-        err = "-" if r.get("max_abs") is None else f"{r['max_abs']:.2g}"
-        mult = "-" if r.get("multiple") is None else f"{r['multiple']:.2g}"
-        notes = "; ".join(r.get("notes") or []) or (r.get("reason") if r.get("verdict") != SKIP else "")
-        out.append(f"| {r['model_type']} | {r['verdict']} | {r.get('worst_schedule') or '-'} | {err} | {mult} | "
+        err = "-" if r.max_abs is None else f"{r.max_abs:.2g}"
+        mult = "-" if r.multiple is None else f"{r.multiple:.2g}"
+        notes = "; ".join(r.notes or []) or (r.reason if r.verdict != SKIP else "")
+        out.append(f"| {r.model_type} | {r.verdict} | {r.worst_schedule or '-'} | {err} | {mult} | "
                    f"{_cell(notes)} |")
     return out

@@ -21,7 +21,7 @@ decode), and each run is measured against the reference:
   head size or layer kind the CPU backend lacks), or a prefill in one step that raises (a kernel
   the CPU build lacks: no cached path can be compared then) is `not built`, with the reason.
 
-The record has the census's fields (`check.record`) plus `engine` ("vllm"), `vllm_version` and
+The record has the census's fields (`census.record.Record`) plus `engine` ("vllm"), `vllm_version` and
 `vllm` (engine start and request times, the worker's memory).
 """
 
@@ -46,7 +46,8 @@ from ..steps import CRASHED as RUN_CRASHED, UNCHECKED
 from ..verdicts import CRASHED, INCONCLUSIVE, NOT_BUILT, NOT_RUN, OK, UNCONFIRMED
 from . import vllm_plan
 from .boundary import transformers_frame
-from .check import INIT_LADDER, NO_POWER_NOTE, build, init_note, record, vocab_of
+from .check import INIT_LADDER, NO_POWER_NOTE, build, init_note, vocab_of
+from .record import Record, new as record
 from .vllm_engine import WorkerGone
 
 NO_FLOAT64 = "not confirmed: vLLM's engine has no float64 form to rerun it in"
@@ -63,7 +64,7 @@ def request(model_dir: Path, tokens: torch.Tensor, vocab: int, entries: list, on
 
 
 def check(model_type: str, worker, timeout: float = 240.0, memory: Optional[int] = None, seed: int = 0,
-          tolerance: float = NOISE_MARGIN, repro_dir: Optional[Path] = None) -> dict:
+          tolerance: float = NOISE_MARGIN, repro_dir: Optional[Path] = None) -> Record:
     """The record of one architecture in vLLM (the module docstring says how it is judged), its
     waits on vLLM all ending within `timeout` seconds of the start."""
     deadline = time.monotonic() + timeout
@@ -95,7 +96,7 @@ def check(model_type: str, worker, timeout: float = 240.0, memory: Optional[int]
         except WorkerGone as e:
             return record(model_type, CRASHED, reason=str(e), vllm={"answered": False}, **base)
         rec = judged(model_type, res["result"], Path(d), tokens, req, ref, floor, power, tolerance, base)
-    if repro_dir is not None and rec["verdict"] in (CRASHED, UNCONFIRMED) and rec.get("worst_schedule"):
+    if repro_dir is not None and rec.verdict in (CRASHED, UNCONFIRMED) and rec.worst_schedule:
         from . import vllm_repro
 
         vllm_repro.attach(rec, config, Path(repro_dir), worker, seed, req, max(1.0, deadline - time.monotonic() - 5))
@@ -163,7 +164,7 @@ def runs_of(result: dict, workdir: Path, tokens, req: dict) -> list:
     return out
 
 
-def judged(model_type, result, workdir, tokens, req, ref, floor, power, tolerance, base) -> dict:
+def judged(model_type, result, workdir, tokens, req, ref, floor, power, tolerance, base) -> Record:
     """The record from the worker's answer: each run measured, then the verdict word from
     `smearcli.judge` (the runs vLLM crashed on or did not run are the judge's too)."""
     runs = runs_of(result, workdir, tokens, req)

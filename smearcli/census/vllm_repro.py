@@ -17,6 +17,7 @@ import json
 from pathlib import Path
 
 from ..defaults import NOISE_MARGIN
+from .record import Record
 
 TEMPLATE = '''"""Reproducer: {model_type} ({arch}) in vLLM {version}, CPU, float32.
 
@@ -167,17 +168,17 @@ HOW = {"prefix": "a first request for a prefix of whole cache blocks, then the w
        "chunked": "chunked prefill at a token budget (max_num_batched_tokens)"}
 
 
-def write(rec: dict, config, path: Path, req: dict, seed: int = 0, margin: float = NOISE_MARGIN) -> Path:
+def write(rec: Record, config, path: Path, req: dict, seed: int = 0, margin: float = NOISE_MARGIN) -> Path:
     """The reproducer of one finding (`rec`: a record whose `worst_schedule` failed)."""
     from . import vllm_plan
 
-    label = rec["worst_schedule"]
+    label = rec.worst_schedule
     entry = next(e for e in req["schedules"] if vllm_plan.label(e) == label)
     d = {k: v for k, v in config.to_dict().items() if k not in ("transformers_version", "architectures")}
-    finding = rec.get("reason") or f"max |dlogprob| {rec.get('max_abs') or 0:.3g} ({rec.get('multiple') or 0:.3g}x the floor)"
+    finding = rec.reason or f"max |dlogprob| {rec.max_abs or 0:.3g} ({rec.multiple or 0:.3g}x the floor)"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(TEMPLATE.format(
-        model_type=rec["model_type"], arch=vllm_plan.arch_of(rec["model_type"]), version=rec.get("vllm_version"),
+        model_type=rec.model_type, arch=vllm_plan.arch_of(rec.model_type), version=rec.vllm_version,
         schedule=label, how=HOW[entry["name"]], finding=str(finding).replace('"""', "'''")[:300],
         config_json=json.dumps(d, default=str), entry=entry, tokens=req["rows"][0], seed=seed, margin=margin,
         block=req["block_size"], max_len=req["max_model_len"], vocab=req["vocab"],
@@ -185,17 +186,17 @@ def write(rec: dict, config, path: Path, req: dict, seed: int = 0, margin: float
     return path
 
 
-def attach(rec: dict, config, repro_dir: Path, worker, seed: int, req: dict, timeout: float) -> None:
+def attach(rec: Record, config, repro_dir: Path, worker, seed: int, req: dict, timeout: float) -> None:
     """Write the finding's reproducer beside the others and have vLLM's worker run it (the worker
     runs outside the architecture's memory limit, which vLLM's import alone would pass):
     `reproducer`, `reproducer_status`."""
     from .vllm_engine import WorkerGone
 
-    path = write(rec, config, Path(repro_dir) / f"{rec['model_type']}-vllm.py", req, seed)
-    rec["reproducer"] = str(path)
+    path = write(rec, config, Path(repro_dir) / f"{rec.model_type}-vllm.py", req, seed)
+    rec.reproducer = str(path)
     try:
         got = worker.ask({"op": "repro", "path": str(path.resolve()), "timeout": timeout}, timeout + 3)
-        rec["reproducer_status"], rec["reproducer_output"] = int(got.get("status", -1)), str(got.get("last", ""))
+        rec.reproducer_status, rec.reproducer_output = int(got.get("status", -1)), str(got.get("last", ""))
     except WorkerGone as e:
-        rec["reproducer_output"] = str(e)
-        rec["vllm"] = {**(rec.get("vllm") or {}), "answered": False}
+        rec.reproducer_output = str(e)
+        rec.vllm = {**(rec.vllm or {}), "answered": False}

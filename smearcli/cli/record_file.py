@@ -17,8 +17,8 @@ def written(out: Path, resume: bool, quiet: bool, run: Callable) -> list[dict]:
 
     def said(rec):
         if not quiet:
-            sys.stderr.write(f"smearcli: {rec['model_type']}: {rec['verdict']}"
-                             f"{' (' + str(rec.get('wall_s')) + ' s)' if rec.get('wall_s') else ''}\n")
+            sys.stderr.write(f"smearcli: {rec.model_type}: {rec.verdict}"
+                             f"{' (' + str(rec.wall_s) + ' s)' if rec.wall_s else ''}\n")
     with records.Sink(out, resume) as sink:
         if sink.torn:
             sys.stderr.write(f"smearcli: {out}:{sink.torn}: a record cut short (a scan stopped mid-write) "

@@ -20,20 +20,21 @@ from ..verdicts import BUG, INCONCLUSIVE, OK
 ORDER = (BUG, INCONCLUSIVE, OK)  # rows: findings first
 
 
-def grid(records: Sequence[dict]) -> tuple[list[str], list[str], list[list[float]]]:
-    """(row labels, column labels, log10 of error / floor per cell, nan where not run)."""
-    ran = [r for r in records if r.get("schedules")]
-    ran.sort(key=lambda r: (ORDER.index(r["verdict"]) if r["verdict"] in ORDER else 9, r["model_type"]))
+def grid(records: Sequence) -> tuple[list[str], list[str], list[list[float]]]:
+    """(row labels, column labels, log10 of error / floor per cell, nan where not run) of the census's
+    records (`census.record.Record`)."""
+    ran = [r for r in records if r.schedules]
+    ran.sort(key=lambda r: (ORDER.index(r.verdict) if r.verdict in ORDER else 9, r.model_type))
     cols: list[str] = []
     for r in ran:
-        cols += [k for k in r["schedules"] if k not in cols]
-    rows = [f"{r['model_type']} ({r['verdict']})" for r in ran]
-    cells = [[math.log10(max(r["schedules"][c]["multiple"], 1e-3)) if (r["schedules"].get(c) or {}).get("multiple") is not None else math.nan
+        cols += [k for k in r.schedules if k not in cols]
+    rows = [f"{r.model_type} ({r.verdict})" for r in ran]
+    cells = [[math.log10(max(r.schedules[c]["multiple"], 1e-3)) if (r.schedules.get(c) or {}).get("multiple") is not None else math.nan
               for c in cols] for r in ran]
     return rows, cols, cells
 
 
-def figure(records: Sequence[dict], tolerance: float = 10.0):
+def figure(records: Sequence, tolerance: float = 10.0):
     """A matplotlib Figure of `grid(records)`; the colour scale is centred on the tolerance."""
     from matplotlib.colors import TwoSlopeNorm
     from matplotlib.figure import Figure

@@ -50,19 +50,19 @@ def test_a_toy_engine_gets_the_whole_census(toy):
     assert table[0].startswith("architecture") and table[-1] == "3 architectures: 1 bug, 1 crashed, 1 ok"
     assert any(line.startswith("toy_drop") and " bug " in line for line in table)
     # the record file: one record per architecture, each a valid scan record of the toy engine
-    recs = {x["model_type"]: x for x in records.read(toy / "toy.jsonl").records}
-    assert sorted(recs) == list(toy_engine.TYPES) and all(x["engine"] == "toy" for x in recs.values())
-    assert all(record_problems(x) == [] for x in recs.values())
+    recs = {x.model_type: x for x in records.read(toy / "toy.jsonl").records}
+    assert sorted(recs) == list(toy_engine.TYPES) and all(x.engine == "toy" for x in recs.values())
+    assert all(record_problems(x.to_json()) == [] for x in recs.values())
     drop = recs["toy_drop"]
     # each chunk loses the sum before it, the last chunk the most: chunks of 4 the first 8 tokens'
     # (3+1+4+1+5+9+2+6 = 31), chunks of 5 the first 10 (+5+3 = 39), decode the first 11 (+5 = 44)
-    got = {k: v["max_abs"] for k, v in drop["schedules"].items()}
+    got = {k: v["max_abs"] for k, v in drop.schedules.items()}
     assert got == {"chunks of 4": 31, "chunks of 5": 39, "decode": 44}
-    assert drop["worst_schedule"] == "decode" and drop["max_abs"] == 44 and drop["multiple"] == 44 / toy_engine.FLOOR
-    assert recs["toy_crash"]["reason"].startswith("chunks of 4: toy cache")
+    assert drop.worst_schedule == "decode" and drop.max_abs == 44 and drop.multiple == 44 / toy_engine.FLOOR
+    assert recs["toy_crash"].reason.startswith("chunks of 4: toy cache")
     # the reproducer was written and run once: it exits 1 while the bug is there
-    rep = Path(drop["reproducer"])
-    assert rep == (toy / "repro" / "toy_drop-toy.py").resolve() and drop["reproducer_status"] == 1
+    rep = Path(drop.reproducer)
+    assert rep == (toy / "repro" / "toy_drop-toy.py").resolve() and drop.reproducer_status == 1
     assert "max abs error 44" in subprocess.run([sys.executable, str(rep)], capture_output=True, text=True).stdout
     # the page: the toy's title, the counts, its own section
     md = (toy / "toy.md").read_text()

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from smearcli.census import derive, report, shapes
+from smearcli.census import derive, record, report, shapes
 from smearcli.census.check import cycle, split_points
 
 pytest.importorskip("transformers")
@@ -99,14 +99,14 @@ def test_decode_path_and_reruns_decide_first():
 
 
 # -- report --------------------------------------------------------------------------------------
-RECORDS = [
+RECORDS = [record.bare(**r) for r in [
     {"model_type": "averyveryverylongarchitecturename", "verdict": "bug", "worst_schedule": "widths around the SSM chunk 8",
      "max_abs": 0.5, "shape": shapes.STATE_DROPPED, "born_at": "logits@16", "reproducer": "/x/a.py", "reproducer_status": 1},
     {"model_type": "b", "verdict": "crashed", "reason": "transformers/models/b/modeling_b.py:12 in f: ValueError: no"},
     {"model_type": "c", "verdict": "ok"},
     {"model_type": "d", "verdict": "inconclusive"},
     {"model_type": "e", "verdict": "not built", "reason": "the config class cannot be built"},
-]
+]]
 
 
 def test_table_fits_80_columns_and_counts():
@@ -121,7 +121,7 @@ def test_table_fits_80_columns_and_counts():
 def test_document_and_markdown():
     doc = report.document(RECORDS, {"transformers_version": "x"})
     assert doc["schema"] == report.SCHEMA
-    assert [r["model_type"] for r in doc["architectures"]] == sorted(r["model_type"] for r in RECORDS)
+    assert [r["model_type"] for r in doc["architectures"]] == sorted(r.model_type for r in RECORDS)
     first = doc["architectures"][0]
     for key in ("model_type", "verdict", "worst_schedule", "max_abs", "shape", "reproducer"):
         assert key in first

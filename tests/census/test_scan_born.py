@@ -9,7 +9,9 @@ import json
 import pytest
 import torch
 
-from smearcli.census import born, draft, groups, records, report, repro
+import dataclasses
+
+from smearcli.census import born, draft, groups, record, records, report, repro
 from smearcli.errors import UserError
 
 transformers = pytest.importorskip("transformers")
@@ -44,11 +46,11 @@ def test_mamba_is_born_in_its_mixer(mamba):
     from transformers.models.mamba.modeling_mamba import MambaMixer
 
     rec = mamba
-    b = rec["born_in"]
-    assert rec["verdict"] == "bug" and b["module"].endswith(".mixer") and b["class"] == "MambaMixer"
+    b = rec.born_in
+    assert rec.verdict == "bug" and b["module"].endswith(".mixer") and b["class"] == "MambaMixer"
     assert b["file"] == "transformers/models/mamba/modeling_mamba.py"
     assert b["lines"] == forward_lines(MambaMixer)
-    assert b["position"] == int(rec["born_at"].split("@")[1])  # the run's first bad position
+    assert b["position"] == int(rec.born_at.split("@")[1])  # the run's first bad position
     # the first output off is a projection inside the mixer whose input was already off: the trace
     # climbed to the mixer, whose own input (the normed hidden state) agrees with the full pass
     assert b["first_off"].startswith(b["module"] + ".") and b["first_off"] != b["module"]
@@ -98,7 +100,7 @@ def test_the_mamba_family_is_one_root_cause(family):
     assert len(found) == 1
     g = found[0]
     assert g["architectures"] == sorted(MAMBA_FAMILY) and g["first"] == "mamba"  # the mixer the others copy
-    assert len({r["born_in"]["code"] for r in recs}) == 4  # four different forwards ...
+    assert len({r.born_in["code"] for r in recs}) == 4  # four different forwards ...
     assert "if recurrent_state is not None and seq_len == 1:" in g["lines"]  # ... one shared branch
     assert g["members"]["mamba"]["class"] == "MambaMixer"
 
@@ -106,24 +108,24 @@ def test_the_mamba_family_is_one_root_cause(family):
 def test_the_mamba_mixers_declared_copies_are_read_from_their_modular_files(family):
     """modular_falcon_mamba.py has `class FalconMambaMixer(MambaMixer)` and modular_jamba.py
     `class JambaMambaMixer(FalconMambaMixer)`; Zamba's mixer declares no copy."""
-    copies = {n: r["born_in"]["copies"] for n, r in family.items()}
+    copies = {n: r.born_in["copies"] for n, r in family.items()}
     assert copies == {"falcon_mamba": ["mamba.MambaMixer"], "jamba": ["falcon_mamba.FalconMambaMixer", "mamba.MambaMixer"],
                       "mamba": [], "zamba": []}
-    unlined = [{**r, "born_in": {**r["born_in"], "suspects": []}} for r in family.values()]  # no shared line left
+    unlined = [dataclasses.replace(r, born_in={**r.born_in, "suspects": []}) for r in family.values()]  # no shared line left
     assert [g["architectures"] for g in groups.groups(unlined)] == [["falcon_mamba", "jamba", "mamba"], ["zamba"]]
 
 
 def finding(name, code, lines=(), shape="state dropped at chunk starts", verdict="bug"):
-    return {"model_type": name, "verdict": verdict, "shape": shape,
-            "born_in": {"module": "m.layers.0.mixer", "class": f"{name.title()}Mixer", "file": f"modeling_{name}.py",
-                        "lines": [10, 20], "code": code, "suspects": [[12, x, "a branch"] for x in lines]}}
+    return record.bare(name, verdict, shape=shape, born_in={
+        "module": "m.layers.0.mixer", "class": f"{name.title()}Mixer", "file": f"modeling_{name}.py",
+        "lines": [10, 20], "code": code, "suspects": [[12, x, "a branch"] for x in lines]})
 
 
 def test_grouping_rules():
     recs = [finding("d", "c1", ["if seq_len == 1:"], shape="decode path differs"),
             finding("b", "c2", ["if seq_len == 1:"]), finding("a", "c1"), finding("c", "c3", ["if seq_len == 1:"]),
-            {"model_type": "e", "verdict": "ok"}, finding("f", None, verdict="unconfirmed"),
-            {"model_type": "g", "verdict": "bug", "worst_schedule": "padded", "born_in": None}]
+            record.bare("e", "ok"), finding("f", None, verdict="unconfirmed"),
+            record.bare("g", "bug", worst_schedule="padded", born_in=None)]
     got = {tuple(g["architectures"]): g for g in groups.groups(recs)}
     # a and d: the same code; b and c: the same suspect line and shape; d's line has another shape
     assert set(got) == {("a", "d"), ("b", "c"), ("f",), ("g",)}
@@ -133,9 +135,9 @@ def test_grouping_rules():
 
 
 def test_merged_shards_group_like_one_scan(family, tmp_path):
-    recs = sorted(family.values(), key=lambda r: r["model_type"])
+    recs = sorted(family.values(), key=lambda r: r.model_type)
     for i, part in enumerate((recs[::2], recs[1::2])):
-        (tmp_path / f"s{i}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in part))
+        (tmp_path / f"s{i}.jsonl").write_text("".join(json.dumps(r.to_json(), default=str) + "\n" for r in part))
     merged = records.merge([tmp_path / "s0.jsonl", tmp_path / "s1.jsonl"])
     assert groups.groups(merged) == groups.groups(recs)
 
@@ -144,7 +146,7 @@ def test_born_in_must_be_an_object():
     records.check_record("x", {"model_type": "a", "verdict": "bug", "born_in": {"module": "m"}})
     with pytest.raises(UserError, match="born_in"):
         records.check_record("x", {"model_type": "a", "verdict": "bug", "born_in": "m"})
-    odd = {"model_type": "a", "verdict": "bug", "born_in": {"module": "m", "lines": "10-20", "suspects": 3}}
+    odd = record.bare("a", "bug", born_in={"module": "m", "lines": "10-20", "suspects": 3})
     assert groups.born(odd)["lines"] is None and groups.born(odd)["suspects"] == []
     report.table([odd]), report.markdown([odd])  # an edited record still reports
 
@@ -169,7 +171,7 @@ def test_group_draft_quotes_the_forward_and_names_every_architecture(family, tmp
 
     # as a scan leaves the architecture heading the group (Mamba's mixer, which the others declare
     # they copy): a reproducer and a draft of its own
-    head = dict(family["mamba"], report_draft=str(tmp_path / "mamba.md"), reproducer=str(tmp_path / "mamba.py"))
+    head = dataclasses.replace(family["mamba"], report_draft=str(tmp_path / "mamba.md"), reproducer=str(tmp_path / "mamba.py"))
     (tmp_path / "mamba.md").write_text("the draft check wrote\n")
     (tmp_path / "mamba.py").write_text('"""Reproducer: x.\n"""\nimport sys\n')
     written = draft.write_groups([family[n] for n in ("falcon_mamba", "jamba")] + [head, family["zamba"]],

@@ -14,7 +14,8 @@ pytest.importorskip("transformers", reason="transformers is not installed: pip i
 from smearcli.schedules import shape  # noqa: E402
 from smearcli.impls.hf.cache_runner import CacheRunner  # noqa: E402
 from smearcli.census import repro, report, shapes  # noqa: E402
-from smearcli.census.check import T, build, check_model, record, split_points  # noqa: E402
+from smearcli.census.check import T, build, check_model, split_points  # noqa: E402
+from smearcli.census.record import BoundaryResult, new as record  # noqa: E402
 from smearcli.verdicts import BUG, INCONCLUSIVE, OK  # noqa: E402
 from smearcli.census.derive import derive  # noqa: E402
 from smearcli.runner import PADDING  # noqa: E402
@@ -55,8 +56,8 @@ def test_the_tiny_llama_passes_padded_and_rollback_cropped():
     out = scan(model, cfg)
     assert out["verdict"] == OK, out
     b = out["boundaries"]
-    assert b["padded"]["status"] == OK and b["rollback"]["status"] == OK
-    assert b["rollback"]["mode"] == "crop"  # a KV-only DynamicCache is cropped, not copied
+    assert b["padded"].status == OK and b["rollback"].status == OK
+    assert b["rollback"].mode == "crop"  # a KV-only DynamicCache is cropped, not copied
     assert out["schedules"]["padded"]["passed"] and out["schedules"]["rollback"]["passed"]
     assert any("cropped back" in n for n in out["notes"])
 
@@ -66,11 +67,11 @@ def test_padding_that_leaks_into_a_row_is_a_bug_with_its_shape():
     out = scan(model, cfg)
     assert out["verdict"] == BUG
     assert out["worst_schedule"] == "padded" and out["shape"] == shape("padded")
-    assert out["boundaries"]["padded"]["status"] == BUG
-    assert out["boundaries"]["padded"]["shape"] == shape("padded")
+    assert out["boundaries"]["padded"].status == BUG
+    assert out["boundaries"]["padded"].shape == shape("padded")
     rb = out["boundaries"]["rollback"]  # it agreed beside another bug: no power check ran, so no ok
-    assert rb["status"] == NOT_JUDGED and rb["why"] == "padded failed beside it", rb
-    assert out["boundaries"]["padded"]["multiple"] > 10
+    assert rb.status == NOT_JUDGED and rb.why == "padded failed beside it", rb
+    assert out["boundaries"]["padded"].multiple > 10
 
 
 def test_a_crop_that_keeps_the_rejected_draft_is_state_not_rolled_back(monkeypatch):
@@ -82,8 +83,8 @@ def test_a_crop_that_keeps_the_rejected_draft_is_state_not_rolled_back(monkeypat
     assert out["verdict"] == BUG and out["worst_schedule"] == "rollback"
     assert out["shape"] == shape("rollback")
     e = out["boundaries"]["rollback"]
-    assert e["status"] == BUG and e["mode"] == "crop" and e["shape"] == shape("rollback")
-    assert out["boundaries"]["padded"]["status"] == NOT_JUDGED
+    assert e.status == BUG and e.mode == "crop" and e.shape == shape("rollback")
+    assert out["boundaries"]["padded"].status == NOT_JUDGED
 
 
 def test_a_crop_their_api_refuses_falls_back_to_a_copy(monkeypatch):
@@ -99,7 +100,7 @@ def test_a_crop_their_api_refuses_falls_back_to_a_copy(monkeypatch):
     model, cfg = tiny_llama()
     out = scan(model, cfg)
     e = out["boundaries"]["rollback"]
-    assert out["verdict"] == OK and e["mode"] == "copy" and "crop refused" in e["why"]
+    assert out["verdict"] == OK and e.mode == "copy" and "crop refused" in e.why
 
 
 class Stuck(CacheRunner):
@@ -113,9 +114,9 @@ def test_a_runner_that_can_neither_crop_nor_copy_is_reported():
     model, cfg = tiny_llama()
     out = scan(model, cfg, make=Stuck)
     e = out["boundaries"]["rollback"]
-    assert e["status"] == "not run" and "neither" in e["why"] and e["mode"] is None
+    assert e.status == "not run" and "neither" in e.why and e.mode is None
     assert any(n.startswith("rollback not run") and "neither" in n for n in out["notes"])
-    assert "rollback" not in out["schedules"] and out["boundaries"]["padded"]["status"] == OK
+    assert "rollback" not in out["schedules"] and out["boundaries"]["padded"].status == OK
     rec = record("llama", **out)
     assert "rollback: 1 not run" in report.table([rec])
     md = report.markdown([rec])
@@ -131,7 +132,7 @@ def test_a_model_without_an_attention_mask_says_padded_was_not_run():
     model, cfg = tiny_llama(Maskless)
     out = scan(model, cfg)
     e = out["boundaries"]["padded"]
-    assert e["status"] == "not run" and "attention_mask" in e["why"]
+    assert e.status == "not run" and "attention_mask" in e.why
     assert any(n.startswith("padded not run") for n in out["notes"])
     assert "not run: Maskless.forward takes no attention_mask" in report.boundary_cell(record("x", **out), "padded")
 
@@ -144,7 +145,7 @@ def test_no_ok_for_the_boundaries_when_the_state_never_moves_the_logits(monkeypa
     model, cfg = tiny_llama()
     out = scan(model, cfg)
     assert out["verdict"] == INCONCLUSIVE
-    assert {e["status"] for e in out["boundaries"].values()} == {INCONCLUSIVE}
+    assert {e.status for e in out["boundaries"].values()} == {INCONCLUSIVE}
 
 
 def test_classify_names_the_boundaries_and_the_report_knows_them():
@@ -152,10 +153,10 @@ def test_classify_names_the_boundaries_and_the_report_knows_them():
     assert shapes.classify(e, [10], 1e-5, schedule="padded") == shape("padded")
     assert shapes.classify(e, [10], 1e-5, schedule="rollback") == shape("rollback")
     assert {shape("padded"), shape("rollback")} <= set(shapes.all_shapes())
-    rec = {"model_type": "m", "verdict": "bug", "worst_schedule": "padded", "shape": shape("padded"),
-           "max_abs": 1.0, "boundaries": {"padded": {"status": "bug", "multiple": 3e4, "mode": None},
-                                          "rollback": {"status": "crashed", "mode": "copy",
-                                                       "why": "transformers/models/m/modeling_m.py:7 in f: E: x"}}}
+    rec = record("m", "bug", worst_schedule="padded", shape=shape("padded"), max_abs=1.0,
+                 boundaries={"padded": BoundaryResult("bug", multiple=3e4, mode=None),
+                             "rollback": BoundaryResult("crashed", mode="copy",
+                                                        why="transformers/models/m/modeling_m.py:7 in f: E: x")})
     text = report.table([rec])
     assert "padding leaks" in text and "padded: 1 bug" in text and "rollback: 1 crashed (copy)" in text
     assert "boundaries" in report.document([rec])["architectures"][0]
@@ -168,7 +169,7 @@ def test_classify_names_the_boundaries_and_the_report_knows_them():
 def test_boundary_reproducers(tmp_path, model_type, schedule, status):
     import ast
 
-    e = {"status": BUG, "max_abs": 1.0, "shape": shape(schedule), "mode": "crop" if model_type == "llama" else None}
+    e = BoundaryResult(BUG, max_abs=1.0, shape=shape(schedule), mode="crop" if model_type == "llama" else None)
     rec = record(model_type, BUG, worst_schedule=schedule, steps=[T], max_abs=1.0, boundaries={schedule: e})
     path = repro.write(rec, derive(model_type).config, tmp_path / f"{model_type}.py", total=T)
     src = path.read_text()
@@ -183,15 +184,15 @@ def test_padded_runs_as_the_model_numbers_positions_and_says_which_rows_are_off(
     from smearcli.census.check import check
 
     rob = check("roberta")  # positions from its padding id on: explicit 0-based ones would be wrong
-    e = rob["boundaries"]["padded"]
-    assert e["status"] == OK and e["positions"] is False and e["pad_id"] == 1
-    assert "numbers positions its own way" in e["why"]
+    e = rob.boundaries["padded"]
+    assert e.status == OK and e.positions is False and e.pad_id == 1
+    assert "numbers positions its own way" in e.why
     bart = check("bart")  # learned absolute positions and no position_ids: left padding shifts them
-    e = bart["boundaries"]["padded"]
-    assert e["status"] == shapes.LEFT_UNSUPPORTED and e["shape"] is None  # what its API allows, no bug
-    assert bart["verdict"] in (OK, INCONCLUSIVE), bart["verdict"]
-    assert e["rows"]["the row"] == 0.0 or e["rows"]["the row"] < e["rows"]["left-padded"] / 1e3
-    assert "off: left-padded" in e["why"] and "takes no position_ids" in e["why"]
+    e = bart.boundaries["padded"]
+    assert e.status == shapes.LEFT_UNSUPPORTED and e.shape is None  # what its API allows, no bug
+    assert bart.verdict in (OK, INCONCLUSIVE), bart.verdict
+    assert e.rows["the row"] == 0.0 or e.rows["the row"] < e.rows["left-padded"] / 1e3
+    assert "off: left-padded" in e.why and "takes no position_ids" in e.why
 
 
 def no_positions_gpt2():
@@ -217,10 +218,10 @@ def test_left_padding_a_model_cannot_number_is_its_own_status_not_a_bug():
         model = no_positions_gpt2()(cfg).float().eval()
     out = scan(model, cfg)
     e = out["boundaries"]["padded"]
-    assert e["status"] == shapes.LEFT_UNSUPPORTED, e
-    rows = e["rows"]
+    assert e.status == shapes.LEFT_UNSUPPORTED, e
+    rows = e.rows
     assert rows["left-padded"] > 10 * out["floor"] >= rows["right-padded"], rows
-    assert "right padding passes" in e["why"]
+    assert "right padding passes" in e.why
     assert out["verdict"] == OK and "padded" not in out["schedules"], out
-    md = "\n".join(report.boundaries_md([{**out, "model_type": "gpt2-nopos", "verdict": out["verdict"]}]))
+    md = "\n".join(report.boundaries_md([record("gpt2-nopos", **out)]))
     assert "gpt2-nopos | padded | left padding unsupported" in md

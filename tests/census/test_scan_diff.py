@@ -12,12 +12,12 @@ from typer.testing import CliRunner
 
 pytest.importorskip("transformers", reason="transformers is not installed: pip install 'smearcli[hf]'")
 
-from smearcli.census import diff  # noqa: E402
+from smearcli.census import diff, record  # noqa: E402
 from smearcli.cli.app import app  # noqa: E402
 
 
 def rec(name, verdict, release="5.24.0", **kw):
-    return {"model_type": name, "verdict": verdict, "transformers_version": release, **kw}
+    return record.bare(name, verdict, transformers_version=release, **kw)
 
 
 BUG_ROLLBACK = dict(worst_schedule="rollback", max_abs=0.23, multiple=1.5e5, shape="state not rolled back")
@@ -84,8 +84,8 @@ def test_markdown_lists_every_change_with_its_explanation():
 
 def files(tmp_path, before=BEFORE, after=AFTER):
     a, b = tmp_path / "before.jsonl", tmp_path / "after.jsonl"
-    a.write_text("".join(json.dumps(r) + "\n" for r in before))
-    b.write_text("".join(json.dumps(r) + "\n" for r in after))
+    a.write_text("".join(json.dumps(r.to_json()) + "\n" for r in before))
+    b.write_text("".join(json.dumps(r.to_json()) + "\n" for r in after))
     return a, b
 
 
@@ -103,7 +103,7 @@ def test_against_prints_the_changes_and_check_fails_on_regressions_only(tmp_path
     assert "fixed_one" in r.stdout and "rollback now 2e-06" in r.stdout
     r = invoke("--merge", b, "--against", a, "--check")
     assert r.exit_code == 1 and "2 architectures regressed against transformers 5.24.0: now_crashes, regresses" in r.stderr
-    no_regression = [x for x in AFTER if x["model_type"] not in ("regresses", "now_crashes")]
+    no_regression = [x for x in AFTER if x.model_type not in ("regresses", "now_crashes")]
     a, b = files(tmp_path, after=no_regression + [rec("regresses", "ok", "5.25.0"), rec("now_crashes", "inconclusive", "5.25.0")])
     r = invoke("--merge", b, "--against", a, "--check")  # bugs remain, none regressed: the gate passes
     assert r.exit_code == 0, r.output
@@ -112,11 +112,11 @@ def test_against_prints_the_changes_and_check_fails_on_regressions_only(tmp_path
 def test_against_refusals_are_one_line_errors(tmp_path):
     a, b = files(tmp_path)
     vllm = tmp_path / "vllm.jsonl"
-    vllm.write_text(json.dumps(rec("x", "ok", engine="vllm", vllm_version="0.32.0")) + "\n")
+    vllm.write_text(json.dumps(rec("x", "ok", engine="vllm", vllm_version="0.32.0").to_json()) + "\n")
     doc = tmp_path / "doc.json"
     doc.write_text(json.dumps({"schema": "smearcli.scan/1", "architectures": []}) + "\n")
     torn = tmp_path / "torn.jsonl"
-    torn.write_text(json.dumps(BEFORE[0]) + "\n" + '{"model_type": "b", "verd')
+    torn.write_text(json.dumps(BEFORE[0].to_json()) + "\n" + '{"model_type": "b", "verd')
     cases = [
         (["--merge", b, "--against", vllm], "the previous census is on vllm, this one is on transformers"),
         (["--against", vllm, "--out", tmp_path / "o.jsonl"], "--against holds a census on vllm"),

@@ -24,7 +24,7 @@ import pytest
 import scan_standin
 from hardening_util import invoke
 from smearcli.errors import UserError
-from smearcli.census import isolate, records
+from smearcli.census import isolate, record, records
 from conftest import ROOT  # noqa: E402 - the clone's root
 
 REC = {"model_type": "a", "verdict": "ok"}
@@ -142,7 +142,7 @@ def test_merge_of_good_shards_still_works(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     Path("s.jsonl").write_text(line() + "\n" + line(model_type="b", verdict="bug", max_abs=0.5).rstrip("\n"))
     Path("t.jsonl").write_text(line(model_type="c", verdict="crashed", reason="x.py:1 in f: E"))
-    assert [r["model_type"] for r in records.merge([Path("t.jsonl"), Path("s.jsonl")])] == ["a", "b", "c"]
+    assert [r.model_type for r in records.merge([Path("t.jsonl"), Path("s.jsonl")])] == ["a", "b", "c"]
 
 
 # -- record files: --resume ------------------------------------------------------------------------
@@ -171,7 +171,7 @@ def test_resume_drops_a_torn_last_record_and_says_so(standin):
 def test_resume_after_a_last_record_without_its_newline_keeps_lines_apart(standin):
     Path("scan.jsonl").write_text(line(model_type="arch0").rstrip("\n"))  # an edited file
     invoke(["scan", "--resume", "--only", "arch0,arch1", "-q"])
-    assert [r["model_type"] for r in records.read(Path("scan.jsonl")).records] == ["arch0", "arch1"]
+    assert [r.model_type for r in records.read(Path("scan.jsonl")).records] == ["arch0", "arch1"]
 
 
 # -- options that cannot mean anything -------------------------------------------------------------
@@ -289,19 +289,21 @@ def test_the_sink_holds_its_lock_and_writes_whole_lines(tmp_path):
     with records.Sink(out) as sink:
         with pytest.raises(UserError, match="another smearcli scan"):
             records.Sink(out, resume=True)
-        sink.write({"model_type": "a", "verdict": "ok"})
-    assert out.read_text() == '{"model_type": "a", "verdict": "ok"}\n'
+        sink.write(record.bare("a", "ok"))
+    text = out.read_text()
+    assert text.count("\n") == 1 and text.endswith("\n")  # one whole line
+    assert json.loads(text) == {**dict.fromkeys(record.FIELDS), "model_type": "a", "verdict": "ok"}
     with records.Sink(out, resume=True) as sink:  # released with the first
         assert sink.names() == {"a"}
 
 
 # -- the out-of-memory verdict the guide states ----------------------------------------------------
 
-def oom_when_built(name: str) -> dict:
+def oom_when_built(name: str) -> record.Record:
     """What check.check returns when building the model is refused memory (blt at 3 GiB)."""
-    return {"model_type": name, "verdict": "not built", "reason": "the model cannot be built from the tiny "
-            "config: initialization.py:137 in trunc_normal_: RuntimeError: [enforce fail at alloc_cpu.cpp:127] "
-            "DefaultCPUAllocator: can't allocate memory: you tried to allocate 768003072 bytes."}
+    return record.new(name, "not built", reason="the model cannot be built from the tiny "
+                      "config: initialization.py:137 in trunc_normal_: RuntimeError: [enforce fail at alloc_cpu.cpp:127] "
+                      "DefaultCPUAllocator: can't allocate memory: you tried to allocate 768003072 bytes.")
 
 
 def test_out_of_memory_is_crashed_as_the_guide_says(tmp_path):
@@ -309,9 +311,9 @@ def test_out_of_memory_is_crashed_as_the_guide_says(tmp_path):
     assert "| `crashed` | their code raised (the frame is in the table), or the process died or ran out of memory " \
         "(the reason then starts with *out of memory*, building the model included" in guide
     (rec,) = isolate.scan(["blt"], oom_when_built, tmp_path / "s.jsonl", memory=1 << 30)
-    assert rec["verdict"] == "crashed", rec
-    assert rec["reason"].startswith("out of memory: an allocation over the 1024 MiB limit was refused (the model")
-    ok = {"model_type": "x", "verdict": "not built", "reason": "the shrunk config is refused: ValueError"}
+    assert rec.verdict == "crashed", rec
+    assert rec.reason.startswith("out of memory: an allocation over the 1024 MiB limit was refused (the model")
+    ok = record.new("x", "not built", reason="the shrunk config is refused: ValueError")
     assert isolate.memory_verdict(ok, 1 << 30) is ok  # another reason stays what it was
 
 

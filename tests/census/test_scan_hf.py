@@ -16,7 +16,8 @@ pytest.importorskip("transformers", reason="transformers is not installed: pip i
 from smearcli.cli.app import app  # noqa: E402
 from smearcli.compare import compare  # noqa: E402
 from smearcli.census import repro  # noqa: E402
-from smearcli.census.check import check, record  # noqa: E402
+from smearcli.census.check import check  # noqa: E402
+from smearcli.census.record import new as record  # noqa: E402
 from smearcli.verdicts import BUG, CRASHED  # noqa: E402
 from smearcli.census.derive import derive  # noqa: E402
 from smearcli.runner import StepRunner  # noqa: E402
@@ -92,8 +93,8 @@ def test_rwkv_runs_through_state_and_xlstm_crash_is_theirs(tmp_path):
 @pytest.mark.slow
 def test_check_finds_falcon_mamba_and_its_reproducer_exits_1(tmp_path):
     rec = check("falcon_mamba", repro_dir=tmp_path)
-    assert rec["verdict"] == BUG and rec["shape"] == "state dropped at chunk starts"
-    assert rec["reproducer_status"] == 1, rec.get("reproducer_output")
+    assert rec.verdict == BUG and rec.shape == "state dropped at chunk starts"
+    assert rec.reproducer_status == 1, rec.reproducer_output
     src = (tmp_path / "falcon_mamba.py").read_text()
     imported = {n.names[0].name.split(".")[0] for n in ast.walk(ast.parse(src)) if isinstance(n, ast.Import)}
     imported |= {n.module.split(".")[0] for n in ast.walk(ast.parse(src)) if isinstance(n, ast.ImportFrom)}
@@ -114,8 +115,8 @@ def test_a_crash_in_their_code_is_the_result():
     cfg = derive("llama").config
     cfg.num_key_value_heads = 3  # 4 query heads over 3 kv heads: their attention cannot build
     rec = check("llama", config=cfg)
-    assert rec["verdict"] in (CRASHED, "not built")
-    assert "transformers/" in rec["reason"]
+    assert rec.verdict in (CRASHED, "not built")
+    assert "transformers/" in rec.reason
 
 
 def test_the_census_names_capture_points_as_compare_impl_hf_does():

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from smearcli.errors import UserError
-from smearcli.census import budget, isolate, records
+from smearcli.census import budget, isolate, record, records
 
 
-def stand_in(name: str) -> dict:
+def stand_in(name: str) -> record.Record:
     """A stand-in check: the name says what the 'model' does."""
     if name == "hangs":
         while True:
@@ -27,7 +27,7 @@ def stand_in(name: str) -> dict:
         blocks = []
         while True:
             blocks.append(bytearray(64 << 20))  # refused once the address space limit is reached
-    return {"model_type": name, "verdict": "ok", "notes": [ran_in(os.getpid())]}  # a record's fields only
+    return record.new(name, "ok", notes=[ran_in(os.getpid())])
 
 
 def ran_in(pid: int) -> str:
@@ -40,45 +40,46 @@ def test_hang_crash_and_allocation_are_results(tmp_path):
     recs = isolate.scan(["fine", "hangs", "raises", "dies", "allocates", "fine2"], stand_in, out,
                         jobs=2, timeout=3, memory=1 << 30)
     assert time.monotonic() - t0 < 40  # the hang is tried twice: 3 s, then 7.5 s
-    by = {r["model_type"]: r for r in records.read(out).records}
+    by = {r.model_type: r for r in records.read(out).records}
     assert set(by) == {"fine", "hangs", "raises", "dies", "allocates", "fine2"}
-    assert by["fine"]["verdict"] == by["fine2"]["verdict"] == "ok"
-    assert by["fine"]["notes"] != [ran_in(os.getpid())]  # it ran in a child
-    assert by["hangs"]["verdict"] == "timed out"  # time is not a verdict on their code
-    assert by["hangs"]["reason"].startswith("timed out: no verdict within 3 s, nor within 7.5 s on a retry (load ")
-    assert by["raises"]["verdict"] == "crashed" and "ZeroDivisionError" in by["raises"]["reason"]
-    assert by["dies"]["verdict"] == "crashed" and "SIGKILL" in by["dies"]["reason"]
-    assert by["allocates"]["verdict"] == "crashed" and "memory" in by["allocates"]["reason"]
+    assert by["fine"].verdict == by["fine2"].verdict == "ok"
+    assert by["fine"].notes != [ran_in(os.getpid())]  # it ran in a child
+    assert by["hangs"].verdict == "timed out"  # time is not a verdict on their code
+    assert by["hangs"].reason.startswith("timed out: no verdict within 3 s, nor within 7.5 s on a retry (load ")
+    assert by["raises"].verdict == "crashed" and "ZeroDivisionError" in by["raises"].reason
+    assert by["dies"].verdict == "crashed" and "SIGKILL" in by["dies"].reason
+    assert by["allocates"].verdict == "crashed" and "memory" in by["allocates"].reason
     assert len(recs) == 6
 
 
 SLOW_ONCE = "slow-once"
 
 
-def slow_then_quick(name: str) -> dict:
+def slow_then_quick(name: str) -> record.Record:
     """Slow on its first try (a busy machine), quick on the second: a marker file says which."""
     mark = Path(os.environ["SMEARCLI_TEST_MARK"]) / name
     if name == SLOW_ONCE and not mark.exists():
         mark.write_text("tried")
         time.sleep(60)
-    return {"model_type": name, "verdict": "ok"}
+    return record.new(name, "ok")
 
 
 def test_an_architecture_out_of_time_is_retried_once_with_more(tmp_path, monkeypatch):
     monkeypatch.setenv("SMEARCLI_TEST_MARK", str(tmp_path))
     recs = isolate.scan([SLOW_ONCE, "quick"], slow_then_quick, tmp_path / "scan.jsonl", jobs=1, timeout=2)
-    by = {r["model_type"]: r for r in recs}
-    assert by[SLOW_ONCE]["verdict"] == by["quick"]["verdict"] == "ok"
-    assert [r["model_type"] for r in recs] == ["quick", SLOW_ONCE]  # the retry waits for the others
+    by = {r.model_type: r for r in recs}
+    assert by[SLOW_ONCE].verdict == by["quick"].verdict == "ok"
+    assert [r.model_type for r in recs] == ["quick", SLOW_ONCE]  # the retry waits for the others
 
 
-def finds_then_stalls(name: str) -> dict:
+def finds_then_stalls(name: str) -> record.Record:
     """A check that makes its finding, sends it (`stage`), then stalls in what comes after (a
     reproducer on a busy machine)."""
-    rec = {"model_type": name, "verdict": "bug", "worst_schedule": "decode", "notes": []}
+    rec = record.new(name, "bug", worst_schedule="decode")
     budget.stage(rec)
     if name == "stalls-after-file":
-        budget.stage(dict(rec, reproducer="/tmp/x.py"))
+        rec.reproducer = "/tmp/x.py"
+        budget.stage(rec)
     while True:
         time.sleep(0.05)
 
@@ -89,13 +90,13 @@ def test_a_finding_made_is_kept_when_what_follows_runs_out_of_time(tmp_path, mon
     recs = isolate.scan(["stalls", "stalls-after-file"], finds_then_stalls, tmp_path / "scan.jsonl", jobs=2,
                         timeout=60)  # the architecture's limit is not what ends it
     assert time.monotonic() - t0 < 20
-    by = {r["model_type"]: r for r in recs}
+    by = {r.model_type: r for r in recs}
     for name in by:
-        assert by[name]["verdict"] == "bug" and by[name]["worst_schedule"] == "decode"
-        assert "the verdict stands" in by[name]["notes"][-1] and "within 1 s" in by[name]["notes"][-1]
-    assert "writing its reproducer did not finish" in by["stalls"]["notes"][-1]
-    assert by["stalls-after-file"]["reproducer"] == "/tmp/x.py"  # the file has its record
-    assert "its reproducer did not finish" in by["stalls-after-file"]["notes"][-1]
+        assert by[name].verdict == "bug" and by[name].worst_schedule == "decode"
+        assert "the verdict stands" in by[name].notes[-1] and "within 1 s" in by[name].notes[-1]
+    assert "writing its reproducer did not finish" in by["stalls"].notes[-1]
+    assert by["stalls-after-file"].reproducer == "/tmp/x.py"  # the file has its record
+    assert "its reproducer did not finish" in by["stalls-after-file"].notes[-1]
 
 
 def test_the_time_after_a_verdict_is_scaled_to_the_checks_pace():
@@ -103,20 +104,20 @@ def test_the_time_after_a_verdict_is_scaled_to_the_checks_pace():
 
 
 def test_stage_outside_a_worker_does_nothing():
-    budget.stage({"model_type": "x", "verdict": "ok"})  # no parent to send it to: no error, no output
+    budget.stage(record.new("x", "ok"))  # no parent to send it to: no error, no output
 
 
 def test_resume_skips_what_is_there_and_a_torn_line(tmp_path):
     out = tmp_path / "scan.jsonl"
     out.write_text(json.dumps({"model_type": "a", "verdict": "bug"}) + "\n" + '{"model_type": "b", "verd')
     recs = isolate.scan(["a", "b", "c"], stand_in, out, resume=True)
-    assert [r["model_type"] for r in recs] == ["b", "c"]
-    by = {r["model_type"]: r for r in records.read(out).records}
-    assert by["a"]["verdict"] == "bug"  # kept, not rerun
-    assert by["b"]["verdict"] == by["c"]["verdict"] == "ok"
+    assert [r.model_type for r in recs] == ["b", "c"]
+    by = {r.model_type: r for r in records.read(out).records}
+    assert by["a"].verdict == "bug"  # kept, not rerun
+    assert by["b"].verdict == by["c"].verdict == "ok"
     recs = isolate.scan(["a", "b"], stand_in, out)  # without resume the file starts over
-    assert {r["model_type"] for r in records.read(out).records} == {"a", "b"}
-    assert records.read(out).records[0]["verdict"] == "ok"
+    assert {r.model_type for r in records.read(out).records} == {"a", "b"}
+    assert records.read(out).records[0].verdict == "ok"
 
 
 def test_shards_merge_into_the_single_scan(tmp_path):
@@ -128,7 +129,7 @@ def test_shards_merge_into_the_single_scan(tmp_path):
         isolate.scan(isolate.shard(names, i, 3), stand_in, p)
         parts.append(p)
     assert sorted(sum((isolate.shard(names, i, 3) for i in (1, 2, 3)), [])) == names
-    strip = lambda recs: [{k: v for k, v in r.items() if k not in ("notes", "wall_s")} for r in recs]
+    strip = lambda recs: [{k: v for k, v in r.to_json().items() if k not in ("notes", "wall_s")} for r in recs]
     assert strip(records.merge(parts)) == strip(records.merge([tmp_path / "all.jsonl"]))
     with pytest.raises(UserError):
         isolate.shard(names, 4, 3)
@@ -136,17 +137,15 @@ def test_shards_merge_into_the_single_scan(tmp_path):
         records.merge([tmp_path / "missing.jsonl"])
 
 
-def full_record(name: str) -> dict:
+def full_record(name: str) -> record.Record:
     """A check returning a whole record (census.record: every field present, null until set)."""
-    from smearcli.census.record import new
-
-    return new(name, "ok")
+    return record.new(name, "ok")
 
 
 def test_the_time_and_the_release_stamp_a_whole_record(tmp_path):
-    """A record from check.record has wall_s and transformers_version as null: the isolation fills
+    """A record from census.record.new has wall_s and transformers_version as null: the isolation fills
     them in (a setdefault would have left them null)."""
     tf = pytest.importorskip("transformers")  # the release the parent imported is the children's
     (rec,) = isolate.scan(["whole"], full_record, tmp_path / "scan.jsonl")
-    assert isinstance(rec["wall_s"], float) and rec["wall_s"] >= 0
-    assert rec["transformers_version"] == tf.__version__
+    assert isinstance(rec.wall_s, float) and rec.wall_s >= 0
+    assert rec.transformers_version == tf.__version__

@@ -15,7 +15,7 @@ from torch import nn  # noqa: E402
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel  # noqa: E402
 from transformers.modeling_outputs import CausalLMOutputWithPast  # noqa: E402
 
-from smearcli.census import check, derive, shapes, variants  # noqa: E402
+from smearcli.census import check, derive, record, shapes, variants  # noqa: E402
 from smearcli.verdicts import BUG, CRASHED, LATENT, NOT_BUILT, OK, worst  # noqa: E402
 
 _FIELDS = {f.name for f in dataclasses.fields(CausalLMOutputWithPast)}
@@ -136,26 +136,26 @@ def test_census_flags_the_hybrid_only_with_its_recurrent_layer_first(reach):
     assert [v.order for v in d.variants] == [attention_first, recurrent_first]
     # each order on its own: attention first passes, recurrent first is the bug
     alone = {tuple(v.order): check.check(reach, config=v.config) for v in d.variants}
-    assert alone[tuple(attention_first)]["verdict"] == OK
-    assert alone[tuple(recurrent_first)]["verdict"] == BUG
+    assert alone[tuple(attention_first)].verdict == OK
+    assert alone[tuple(recurrent_first)].verdict == BUG
     rec = check.check(reach)  # the default configuration has attention first: the finding is latent
-    assert rec["verdict"] == LATENT and rec["order"] == recurrent_first
-    assert [(v["order"], v["verdict"]) for v in rec["variants"]] == [(attention_first, OK), (recurrent_first, BUG)]
-    finding = rec["variants"][1]
-    assert finding["worst_schedule"] == rec["worst_schedule"] and finding["max_abs"] == rec["max_abs"] > 0
-    assert rec["config"]["layer_types"] == recurrent_first  # the head order's own config
+    assert rec.verdict == LATENT and rec.order == recurrent_first
+    assert [(v["order"], v["verdict"]) for v in rec.variants] == [(attention_first, OK), (recurrent_first, BUG)]
+    finding = rec.variants[1]
+    assert finding["worst_schedule"] == rec.worst_schedule and finding["max_abs"] == rec.max_abs > 0
+    assert rec.config["layer_types"] == recurrent_first  # the head order's own config
     assert any("only with layer 0 'linear_attention', which the default configuration does not have" in n
-               for n in rec["notes"])
+               for n in rec.notes)
 
 
 def test_a_failing_full_pass_is_not_built_and_a_failing_cached_step_crashed(reach):
     cfg = derive.derive(reach).config
     full = check.check(reach, config=ReachConfig(**{**cfg.to_dict(), "fail": "full"}))
-    assert full["verdict"] == NOT_BUILT and "full pass (no cache)" in full["reason"]
-    assert "the full pass refuses" in full["reason"]
+    assert full.verdict == NOT_BUILT and "full pass (no cache)" in full.reason
+    assert "the full pass refuses" in full.reason
     cached = check.check(reach, config=ReachConfig(**{**cfg.to_dict(), "fail": "cached"}))
-    assert cached["verdict"] == CRASHED and "a cached step over one token" in cached["reason"]
-    assert any(n.endswith("raised; the full pass runs") for n in cached["notes"])
+    assert cached.verdict == CRASHED and "a cached step over one token" in cached.reason
+    assert any(n.endswith("raised; the full pass runs") for n in cached.notes)
 
 
 # -- derivation: one variant per kind, blockwise sizes ------------------------------------------
@@ -214,25 +214,24 @@ def test_blockwise_sizes_fall_below_the_scan_widths():
 
 
 def test_worst_order_heads_the_record():
-    recs = [{"verdict": "ok", "notes": []}, {"verdict": "not built", "notes": [], "reason": "refused"},
-            {"verdict": "inconclusive", "notes": []}]
+    recs = [record.new("x", "ok"), record.new("x", "not built", reason="refused"), record.new("x", "inconclusive")]
     out = variants.combine(recs, [["a", "b", "c"], ["b", "a", "c"], ["c", "a", "b"]])
-    assert out["verdict"] == worst(["ok", "inconclusive"]) and out["order"] == ["c", "a", "b"]
-    assert [v["verdict"] for v in out["variants"]] == ["ok", "not built", "inconclusive"]
-    one = {"verdict": "ok", "notes": []}
+    assert out.verdict == worst(["ok", "inconclusive"]) and out.order == ["c", "a", "b"]
+    assert [v["verdict"] for v in out.variants] == ["ok", "not built", "inconclusive"]
+    one = record.new("x", "ok")
     assert variants.combine([one], [[]]) is one  # one kind: nothing new in the record
 
 
 def test_a_finding_only_in_an_order_the_defaults_lack_is_latent():
     names = [["attention", "recurrent"], ["recurrent", "attention"]]
-    ok, bug = {"verdict": "ok", "notes": []}, {"verdict": "bug", "notes": [], "max_abs": 0.5}
+    ok, bug = record.new("x", "ok"), record.new("x", "bug", max_abs=0.5)
     out = variants.combine([ok, bug], names)
-    assert out["verdict"] == LATENT and out["order"] == names[1] and out["max_abs"] == 0.5
-    assert [v["verdict"] for v in out["variants"]] == ["ok", "bug"]  # each order says what it showed
-    assert "not counted as a bug" in out["notes"][-1]
-    assert variants.combine([bug, ok], names[::-1])["verdict"] == BUG  # the defaults' own order: a bug
-    crashed = {"verdict": "crashed", "notes": [], "reason": "x"}
-    assert variants.combine([crashed, bug], names)["verdict"] == CRASHED  # the defaults' crash outranks
+    assert out.verdict == LATENT and out.order == names[1] and out.max_abs == 0.5
+    assert [v["verdict"] for v in out.variants] == ["ok", "bug"]  # each order says what it showed
+    assert "not counted as a bug" in out.notes[-1]
+    assert variants.combine([bug, ok], names[::-1]).verdict == BUG  # the defaults' own order: a bug
+    crashed = record.new("x", "crashed", reason="x")
+    assert variants.combine([crashed, bug], names).verdict == CRASHED  # the defaults' crash outranks
 
 
 
@@ -242,20 +241,20 @@ def test_a_finding_in_an_order_a_published_configuration_has_is_a_bug():
     shipped, so a bug; the same order on an architecture without a published layout stays latent."""
     first, _ = variants.PUBLISHED["minimax"]
     names = [["full_attention", first], [first, "full_attention"]]
-    ok = {"model_type": "minimax", "verdict": "ok", "notes": []}
-    bug = {"model_type": "minimax", "verdict": "bug", "notes": [], "max_abs": 0.5}
+    ok = record.new("minimax", "ok")
+    bug = record.new("minimax", "bug", max_abs=0.5)
     out = variants.combine([ok, bug], names)
-    assert out["verdict"] == BUG and out["order"] == names[1]
-    assert "published configuration" in out["notes"][-1]
-    other = [dict(r, model_type="llama") for r in (ok, bug)]
-    assert variants.combine(other, names)["verdict"] == LATENT
+    assert out.verdict == BUG and out.order == names[1]
+    assert "published configuration" in out.notes[-1]
+    other = [dataclasses.replace(r, model_type="llama") for r in (ok, bug)]
+    assert variants.combine(other, names).verdict == LATENT
 
 
 # -- theirs or ours: architectures that crashed on our inputs ------------------------------------
 @pytest.mark.parametrize("model_type", ["xmod", "deepseek_v2"])
 def test_architectures_run_on_the_inputs_their_config_asks_for(model_type):
     rec = check.check(model_type)
-    assert rec["verdict"] not in (CRASHED, NOT_BUILT), rec["reason"]
+    assert rec.verdict not in (CRASHED, NOT_BUILT), rec.reason
 
 
 def test_prophetnet_is_a_full_pass_that_leaks_future_tokens():
@@ -265,10 +264,10 @@ def test_prophetnet_is_a_full_pass_that_leaks_future_tokens():
     judged against it."""
 
     rec = check.check("prophetnet")
-    assert rec["verdict"] == BUG and rec["shape"] == shapes.LEAK, rec
-    assert rec["confirmation"]["status"] == BUG and rec["born_at"].startswith("logits@")
-    assert rec["born_in"]["class"] == "ProphetNetNgramSelfAttention"
-    assert not rec["schedules"] and not rec["boundaries"]
+    assert rec.verdict == BUG and rec.shape == shapes.LEAK, rec
+    assert rec.confirmation["status"] == BUG and rec.born_at.startswith("logits@")
+    assert rec.born_in["class"] == "ProphetNetNgramSelfAttention"
+    assert not rec.schedules and not rec.boundaries
 
 
 def test_a_declared_limit_is_told_from_a_crash():

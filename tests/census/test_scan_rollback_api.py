@@ -7,6 +7,8 @@ refuses assisted decoding, and the reproducer calls their API the same way."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -14,7 +16,8 @@ transformers = pytest.importorskip("transformers", reason="transformers is not i
 
 from smearcli.census import repro  # noqa: E402
 from smearcli.census.boundary import PASSED, REFUSED  # noqa: E402
-from smearcli.census.check import T, build, check_model, record, split_points  # noqa: E402
+from smearcli.census.check import T, build, check_model, split_points  # noqa: E402
+from smearcli.census.record import new as record  # noqa: E402
 from smearcli.census.derive import derive  # noqa: E402
 from smearcli.impls.hf import cache_runner as hf_runner  # noqa: E402
 from smearcli.impls.hf.cache_runner import CacheRunner  # noqa: E402
@@ -72,17 +75,17 @@ def test_a_crop_the_library_declares_unsupported_is_unsupported_and_no_bug(mamba
     _, _, out = mamba2
     assert out["verdict"] in (OK, INCONCLUSIVE), out  # the copy and every step plan agree
     e = out["boundaries"]["rollback"]
-    assert e["mode"] == "copy" and e["status"] == out["verdict"]
-    theirs, copy = e["their_crop"], e["copy"]
-    assert theirs["status"] == UNSUPPORTED and theirs["multiple"] > 10  # measured all the same
-    assert "_is_stateful" in theirs["declared"] and "is_croppable is False" in theirs["declared"]
-    assert "only supported when there are no recurrent states" in theirs["declared"]  # their docstring
-    found = theirs["api_finding"]
+    assert e.mode == "copy" and e.status == out["verdict"]
+    theirs, copy = e.their_crop, e.copy
+    assert theirs.status == UNSUPPORTED and theirs.multiple > 10  # measured all the same
+    assert "_is_stateful" in theirs.declared and "is_croppable is False" in theirs.declared
+    assert "only supported when there are no recurrent states" in theirs.declared  # their docstring
+    found = theirs.api_finding
     assert found["status"] == BUG and found["at"].startswith("transformers/cache_utils.py:")
     assert found["at"].endswith(".crop") and "LinearAttention" in found["at"]
-    assert theirs["confirmation"]["status"] == BUG  # confirmed like any departure
-    assert copy["status"] == out["verdict"] and copy["multiple"] <= 10
-    assert "their crop: unsupported, yet it ran: bug" in e["why"] and "generate() refuses" in e["why"]
+    assert theirs.confirmation["status"] == BUG  # confirmed like any departure
+    assert copy.status == out["verdict"] and copy.multiple <= 10
+    assert "their crop: unsupported, yet it ran: bug" in e.why and "generate() refuses" in e.why
 
 
 @BEFORE_525
@@ -92,7 +95,7 @@ def test_the_api_finding_is_one_for_every_architecture_it_affects(mamba2):
 
     _, _, out = mamba2
     a = record("mamba2", **{k: v for k, v in out.items() if k != "verdict"}, verdict=out["verdict"])
-    b = dict(a, model_type="zamba2")
+    b = dataclasses.replace(a, model_type="zamba2")
     found = groups.api_findings([b, a])
     assert len(found) == 1 and found[0]["architectures"] == ["mamba2", "zamba2"]
     md = report.markdown([a, b], {"transformers_version": "x"})
@@ -104,8 +107,8 @@ def test_the_api_finding_is_one_for_every_architecture_it_affects(mamba2):
 def test_their_crop_called_as_525_generate_calls_it_rolls_back(mamba2):
     _, _, out = mamba2
     e = out["boundaries"]["rollback"]
-    assert e["their_crop"]["status"] in (OK, INCONCLUSIVE) and e["their_crop"]["multiple"] <= 10
-    assert e["generate_refuses"] is None  # 5.25 declares nothing
+    assert e.their_crop.status in (OK, INCONCLUSIVE) and e.their_crop.multiple <= 10
+    assert e.generate_refuses is None  # 5.25 declares nothing
 
 
 @BEFORE_525
@@ -133,7 +136,7 @@ def test_their_crop_puts_the_conv_taps_back_and_leaves_the_recurrent_state(mamba
 @BEFORE_525
 def test_generate_refusing_assisted_decoding_is_in_the_record_and_matches_generate(mamba2):
     model, _, out = mamba2
-    refuses = out["boundaries"]["rollback"]["generate_refuses"]
+    refuses = out["boundaries"]["rollback"].generate_refuses
     assert "_is_stateful" in refuses and "is_croppable is False after the prefill" in refuses
     assert "a recurrent state" in refuses
     ids = tokens()[:, :8]
@@ -154,9 +157,9 @@ def test_an_attention_only_cache_rolls_back_exactly_through_their_api():
     model, cfg = tiny("llama")
     out = scan(model, cfg)
     e = out["boundaries"]["rollback"]
-    assert out["verdict"] == OK and e["mode"] == "crop"
-    assert e["their_crop"]["status"] == OK and e["copy"]["status"] == OK
-    assert e["their_crop"]["multiple"] <= 10 and e["generate_refuses"] is None and e["why"] is None
+    assert out["verdict"] == OK and e.mode == "crop"
+    assert e.their_crop.status == OK and e.copy.status == OK
+    assert e.their_crop.multiple <= 10 and e.generate_refuses is None and e.why is None
     ids = tokens()[:, :8]  # generate itself runs assisted decoding on it
     assert model.generate(ids, prompt_lookup_num_tokens=2, max_new_tokens=3, do_sample=False).shape[1] == 11
 
@@ -166,8 +169,8 @@ def test_a_conv_cache_rolls_back_exactly_through_their_api():
     out = scan(model, cfg)
     e = out["boundaries"]["rollback"]
     assert out["verdict"] in (OK, INCONCLUSIVE), out
-    assert e["mode"] == "crop" and e["their_crop"]["status"] == out["verdict"], e
-    assert e["their_crop"]["multiple"] <= 10 and e["generate_refuses"] is None
+    assert e.mode == "crop" and e.their_crop.status == out["verdict"], e
+    assert e.their_crop.multiple <= 10 and e.generate_refuses is None
 
 
 def test_their_crop_calls_the_api_as_assisted_generation_does(monkeypatch):
@@ -221,9 +224,9 @@ def test_a_crop_their_api_refuses_is_refused_and_changes_no_verdict(monkeypatch)
     out = scan(model, cfg)
     e = out["boundaries"]["rollback"]
     assert out["verdict"] == before == OK
-    assert e["their_crop"]["status"] == REFUSED and "is not supported for this cache" in e["their_crop"]["why"]
-    assert e["mode"] == "copy" and e["copy"]["status"] == OK and e["status"] == OK
-    assert "their crop: refused" in e["why"]
+    assert e.their_crop.status == REFUSED and "is not supported for this cache" in e.their_crop.why
+    assert e.mode == "copy" and e.copy.status == OK and e.status == OK
+    assert "their crop: refused" in e.why
 
 
 def test_an_exception_inside_their_crop_is_their_crash_with_the_copy_beside_it(monkeypatch):
@@ -239,10 +242,10 @@ def test_an_exception_inside_their_crop_is_their_crash_with_the_copy_beside_it(m
     out = scan(model, cfg)
     e = out["boundaries"]["rollback"]
     assert out["verdict"] == "crashed" and out["worst_schedule"] == "rollback", out
-    assert e["status"] == "crashed" and e["mode"] == "crop"
-    assert e["their_crop"]["status"] == "crashed" and "IndexError" in e["their_crop"]["why"]
-    assert e["copy"]["status"] in (PASSED, "not judged") and e["copy"]["multiple"] <= 10
-    assert "their crop: crashed" in e["why"] and "copy: " in e["why"]
+    assert e.status == "crashed" and e.mode == "crop"
+    assert e.their_crop.status == "crashed" and "IndexError" in e.their_crop.why
+    assert e.copy.status in (PASSED, "not judged") and e.copy.multiple <= 10
+    assert "their crop: crashed" in e.why and "copy: " in e.why
     assert "IndexError" in out["reason"]
 
 
@@ -258,16 +261,16 @@ def test_a_cache_with_no_recording_api_is_refused_and_generate_makes_none():
     model, cfg = tiny("rwkv")
     out = scan(model, cfg)
     e = out["boundaries"]["rollback"]
-    assert e["their_crop"]["status"] == REFUSED and "has no activate_past_recording" in e["their_crop"]["why"]
-    assert e["mode"] == "copy" and e["status"] == e["copy"]["status"]
-    assert "_is_stateful" in e["generate_refuses"] and "generate makes no cache" in e["generate_refuses"]
+    assert e.their_crop.status == REFUSED and "has no activate_past_recording" in e.their_crop.why
+    assert e.mode == "copy" and e.status == e.copy.status
+    assert "_is_stateful" in e.generate_refuses and "generate makes no cache" in e.generate_refuses
 
 
 @BEFORE_525
 @pytest.mark.slow
 def test_the_reproducer_takes_the_draft_back_through_their_api(tmp_path, mamba2):
     model, cfg, out = mamba2
-    e = dict(out["boundaries"]["rollback"], mode="crop")  # their crop's run, as the API finding's
+    e = out["boundaries"]["rollback"].but(mode="crop")  # their crop's run, as the API finding's
     rec = record("mamba2", **{k: v for k, v in out.items() if k not in ("verdict", "boundaries")},
                  boundaries={"rollback": e}, verdict=out["verdict"])
     path = repro.write(rec, cfg, tmp_path / "mamba2.py", total=T, schedule="rollback")

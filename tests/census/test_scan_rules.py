@@ -4,6 +4,8 @@ and no cached path is blamed for it)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 pytest.importorskip("transformers")
@@ -11,7 +13,7 @@ pytest.importorskip("transformers")
 import torch  # noqa: E402
 
 from hf_standin import ShiftConfig, ShiftLM  # noqa: E402
-from smearcli.census import causal, shapes  # noqa: E402
+from smearcli.census import causal, record, shapes  # noqa: E402
 from smearcli.census.check import check_model, split_points  # noqa: E402
 from smearcli.verdicts import BUG, OK, UNCONFIRMED  # noqa: E402
 
@@ -459,11 +461,11 @@ def clean_paths():
 def test_the_draft_leads_with_reachability_and_the_table_says_it(tmp_path):
     from smearcli.census import draft, reach, report
 
-    rec = {"model_type": "x", "verdict": "bug", "worst_schedule": "chunks of 16", "steps": [16, 16, 1],
-           "max_abs": 0.5, "shape": "state dropped at chunk starts", "notes": [],
-           "reach": {"generate": {"result": reach.AGREES, "max_abs": 0.0, "why": None},
-                     "prefill_chunk_size": {"result": reach.SILENT, "max_abs": 0.5, "why": None},
-                     "assistant model": {"result": reach.REFUSED, "max_abs": None, "why": "stateful"}}}
+    rec = record.new("x", "bug", worst_schedule="chunks of 16", steps=[16, 16, 1],
+                     max_abs=0.5, shape="state dropped at chunk starts", notes=[],
+                     reach={"generate": {"result": reach.AGREES, "max_abs": 0.0, "why": None},
+                            "prefill_chunk_size": {"result": reach.SILENT, "max_abs": 0.5, "why": None},
+                            "assistant model": {"result": reach.REFUSED, "max_abs": None, "why": "stateful"}})
     text = draft.write(rec, tmp_path / "x.md", {"transformers": "t"}).read_text().splitlines()
     lead = text.index(next(line for line in text if line.startswith("**Through the public API**")))
     assert lead < next(i for i, line in enumerate(text) if line.startswith("Shape of the error"))
@@ -479,7 +481,7 @@ def test_a_leak_has_a_reproducer_that_exits_1_and_0_on_a_causal_full_pass(tmp_pa
     the leak template exits 1 on prophetnet (its ngram attention moves earlier positions when the
     last tokens go) and 0 on llama, whose full pass is causal."""
     from smearcli.census import repro
-    from smearcli.census.check import record
+    from smearcli.census.record import new as record
     from smearcli.census.derive import derive
 
     for model_type, want in (("prophetnet", 1), ("llama", 0)):
@@ -516,9 +518,9 @@ def fake_transformers(tmp_path):
 
 
 def finding(name, cls, shape="state dropped at chunk starts", copies=None):
-    return {"model_type": name, "verdict": BUG, "shape": shape,
-            "born_in": {"module": "layers.0.mixer", "class": cls, "file": f"transformers/models/{name}/modeling_{name}.py",
-                        "lines": [1, 3], "code": f"digest-{name}", "suspects": [], **({"copies": copies} if copies else {})}}
+    return record.bare(name, BUG, shape=shape, born_in={
+        "module": "layers.0.mixer", "class": cls, "file": f"transformers/models/{name}/modeling_{name}.py",
+        "lines": [1, 3], "code": f"digest-{name}", "suspects": [], **({"copies": copies} if copies else {})})
 
 
 def test_declared_copies_are_read_through_chains(tmp_path):
@@ -544,7 +546,7 @@ def test_findings_born_in_declared_copies_are_one_cause(tmp_path):
     got = {tuple(g["architectures"]): g for g in groups.groups(recs)}
     assert set(got) == {("alpha", "beta", "gamma"), ("omega",)}, list(got)  # different digests, no shared line
     assert got[("alpha", "beta", "gamma")]["by"].startswith("declared copies of the same code")
-    other_shape = [recs[0], {**recs[1], "shape": "decode path differs"}]  # a copy that breaks another way
+    other_shape = [recs[0], dataclasses.replace(recs[1], shape="decode path differs")]  # a copy that breaks another way
     assert [g["architectures"] for g in groups.groups(other_shape)] == [["alpha"], ["beta"]]
     # two copies of a class that is no finding are not one cause: what they changed may be it
     assert [g["architectures"] for g in groups.groups(recs[1:3] + [recs[3]])] == [["beta", "gamma"], ["omega"]]
@@ -558,8 +560,8 @@ def test_a_group_of_declared_copies_is_headed_by_the_original():
 
     def rec(name, model, cls, copies):
         r = finding(name, cls, copies=copies)
-        r["born_in"]["file"] = f"transformers/models/{model}/modeling_{model}.py"
-        return {**r, "reproducer": f"{name}.py", "report_draft": f"{name}.md"}
+        r.born_in["file"] = f"transformers/models/{model}/modeling_{model}.py"
+        return dataclasses.replace(r, reproducer=f"{name}.py", report_draft=f"{name}.md")
 
     recs = [rec("a_copy", "beta", "BetaMixer", ["alpha.AlphaMixer"]),
             rec("b_copy", "gamma", "GammaMixer", ["beta.BetaMixer", "alpha.AlphaMixer"]),

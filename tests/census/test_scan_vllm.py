@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 transformers = pytest.importorskip("transformers", reason="transformers is not installed: pip install 'smearcli[hf]'")
 
-from smearcli.census import records, report, vllm_census, vllm_check, vllm_engine, vllm_plan  # noqa: E402
+from smearcli.census import record, records, report, vllm_census, vllm_check, vllm_engine, vllm_plan  # noqa: E402
 from smearcli.cli.app import app  # noqa: E402
 from smearcli.impls.vllm import BLOCK_SIZE, ENV_PYTHON  # noqa: E402
 from smearcli.verdicts import CRASHED, INCONCLUSIVE, NOT_BUILT, OK, UNCONFIRMED  # noqa: E402
@@ -145,10 +145,11 @@ def test_the_census_on_the_standin_records_each_architecture_and_survives_a_dead
     assert "## Findings" in md and "| mamba2 | crashed | prefix |" in md and "mamba2-vllm.py" in md
     assert "| qwen2 | unconfirmed | prefill | 0.5 | prefill in one step departs as well" in md  # the model, not a cache
     # the record file is the census's: it reads back, and a resumed run checks nothing again
-    assert [x["model_type"] for x in records.read(tmp_path / "v.jsonl").records] == ["llama", "mamba2", "mistral",
+    assert [x.model_type for x in records.read(tmp_path / "v.jsonl").records] == ["llama", "mamba2", "mistral",
                                                                                       "qwen2"]
     from smearcli.census.record import FIELDS  # every field the engine writes is declared: none is dropped
-    assert all(set(x) <= set(FIELDS) for x in records.read(tmp_path / "v.jsonl").records)
+    lines = (tmp_path / "v.jsonl").read_text().splitlines()
+    assert lines and all(set(json.loads(x)) <= set(FIELDS) for x in lines)
     again = scan(tmp_path, fake_python, *only, "--resume", "--json")
     assert again.exit_code == 0 and json.loads(again.stdout)["benchmark"]["architectures"] == 0
     assert json.loads(again.stdout)["counts"] == doc["counts"]
@@ -180,7 +181,7 @@ def census(worker, names, tmp_path):
     with records.Sink(tmp_path / "census.jsonl") as sink:
         recs = isolate.census(vllm_census.Session(worker), names, sink, timeout=600.0, memory=None,
                               repro_dir=tmp_path / "repro")
-    return {r["model_type"]: r for r in recs}
+    return {r.model_type: r for r in recs}
 
 
 def test_power_comes_first_and_the_init_scale_rises_until_the_state_shows(in_process, monkeypatch):
@@ -201,16 +202,16 @@ def test_power_comes_first_and_the_init_scale_rises_until_the_state_shows(in_pro
     for n in (3, 99):
         monkeypatch.setattr(vllm_check, "measure_power", weak_until(n))
         got[n] = vllm_check.check("llama", in_process())
-    assert got[3]["verdict"] == OK and got[3]["init"] == 0.3
-    assert "the state was shown to matter only at initializer_range=0.3" in got[3]["notes"]
-    assert got[99]["verdict"] == INCONCLUSIVE and got[99]["init"] == 1.0
-    assert any(n.startswith("the check never had power") for n in got[99]["notes"])
+    assert got[3].verdict == OK and got[3].init == 0.3
+    assert "the state was shown to matter only at initializer_range=0.3" in got[3].notes
+    assert got[99].verdict == INCONCLUSIVE and got[99].init == 1.0
+    assert any(n.startswith("the check never had power") for n in got[99].notes)
 
 
 def test_an_engine_vllm_does_not_start_is_not_built_with_why(in_process):
     a = vllm_check.check("llama", in_process(llama="noengine"))
-    assert a["verdict"] == NOT_BUILT and a["reason"].startswith(vllm_check.ENGINE_REFUSED)
-    assert "head size 16" in a["reason"]
+    assert a.verdict == NOT_BUILT and a.reason.startswith(vllm_check.ENGINE_REFUSED)
+    assert "head size 16" in a.reason
     md = report.markdown([a])  # as --merge writes it: the version from the records
     assert md.startswith("# smearcli scan on vLLM: vLLM stand-in (CPU)")
     assert "## Not run on the CPU backend" in md and "| llama | vLLM did not start" in md
@@ -220,20 +221,20 @@ def test_an_engine_refused_after_other_models_is_tried_again_in_a_fresh_worker(i
     again = "checked again in a fresh vLLM process"
     w = in_process(qwen2="stale", mistral="stale")
     by = census(w, ["mistral", "qwen2"], tmp_path)
-    assert by["mistral"]["verdict"] == OK and again not in by["mistral"]["notes"]  # first: served nothing before
-    assert by["qwen2"]["verdict"] == OK and again in by["qwen2"]["notes"]
+    assert by["mistral"].verdict == OK and again not in by["mistral"].notes  # first: served nothing before
+    assert by["qwen2"].verdict == OK and again in by["qwen2"].notes
     assert w.starts == 2  # the scan's benchmark counts these as vllm_imports
     # vLLM's config validation is the model's own: not retried (a fresh worker costs vLLM's import)
     w = in_process(qwen2="refused")
     by = census(w, ["mistral", "qwen2"], tmp_path / "refused")
-    assert by["qwen2"]["verdict"] == NOT_BUILT and "validation error for ModelConfig" in by["qwen2"]["reason"]
-    assert w.starts == 1 and again not in (by["qwen2"]["notes"] or [])
+    assert by["qwen2"].verdict == NOT_BUILT and "validation error for ModelConfig" in by["qwen2"].reason
+    assert w.starts == 1 and again not in (by["qwen2"].notes or [])
 
 
 def test_a_prefill_that_raises_is_not_built_not_a_cache_crash(in_process, tmp_path):
     a = vllm_check.check("llama", in_process(llama="noprefill"), repro_dir=tmp_path)
-    assert a["verdict"] == NOT_BUILT and a["reason"].startswith("vLLM's prefill in one step raises on the CPU backend")
-    assert "selective_scan_fwd" in a["reason"] and a["reproducer"] is None
+    assert a.verdict == NOT_BUILT and a.reason.startswith("vLLM's prefill in one step raises on the CPU backend")
+    assert "selective_scan_fwd" in a.reason and a.reproducer is None
 
 
 def test_a_schedule_stuck_inside_vllm_is_that_schedules_crash_and_the_rest_not_run(in_process, tmp_path):
@@ -243,13 +244,13 @@ def test_a_schedule_stuck_inside_vllm_is_that_schedules_crash_and_the_rest_not_r
     w = in_process(llama="stuck")
     by = census(w, ["llama", "qwen2"], tmp_path)
     a = by["llama"]
-    assert a["vllm"]["stuck"] and w.starts == 2  # qwen2 gets a fresh worker
-    assert a["verdict"] == CRASHED and a["worst_schedule"] == "chunked@3"
-    assert a["reason"].startswith("chunked@3: vLLM's engine did not finish the request in 120 s (at vllm/")
-    assert a["schedules"]["prefill"]["status"] == OK
-    assert {a["schedules"][n]["status"] for n in ("chunked@13", "decode", "prefix")} == {"not run"}
-    assert by["qwen2"]["verdict"] == OK
-    assert a["reproducer_status"] == 2  # its reproducer ran, in the worker's Python: no vLLM there, exit 2
+    assert a.vllm["stuck"] and w.starts == 2  # qwen2 gets a fresh worker
+    assert a.verdict == CRASHED and a.worst_schedule == "chunked@3"
+    assert a.reason.startswith("chunked@3: vLLM's engine did not finish the request in 120 s (at vllm/")
+    assert a.schedules["prefill"]["status"] == OK
+    assert {a.schedules[n]["status"] for n in ("chunked@13", "decode", "prefix")} == {"not run"}
+    assert by["qwen2"].verdict == OK
+    assert a.reproducer_status == 2  # its reproducer ran, in the worker's Python: no vLLM there, exit 2
 
 
 def test_options_the_vllm_census_refuses(fake_python, tmp_path, monkeypatch):
@@ -265,10 +266,9 @@ def test_options_the_vllm_census_refuses(fake_python, tmp_path, monkeypatch):
 
 
 def test_records_keep_the_engine_fields():
-    rec = {"model_type": "llama", "verdict": "ok", "engine": "vllm", "vllm_version": "0.32.0",
-           "vllm": {"engine_start_s": [1.5, 2.0]}}
+    rec = record.bare("llama", "ok", engine="vllm", vllm_version="0.32.0", vllm={"engine_start_s": [1.5, 2.0]})
     out = report.document([rec])["architectures"][0]
-    assert out["engine"] == "vllm" and out["vllm_version"] == "0.32.0" and out["vllm"] == rec["vllm"]
+    assert out["engine"] == "vllm" and out["vllm_version"] == "0.32.0" and out["vllm"] == {"engine_start_s": [1.5, 2.0]}
     s = vllm_census.summary([rec], None, 10.0)
     assert s["engine_start_s"] == 3.5 and s["engine_start_share"] == 35.0
 

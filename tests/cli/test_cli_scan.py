@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 pytest.importorskip("transformers", reason="transformers is not installed: pip install 'smearcli[hf]'")
 
+from smearcli.census import record  # noqa: E402
 from smearcli.cli.app import app  # noqa: E402
 
 RECS = [{"model_type": "a", "verdict": "bug", "worst_schedule": "chunks of 16", "max_abs": 0.5,
@@ -81,7 +82,7 @@ def test_figure_of_architectures_by_schedules(tmp_path):
     recs = [{"model_type": "a", "verdict": "bug", "schedules": {"decode": {"multiple": 1.0}, "chunks": {"multiple": 1e4}}},
             {"model_type": "b", "verdict": "ok", "schedules": {"decode": {"multiple": 0.5}}},
             {"model_type": "c", "verdict": "not built"}]
-    rows, cols, cells = scan_figure.grid(recs)
+    rows, cols, cells = scan_figure.grid([record.bare(**r) for r in recs])
     assert rows == ["a (bug)", "b (ok)"] and cols == ["decode", "chunks"]
     assert cells[0][1] == pytest.approx(4.0) and cells[1][1] != cells[1][1]  # nan: not run
     p = tmp_path / "s.jsonl"

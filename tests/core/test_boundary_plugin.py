@@ -128,15 +128,16 @@ def census_llama():
 
 def test_the_census_runs_the_toy_and_reports_it(toy):
     from smearcli.census import boundary, report
+    from smearcli.census.record import new as new_record
     from smearcli.census.check import check_model
     from smearcli.verdicts import OK
 
     model, cfg, ids, plans = census_llama()
     assert TOY in boundary.SCHEDULES
     out = check_model(model, ids, plans)
-    assert out["verdict"] == OK and out["boundaries"][TOY]["status"] == OK, out
+    assert out["verdict"] == OK and out["boundaries"][TOY].status == OK, out
     assert out["schedules"][TOY]["passed"]
-    md = report.markdown([{"model_type": "llama", **out}])  # its column and its line of the section
+    md = report.markdown([new_record("llama", **out)])  # its column and its line of the section
     assert f"padded / rollback / {TOY} |" in md and f"## Padded, rollback and {TOY}" in md
     assert f"- {TOY}: 1 {OK}." in md
 
@@ -144,10 +145,11 @@ def test_the_census_runs_the_toy_and_reports_it(toy):
 @pytest.mark.slow
 def test_the_toys_reproducer_needs_torch_and_transformers_only(toy, tmp_path):
     from smearcli.census import repro
+    from smearcli.census.record import BoundaryResult, bare
 
     model, cfg, ids, plans = census_llama()
-    record = {"model_type": "llama", "model_class": type(model).__name__, "worst_schedule": TOY,
-              "steps": [half(ids.size(1))], "boundaries": {TOY: {"status": BUG, "max_abs": 1.0}}}
+    record = bare("llama", BUG, model_class=type(model).__name__, worst_schedule=TOY,
+                  steps=[half(ids.size(1))], boundaries={TOY: BoundaryResult(BUG, max_abs=1.0)})
     path = repro.write(record, cfg, tmp_path / "llama-copied.py", schedule=TOY)
     assert "def copied(model, ids):" in path.read_text() and f"HALF = {half(ids.size(1))}" in path.read_text()
     status, last = repro.run(path)
@@ -167,4 +169,4 @@ def test_a_copy_that_forgets_is_the_toys_bug_in_the_census(toy):
     model, cfg, ids, plans = census_llama()
     out = check_model(model, ids, plans, make=Forgets)
     e = out["boundaries"][TOY]
-    assert e["status"] == BUG and e["shape"] == SHAPE, e
+    assert e.status == BUG and e.shape == SHAPE, e

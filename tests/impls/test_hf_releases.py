@@ -22,7 +22,7 @@ pytest.importorskip("transformers", reason="transformers is not installed: pip i
 import transformers  # noqa: E402
 
 from smearcli import frames  # noqa: E402
-from smearcli.census import boundary, isolate, records, repro, report, shapes  # noqa: E402
+from smearcli.census import boundary, isolate, record, records, repro, report, shapes  # noqa: E402
 from smearcli.impls import hf  # noqa: E402
 from smearcli.impls.hf import api, kernels  # noqa: E402
 from smearcli.impls.hf.cache_runner import CacheRunner  # noqa: E402
@@ -251,8 +251,8 @@ def test_the_reproducer_steps_pass_the_cache_as_the_runner_does(cls):
 def test_a_written_reproducer_prints_its_release(tmp_path):
     cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                                    num_attention_heads=2, num_key_value_heads=2)
-    rec = {"model_type": "llama", "model_class": "LlamaForCausalLM", "worst_schedule": "chunks",
-           "steps": [4, 4], "max_abs": 1.0, "shape": "x"}
+    rec = record.bare("llama", "bug", model_class="LlamaForCausalLM", worst_schedule="chunks",
+                      steps=[4, 4], max_abs=1.0, shape="x")
     path = repro.write(rec, cfg, tmp_path / "llama.py", vocab=64, total=8)
     text = path.read_text()
     assert api.standalone() in text.replace("{{", "{").replace("}}", "}")
@@ -359,12 +359,12 @@ def test_the_fallbacks_are_kept_out_of_transformers_log_and_other_warnings_pass(
     assert seen.missing == {"causal_conv1d", "mamba_ssm"}
 
 
-def falls_back(name: str) -> dict:
+def falls_back(name: str) -> record.Record:
     """A census check that warns as an SSM does in transformers 5.0 (in its child process)."""
     from transformers.utils import logging as tf_logging
 
     tf_logging.get_logger("transformers.models.mamba.modeling_mamba").warning(OLD if name != "qwen" else NEW)
-    return {"model_type": name, "verdict": "ok"}
+    return record.new(name, "ok")
 
 
 def test_a_census_run_says_the_fallbacks_once_and_records_its_release(tmp_path, capfd):
@@ -373,12 +373,12 @@ def test_a_census_run_says_the_fallbacks_once_and_records_its_release(tmp_path, 
     assert said == [kernels.note({"causal_conv1d", "mamba_ssm"})]  # once, for the whole run
     err = capfd.readouterr().err
     assert "fast path" not in err and "falling back" not in err, err
-    assert {r["transformers_version"] for r in recs} == {transformers.__version__}
+    assert {r.transformers_version for r in recs} == {transformers.__version__}
     on_disk = records.read(tmp_path / "scan.jsonl").records
-    assert all(r["transformers_version"] == transformers.__version__ for r in on_disk)
+    assert all(r.transformers_version == transformers.__version__ for r in on_disk)
     assert report.document(on_disk)["architectures"][0]["transformers_version"] == transformers.__version__
     said.clear()
-    isolate.scan(["quiet"], lambda n: {"model_type": n, "verdict": "ok"}, tmp_path / "b.jsonl", on_note=said.append)
+    isolate.scan(["quiet"], lambda n: record.new(n, "ok"), tmp_path / "b.jsonl", on_note=said.append)
     assert said == []  # nothing fell back: nothing to say
 
 
@@ -386,18 +386,18 @@ def test_a_census_run_says_the_fallbacks_once_and_records_its_release(tmp_path, 
 def test_a_boundary_that_agreed_beside_a_failure_is_not_judged():
     entries = {"padded": boundary.entry(boundary.PASSED), "rollback": boundary.entry("bug")}
     boundary.beside(entries, "chunks of 16")
-    assert entries["padded"]["status"] == NOT_JUDGED
-    assert entries["padded"]["why"] == f"{NOT_JUDGED_WHY} (chunks of 16)"
-    assert "'chunks of 16' fails too" in entries["rollback"]["why"]
+    assert entries["padded"].status == NOT_JUDGED
+    assert entries["padded"].why == f"{NOT_JUDGED_WHY} (chunks of 16)"
+    assert "'chunks of 16' fails too" in entries["rollback"].why
     settled = boundary.settle({"padded": boundary.entry(boundary.PASSED)}, OK)
-    assert settled["padded"]["status"] == OK  # with every schedule agreeing, the verdict is its own
+    assert settled["padded"].status == OK  # with every schedule agreeing, the verdict is its own
 
 
 def test_the_census_report_names_not_judged():
-    rec = {"model_type": "mamba", "verdict": "bug", "boundaries": {
+    rec = record.bare("mamba", "bug", boundaries={
         "padded": {"status": NOT_JUDGED, "why": f"{NOT_JUDGED_WHY} (chunks of 16)"},
-        "rollback": {"status": "bug", "multiple": 30.0, "mode": "copy"}}}
-    ok = {"model_type": "llama", "verdict": "ok", "boundaries": {"padded": {"status": "ok"}}}
+        "rollback": {"status": "bug", "multiple": 30.0, "mode": "copy"}})
+    ok = record.bare("llama", "ok", boundaries={"padded": {"status": "ok"}})
     table = report.table([rec, ok])
     assert "padded: 1 not judged, 1 ok" in table and "passed" not in table
     assert report.boundary_cell(rec, "padded") == f"not judged: {NOT_JUDGED_WHY} (chunks of 16)"

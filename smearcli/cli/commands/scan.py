@@ -262,7 +262,7 @@ def scan(
 
         with atomic_write(markdown) as f:
             f.write(report.markdown(records, info, eng))
-    if figure is not None and any(r.get("schedules") for r in records):
+    if figure is not None and any(r.schedules for r in records):
         from ...render import figures, scan_figure
 
         figures.save(scan_figure.figure(records), figure)
@@ -277,7 +277,7 @@ def scan(
             raise CheckFailed(f"{len(worse)} architecture{'s' * (len(worse) != 1)} regressed against "
                               f"{diff.release(previous)}: {', '.join(c.model_type for c in worse)}")
         return
-    bugs = [r["model_type"] for r in records if r.get("verdict") in eng.failing]
+    bugs = [r.model_type for r in records if r.verdict in eng.failing]
     if check and bugs:
         raise CheckFailed(f"{len(bugs)} architectures disagree with their full pass: {', '.join(bugs)}")
 
