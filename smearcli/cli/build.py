@@ -276,7 +276,10 @@ def _build_models(spec: RunSpec, impl: str, logics, device, dtype, sequence_len:
         except ConfigError as e:
             raise UserError(f"--depth {spec.depth_value()}: {e}") from e
         try:
-            loaded = random_model(config, seed=spec.seed, device=device, dtype=dtype, float64=float64)
+            # its float64 copy made while drawing only where our model is compared (with --impl
+            # nanochat the user's model runs in its place, and ours would hold a copy no one reads)
+            loaded = random_model(config, seed=spec.seed, device=device, dtype=dtype,
+                                  float64=float64 and impl in ("ours", "both"))
         except TooLarge as e:
             raise UserError(f"{e} (lower --depth)") from e
     audited = None

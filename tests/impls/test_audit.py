@@ -342,6 +342,23 @@ def test_cli_json_check_and_errors(FIXED):
     assert nanochat_modules() == []
 
 
+@pytest.mark.parametrize("impl", ["ours", "nanochat", "both"])
+def test_our_float64_copy_is_made_while_drawing_only_where_our_model_is_compared(impl, FIXED, monkeypatch):
+    """A random model's float64 copy is converted during its build for the floor of our runs: with
+    --impl nanochat the user's model runs in its place, and ours gets none (it would hold 1.1 GB at
+    d12 that nothing reads)."""
+    from smearcli.cli import build
+    from smearcli.cli.app import app
+
+    asked = []
+    real = build.random_model
+    monkeypatch.setattr(build, "random_model", lambda *a, **k: asked.append(k.get("float64")) or real(*a, **k))
+    path = [] if impl == "ours" else ["--nanochat-path", str(FIXED)]
+    r = runner.invoke(app, ["compare", "--impl", impl, *path, "--schedules", "chunked", *SMALL])
+    assert r.exit_code == 0, r.output
+    assert asked == [impl != "nanochat"]
+
+
 # -- one judge: the audit says what compare says -----------------------------------------------------
 
 def test_a_rounding_only_difference_is_no_finding(old_audit, fixed_audit):
