@@ -21,5 +21,8 @@ and of every one the installed vLLM runs (`--engine vllm`) or llama.cpp's conver
   one loop they all run through;
 - `vllm_plan`, `vllm_check`, `vllm_engine`, `vllm_census` (its session and page), `vllm_repro`: the
   vLLM engine;
-- `llamacpp` (its session, one architecture's check and page), `llamacpp_repro`: the llama.cpp engine.
+- `llamacpp` (its session, one architecture's check and page), `llamacpp_repro`: the llama.cpp engine;
+- `reference`: what both engines are held to, transformers' full pass of the same tiny model (the
+  model types an engine's architecture names map to, the saved model, the init ladder with power
+  first); neither engine imports the other.
 """

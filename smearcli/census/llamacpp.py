@@ -3,7 +3,7 @@ converter registers that transformers has a causal-LM class for, each on the cen
 run by llama.cpp under its schedules against the same weights' full pass in transformers.
 
 - `names_for(python)`: the model types (the converter's registry, `worker.py archs` in llama.cpp's
-  environment, mapped to transformers model types by `vllm_plan.model_types`, the census's rule
+  environment, mapped to transformers model types by `reference.model_types`, the census's rule
   for an engine's architecture names);
 - `check(model_type, python, ...)`: one architecture's record. The tiny config is the census's
   (`derive.derive`), built seeded at the first init of `check.INIT_LADDER` that shows power on
@@ -42,12 +42,12 @@ import torch
 
 from ..defaults import NOISE_MARGIN
 from ..verdicts import CRASHED, NOT_BUILT, OK, UNCONFIRMED, UNSUPPORTED
-from . import derive, vllm_plan
+from . import derive
 from .boundary import transformers_frame
 from .check import NO_POWER_NOTE, init_note, text_config, vocab_of
 from .record import Record, new as record
 from .report import sort_key
-from .vllm_check import powered
+from .reference import model_types, powered, save
 
 T = 48  # tokens: room for micro-batches of 3 to 7, three 16-token calls and drafts of the default size
 ENGINE = "llamacpp"
@@ -69,7 +69,7 @@ def names_for(python: str) -> list[str]:
     transformers causal-LM class."""
     from ..impls.llamacpp.environment import archs
 
-    return vllm_plan.model_types(archs(python))
+    return model_types(archs(python))
 
 
 def check(model_type: str, python: str, timeout: float = 240.0, seed: int = 0, tolerance: float = NOISE_MARGIN,
@@ -96,7 +96,7 @@ def check(model_type: str, python: str, timeout: float = 240.0, seed: int = 0, t
     base.update(model_class=type(model).__name__, init=init, floor=floor.per_layer[-1], floor_source=floor.source)
     with tempfile.TemporaryDirectory(prefix=f"smearcli-llamacpp-{model_type}-") as d:
         try:
-            vllm_plan.save(model, Path(d) / "model", model_type)
+            save(model, Path(d) / "model", model_type)
         except Exception as e:
             return record(model_type, NOT_BUILT, reason="the tiny model cannot be saved: " + transformers_frame(e),
                           **base)

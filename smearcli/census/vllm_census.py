@@ -17,10 +17,11 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from ..verdicts import CRASHED, NOT_BUILT, UNCONFIRMED
-from . import vllm_check, vllm_plan
+from . import vllm_check
 from .report import sort_key
 from .vllm_engine import Worker, archs
 from .record import Record
+from .reference import model_types
 
 SKIP = str(NOT_BUILT)  # an architecture the census could not run, with why
 ENGINE_REFUSED = vllm_check.ENGINE_REFUSED
@@ -30,7 +31,7 @@ FINDINGS = (str(CRASHED), str(UNCONFIRMED))
 def names_for(worker: Worker) -> list[str]:
     """Every model type this census can check: vLLM's architectures with a transformers
     causal-LM class."""
-    return vllm_plan.model_types(archs(worker))
+    return model_types(archs(worker))
 
 
 def check_one(name: str, worker: Worker, timeout: float, memory: Optional[int], repro_dir: Path) -> Record:

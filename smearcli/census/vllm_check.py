@@ -38,16 +38,15 @@ import torch
 
 from .. import evidence
 from ..judge import Run, judge, status
-from ..compare import measure_power
 from ..metrics import measure
 from ..defaults import NOISE_MARGIN
-from ..schedules import run_schedule
 from ..steps import CRASHED as RUN_CRASHED, UNCHECKED
 from ..verdicts import CRASHED, INCONCLUSIVE, NOT_BUILT, NOT_RUN, OK, UNCONFIRMED
 from . import vllm_plan
 from .boundary import transformers_frame
-from .check import INIT_LADDER, NO_POWER_NOTE, build, init_note, vocab_of
+from .check import NO_POWER_NOTE, init_note, vocab_of
 from .record import Record, new as record
+from .reference import powered, save
 from .vllm_engine import WorkerGone
 
 NO_FLOAT64 = "not confirmed: vLLM's engine has no float64 form to rerun it in"
@@ -83,7 +82,7 @@ def check(model_type: str, worker, timeout: float = 240.0, memory: Optional[int]
     model, ref, floor, power = got.model, got.ref, got.floor, got.power
     with tempfile.TemporaryDirectory(prefix=f"smearcli-vllm-{model_type}-") as d:
         try:
-            vllm_plan.save(model, Path(d) / "model", model_type)
+            save(model, Path(d) / "model", model_type)
         except Exception as e:
             return record(model_type, NOT_BUILT, reason="the tiny model cannot be saved: "
                           + transformers_frame(e), vllm={"answered": True}, **base)
@@ -101,56 +100,6 @@ def check(model_type: str, worker, timeout: float = 240.0, memory: Optional[int]
 
         vllm_repro.attach(rec, config, Path(repro_dir), worker, seed, req, max(1.0, deadline - time.monotonic() - 5))
     return rec
-
-
-@dataclasses.dataclass
-class Powered:
-    """The reference a foreign engine is held to: transformers' full pass of the tiny model, built
-    at the first init of the census's ladder (`check.INIT_LADDER`) whose cache state moves the
-    logits enough to show (power), or at the last one tried. `why` says why there is none."""
-    model: Optional[object] = None  # None: not built
-    init: Optional[float] = None
-    runner: Optional[object] = None  # the reference runner (`reference`)
-    ref: Optional[object] = None  # its full pass
-    floor: Optional[object] = None  # the float64 noise floor
-    power: Optional[evidence.Power] = None
-    why: str = ""
-
-
-def powered(config, tokens, seed: int, tolerance: float) -> Powered:
-    """Power first, on transformers' side: the engine then runs the weights that have it (vLLM and
-    llama.cpp expose no cache to zero; the same weights in transformers stand in)."""
-    got = Powered()
-    for init in INIT_LADDER:
-        try:
-            got.model, got.init = build(config, init, seed), init
-        except Exception as e:
-            got.why = "the model cannot be built from the tiny config: " + transformers_frame(e)
-            return got
-        try:
-            got.runner, got.ref, got.floor = reference(got.model, tokens)
-        except Exception as e:
-            got.why = "the full pass in transformers does not run: " + transformers_frame(e)
-            return got
-        threshold = tolerance * got.floor.per_layer[-1]
-        try:
-            got.power = measure_power([], got.runner, tokens, threshold)
-        except Exception as e:  # transformers' own cache fails: the engine still runs, but OK cannot be shown
-            got.power = evidence.Power(0, threshold, why="zeroing the transformers reference's cache raised: "
-                                       + transformers_frame(e))
-        if not got.power.measured or got.power.sufficient:
-            break
-    return got
-
-
-def reference(model, tokens):
-    """(the reference runner, its full pass as log-probabilities, the float64 noise floor)."""
-    from ..impls import hf
-    from ..runner import LogProbs
-
-    runner = LogProbs(hf.runner(model, "tiny config", tokens))
-    ref = run_schedule(runner, tokens, "full", capture=False)
-    return runner, ref, evidence.floor(runner, ref, tokens, torch.float32)
 
 
 def runs_of(result: dict, workdir: Path, tokens, req: dict) -> list:

@@ -1,17 +1,16 @@
 """What the census on vLLM runs (`smearcli scan`'s vLLM engine): which architectures, on which
 tiny config, under which schedules.
 
-`model_types(archs)`: every model type the installed transformers maps to a causal-LM class that
-vLLM's ModelRegistry lists (the worker's answer), sorted. `tiny_config(model_type)`: the census's
+Which architectures: `census.reference.model_types` of the worker's answer (vLLM's ModelRegistry).
+`tiny_config(model_type)`: the census's
 own tiny config (`derive.derive`, unchanged) with what vLLM's CPU backend needs applied on top
-(`adjust`, each change with why). `save(config, directory)`: the seeded model saved as
-safetensors, the directory vLLM loads. `schedule_entries(config)`: the worker's schedules, chunked
+(`adjust`, each change with why); `census.reference.save` writes the directory vLLM loads.
+`schedule_entries(config)`: the worker's schedules, chunked
 prefill at several budgets among them (`budgets`).
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Optional
 
 from ..impls.vllm import BLOCK_SIZE
@@ -25,20 +24,6 @@ ODD = 13  # an odd chunk budget that straddles no block, conv width or window ed
 DEFAULT_CONV = 4  # the conv width budgets stand on when the model has none
 KV_CACHE_BYTES = 16 << 20  # a 64-token sequence of a tiny model needs kilobytes; Mamba states a few MB
 HEAD_COUNT_KEYS = ("num_attention_heads", "n_head", "n_heads")  # attention heads, as configs spell them
-
-
-def model_types(archs) -> list[str]:
-    """The model types whose transformers causal-LM class is one of `archs` (vLLM's names)."""
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES as causal
-
-    archs = set(archs)
-    return sorted(t for t, cls in causal.items() if cls in archs)
-
-
-def arch_of(model_type: str) -> Optional[str]:
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES as causal
-
-    return causal.get(model_type)
 
 
 def adjust(d: dict) -> dict:
@@ -89,14 +74,6 @@ def tiny_config(model_type: str):
     except Exception as e:
         return None, f"the tiny config adjusted for vLLM's CPU backend is refused: {type(e).__name__}: {str(e)[:160]}"
     return new, {**got.summary(), **changes}
-
-
-def save(model, directory: Path, model_type: str) -> Path:
-    """The model as a safetensors directory, its config naming the class vLLM resolves."""
-    directory = Path(directory)
-    model.config.architectures = [arch_of(model_type) or type(model).__name__]
-    model.save_pretrained(directory, safe_serialization=True)
-    return directory
 
 
 def conv_width(config) -> Optional[int]:

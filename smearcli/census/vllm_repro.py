@@ -171,6 +171,7 @@ HOW = {"prefix": "a first request for a prefix of whole cache blocks, then the w
 def write(rec: Record, config, path: Path, req: dict, seed: int = 0, margin: float = NOISE_MARGIN) -> Path:
     """The reproducer of one finding (`rec`: a record whose `worst_schedule` failed)."""
     from . import vllm_plan
+    from .reference import arch_of
 
     label = rec.worst_schedule
     entry = next(e for e in req["schedules"] if vllm_plan.label(e) == label)
@@ -178,7 +179,7 @@ def write(rec: Record, config, path: Path, req: dict, seed: int = 0, margin: flo
     finding = rec.reason or f"max |dlogprob| {rec.max_abs or 0:.3g} ({rec.multiple or 0:.3g}x the floor)"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(TEMPLATE.format(
-        model_type=rec.model_type, arch=vllm_plan.arch_of(rec.model_type), version=rec.vllm_version,
+        model_type=rec.model_type, arch=arch_of(rec.model_type), version=rec.vllm_version,
         schedule=label, how=HOW[entry["name"]], finding=str(finding).replace('"""', "'''")[:300],
         config_json=json.dumps(d, default=str), entry=entry, tokens=req["rows"][0], seed=seed, margin=margin,
         block=req["block_size"], max_len=req["max_model_len"], vocab=req["vocab"],

@@ -35,7 +35,9 @@ def test_the_architectures_are_vllms_with_a_transformers_causal_lm():
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES as causal
 
     archs = ["LlamaForCausalLM", "Mamba2ForCausalLM", "NoSuchForCausalLM"]
-    got = vllm_plan.model_types(archs)
+    from smearcli.census.reference import model_types
+
+    got = model_types(archs)
     assert {"llama", "mamba2"} <= set(got) and got == sorted(got)
     # every model type whose class vLLM lists, and nothing else (an arch transformers lacks adds none)
     assert set(got) == {t for t, c in causal.items() if c in archs}
@@ -190,6 +192,7 @@ def test_power_comes_first_and_the_init_scale_rises_until_the_state_shows(in_pro
     scale gives it, inconclusive, saying so. (Power is stood in, counting its calls from zero for
     each check.)"""
     from smearcli import evidence
+    from smearcli.census import reference
 
     def weak_until(n):
         calls = []
@@ -200,7 +203,7 @@ def test_power_comes_first_and_the_init_scale_rises_until_the_state_shows(in_pro
         return power
     got = {}
     for n in (3, 99):
-        monkeypatch.setattr(vllm_check, "measure_power", weak_until(n))
+        monkeypatch.setattr(reference, "measure_power", weak_until(n))  # the ladder both engines climb
         got[n] = vllm_check.check("llama", in_process())
     assert got[3].verdict == OK and got[3].init == 0.3
     assert "the state was shown to matter only at initializer_range=0.3" in got[3].notes

@@ -1,0 +1,97 @@
+"""The reference an engine outside transformers is held to, shared by the census's vLLM and
+llama.cpp engines (neither has a float64 form or a cache to zero, so transformers stands in):
+
+- `model_types(archs)`: the model types whose transformers causal-LM class is among an engine's
+  architecture names (its registry's answer), sorted; `arch_of(model_type)` the other way;
+- `save(model, directory, model_type)`: the seeded tiny model as a safetensors directory, its config
+  naming the class the engine resolves;
+- `powered(config, tokens, seed, tolerance)`: transformers' full pass of the tiny model, its float64
+  floor and its power, at the first init of the census's ladder (`check.INIT_LADDER`) that shows
+  power (`Powered`), the reference every schedule the engine runs is measured against.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from .. import evidence
+from ..compare import measure_power
+from ..schedules import run_schedule
+from .boundary import transformers_frame
+from .check import INIT_LADDER, build
+
+
+def model_types(archs) -> list[str]:
+    """The model types whose transformers causal-LM class is one of `archs` (vLLM's names)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES as causal
+
+    archs = set(archs)
+    return sorted(t for t, cls in causal.items() if cls in archs)
+
+
+def arch_of(model_type: str) -> Optional[str]:
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES as causal
+
+    return causal.get(model_type)
+
+
+def save(model, directory: Path, model_type: str) -> Path:
+    """The model as a safetensors directory, its config naming the class vLLM resolves."""
+    directory = Path(directory)
+    model.config.architectures = [arch_of(model_type) or type(model).__name__]
+    model.save_pretrained(directory, safe_serialization=True)
+    return directory
+
+
+@dataclasses.dataclass
+class Powered:
+    """The reference a foreign engine is held to: transformers' full pass of the tiny model, built
+    at the first init of the census's ladder (`check.INIT_LADDER`) whose cache state moves the
+    logits enough to show (power), or at the last one tried. `why` says why there is none."""
+    model: Optional[object] = None  # None: not built
+    init: Optional[float] = None
+    runner: Optional[object] = None  # the reference runner (`reference`)
+    ref: Optional[object] = None  # its full pass
+    floor: Optional[object] = None  # the float64 noise floor
+    power: Optional[evidence.Power] = None
+    why: str = ""
+
+
+def powered(config, tokens, seed: int, tolerance: float) -> Powered:
+    """Power first, on transformers' side: the engine then runs the weights that have it (vLLM and
+    llama.cpp expose no cache to zero; the same weights in transformers stand in)."""
+    got = Powered()
+    for init in INIT_LADDER:
+        try:
+            got.model, got.init = build(config, init, seed), init
+        except Exception as e:
+            got.why = "the model cannot be built from the tiny config: " + transformers_frame(e)
+            return got
+        try:
+            got.runner, got.ref, got.floor = reference(got.model, tokens)
+        except Exception as e:
+            got.why = "the full pass in transformers does not run: " + transformers_frame(e)
+            return got
+        threshold = tolerance * got.floor.per_layer[-1]
+        try:
+            got.power = measure_power([], got.runner, tokens, threshold)
+        except Exception as e:  # transformers' own cache fails: the engine still runs, but OK cannot be shown
+            got.power = evidence.Power(0, threshold, why="zeroing the transformers reference's cache raised: "
+                                       + transformers_frame(e))
+        if not got.power.measured or got.power.sufficient:
+            break
+    return got
+
+
+def reference(model, tokens):
+    """(the reference runner, its full pass as log-probabilities, the float64 noise floor)."""
+    from ..impls import hf
+    from ..runner import LogProbs
+
+    runner = LogProbs(hf.runner(model, "tiny config", tokens))
+    ref = run_schedule(runner, tokens, "full", capture=False)
+    return runner, ref, evidence.floor(runner, ref, tokens, torch.float32)
