@@ -15,14 +15,14 @@ import torch
 
 from .model import GPT
 from .defaults import layer_names
-from .runner import BOS_DOCUMENTS, COPY, CROP, DOCUMENT_MASK, EXPAND, SMEAR_TERMS, Described, Output, Runner
+from .runner import BOS_DOCUMENTS, COPY, CROP, DOCUMENT_MASK, EXPAND, SMEAR_TERMS, Described, ModelRunner, Output
 from .smear import ONE_TOKEN_STEP, TAKES_BOS, get_logic
 
 SERIES = {"old": "old logic (upstream)", "fixed": "fixed logic",  # the legend's words per logic
           "bosmask": "fixed logic, no smear at BOS"}
 
 
-class GPTRunner(Runner):
+class GPTRunner(ModelRunner):
     """Our GPT with its KVCache under one smear logic (`smearcli.smear.LOGICS`). Captures the
     post-smear embedding (`emb`) and every block's output. `bos`: the BOS id, which a BOS-masked
     logic needs (and which the packed schedule's documents begin with)."""
@@ -41,14 +41,6 @@ class GPTRunner(Runner):
         # logics whose one-token step is the same function run the same decode, bit for bit
         fn = ONE_TOKEN_STEP.get(logic)
         self.one_token_step = None if fn is None else (id(model), fn)
-
-    @property
-    def dtype(self):
-        return self.model.dtype
-
-    @property
-    def device(self):
-        return self.model.device
 
     def describe(self) -> Described:
         cfg = self.model.config

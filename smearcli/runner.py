@@ -166,6 +166,20 @@ class Runner:
         return None
 
 
+class ModelRunner(Runner):
+    """A runner over one torch model it holds as `self.model`, whose dtype and device are the run's."""
+
+    model: Any
+
+    @property
+    def dtype(self):
+        return self.model.dtype
+
+    @property
+    def device(self):
+        return self.model.device
+
+
 @dataclass
 class StepRunner(Runner):
     """A runner around one callable `step(ids, cache) -> (logits, cache)` or `(logits,

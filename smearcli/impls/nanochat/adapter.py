@@ -24,7 +24,7 @@ from ...errors import UserCodeError, UserError
 from ...model import param_shapes, rms_norm
 from ...defaults import layer_names
 from ...preflight import check_model_memory
-from ...runner import BOS_DOCUMENTS, DOCUMENT_MASK, EXPAND, SMEAR_TERMS, Described, Output, Runner
+from ...runner import BOS_DOCUMENTS, DOCUMENT_MASK, EXPAND, SMEAR_TERMS, Described, ModelRunner, Output
 from ...smear import smear_gate
 from ...checkpoint import NoSmearParameters, check_tensors, find_step, read_meta, read_state_dict, smear_keys_missing
 from .guard import return_line, returned_at, user_code
@@ -157,7 +157,7 @@ class NanochatModel:
         return out
 
 
-class NanochatRunner(Runner):
+class NanochatRunner(ModelRunner):
     """The user's nanochat code as a `smearcli.runner.Runner` (label "yours"): their GPT, forward
     pass and KVCache, their KVCache.prefill for the engine's cache copy. Their one-token step is
     their own code, so decode is never shared with another runner. A packed row's document mask is
@@ -174,14 +174,6 @@ class NanochatRunner(Runner):
     def __init__(self, model: NanochatModel, name: str = "model"):
         self.model, self.name = model, name
         self.layers = tuple([FIRST_CAPTURE] + layer_names(model.config.n_layer)[1:])
-
-    @property
-    def dtype(self):
-        return self.model.dtype
-
-    @property
-    def device(self):
-        return self.model.device
 
     def describe(self) -> Described:
         cfg, code = self.model.config, self.model.code
