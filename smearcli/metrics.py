@@ -368,13 +368,15 @@ def measure_all(ref: RunResult, runs: Sequence[RunResult], noise: NoiseFloor,
                 tolerance: float = NOISE_MARGIN) -> list[RunMetrics]:
     """`measure` of every run against one reference, sharing the work they have in common: the
     logits of every run are passed over together (`_logits_passes`), the rest per run."""
+    def logits_of(r: RunResult) -> tuple:  # decode under two logics is one tensor: one pass
+        return id(r.logits), tuple(r.row_map), r.expand_at
+
     with shared_work():
         with profile.section("metrics"):
-            distinct = {(id(r.logits), tuple(r.row_map), r.expand_at): r for r in runs}  # decode under two logics: one
+            distinct = {logits_of(r): r for r in runs}
             made = _logits_passes(ref.logits, [(r.logits, r.row_map, r.expand_at) for r in distinct.values()])
             passes = dict(zip(distinct, made))
-        return [_measure(ref, r, noise, tolerance, passes[(id(r.logits), tuple(r.row_map), r.expand_at)])
-                for r in runs]
+        return [_measure(ref, r, noise, tolerance, passes[logits_of(r)]) for r in runs]
 
 
 def measure(ref: RunResult, run: RunResult, noise: NoiseFloor, tolerance: float = NOISE_MARGIN) -> RunMetrics:

@@ -154,7 +154,7 @@ def _run_steps(runner: Runner, tokens: Tensor, steps: list[int], capture: bool,
     for n in steps:
         if n == T and pos == 0 and out is None:  # one step over every token (prefill): its owned outputs are the run's
             step = runner.step(tokens, cache, capture)
-            logits, hiddens = step.logits, (list(step.hiddens) if step.hiddens else []) if capture else None
+            logits, hiddens = step.logits, list(step.hiddens or [])  # [] (none) reads as None below
             pos = T
             if on_step is not None:
                 on_step(n)
