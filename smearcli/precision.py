@@ -123,7 +123,7 @@ def float64_model(model):
     kept = model.__dict__.get("_float64_copy")
     if kept is not None and kept[0] == stamp:
         return kept[1]
-    shared = {id(t) for t in getattr(model, "lookup_tables", list)()}
+    shared = shared_tables(model)
     m64 = copy.deepcopy(model, _float64_memo(model, kept, shared))
     with torch.no_grad():  # what the memo left to deepcopy (a tensor with attributes of its own)
         for t in list(m64.parameters()) + list(m64.buffers()):
@@ -137,6 +137,12 @@ def float64_model(model):
             pass
     object.__setattr__(model, "_float64_copy", (stamp, m64))
     return m64
+
+
+def shared_tables(model) -> set:
+    """Ids of the tensors `float64_model` hands its copy as they are: the tables the model names in
+    `lookup_tables()` (only indexed, each row converted by the model itself)."""
+    return {id(t) for t in getattr(model, "lookup_tables", list)()}
 
 
 def float64_copy(t: Tensor) -> Tensor:

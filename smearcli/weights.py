@@ -19,7 +19,7 @@ from .errors import UserError
 from .checkpoint import (NoSmearParameters, can_mmap, check_tensors, find_step, list_steps,
                          read_meta, read_state_dict, smear_keys_missing, SMEAR_KEYS)
 from .model import GPT, param_shapes
-from .precision import float64_copy, provide_float64
+from .precision import float64_copy, provide_float64, shared_tables
 from .preflight import check_model_memory
 
 TINY_DIR = Path(__file__).resolve().parent / "data" / "tiny"
@@ -135,7 +135,7 @@ class Beside:
 
     def __init__(self, tensors: list[torch.Tensor], model: Optional[GPT] = None):
         self.model = model
-        self.shared = set() if model is None else {id(t) for t in model.lookup_tables()}
+        self.shared = set() if model is None else shared_tables(model)  # the copy shares these
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="smearcli-beside")
         self.touched = {id(t): self.pool.submit(_touch, t) for t in tensors}
         self.copies: list[tuple[torch.Tensor, Future]] = []
