@@ -96,8 +96,8 @@ def answer(job, served):
 
 
 class InProcess:
-    """The stand-in as a `census.vllm_engine.Worker` in the caller's own process: no interpreter
-    to start, nothing to import again. What `vllm_check.check` and `vllm_census.Session` ask of a
+    """The stand-in as a `impls.vllm.serve.Worker` in the caller's own process: no interpreter
+    to start, nothing to import again. What `census.vllm.check` and `census.vllm.Session` ask of a
     worker (`ask`, `ready`, the counters, `alive`/`kill`/`start`); the modes that need a process
     of their own (hang, exit, hog) are `serve`'s, tested on the real `Worker`. As in the real
     worker, a model counts as served by this "process" through `served`, which the census

@@ -195,13 +195,13 @@ register(Engine(
     sections="smearcli.census.report:transformers_sections", after_run="smearcli.census.draft:after_run"))
 register(Engine(
     "vllm", "vLLM's scheduler and caches, against the transformers full pass",
-    open="smearcli.census.vllm_census:open_session", env_var="SMEARCLI_VLLM_PYTHON", concurrent=False,
+    open="smearcli.census.vllm:open_session", env_var="SMEARCLI_VLLM_PYTHON", concurrent=False,
     environment="an environment with vLLM; scripts/make_vllm_env.sh DIR makes one (then DIR/bin/python)",
     failing=(str(BUG), str(CRASHED), str(UNCONFIRMED)),
     names_are="an architecture both the installed vLLM and transformers register as a causal LM",
     repro_tails=("-vllm.py",),
     title="# smearcli scan on vLLM: vLLM {vllm_version} (CPU), transformers {transformers_version} reference",
-    sections="smearcli.census.vllm_census:sections"))
+    sections="smearcli.census.vllm:sections"))
 register(Engine(
     "llamacpp", "llama.cpp's micro-batches, calls, seq_cp and seq_rm, against the transformers full pass",
     open="smearcli.census.llamacpp:open_session", env_var="SMEARCLI_LLAMACPP_PYTHON",

@@ -15,7 +15,8 @@ from typer.testing import CliRunner
 
 transformers = pytest.importorskip("transformers", reason="transformers is not installed: pip install 'smearcli[hf]'")
 
-from smearcli.census import record, records, report, vllm_census, vllm_check, vllm_engine, vllm_plan  # noqa: E402
+from smearcli.census import record, records, report, vllm  # noqa: E402
+from smearcli.impls.vllm import serve  # noqa: E402
 from smearcli.cli.app import app  # noqa: E402
 from smearcli.impls.vllm import BLOCK_SIZE, ENV_PYTHON  # noqa: E402
 from smearcli.verdicts import CRASHED, INCONCLUSIVE, NOT_BUILT, OK, UNCONFIRMED  # noqa: E402
@@ -44,29 +45,29 @@ def test_the_architectures_are_vllms_with_a_transformers_causal_lm():
 
 
 def test_the_tiny_config_takes_head_size_32_and_keeps_the_census_shapes():
-    cfg, changes = vllm_plan.tiny_config("llama")
-    assert cfg.head_dim == vllm_plan.HEAD and cfg.num_attention_heads * cfg.head_dim == cfg.hidden_size
-    assert cfg.num_key_value_heads == 1 and changes["head_dim"] == vllm_plan.HEAD
-    assert cfg.max_position_embeddings >= 2 * vllm_plan.T
-    gpt2, _ = vllm_plan.tiny_config("gpt2")  # no head_dim key: the width over the heads
-    assert gpt2.n_embd // gpt2.n_head == vllm_plan.HEAD
-    mamba, _ = vllm_plan.tiny_config("mamba2")  # no attention: its SSM heads are derive's
+    cfg, changes = vllm.tiny_config("llama")
+    assert cfg.head_dim == vllm.HEAD and cfg.num_attention_heads * cfg.head_dim == cfg.hidden_size
+    assert cfg.num_key_value_heads == 1 and changes["head_dim"] == vllm.HEAD
+    assert cfg.max_position_embeddings >= 2 * vllm.T
+    gpt2, _ = vllm.tiny_config("gpt2")  # no head_dim key: the width over the heads
+    assert gpt2.n_embd // gpt2.n_head == vllm.HEAD
+    mamba, _ = vllm.tiny_config("mamba2")  # no attention: its SSM heads are derive's
     assert (mamba.num_heads, mamba.head_dim) == (8, 16)
 
 
 def test_chunked_prefill_runs_below_and_at_the_conv_width_a_block_and_an_odd_budget():
-    mamba, _ = vllm_plan.tiny_config("mamba2")
+    mamba, _ = vllm.tiny_config("mamba2")
     cw = mamba.conv_kernel
-    assert vllm_plan.budgets(mamba) == sorted({cw - 1, cw, BLOCK_SIZE, vllm_plan.ODD})
-    names = [vllm_plan.label(e) for e in vllm_plan.schedule_entries(mamba)]
+    assert vllm.budgets(mamba) == sorted({cw - 1, cw, BLOCK_SIZE, vllm.ODD})
+    names = [vllm.label(e) for e in vllm.schedule_entries(mamba)]
     assert names[0] == "prefill" and names[-1] == "prefix" and "decode" in names
     assert f"chunked@{cw - 1}" in names and f"chunked@{BLOCK_SIZE}" in names
-    llama, _ = vllm_plan.tiny_config("llama")  # no conv: one small budget stands for both
-    assert vllm_plan.budgets(llama) == [3, vllm_plan.ODD, BLOCK_SIZE]
+    llama, _ = vllm.tiny_config("llama")  # no conv: one small budget stands for both
+    assert vllm.budgets(llama) == [3, vllm.ODD, BLOCK_SIZE]
     # one engine (prefix caching on) serves a model without a conv state; Mamba's other schedules
     # run the path without caching, so its prefix schedule gets a second
-    assert vllm_plan.one_engine(llama) and not vllm_plan.one_engine(mamba)
-    assert vllm_plan.length(llama) == vllm_plan.T and vllm_plan.length(mamba) == vllm_plan.STATE_T
+    assert vllm.one_engine(llama) and not vllm.one_engine(mamba)
+    assert vllm.length(llama) == vllm.T and vllm.length(mamba) == vllm.STATE_T
 
 
 def model_dir(tmp_path, model_type):
@@ -87,12 +88,12 @@ def ask_run(worker, tmp_path, model_type, timeout, memory=None):
 def test_a_worker_that_hangs_runs_away_or_dies_is_stopped_and_started_again(fake_python, tmp_path, monkeypatch,
                                                                             mode, limit, want):
     monkeypatch.setenv("SMEARCLI_STANDIN_PLAN", json.dumps({"m": mode}))
-    w = vllm_engine.Worker(str(fake_python))
+    w = serve.Worker(str(fake_python))
     try:
         assert w.start()["ready"] and w.starts == 1
-        assert "LlamaForCausalLM" in vllm_engine.archs(w)
+        assert "LlamaForCausalLM" in serve.archs(w)
         start = time.monotonic()
-        with pytest.raises(vllm_engine.WorkerGone, match=want):
+        with pytest.raises(serve.WorkerGone, match=want):
             ask_run(w, tmp_path, "m", timeout=1.0 if mode == "hang" else 30.0, memory=limit)
         assert time.monotonic() - start < 40
         deadline = time.monotonic() + 10
@@ -101,7 +102,7 @@ def test_a_worker_that_hangs_runs_away_or_dies_is_stopped_and_started_again(fake
         assert not w.alive()
         w.kill()  # as the census does before the next model: reaped, then started again
         w.start()
-        assert w.alive() and w.starts == 2 and vllm_engine.archs(w)  # the next model gets a live one
+        assert w.alive() and w.starts == 2 and serve.archs(w)  # the next model gets a live one
     finally:
         w.close()
     assert not w.alive() and not w.log.exists()
@@ -159,7 +160,7 @@ def test_the_census_on_the_standin_records_each_architecture_and_survives_a_dead
     assert checked.exit_code == 1  # crashed and unconfirmed fail --check on vLLM
 
 
-# -- one architecture, judged (`vllm_check.check`) and the census around it (`vllm_census.Session` in `isolate.census`), on
+# -- one architecture, judged (`census.vllm.check`) and the census around it (`census.vllm.Session` in `isolate.census`), on
 # the stand-in in this process (`vllm_standin.InProcess`): the scan's end-to-end test above runs the
 # same through the CLI, the worker process and the reproducers
 @pytest.fixture
@@ -181,7 +182,7 @@ def census(worker, names, tmp_path):
 
     tmp_path.mkdir(parents=True, exist_ok=True)
     with records.Sink(tmp_path / "census.jsonl") as sink:
-        recs = isolate.census(vllm_census.Session(worker), names, sink, timeout=600.0, memory=None,
+        recs = isolate.census(vllm.Session(worker), names, sink, timeout=600.0, memory=None,
                               repro_dir=tmp_path / "repro")
     return {r.model_type: r for r in recs}
 
@@ -204,7 +205,7 @@ def test_power_comes_first_and_the_init_scale_rises_until_the_state_shows(in_pro
     got = {}
     for n in (3, 99):
         monkeypatch.setattr(reference, "measure_power", weak_until(n))  # the ladder both engines climb
-        got[n] = vllm_check.check("llama", in_process())
+        got[n] = vllm.check("llama", in_process())
     assert got[3].verdict == OK and got[3].init == 0.3
     assert "the state was shown to matter only at initializer_range=0.3" in got[3].notes
     assert got[99].verdict == INCONCLUSIVE and got[99].init == 1.0
@@ -212,8 +213,8 @@ def test_power_comes_first_and_the_init_scale_rises_until_the_state_shows(in_pro
 
 
 def test_an_engine_vllm_does_not_start_is_not_built_with_why(in_process):
-    a = vllm_check.check("llama", in_process(llama="noengine"))
-    assert a.verdict == NOT_BUILT and a.reason.startswith(vllm_check.ENGINE_REFUSED)
+    a = vllm.check("llama", in_process(llama="noengine"))
+    assert a.verdict == NOT_BUILT and a.reason.startswith(vllm.ENGINE_REFUSED)
     assert "head size 16" in a.reason
     md = report.markdown([a])  # as --merge writes it: the version from the records
     assert md.startswith("# smearcli scan on vLLM: vLLM stand-in (CPU)")
@@ -235,7 +236,7 @@ def test_an_engine_refused_after_other_models_is_tried_again_in_a_fresh_worker(i
 
 
 def test_a_prefill_that_raises_is_not_built_not_a_cache_crash(in_process, tmp_path):
-    a = vllm_check.check("llama", in_process(llama="noprefill"), repro_dir=tmp_path)
+    a = vllm.check("llama", in_process(llama="noprefill"), repro_dir=tmp_path)
     assert a.verdict == NOT_BUILT and a.reason.startswith("vLLM's prefill in one step raises on the CPU backend")
     assert "selective_scan_fwd" in a.reason and a.reproducer is None
 
@@ -272,7 +273,7 @@ def test_records_keep_the_engine_fields():
     rec = record.bare("llama", "ok", engine="vllm", vllm_version="0.32.0", vllm={"engine_start_s": [1.5, 2.0]})
     out = report.document([rec])["architectures"][0]
     assert out["engine"] == "vllm" and out["vllm_version"] == "0.32.0" and out["vllm"] == {"engine_start_s": [1.5, 2.0]}
-    s = vllm_census.summary([rec], None, 10.0)
+    s = vllm.summary([rec], None, 10.0)
     assert s["engine_start_s"] == 3.5 and s["engine_start_share"] == 35.0
 
 

@@ -1,4 +1,4 @@
-"""One vLLM process for the whole census (`smearcli scan`'s vLLM engine): `Worker`.
+"""One vLLM process for a whole census (`smearcli scan --engine vllm`, `census.vllm`): `Worker`.
 
 Importing vLLM takes 15 to 30 seconds on two cores, longer than checking a tiny model, so the
 census starts the worker (`smearcli/impls/vllm/worker.py serve`, in vLLM's environment) once and
@@ -7,7 +7,7 @@ Each architecture is still checked in its own forked process (`isolate`): that p
 the job to the worker's stdin, waits for the answer line on its stdout, and stops the worker
 itself when the answer does not come in time or the worker's resident memory passes the limit
 (`ask`); a worker that dies, hangs or is stopped is started again before the next architecture
-(`kill`, then `start`, in `vllm_census`), so one model's crash is that model's record and never the
+(`kill`, then `start`, by the census's vLLM session), so one model's crash is that model's record and never the
 census's end.
 
 vLLM's own output (its logs, a crash's traceback) goes to a log file, whose last lines name a
@@ -28,9 +28,9 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from ..errors import UserError
-from ..impls.foreign import runnable
-from ..impls.vllm.environment import WORKER, worker_env
+from ...errors import UserError
+from ..foreign import runnable
+from .environment import WORKER, worker_env
 
 READY_TIMEOUT_S = 600.0  # vLLM's import: 15 to 30 s alone, minutes on a loaded machine
 POLL_S = 0.2
