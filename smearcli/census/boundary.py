@@ -30,7 +30,7 @@ frame in transformers, `not run` with why, or once the architecture's verdict is
 that is measured only when every schedule agrees), the numbers, the rollback's mode (the headline
 run's: `crop` or `copy`) and, for a failure, the boundary's own shape (its `Schedule.shape`). Any
 other boundary registered with `census=True` (`schedules.census_schedules`) runs after these two on
-the same runner and gets an entry of its own (`run_others`). A step plan's failure heads the record
+the same runner and gets an entry of its own; `run_boundaries` gives them all as one `Boundaries`. A step plan's failure heads the record
 before a boundary's (`beside`): the boundaries run cached steps too, and may fail with that plan's
 error.
 """
@@ -115,50 +115,64 @@ def run_one(runner, tokens, name: str, ref, noise, tolerance, opts=ScheduleOptio
                          shape=None if m.passed else shape(name))
 
 
-def run_boundaries(model, make, layers, tokens, ref, noise, tolerance: float = NOISE_MARGIN):
-    """(name -> metrics, name -> entry, name -> steps, notes, name -> the runner it ran on) of
-    padded and rollback on `model`; `make(model, layers, crop=...)` builds the scan's runner."""
-    ms, entries, steps, notes, used = {}, {}, {}, [], {}
+@dataclasses.dataclass
+class Boundaries:
+    """What the census's boundaries gave on one model (`run_boundaries`): for each boundary that was
+    measured, its metrics, its steps and the runner it ran on (rollback runs on a runner of its
+    own); every boundary's entry (`BoundaryResult`), measured or not; the notes for the record."""
+    metrics: dict = dataclasses.field(default_factory=dict)  # name -> RunMetrics
+    entries: dict = dataclasses.field(default_factory=dict)  # name -> BoundaryResult
+    steps: dict = dataclasses.field(default_factory=dict)  # name -> its step sizes
+    runners: dict = dataclasses.field(default_factory=dict)  # name -> the runner it ran on
+    notes: list = dataclasses.field(default_factory=list)
+
+    def measured(self, name: str, m, run, runner) -> None:
+        self.metrics[name], self.steps[name], self.runners[name] = m, run.steps, runner
+
+    def not_measured(self, name: str) -> None:
+        """A boundary that did not run or raised is said in the notes; one that ran stays silent."""
+        e = self.entries[name]
+        if e.status in (NOT_RUN, CRASHED):
+            self.notes.append(f"{name} {e.status}: {e.why}")
+
+
+def run_boundaries(model, make, layers, tokens, ref, noise, tolerance: float = NOISE_MARGIN) -> Boundaries:
+    """Padded, rollback and every other census boundary on `model`; `make(model, layers,
+    crop=...)` builds the scan's runner."""
+    out = Boundaries()
     runner = make(model, layers)
     if runner.can("padding") and not getattr(runner, "takes_mask", True):
-        entries["padded"] = entry(NOT_RUN, why=f"{type(model).__name__}.forward takes no attention_mask")
+        out.entries["padded"] = entry(NOT_RUN, why=f"{type(model).__name__}.forward takes no attention_mask")
     else:
         said = prepare_padded(runner, tokens, tolerance * noise.per_layer[-1])
-        m, run, entries["padded"] = run_one(runner, tokens, "padded", ref, noise, tolerance)
-        e = entries["padded"]
+        m, run, out.entries["padded"] = run_one(runner, tokens, "padded", ref, noise, tolerance)
+        e = out.entries["padded"]
         e.pad_id = getattr(runner, "pad_id", None)
         e.positions = getattr(runner, "pad_positions", None) and getattr(runner, "takes_positions", False)
         if m is not None:
-            ms["padded"], steps["padded"], used["padded"] = m, run.steps, runner
+            out.measured("padded", m, run, runner)
             e.rows = dict(zip(PADDED_ROWS, (float(x) for x in (run.logits - ref.logits).abs().amax(dim=(1, 2)))))
             if e.status == BUG:
                 thr = tolerance * noise.per_layer[-1]
                 said = said + why_padded(e.rows, thr, e.positions)
                 if left_only(e.rows, thr) and not getattr(runner, "takes_positions", False):
                     e.status, e.shape = LEFT_UNSUPPORTED, None
-                    del ms["padded"]  # not a finding: the verdict does not read it
+                    del out.metrics["padded"]  # not a finding: the verdict does not read it
         e.why = "; ".join(filter(None, [e.why, *said])) or None
-    m, run, entries["rollback"], rb, said = run_rollback(model, make, layers, tokens, ref, noise, tolerance, runner)
-    notes += said
+    m, run, out.entries["rollback"], rb, said = run_rollback(model, make, layers, tokens, ref, noise, tolerance, runner)
+    out.notes += said
     if m is not None:
-        ms["rollback"], steps["rollback"], used["rollback"] = m, run.steps, rb
-    if entries["padded"].status in (NOT_RUN, CRASHED):
-        notes.append(f"padded {entries['padded'].status}: {entries['padded'].why}")
-    run_others(runner, tokens, ref, noise, tolerance, (ms, entries, steps, notes, used))
-    return ms, entries, steps, notes, used
-
-
-def run_others(runner, tokens, ref, noise, tolerance, out) -> None:
-    """Every other census boundary on the scan's runner, into `run_boundaries`' five dicts."""
-    ms, entries, steps, notes, used = out
-    for name in census_schedules():
+        out.measured("rollback", m, run, rb)
+    out.not_measured("padded")
+    for name in census_schedules():  # every other boundary, on the scan's runner
         if name in OWN_HANDLING:
             continue
-        m, run, entries[name] = run_one(runner, tokens, name, ref, noise, tolerance)
+        m, run, out.entries[name] = run_one(runner, tokens, name, ref, noise, tolerance)
         if m is not None:
-            ms[name], steps[name], used[name] = m, run.steps, runner
-        elif entries[name].status in (NOT_RUN, CRASHED):
-            notes.append(f"{name} {entries[name].status}: {entries[name].why}")
+            out.measured(name, m, run, runner)
+        else:
+            out.not_measured(name)
+    return out
 
 
 @dataclasses.dataclass

@@ -338,18 +338,18 @@ def check_model(model, tokens, plans: dict, tolerance: float = NOISE_MARGIN, mak
                 **leaked}
     refused: dict = {}
     ms = run_all(runner, tokens, plans, ref, noise, tolerance, refused)
-    bms, entries, bsteps, notes, used = boundary.run_boundaries(model, make, runner.layers, tokens, ref, noise,
-                                                                tolerance)
-    ms.update(bms)
-    plans = {**plans, **bsteps}
+    bounds = boundary.run_boundaries(model, make, runner.layers, tokens, ref, noise, tolerance)
+    ms.update(bounds.metrics)
+    plans = {**plans, **bounds.steps}
     floor = noise.per_layer[-1]
     out = {"model_class": type(model).__name__, "floor": floor, "floor_source": floor_source,
            "schedules": {k: {"max_abs": m.max_abs_logits, "multiple": m.logits_multiple, "passed": m.passed}
-                         for k, m in ms.items()}, "notes": runner.notes() + notes, "boundaries": entries}
+                         for k, m in ms.items()}, "notes": runner.notes() + bounds.notes,
+           "boundaries": bounds.entries}
     if refused:
         out["notes"].append(f"not run, refused by their code as a use it does not support: {', '.join(refused)} "
                             f"({next(iter(refused.values()))}); the verdict rests on the schedules it accepts")
-    confs, reruns = confirmed(evidence.Confirmer(runner, tokens, f64), used, tokens, plans,
+    confs, reruns = confirmed(evidence.Confirmer(runner, tokens, f64), bounds.runners, tokens, plans,
                               {k: m for k, m in ms.items() if not m.passed}, out)
     runs = [judge.Run(k, m.passed, confs.get(k)) for k, m in ms.items()]
     judged = judge.judge(runs)
@@ -359,7 +359,7 @@ def check_model(model, tokens, plans: dict, tolerance: float = NOISE_MARGIN, mak
         pool = bugs or bad
         plain = {k: m for k, m in pool.items() if k not in boundary.SCHEDULES}
         name, worst = max((plain or pool).items(), key=lambda kv: kv[1].max_abs_logits)
-        boundary.beside(entries, name)  # a boundary that agreed is not judged beside it
+        boundary.beside(bounds.entries, name)  # a boundary that agreed is not judged beside it
         confirmer, rerun = reruns[name]  # the headline's third number: a plain float64 cast
         out["schedules"][name]["confirmation"]["float64"] = confirmer.plain(rerun)
         fd = worst.first_departure
@@ -380,9 +380,9 @@ def check_model(model, tokens, plans: dict, tolerance: float = NOISE_MARGIN, mak
         if note:
             out["notes"].append(note)
         return out
-    raised = boundary.crash(entries)  # a boundary that raised in their code, every run else agreeing
+    raised = boundary.crash(bounds.entries)  # a boundary that raised in their code, every run else agreeing
     if raised:
-        boundary.beside(entries, raised[0])
+        boundary.beside(bounds.entries, raised[0])
         out.update(verdict=CRASHED, worst_schedule=raised[0], reason=raised[1])
         out["notes"].append(f"{raised[0]} raised; the full pass runs")
         return out
@@ -390,7 +390,7 @@ def check_model(model, tokens, plans: dict, tolerance: float = NOISE_MARGIN, mak
     out["power"] = power.to_json()
     out["notes"].append(power.describe())
     out["verdict"] = judge.judge(runs, power).word
-    boundary.settle(entries, out["verdict"])
+    boundary.settle(bounds.entries, out["verdict"])
     return out
 
 
