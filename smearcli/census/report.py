@@ -46,6 +46,12 @@ def _f64(r: dict) -> str:
     return "-" if v is None else f"{v:.2g}"
 
 
+def cell(text, n: int = 120) -> str:
+    """`text` as one cell of a Markdown table: on one line, a bar read as "/" (not as the cell's
+    end), at most `n` characters (a page keeps its width). Every engine's page uses it."""
+    return str(text or "").replace("|", "/").replace("\n", " ")[:n]
+
+
 def sort_key(r: dict):
     v = r.verdict
     return (ORDER.index(v) if v in ORDER else len(ORDER), r.model_type)
@@ -184,10 +190,10 @@ def transformers_sections(records: Sequence[Record], meta: dict) -> list[str]:
         why = r.shape or r.reason or "; ".join(
             n for n in (r.notes or []) if n.startswith(("would see", "power not")) or "rounding" in n) or ""
         why = PY_PATH.sub(r"\1", why)  # a frame by its file's name: a whole path does not wrap on a page
-        why = why.replace("|", "/").replace("\n", " ")[:120]
+        why = cell(why)
         # one column for both (the section above lists every one that is not ok, with why): the
         # page keeps its width at 1280 px
-        cells = " / ".join(boundary_cell(r, b).replace("|", "/")[:40] for b in census_schedules())
+        cells = " / ".join(cell(boundary_cell(r, b), 40) for b in census_schedules())
         out.append(f"| {r.model_type} | {r.verdict} | {r.worst_schedule or '-'} | {_err(r)} | {why} | "
                    f"{cells} |")
     return out

@@ -75,7 +75,7 @@ from .boundary import transformers_frame
 from .check import CONV_KEYS, NO_POWER_NOTE, first_int, init_note, vocab_of
 from .record import Record, new as record
 from .reference import arch_of, model_types, powered, save
-from .report import sort_key
+from .report import cell, sort_key
 
 
 # -- what it runs: the architectures, the tiny config, the schedules ------------------------------
@@ -419,10 +419,6 @@ def summary_line(s: dict) -> str:
             f"{s['engine_start_s']:g} s ({s['engine_start_share']}%)")
 
 
-def _cell(text, n: int = 120) -> str:
-    return str(text or "").replace("|", "/").replace("\n", " ")[:n]
-
-
 def _departure(r: dict) -> str:
     """Why a departure is what it is: the prefill note when the one-step path departs too (the
     model, not a cache), else the confirmation's why."""
@@ -444,12 +440,12 @@ def sections(recs: Sequence[Record], meta: dict) -> list[str]:
             rep = f"`{Path(r.reproducer).name}` ({r.reproducer_status})" if r.reproducer else "-"
             err = "-" if r.max_abs is None else f"{r.max_abs:.2g}"
             out.append(f"| {r.model_type} | {r.verdict} | {r.worst_schedule or '-'} | {err} | "
-                       f"{_cell(r.reason or _departure(r))} | {rep} |")
+                       f"{cell(r.reason or _departure(r))} | {rep} |")
         out.append("")
     skipped = [r for r in sorted(recs, key=lambda r: r.model_type) if r.verdict == SKIP]
     if skipped:
         out += ["## Not run on the CPU backend", "", "| architecture | why |", "|---|---|"]
-        out += [f"| {r.model_type} | {_cell(r.reason, 200)} |" for r in skipped]
+        out += [f"| {r.model_type} | {cell(r.reason, 200)} |" for r in skipped]
         out.append("")
     out += ["## Every architecture", "", "| architecture | verdict | worst schedule | error | x floor | notes |",
             "|---|---|---|---|---|---|"]
@@ -458,7 +454,7 @@ def sections(recs: Sequence[Record], meta: dict) -> list[str]:
         mult = "-" if r.multiple is None else f"{r.multiple:.2g}"
         notes = "; ".join(r.notes or []) or (r.reason if r.verdict != SKIP else "")
         out.append(f"| {r.model_type} | {r.verdict} | {r.worst_schedule or '-'} | {err} | {mult} | "
-                   f"{_cell(notes)} |")
+                   f"{cell(notes)} |")
     return out
 
 # -- a reproducer per finding -------------------------------------------------------------------
