@@ -30,9 +30,9 @@ frame in transformers, `not run` with why, or once the architecture's verdict is
 that is measured only when every schedule agrees), the numbers, the rollback's mode (the headline
 run's: `crop` or `copy`) and, for a failure, the boundary's own shape (its `Schedule.shape`). Any
 other boundary registered with `census=True` (`schedules.census_schedules`) runs after these two on
-the same runner and gets an entry of its own; `run_boundaries` gives them all as one `Boundaries`. A step plan's failure heads the record
-before a boundary's (`beside`): the boundaries run cached steps too, and may fail with that plan's
-error.
+the same runner and gets an entry of its own; `run_boundaries` gives them all as one `Boundaries`.
+A step plan's failure heads the record before a boundary's (`beside`): the boundaries run cached
+steps too, and may fail with that plan's error.
 """
 
 from __future__ import annotations

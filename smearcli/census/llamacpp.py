@@ -131,8 +131,9 @@ def check(model_type: str, python: str, timeout: float = 240.0, seed: int = 0, t
 
 def judged(model_type, model, model_dir: Path, python: str, tokens, ref_runner, power, tolerance, base,
            timeout_s: float, threads: int, gguf: Path):
-    """(the record, whether it is a finding to reproduce, the comparison or None, the runner): llama.cpp's runs measured by
-    `compare.compare` and judged by `smearcli.judge`, then held to llama.cpp's own prefill."""
+    """(the record, whether it is a finding to reproduce, the comparison or None, the runner):
+    llama.cpp's runs measured by `compare.compare` and judged by `smearcli.judge`, then held to
+    llama.cpp's own prefill."""
     from .. import compare
     from ..errors import UserError
     from ..impls import llamacpp
@@ -304,14 +305,6 @@ def sections(recs: Sequence[Record], meta: Optional[dict] = None) -> list[str]:
         out.append(f"| {r.model_type} | {r.verdict} | {r.worst_schedule or '-'} | {err} | {mult} | "
                    f"{rb} | {_cell(said)} |")
     return out
-
-
-def markdown(recs: Sequence[Record], meta: Optional[dict] = None) -> str:
-    """The whole page, as `report.markdown` frames every engine's."""
-    from . import engines
-    from .report import markdown as framed
-
-    return framed(recs, meta, engines.get(ENGINE))
 
 
 def load() -> str:

@@ -35,12 +35,12 @@ def _cut(text: str, width: int) -> str:
     return text if len(text) <= width else text[:width - 1] + "~"
 
 
-def _err(r: dict) -> str:
+def _err(r: Record) -> str:
     v = r.max_abs
     return "-" if v is None else f"{v:.2g}"
 
 
-def _f64(r: dict) -> str:
+def _f64(r: Record) -> str:
     """The finding's error in float64 with the float32 islands lifted (`evidence.confirm`)."""
     v = (r.confirmation or {}).get("float64_lifted")
     return "-" if v is None else f"{v:.2g}"
@@ -52,7 +52,7 @@ def cell(text, n: int = 120) -> str:
     return str(text or "").replace("|", "/").replace("\n", " ")[:n]
 
 
-def sort_key(r: dict):
+def sort_key(r: Record):
     v = r.verdict
     return (ORDER.index(v) if v in ORDER else len(ORDER), r.model_type)
 
@@ -64,7 +64,7 @@ SHORT = {"state dropped at chunk starts": "state dropped", "decode path differs"
          "padding leaks into a row": "padding leaks", "state not rolled back": "not rolled back"}
 
 
-def boundary_cell(r: dict, name: str) -> str:
+def boundary_cell(r: Record, name: str) -> str:
     """One boundary's result in a few words: "ok", "bug 2.3e+04x", "crashed: modeling_x.py:12",
     "not run: why"; rollback adds its mode ("(crop)", "(copy)"); "-" when it has no entry."""
     e = (r.boundaries or {}).get(name)

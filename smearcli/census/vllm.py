@@ -419,7 +419,7 @@ def summary_line(s: dict) -> str:
             f"{s['engine_start_s']:g} s ({s['engine_start_share']}%)")
 
 
-def _departure(r: dict) -> str:
+def _departure(r: Record) -> str:
     """Why a departure is what it is: the prefill note when the one-step path departs too (the
     model, not a cache), else the confirmation's why."""
     said = [n for n in r.notes or [] if n.startswith("prefill")]

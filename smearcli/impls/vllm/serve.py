@@ -7,8 +7,8 @@ Each architecture is still checked in its own forked process (`isolate`): that p
 the job to the worker's stdin, waits for the answer line on its stdout, and stops the worker
 itself when the answer does not come in time or the worker's resident memory passes the limit
 (`ask`); a worker that dies, hangs or is stopped is started again before the next architecture
-(`kill`, then `start`, by the census's vLLM session), so one model's crash is that model's record and never the
-census's end.
+(`kill`, then `start`, by the census's vLLM session), so one model's crash is that model's record
+and never the census's end.
 
 vLLM's own output (its logs, a crash's traceback) goes to a log file, whose last lines name a
 worker that died. The time spent importing vLLM is summed in `import_s`, for the benchmark.
