@@ -40,7 +40,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
-from .. import evidence, frames
+from .. import evidence, frames, judge
 from ..boundaries import rollback_mode
 from ..metrics import RunMetrics, measure
 from ..defaults import NOISE_MARGIN
@@ -247,9 +247,10 @@ def confirm(way: Rolled, tokens, f64=None):
     rerun = lambda t: run_schedule(t, tokens, "rollback", capture=False)  # noqa: E731
     c = evidence.Confirmer(way.runner, tokens, f64)(rerun, way.m.max_abs_logits)
     way.entry.confirmation = c.to_json()
-    if c.status == ROUNDING:
+    status = judge.status(judge.Run("rollback", False, c))
+    if status == ROUNDING:
         way.entry.status, way.entry.shape, way.entry.why = PASSED, None, c.why
-    elif c.status == UNCONFIRMED:
+    elif status == UNCONFIRMED:
         way.entry.status = str(UNCONFIRMED)
     return f64
 

@@ -21,9 +21,9 @@ from typing import Optional
 
 import torch
 
-from .. import evidence
+from .. import evidence, judge
 from ..precision import lifted
-from ..verdicts import BUG, ROUNDING, UNCONFIRMED
+from ..verdicts import ROUNDING, UNCONFIRMED
 from .shapes import LEAK, leak_schedule
 
 CHANGED = 8  # the tokens changed at the end of the sequence
@@ -106,8 +106,9 @@ def confirm(runner, tokens: torch.Tensor, found: Leak) -> evidence.Confirmation:
 
 def fields(runner, tokens: torch.Tensor, found: Leak, born_in: Optional[dict]) -> dict:
     """The verdict fields of a confirmed (or unconfirmed) leak, for `check_model`'s record."""
-    c = found.confirmation
-    return {"verdict": BUG if c.status == BUG else UNCONFIRMED, "worst_schedule": leak_schedule(found.how),
+    c, name = found.confirmation, leak_schedule(found.how)
+    word = judge.judge([judge.Run(name, passed=False, confirmation=c)]).word  # bug or unconfirmed
+    return {"verdict": word, "worst_schedule": name,
             "max_abs": found.max_abs, "shape": LEAK, "born_at": f"logits@{found.first}", "born_in": born_in,
             "confirmation": c.to_json(), "steps": [found.cut, tokens.size(1) - found.cut],
             "notes": [f"with the last {tokens.size(1) - found.cut} tokens {found.how}, the full pass moves the logits "
@@ -117,10 +118,10 @@ def fields(runner, tokens: torch.Tensor, found: Leak, born_in: Optional[dict]) -
 
 def rounding(found: Leak) -> bool:
     """Whether the float64 rerun showed the leak to be float32 rounding (no finding)."""
-    return found.confirmation is not None and found.confirmation.status == ROUNDING
+    return found.confirmation is not None and judge.status(judge.Run("leak", False, found.confirmation)) == ROUNDING
 
 
-def judge(runner, tokens: torch.Tensor, ref, noise, tolerance: float) -> Optional[dict]:
+def finding(runner, tokens: torch.Tensor, ref, noise, tolerance: float) -> Optional[dict]:
     """`check_model`'s first step once the floor is known: the verdict fields of a full pass that
     leaks future tokens (confirmed in float64, born where the leak starts), or None when it is
     causal (a leak that float64 shows to be rounding is none)."""

@@ -332,7 +332,7 @@ def check_model(model, tokens, plans: dict, tolerance: float = NOISE_MARGIN, mak
     f64 = evidence.Float64(runner, tokens, capture=ref.hiddens is not None)  # the floor's and the confirmations'
     noise = evidence.floor(runner, ref, tokens, torch.float32, f64)
     floor_source = noise.source
-    leaked = causal.judge(runner, tokens, ref, noise, tolerance)  # the reference checked first
+    leaked = causal.finding(runner, tokens, ref, noise, tolerance)  # the reference checked first
     if leaked is not None:
         return {"model_class": type(model).__name__, "floor": noise.per_layer[-1], "floor_source": floor_source,
                 **leaked}
