@@ -16,6 +16,7 @@ from typing import Optional
 
 import torch
 
+from ..allocator import keep_freed
 from ..config import ConfigError
 from ..errors import UserError
 from ..inputs import load_tokens, random_tokens, read_text_bytes, read_text_file, text_documents, text_tokens
@@ -214,6 +215,8 @@ def build_setup(spec: RunSpec, sequence_len: int = 512, schedules: Optional[list
     dtype = resolve_dtype(spec.dtype, device)
     with flag("--dtype"):
         check_dtype(device, dtype)
+    if PROGRAM["own_process"]:
+        keep_freed()  # one model in this process: each forward reuses the memory the last one freed
     with profile.section("build"):
         loaded, audited, logics, found = _build_models(spec, impl, logics, device, dtype, sequence_len, float64)
     for m in (loaded.model, audited):  # --profile: each forward is timed (a no-op otherwise)
