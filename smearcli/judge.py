@@ -21,6 +21,16 @@ raised; `inconclusive` when the reference is unusable (nothing measured against 
 or when the check did not show power (`evidence.Power.sufficient`: not measured, or too weak);
 else `ok`. So OK needs power, BUG needs confirmation, and anything else is said as what it is.
 
+The census then holds a bug to the maintainer's rules, each one function here, which the census
+calls with what its reruns and layer orders gave (it decides which reruns to make, and when):
+
+- `replicated`: a bug rerun under a deterministic top-k tie-break, on a second seed, or at the
+  architecture's default head and expert counts (`census.ties`) stands only if the rerun still
+  finds it; where it does not, it is a `tie artifact` when an exact tie was seen, else
+  `unconfirmed`;
+- `in_layer_order`: a finding seen only in a layer order that neither the default configuration
+  nor a published one has (`census.variants`) is `latent`.
+
 ```python
 from smearcli.judge import Run, judge
 j = judge([Run("decode", passed=True), Run("chunked", passed=False, confirmation=c)], power=p)
@@ -33,7 +43,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
-from .verdicts import BUG, CRASHED, INCONCLUSIVE, NOT_RUN, OK, ROUNDING, UNCONFIRMED, Verdict
+from .verdicts import (BUG, CRASHED, INCONCLUSIVE, LATENT, NOT_BUILT, NOT_RUN, OK, ROUNDING, TIE_ARTIFACT,
+                       UNCONFIRMED, Verdict)
 
 NOTHING_MEASURED = "no schedule was measured"
 POWER_NOT_MEASURED = "power not measured"
@@ -98,3 +109,32 @@ def judge(runs: Sequence[Run], power=None, unusable: Optional[str] = None) -> Ju
         why = POWER_NOT_MEASURED if power is None else power.shortfall if power.measured else power.describe()
         return Judgement(INCONCLUSIVE, statuses, why, wants_power=True)
     return Judgement(OK, statuses, wants_power=True)
+
+
+# the reruns a census makes of a bug (`replicated`), in the order it makes them
+TIE_BREAK, SECOND_SEED, DEFAULT_COUNTS = "tie_break", "second_seed", "default_counts"
+FINDINGS = (BUG, UNCONFIRMED)
+
+
+def replicated(rerun: str, word, ties: bool) -> Optional[Verdict]:
+    """What a bug becomes after one rerun of its check, or None where it stands. `rerun`: under
+    the tie-break (TIE_BREAK: any finding there keeps it), on a second seed (SECOND_SEED: only a
+    bug keeps it) or at the default counts (DEFAULT_COUNTS: a bug keeps it, and so does a rerun
+    the model cannot run, crashed or not built, which refutes nothing); `word`: the rerun's
+    verdict; `ties`: whether an exact tie at the edge of a top-k was seen (in the check or in this
+    rerun)."""
+    word = Verdict(str(word))
+    if rerun == TIE_BREAK:
+        return None if word in FINDINGS else TIE_ARTIFACT
+    stands = (BUG,) if rerun == SECOND_SEED else (BUG, CRASHED, NOT_BUILT)
+    if rerun not in (SECOND_SEED, DEFAULT_COUNTS):
+        raise ValueError(f"no such rerun: {rerun!r}")
+    return None if word in stands else (TIE_ARTIFACT if ties else UNCONFIRMED)
+
+
+def in_layer_order(word, default_order: bool, published: bool) -> Verdict:
+    """The verdict a layer order's check gives the architecture: a finding (bug, unconfirmed) in an
+    order that is not the default configuration's (`default_order` False) and that no published
+    configuration has is `latent`; any other word is its own."""
+    word = Verdict(str(word))
+    return LATENT if not default_order and word in FINDINGS and not published else word

@@ -29,9 +29,8 @@ from typing import Callable, Optional
 
 import torch
 
-from ..verdicts import BUG, CRASHED, NOT_BUILT, TIE_ARTIFACT, UNCONFIRMED
-
-FINDINGS = (str(BUG), str(UNCONFIRMED))
+from .. import judge
+from ..verdicts import BUG, TIE_ARTIFACT, UNCONFIRMED
 _TOPK = torch.topk
 
 
@@ -107,22 +106,21 @@ def replicate(fields: dict, ties: int, rerun: Callable[..., dict], seed: int, de
     why = ""
     if ties:
         broke = rerun(seed, True)
-        rep["tie_break"] = summary(broke)
-        if str(broke["verdict"]) not in FINDINGS:
-            word = TIE_ARTIFACT
-            why = f"under a deterministic tie-break (the lower index kept) it is {broke['verdict']}"
+        rep[judge.TIE_BREAK] = summary(broke)
+        word = judge.replicated(judge.TIE_BREAK, broke["verdict"], True)
+        why = f"under a deterministic tie-break (the lower index kept) it is {broke['verdict']}"
     if word is None:
         other = rerun(seed + 1, False)
         rep["seed"] = seed + 1
-        rep["second_seed"] = summary(other)
-        if str(other["verdict"]) != str(BUG):
-            word = TIE_ARTIFACT if ties or other.get("_ties") else UNCONFIRMED
-            why = f"on seed {seed + 1} (weights and tokens) it is {other['verdict']}"
+        rep[judge.SECOND_SEED] = summary(other)
+        word = judge.replicated(judge.SECOND_SEED, other["verdict"], bool(ties or other.get("_ties")))
+        why = f"on seed {seed + 1} (weights and tokens) it is {other['verdict']}"
     if defaults is not None and word is None:
-        rep["default_counts"] = at_defaults(defaults, rerun, seed)
-        got = rep["default_counts"].get("rerun")
-        if got and str(got["verdict"]) not in (str(BUG), str(CRASHED), str(NOT_BUILT)):
-            word = TIE_ARTIFACT if ties or rep["default_counts"].get("ties") else UNCONFIRMED
+        rep[judge.DEFAULT_COUNTS] = at_defaults(defaults, rerun, seed)
+        got = rep[judge.DEFAULT_COUNTS].get("rerun")
+        if got:
+            word = judge.replicated(judge.DEFAULT_COUNTS, got["verdict"],
+                                    bool(ties or rep[judge.DEFAULT_COUNTS].get("ties")))
             why = f"at the default head/expert counts ({defaults.words()}) it is {got['verdict']}"
     fields["replication"] = rep
     if word == TIE_ARTIFACT:

@@ -23,7 +23,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Optional
 
-from ..verdicts import BUG, LATENT, NOT_BUILT, UNCONFIRMED, worst
+from .. import judge
+from ..verdicts import LATENT, NOT_BUILT, worst
 from .record import Record
 
 PERIODS = {"attn_layer_period": "attn_layer_offset", "expert_layer_period": "expert_layer_offset"}
@@ -182,6 +183,5 @@ def real(record: Record, i: int, first: Optional[str] = None) -> str:
     another kind as layer 0, `first`) that neither the default configuration nor a published one
     (`PUBLISHED`) has is `latent`."""
     v = record.verdict
-    if i and str(v) in (str(BUG), str(UNCONFIRMED)) and not published(record, first):
-        return str(LATENT)
-    return v
+    word = judge.in_layer_order(v, default_order=not i, published=bool(published(record, first)))
+    return str(word) if word is LATENT else v

@@ -1,0 +1,105 @@
+"""The one judge (`smearcli.judge`): each rule a verdict word rests on, on the judge itself, with
+stand-in confirmations and power (torch-free); the surfaces that call it are tested where they
+measure (compare, the audit, the census)."""
+
+from dataclasses import dataclass
+
+import pytest
+
+from smearcli import judge
+from smearcli.judge import DEFAULT_COUNTS, SECOND_SEED, TIE_BREAK, Run
+from smearcli.verdicts import (BUG, CRASHED, INCONCLUSIVE, LATENT, NOT_BUILT, NOT_RUN, OK, ROUNDING, TIE_ARTIFACT,
+                               TIMED_OUT, UNCONFIRMED)
+
+
+@dataclass
+class Conf:  # an evidence.Confirmation as the judge reads it
+    status: str
+
+
+@dataclass
+class Power:  # an evidence.Power as the judge reads it
+    sufficient: bool
+    measured: bool = True
+    shortfall: str = "the cache's state moved the logits by 1e-9 only"
+
+    def describe(self) -> str:
+        return "power not measured here"
+
+
+STRONG = Power(True)
+
+
+@pytest.mark.parametrize("run, expected", [
+    (Run("a"), OK),
+    (Run("a", passed=False), UNCONFIRMED),  # no float64 rerun: never a bug
+    (Run("a", passed=False, confirmation=Conf(str(BUG))), BUG),
+    (Run("a", passed=False, confirmation=Conf(ROUNDING)), ROUNDING),
+    (Run("a", passed=False, confirmation=Conf(str(UNCONFIRMED))), UNCONFIRMED),
+    (Run("a", outcome=str(CRASHED)), CRASHED),
+    (Run("a", outcome="unchecked"), NOT_RUN),
+])
+def test_a_runs_status(run, expected):
+    assert judge.status(run) == expected
+
+
+@pytest.mark.parametrize("runs, power, unusable, word", [
+    ([Run("a"), Run("b", False, Conf(str(BUG)))], None, None, BUG),
+    ([Run("a", outcome=str(CRASHED)), Run("b", False, Conf(str(BUG)))], None, None, BUG),  # a bug outranks a crash
+    ([Run("a", outcome=str(CRASHED)), Run("b")], STRONG, None, CRASHED),
+    ([Run("a")], STRONG, "the reference is not finite", INCONCLUSIVE),
+    ([Run("a"), Run("b", False)], STRONG, None, UNCONFIRMED),
+    ([], STRONG, None, INCONCLUSIVE),  # nothing measured
+    ([Run("a"), Run("b", False, Conf(ROUNDING))], None, None, INCONCLUSIVE),  # ok needs power
+    ([Run("a")], Power(False), None, INCONCLUSIVE),
+    ([Run("a"), Run("b", False, Conf(ROUNDING))], STRONG, None, OK),  # rounding counts as ok
+])
+def test_the_word(runs, power, unusable, word):
+    j = judge.judge(runs, power, unusable)
+    assert j.word is word
+    assert list(j.statuses) == [r.name for r in runs]
+    if word is INCONCLUSIVE:
+        assert j.why
+
+
+def test_only_power_stands_between_agreeing_runs_and_ok():
+    assert judge.judge([Run("a")]).wants_power
+    assert not judge.judge([Run("a", False)]).wants_power
+
+
+@pytest.mark.parametrize("rerun, word, ties, becomes", [
+    (TIE_BREAK, OK, True, TIE_ARTIFACT),  # gone under the tie-break
+    (TIE_BREAK, BUG, True, None),
+    (TIE_BREAK, UNCONFIRMED, True, None),  # still a finding there: the next rerun decides
+    (SECOND_SEED, BUG, False, None),
+    (SECOND_SEED, OK, False, UNCONFIRMED),  # not replicated
+    (SECOND_SEED, OK, True, TIE_ARTIFACT),
+    (SECOND_SEED, UNCONFIRMED, False, UNCONFIRMED),
+    (SECOND_SEED, CRASHED, False, UNCONFIRMED),
+    (DEFAULT_COUNTS, BUG, False, None),
+    (DEFAULT_COUNTS, CRASHED, False, None),  # the model refuses its default counts: refutes nothing
+    (DEFAULT_COUNTS, NOT_BUILT, True, None),
+    (DEFAULT_COUNTS, OK, False, UNCONFIRMED),
+    (DEFAULT_COUNTS, INCONCLUSIVE, True, TIE_ARTIFACT),
+    (DEFAULT_COUNTS, TIMED_OUT, False, UNCONFIRMED),
+])
+def test_a_bug_after_each_rerun(rerun, word, ties, becomes):
+    assert judge.replicated(rerun, word, ties) is becomes
+    assert judge.replicated(rerun, str(word), ties) is becomes  # as a record's JSON carries it
+
+
+def test_an_unknown_rerun_is_refused():
+    with pytest.raises(ValueError, match="no such rerun"):
+        judge.replicated("third_seed", OK, False)
+
+
+@pytest.mark.parametrize("word, default_order, published, becomes", [
+    (BUG, False, False, LATENT),
+    (UNCONFIRMED, False, False, LATENT),
+    (BUG, False, True, BUG),  # a published configuration has that layer 0
+    (BUG, True, False, BUG),
+    (OK, False, False, OK),
+    (CRASHED, False, False, CRASHED),
+])
+def test_a_finding_in_a_layer_order_no_configuration_has_is_latent(word, default_order, published, becomes):
+    assert judge.in_layer_order(word, default_order, published) is becomes
