@@ -94,7 +94,7 @@ def run_bytes(config, batch: int, seq_len: int, schedules: Sequence[str], logics
 
     runs = ["full"] + [s for s in schedules for _ in logics]
     if "decode" not in schedules:
-        runs.append("decode")  # headroom: once the decode floor's run; kept so the estimate does not shrink
+        runs.append("decode")  # headroom: one decode run counted even when none is asked for, so the estimate does not shrink
     kept, transient = 0, 0
     for s in runs:
         rows = B * samples if s == "engine" else B
