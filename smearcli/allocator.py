@@ -1,5 +1,4 @@
-"""Freed memory kept for the next forward, in a process that runs one model (`compare`, `plot`,
-`bench`).
+"""Freed memory kept for the next forward, in a process that runs one model (`compare`, `plot`).
 
 glibc's malloc hands every block over 32 MB (its largest mmap threshold) to the kernel as a
 mapping of its own and unmaps it when freed. A forward at d12 over 1024 tokens frees several such
@@ -11,8 +10,10 @@ the forwards, the compare 10-13% sooner (docs/speed.md), its peak memory about 6
 that cannot be coalesced).
 
 Only for a process smearcli owns (the command line), and not for a census, which loads hundreds
-of models in one process and must give their memory back. A no-op where the C library is not
-glibc. Torch-free.
+of models in one process and must give their memory back, nor for `bench`, whose peak-memory
+column is the process's growth during a run: with blocks kept, that would read how glibc's heap
+fragments (prefill at d12 / 512 tokens: 596 MiB with them kept, 476 MiB without), not what the
+schedule needs. A no-op where the C library is not glibc. Torch-free.
 """
 
 from __future__ import annotations

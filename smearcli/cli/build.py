@@ -196,13 +196,15 @@ def attach(spec: RunSpec, loaded, device, dtype, found=None):
 
 
 def build_setup(spec: RunSpec, sequence_len: int = 512, schedules: Optional[list[str]] = None,
-                float64: bool = False) -> Setup:
+                float64: bool = False, keep_memory: bool = False) -> Setup:
     """`sequence_len`: the random model's training context (windows, rotary table) without
     --preset (a preset brings its own); `schedules`: --schedules as the command parsed it for the
     implementation (`cli.impls.schedules_for`), parsed here only where no command did. The
     options `cli.impls.implementation` checked (`RunSpec.check_impl`) are not checked again.
     `float64`: the command will ask for the model's float64 copy (a comparison's floor), which a
-    random model then makes while its weights are drawn (`weights.init_random`)."""
+    random model then makes while its weights are drawn (`weights.init_random`). `keep_memory`:
+    the smearcli program keeps what each forward frees for the next (`allocator.keep_freed`; a
+    comparison asks for it, not `bench`, whose peak-memory column reads the process's growth)."""
     if spec.preset is not None:
         spec.model_kind()  # --preset with --checkpoint / --model tiny: refused before anything loads
     schedules = list(schedules) if schedules is not None else spec.schedule_list()
@@ -215,7 +217,7 @@ def build_setup(spec: RunSpec, sequence_len: int = 512, schedules: Optional[list
     dtype = resolve_dtype(spec.dtype, device)
     with flag("--dtype"):
         check_dtype(device, dtype)
-    if PROGRAM["own_process"]:
+    if keep_memory and PROGRAM["own_process"]:
         keep_freed()  # one model in this process: each forward reuses the memory the last one freed
     with profile.section("build"):
         loaded, audited, logics, found = _build_models(spec, impl, logics, device, dtype, sequence_len, float64)

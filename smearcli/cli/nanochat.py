@@ -36,7 +36,8 @@ def prepare(spec, schedules, tolerance) -> Job:
     if spec.leak_limit is not None and PACKED not in schedules:
         raise UserError("--leak-limit gates the packed schedule; add --schedules packed")
     try:
-        setup = build_setup(spec, schedules=schedules, float64=True)  # every comparison has a float64 floor
+        # every comparison has a float64 floor, and its forwards reuse the memory the last one freed
+        setup = build_setup(spec, schedules=schedules, float64=True, keep_memory=True)
     except NoSmearParameters as e:
         found = getattr(e, "found", None)
         return Job(lambda bar: no_smear(spec, found))

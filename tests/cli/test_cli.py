@@ -137,35 +137,48 @@ REFAULTS = ("def refaults():\n"  # page faults of a 64 MB block allocated again 
             "    flt = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_minflt\n"
             "    b = bytearray(64 << 20); del b; n = flt(); b = bytearray(64 << 20)\n"
             "    return flt() - n\n")
+PAGES = (64 << 20) // 4096
 
 
 def test_only_the_program_freezes_the_garbage_collector_and_keeps_freed_memory():
     """The smearcli process moves what it imported and built out of the collector's way (a full
-    collection after importing torch scans ~170k objects) and keeps the memory a forward frees for
-    the next (`allocator.keep_freed`); a caller's process (this test's CliRunner, a notebook) keeps
-    its collector and its allocator as they were."""
+    collection after importing torch scans ~170k objects) and, comparing, keeps the memory a
+    forward frees for the next (`allocator.keep_freed`); a caller's process (this test's
+    CliRunner, a notebook) keeps its collector and its allocator as they were."""
     import gc
 
     scope: dict = {}
     exec(REFAULTS, scope)
-    pages = (64 << 20) // 4096
     before = gc.get_freeze_count()
     r = CliRunner().invoke(app, ["compare", "--schedules", "chunked", "--seq-len", "16", "--quiet"])
     assert r.exit_code == 0, r.output
     assert gc.get_freeze_count() == before
     if sys.platform.startswith("linux"):
-        assert scope["refaults"]() > pages // 2  # glibc's default here: a freed block is unmapped
+        assert scope["refaults"]() > PAGES // 2  # glibc's default here: a freed block is unmapped
+    frozen, refaults = in_the_program("compare", "--schedules", "chunked", "--seq-len", "16", "--quiet")
+    assert frozen > 100_000  # torch's modules, the model, the inputs
+    if sys.platform.startswith("linux"):
+        assert refaults < PAGES // 10  # the program's: the freed block's pages reused
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc: Linux only")
+def test_bench_keeps_glibcs_defaults_so_its_peak_memory_is_the_schedules():
+    _, refaults = in_the_program("bench", "--depth", "1", "--seq-len", "12", "--warmup", "0", "--repeats", "1",
+                                 "--no-micro")
+    assert refaults > PAGES // 2
+
+
+def in_the_program(*args) -> tuple[int, int]:
+    """(objects the collector froze, REFAULTS) at the exit of a smearcli process running `args`."""
     code = ("import atexit, gc, sys\n" + REFAULTS +
             "atexit.register(lambda: sys.stderr.write(f'FROZEN {gc.get_freeze_count()} REFAULTS {refaults()}\\n'))\n"
             "from smearcli.cli.app import run\n"
-            "sys.argv = ['smearcli', 'compare', '--schedules', 'chunked', '--seq-len', '16', '--quiet']\n"
+            f"sys.argv = ['smearcli', *{list(args)!r}]\n"
             "run()\n")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
     frozen, refaults = p.stderr.split("FROZEN ")[1].split()[0::2]
-    assert int(frozen) > 100_000  # torch's modules, the model, the inputs
-    if sys.platform.startswith("linux"):
-        assert int(refaults) < pages // 10  # the program's: the freed block's pages reused
+    return int(frozen), int(refaults)
 
 
 def test_each_option_is_parsed_and_checked_once_and_the_json_built_only_when_asked(monkeypatch):
