@@ -111,6 +111,8 @@ def run_one(runner, tokens, name: str, ref, noise, tolerance, opts=ScheduleOptio
             return None, None, entry(NOT_RUN, why=f"refused by their code as a use it does not support: {limit}")
         return None, None, entry(CRASHED, why=transformers_frame(e))
     m = measured(ref, run, noise, tolerance)
+    # a departure's status is provisional until `check.confirmed` reruns it in float64 and sets the
+    # judge's (`judge.status`: bug, unconfirmed, or passed as rounding)
     return m, run, entry(PASSED if m.passed else BUG, max_abs=m.max_abs_logits, multiple=m.logits_multiple,
                          shape=None if m.passed else shape(name))
 
