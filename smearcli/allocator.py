@@ -3,11 +3,11 @@
 glibc's malloc hands every block over 32 MB (its largest mmap threshold) to the kernel as a
 mapping of its own and unmaps it when freed. A forward at d12 over 1024 tokens frees several such
 blocks (the logits alone are 256 MB), so the next forward maps them again, and the kernel zeroes
-and faults in every page anew: 4.5M page faults of a 6.3M total in a default compare, and a
-third of its wall time in the kernel. With mmap off and the heap's top kept (`keep_freed`),
-freed blocks stay in the heap and the next forward reuses pages already mapped: 1.4M faults in
-the forwards, the compare 10-13% sooner (docs/speed.md), its peak memory about 6% higher (blocks
-that cannot be coalesced).
+and faults in every page anew: 4.5M page faults of a 6.3M total in a default compare, 28-31 s of
+system time in a 71-73 s run. With mmap off and the heap's top kept (`keep_freed`), freed blocks
+stay in the heap and the next forward reuses pages already mapped: 1.4M faults in the forwards,
+the compare 14% sooner (docs/speed.md), its peak memory 6-8% higher (blocks that cannot be
+coalesced).
 
 Only for a process smearcli owns (the command line), and not for a census, which loads hundreds
 of models in one process and must give their memory back, nor for `bench`, whose peak-memory

@@ -123,13 +123,12 @@ def replicated(rerun: str, word, ties: bool) -> Optional[Verdict]:
     the model cannot run, crashed or not built, which refutes nothing); `word`: the rerun's
     verdict; `ties`: whether an exact tie at the edge of a top-k was seen (in the check or in this
     rerun)."""
-    word = Verdict(str(word))
-    if rerun == TIE_BREAK:
-        return None if word in FINDINGS else TIE_ARTIFACT
-    stands = (BUG,) if rerun == SECOND_SEED else (BUG, CRASHED, NOT_BUILT)
-    if rerun not in (SECOND_SEED, DEFAULT_COUNTS):
+    stands = {TIE_BREAK: FINDINGS, SECOND_SEED: (BUG,), DEFAULT_COUNTS: (BUG, CRASHED, NOT_BUILT)}.get(rerun)
+    if stands is None:
         raise ValueError(f"no such rerun: {rerun!r}")
-    return None if word in stands else (TIE_ARTIFACT if ties else UNCONFIRMED)
+    if Verdict(str(word)) in stands:
+        return None
+    return TIE_ARTIFACT if ties or rerun == TIE_BREAK else UNCONFIRMED
 
 
 def in_layer_order(word, default_order: bool, published: bool) -> Verdict:
