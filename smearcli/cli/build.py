@@ -71,8 +71,10 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return DTYPES[name]
 
 
-def preflight(cfg, device, dtype, B: int, T: int, schedules, logics, spec: RunSpec, chunk_sizes) -> None:
-    """Before any input is generated or any run starts: positions and memory."""
+def preflight(cfg, device, dtype, B: int, T: int, schedules, logics, spec: RunSpec, chunk_sizes,
+              kept: bool = False) -> None:
+    """Before any input is generated or any run starts: positions and memory (`kept`: this process
+    keeps the memory it frees, `allocator.keep_freed`)."""
     if T < 2 and {"engine", "speculative"} & set(schedules):
         raise UserError(f"the input has {T} token; the engine and speculative schedules need at least 2")
     if T > cfg.rotary_len:
@@ -80,7 +82,7 @@ def preflight(cfg, device, dtype, B: int, T: int, schedules, logics, spec: RunSp
                         f"10 x sequence_len {cfg.sequence_len})")
     max_chunk = max(chunk_sizes) if chunk_sizes else -(-T // max(spec.chunks_for(T), 1))
     check_run_memory(cfg, device, B, T, schedules, logics, max(spec.samples, 1), max_chunk, dtype,
-                     hint="lower --seq-len, --batch or --samples, or run fewer --schedules")
+                     hint="lower --seq-len, --batch or --samples, or run fewer --schedules", kept=kept)
 
 
 def _check_plan(T: int, schedules, opts: ScheduleOptions) -> None:
@@ -217,8 +219,8 @@ def build_setup(spec: RunSpec, sequence_len: int = 512, schedules: Optional[list
     dtype = resolve_dtype(spec.dtype, device)
     with flag("--dtype"):
         check_dtype(device, dtype)
-    if keep_memory and PROGRAM["own_process"]:
-        keep_freed()  # one model in this process: each forward reuses the memory the last one freed
+    # one model in this process: each forward reuses the memory the last one freed
+    kept = keep_memory and PROGRAM["own_process"] and keep_freed()
     with profile.section("build"):
         loaded, audited, logics, found = _build_models(spec, impl, logics, device, dtype, sequence_len, float64)
     for m in (loaded.model, audited):  # --profile: each forward is timed (a no-op otherwise)
@@ -229,7 +231,7 @@ def build_setup(spec: RunSpec, sequence_len: int = 512, schedules: Optional[list
     B, T = tuple(tokens.shape) if tokens is not None else (spec.batch, spec.seq_len_value())
     opts = replace(opts, chunks=spec.chunks_for(T))
     # once, before a random input is drawn: positions and memory of the whole run
-    preflight(cfg, device, dtype, B, T, schedules, logics, spec, chunk_sizes)
+    preflight(cfg, device, dtype, B, T, schedules, logics, spec, chunk_sizes, kept)
     if tokens is not None:  # a given input's length (a random input's was checked with the options)
         _check_plan(T, schedules, opts)
         check_boundaries(T, schedules, opts, draft_given=spec.draft != defaults.DRAFT)

@@ -138,3 +138,18 @@ def test_d20_run_estimate_refuses_where_the_model_fits_but_the_run_does_not(monk
     preflight.check_model_memory(c, "cpu")  # 5.2 GiB of fp32 weights fit
     with pytest.raises(UserError, match=r"1 x 2048 tokens.*needs about [\d.]+ GiB of memory, 12.0 GiB available"):
         preflight.check_run_memory(c, "cpu", 1, 2048, list(DEFAULT_SCHEDULES), ["old", "fixed"], 2, None, "float32")
+
+
+def test_a_process_that_keeps_freed_memory_needs_more_room_for_the_same_run(monkeypatch):
+    """`allocator.keep_freed` holds blocks it cannot coalesce: the run's estimate grows by
+    KEPT_SLACK on the CPU, so a run that would just fit with glibc's defaults is refused."""
+    from smearcli import preflight
+    from smearcli.errors import UserError
+    from smearcli.defaults import DEFAULT_SCHEDULES
+    c = preset_config("d12")
+    args = (c, "cpu", 1, 1024, list(DEFAULT_SCHEDULES), ["old", "fixed"], 2, None, "float32")
+    need = preflight.run_bytes(*args[:1], *args[2:])
+    monkeypatch.setattr(preflight, "available", lambda device: int(need * (1 + preflight.KEPT_SLACK / 2)))
+    preflight.check_run_memory(*args)  # fits with glibc's defaults
+    with pytest.raises(UserError, match=r"1 x 1024 tokens.*needs about"):
+        preflight.check_run_memory(*args, kept=True)
