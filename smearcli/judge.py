@@ -122,13 +122,13 @@ def replicated(rerun: str, word, ties: bool) -> Optional[Verdict]:
     bug keeps it) or at the default counts (DEFAULT_COUNTS: a bug keeps it, and so does a rerun
     the model cannot run, crashed or not built, which refutes nothing); `word`: the rerun's
     verdict; `ties`: whether an exact tie at the edge of a top-k was seen (in the check or in this
-    rerun)."""
+    rerun; always, where a tie-break was run)."""
     stands = {TIE_BREAK: FINDINGS, SECOND_SEED: (BUG,), DEFAULT_COUNTS: (BUG, CRASHED, NOT_BUILT)}.get(rerun)
     if stands is None:
         raise ValueError(f"no such rerun: {rerun!r}")
     if Verdict(str(word)) in stands:
         return None
-    return TIE_ARTIFACT if ties or rerun == TIE_BREAK else UNCONFIRMED
+    return TIE_ARTIFACT if ties else UNCONFIRMED
 
 
 def in_layer_order(word, default_order: bool, published: bool) -> Verdict:

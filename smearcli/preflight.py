@@ -35,6 +35,11 @@ RUN_OVERHEAD = 64 << 20  # allocator slack, Python objects, metric bookkeeping (
 KEPT_SLACK = 0.15
 
 
+def device_kind(device) -> str:
+    """"cpu", "cuda", ... of a torch.device or of its name ("cuda:0")."""
+    return getattr(device, "type", str(device).split(":")[0])
+
+
 class TooLarge(UserError):
     """A model or run that does not fit in the memory available now."""
 
@@ -186,7 +191,7 @@ def host_available() -> Optional[int]:
 
 def available(device) -> Optional[int]:
     """Free memory on `device` (bytes), or None where it cannot be read."""
-    kind = getattr(device, "type", str(device).split(":")[0])
+    kind = device_kind(device)
     if kind == "cuda":
         import torch
         try:
@@ -203,7 +208,7 @@ def check_memory(needed: int, device, what: str, hint: str) -> None:
     """Refuse when `needed` bytes exceed what `device` has free."""
     avail = available(device)
     if avail is not None and needed > avail:
-        kind = getattr(device, "type", str(device))
+        kind = device_kind(device)
         where = "GPU memory" if kind == "cuda" else "memory"
         raise TooLarge(f"{what} needs about {nbytes(needed)} of {where}, {nbytes(avail)} available; {hint}")
 
@@ -211,7 +216,7 @@ def check_memory(needed: int, device, what: str, hint: str) -> None:
 def check_model_memory(config, device, file: Optional[Path] = None, mmap: bool = False) -> None:
     """Before building a model (and reading its checkpoint file, if any; `mmap`: it will be
     memory-mapped)."""
-    kind = getattr(device, "type", str(device).split(":")[0])
+    kind = device_kind(device)
     if file is not None:
         from .files import regular_file, uncompressed_size
 
@@ -259,7 +264,7 @@ def check_run_memory(config, device, batch: int, seq_len: int, schedules: Sequen
     already, so what is available excludes it); `kept`: this process keeps the memory it frees
     (`KEPT_SLACK` more)."""
     need = run_bytes(config, batch, seq_len, schedules, logics, samples, max_chunk, dtype)
-    if kept and getattr(device, "type", str(device).split(":")[0]) == "cpu":
+    if kept and device_kind(device) == "cpu":
         need += int(need * KEPT_SLACK)
     runs = 1 + len(schedules) * len(logics) + ("decode" not in schedules)
     engine = f", engine rows x {samples}" if "engine" in schedules else ""
