@@ -139,5 +139,6 @@ def save_payload(document: dict, comparisons: dict) -> dict:
     for prefix, c in comparisons.items():
         payload[f"logits_{prefix}full"] = c.reference.logits.cpu()
         for r in c.runs:
-            payload[f"logits_{prefix}{r.schedule}_{r.logic}"] = r.logits.cpu()
+            # written out: an engine's sample rows may be one row expanded (`schedules`)
+            payload[f"logits_{prefix}{r.schedule}_{r.logic}"] = r.logits.cpu().contiguous()
     return payload

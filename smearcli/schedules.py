@@ -88,20 +88,40 @@ def _engine(runner, tokens, opts, capture, on_step=None):
         first = runner.step(tokens[b:b + 1, :P], c1, capture)
         if on_step is not None and b == B - 1:
             on_step(P)
-        if logits is None:
-            logits = first.logits.new_empty((B * S, T) + tuple(first.logits.shape[2:]), dtype=torch.float32)
-        rows = logits[b * S:(b + 1) * S]
-        rows[:, :P] = first.logits  # the prompt's logits, the same in every sample row
         # 2) copy the cache (the smear state included) into S rows, then decode the rest
         cS = runner.expand(c1, S, T)
         rest = tokens[b:b + 1, P:].expand(S, -1)
-        _, hd = _run_steps(runner, rest, [1] * (T - P), capture, cache=cS,
-                     on_step=on_step if b == B - 1 else None, out=rows[:, P:])
+        if B == 1:  # its samples' logits held once where they decode alike (`_one_row`)
+            tail, hd = _run_steps(runner, rest, [1] * (T - P), capture, cache=cS, on_step=on_step)
+            logits = _one_row(first.logits, tail)
+        else:
+            if logits is None:
+                logits = first.logits.new_empty((B * S, T) + tuple(first.logits.shape[2:]), dtype=torch.float32)
+            rows = logits[b * S:(b + 1) * S]
+            rows[:, :P] = first.logits  # the prompt's logits, the same in every sample row
+            _, hd = _run_steps(runner, rest, [1] * (T - P), capture, cache=cS,
+                               on_step=on_step if b == B - 1 else None, out=rows[:, P:])
         if capture:
             hidden_rows.append(None if first.hiddens is None or hd is None else
                                [torch.cat([p.float().expand(S, -1, -1), d], dim=1) for p, d in zip(first.hiddens, hd)])
     hiddens = _stitch(hidden_rows, 0) if capture else None
     return Ran(logits, hiddens, [P] + [1] * (T - P), {CACHE_COPY: [P]})
+
+
+def _one_row(prompt: Tensor, tail: Tensor) -> Tensor:
+    """One input row's engine logits (S, T, V) from its prompt's (1, P, V) and its S samples'
+    decoded ones (S, T - P, V). Every sample row begins with the same prompt logits (one prefill,
+    its cache copied); where the samples also decoded bit for bit alike, the S rows are one
+    (1, T, V) row expanded (stride 0): at d12 / 1024 tokens one 256 MB copy of the prompt's
+    logits, not S, and as much less memory held. Samples that differ are written out in full."""
+    P, S = prompt.size(1), tail.size(0)
+    if all(torch.equal(tail[i], tail[0]) for i in range(1, S)):
+        row = prompt.new_empty((1, P + tail.size(1), prompt.size(2)), dtype=torch.float32)
+        row[:, :P], row[:, P:] = prompt, tail[:1]
+        return row.expand(S, -1, -1)
+    rows = prompt.new_empty((S, P + tail.size(1), prompt.size(2)), dtype=torch.float32)
+    rows[:, :P], rows[:, P:] = prompt, tail
+    return rows
 
 
 def _engine_only(runner, tokens, opts, capture, on_step=None):

@@ -99,11 +99,14 @@ def test_check_exit_codes():
 
 def test_save_writes_logits(tmp_path):
     out = tmp_path / "runs.pt"
-    r = invoke("compare", *SMALL, "--schedules", "chunked,decode", "--save", str(out))
+    r = invoke("compare", *SMALL, "--schedules", "chunked,decode,engine", "--save", str(out))
     assert r.exit_code == 0, r.output
     data = torch.load(out, weights_only=True)
     assert data["logits_full"].shape == (1, 48, 256)
     assert set(data) >= {"meta", "tokens", "logits_chunked_old", "logits_chunked_fixed", "logits_decode_old"}
+    # the engine's sample rows, held in the run as one row expanded, are saved as the rows they are
+    engine = data["logits_engine_fixed"]
+    assert engine.shape == (2, 48, 256) and engine.is_contiguous() and torch.equal(engine[0], engine[1])
     assert data["meta"]["schema"] == "smearcli.compare/1"
     assert not list(tmp_path.glob(".*tmp"))
 

@@ -157,3 +157,30 @@ def test_a_one_step_run_keeps_its_step_outputs_without_another_copy(model, token
     assert same is fresh
     assert torch.equal(got.logits, out.logits) and all(torch.equal(a, b) for a, b in zip(got.hiddens, out.hiddens))
     assert got.logits.dtype == torch.float32 and len(got.hiddens) == model.config.n_layer + 1
+
+
+def test_engine_samples_that_decode_alike_are_one_row_held_once(model, tokens):
+    """The engine's sample rows share one prefill, so their prompt logits are equal by
+    construction; where the samples also decode bit for bit alike, the run holds one (1, T, V)
+    row expanded to S rows, not S copies (at d12 / 1024 tokens each copy was 256 MB of fresh
+    memory). Samples that decode differently are written out row by row."""
+    opts = ScheduleOptions(gen_len=8, samples=3)
+    P, V = T - 8, model.config.vocab_size
+    run = run_schedule(gpt_runners.GPTRunner(model, "fixed"), tokens, "engine", opts=opts)
+    assert run.logits.shape == (3, T, V) and run.logits.stride(0) == 0
+    assert run.logits.untyped_storage().nbytes() == T * V * 4  # one row's memory
+    runner = gpt_runners.GPTRunner(model, "fixed")
+    with torch.inference_mode():
+        prompt = runner.step(tokens[:, :P], runner.new_cache(1, P), False).logits
+    assert torch.equal(run.logits[2, :P], prompt[0])
+
+    class Apart(gpt_runners.GPTRunner):  # each sample row's logits moved by its row number
+        def step(self, toks, cache, capture):
+            out = super().step(toks, cache, capture)
+            shift = torch.arange(toks.size(0), dtype=out.logits.dtype).view(-1, 1, 1)
+            return Output(out.logits + shift, out.hiddens)
+
+    apart = run_schedule(Apart(model, "fixed"), tokens, "engine", opts=opts)
+    assert apart.logits.stride(0) != 0
+    assert torch.equal(apart.logits[:, :P], run.logits[:, :P])  # the prompt in every row, written out
+    assert torch.equal(apart.logits[2, P:], run.logits[2, P:] + 2)  # each row its own
