@@ -325,12 +325,8 @@ def confirm_departures(runs, metrics, by_label: dict, ref_runner: Runner, f64, t
             step(f"{r.schedule} / {r.logic} in float64")
             runner = by_label[r.logic]
             confirmer = confirmers.setdefault(id(runner), evidence.Confirmer(runner, tokens))
-            out[(m.schedule, m.logic)] = confirmer(_rerun(r.schedule, tokens, options), m.max_abs_logits)
+            out[(m.schedule, m.logic)] = confirmer.schedule(r.schedule, options, m.max_abs_logits)
     return out
-
-
-def _rerun(schedule: str, tokens: Tensor, options: ScheduleOptions):
-    return lambda r: run_schedule(r, tokens, schedule, opts=options, capture=False)
 
 
 def measure_power(runners: Sequence[Runner], reference: Optional[Runner], tokens: Tensor,

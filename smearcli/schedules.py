@@ -159,19 +159,26 @@ def plan_steps(schedule: str, T: int, opts: ScheduleOptions = ScheduleOptions())
 # they belong (each already checked and owned: the runner arrives wrapped in `owned.Owned`).
 
 def _run_steps(runner: Runner, tokens: Tensor, steps: list[int], capture: bool,
-               cache=None, on_step=None, out=None) -> tuple[Tensor, Optional[list[Tensor]]]:
+               cache=None, on_step=None, out=None, receive=None) -> tuple[Tensor, Optional[list[Tensor]]]:
     """Feed `tokens` (B, T) through the runner's cache in steps; each step's outputs are written
     where they belong in one (B, T, ...) fp32 tensor per output, so nothing is concatenated (at
     d12 and 1024 tokens a logits row is 256 MB), before the next step is asked for: `runner` is an
     `owned.Owned`, which checks each step and leaves the copy to this loop. `out`: the logits tensor
     to write into (a view of a larger one, as the engine schedule gives); `on_step(n)` is called
-    after each step of n tokens."""
+    after each step of n tokens. `receive(pos, logits)`: each step's logits handed over instead of
+    kept (`stream_logits`): no run tensor is made, and (None, None) is returned."""
     B, T = tokens.shape
     if cache is None:
         cache = runner.new_cache(B, T)
     logits, hiddens, depth = out, None, None  # hiddens: None until a step returns them, [] if one did not
     pos = 0
     for n in steps:
+        if receive is not None:
+            receive(pos, runner.step(tokens[:, pos:pos + n], cache, False, keep=False).logits)
+            pos += n
+            if on_step is not None:
+                on_step(n)
+            continue
         if n == T and pos == 0 and out is None:  # one step over every token (prefill): its owned outputs are the run's
             step = runner.step(tokens, cache, capture)
             logits, hiddens = step.logits, list(step.hiddens or [])  # [] (none) reads as None below
@@ -199,7 +206,33 @@ def _run_steps(runner: Runner, tokens: Tensor, steps: list[int], capture: bool,
         if on_step is not None:
             on_step(n)
     assert pos == T
+    if receive is not None:
+        return None, None
     return logits, (hiddens or None) if capture else None
+
+
+def stream_logits(runner: Runner, tokens: Tensor, schedule: str, receive: Callable[[int, Tensor], None],
+                  opts: ScheduleOptions = ScheduleOptions()) -> bool:
+    """Run a plain sequence of steps (`STEP_PLANS`: prefill, decode, chunked, speculative) on
+    `runner`, handing each step's logits (B, n, V) to `receive(pos, logits)` (pos: the step's first
+    position) before the next step, and keeping none: for a caller that reduces a run as it goes (a
+    confirmation's max |dlogit|: at d12 / 1024 tokens a float64 run is 537 MB that need not exist).
+    An engine that runs the schedule whole hands over its logits in one piece. False, having run
+    nothing, for any other schedule: run it with `run_schedule`."""
+    if schedule not in STEP_PLANS:
+        return False
+    if not runnable(runner, schedule):
+        raise CannotRun(f"{runner.label} cannot run the {schedule} schedule ({missing(runner, schedule)})")
+    driven = Owned(runner, schedule)
+    with torch.inference_mode():
+        whole = driven.run(schedule, tokens, opts)
+        if whole is not None:
+            if whole.outcome is not None:  # nothing measured: said as the engine said it
+                raise RuntimeError(f"its {schedule} run: {whole.outcome}: {whole.message}")
+            receive(0, whole.logits)
+            return True
+        _run_steps(driven, tokens, plan_steps(schedule, tokens.size(1), opts), False, receive=receive)
+    return True
 
 
 def run_steps(runner: Runner, tokens: Tensor, steps, capture: bool = False, schedule: str = "steps") -> RunResult:

@@ -355,3 +355,26 @@ def test_a_reference_is_unusable_exactly_when_a_logit_is_not_finite(bad):
         assert why is None
     else:
         assert why is not None and "at 2 of 6 positions" in why
+
+
+def test_a_plain_step_rerun_is_confirmed_step_by_step_with_the_same_number(monkeypatch):
+    """A confirmation of chunked or speculative measures the float64 rerun against the full pass a
+    step at a time (no float64 tensor of the whole rerun: at d12 / 1024 tokens 537 MB): the same
+    lifted size and status as rerunning it whole. An engine run is still rerun whole."""
+    from smearcli import gpt_runners, schedules
+    from smearcli.steps import ScheduleOptions
+    from smearcli.weights import random_config, random_model
+
+    model = random_model(random_config(1), seed=2).model
+    toks = torch.randint(0, 256, (1, 24), generator=torch.Generator().manual_seed(3))
+    old = gpt_runners.GPTRunner(model, "old")
+    opts = ScheduleOptions(chunk_sizes=(10, 4, 10), gen_len=8, draft=3)
+    f64 = evidence.Float64(old, toks, capture=False)
+    real, whole = schedules.run_schedule, []
+    monkeypatch.setattr(schedules, "run_schedule", lambda r, t, s, **k: whole.append(s) or real(r, t, s, **k))
+    for schedule in ("chunked", "speculative", "engine"):
+        streamed = evidence.Confirmer(old, toks, f64).schedule(schedule, opts, 0.5)
+        rerun = evidence.Confirmer(old, toks, f64)(lambda r: real(r, toks, schedule, opts=opts, capture=False), 0.5)
+        assert (streamed.lifted, streamed.status, streamed.why) == (rerun.lifted, rerun.status, rerun.why)
+        assert streamed.lifted > 0.1 if schedule != "engine" else streamed.lifted < 1e-9  # old departs at chunks
+    assert whole == ["full", "engine"]  # the float64 full pass, made once; the engine, rerun whole

@@ -184,3 +184,29 @@ def test_engine_samples_that_decode_alike_are_one_row_held_once(model, tokens):
     assert apart.logits.stride(0) != 0
     assert torch.equal(apart.logits[:, :P], run.logits[:, :P])  # the prompt in every row, written out
     assert torch.equal(apart.logits[2, P:], run.logits[2, P:] + 2)  # each row its own
+
+
+def test_streamed_steps_are_the_run_s_logits_in_order(model, tokens):
+    """`stream_logits` hands over each step's logits, first position and all, and keeps none: put
+    together they are the run's logits, bit for bit. A schedule that is not a plain sequence of
+    steps is not run at all."""
+    from smearcli.schedules import stream_logits
+
+    opts = ScheduleOptions(chunk_sizes=(10, 4, 10), gen_len=8, draft=3)
+    runner = gpt_runners.GPTRunner(model, "old")
+    for schedule in STEP_PLANS:
+        got = []
+        assert stream_logits(runner, tokens, schedule, lambda pos, x: got.append((pos, x)), opts)
+        run = run_schedule(runner, tokens, schedule, opts=opts, capture=False)
+        assert [p for p, _ in got] == [sum(run.steps[:i]) for i in range(len(run.steps))]
+        assert torch.equal(torch.cat([x for _, x in got], dim=1), run.logits)
+
+    class Counted(gpt_runners.GPTRunner):
+        calls = 0
+
+        def step(self, *a, **k):
+            Counted.calls += 1
+            return super().step(*a, **k)
+
+    assert not stream_logits(Counted(model, "old"), tokens, "engine", lambda pos, x: None, opts)
+    assert Counted.calls == 0
