@@ -236,6 +236,10 @@ def _logits_passes(ref: Tensor, runs: list) -> list[tuple[Tensor, Tensor, Tensor
                 blocks += [(s, min(s + K, hi), rs, rows, xs, n) for s in range(lo, hi, K)]
     blocks.sort(key=lambda b: (b[0], b[2].start, b[1]))  # stable: within one block, the runs in order
     terms: dict = {}  # (ref rows, s, e) -> (log p, p) of the reference's block, while positions reach it
+    # (ref rows, s, e, rows) -> [(block, its err, agree, kl)] of the runs measured there so far: a
+    # block bit-identical to one of them gets its numbers (the engine's and the speculative run's
+    # prompts are one prefill of one logic), at the cost of one comparison
+    measured: dict = {}
     for s, e, rs, rows, xs, n in blocks:
         (run, _, _), (err, kl, agree) = runs[n], outs[n]
         r, x = ref[rs, s:e], run[rows, s:e]
@@ -247,18 +251,28 @@ def _logits_passes(ref: Tensor, runs: list) -> list[tuple[Tensor, Tensor, Tensor
             agree[xs, s:e] = True
             kl[xs, s:e] = 0.0
             continue
-        err[s:e] = torch.maximum(err[s:e], torch.sub(x, r).abs_().amax(dim=(0, 2)))
-        agree[xs, s:e] = _agrees(x, ref_top[rs, s:e])
         key = (rs.start, rs.stop, s, e)
         if key not in terms:
             for done in [k for k in terms if k[3] <= s]:  # no later block reads them
                 del terms[done]
-            p = _ref_log_softmax(r, ref_max[rs, s:e], ref_lse[rs, s:e])
-            terms[key] = (p, p.exp())
-        p, prob = terms[key]
-        q = F.log_softmax(x.double(), dim=-1)
-        torch.sub(p, q, out=q)
-        kl[xs, s:e] = q.mul_(prob).sum(-1)  # exp(p) * (p - q), summed over the vocabulary
+                measured.pop(done, None)
+        same = [m for m in measured.get(key, ()) if m[0].shape == x.shape and torch.equal(m[0], x)]
+        if same:
+            _, block_err, block_agree, block_kl = same[0]
+        else:
+            block_err = torch.sub(x, r).abs_().amax(dim=(0, 2))
+            block_agree = _agrees(x, ref_top[rs, s:e])
+            if key not in terms:
+                p = _ref_log_softmax(r, ref_max[rs, s:e], ref_lse[rs, s:e])
+                terms[key] = (p, p.exp())
+            p, prob = terms[key]
+            q = F.log_softmax(x.double(), dim=-1)
+            torch.sub(p, q, out=q)
+            block_kl = q.mul_(prob).sum(-1)  # exp(p) * (p - q), summed over the vocabulary
+            measured.setdefault(key, []).append((x, block_err, block_agree, block_kl))
+        err[s:e] = torch.maximum(err[s:e], block_err)
+        agree[xs, s:e] = block_agree
+        kl[xs, s:e] = block_kl
     return outs
 
 

@@ -283,3 +283,24 @@ def test_measuring_runs_together_is_measuring_each_and_shares_the_reference_bloc
     for r in (chunked, decode):
         measure(ref, r, noise)
     assert len(made) == 2 * len(range(0, T, K))  # one by one: once per run
+
+
+def test_a_block_equal_to_another_run_s_is_measured_once(monkeypatch):
+    """An engine's prompt and the speculative run's are one prefill of one logic, bit for bit: a
+    block equal to one another run has at the same positions takes that run's numbers instead of
+    another float64 pass, and every number is what measuring the run alone gives."""
+    T, V, P = 40, 300, 32  # blocks of 32 positions: the prompt ends on one
+    ref, spec = make(B=1, T=T, V=V, C=24, layers=1, row_map=[0], seed=21)
+    _, engine = make(B=1, T=T, V=V, C=24, layers=1, row_map=[0, 0], seed=21, expand_at=P)
+    logits = engine.logits.clone()
+    logits[:, :P] = spec.logits[0, :P]  # its prompt is the speculative run's
+    engine = dataclasses.replace(engine, logits=logits)
+    noise = NoiseFloor([1e-3, 1e-3])
+    passes = []
+    real = metrics._agrees
+    monkeypatch.setattr(metrics, "_agrees", lambda x, top: passes.append(x.size(1)) or real(x, top))
+    together = metrics.measure_all(ref, [spec, engine], noise)
+    assert sum(passes) == T + (T - P)  # the speculative run whole, the engine after its prompt
+    for a, r in zip(together, [spec, engine]):
+        b = measure(ref, r, noise)
+        assert torch.equal(a.abs_err, b.abs_err) and torch.equal(a.kl, b.kl) and a.top1_agreement == b.top1_agreement
