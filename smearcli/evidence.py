@@ -27,6 +27,7 @@ from smearcli import evidence
 f64 = evidence.Float64(runner, tokens)            # the float64 twin and its full pass, made once
 noise = evidence.floor(runner, ref, tokens, f64=f64)
 check = evidence.Confirmer(runner, tokens, f64)    # check(rerun, original) -> Confirmation
+check.schedule("chunked", options, original)       # a built-in schedule, measured step by step
 ```
 
 The lift itself is `smearcli.precision`; the carried state and its zeroing, `smearcli.state`.
