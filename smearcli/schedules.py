@@ -217,6 +217,8 @@ def stream_logits(runner: Runner, tokens: Tensor, schedule: str, receive: Callab
     `runner`, handing each step's logits (B, n, V) to `receive(pos, logits)` (pos: the step's first
     position) before the next step, and keeping none: for a caller that reduces a run as it goes (a
     confirmation's max |dlogit|: at d12 / 1024 tokens a float64 run is 537 MB that need not exist).
+    Each is checked (`owned.Owned`) but not copied: read it before `receive` returns, as a runner
+    may write the same tensor again on its next step.
     An engine that runs the schedule whole hands over its logits in one piece. False, having run
     nothing, for any other schedule: run it with `run_schedule`."""
     if schedule not in STEP_PLANS:
