@@ -112,7 +112,7 @@ def _one_row(prompt: Tensor, tail: Tensor) -> Tensor:
     """One input row's engine logits (S, T, V) from its prompt's (1, P, V) and its S samples'
     decoded ones (S, T - P, V). Every sample row begins with the same prompt logits (one prefill,
     its cache copied); where the samples also decoded bit for bit alike, the S rows are one
-    (1, T, V) row expanded (stride 0): at d12 / 1024 tokens one 256 MB copy of the prompt's
+    (1, T, V) row expanded (stride 0): at d12 / 1024 tokens one 260 MB copy of the prompt's
     logits, not S, and as much less memory held. Samples that differ are written out in full."""
     P, S = prompt.size(1), tail.size(0)
     if all(torch.equal(tail[i], tail[0]) for i in range(1, S)):

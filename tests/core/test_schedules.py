@@ -162,7 +162,7 @@ def test_a_one_step_run_keeps_its_step_outputs_without_another_copy(model, token
 def test_engine_samples_that_decode_alike_are_one_row_held_once(model, tokens):
     """The engine's sample rows share one prefill, so their prompt logits are equal by
     construction; where the samples also decode bit for bit alike, the run holds one (1, T, V)
-    row expanded to S rows, not S copies (at d12 / 1024 tokens each copy was 256 MB of fresh
+    row expanded to S rows, not S copies (at d12 / 1024 tokens each copy was 260 MB of fresh
     memory). Samples that decode differently are written out row by row."""
     opts = ScheduleOptions(gen_len=8, samples=3)
     P, V = T - 8, model.config.vocab_size
