@@ -256,9 +256,9 @@ def _logits_passes(ref: Tensor, runs: list) -> list[tuple[Tensor, Tensor, Tensor
             for done in [k for k in terms if k[3] <= s]:  # no later block reads them
                 del terms[done]
                 measured.pop(done, None)
-        same = [m for m in measured.get(key, ()) if m[0].shape == x.shape and torch.equal(m[0], x)]
-        if same:
-            _, block_err, block_agree, block_kl = same[0]
+        same = next((m for m in measured.get(key, ()) if torch.equal(m[0], x)), None)
+        if same is not None:
+            _, block_err, block_agree, block_kl = same
         else:
             block_err = torch.sub(x, r).abs_().amax(dim=(0, 2))
             block_agree = _agrees(x, ref_top[rs, s:e])

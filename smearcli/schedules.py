@@ -223,9 +223,7 @@ def stream_logits(runner: Runner, tokens: Tensor, schedule: str, receive: Callab
     nothing, for any other schedule: run it with `run_schedule`."""
     if schedule not in STEP_PLANS:
         return False
-    if not runnable(runner, schedule):
-        raise CannotRun(f"{runner.label} cannot run the {schedule} schedule ({missing(runner, schedule)})")
-    driven = Owned(runner, schedule)
+    driven = _driven(runner, schedule)
     with torch.inference_mode():
         whole = driven.run(schedule, tokens, opts)
         if whole is not None:
@@ -341,6 +339,14 @@ def as_runner(target, logic: Optional[str] = None) -> Runner:
     return GPTRunner(target, logic or "fixed")
 
 
+def _driven(runner: Runner, schedule: str) -> Owned:
+    """`runner` as `schedule` drives it, every output checked and copied as it is received
+    (`owned.Owned`); CannotRun when the runner lacks what the schedule needs."""
+    if not runnable(runner, schedule):
+        raise CannotRun(f"{runner.label} cannot run the {schedule} schedule ({missing(runner, schedule)})")
+    return Owned(runner, schedule)
+
+
 def run_schedule(target, tokens: Tensor, schedule: str, logic: Optional[str] = None,
                  opts: ScheduleOptions = ScheduleOptions(), capture: bool = True,
                  progress: Optional[Callable[[int, int], None]] = None) -> RunResult:
@@ -350,15 +356,13 @@ def run_schedule(target, tokens: Tensor, schedule: str, logic: Optional[str] = N
     if schedule not in SCHEDULES:
         raise ValueError(f"unknown schedule {schedule!r}; choose from {', '.join(SCHEDULES)}")
     runner = as_runner(target, logic)
-    if not runnable(runner, schedule):
-        raise CannotRun(f"{runner.label} cannot run the {schedule} schedule ({missing(runner, schedule)})")
+    driven = _driven(runner, schedule)  # every output checked and copied as it is received
     B, T = tokens.shape
     done = [0]
 
     def on_step(n: int) -> None:
         done[0] += n
         progress(done[0], T)
-    driven = Owned(runner, schedule)  # every output checked and copied as it is received
     with torch.inference_mode():
         whole = driven.run(schedule, tokens, opts)  # an engine that schedules by itself
         if whole is not None:
