@@ -104,9 +104,14 @@ def test_save_writes_logits(tmp_path):
     data = torch.load(out, weights_only=True)
     assert data["logits_full"].shape == (1, 48, 256)
     assert set(data) >= {"meta", "tokens", "logits_chunked_old", "logits_chunked_fixed", "logits_decode_old"}
-    # the engine's sample rows, held in the run as one row expanded, are saved as the rows they are
+    # the engine's sample rows are saved as the rows they are (one row expanded where they decode
+    # alike): the prompt's logits are one prefill, equal bit for bit; the decoded tail is a batch of
+    # two whose matrix kernels may round each row differently on another CPU, so only close there
     engine = data["logits_engine_fixed"]
-    assert engine.shape == (2, 48, 256) and engine.is_contiguous() and torch.equal(engine[0], engine[1])
+    prompt = 48 - 8
+    assert engine.shape == (2, 48, 256) and engine.is_contiguous()
+    assert torch.equal(engine[0, :prompt], engine[1, :prompt])
+    torch.testing.assert_close(engine[0], engine[1], rtol=0, atol=1e-5)
     assert data["meta"]["schema"] == "smearcli.compare/1"
     assert not list(tmp_path.glob(".*tmp"))
 
