@@ -29,7 +29,9 @@ calls with what its reruns and layer orders gave (it decides which reruns to mak
   finds it; where it does not, it is a `tie artifact` when an exact tie was seen, else
   `unconfirmed`;
 - `in_layer_order`: a finding seen only in a layer order that neither the default configuration
-  nor a published one has (`census.variants`) is `latent`.
+  nor a published one has (`census.variants`) is `latent`;
+- `by_design`: a finding whose every part upstream's maintainers answered is intended
+  (`census.known`) is `by design`.
 
 ```python
 from smearcli.judge import Run, judge
@@ -43,7 +45,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
-from .verdicts import (BUG, CRASHED, INCONCLUSIVE, LATENT, NOT_BUILT, NOT_RUN, OK, ROUNDING, TIE_ARTIFACT,
+from .verdicts import (BUG, BY_DESIGN, CRASHED, INCONCLUSIVE, LATENT, NOT_BUILT, NOT_RUN, OK, ROUNDING, TIE_ARTIFACT,
                        UNCONFIRMED, Verdict)
 
 NOTHING_MEASURED = "no schedule was measured"
@@ -137,3 +139,14 @@ def in_layer_order(word, default_order: bool, published: bool) -> Verdict:
     configuration has is `latent`; any other word is its own."""
     word = Verdict(str(word))
     return LATENT if not default_order and word in FINDINGS and not published else word
+
+
+def by_design(word, classes) -> Verdict:
+    """The verdict of a finding once placed against what upstream knows (`census.known`): a bug,
+    crash or unconfirmed departure every part of which (`classes`, one per path that failed) its
+    maintainers answered is intended is `by design`; anything else keeps its word. A finding one
+    part of which is not by design stands whole."""
+    word = Verdict(str(word))
+    classes = [str(c) for c in classes]
+    designed = word in (BUG, CRASHED, UNCONFIRMED, BY_DESIGN) and classes and all(c == str(BY_DESIGN) for c in classes)
+    return BY_DESIGN if designed else word

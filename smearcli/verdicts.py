@@ -22,9 +22,11 @@ A verdict is a claim about someone else's code, so each word says exactly what w
 - `latent`: a confirmed departure seen only in a layer order the architecture's default
   configuration does not have (`census.variants`): real code, not reachable as configured;
 - `tie artifact`: a departure that comes from an exact tie in a discrete choice (a top-k) and
-  vanishes under a deterministic tie-break or on another seed (`census.ties`): not a logic error.
+  vanishes under a deterministic tie-break or on another seed (`census.ties`): not a logic error;
+- `by design`: a finding whose every departure its maintainers answered is intended
+  (`census.known`, with their words quoted): said, never counted as a bug.
 
-Neither `latent`, `tie artifact` nor `unsupported` is counted as a bug.
+Neither `latent`, `tie artifact`, `by design` nor `unsupported` is counted as a bug.
 
 `passed(word)` is True for `ok` alone: every surface (the library's `Comparison.passed`, the CLI's
 `--check`, the census, `smearcli.testing`) passes nothing else. `line(word, detail)` is the one
@@ -50,6 +52,7 @@ class Verdict(str, Enum):
     UNSUPPORTED = "unsupported"
     LATENT = "latent"
     TIE_ARTIFACT = "tie artifact"
+    BY_DESIGN = "by design"
 
     def __str__(self) -> str:
         return self.value
@@ -58,13 +61,13 @@ class Verdict(str, Enum):
 OK, BUG, UNCONFIRMED, INCONCLUSIVE = Verdict.OK, Verdict.BUG, Verdict.UNCONFIRMED, Verdict.INCONCLUSIVE
 CRASHED, NOT_RUN, NOT_BUILT = Verdict.CRASHED, Verdict.NOT_RUN, Verdict.NOT_BUILT
 TIMED_OUT, UNSUPPORTED = Verdict.TIMED_OUT, Verdict.UNSUPPORTED
-LATENT, TIE_ARTIFACT = Verdict.LATENT, Verdict.TIE_ARTIFACT
+LATENT, TIE_ARTIFACT, BY_DESIGN = Verdict.LATENT, Verdict.TIE_ARTIFACT, Verdict.BY_DESIGN
 WORDS = tuple(v.value for v in Verdict)  # in order of the enum: the census counts them in this order
 
 # the order "worst" follows when several results make one (a census's layer orders, a comparison's
 # runs): a confirmed bug outranks a crash, which outranks what could not be decided; a path the
 # library declares unsupported is no failure of it
-SEVERITY = (BUG, CRASHED, UNCONFIRMED, LATENT, TIE_ARTIFACT, INCONCLUSIVE, TIMED_OUT, NOT_BUILT, NOT_RUN, UNSUPPORTED, OK)
+SEVERITY = (BUG, CRASHED, UNCONFIRMED, LATENT, TIE_ARTIFACT, BY_DESIGN, INCONCLUSIVE, TIMED_OUT, NOT_BUILT, NOT_RUN, UNSUPPORTED, OK)
 
 # what a float64 rerun says of one departure (`evidence.Confirmation.status`)
 ROUNDING = "rounding"  # gone in float64: float32 rounding, not a finding (the run counts as ok)

@@ -55,7 +55,7 @@ import torch
 
 from ..defaults import NOISE_MARGIN
 from ..verdicts import CRASHED, NOT_BUILT, OK, UNCONFIRMED, UNSUPPORTED
-from . import derive
+from . import derive, known
 from .boundary import transformers_frame
 from .check import NO_POWER_NOTE, init_note, text_config, vocab_of
 from .record import Record, new as record
@@ -267,27 +267,28 @@ def sections(recs: Sequence[Record], meta: Optional[dict] = None) -> list[str]:
     if b:
         out += [f"Benchmark: {summary_line(b)}" + (f"; load {meta['load']}" if meta.get("load") else "") + ".", ""]
     found = [r for r in sorted(recs, key=sort_key) if str(r.reason or "").startswith(FINDING)
-             or r.verdict == str(CRASHED)]
+             or r.verdict == str(CRASHED) or (r.upstream and not str(r.reason or "").startswith(OWN))]
     if found:
         out += ["## Findings", "", "A cached path of llama.cpp past the threshold against its own one-call prefill "
                 "(llama.cpp has no float64, so unconfirmed), or a crash with llama.cpp's frame. Each reproducer needs "
                 "only llama.cpp's environment and the GGUF beside it, and exits 1 while the bug is there.", "",
-                "| architecture | verdict | schedule | shape | first position | reason | reproducer (exit) |",
-                "|---|---|---|---|---|---|---|"]
+                "| architecture | verdict | schedule | shape | first position | reason | upstream | reproducer (exit) |",
+                "|---|---|---|---|---|---|---|---|"]
         for r in found:
             rep = f"`{Path(r.reproducer).name}` ({r.reproducer_status})" if r.reproducer else "-"
             out.append(f"| {r.model_type} | {r.verdict} | {r.worst_schedule or '-'} | "
                        f"{_cell(r.shape or '-')} | {(r.born_at or '-').split('@')[-1]} | "
-                       f"{_cell(r.reason, 240)} | {rep} |")
+                       f"{_cell(r.reason, 240)} | {known.cell(r)} | {rep} |")
         out.append("")
     own = [r for r in sorted(recs, key=sort_key) if str(r.reason or "").startswith(OWN)]
     if own:
         out += ["## The implementation's own departures", "", "llama.cpp's one-call prefill already departs from "
                 "the transformers full pass, and every cached path matches that prefill: its kernels or its "
-                "conversion, not its cache.", "", "| architecture | prefill vs transformers | x floor |", "|---|---|---|"]
+                "conversion, not its cache.", "", "| architecture | prefill vs transformers | x floor | upstream |",
+                "|---|---|---|---|"]
         for r in own:
             p = (r.schedules or {}).get("prefill") or {}
-            out.append(f"| {r.model_type} | {p.get('max_abs', 0):.2g} | {p.get('multiple', 0):.3g} |")
+            out.append(f"| {r.model_type} | {p.get('max_abs', 0):.2g} | {p.get('multiple', 0):.3g} | {known.cell(r)} |")
         out.append("")
     skipped = [r for r in sorted(recs, key=lambda r: r.model_type) if r.verdict == str(NOT_BUILT)]
     if skipped:
@@ -528,7 +529,7 @@ def write(rec: Record, entry: dict, tokens: list, threshold: float, gguf_name: s
                            gguf=gguf_name, entry=entry, tokens=tokens, threshold=float(threshold))
     path.parent.mkdir(parents=True, exist_ok=True)
     part = path.with_suffix(".py.part")
-    part.write_text(text)
+    part.write_text(text, encoding="utf-8")
     part.replace(path)
     return path
 

@@ -22,10 +22,12 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Optional
 
-from ..verdicts import BUG, CRASHED, INCONCLUSIVE, LATENT, NOT_BUILT, OK, TIE_ARTIFACT, TIMED_OUT, UNCONFIRMED
+from ..verdicts import (BUG, BY_DESIGN, CRASHED, INCONCLUSIVE, LATENT, NOT_BUILT, OK, TIE_ARTIFACT, TIMED_OUT,
+                        UNCONFIRMED)
 
 # every verdict word a record may hold, in the order reports list them
-ORDER = tuple(str(v) for v in (BUG, CRASHED, UNCONFIRMED, LATENT, TIE_ARTIFACT, INCONCLUSIVE, OK, NOT_BUILT, TIMED_OUT))
+ORDER = tuple(str(v) for v in (BUG, CRASHED, UNCONFIRMED, LATENT, TIE_ARTIFACT, BY_DESIGN, INCONCLUSIVE, OK, NOT_BUILT,
+                               TIMED_OUT))
 
 # JSON types a field may hold (null is always allowed): the Python types it reads as, and the words
 STRING, NUMBER, INTEGER = ((str,), "a string"), ((int, float), "a number"), ((int,), "an integer")
@@ -135,6 +137,7 @@ class Record:
     confirmation: Optional[dict] = _f(OBJECT)  # the finding rerun in float64 (evidence.Confirmation)
     reach: Optional[dict] = _f(OBJECT)  # the finding through the public API: path -> result (census.reach)
     replication: Optional[dict] = _f(OBJECT)  # the finding rerun on a second seed, under a tie-break (census.ties)
+    upstream: Optional[list] = _f(LIST)  # each finding placed against what upstream knows (census.known)
     model_class: Optional[str] = _f(STRING)
     reason: Optional[str] = _f(STRING)  # why it is crashed or not built
     notes: list = _f(LIST, factory=list)

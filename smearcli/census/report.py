@@ -11,9 +11,9 @@ from typing import Optional, Sequence
 
 from ..jsondoc import SCHEMAS, header
 from ..schedules import census_schedules  # the boundaries every architecture also runs (check.boundary)
-from ..verdicts import BUG, CRASHED, NOT_JUDGED, NOT_JUDGED_WHY, NOT_RUN, OK, UNCONFIRMED
+from ..verdicts import BUG, BY_DESIGN, CRASHED, NOT_JUDGED, NOT_JUDGED_WHY, NOT_RUN, OK, UNCONFIRMED
 from .groups import api_findings, born, groups
-from . import reach, record
+from . import known, reach, record
 from .shapes import LEFT_UNSUPPORTED
 from .record import Record
 
@@ -116,6 +116,8 @@ def table(records: Sequence[Record], width: int = 80) -> str:
         if born(r):  # the module under its finding's line: too long for a column of its own
             b = born(r)
             out.append(_cut(" " * (COLUMNS[0][1] + 1) + f"born in {b['module']} ({b.get('class')})", width))
+        if known.console(r):  # what upstream knows of it: new, or the thread
+            out.append(_cut(" " * (COLUMNS[0][1] + 1) + known.console(r), width))
     c = counts(records)
     for name in census_schedules():
         b = boundary_counts(records, name)
@@ -153,6 +155,8 @@ def markdown(records: Sequence[Record], meta: Optional[dict] = None, engine=None
     c = counts(records)
     out = [engine.page_title(meta), "",
            f"{len(records)} {engine.counted}: " + ", ".join(f"{n} {k}" for k, n in c.items() if n) + ".", ""]
+    if known.summary(records):  # the new findings first: what the census adds to what upstream knows
+        out += [known.summary(records), ""]
     return "\n".join(out + engine.page_sections(records, meta)) + "\n"
 
 
@@ -160,7 +164,7 @@ def transformers_sections(records: Sequence[Record], meta: dict) -> list[str]:
     """The transformers engine's page: the findings with their reproducers, their root causes,
     the findings about the API, the boundaries, then every row."""
     out = []
-    bugs = [r for r in sorted(records, key=sort_key) if r.verdict in (BUG, UNCONFIRMED)]
+    bugs = [r for r in sorted(records, key=sort_key) if r.verdict in (BUG, UNCONFIRMED, BY_DESIGN)]
     if bugs:
         out += ["## Findings", "", "Each finding was rerun with the model in float64 and every float32 request inside "
                 "its code lifted to float64: a bug keeps its size, rounding vanishes (`smearcli.evidence`). "
@@ -168,7 +172,7 @@ def transformers_sections(records: Sequence[Record], meta: dict) -> list[str]:
                 # the init scale rides in the error's cell where it is not the default, and the float64
                 # rerun beside the error: two columns fewer keep the page at 1280 px
                 "| architecture | verdict | worst schedule | max abs dlogit (float64, lifted) | shape | born in | "
-                "public API | reproducer (exit) |", "|---|---|---|---|---|---|---|---|"]
+                "public API | upstream | reproducer (exit) |", "|---|---|---|---|---|---|---|---|---|"]
         for r in bugs:
             rep = r.reproducer
             rep = f"`{rep.split('/')[-1]}` ({r.reproducer_status})" if rep else "-"
@@ -179,13 +183,13 @@ def transformers_sections(records: Sequence[Record], meta: dict) -> list[str]:
             where = f"`{b.get('class')}`" if b else "-"
             init = "" if r.init is None else f" at init {r.init}"
             out.append(f"| {r.model_type} | {r.verdict} | {r.worst_schedule} | {_err(r)} ({_f64(r)}){init} | "
-                       f"{r.shape} | {where} | {reach.summary(r.reach)} | {rep} |")
+                       f"{r.shape} | {where} | {reach.summary(r.reach)} | {known.cell(r)} | {rep} |")
         out.append("")
         out += groups_md(records)
     out += api_md(records)
     out += boundaries_md(records)
     out += ["## Every architecture", "", "| architecture | verdict | worst schedule | error | shape or reason | "
-            f"{' / '.join(census_schedules())} |", "|---|---|---|---|---|---|"]
+            f"{' / '.join(census_schedules())} | upstream |", "|---|---|---|---|---|---|---|"]
     for r in sorted(records, key=sort_key):
         why = r.shape or r.reason or "; ".join(
             n for n in (r.notes or []) if n.startswith(("would see", "power not")) or "rounding" in n) or ""
@@ -195,7 +199,7 @@ def transformers_sections(records: Sequence[Record], meta: dict) -> list[str]:
         # page keeps its width at 1280 px
         cells = " / ".join(cell(boundary_cell(r, b), 40) for b in census_schedules())
         out.append(f"| {r.model_type} | {r.verdict} | {r.worst_schedule or '-'} | {_err(r)} | {why} | "
-                   f"{cells} |")
+                   f"{cells} | {known.cell(r)} |")
     return out
 
 
@@ -219,9 +223,9 @@ def boundaries_md(records: Sequence[Record]) -> list[str]:
             if e and e.status in (BUG, UNCONFIRMED, CRASHED, NOT_RUN, LEFT_UNSUPPORTED):
                 why = (e.shape or "") + ("; " if e.shape and e.why else "") + (e.why or "")
                 rows.append(f"| {r.model_type} | {name} | {boundary_cell(r, name).split(':')[0]} | "
-                            f"{why.replace('|', '/')[:160]} |")
+                            f"{why.replace('|', '/')[:160]} | {known.cell(r, name)} |")
     if rows:
-        out += ["", "| architecture | boundary | result | shape / why |", "|---|---|---|---|", *rows]
+        out += ["", "| architecture | boundary | result | shape / why | upstream |", "|---|---|---|---|---|", *rows]
     return out + [""]
 
 

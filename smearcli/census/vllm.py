@@ -70,7 +70,7 @@ from ..judge import Run, judge, status
 from ..metrics import measure
 from ..steps import CRASHED as RUN_CRASHED, UNCHECKED
 from ..verdicts import CRASHED, INCONCLUSIVE, NOT_BUILT, NOT_RUN, OK, UNCONFIRMED
-from . import derive
+from . import derive, known
 from .boundary import transformers_frame
 from .check import CONV_KEYS, NO_POWER_NOTE, first_int, init_note, vocab_of
 from .record import Record, new as record
@@ -215,7 +215,7 @@ def check(model_type: str, worker, timeout: float = 240.0, memory: Optional[int]
                           + transformers_frame(e), vllm={"answered": True}, **base)
         entries = schedule_entries(config)
         req = request(Path(d) / "model", tokens, vocab, entries, one_engine(config))
-        (Path(d) / "request.json").write_text(json.dumps(req))
+        (Path(d) / "request.json").write_text(json.dumps(req), encoding="utf-8")
         try:
             res = worker.ask({"op": "run", "request": str(Path(d) / "request.json"), "outdir": d},
                              max(1.0, deadline - time.monotonic()), memory)
@@ -430,17 +430,17 @@ def sections(recs: Sequence[Record], meta: dict) -> list[str]:
     """The vLLM engine's page (`report.markdown` puts the title and counts above): findings with
     reproducers, what could not run and why, then every architecture."""
     out = []
-    found = [r for r in sorted(recs, key=sort_key) if r.verdict in FINDINGS]
+    found = [r for r in sorted(recs, key=sort_key) if r.verdict in FINDINGS or r.upstream]
     if found:
         out += ["## Findings", "", "vLLM has no float64 form, so a departure reads unconfirmed; a crash is "
                 "vLLM's own frame. Each reproducer needs only vLLM's environment and exits 1 while the bug is there.",
-                "", "| architecture | verdict | schedule | max abs dlogprob | why | reproducer (exit) |",
-                "|---|---|---|---|---|---|"]
+                "", "| architecture | verdict | schedule | max abs dlogprob | why | upstream | reproducer (exit) |",
+                "|---|---|---|---|---|---|---|"]
         for r in found:
             rep = f"`{Path(r.reproducer).name}` ({r.reproducer_status})" if r.reproducer else "-"
             err = "-" if r.max_abs is None else f"{r.max_abs:.2g}"
             out.append(f"| {r.model_type} | {r.verdict} | {r.worst_schedule or '-'} | {err} | "
-                       f"{cell(r.reason or _departure(r))} | {rep} |")
+                       f"{cell(r.reason or _departure(r))} | {known.cell(r)} | {rep} |")
         out.append("")
     skipped = [r for r in sorted(recs, key=lambda r: r.model_type) if r.verdict == SKIP]
     if skipped:
@@ -620,7 +620,7 @@ def write(rec: Record, config, path: Path, req: dict, seed: int = 0, margin: flo
         schedule=worst, how=HOW[entry["name"]], finding=str(finding).replace('"""', "'''")[:300],
         config_json=json.dumps(d, default=str), entry=entry, tokens=req["rows"][0], seed=seed, margin=margin,
         block=req["block_size"], max_len=req["max_model_len"], vocab=req["vocab"],
-        one_engine=bool(req.get("one_engine"))))
+        one_engine=bool(req.get("one_engine"))), encoding="utf-8")
     return path
 
 

@@ -1,0 +1,358 @@
+"""What upstream already knows about each finding: the table `known.toml` beside this module, read
+strictly, and every finding of a census placed against it (torch-free).
+
+A maintainer who receives a report first searches the tracker, so the census does too, once, by
+hand, into `known.toml`: one entry per public thread (its link, engine, the architectures, paths
+and shape it covers, its status and the maintainers' word) and one per finding that matches
+nothing public (status `new`, with what was searched). An entry matches a finding on the record,
+never on a name alone: the engine, the model type, the verdict, the failing path (a glob over the
+schedule's or boundary's name) and the shape must all agree.
+
+Each finding of a record (`findings`: its headline schedule and every failing boundary) is then one
+of (`place`):
+
+- `new`: no public thread matches (or only a `new` entry, which says what was searched): the
+  census's own contribution, which `scan --check` fails on;
+- `regression`: a thread says it was fixed in a release, and this record's release is that one or
+  later: a report that cites the fix, and `--check` fails on it;
+- `open`: an open thread (or a duplicate of one): what the census adds belongs in a comment there,
+  so its draft is a comment (`comment`), and `--check` lists it without failing;
+- `fixed later`: found on a release before the one that fixed it: listed, not failed;
+- `by design`: the maintainers said it is intended; the judge's `by_design` makes the record's
+  word `by design` when every finding of it is, outside the bug count and `--check`.
+
+`stale(records, entries)` names the entries of this engine that matched nothing although their
+architectures were checked: fixed upstream, or a rule of ours changed (`scan --against` says them,
+tests/census/test_known.py holds every entry to the finding it was written from).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional, Sequence
+
+from ..errors import UserError
+from ..judge import by_design
+from ..verdicts import BUG, BY_DESIGN, CRASHED, UNCONFIRMED
+from .record import Record
+
+TABLE = Path(__file__).with_name("known.toml")
+
+# the classes of a placed finding, most pressing first (`worst`)
+NEW, REGRESSION, OPEN, FIXED_LATER, DESIGNED = "new", "regression", "open", "fixed later", str(BY_DESIGN)
+CLASSES = (NEW, REGRESSION, OPEN, FIXED_LATER, DESIGNED)
+FAILS_CHECK = (NEW, REGRESSION)  # what `scan --check` fails on (the rest is listed)
+
+FINDING_WORDS = (str(BUG), str(UNCONFIRMED), str(CRASHED))  # a part of a record that is a finding
+ID = re.compile(r"[a-z0-9][a-z0-9-]*")
+STATUS = re.compile(r"open|new|by design|fixed in (?P<fixed>\d+(?:\.\d+)*)|duplicate of (?P<dup>[a-z0-9][a-z0-9-]*)")
+KEYS = {"id": str, "engine": str, "architectures": list, "paths": list, "shape": str, "verdicts": list,
+        "status": str, "url": str, "title": str, "quote": str, "searched": str, "seen": dict}
+GITHUB = re.compile(r"https://github\.com/([^/]+/[^/]+)/(?:issues|pull|discussions)/(\d+)(?:[#?/].*)?")
+REQUIRED = ("id", "engine", "architectures", "paths", "shape", "status")
+SEEN_KEYS = ("release", "model_type", "path", "shape", "verdict")
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One entry of the table: a public thread, or a finding nobody has reported (`status` new)."""
+
+    id: str
+    engine: str
+    architectures: tuple
+    paths: tuple
+    shape: str
+    status: str
+    verdicts: tuple = FINDING_WORDS
+    url: str = ""
+    title: str = ""
+    quote: str = ""
+    searched: str = ""
+    seen: dict = field(default_factory=dict, hash=False, compare=False)
+
+    @property
+    def fixed_in(self) -> Optional[str]:
+        m = STATUS.fullmatch(self.status)
+        return m["fixed"] if m else None
+
+    @property
+    def duplicate_of(self) -> Optional[str]:
+        m = STATUS.fullmatch(self.status)
+        return m["dup"] if m else None
+
+    def covers(self, engine: str, model_type: str, part: "Part") -> bool:
+        """Whether this entry speaks of that finding: engine, model type, verdict, path and shape agree."""
+        return (self.engine == engine and model_type in self.architectures and part.verdict in self.verdicts
+                and any(fnmatch.fnmatchcase(part.path, p) for p in self.paths)
+                and self.shape in ("*", part.shape))
+
+    def brief(self) -> dict:
+        """What a record keeps of it: enough to link and quote it without the table."""
+        return {"id": self.id, "status": self.status, "url": self.url, "title": self.title, "quote": self.quote}
+
+
+@dataclass(frozen=True)
+class Part:
+    """One finding of a record: the path that failed (a schedule or a boundary), its shape, its word."""
+
+    path: str
+    shape: str
+    verdict: str
+
+
+def load(path: Optional[Path] = None) -> tuple[Entry, ...]:
+    """The entries of `path` (default: the package's table), checked: a key no entry has, a missing
+    or mistyped field, a status outside the vocabulary, an id given twice or a duplicate of no entry
+    is a UserError naming the file and the entry."""
+    path = Path(path) if path is not None else TABLE
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise UserError(f"{path}: cannot read the table of what upstream knows ({e.strerror or e})") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise UserError(f"{path}: not a valid TOML table of what upstream knows: {e}") from None
+    extra = sorted(set(data) - {"thread"})
+    if extra:
+        raise UserError(f"{path}: unknown table {extra[0]!r}; every entry is a [[thread]]")
+    raw = data.get("thread", [])
+    if not isinstance(raw, list):
+        raise UserError(f"{path}: 'thread' must be an array of tables ([[thread]])")
+    out, ids = [], {}
+    for i, d in enumerate(raw, 1):
+        where = f"{path}: entry {i}" + (f" ({d['id']})" if isinstance(d.get("id"), str) else "")
+        out.append(_entry(d, where))
+        if out[-1].id in ids:
+            raise UserError(f"{where}: id {out[-1].id!r} is already entry {ids[out[-1].id]}; each thread once")
+        ids[out[-1].id] = i
+    for e in out:
+        if e.duplicate_of is not None and e.duplicate_of not in ids:
+            raise UserError(f"{path}: entry {ids[e.id]} ({e.id}): a duplicate of {e.duplicate_of!r}, which no entry is")
+    return tuple(out)
+
+
+def _entry(d: dict, where: str) -> Entry:
+    for k in d:
+        if k not in KEYS:
+            raise UserError(f"{where}: unknown field {k!r} (the fields: {', '.join(KEYS)})")
+    for k in REQUIRED:
+        if k not in d:
+            raise UserError(f"{where}: no {k!r}")
+    for k, v in d.items():
+        if not isinstance(v, KEYS[k]) or (KEYS[k] is list and not all(isinstance(x, str) for x in v)):
+            raise UserError(f"{where}: {k!r} must be {'a list of strings' if KEYS[k] is list else KEYS[k].__name__}")
+    if not ID.fullmatch(d["id"]):
+        raise UserError(f"{where}: id {d['id']!r} must be lowercase letters, digits and dashes")
+    if not STATUS.fullmatch(d["status"]):
+        raise UserError(f"{where}: status {d['status']!r} is none of: open, new, by design, fixed in X.Y.Z, "
+                        "duplicate of ID")
+    if not d["architectures"] or not d["paths"]:
+        raise UserError(f"{where}: 'architectures' and 'paths' each name at least one")
+    if d["status"] not in ("new",) and not d.get("url", "").startswith("https://"):
+        raise UserError(f"{where}: a public thread needs its url (https://...)")
+    if d["status"] == "new" and not d.get("searched"):
+        raise UserError(f"{where}: a finding nobody has reported says what was searched ('searched')")
+    seen = d.get("seen", {})
+    missing = [k for k in SEEN_KEYS if not isinstance(seen.get(k), str)]
+    if missing:
+        raise UserError(f"{where}: 'seen' needs {', '.join(missing)} (the finding the entry was written from)")
+    return Entry(d["id"], d["engine"], tuple(d["architectures"]), tuple(d["paths"]), d["shape"], d["status"],
+                 tuple(d.get("verdicts", FINDING_WORDS)), d.get("url", ""), d.get("title", ""),
+                 d.get("quote", ""), d.get("searched", ""), dict(seen))
+
+
+def engine_of(record: Record) -> str:
+    return record.engine or "transformers"
+
+
+def release_of(record: Record) -> Optional[str]:
+    """The engine's release that made the record (transformers', vLLM's or llama-cpp-python's)."""
+    engine = engine_of(record)
+    if engine == "transformers":
+        return record.transformers_version
+    if engine == "vllm":
+        return record.vllm_version
+    return (record.llamacpp or {}).get("llama_cpp_python") if isinstance(record.llamacpp, dict) else None
+
+
+def version(text: Optional[str]) -> tuple:
+    """"5.25.0" -> (5, 25, 0); a local or dev suffix is dropped ("0.32.0+cpu"); () when none."""
+    m = re.match(r"\d+(?:\.\d+)*", text or "")
+    return tuple(int(x) for x in m[0].split(".")) if m else ()
+
+
+def findings(record: Record) -> list[Part]:
+    """The record's findings: its headline (when its word is a finding, or `by design`, which was
+    one) and every boundary that failed beside it, each path once."""
+    out = []
+    word = record.verdict
+    ups = record.upstream if isinstance(record.upstream, list) else []
+    if ups and all(isinstance(u, dict) and all(isinstance(u.get(k), str) for k in ("path", "shape", "verdict"))
+                   and u["verdict"] in FINDING_WORDS for u in ups):
+        return [Part(u["path"], u["shape"], u["verdict"]) for u in ups]  # placed before: each keeps its word
+    if word in FINDING_WORDS:
+        out.append(Part(record.worst_schedule or "", record.shape or "", word))
+    for name, e in (record.boundaries or {}).items():
+        st = getattr(e, "status", None)
+        if st in FINDING_WORDS and all(p.path != name for p in out):
+            out.append(Part(name, getattr(e, "shape", None) or "", st))
+    return out
+
+
+def classify(entries: Sequence[Entry], record: Record, by_id: dict) -> str:
+    """The class of a finding that `entries` cover (module docstring), on `record`'s release."""
+    public = [by_id.get(e.duplicate_of, e) if e.duplicate_of else e for e in entries if e.status != "new"]
+    if not public:
+        return NEW
+    ranks = []
+    for e in public:
+        if e.status == "by design":
+            ranks.append(DESIGNED)
+        elif e.fixed_in is not None:
+            ranks.append(REGRESSION if version(release_of(record)) >= version(e.fixed_in) else FIXED_LATER)
+        else:  # open, or a duplicate of a thread whose own status is new (none: public ones only)
+            ranks.append(OPEN)
+    return min(ranks, key=CLASSES.index)
+
+
+def place(records: Sequence[Record], entries: Optional[Sequence[Entry]] = None) -> list[Record]:
+    """Every record with `upstream` set (one entry per finding: path, shape, word, class and the
+    threads that cover it) and its word as the judge reads it once placed (`judge.by_design`)."""
+    entries = load() if entries is None else tuple(entries)
+    by_id = {e.id: e for e in entries}
+    for r in records:
+        parts = findings(r)
+        if not parts:
+            r.upstream = None
+            continue
+        placed = []
+        for p in parts:
+            covering = [e for e in entries if e.covers(engine_of(r), r.model_type, p)]
+            placed.append({"path": p.path, "shape": p.shape, "verdict": p.verdict,
+                           "class": classify(covering, r, by_id),
+                           "threads": [e.brief() for e in covering if e.status != "new"],
+                           "searched": "; ".join(e.searched for e in covering if e.status == "new" and e.searched)
+                           or None})
+        r.upstream = placed
+        headline = next((u["verdict"] for u in placed if u["path"] == (r.worst_schedule or "")), None)
+        r.verdict = str(by_design(headline or r.verdict, [u["class"] for u in placed]))
+    return list(records)
+
+
+def worst(record: Record) -> Optional[str]:
+    """The most pressing class of a record's findings (new first), None when it has none."""
+    classes = [u["class"] for u in record.upstream or []]
+    return min(classes, key=CLASSES.index) if classes else None
+
+
+def failing(records: Sequence[Record], words: Sequence[str]) -> list[Record]:
+    """The records `scan --check` fails on: a word of the engine's `failing`, with a finding that is
+    new or a regression (a known open bug, a bug fixed later, a departure by design: listed only)."""
+    return [r for r in records if r.verdict in words and worst(r) in FAILS_CHECK]
+
+
+def summary(records: Sequence[Record]) -> Optional[str]:
+    """The page's line under the counts: the findings by what upstream knows, new first."""
+    n = {c: 0 for c in CLASSES}
+    for r in records:
+        for u in r.upstream or []:
+            n[u["class"]] += 1
+    if not any(n.values()):
+        return None
+    words = {NEW: "new", REGRESSION: "regression" if n[REGRESSION] == 1 else "regressions",
+             OPEN: "known and open upstream", FIXED_LATER: "fixed in a later release", DESIGNED: "by design"}
+    total = sum(n.values())
+    return (f"**{n[NEW]} new finding{'s' * (n[NEW] != 1)}** of {total} against what upstream knows: "
+            + ", ".join(f"{n[c]} {words[c]}" for c in CLASSES if n[c]) + " (`smearcli/census/known.toml`).")
+
+
+def cell(record: Record, path: Optional[str] = None) -> str:
+    """One Markdown cell: `new`, or each covering thread linked with its status (a regression says so)."""
+    ups = [u for u in record.upstream or [] if path is None or u["path"] == path]
+    if not ups:
+        return "-"
+    out = []
+    for u in ups:
+        if not u["threads"]:
+            out.append(u["class"])
+            continue
+        links = ", ".join(f"[{t['status']}]({t['url']})" for t in u["threads"])
+        out.append(links + (f": {u['class']}" if u["class"] in (REGRESSION,) else ""))
+    return "; ".join(dict.fromkeys(out))
+
+
+def console(record: Record) -> Optional[str]:
+    """The console's line under a finding: "upstream: new", "upstream: open <url>", ..."""
+    ups = record.upstream or []
+    if not ups:
+        return None
+    u = min(ups, key=lambda u: CLASSES.index(u["class"]))
+    return f"upstream: {u['class']}" + (f" {reference(u['threads'][0]['url'])}" if u["threads"] else "")
+
+
+def reference(url: str) -> str:
+    """A GitHub thread as GitHub writes a reference ("huggingface/transformers#123"); any other url as it is."""
+    m = GITHUB.fullmatch(url)
+    return f"{m[1]}#{m[2]}" if m else url
+
+
+def stale(records: Sequence[Record], entries: Optional[Sequence[Entry]] = None) -> list[Entry]:
+    """The entries of the records' engine that match no finding although the census checked one of
+    their architectures: fixed upstream, or our rule changed (say so, and mend the table)."""
+    entries = load() if entries is None else tuple(entries)
+    if not records:
+        return []
+    engine = engine_of(records[0])
+    checked = {r.model_type for r in records}
+    used = {t["id"] for r in records for u in r.upstream or [] for t in u["threads"]}
+    used |= {e.id for r in records for p in findings(r) for e in entries
+             if e.covers(engine, r.model_type, p)}
+    return [e for e in entries if e.engine == engine and e.id not in used and checked & set(e.architectures)]
+
+
+def comment(record: Record, draft: str) -> Optional[str]:
+    """A finding's draft for what upstream knows: for a known open bug, a comment for its thread
+    (the census's evidence first, the draft below); for a regression, the draft citing the fix; for
+    a departure by design, a fix made later or a duplicate, nothing (None: no draft is written)."""
+    c = worst(record)
+    if c in (None, NEW):
+        return draft
+    threads = [t for u in record.upstream for t in u["threads"]]
+    if c == REGRESSION:
+        fix = next(t for u in record.upstream if u["class"] == REGRESSION for t in u["threads"])
+        return (f"> **A regression.** {fix['url']} ({fix['title'] or fix['id']}) was {fix['status']}; the census "
+                f"finds it again on {release_of(record) or 'this release'}.\n\n" + draft)
+    if c == OPEN:
+        t = threads[0]
+        others = f" ({len(threads) - 1} more threads: {', '.join(x['url'] for x in threads[1:])})" if len(threads) > 1 else ""
+        head = [f"# A comment for {t['url']}", "",
+                f"This is known upstream ({t['title'] or t['id']}, {t['status']}){others}: post what follows there, not "
+                "as a new report. What the census adds: the release it was seen on, a reproducer that exits 1 while "
+                "the bug is there, and the architectures that share the code (in the draft below).", "",
+                f"- seen on: {engine_of(record)} {release_of(record) or '?'}",
+                f"- findings: " + "; ".join(f"{u['path']} ({u['shape'] or u['verdict']})" for u in record.upstream),
+                ""]
+        return "\n".join(head) + "\n<details><summary>The census's draft</summary>\n\n" + draft + "\n</details>\n"
+    return None
+
+
+def drafts(records: Sequence[Record]) -> None:
+    """After a run: each finding's draft as `comment` has it (a comment for a known open thread, a
+    regression citing its fix), and no draft at all where upstream needs none (its file, which this
+    run wrote, removed and the record's `report_draft` cleared)."""
+    from ..files import atomic_write
+
+    for r in records:
+        path = Path(r.report_draft) if r.report_draft else None
+        if path is None or not path.is_file() or worst(r) in (None, NEW):
+            continue
+        text = comment(r, path.read_text(encoding="utf-8"))
+        if text is None:
+            path.unlink()
+            r.report_draft = None
+            continue
+        with atomic_write(path) as f:
+            f.write(text)
