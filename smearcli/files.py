@@ -34,10 +34,13 @@ def on_sigterm(signum, frame):
 def atomic_write(path, mode: str = "w", **kwargs):
     """Write `path` through a temporary file `.NAME.XXXXXXXX.tmp` beside it, renamed over it once
     complete; removed on any failure, Ctrl-C, or a SIGTERM turned into Terminated. A directory
-    that has gone away meanwhile is a UserError."""
+    that has gone away meanwhile is a UserError. Text is UTF-8 whatever the locale (LC_ALL=C
+    would make it ASCII) unless `encoding` says otherwise."""
     from .errors import UserError
 
     path = Path(path)
+    if "b" not in mode:
+        kwargs.setdefault("encoding", "utf-8")
     tmp = None
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -52,9 +55,11 @@ def atomic_write(path, mode: str = "w", **kwargs):
         if tmp is not None:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
-        if isinstance(e, FileNotFoundError) and not path.parent.is_dir():  # removed after mkstemp
-            raise UserError(f"{path}: directory {path.parent} no longer exists (removed during the "
-                            "run?); nothing written") from e
+        if isinstance(e, (FileNotFoundError, NotADirectoryError)) and not path.parent.is_dir():
+            not_dir = not_a_directory(path.parent)  # replaced by a file after the check
+            why = f"{not_dir} (replaced during the run?)" if not_dir else \
+                f"directory {path.parent} no longer exists (removed during the run?)"
+            raise UserError(f"{path}: {why}; nothing written") from e
         cause = _write_error(e)  # torch's zip writer wraps the OSError (disk full) in a RuntimeError
         if cause is not None and (cause is not e or cause.filename is None):
             raise OSError(cause.errno, cause.strerror or str(cause), cause.filename or str(path)) from None
@@ -129,7 +134,7 @@ def _check_output_path(path: Path, suffixes: tuple[str, ...]) -> None:
         raise UserError(f"{path}: unknown suffix {path.suffix or '(none)'}; use {', '.join(suffixes)}")
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.is_dir():
-        raise UserError(f"{path}: directory {parent} does not exist")
+        raise UserError(f"{path}: {missing_directory(parent)}")
     if path.is_dir():
         raise UserError(f"{path}: is a directory")
     _refuse_special(path)
@@ -141,6 +146,31 @@ def _check_output_path(path: Path, suffixes: tuple[str, ...]) -> None:
         raise UserError(f"{path}: cannot write in directory {parent} ({e.strerror or e})") from e
     os.close(fd)
     os.unlink(probe)
+
+
+def not_a_directory(directory) -> Optional[str]:
+    """When `directory`, or the nearest of its parents that exists, is something other than a
+    directory (`--save FILE/runs.pt`): what it is, in words ("FILE is a file, not a directory");
+    None when it is missing or a directory."""
+    d = Path(directory)
+    for p in (d, *d.parents):
+        try:
+            mode = os.stat(p).st_mode
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        except OSError:
+            return None
+        if stat.S_ISDIR(mode):
+            return None
+        kind = "a file" if stat.S_ISREG(mode) else f"a {special_kind(mode)}"
+        return f"{p} is {kind}, not a directory"
+    return None
+
+
+def missing_directory(directory) -> str:
+    """Why an output's directory cannot take it, in words: a file in the way (`not_a_directory`),
+    or a directory that does not exist."""
+    return not_a_directory(directory) or f"directory {directory} does not exist"
 
 
 def regular_file(path, what: str = "") -> int:

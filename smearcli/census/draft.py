@@ -122,7 +122,7 @@ def write(record: Record, path: Path, versions: dict, group: Optional[dict] = No
         lines += [f"- line {n}: `{text}` ({what}" + (", inside the forward above)" if span and span[0] <= n <= span[1]
                                                       else ")") for what, n, text in found]
     path = Path(path)
-    path.write_text("\n".join(lines) + "\n")
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
 
 

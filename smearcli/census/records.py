@@ -28,7 +28,7 @@ from typing import Iterable, Optional
 
 from .. import jsonsafe
 from ..errors import UserError
-from ..files import regular_file, special_kind
+from ..files import missing_directory, regular_file, special_kind
 from ..jsondoc import SCHEMAS
 from .record import JSON_TYPES, NUMBER, ORDER as VERDICTS, STRING, Record
 
@@ -174,8 +174,8 @@ def _open_regular(path: Path, flags: int) -> int:
         fd = os.open(path, flags | os.O_NONBLOCK | os.O_CLOEXEC, 0o666)
     except IsADirectoryError:
         raise UserError(f"{path}: is a directory, not a file") from None
-    except FileNotFoundError:
-        raise UserError(f"{path}: directory {path.parent} does not exist") from None
+    except (FileNotFoundError, NotADirectoryError):
+        raise UserError(f"{path}: {missing_directory(path.parent)}") from None
     except OSError as e:
         if e.errno == errno.ENXIO:  # a FIFO nobody reads: opening it to write fails, never blocks
             raise UserError(f"{path}: a FIFO (named pipe), not a regular file; give a file") from None
@@ -208,15 +208,16 @@ def _lock(fd: int, path: Path, kind: int, doing: str) -> None:
         raise UserError(f"{path}: another smearcli scan is writing it; {doing}") from None
 
 
-def read(path, torn_ok: bool = False) -> Parsed:
-    """One scan file, read whole under a shared lock (a scan still writing it is refused)."""
+def read(path, torn_ok: bool = False, busy: str = "read it once that scan has ended") -> Parsed:
+    """One scan file, read whole under a shared lock (a scan still writing it is refused, saying
+    `busy`: what to do)."""
     path = Path(path)
     if not path.exists() and not path.is_symlink():
         raise UserError(f"{path}: no such scan file")
     regular_file(path)  # a dangling link, a loop, a device: named before anything is opened
     fd = _open_regular(path, os.O_RDONLY)
     try:
-        _lock(fd, path, fcntl.LOCK_SH, "read it once that scan has ended")
+        _lock(fd, path, fcntl.LOCK_SH, busy)
         return parse(str(path), _read_all(fd, path), torn_ok)
     finally:
         os.close(fd)
@@ -307,11 +308,23 @@ class Sink:
         return {r.model_type for r in self.kept}
 
     def write(self, rec: Record) -> None:
-        data = (jsonsafe.dumps(rec.to_json(), default=str) + "\n").encode()
+        """Append one whole record. A write that fails part way (a full disk, a quota) is undone:
+        the file is cut back to the records it held, and the UserError names the file."""
+        data = (jsonsafe.dumps(rec.to_json(), default=str) + "\n").encode("utf-8")
         with signals_held():
+            before = os.fstat(self.fd).st_size
             view = memoryview(data)
-            while view:  # one write for a regular file; the loop only guards against a short one
-                view = view[os.write(self.fd, view):]
+            try:
+                while view:  # one write for a regular file; the loop only guards against a short one
+                    view = view[os.write(self.fd, view):]
+            except OSError as e:
+                with contextlib.suppress(OSError):
+                    if os.fstat(self.fd).st_size != before:
+                        os.ftruncate(self.fd, before)  # no torn record left behind
+                n = len(self.kept) + len(self.written)
+                raise UserError(f"{self.path}: cannot write {rec.model_type}'s record ({e.strerror or e}); the file "
+                                f"holds the {n} whole record{'s' * (n != 1)} written before it: make room, then "
+                                "resume the scan") from None
         self.written.append(rec)
 
     def records(self) -> list[Record]:

@@ -330,14 +330,14 @@ def write(record: Record, config, path: Path, seed: int = 0, vocab: int = 256,
             version=transformers.__version__, what=SCHEDULES[schedule].repro.what,
             max_abs=e.max_abs or record.max_abs or 0.0, shape=e.shape or record.shape,
             config_json=json.dumps(d, default=str), schedule=schedule, total=total, seed=seed, margin=margin,
-            vocab=vocab))
+            vocab=vocab), encoding="utf-8")
         return path
     path.write_text(TEMPLATE.format(
         model_type=record.model_type, model_class=record.model_class or "?",
         version=transformers.__version__, schedule=record.worst_schedule,
         steps_short=fmt_steps(record.steps), max_abs=record.max_abs or 0.0,
         shape=record.shape, config_json=json.dumps(d, default=str), steps=list(record.steps),
-        seed=seed, margin=margin, vocab=vocab))
+        seed=seed, margin=margin, vocab=vocab), encoding="utf-8")
     return path
 
 
@@ -352,7 +352,7 @@ def write_leak(record: Record, config: dict, path: Path, seed: int, vocab: int, 
         version=transformers.__version__, changed=changed, total=kept + changed,
         how="removed or changed", max_abs=record.max_abs or 0.0,
         first=born.rpartition("@")[2] or "?", config_json=json.dumps(config, default=str), vocab=vocab,
-        seed=seed, margin=margin))
+        seed=seed, margin=margin), encoding="utf-8")
     return path
 
 
@@ -372,11 +372,11 @@ GROUP_LINE = "The same code breaks: "
 def note_group(path: Path, others) -> None:
     """A root cause's one reproducer (`groups`) names the other architectures it breaks, in its
     docstring (rewritten, not added twice, when a scan runs again)."""
-    text = Path(path).read_text()
+    text = Path(path).read_text(encoding="utf-8")
     head, sep, rest = text.partition('\n"""\n')
     if not sep:
         return
     head = "\n".join(x for x in head.split("\n") if not x.startswith(GROUP_LINE))
     if others:
         head += f"\n{GROUP_LINE}{', '.join(others)} (each with its own reproducer beside this one)."
-    Path(path).write_text(head + sep + rest)
+    Path(path).write_text(head + sep + rest, encoding="utf-8")

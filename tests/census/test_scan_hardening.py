@@ -174,6 +174,56 @@ def test_resume_after_a_last_record_without_its_newline_keeps_lines_apart(standi
     assert [r.model_type for r in records.read(Path("scan.jsonl")).records] == ["arch0", "arch1"]
 
 
+@pytest.mark.parametrize("held,words", [
+    ({"engine": "vllm", "vllm_version": "0.32.0"},
+     "--resume: scan.jsonl:2 holds arch1's record made on vllm, and this census runs on transformers (--engine)"),
+    ({"transformers_version": "4.0.0"},
+     "--resume: scan.jsonl:2 holds arch1's record made by transformers 4.0.0, and this census runs transformers "
+     "stand-in"),
+], ids=["another engine", "another transformers release"])
+def test_resume_refuses_another_engines_or_releases_records_before_anything_runs(standin, held, words):
+    """Kept silently, such a record would be this census's result, and a later --merge refuses it."""
+    Path("scan.jsonl").write_text(line(model_type="arch0", transformers_version="stand-in")
+                                  + line(model_type="arch1", **held))
+    refused(["--resume", "--only", "arch0,arch1,arch2"], standin, words)
+    assert not os.listdir(os.environ["STANDIN_MARKS"])  # nothing ran
+
+
+def test_a_full_disk_leaves_only_whole_records_and_names_the_file(tmp_path, monkeypatch):
+    """ENOSPC half way through a record's write (simulated): the part written is cut off again."""
+    import errno
+
+    out = tmp_path / "scan.jsonl"
+    real = os.write
+    with records.Sink(out) as sink:
+        sink.write(record.bare("a", "ok"))
+
+        def full(fd, data):
+            if fd != sink.fd:
+                return real(fd, data)
+            real(fd, bytes(data[:len(data) // 2]))  # what fitted
+            raise OSError(errno.ENOSPC, "No space left on device")
+        monkeypatch.setattr(os, "write", full)
+        with pytest.raises(UserError) as e:
+            sink.write(record.bare("b", "bug"))
+        monkeypatch.setattr(os, "write", real)
+    assert str(e.value).startswith(f"{out}: cannot write b's record (No space left on device)"), e.value
+    assert out.read_bytes().endswith(b"\n")
+    assert [r.model_type for r in records.read(out).records] == ["a"]  # whole records only, nothing torn
+
+
+def test_merge_against_another_engines_census_is_refused_before_any_output(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    Path("a.jsonl").write_text(line())
+    Path("b.jsonl").write_text(line(engine="vllm", vllm_version="0.32.0"))
+    Path("census.md").write_text("the previous census")
+    before = snapshot(tmp_path)
+    r = invoke(["scan", "--merge", "a.jsonl", "--against", "b.jsonl", "--markdown", "census.md"], allowed=(2,))
+    assert r.stderr.strip() == ("smearcli: error: --against holds a census on vllm, and --merge's on transformers: "
+                                "a diff is between releases of one engine"), r.stderr
+    assert r.stdout == "" and snapshot(tmp_path) == before  # no table printed, census.md as it was
+
+
 # -- options that cannot mean anything -------------------------------------------------------------
 
 @pytest.mark.parametrize("args,words", [

@@ -398,3 +398,28 @@ def test_bad_arguments_are_refused_before_the_checkpoint_is_read(ckpt, monkeypat
                            (["--text", "a", "--tokens", "x.json"], "only one")]:
         r = invoke(["compare", "--seq-len", "16", "--checkpoint", ckpt, *args], allowed=(2,))
         assert fragment in r.stderr
+
+
+@pytest.mark.parametrize("args", [
+    ["compare", *FAST, "--save", "FILE/runs.pt"],
+    ["plot", *FAST, "--out", "FILE/fig.png"],
+    ["bench", *FAST, "--output", "FILE/deeper/b.json"],
+    ["scan", "--only", "llama", "--out", "FILE/scan.jsonl"],
+    ["scan", "--only", "llama", "--markdown", "FILE/census.md"],
+], ids=lambda a: " ".join(a[-2:]))
+def test_an_output_under_a_file_says_the_parent_is_a_file(tmp_path, monkeypatch, args):
+    """`--save FILE/runs.pt`: FILE is there, a file; "directory FILE does not exist" was wrong."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "FILE").write_text("a file")
+    r = invoke(args, allowed=(2,))
+    flag = f"{args[-2]} " if args[0] == "scan" else ""
+    assert r.stderr.strip() == f"smearcli: error: {flag}{args[-1]}: FILE is a file, not a directory", r.stderr
+    assert sorted(os.listdir(tmp_path)) == ["FILE"] and (tmp_path / "FILE").read_text() == "a file"
+
+
+def test_a_record_file_under_a_file_says_the_parent_is_a_file(tmp_path):
+    from smearcli.census import records
+
+    (tmp_path / "FILE").write_text("a file")
+    with pytest.raises(UserError, match=f"^{tmp_path}/FILE/scan.jsonl: {tmp_path}/FILE is a file, not a directory$"):
+        records.Sink(tmp_path / "FILE" / "scan.jsonl")

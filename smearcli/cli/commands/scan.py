@@ -20,7 +20,7 @@ from ... import jsonsafe
 from ...census import engines
 from ...errors import UserError
 from ..errors import CheckFailed, guarded
-from ..record_file import written
+from ..record_file import resumable, written
 from ..options import foreign_python
 
 
@@ -246,7 +246,12 @@ def scan(
     if merge:
         records = census_records.merge(merge)
         eng = engines.of_records(records)
+        if previous is not None and engines.of_records(previous).name != eng.name:  # before any output
+            raise UserError(f"--against holds a census on {engines.of_records(previous).name}, and --merge's on "
+                            f"{eng.name}: a diff is between releases of one engine")
     else:
+        if resume:  # another engine's or release's records are refused before the engine starts
+            resumable(out, eng.name, info["transformers_version"])
         records, mine = _run(eng, python_of(eng, engine_python, vllm_python), out, jobs, part, resume, wanted,
                              timeout, memory_mb, repro_dir, quiet)
         info |= mine | {"wall_s": round(time.monotonic() - t0, 1)}

@@ -72,7 +72,7 @@ def call_worker(s, req: dict, workdir: Path) -> dict:
     user's setup (UserError); a death inside llama.cpp is the schedule's crash."""
     hello(s.python, s.worker, s.env)
     req_path = workdir / "request.json"
-    req_path.write_text(json.dumps(req, allow_nan=False))
+    req_path.write_text(json.dumps(req, allow_nan=False), encoding="utf-8")
     out = workdir / "result.json"
     start, deaths = time.time(), []
     wanted = len(req["schedules"]) + (2 if req.get("f16_too") else 0)
@@ -97,7 +97,7 @@ def call_worker(s, req: dict, workdir: Path) -> dict:
         res["schedules"].append({"name": running, "outcome": RAISED, "message": why, "arrays": {}, "died": True})
         res["running"] = None
         tmp = out.with_suffix(".part")
-        tmp.write_text(json.dumps(res, allow_nan=False))
+        tmp.write_text(json.dumps(res, allow_nan=False), encoding="utf-8")
         tmp.replace(out)
         if len(res["schedules"]) >= wanted or time.time() - start > s.timeout_s:
             break
