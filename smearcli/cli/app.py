@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import sys
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 from typer.core import TyperCommand, TyperGroup
@@ -25,8 +26,21 @@ from .errors import (DEBUG, INTERRUPTED, PROGRAM, STOPPED_BY, TERMINATED, descri
                      env_debug, print_error, stopped_by)
 
 
+MAX_HELP_COLUMNS = 120  # the widest --help is laid out: rich pads every line to the width
+
+
+def help_width(fixed: Optional[int] = None) -> Optional[int]:
+    """The width --help is laid out at when the terminal (COLUMNS, or typer's TERMINAL_WIDTH as
+    `fixed`) is wider than MAX_HELP_COLUMNS: COLUMNS=100000 made `scan --help` 2.6 MB of padding.
+    None: the width rich picks itself."""
+    cols = os.environ.get("COLUMNS", "").strip()
+    width = fixed or (int(cols) if cols.isdigit() else shutil.get_terminal_size((80, 24)).columns)
+    return MAX_HELP_COLUMNS if width > MAX_HELP_COLUMNS else None
+
+
 class PlainFlags:
-    """--help without a `<bool>` type on plain flags (--json, --check, -h): a flag takes no value."""
+    """--help without a `<bool>` type on plain flags (--json, --check, -h): a flag takes no value;
+    laid out at most MAX_HELP_COLUMNS wide (`help_width`), for every command and the group."""
 
     def get_params(self, ctx):
         params = super().get_params(ctx)
@@ -34,6 +48,19 @@ class PlainFlags:
             if getattr(p, "is_flag", False) and p.metavar is None:
                 p.metavar = ""
         return params
+
+    def format_help(self, ctx, formatter):
+        from typer import rich_utils
+
+        fixed = rich_utils.MAX_WIDTH  # TERMINAL_WIDTH, when set
+        width = help_width(fixed)
+        if width is None:
+            return super().format_help(ctx, formatter)
+        rich_utils.MAX_WIDTH = width
+        try:
+            return super().format_help(ctx, formatter)
+        finally:
+            rich_utils.MAX_WIDTH = fixed
 
 
 class Command(PlainFlags, TyperCommand):

@@ -41,6 +41,15 @@ def test_help_on_a_tiny_or_zero_width_terminal(columns):
         assert opt in r.output, r.output[:500]
 
 
+@pytest.mark.parametrize("command", [[], ["compare"], ["plot"], ["bench"], ["scan"], ["fix"]],
+                         ids=lambda c: " ".join(c) or "smearcli")
+def test_help_on_a_huge_terminal_is_laid_out_at_most_120_wide(command):
+    """COLUMNS=100000 made `scan --help` 2.6 MB of padding: rich pads every line to the width."""
+    r = runner.invoke(app, [*command, "--help"], env={"COLUMNS": "100000"}, prog_name="smearcli")
+    assert r.exit_code == 0 and "--help" in r.output
+    assert max(map(len, r.output.splitlines())) <= 120 and len(r.output) < 40_000, len(r.output)
+
+
 def test_help_does_not_import_torch():
     code = ("import sys; from smearcli.cli.app import app; from typer.testing import CliRunner; "
             "r = CliRunner().invoke(app, ['compare', '--help']); assert r.exit_code == 0; "
