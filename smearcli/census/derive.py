@@ -8,7 +8,8 @@ index lists (attention layers, dense layers) are renumbered; periods and offsets
 two layers hold both kinds. Sliding windows become shorter than a chunk (`WINDOW`); blockwise
 kernels (SSM chunks, lightning attention, chunked attention, block-sparse indexers) get blocks
 below the scan's step widths (`BLOCK`), so steps cross blocks. Composite configs (a text and a
-vision config) are shrunk part by part. `Derived.variants` holds one config per layer kind, that
+vision config) are shrunk part by part; a multimodal registration whose causal-LM class is declared
+on its text config (`text_part`) is derived from that text config, on every release alike. `Derived.variants` holds one config per layer kind, that
 kind as layer 0 (`variants`), the defaults' order first.
 
 `Derived.changed` records every key derivation set (key -> (default, tiny)); `shrunk_counts` reads
@@ -325,6 +326,10 @@ def derive(model_type: str) -> Derived:
     except Exception as e:  # the config class itself is theirs
         return Derived(model_type, error=f"the config class cannot be built with its defaults: "
                                          f"{type(e).__name__}: {str(e)[:160]}")
+    part = text_part(cls, default)
+    if part is not None:  # a multimodal registration: its causal LM is built from its text config
+        default = getattr(default, part)
+        cls = type(default)
     d = {k: v for k, v in default.to_dict().items() if k not in ("transformers_version", "architectures")}
     hints: dict = {}
     small, changed, kinds = shrink(d, model_type, hints)
@@ -337,6 +342,33 @@ def derive(model_type: str) -> Derived:
     out = Derived(model_type, cfg, None, changed, kinds)
     out.variants = layer_orders(cls, small, changed, hints, cfg)
     return out
+
+
+def text_part(cls, default) -> Optional[str]:
+    """The part (`SUBCONFIGS`: text_config, ...) of a composite config `default` (of the registered
+    class `cls`) that its causal-LM class is declared on, or None. A multimodal registration (the
+    qwen3_5 family, Llama 4) maps its composite config to a causal LM whose `config_class` is the
+    text config; some releases build that model from the composite and some do not, so the tiny
+    config is derived from the text part, where the causal-LM mapping builds the same class from it."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    try:
+        model_class = MODEL_FOR_CAUSAL_LM_MAPPING[cls]
+    except Exception:  # not mapped by class (a registration by name only): derived as registered
+        return None
+    wants = getattr(model_class, "config_class", None)
+    if not isinstance(wants, type) or isinstance(default, wants):
+        return None
+    for part in SUBCONFIGS:
+        sub = getattr(default, part, None)
+        if not isinstance(sub, wants):
+            continue
+        try:
+            if MODEL_FOR_CAUSAL_LM_MAPPING[type(sub)] is model_class:
+                return part
+        except Exception:  # the text config is not mapped itself: AutoModelForCausalLM could not build it
+            return None
+    return None
 
 
 def _config(cls, small: dict, changed: dict):

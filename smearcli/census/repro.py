@@ -35,7 +35,7 @@ from .record import BoundaryResult, Record
 MODEL = api.standalone().replace("{", "{{").replace("}", "}}") + '''
 
 def build():
-    cfg = transformers.CONFIG_MAPPING[MODEL_TYPE](**CONFIG)
+    cfg = transformers.CONFIG_MAPPING[CONFIG.get("model_type") or MODEL_TYPE](**CONFIG)  # a text config's own type
     torch.manual_seed(SEED)
     return transformers.AutoModelForCausalLM.from_config(cfg).float().eval()
 
