@@ -475,6 +475,29 @@ CASES = [
          expect="not the JSON Lines"),
     Case("scan", "--resume on an --out whose record has an unknown verdict", ["scan", "--only", "llama", "--resume"],
          prepare=write("scan.jsonl", SCAN_LINE.replace('"ok"', '"fine"')), expect="must be one of"),
+    # -- smearcli scan --release and --bisect: another transformers release (5.99.0: one that does not exist)
+    Case("scan", "--release beside --bisect", ["scan", "--release", "5.99.0", "--bisect", "llama"],
+         expect="give one of them"),
+    Case("scan", "--releases without --bisect", ["scan", "--releases", "5.20.0..5.25.0"], expect="it needs --bisect"),
+    Case("scan", "--wheels without --release or --bisect", ["scan", "--wheels", "w"], prepare=lambda cwd: (cwd / "w").mkdir(),
+         expect="it needs one of them"),
+    Case("scan", "--release that is not a release number", ["scan", "--release", "five"],
+         expect="not a transformers release number"),
+    Case("scan", "--release outside 5.x", ["scan", "--release", "4.57.1"], expect="only 5.x releases"),
+    Case("scan", "--release whose wheel --wheels does not hold", ["scan", "--release", "5.99.0", "--wheels", "w"],
+         prepare=lambda cwd: (cwd / "w").mkdir(), expect="holds no transformers 5.99.0 wheel"),
+    Case("scan", "--release whose wheel in --wheels is not a wheel (an HTML page saved under its name)",
+         ["scan", "--release", "5.99.0", "--wheels", "w"],
+         prepare=write("w/transformers-5.99.0-py3-none-any.whl", "<html>Not Found</html>"), expect="not a wheel"),
+    Case("scan", "--release offline (simulated: pip has no index to ask)", ["scan", "--release", "5.99.0"],
+         simulate="offline", expect="offline? fetch the wheels where there is a network"),
+    Case("scan", "--bisect of more than one architecture", ["scan", "--bisect", "llama,opt"], expect="one model type"),
+    Case("scan", "--bisect with an option of a census it does not run", ["scan", "--bisect", "llama", "--out", "x.jsonl"],
+         expect="--out has no meaning with it"),
+    Case("scan", "--bisect over a range whose first release comes after its last",
+         ["scan", "--bisect", "llama", "--wheels", "w", "--releases", "5.99.0..5.98.0"],
+         prepare=lambda cwd: (write("w/transformers-5.98.0-py3-none-any.whl", "")(cwd),
+                              write("w/transformers-5.99.0-py3-none-any.whl", "")(cwd)), expect="comes after the last"),
     # -- outcomes that are not bad input ------------------------------------------------------
     Case("outcome", "--check with a run outside tolerance (exit 1)",  # one thread: the noise floor's digits,
          # hence the multiple the message prints, move with the thread count, which the load picks otherwise
@@ -543,6 +566,11 @@ def simulate(name: Optional[str], monkeypatch, cwd: Path) -> None:
         import smearcli.impls.vllm.environment as vllm_env
 
         monkeypatch.setattr(vllm_env, "HELLO_TIMEOUT_S", 0.5)
+    elif name == "offline":  # pip with no index and no wheels: what it says without a network
+        monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+        monkeypatch.setenv("PIP_NO_INDEX", "1")
+        monkeypatch.setenv("PIP_FIND_LINKS", str(cwd.parent / "no-wheels"))
+        monkeypatch.setenv("SMEARCLI_RELEASES", str(cwd.parent / "releases-cache"))  # outside the case's directory
     elif name == "bug":
         import smearcli.compare as lib
 

@@ -208,12 +208,25 @@ def scan(
                               "previous release's transformers package directory, to quote the lines of each "
                               "changed architecture's modeling file that changed.")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No line per architecture on stderr.")] = False,
+    release: Annotated[Optional[str], typer.Option("--release", help="Run this scan on another transformers "
+                       "release (like 5.23.0): its wheel fetched with pip into $SMEARCLI_RELEASES (default "
+                       "~/.cache/smearcli/releases) and installed in a venv of its own over this Python.")] = None,
+    bisect: Annotated[Optional[str], typer.Option("--bisect", metavar="ARCH", help="Find the first transformers "
+                      "release where ARCH has a finding and the first after it where it is gone, probing "
+                      "releases as git bisect probes commits (each a scan --only ARCH on that release).")] = None,
+    releases_span: Annotated[Optional[str], typer.Option("--releases", metavar="A..B", help="With --bisect: the "
+                             "releases searched, both ends included (like 5.20.0..5.25.0; default: every 5.x).")] = None,
+    wheels: Annotated[Optional[Path], typer.Option("--wheels", metavar="DIR", help="With --release or --bisect: "
+                      "take transformers wheels from DIR (pip download --no-deps transformers==X -d DIR), "
+                      "nothing from the network.")] = None,
 ) -> None:
     """Check every causal-LM architecture of the installed transformers: a tiny config derived
     from each config class's defaults, the full pass against fuzzed cached schedules and the padded
     and rollback boundaries over a float64 noise floor, the carried state shown to matter before an ok, the error's shape named, and a
     standalone reproducer per finding. Each architecture runs in its own process with --timeout
     and --memory-mb; records stream to --out. Try: smearcli scan --only bamba,llama."""
+    if release is not None or bisect is not None or releases_span is not None or wheels is not None:
+        return on_releases(ctx, release, bisect, releases_span, wheels)
     from ...census import records as census_records, report
 
     eng = engine_of(engine)
@@ -285,6 +298,93 @@ def scan(
     bugs = [r.model_type for r in records if r.verdict in eng.failing]
     if check and bugs:
         raise CheckFailed(f"{len(bugs)} architectures disagree with their full pass: {', '.join(bugs)}")
+
+
+RELEASE_OPTIONS = {"release", "bisect", "releases_span", "wheels"}  # what --release and --bisect take themselves
+BISECT_PASSES = {"timeout", "memory_mb", "quiet"}  # what a --bisect probe's scan is given as well
+OFFLINE = ("offline? fetch the wheels where there is a network (pip download --no-deps transformers==X -d DIR) "
+           "and pass --wheels DIR")
+
+
+def given(ctx: typer.Context) -> list:
+    """This command's parameters given on the command line (not left at their defaults)."""
+    return [p for p in ctx.command.params
+            if getattr(ctx.get_parameter_source(p.name), "name", "DEFAULT") not in ("DEFAULT", "DEFAULT_MAP")]
+
+
+def given_args(ctx: typer.Context, skip) -> list[str]:
+    """The command line of this scan as given, less the parameters named in `skip`: the same scan,
+    to run in another Python."""
+    import click
+
+    out, positional = ["scan"], []
+    for p in given(ctx):
+        value = ctx.params.get(p.name)
+        if p.name in skip:
+            continue
+        if isinstance(p, click.Argument):
+            positional += [str(v) for v in (value if isinstance(value, (list, tuple)) else [value]) if v is not None]
+            continue
+        flag = max(p.opts, key=len)
+        if p.is_flag:
+            out += [flag] if value else [max(p.secondary_opts, key=len)] if p.secondary_opts else []
+        elif p.multiple:
+            out += [x for v in value or [] for x in (flag, str(v))]
+        elif value is not None:
+            out += [flag, str(value)]
+    return out + positional
+
+
+def on_releases(ctx: typer.Context, release: Optional[str], arch: Optional[str], span: Optional[str],
+                wheels: Optional[Path]) -> None:
+    """--release: this scan again, in that release's Python; --bisect: the search for the releases
+    where ARCH's finding appears and is gone (the work is `census.releases`)."""
+    from ...census import releases
+
+    def say(line: str) -> None:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+
+    if release is not None and arch is not None:
+        raise UserError("--release runs one release and --bisect searches many: give one of them")
+    if span is not None and arch is None:
+        raise UserError("--releases is the range --bisect searches: it needs --bisect")
+    if release is None and arch is None:
+        raise UserError("--wheels is where --release or --bisect takes transformers from: it needs one of them")
+    if wheels is not None and not wheels.is_dir():
+        raise UserError(f"--wheels {wheels}: not a directory")
+    try:
+        if release is not None:
+            env = releases.environment(releases.release(release), wheels, say=say)
+            made = f" (made in {env.made_s:.0f} s)" if env.made_s is not None else ""
+            where = "smearcli's own Python" if env.own else env.python
+            say(f"transformers {env.version}: {where}{made}")
+            status = releases.rerun(env, given_args(ctx, RELEASE_OPTIONS))
+            if status:
+                raise typer.Exit(status)
+            return
+        names = parse_only(arch)
+        if len(names) != 1:
+            raise UserError(f"--bisect takes one model type, got {arch!r}")
+        stray = [max(p.opts, key=len) for p in given(ctx) if p.name not in RELEASE_OPTIONS | BISECT_PASSES]
+        if stray:
+            raise UserError(f"--bisect runs its own scans (--only {arch}, records under ${releases.ENV_VAR}): "
+                            f"{', '.join(stray)} {'has' if len(stray) == 1 else 'have'} no meaning with it")
+        versions = releases.pick(releases.listed(wheels), span)
+        passed = given_args(ctx, RELEASE_OPTIONS)[1:]
+        say(f"bisect {arch}: {len(versions)} releases, {versions[0]} to {versions[-1]}")
+
+        def args(out: Path, repro: Path) -> list:
+            return ["scan", "--only", arch, "--out", str(out), "--repro-dir", str(repro), "--quiet", *passed]
+
+        def probe(version: str):
+            return releases.probe(releases.environment(version, wheels, say=say), arch, args,
+                                  engines.get("transformers").failing)
+
+        found = releases.bisect(versions, probe, arch, say)
+        sys.stdout.write("\n".join(releases.lines(found)) + "\n")
+    except releases.Unreachable as e:
+        raise UserError(f"{e}; {OFFLINE}") from None
 
 
 def read_against(against, merge, source):
