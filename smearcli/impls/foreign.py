@@ -116,6 +116,9 @@ def run_capped(engine: Foreign, argv: list, env: dict, timeout: float,
         except subprocess.TimeoutExpired:
             stop(p)
             rc = None
+        except BaseException:  # Ctrl-C, or a SIGTERM turned into Terminated: the child goes with us
+            stop(p)
+            raise
         texts = []
         for f in (out, err):
             f.seek(0)
@@ -164,11 +167,13 @@ def handshake(engine: Foreign, python: str, worker: str, env: Optional[dict], ti
     return answer
 
 
-def spawn(argv: list, env: dict, timeout: float) -> tuple[Optional[int], str]:
+def spawn(argv: list, env: dict, timeout: float, stdout=subprocess.DEVNULL) -> tuple[Optional[int], str]:
     """Run a worker to its end: (its exit status, None past `timeout`; the tail of its stderr). It
-    runs in a session of its own, so a timeout, or Ctrl-C here, ends it and its children."""
+    runs in a session of its own, so a timeout, or Ctrl-C here, ends it and its children. Its
+    stdout goes to `stdout` (nowhere by default); its stderr to an unlinked file, of which the last
+    STDERR_TAIL bytes are read: a worker that floods either costs no memory here."""
     with tempfile.TemporaryFile() as err:
-        p = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+        p = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=stdout, stderr=err,
                              start_new_session=True)
         try:
             rc: Optional[int] = p.wait(timeout=max(timeout, 1.0))

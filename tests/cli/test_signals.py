@@ -3,7 +3,8 @@ a `--save` or `plot --out` target (smearcli.files.atomic_write, the handler in s
 one line is printed and then the program dies by the signal itself (a parent sees -15, not an exit
 status of 143 it could take for a choice; scan's: tests/census/test_scan_hardening.py), and a SIGTERM
 during the user's code is not blamed on it; an output directory removed during the run is exit 2
-and one line."""
+and one line; a SIGTERM or Ctrl-C while an engine's worker starts (its handshake, vLLM's census
+worker) stops that worker and removes its log."""
 
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 from conftest import ROOT  # noqa: E402 - the clone's root
@@ -133,3 +136,74 @@ def test_in_process_a_sigterm_is_an_exit_status_never_a_kill(monkeypatch):
     assert error_lines(r.stderr) == ["smearcli: error: terminated (SIGTERM)"]
     assert STOPPED_BY["signal"] == signal.SIGTERM
     STOPPED_BY["signal"] = None
+
+
+# -- what a stopped run started: an engine's worker, its log --------------------------------------
+
+WAITS = "import os, sys, time\nopen(sys.argv[-1], 'w').write(str(os.getpid()))\ntime.sleep(60)\n"
+
+
+def signal_when_started(pid_file: Path, sig: int, deadline: float = 20.0) -> threading.Thread:
+    """A thread that sends `sig` to this process once the child has written its pid to `pid_file`."""
+    def send():
+        end = time.monotonic() + deadline
+        while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < end:
+            time.sleep(0.02)
+        os.kill(os.getpid(), sig)
+    t = threading.Thread(target=send, daemon=True)
+    t.start()
+    return t
+
+
+def gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def test_sigterm_while_a_handshake_hangs_stops_the_worker(tmp_path):
+    """llama.cpp's (and vLLM's) handshake, `foreign.run_capped`, stopped by a SIGTERM (files.Terminated,
+    as app.run turns it): the interpreter it started goes with it."""
+    from smearcli.impls import foreign
+    from smearcli.impls.llamacpp.environment import ENGINE
+
+    script, pid_file = tmp_path / "hangs.py", tmp_path / "pid"
+    script.write_text(WAITS)
+    old = signal.signal(signal.SIGTERM, files.on_sigterm)
+    try:
+        signal_when_started(pid_file, signal.SIGTERM)
+        with pytest.raises(files.Terminated):
+            foreign.run_capped(ENGINE, [sys.executable, str(script), str(pid_file)], dict(os.environ), timeout=30.0)
+    finally:
+        signal.signal(signal.SIGTERM, old)
+    pid = int(pid_file.read_text())
+    try:
+        assert gone(pid), "the worker's interpreter runs on"
+    finally:
+        if not gone(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_ctrl_c_while_the_vllm_worker_starts_stops_it_and_removes_its_log(tmp_path):
+    from smearcli.impls.vllm import serve
+
+    script, pid_file = tmp_path / "starts.py", tmp_path / "pid"
+    script.write_text(WAITS.replace("sys.argv[-1]", repr(str(pid_file))))  # never says ready
+    w = serve.Worker(sys.executable, worker=str(script))
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        signal_when_started(pid_file, signal.SIGINT)
+        with pytest.raises(KeyboardInterrupt):
+            w.start()
+    finally:
+        signal.signal(signal.SIGINT, old)
+    pid = int(pid_file.read_text())
+    try:
+        assert gone(pid), "the vLLM worker runs on"
+        assert not w.log.exists(), f"{w.log} left in TMPDIR"
+    finally:
+        if not gone(pid):
+            os.kill(pid, signal.SIGKILL)
+        w.log.unlink(missing_ok=True)

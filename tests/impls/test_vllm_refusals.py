@@ -102,3 +102,84 @@ def test_an_engine_that_refuses_the_model_is_that_models_result(mode, model_dir,
     assert doc["verdict"].startswith("CRASHED: prefill crashed: " + REFUSALS[mode])
     assert r.stderr.count("\n") == 1 and r.stderr.startswith("smearcli: error: check failed: CRASHED")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["python"]  # no file beside the stand-in's launcher
+
+
+# -- the census's worker (`serve.Worker`) after its ready line -------------------------------------
+
+READY = '{"ready": true, "protocol": 2, "vllm": "stand-in", "import_s": 0.0}'
+WORKERS = {  # a worker that passes its handshake and its ready line, then misbehaves on the first job
+    "floods": "import sys\nprint(%r, flush=True)\nsys.stdin.readline()\n"
+              "sys.stdout.write('x' * (5 << 20)); sys.stdout.flush()\nimport time; time.sleep(60)\n" % READY,
+    "dies": "import sys\nprint(%r, flush=True)\nsys.stdin.readline()\n"
+            "sys.stderr.write('Fatal Python error: Segmentation fault (stand-in)\\n'); sys.exit(139)\n" % READY,
+}
+HELLO = '{"worker": "smearcli-vllm", "protocol": 2, "python": "3.11", "vllm": "stand-in"}'
+
+
+def worker_script(tmp_path: Path, kind: str) -> Path:
+    """A stand-in for worker.py: `hello` answers the handshake, `serve` is WORKERS[kind]."""
+    p = tmp_path / f"{kind}.py"
+    p.write_text(f"import sys\nif sys.argv[1:] == ['hello']:\n    print({HELLO!r})\n    raise SystemExit\n"
+                 + WORKERS[kind])
+    return p
+
+
+def test_a_worker_that_writes_without_a_newline_is_stopped_at_the_line_limit(tmp_path):
+    """5 MiB without a newline after the ready line: read up to the 4 MiB cap, not until the time
+    runs out (the flood is finite here so that the old code, which read it all, ends too)."""
+    import sys
+    import time
+
+    from smearcli.impls.vllm import serve
+
+    w = serve.Worker(sys.executable, worker=str(worker_script(tmp_path, "floods")))
+    try:
+        w.start()
+        t0 = time.monotonic()
+        with pytest.raises(serve.WorkerGone, match="wrote more than 4 MiB without a newline"):
+            w.ask({"op": "archs"}, timeout=5.0)
+        assert time.monotonic() - t0 < 5.0
+    finally:
+        w.close()
+    assert not w.alive() and not w.log.exists()
+
+
+def test_a_worker_that_dies_after_its_ready_line_is_the_environment_not_a_bug(tmp_path):
+    import stat
+
+    python = tmp_path / "python"
+    python.write_text(f'#!/bin/sh\nshift\nexec "{__import__("sys").executable}" '
+                      f'"{worker_script(tmp_path, "dies")}" "$@"\n')
+    python.chmod(python.stat().st_mode | stat.S_IXUSR)
+    r = cli.invoke(app, ["scan", "--engine", "vllm", "--engine-python", str(python), "--out",
+                         str(tmp_path / "v.jsonl"), "--repro-dir", str(tmp_path / "repro"), "-q"])
+    assert r.exit_code == 2, r.output  # the environment's failure, as docs/errors.md says, not 1 (a bug)
+    assert r.stderr.splitlines() == [
+        f"smearcli: error: {python}: vLLM's worker stopped before it listed the architectures it supports (vLLM's "
+        "worker died; its last output: Fatal Python error: Segmentation fault (stand-in)): its environment failed, "
+        "not a model; make vLLM's environment with scripts/make_vllm_env.sh DIR and give DIR/bin/python"], r.stderr
+    assert r.stdout == "" and not (tmp_path / "v.jsonl").exists()
+
+
+def test_compare_reads_a_flooding_worker_capped(tmp_path):
+    """`compare --impl vllm`'s worker writing 32 MiB to stdout and to stderr before it dies: only
+    the tail of its stderr is read (it was all kept in memory, both streams)."""
+    import sys
+    import tracemalloc
+
+    from smearcli.impls import vllm
+
+    script = tmp_path / "floods.py"
+    script.write_text(f"import sys\nif sys.argv[1:] == ['hello']:\n    print({HELLO!r})\n    raise SystemExit\n"
+                      "for f in (sys.stdout, sys.stderr):\n    f.write('x' * (32 << 20))\n"
+                      "sys.stderr.write('\\nFatal Python error: Aborted (stand-in)\\n'); sys.exit(1)\n")
+    s = vllm.Settings(python=sys.executable, model=str(tmp_path), vocab=8, worker=str(script), timeout_s=60.0)
+    tracemalloc.start()
+    try:
+        res = vllm.call_worker(s, {"schedules": [{"name": "prefill"}]}, tmp_path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert res["died"] and res["schedules"][0]["message"] == ("the vLLM worker exited with status 1: Fatal Python "
+                                                             "error: Aborted (stand-in)")
+    assert peak < 8 << 20, f"{peak >> 20} MiB held while the worker ran"

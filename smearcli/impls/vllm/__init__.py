@@ -28,7 +28,6 @@ vLLM is that schedule's result (`schedules.CRASHED`), as is a worker that dies.
 from __future__ import annotations
 
 import json
-import subprocess
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -142,17 +141,14 @@ def call_worker(s: Settings, req: dict, workdir: Path) -> dict:
     start, or answers outside the protocol, is the user's setup (UserError); one that dies is
     returned as every schedule crashed."""
     hello(s.python, s.worker, s.env)
-    (workdir / "request.json").write_text(json.dumps(req, allow_nan=False))
+    (workdir / "request.json").write_text(json.dumps(req, allow_nan=False), encoding="utf-8")
     env = worker_env(s.env)
     start = time.time()
-    try:
-        p = subprocess.run([foreign.runnable(s.python), s.worker, str(workdir / "request.json"), str(workdir)], env=env,
-                           stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                           errors="replace", timeout=s.timeout_s)
-        rc, err = p.returncode, p.stderr
-    except subprocess.TimeoutExpired as e:
-        rc, err = None, f"the vLLM worker ran past {s.timeout_s:g} s"
-        err = (e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else (e.stderr or "")) + "\n" + err
+    # its output is capped (the tail of stderr kept, stdout dropped), and it is stopped with us
+    rc, err = foreign.spawn([foreign.runnable(s.python), s.worker, str(workdir / "request.json"), str(workdir)], env,
+                            s.timeout_s)
+    if rc is None:
+        err = err + f"\nthe vLLM worker ran past {s.timeout_s:g} s"
     out = workdir / "result.json"
     if rc == 0 and out.is_file():
         res = read_result(s, out, req)

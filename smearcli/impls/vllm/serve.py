@@ -29,11 +29,13 @@ from pathlib import Path
 from typing import Optional
 
 from ...errors import UserError
+from .. import foreign
 from ..foreign import runnable
-from .environment import WORKER, worker_env
+from .environment import MAKE_ENV, WORKER, worker_env
 
 READY_TIMEOUT_S = 600.0  # vLLM's import: 15 to 30 s alone, minutes on a loaded machine
 POLL_S = 0.2
+LINE_LIMIT = foreign.RESULT_LIMIT  # bytes of one line from the worker; its answers are a few kilobytes
 
 
 class WorkerGone(Exception):
@@ -66,9 +68,10 @@ class Worker:
         self._ids = itertools.count(1)
         self._buf = bytearray()
 
-    def start(self) -> dict:
-        """Start the worker and wait for its ready line (vLLM imported); UserError when it exits
-        first: the environment, not a model."""
+    def start(self, timeout: float = READY_TIMEOUT_S) -> dict:
+        """Start the worker and wait `timeout` seconds at most for its ready line (vLLM imported);
+        UserError when it exits first: the environment, not a model. However the wait ends short
+        of ready (that UserError, Ctrl-C, a SIGTERM), the worker is stopped and its log removed."""
         t0 = time.monotonic()
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen([runnable(self.python), self.worker, "serve"], stdin=subprocess.PIPE,
@@ -76,10 +79,13 @@ class Worker:
                                          start_new_session=True)
         self._buf = bytearray()
         try:
-            self.ready = self._line(time.monotonic() + READY_TIMEOUT_S, None, lambda d: d.get("ready"))
+            self.ready = self._line(time.monotonic() + timeout, None, lambda d: d.get("ready"), timeout)
         except WorkerGone as e:
-            self.kill()
+            self.close()
             raise UserError(f"{self.python}: vLLM's worker did not start ({e})") from None
+        except BaseException:
+            self.close()
+            raise
         self.starts += 1
         self.served = 0
         self.import_s += float(self.ready.get("import_s") or time.monotonic() - t0)
@@ -146,6 +152,10 @@ class Worker:
                     d = json.loads(raw.decode(errors="replace"))
                     if isinstance(d, dict) and wanted(d):
                         return d
+            if len(self._buf) > LINE_LIMIT:  # no newline in it: what is read stays capped
+                self._stop()
+                raise WorkerGone(f"vLLM's worker wrote more than {LINE_LIMIT >> 20} MiB without a newline, "
+                                 "not an answer of smearcli's protocol")
             if time.monotonic() > deadline:
                 self._stop()
                 raise WorkerGone(f"timed out: vLLM gave no answer within {timeout:g} s (a hang, or too slow)")
@@ -166,8 +176,13 @@ class Worker:
 
 
 def archs(worker: Worker, timeout: float = 120.0) -> list[str]:
-    """The architectures vLLM's ModelRegistry supports, as the worker answers."""
-    got = worker.ask({"op": "archs"}, timeout).get("archs")
+    """The architectures vLLM's ModelRegistry supports, as the worker answers. A worker that stops
+    before it answers (it died, hung or flooded its output) is the environment's failure: a UserError."""
+    try:
+        got = worker.ask({"op": "archs"}, timeout).get("archs")
+    except WorkerGone as e:
+        raise UserError(f"{worker.python}: vLLM's worker stopped before it listed the architectures it "
+                        f"supports ({e}): its environment failed, not a model; {MAKE_ENV}") from None
     if not isinstance(got, list) or not all(isinstance(a, str) for a in got):
         raise UserError(f"{worker.python}: the vLLM worker's list of architectures is not a list of names")
     return got
