@@ -444,6 +444,10 @@ CASES = [
          simulate="gone", expect="no longer exists"),
     Case("output", "bench --output in a missing directory", ["bench", *FAST, "--output", "nodir/b.json"],
          expect="does not exist"),
+    Case("output", "--save under a file (FILE/runs.pt)", [*C, "--save", "FILE/runs.pt"],
+         prepare=write("FILE", "a file"), expect="FILE is a file, not a directory"),
+    Case("output", "plot --out under a file", ["plot", *FAST, "--out", "FILE/fig.png"],
+         prepare=write("FILE", "a file"), expect="FILE is a file, not a directory"),
     # -- smearcli scan: its options, outputs and record files ------------------------------------
     Case("scan", "--shard whose i is not within 1..n", ["scan", "--shard", "0/2"], expect="between 1 and n"),
     Case("scan", "--only naming no model type", ["scan", "--only", ""], expect="names no model type"),
@@ -475,6 +479,22 @@ CASES = [
          expect="not the JSON Lines"),
     Case("scan", "--resume on an --out whose record has an unknown verdict", ["scan", "--only", "llama", "--resume"],
          prepare=write("scan.jsonl", SCAN_LINE.replace('"ok"', '"fine"')), expect="must be one of"),
+    Case("scan", "--out under a file", ["scan", "--only", "llama", "--out", "FILE/scan.jsonl"],
+         prepare=write("FILE", "a file"), expect="FILE is a file, not a directory"),
+    Case("scan", "--resume on an --out holding another engine's record", ["scan", "--only", "llama", "--resume"],
+         prepare=write("scan.jsonl", SCAN_LINE.replace("}", ', "engine": "vllm"}')), expect="made on vllm"),
+    Case("scan", "--resume on an --out holding another transformers release's record",
+         ["scan", "--only", "llama", "--resume"],
+         prepare=write("scan.jsonl", SCAN_LINE.replace("}", ', "transformers_version": "4.0.0"}')),
+         expect="made by transformers 4.0.0"),
+    Case("scan", "--merge --against another engine's census (refused before the table or --markdown)",
+         ["scan", "--merge", "s.jsonl", "--against", "v.jsonl", "--markdown", "census.md"],
+         prepare=lambda cwd: (write("s.jsonl", SCAN_LINE)(cwd), write("census.md", "the previous census")(cwd),
+                              write("v.jsonl", SCAN_LINE.replace("}", ', "engine": "vllm"}'))(cwd)),
+         expect="a diff is between releases of one engine"),
+    Case("scan", "--out on a full disk (simulated: ENOSPC at a record's write; the file keeps its whole records)",
+         ["scan", "--only", "llama", "--resume", "--out", "s.jsonl"], prepare=write("s.jsonl", SCAN_LINE.replace(
+             "llama", "opt")), simulate="enospc", expect="cannot write llama's record (No space left on device)"),
     # -- smearcli scan --release and --bisect: another transformers release (5.99.0: one that does not exist)
     Case("scan", "--release beside --bisect", ["scan", "--release", "5.99.0", "--bisect", "llama"],
          expect="give one of them"),
@@ -566,6 +586,22 @@ def simulate(name: Optional[str], monkeypatch, cwd: Path) -> None:
         import smearcli.impls.vllm.environment as vllm_env
 
         monkeypatch.setattr(vllm_env, "HELLO_TIMEOUT_S", 0.5)
+    elif name == "enospc":  # the disk full at the first record's write: nothing of it fits
+        import errno
+
+        from smearcli.census import isolate, record
+
+        def census(session, names, sink, **kw):
+            real = os.write
+
+            def full(fd, data):
+                if fd == sink.fd:
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+                return real(fd, data)
+            with monkeypatch.context() as m:
+                m.setattr(os, "write", full)
+                sink.write(record.bare(names[0], "ok"))
+        monkeypatch.setattr(isolate, "census", census)
     elif name == "offline":  # pip with no index and no wheels: what it says without a network
         monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
         monkeypatch.setenv("PIP_NO_INDEX", "1")
@@ -694,7 +730,27 @@ def no_weights(cwd: Path):
     (cwd / "m" / "config.json").write_text('{"model_type": "llama", "architectures": ["LlamaForCausalLM"]}')
 
 
+def vllm_serves(name: str, after_ready: str):
+    """`name`, a vLLM Python whose worker answers the handshake and says ready, then, at the first
+    job, runs the shell commands `after_ready`."""
+    hello = HELLO % (VLLM_PROTOCOL, '"0.32.0"')
+    ready = '{"ready": true, "protocol": %d, "vllm": "0.32.0", "import_s": 0.0}' % VLLM_PROTOCOL
+
+    def prepare(cwd: Path):
+        (cwd / name).write_text(f"#!/bin/sh\ncase \"$2\" in\n  hello) echo '{hello}' ;;\n"
+                                f"  serve) echo '{ready}'; read job; {after_ready} ;;\nesac\n")
+        (cwd / name).chmod(0o755)
+    return prepare
+
+
+SCAN_VLLM = ["scan", "--engine", "vllm", "--engine-python"]
 CASES += [
+    Case("vllm environment", "scan's vLLM worker dies after its ready line (a stand-in)", [*SCAN_VLLM, "dies"],
+         prepare=vllm_serves("dies", "echo 'Fatal Python error: Segmentation fault' >&2; exit 139"),
+         expect="its environment failed, not a model"),
+    Case("vllm environment", "scan's vLLM worker writes 5 MiB without a newline after its ready line (a stand-in)",
+         [*SCAN_VLLM, "floods"], prepare=vllm_serves("floods", "head -c 5242880 /dev/zero | tr '\\000' x; sleep 30"),
+         expect="without a newline"),
     Case("vllm environment", "a model directory without safetensors weights (checked before the environment)",
          [*VLLM, "nope/bin/python"], prepare=no_weights, expect="has no safetensors weights"),
 ]
