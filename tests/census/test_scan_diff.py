@@ -118,7 +118,7 @@ def test_against_refusals_are_one_line_errors(tmp_path):
     torn = tmp_path / "torn.jsonl"
     torn.write_text(json.dumps(BEFORE[0].to_json()) + "\n" + '{"model_type": "b", "verd')
     cases = [
-        (["--merge", b, "--against", vllm], "the previous census is on vllm, this one is on transformers"),
+        (["--merge", b, "--against", vllm], "--against holds a census on vllm, and --merge's on transformers"),
         (["--against", vllm, "--out", tmp_path / "o.jsonl"], "--against holds a census on vllm"),
         (["--merge", b, "--against", doc], "a smearcli.scan/1 document"),
         (["--merge", b, "--against", torn], "torn.jsonl:2: not a JSON object (truncated?)"),

@@ -52,7 +52,7 @@ class Toy(torch.nn.Module):
 # -- the vocabulary -------------------------------------------------------------------------------
 def test_one_vocabulary_and_only_ok_passes():
     assert [str(v) for v in Verdict] == ["ok", "bug", "unconfirmed", "inconclusive", "crashed", "timed out",
-                                         "not run", "not built", "unsupported", "latent", "tie artifact"]
+                                         "not run", "not built", "unsupported", "latent", "tie artifact", "by design"]
     assert passed("ok") and not any(passed(v) for v in Verdict if v is not OK)
     assert worst(["ok", "inconclusive", "bug"]) is BUG and worst([]) is OK
 
