@@ -37,8 +37,8 @@ from typing import Optional, Sequence
 
 from ..errors import UserError
 from ..judge import by_design
-from ..verdicts import BUG, BY_DESIGN, CRASHED, UNCONFIRMED
-from .record import Record
+from ..verdicts import BUG, BY_DESIGN, CRASHED, UNCONFIRMED, UNSUPPORTED
+from .record import Record, bare as record_of
 
 TABLE = Path(__file__).with_name("known.toml")
 
@@ -185,13 +185,15 @@ def version(text: Optional[str]) -> tuple:
 
 
 def findings(record: Record) -> list[Part]:
-    """The record's findings: its headline (when its word is a finding, or `by design`, which was
-    one) and every boundary that failed beside it, each path once."""
+    """The record's findings: its headline (when its word is a finding) and every boundary that
+    failed beside it, each path once, then every rollback the library declares unsupported whose
+    crop departed anyway (word `unsupported`: a finding about their API, placed like the others).
+    A record placed before keeps the parts it was placed with (its headline may read `by design`)."""
     out = []
     word = record.verdict
     ups = record.upstream if isinstance(record.upstream, list) else []
     if ups and all(isinstance(u, dict) and all(isinstance(u.get(k), str) for k in ("path", "shape", "verdict"))
-                   and u["verdict"] in FINDING_WORDS for u in ups):
+                   and u["verdict"] in FINDING_WORDS + (str(UNSUPPORTED),) for u in ups):
         return [Part(u["path"], u["shape"], u["verdict"]) for u in ups]  # placed before: each keeps its word
     if word in FINDING_WORDS:
         out.append(Part(record.worst_schedule or "", record.shape or "", word))
@@ -199,7 +201,25 @@ def findings(record: Record) -> list[Part]:
         st = getattr(e, "status", None)
         if st in FINDING_WORDS and all(p.path != name for p in out):
             out.append(Part(name, getattr(e, "shape", None) or "", st))
+    for name, e in (record.boundaries or {}).items():  # declared unsupported, and their crop departed anyway
+        crop = getattr(e, "their_crop", None)
+        if isinstance(getattr(crop, "api_finding", None), dict):
+            out.append(Part(name, getattr(crop, "shape", None) or "", str(UNSUPPORTED)))
     return out
+
+
+def stand_in(entry: Entry) -> Record:
+    """A record holding the finding `entry.seen` describes, as a census would write it (a declared
+    limit's departure as their crop's `api_finding`): what the tests hold each entry to."""
+    s = entry.seen
+    rel = {"transformers": {"transformers_version": s["release"]}, "vllm": {"vllm_version": s["release"]}}.get(
+        entry.engine, {"llamacpp": {"llama_cpp_python": s["release"]}})
+    engine = None if entry.engine == "transformers" else entry.engine
+    if s["verdict"] == str(UNSUPPORTED):
+        crop = {"status": str(UNSUPPORTED), "api_finding": {"at": "?", "what": s["shape"], "status": str(BUG)}}
+        return record_of(s["model_type"], "ok", engine=engine, boundaries={s["path"]: {"status": "ok", "their_crop": crop}},
+                         **rel)
+    return record_of(s["model_type"], s["verdict"], engine=engine, worst_schedule=s["path"], shape=s["shape"], **rel)
 
 
 def classify(entries: Sequence[Entry], record: Record, by_id: dict) -> str:
