@@ -19,8 +19,9 @@ holds their logic):
   of it. `generate_refuses` says why `generate()` itself refuses assisted decoding for the model,
   where the installed release declares it. A runner that can neither crop nor copy is reported as
   such (`schedules.missing`), never skipped in silence. Where the library declares the rollback
-  unsupported (`generate_refuses`), their crop is `unsupported` with the declaration quoted, never
-  the architecture's bug; what it did anyway is one finding about their API at its code
+  unsupported (`generate_refuses`), their crop that raised or agreed is `unsupported` with the
+  declaration quoted; one their API accepted and that left the state wrong is the architecture's
+  finding all the same, the declaration beside it, and one finding about their API at its code
   (`declared`, `api_finding`).
 
 Both are measured against the same float32 full pass and float64 floor as every other schedule.
@@ -227,18 +228,22 @@ API_FINDING = "crop returns without error and leaves the state as the draft left
 
 def declared(way: Rolled, refuses: Optional[str], runner, tokens) -> None:
     """Their crop on a path the library declares unsupported (`refuses`, what `generate` refuses,
-    quoted): `unsupported`, the declaration in `declared`, no failure of the architecture, which
-    the copy's run decides. Where their crop returned without error and still left the logits off
-    (a bug or unconfirmed departure), `api_finding` names the API's code that did it
-    (`hf_runner.crop_site`): one finding about their API, which the census groups by that code
-    across architectures (`groups.api_findings`), never one bug per architecture. A refusal of
-    their API (`refused`) or a crop that did not run stays as it is."""
+    quoted, kept in `declared`). `unsupported` is for a call their API refuses: the crop raised in
+    so many words (`refused`) or in their code (a crash on a declared path), or it ran and agreed.
+    A crop that their API accepted, returned from without error and that left the logits off (a
+    bug or unconfirmed departure) is a finding on the architecture like any boundary's, in the
+    counts and in `--check`: `crop` is public, a user calls it, nothing refuses it, and the state
+    it hands back is silently wrong (transformers#49036 is such a report, fixed in 5.25). The
+    declaration stays beside it, and `api_finding` names the API's code that did it
+    (`hf_runner.crop_site`), which the census groups across architectures (`groups.api_findings`)."""
     st = way.entry.status
     if not refuses or st in (REFUSED, NOT_RUN):
         return
+    way.entry.declared = refuses
     if st in (BUG, UNCONFIRMED):
         way.entry.api_finding = {"at": hf_runner.crop_site(runner, tokens), "what": API_FINDING, "status": str(st)}
-    way.entry.status, way.entry.declared, way.entry.shape = str(UNSUPPORTED), refuses, None
+        return
+    way.entry.status, way.entry.shape = str(UNSUPPORTED), None
 
 
 def confirm(way: Rolled, tokens, f64=None):

@@ -12,6 +12,10 @@ that lists each copy as its own finding asks a maintainer to read one bug four t
   (NemotronH's Mamba-2 mixer carries both of the Mamba mixer's one-token branches, and its
   finding is a decode path, not a dropped state).
 
+- the same piece of their cache API where a finding is a rollback headed by their crop, on a path
+  the library declares unsupported, that left the state as the draft left it (`api_at`): the
+  fix is in that `crop`, not in each architecture.
+
 - a declared copy: the born-in class says, in transformers' source, that it copies another
   finding's born-in class (a `# Copied from transformers.models.X.modeling_X.Class` comment above
   the class or its `forward`, or a modular file's `class Mine(Theirs)`), followed through chains
@@ -127,13 +131,25 @@ def copies(file: Optional[str], cls: Optional[str], root: str) -> list[str]:
     return out
 
 
+def api_at(rec: Record) -> Optional[str]:
+    """Where in their cache API the finding's headline departed: a rollback headed by their crop on
+    a path the library declares unsupported (`census.boundary.declared`: its `api_finding`), or None."""
+    rollback = (rec.boundaries or {}).get("rollback")
+    crop = rollback.their_crop if rollback is not None and rec.worst_schedule == "rollback" else None
+    found = crop.api_finding if isinstance(crop, BoundaryResult) and crop.status in FINDINGS else None
+    return str(found.get("at") or "?") if isinstance(found, dict) and rollback.mode == "crop" else None
+
+
 def links(rec: Record) -> set:
-    """What another finding must share with this one to be its group: its code, or one of its
-    suspect lines beside its shape."""
+    """What another finding must share with this one to be its group: its code, one of its
+    suspect lines beside its shape, or the cache API code its headline departed in (`api_at`: one
+    `crop` leaves every architecture's recurrent state as the draft left it)."""
     b = born(rec)
     out = {("code", b["code"])} if b.get("code") else set()
     for s in b["suspects"] if b else []:
         out.add(("line", s[1], rec.shape))
+    if api_at(rec):
+        out.add(("api", api_at(rec), rec.shape))
     return out
 
 
@@ -205,8 +221,11 @@ def entry(recs: list[Record]) -> dict:
     code, lines = shared(recs)
     mine = {ident(born(r).get("file"), born(r).get("class")) for r in recs} - {None}
     declared = any(set(born(r).get("copies") or []) & mine for r in recs)
+    apis = {api_at(r) for r in recs}
     if len(recs) == 1:
         by = None
+    elif len(apis) == 1 and None not in apis:
+        by = f"the same cache API code: `{apis.pop()}`"
     elif code:
         by = "the same forward" + ("" if len({born(r).get("class") for r in recs}) == 1
                                    else ", once model names are normalised")
@@ -238,11 +257,12 @@ def of(records: Sequence[Record], model_type: str) -> Optional[dict]:
 
 
 def api_findings(records: Sequence[Record]) -> list[dict]:
-    """Findings about an API rather than an architecture: a rollback the library declares
-    unsupported whose crop still ran and left the logits off (`census.boundary.declared`), one per
-    piece of their code (`api_finding["at"]`: the cache layer's `crop`), each with every
-    architecture it affects (by name), the first one's declaration and the largest error. None of
-    them is a bug of an architecture."""
+    """Findings at an API's code: a rollback the library declares unsupported whose crop still ran
+    and left the logits off (`census.boundary.declared`), one per piece of their code
+    (`api_finding["at"]`: the cache layer's `crop`), each with every architecture it affects (by
+    name), the first one's declaration and the largest error. Each is also a finding on those
+    architectures (their rollback boundary), counted there; records written before that rule
+    kept it as `unsupported`, and are listed here all the same."""
     by: dict[str, dict] = {}
     for r in sorted(records, key=lambda r: r.model_type):
         rollback = (r.boundaries or {}).get("rollback")

@@ -186,9 +186,11 @@ def version(text: Optional[str]) -> tuple:
 
 def findings(record: Record) -> list[Part]:
     """The record's findings: its headline (when its word is a finding) and every boundary that
-    failed beside it, each path once, then every rollback the library declares unsupported whose
-    crop departed anyway (word `unsupported`: a finding about their API, placed like the others).
-    A record placed before keeps the parts it was placed with (its headline may read `by design`)."""
+    failed beside it, each path once (a crop their API accepted on a path the library declares
+    unsupported, that left the state wrong, is among them: `census.boundary.declared`). A record
+    written before that rule kept such a crop as `unsupported` with an `api_finding`: it is placed
+    too, with that word. A record placed before keeps the parts it was placed with (its headline
+    may read `by design`)."""
     out = []
     word = record.verdict
     ups = record.upstream if isinstance(record.upstream, list) else []
@@ -201,16 +203,18 @@ def findings(record: Record) -> list[Part]:
         st = getattr(e, "status", None)
         if st in FINDING_WORDS and all(p.path != name for p in out):
             out.append(Part(name, getattr(e, "shape", None) or "", st))
-    for name, e in (record.boundaries or {}).items():  # declared unsupported, and their crop departed anyway
+    for name, e in (record.boundaries or {}).items():  # an older record: declared, and their crop departed anyway
         crop = getattr(e, "their_crop", None)
-        if isinstance(getattr(crop, "api_finding", None), dict):
+        if (isinstance(getattr(crop, "api_finding", None), dict) and getattr(crop, "status", None) == str(UNSUPPORTED)
+                and all(p.path != name for p in out)):
             out.append(Part(name, getattr(crop, "shape", None) or "", str(UNSUPPORTED)))
     return out
 
 
 def stand_in(entry: Entry) -> Record:
     """A record holding the finding `entry.seen` describes, as a census would write it (a declared
-    limit's departure as their crop's `api_finding`): what the tests hold each entry to."""
+    limit's departure seen as `unsupported`, as records before `boundary.declared` kept it, as
+    their crop's `api_finding`): what the tests hold each entry to."""
     s = entry.seen
     rel = {"transformers": {"transformers_version": s["release"]}, "vllm": {"vllm_version": s["release"]}}.get(
         entry.engine, {"llamacpp": {"llama_cpp_python": s["release"]}})

@@ -231,15 +231,16 @@ def boundaries_md(records: Sequence[Record]) -> list[str]:
 
 def api_md(records: Sequence[Record]) -> list[str]:
     """Declared unsupported, done anyway: one row per piece of their API's code
-    (`groups.api_findings`), with every architecture it affects; none counted as a bug."""
+    (`groups.api_findings`), with every architecture it affects (each counted there too)."""
     found = api_findings(records)
     if not found:
         return []
     out = ["## Declared unsupported, done anyway: findings about the API", "",
-           "A rollback the library declares unsupported (`unsupported` in the rollback entry, with the "
-           "declaration quoted) is not counted as a bug. Where their `crop` still returned without error and "
-           "left the logits off, that is one finding about their API, at its code, for every architecture "
-           "it affects (`smearcli.census.groups.api_findings`).", "",
+           "Where the library declares the rollback unsupported (`generate` refuses assisted decoding) yet "
+           "their `crop` returned without error and left the logits off, the state a user gets back is "
+           "silently wrong: a finding on each architecture (its rollback boundary, counted as a bug, "
+           "the declaration quoted beside it) and one finding about their API, at its code, for "
+           "every architecture it affects (`smearcli.census.groups.api_findings`).", "",
            "| their code | what it does | architectures | largest error | declared (first architecture) |",
            "|---|---|---|---|---|"]
     for g in found:

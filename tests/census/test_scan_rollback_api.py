@@ -68,29 +68,48 @@ BEFORE_525 = pytest.mark.skipif(RELEASE >= (5, 25), reason="5.25's crop restores
 
 
 @BEFORE_525
-def test_a_crop_the_library_declares_unsupported_is_unsupported_and_no_bug(mamba2):
+def test_a_crop_their_api_accepts_and_gets_wrong_is_a_finding_with_the_declaration_beside_it(mamba2):
     """5.24 declares the rollback unsupported (`_is_stateful`, `is_croppable` False with its
-    docstring); their crop still returns and leaves the recurrent state: `unsupported`, the
-    declaration quoted, one finding about their API at the layer's `crop`, and the copy decides."""
+    docstring), yet their `crop` accepts the call, returns, and leaves the recurrent state as the
+    draft left it: the architecture's finding (the rollback heads it, confirmed, counted), the
+    declaration quoted beside it, and one finding about their API at the layer's `crop`. The copy
+    agrees: the model is right, the crop is not (transformers#49036, fixed in 5.25)."""
     _, _, out = mamba2
-    assert out["verdict"] in (OK, INCONCLUSIVE), out  # the copy and every step plan agree
+    assert out["verdict"] == BUG and out["worst_schedule"] == "rollback", out
     e = out["boundaries"]["rollback"]
-    assert e.mode == "copy" and e.status == out["verdict"]
+    assert e.mode == "crop" and e.status == BUG and e.shape == "state not rolled back"
     theirs, copy = e.their_crop, e.copy
-    assert theirs.status == UNSUPPORTED and theirs.multiple > 10  # measured all the same
+    assert theirs.status == BUG and theirs.multiple > 10
     assert "_is_stateful" in theirs.declared and "is_croppable is False" in theirs.declared
     assert "only supported when there are no recurrent states" in theirs.declared  # their docstring
     found = theirs.api_finding
     assert found["status"] == BUG and found["at"].startswith("transformers/cache_utils.py:")
     assert found["at"].endswith(".crop") and "LinearAttention" in found["at"]
     assert theirs.confirmation["status"] == BUG  # confirmed like any departure
-    assert copy.status == out["verdict"] and copy.multiple <= 10
-    assert "their crop: unsupported, yet it ran: bug" in e.why and "generate() refuses" in e.why
+    assert copy.status == PASSED and copy.multiple <= 10
+    assert "their crop: bug" in e.why and "generate() refuses" in e.why
+
+
+def test_a_crop_that_raises_or_agrees_on_a_declared_path_stays_unsupported():
+    """`unsupported` is for what their API refuses (it raised) or a crop that agreed: the
+    declaration quoted, no finding, the copy decides."""
+    from smearcli.census import boundary
+    from smearcli.census.record import BoundaryResult
+
+    for status in (PASSED, "crashed"):
+        way = boundary.Rolled(None, None, BoundaryResult(status, why="x"), None)
+        boundary.declared(way, "Model._is_stateful", None, None)
+        assert way.entry.status == UNSUPPORTED and way.entry.declared == "Model._is_stateful"
+        assert not way.entry.given("api_finding")
+    way = boundary.Rolled(None, None, BoundaryResult(REFUSED, why="no crop"), None)
+    boundary.declared(way, "Model._is_stateful", None, None)
+    assert way.entry.status == REFUSED  # their API said no in so many words: nothing to add
 
 
 @BEFORE_525
 def test_the_api_finding_is_one_for_every_architecture_it_affects(mamba2):
-    """Two architectures whose uncroppable layers share one `crop`: one finding, both named."""
+    """Two architectures whose uncroppable layers share one `crop`: one finding about the API,
+    both named, and one root cause (the same cache API code), each architecture counted."""
     from smearcli.census import groups, report
 
     _, _, out = mamba2
@@ -99,8 +118,11 @@ def test_the_api_finding_is_one_for_every_architecture_it_affects(mamba2):
     found = groups.api_findings([b, a])
     assert len(found) == 1 and found[0]["architectures"] == ["mamba2", "zamba2"]
     md = report.markdown([a, b], {"transformers_version": "x"})
-    assert "findings about the API" in md and md.count(found[0]["at"]) == 1
-    assert groups.groups([a, b]) == []  # no architecture's bug
+    assert "findings about the API" in md
+    g = groups.groups([a, b])
+    assert len(g) == 1 and g[0]["architectures"] == ["mamba2", "zamba2"]
+    assert g[0]["by"] == f"the same cache API code: `{found[0]['at']}`"
+    assert report.counts([a, b])[BUG] == 2
 
 
 @pytest.mark.skipif(RELEASE < (5, 25), reason="5.25 records the recurrent states a crop restores")
