@@ -49,7 +49,7 @@ from ..metrics import RunMetrics
 from ..defaults import NOISE_MARGIN
 from ..impls.hf import api as hf_api
 from ..schedules import run_schedule, run_steps
-from ..verdicts import BUG, CRASHED, INCONCLUSIVE, NOT_BUILT, ROUNDING, UNCONFIRMED, WORDS
+from ..verdicts import BUG, CRASHED, INCONCLUSIVE, NOT_BUILT, OK, ROUNDING, UNCONFIRMED, WORDS
 from ..impls.hf import hidden_names
 from ..impls.hf.cache_runner import CacheRunner, full_run
 from . import born, boundary, causal, diagnose, shapes, ties, variants
@@ -179,6 +179,12 @@ def check(model_type: str, seed: int = 0, tolerance: float = NOISE_MARGIN, total
     budget.stage(rec)  # the verdict is in: kept even if a reproducer runs out of time
     if rec.verdict in (BUG, UNCONFIRMED) and rec.built_from is not None:  # every finding
         reachability(rec, seed, tolerance, total)
+    elif rec.verdict in (OK, INCONCLUSIVE) and rec.built_from is not None and rec.shape != shapes.LEAK:
+        from . import reach  # generate's own paths, where the census's cached schedules all agree
+
+        reach.through_generate(rec, lambda s: build(rec.built_from, rec.init, seed + s), lambda s: torch.randint(
+            0, rec.vocab, (1, total), generator=torch.Generator().manual_seed(seed + s)), tolerance)
+        budget.stage(rec)
         budget.stage(rec)
     if rec.verdict == BUG and repro_dir is not None and rec.built_from is not None:
         from . import findings_files

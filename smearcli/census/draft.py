@@ -141,7 +141,8 @@ def reach_section(reach, leak: bool = False) -> list[str]:
             continue
         num = f", max |dlogit| {e['max_abs']:.3g}" if e.get("max_abs") is not None else ""
         why = f": {e['why']}" if e.get("why") else ""
-        out.append(f"- `{name}`: **{e.get('result')}**{num}{why}")
+        toks = f"; its tokens against the row's own generate: {e['tokens']}" if e.get("tokens") else ""
+        out.append(f"- `{name}`: **{e.get('result')}**{num}{toks}{why}")
     return out + [""]
 
 

@@ -5,9 +5,16 @@ model through transformers' own `generate` (greedy, `output_logits=True`) the wa
 
 - `generate`: the prompt, then one token at a time (what every user runs);
 - `prefill_chunk_size`: the prompt prefilled in chunks (`generate(..., prefill_chunk_size=16)`);
-- `left-padded batch`: the prompt beside a shorter copy of itself, left-padded, with its mask;
+- `left-padded batch`: the prompt beside a shorter copy of itself, left-padded, with its mask
+  (batched generation as users run it);
+- `prefill_chunk_size, left-padded batch`: the same batch prefilled in chunks, its pads ending
+  inside the first chunk (two paths that meet: a chunk's conv or recurrent state takes in pads);
 - `assistant model`: assisted decoding with a draft model of other weights (drafts rejected and
-  taken back out of the cache).
+  taken back out of the cache inside `generate`).
+
+A padded path's short row is also compared token for token with that row's own `generate`, alone
+and unchunked (`tokens`: `same`, or the first step where they part): logits that agree with
+tokens that part are a near tie, logits off are the finding.
 
 Each path's logits are compared with the full pass (no cache) over the tokens it produced. Its
 `result` is `silently wrong` (past `threshold`, with `max_abs`), `agrees`, `raises first` (an
@@ -38,12 +45,16 @@ from __future__ import annotations
 from typing import Optional
 
 from .. import frames  # torch is imported where a path runs: the report reads `words` without it
+from ..verdicts import BUG, UNCONFIRMED
 
 SILENT, AGREES, RAISES, REFUSED = "silently wrong", "agrees", "raises first", "refused"
 NOT_RUN = "not run"  # the model has no `generate`, or no assistant was given
 NEW = 6  # tokens generated per path
 CHUNK = 16  # prefill_chunk_size
-PATHS = ("generate", "prefill_chunk_size", "left-padded batch", "assistant model")
+PATHS = ("generate", "prefill_chunk_size", "left-padded batch", "prefill_chunk_size, left-padded batch",
+         "assistant model")
+PADDED_PATHS = PATHS[2:4]  # the paths with left padding: not judged where the model cannot number past pads
+INSIDE = 5  # the chunked padded batch's pads: fewer than CHUNK, so the first chunk holds pads and tokens
 LEAK_PATHS = ("full pass", "generate's prompt pass", "generate")
 
 
@@ -98,16 +109,28 @@ def chunked(model, ids, assistant=None) -> float:
     return against_full(model, seq, logits, ids.size(1))
 
 
-def padded(model, ids, assistant=None) -> float:
+def padded(model, ids, assistant=None, pads: int = 0, **kw) -> dict:
+    """The prompt beside itself less its first `pads` tokens (default a quarter), left-padded with
+    id 0 (a random embedding on the tiny config: pads that reach a state move it), with the mask:
+    the short row's logits against the full pass over its own tokens, and its tokens against its
+    own `generate`, alone and unchunked. `kw`: more of generate's options (prefill_chunk_size)."""
     import torch
 
-    k = max(1, ids.size(1) // 4)
+    k = pads or max(1, ids.size(1) // 4)
     short = ids[:, k:]
     batch = torch.cat([ids, torch.cat([torch.zeros_like(ids[:, :k]), short], 1)], 0)
     mask = torch.ones_like(batch)
     mask[1, :k] = 0
-    seq, logits = greedy(model, batch, mask)
-    return against_full(model, seq[1:, k:], logits[1:], short.size(1))
+    seq, logits = greedy(model, batch, mask, **kw)
+    alone, _ = greedy(model, short)
+    mine, theirs = seq[1, ids.size(1):].tolist(), alone[0, short.size(1):].tolist()
+    parted = next((i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b), None)
+    return {"max_abs": against_full(model, seq[1:, k:], logits[1:], short.size(1)),
+            "tokens": "same" if parted is None else f"part at step {parted}"}
+
+
+def chunked_padded(model, ids, assistant=None) -> dict:
+    return padded(model, ids, pads=INSIDE, prefill_chunk_size=CHUNK)
 
 
 def assisted(model, ids, assistant=None) -> float:
@@ -115,7 +138,13 @@ def assisted(model, ids, assistant=None) -> float:
     return against_full(model, seq, logits, ids.size(1))
 
 
-RUNS = dict(zip(PATHS, (plain, chunked, padded, assisted)))
+RUNS = dict(zip(PATHS, (plain, chunked, padded, chunked_padded, assisted)))
+
+
+def measure(run, model, tokens, assistant=None) -> dict:
+    """{max_abs[, tokens]} of one path (a path gives a number, or a dict with `tokens` too)."""
+    got = run(model, tokens, assistant)
+    return got if isinstance(got, dict) else {"max_abs": got}
 
 
 def refused(e: BaseException) -> bool:
@@ -136,12 +165,12 @@ def paths(model, tokens, threshold: float, assistant=None) -> dict:
             continue
         try:
             with torch.inference_mode():
-                err = run(model, tokens, assistant)
+                got = measure(run, model, tokens, assistant)
         except Exception as e:
             out[name] = {"result": REFUSED if refused(e) else RAISES, "max_abs": None,
                          "why": frames.describe(e, "transformers")[:300]}
             continue
-        out[name] = {"result": SILENT if err > threshold else AGREES, "max_abs": err, "why": None}
+        out[name] = {"result": SILENT if got["max_abs"] > threshold else AGREES, **got, "why": None}
     return out
 
 
@@ -275,3 +304,66 @@ def summary(reach: Optional[dict]) -> str:
         return "-"
     got = {e.get("result") for e in reach.values() if isinstance(e, dict)}
     return next((w for w in (SILENT, RAISES, REFUSED, AGREES) if w in got), "-")
+
+
+GENERATE = "generate: "  # a finding only generate's own paths show: its worst_schedule is this, then the path
+THROUGH = "through generate only"  # its shape: every cached schedule of the census agrees
+
+
+def judged(path: str, boundaries: Optional[dict]) -> bool:
+    """Whether a silently wrong `path` can be the architecture's finding: a left-padded path only
+    where the census's own padded boundary ran and did not find left padding unsupported (a forward
+    that cannot number past its pads is the model's declared API, `census.shapes.LEFT_UNSUPPORTED`)."""
+    from .shapes import LEFT_UNSUPPORTED
+
+    if path not in PADDED_PATHS:
+        return True
+    e = (boundaries or {}).get("padded")
+    return e is not None and getattr(e, "status", None) not in (LEFT_UNSUPPORTED, NOT_RUN)
+
+
+def through_generate(rec, make, tokens_of, tolerance: float) -> None:
+    """An architecture whose cached schedules all agree, run through generate's own paths
+    (`paths`, into `rec.reach`). The worst path silently wrong that `judged` lets count is
+    confirmed as every finding is: again with the model and its assistant in float64 (a logic
+    error keeps at least half its size, rounding vanishes) and on the next seed's weights and
+    tokens. Both: the architecture's `bug` (`worst_schedule` GENERATE + the path, shape THROUGH);
+    one of them: `unconfirmed`; neither shape kept in float64: rounding, said in a note.
+    `make(seed)` builds the model, `tokens_of(seed)` its prompt; `rec.floor` is the float32 floor."""
+    import copy
+
+    import torch
+
+    seed = 0
+    threshold = tolerance * (rec.floor or 0.0)
+    model = make(seed)
+    if not callable(getattr(model, "generate", None)) or threshold <= 0:
+        return
+    assistant = make(seed + 1)
+    rec.reach = found = paths(model, tokens_of(seed), threshold, assistant)
+    silent = {p: e for p, e in found.items() if e["result"] == SILENT and judged(p, rec.boundaries)}
+    if not silent:
+        return
+    name, e = max(silent.items(), key=lambda kv: kv[1]["max_abs"])
+    err, run = e["max_abs"], RUNS[name]
+
+    def again(m, a, t) -> Optional[float]:
+        try:
+            with torch.inference_mode():
+                return measure(run, m, t, a)["max_abs"]
+        except Exception:
+            return None
+    wide = again(copy.deepcopy(model).double(), copy.deepcopy(assistant).double(), tokens_of(seed))
+    kept = wide is not None and wide >= 0.5 * err
+    if wide is not None and wide <= threshold:
+        rec.notes.append(f"generate's {name} is off by {err:.3g} in float32 and {wide:.3g} in float64: rounding")
+        return
+    other = again(make(seed + 1), make(seed + 2), tokens_of(seed + 1))
+    replicated = other is not None and other > threshold
+    rec.verdict = str(BUG if kept and replicated else UNCONFIRMED)
+    rec.worst_schedule, rec.shape = GENERATE + name, THROUGH
+    rec.max_abs, rec.multiple = err, err / rec.floor
+    rec.notes.append(f"every cached schedule of the census agrees; generate's {name} is off by {err:.3g} "
+                     f"({err / rec.floor:.3g}x the float32 floor), "
+                     + (f"{wide:.3g} in float64" if wide is not None else "float64 raises")
+                     + (f", {other:.3g} on seed {seed + 1}" if other is not None else f", seed {seed + 1} raises"))

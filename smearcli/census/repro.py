@@ -25,6 +25,7 @@ from typing import Optional
 
 from ..impls.hf import api
 from .shapes import LEAK
+from .reach import THROUGH as THROUGH_GENERATE
 from ..defaults import NOISE_MARGIN
 from ..schedules import SCHEDULES
 from ..formatters import fmt_steps
@@ -215,6 +216,113 @@ def schedule(model, ids):
 ''' + MAIN.replace("{length}", "T").replace("{what}", "the full pass vs itself with its last tokens removed or changed")
 
 
+GENERATE_TEMPLATE = '''"""Reproducer: {model_type} ({model_class}) under transformers {version}.
+
+Greedy generate's {path!r} path should give, at every step, the logits one call without a cache
+gives over the tokens it made; found by smearcli scan: max |dlogit| {max_abs:.3g}, while every
+cached schedule it drives through the model's own cache agrees. Needs torch and transformers
+only. Exit status: 1 while the bug is there, 0 once fixed.
+"""
+import copy
+import json
+import sys
+
+import torch
+import transformers
+
+MODEL_TYPE = {model_type!r}
+CONFIG = json.loads({config_json!r})
+PATH = {path!r}
+T = {total!r}
+NEW = {new!r}  # tokens generated
+CHUNK = {chunk!r}  # prefill_chunk_size
+INSIDE = {inside!r}  # pads of the chunked padded batch: they end inside its first chunk
+VOCAB = {vocab!r}
+SEED = {seed!r}
+MARGIN = {margin!r}  # an error this many times the float32 rounding floor is no longer rounding
+
+
+def build(seed):
+    cfg = transformers.CONFIG_MAPPING[CONFIG.get("model_type") or MODEL_TYPE](**CONFIG)
+    torch.manual_seed(seed)
+    return transformers.AutoModelForCausalLM.from_config(cfg).float().eval()
+
+
+def greedy(model, ids, mask=None, **kw):
+    cfg = model.config.get_text_config()
+    pad = getattr(cfg, "pad_token_id", None)
+    out = model.generate(input_ids=ids, attention_mask=mask if mask is not None else torch.ones_like(ids),
+                         max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False, output_logits=True,
+                         return_dict_in_generate=True, pad_token_id=pad if isinstance(pad, int) else 0, **kw)
+    return out.sequences, torch.stack(list(out.logits), 1).double()
+
+
+def against_full(model, seq, logits, prompt):
+    full = model(input_ids=seq[:, :-1], use_cache=False).logits.double()
+    return float((full[:, prompt - 1:prompt - 1 + logits.size(1)] - logits).abs().max())
+
+
+def padded(model, ids, pads, **kw):
+    short = ids[:, pads:]
+    batch = torch.cat([ids, torch.cat([torch.zeros_like(ids[:, :pads]), short], 1)], 0)
+    mask = torch.ones_like(batch)
+    mask[1, :pads] = 0
+    seq, logits = greedy(model, batch, mask, **kw)
+    return against_full(model, seq[1:, pads:], logits[1:], short.size(1))
+
+
+def path(model, assistant, ids):
+    """max |dlogit| of the path against the full pass over the tokens it made."""
+    if PATH == "left-padded batch":
+        return padded(model, ids, max(1, ids.size(1) // 4))
+    if PATH == "prefill_chunk_size, left-padded batch":
+        return padded(model, ids, INSIDE, prefill_chunk_size=CHUNK)
+    kw = {{"prefill_chunk_size": CHUNK}} if PATH == "prefill_chunk_size" else {{}}
+    if PATH == "assistant model":
+        kw = {{"assistant_model": assistant}}
+    seq, logits = greedy(model, ids, **kw)
+    return against_full(model, seq, logits, ids.size(1))
+
+
+def main():
+    model, assistant = build(SEED), build(SEED + 1)
+    ids = torch.randint(0, VOCAB, (1, T), generator=torch.Generator().manual_seed(SEED))
+    with torch.inference_mode():
+        full = model(input_ids=ids, use_cache=False).logits.double()
+        full64 = copy.deepcopy(model).double()(input_ids=ids, use_cache=False).logits
+        floor = max(float((full64 - full).abs().max()), torch.finfo(torch.float32).eps * float(full.abs().max()))
+        err = path(model, assistant, ids)
+        wide = path(copy.deepcopy(model).double(), copy.deepcopy(assistant).double(), ids)
+    print(f"transformers {{transformers.__version__}}, torch {{torch.__version__}}: {{MODEL_TYPE}}")
+    print(f"generate, {{PATH}}: max |dlogit| {{err:.3g}} in float32 ({{err / floor:.3g}}x its floor {{floor:.3g}}), "
+          f"{{wide:.3g}} in float64")
+    # a bug leaves the float32 floor and keeps at least half its size in float64
+    bug = err > MARGIN * floor and wide >= 0.5 * err
+    print(f"generate, {{PATH}}: " + ("the bug is there" if bug else "no bug: within the floor, or gone in float64"))
+    return 1 if bug else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+'''
+
+
+def write_generate(record: Record, config: dict, path: Path, seed: int, vocab: int, margin: float,
+                   total: int) -> Path:
+    """The reproducer of a finding only generate's own paths show (`census.reach.through_generate`):
+    the same greedy call on the same tiny config, against the full pass, in float32 and float64."""
+    import transformers
+
+    from . import reach
+
+    path.write_text(GENERATE_TEMPLATE.format(
+        model_type=record.model_type, model_class=record.model_class or "?", version=transformers.__version__,
+        path=record.worst_schedule[len(reach.GENERATE):], max_abs=record.max_abs or 0.0,
+        config_json=json.dumps(config, default=str), total=total, new=reach.NEW, chunk=reach.CHUNK,
+        inside=reach.INSIDE, vocab=vocab, seed=seed, margin=margin), encoding="utf-8")
+    return path
+
+
 def their_crop_fragment() -> str:
     """The reproducers' `their_crop(model, ids)` (a template fragment, no braces): the rollback
     schedule taken back through their cache API as transformers' assisted generation calls it
@@ -328,6 +436,8 @@ def write(record: Record, config, path: Path, seed: int = 0, vocab: int = 256,
         path.write_text(BOUNDARY.replace("{fragment}", fragment).format(
             model_type=record.model_type, model_class=record.model_class or "?",
             version=transformers.__version__, what=SCHEDULES[schedule].repro.what,
+    if record.shape == THROUGH_GENERATE:
+        return write_generate(record, d, path, seed, vocab, margin, total)
             max_abs=e.max_abs or record.max_abs or 0.0, shape=e.shape or record.shape,
             config_json=json.dumps(d, default=str), schedule=schedule, total=total, seed=seed, margin=margin,
             vocab=vocab), encoding="utf-8")
