@@ -33,6 +33,14 @@ run. Optional capabilities are declared in `capabilities`, never probed:
   `NoDocumentMask` with the reason (the split is then reported as not measured, never as zero);
 - `PADDING`: `forward_padded(tokens, attention_mask, capture)`, one cached prefill of a padded
   batch, positions counted over the mask's real tokens (the padded schedule).
+- `PADDED_STEPS`: `step_padded(tokens, attention_mask, cache, capture)`, one cached step of a
+  padded batch: `attention_mask` (B, past + n) covers every position fed so far, positions are
+  counted over its real tokens, and the tokens are fed as given (the schedules in combination,
+  `boundaries.padded_chunked` and `padded_decode`, choose the pad ids themselves).
+- `RECORD`: `record(cache)`, from now until the next `crop`, lets the cache keep every forward
+  uncropped, as an assistant model's cache keeps its drafts before the one crop of the next round
+  (a `CROP` runner that crops after every forward by itself, as generate's verify loop does,
+  declares it; `boundaries.rollback_window`).
 - `PREFIX_CACHE`: the runner's own `run()` does the prefix schedule (a second request reading the
   blocks a first one cached), as only an engine with a prefix cache can.
 - `BOS_DOCUMENTS`: the model starts a document at its BOS token, as nanochat's BOS-aligned loader
@@ -67,6 +75,8 @@ COPY = "copy"
 DOCUMENT_MASK = "document_mask"
 PADDING = "padding"
 PREFIX_CACHE = "prefix_cache"
+PADDED_STEPS = "padded_steps"
+RECORD = "record"
 BOS_DOCUMENTS = "bos_documents"
 
 
@@ -115,6 +125,11 @@ class Runner:
     thread_safe: bool = False
     # True: every output tensor is allocated anew by the call and written by nothing after it (`owned`)
     fresh_outputs: bool = False
+    # the positions a sliding-window (or chunked-attention) layer sees, where the model has one:
+    # the rollback in combination sizes its prompt so the drafts cross it (None: no window)
+    window: Optional[int] = None
+    # the id padding holds, where the model has its own pad token (None: the schedule's own)
+    pad_id: Optional[int] = None
 
     def describe(self) -> Described:
         return Described(self.label, self.series or self.label, self.name, "",
@@ -153,6 +168,18 @@ class Runner:
 
     def forward_padded(self, tokens, attention_mask, capture: bool) -> Output:
         raise NotImplementedError(f"{self.label}: cannot run a padded batch")
+
+    def step_padded(self, tokens, attention_mask, cache, capture: bool, prefill: bool = True) -> Output:
+        raise NotImplementedError(f"{self.label}: cannot run a padded batch step by step")
+
+    def record(self, cache) -> None:
+        raise NotImplementedError(f"{self.label}: cannot hold several forwards for one crop")
+
+    def nonzero_pad(self, avoid: int, vocab: int) -> int:
+        """An id for padding other than `avoid`, whose input embedding is not zero where the runner
+        can read its embeddings (pads that embed to zero hide a state that takes them in); here, not
+        knowing the embeddings, the next id below `vocab`."""
+        return (avoid + 1) % max(vocab, 2)
 
     def run(self, schedule: str, tokens, options) -> Optional[Any]:
         """A whole run of `schedule` done by the implementation itself (a `schedules.RunResult`),

@@ -15,7 +15,12 @@ hf` drive it:
   sliding-window states back). Their API missing (no `crop`, no `activate_past_recording`) or
   refusing in so many words (`frames.declared_limit`: a NotImplementedError, a ValueError "not
   supported") raises `CropRefused`: a result of the check. Any other exception from their `crop`
-  is their crash and propagates as it is, with its frame in transformers.
+  is their crash and propagates as it is, with its frame in transformers. `record(cache)` holds
+  several forwards for one crop (no `crop(0)` between them), as an assistant model's cache keeps
+  its drafts until the next round crops them.
+- `step_padded`: a cached step of a padded batch, the mask over every position so far and the
+  positions counted over its real tokens, as `generate()` passes them to a chunked prefill and to
+  each decode step (the padded boundaries in combination).
 - `assisted_refusal(runner, tokens)`: why `generate()` itself would refuse assisted decoding for
   the model, as far as the installed release declares it (a model flagged `_is_stateful` where
   the release has that flag, no cache it can make, a cache whose `is_croppable` is False after the
@@ -34,7 +39,7 @@ from torch import Tensor
 from ... import frames
 from ...defaults import DRAFT
 from ...precision import float64_model
-from ...runner import COPY, CROP, PADDING, Described, Holder, Output, Runner
+from ...runner import COPY, CROP, PADDED_STEPS, PADDING, RECORD, Described, Holder, Output, Runner
 from ...schedules import run_schedule
 from ...steps import RunResult
 from . import api
@@ -52,13 +57,15 @@ class CacheRunner(Runner):
     def __init__(self, model, layers: Sequence[str] = ("logits",), name: str = "model",
                  positions: bool = False, mask: bool = False, crop: bool = False):
         self.model, self.layers, self.name = model, tuple(layers), name
-        if crop:  # rolled-back drafts go through their cache API, as assisted generation calls it
-            self.capabilities = type(self).capabilities | {CROP}
         found = api.detect(model)  # the release's cache API, read from the model's forward
         if found is None:
             raise TypeError(api.no_cache_reason(model))
         self.keyword, self.cache_position = found.keyword, found.cache_position
         self.takes_positions, self.takes_mask = found.positions, found.mask
+        # rolled-back drafts through their cache API, as assisted generation calls it (several
+        # forwards held for one crop, as its assistant's cache); padded steps need the forward's mask
+        self.capabilities = (type(self).capabilities | ({CROP, RECORD} if crop else set())
+                             | ({PADDED_STEPS} if found.mask else set()))
         self.positions, self.mask = positions and self.takes_positions, mask and self.takes_mask
         self.dtype = next(model.parameters()).dtype
         self.device = next(model.parameters()).device
@@ -117,10 +124,44 @@ class CacheRunner(Runner):
         return api.caller_cache(self.model)
 
     def step(self, tokens, cache: Holder, capture):
+        return self._step(tokens, cache, capture, {})
+
+    def step_padded(self, tokens, attention_mask, cache: Holder, capture, prefill: bool = True):
+        """One cached step of a padded batch (`PADDED_STEPS`): `attention_mask` (B, past + n) over
+        every position so far, passed as `generate()` passes it (a decode step of a model whose
+        `prepare_inputs_for_generation` drops the mask there, Mamba's, gets none: `decode_mask`);
+        where the forward takes position ids (and `pad_positions`), they count the real tokens
+        only, as `generate()` counts them. The tokens are fed as given."""
+        n = tokens.size(1)
+        mask = attention_mask.to(self.device)
+        over: dict = {"attention_mask": mask if prefill or not cache.started else self.decode_mask(tokens, mask, cache)}
+        if self.takes_positions and self.pad_positions:
+            over["position_ids"] = (mask.cumsum(-1) - 1).clamp_min(0)[:, -n:]
+        if over["attention_mask"] is None:
+            del over["attention_mask"]
+        return self._step(tokens, cache, capture, over)
+
+    def decode_mask(self, tokens, mask, cache: Holder):
+        """The mask `generate()` hands a decode step: what the model's own
+        `prepare_inputs_for_generation` keeps of it after the first iteration (None where it drops
+        it); the mask as given where that cannot be asked."""
+        prepare = getattr(self.model, "prepare_inputs_for_generation", None)
+        if not callable(prepare):
+            return mask
+        try:
+            got = prepare(tokens.to(self.device), attention_mask=mask, use_cache=True, is_first_iteration=False,
+                          **{self.keyword: cache.inner})
+        except Exception:
+            return mask
+        return got.get("attention_mask", mask) if isinstance(got, dict) else mask
+
+    def _step(self, tokens, cache: Holder, capture, over: dict):
+        """One cached step; `over`: keywords that replace the plain step's (a padded step's mask
+        and positions)."""
         if isinstance(cache, Recorded):
             self._as_generate(cache)
         B, n = tokens.shape
-        kw = self._kw(cache, B, n)
+        kw = {**self._kw(cache, B, n), **over}
         out, hs = self._call(tokens, capture, **kw)
         got = out_cache(out)
         if got is None and not cache.started:  # the caller must create the cache (RecurrentGemma)
@@ -139,8 +180,27 @@ class CacheRunner(Runner):
             if not cache.recording:  # a cache the model made itself: recorded from the prefill on
                 record(cache.inner, self.drafted)
                 cache.recording = True
-            cache.due = True  # generate crops after every forward; `crop` or the next step does it
+            # generate crops after every forward; `crop` or the next step does it, unless the
+            # forwards are held for one crop (`record`)
+            cache.due = not cache.holding
         return Output(out.logits, hs)
+
+    def record(self, cache: Holder) -> None:
+        """Hold every forward from now until the next `crop` (`RECORD`): no `crop(0)` between
+        them, as an assistant's cache keeps its drafts until the next round crops them once."""
+        if isinstance(cache, Recorded):
+            cache.holding, cache.due = True, False
+
+    def nonzero_pad(self, avoid: int, vocab: int) -> int:
+        """The lowest id below `vocab`, other than `avoid`, whose row of the input embedding is not
+        zero (the config's pad id often embeds to zero: `padding_idx`); the next id when the
+        embedding cannot be read."""
+        try:
+            w = self.model.get_input_embeddings().weight[:vocab]
+        except Exception:
+            return super().nonzero_pad(avoid, vocab)
+        live = [i for i in (w.detach().abs().amax(dim=-1) > 0).nonzero().flatten().tolist() if i != avoid]
+        return live[0] if live else super().nonzero_pad(avoid, vocab)
 
     def _as_generate(self, cache: "Recorded") -> None:
         """What assisted generation does to the cache before this forward: before the prefill, the
@@ -174,7 +234,7 @@ class CacheRunner(Runner):
         self._crop(cache.inner, length - cache.pos)
         cache.pos = length
         if isinstance(cache, Recorded):
-            cache.due = False
+            cache.due = cache.holding = False
 
     @staticmethod
     def _crop(inner, count: int) -> None:
@@ -232,6 +292,7 @@ class Recorded(Holder):
 
     recording: bool = False
     due: bool = False
+    holding: bool = False  # forwards held for one crop (`CacheRunner.record`): no crop(0) between them
 
 
 def generation_cache(model):
@@ -294,6 +355,25 @@ def assisted_refusal(runner: CacheRunner, tokens: Tensor) -> Optional[str]:
             why.append(f"its {type(held.inner).__name__}.is_croppable is False after the prefill"
                        f"{uncroppable(held.inner)}")
     return "; ".join(why) or None
+
+
+def chunked_prefill_refusal(model) -> Optional[str]:
+    """Why `generate(prefill_chunk_size=...)` refuses a chunked prefill for the model, in its own
+    words: a ValueError or NotImplementedError raised in transformers' code on a tiny prompt (a
+    cache of linear-attention layers only: "`get_seq_length` can only be called on Attention
+    layers, ..."); None where it runs, or fails in another way (that is no declaration)."""
+    vocab = int(getattr(model.config.get_text_config(), "vocab_size", 8) or 8)
+    ids = torch.arange(1, 7, device=next(model.parameters()).device).unsqueeze(0) % max(vocab, 2)
+    try:
+        with torch.inference_mode():
+            model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=1, do_sample=False,
+                           prefill_chunk_size=2, pad_token_id=0)
+    except (ValueError, NotImplementedError) as e:
+        if frames.raised_in(e, "transformers", through=()) is not None:
+            return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
+    except Exception:
+        return None
+    return None
 
 
 def crop_site(runner: CacheRunner, tokens: Tensor) -> Optional[str]:
