@@ -398,10 +398,16 @@ MARGIN = {margin!r}  # an error this many times the float32 rounding floor is no
 {fragment}
 
 def schedule(model, ids):
-    return {schedule}(model, ids)
+    return {function}(model, ids)
 
 
 ''' + MAIN.replace("{length}", "T").replace("{what}", "the row alone vs {{SCHEDULE}}")
+
+
+def function_name(schedule: str) -> str:
+    """The Python name of a boundary's function in its reproducer fragment: "padded-chunks" defines
+    `padded_chunks` (a combination's name joins its parts with a dash)."""
+    return schedule.replace("-", "_")
 
 
 def boundary_source(schedule: str, entry: Optional[BoundaryResult], total: int) -> Optional[str]:
@@ -430,17 +436,17 @@ def write(record: Record, config, path: Path, seed: int = 0, vocab: int = 256,
     schedule = schedule or record.worst_schedule
     if record.shape == LEAK:
         return write_leak(record, d, path, seed, vocab, margin)
+    if record.shape == THROUGH_GENERATE:
+        return write_generate(record, d, path, seed, vocab, margin, total)
     e = (record.boundaries or {}).get(schedule) or BoundaryResult()
     fragment = boundary_source(schedule, e, total)
     if fragment is not None:
         path.write_text(BOUNDARY.replace("{fragment}", fragment).format(
             model_type=record.model_type, model_class=record.model_class or "?",
             version=transformers.__version__, what=SCHEDULES[schedule].repro.what,
-    if record.shape == THROUGH_GENERATE:
-        return write_generate(record, d, path, seed, vocab, margin, total)
             max_abs=e.max_abs or record.max_abs or 0.0, shape=e.shape or record.shape,
-            config_json=json.dumps(d, default=str), schedule=schedule, total=total, seed=seed, margin=margin,
-            vocab=vocab), encoding="utf-8")
+            config_json=json.dumps(d, default=str), schedule=schedule, function=function_name(schedule), total=total,
+            seed=seed, margin=margin, vocab=vocab), encoding="utf-8")
         return path
     path.write_text(TEMPLATE.format(
         model_type=record.model_type, model_class=record.model_class or "?",
