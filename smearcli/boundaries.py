@@ -16,6 +16,23 @@ whether the census runs it, and its part of the census's reproducer (`Repro`, in
 - rollback: a prefill, then verify steps of `draft` tokens whose last `reject` are wrong guesses;
   the cache is cropped back before them (`Runner.crop`) or, where a runner cannot crop, restored
   from a copy taken before the draft (`Runner.copy`), and the next step feeds the right tokens.
+
+Boundaries in combination (`COMBINATIONS`: census-only, registered by `census.boundary`), where
+the paths users run meet:
+
+- padded-chunks: batched generation with a chunked prefill. The row beside its prefix left-padded
+  twice, once with the model's own pad id and once with an id whose embedding is not zero (a
+  state that takes the pads in is hidden when they embed to zero), fed through the cache in
+  chunks whose width puts the padding's end inside a chunk after a chunk of pads alone
+  (`chunk_width`), each step with the mask over every position so far (`Runner.step_padded`).
+- padded-decode: a right-padded prefill, then single-token decode of further tokens after the pads
+  (the mask's gap stays in every step): a state that carries the pads shows at every later step.
+- rollback-window: speculative decoding with an assistant's cache: several draft forwards held
+  (`Runner.record`) before ONE crop that takes back more than the last forward fed, the prompt
+  sized so the first round's drafts cross the runner's sliding window (`Runner.window`), every
+  later round holding more tokens than the window.
+
+In each, every real position is laid where the row alone has it; padding is never compared.
 """
 
 from __future__ import annotations
@@ -27,10 +44,13 @@ from torch import Tensor
 
 from . import boundaries_repro
 from .defaults import DOCUMENT_START, DRAFT, PADDING, REJECT, ROLLBACK  # the kinds of boundary recorded here
-from .runner import BOS_DOCUMENTS, COPY, CROP, PADDING as PADDED_BATCH, Runner
+from .runner import BOS_DOCUMENTS, COPY, CROP, PADDED_STEPS, PADDING as PADDED_BATCH, RECORD, Runner
 from .steps import Ran, Repro, Schedule, ScheduleOptions, prompt_len, split_even
 
 PAD_ID = 0  # what a padding position holds (its outputs are never compared)
+CHUNK_WIDTH = 8  # padded-chunks: the widest chunk, below the scan's chunks of 16 so pads fill one
+DECODED = 6  # padded-decode: tokens decoded one at a time after the right-padded prefill
+HELD = (3, 3, 4)  # rollback-window: draft forwards held for one crop, tokens in each, tokens the crop takes back
 
 
 def split_on_bos(row: Tensor, bos: int) -> list[int]:
@@ -179,6 +199,164 @@ def rollback(runner: Runner, tokens: Tensor, opts, capture, on_step=None, prompt
                starts=[s for s in starts if s > 0], notes=(note,))
 
 
+def pad_ids(runner: Runner, tokens: Tensor) -> tuple[int, int]:
+    """The two ids padding holds in the padded combinations: the runner's own pad id (the model's
+    pad token, else PAD_ID) and another whose input embedding is not zero (`Runner.nonzero_pad`)."""
+    own = runner.pad_id if isinstance(runner.pad_id, int) else PAD_ID
+    return own, runner.nonzero_pad(own, max(int(tokens.max()) + 1, 2))
+
+
+def chunk_width(pads: int) -> int:
+    """padded-chunks' chunk width for `pads` left pads: at most CHUNK_WIDTH and below `pads`, so a
+    chunk of pads alone is carried in the cache, and not dividing `pads`, so the padding ends
+    inside a chunk, not at its edge (pads + 1 when no such width exists: they end in the first)."""
+    for w in range(min(CHUNK_WIDTH, pads - 1), 1, -1):
+        if pads % w:
+            return w
+    return pads + 1
+
+
+def _padded_rows(row: Tensor, real: int, ids: tuple[int, int], left: bool) -> tuple[Tensor, Tensor]:
+    """(batch (3, T), mask (3, T)): the row itself, then its first `real` tokens padded to the
+    row's length with each of `ids`, on the left or on the right."""
+    T = row.size(0)
+    out, mask = [row], torch.ones(3, T, dtype=torch.long, device=row.device)
+    for r, pad in enumerate(ids, start=1):
+        fill = torch.full((T - real,), pad, dtype=row.dtype, device=row.device)
+        out.append(torch.cat([fill, row[:real]] if left else [row[:real], fill]))
+        if left:
+            mask[r, :T - real] = 0
+        else:
+            mask[r, real:] = 0
+    return torch.stack(out), mask
+
+
+def _outputs(outs: list) -> list[Tensor]:
+    """The steps' outputs stitched along T: [logits, *hiddens] (3, T, ...) in float32."""
+    logits = torch.cat([o.logits.float() for o in outs], dim=1)
+    hs = [o.hiddens for o in outs]
+    if any(h is None for h in hs):
+        return [logits]
+    return [logits] + [torch.cat([h[i].float() for h in hs], dim=1) for i in range(len(hs[0]))]
+
+
+def _laid(stack: list[Tensor], pieces) -> list[Tensor]:
+    """Each output (3, T, ...) laid where the row alone has it: row 0 as it is, each padded row's
+    real positions (`pieces(x, r)`) then the row's own beyond them, so padding is never compared."""
+    return [torch.stack([x[0]] + [pieces(x, r) for r in (1, 2)]) for x in stack]
+
+
+def padded_chunks(runner: Runner, tokens: Tensor, opts, capture, on_step=None):
+    """Per input row: [row, pads + prefix, other pads + prefix] fed in chunks with the mask over
+    every position so far; the left-padded rows' real positions laid where the row alone has them."""
+    B, T = tokens.shape
+    L = padded_length(T)
+    p, ids = T - L, pad_ids(runner, tokens)
+    w = chunk_width(p)
+    steps = [min(w, T - s) for s in range(0, T, w)]
+    rows_l, rows_h = [], []
+    for b in range(B):
+        batch, mask = _padded_rows(tokens[b], L, ids, left=True)
+        cache, pos, outs = runner.new_cache(3, T), 0, []
+        for n in steps:  # (3, n) each, the mask (3, pos + n)
+            outs.append(runner.step_padded(batch[:, pos:pos + n], mask[:, :pos + n], cache, capture, prefill=True))
+            pos += n
+        laid = _laid(_outputs(outs) if capture else _outputs(outs)[:1], lambda x, r: torch.cat([x[r, p:], x[0, L:]]))
+        rows_l.append(laid[0])
+        rows_h.append(laid[1:] or None)
+        if on_step is not None and b == B - 1:
+            on_step(T)
+    note = (f"padded-chunks: each row beside its first {L} tokens left-padded with id {ids[0]} and with id "
+            f"{ids[1]}, fed in chunks of {w} (the {p} pads end inside a chunk) with the mask; padding is not compared")
+    return Ran(torch.cat(rows_l, dim=0), _cat(rows_h, 0) if capture else None, steps, {PADDING: [L]},
+               starts=[s for s in range(w, T, w)], notes=(note,))
+
+
+def padded_decode(runner: Runner, tokens: Tensor, opts, capture, on_step=None):
+    """Per input row: [row, prefix + pads, prefix + other pads], a prefill of all but the last
+    DECODED tokens, then each row's next tokens one at a time after its pads (the mask keeps the
+    gap); the right-padded rows' real positions laid where the row alone has them."""
+    B, T = tokens.shape
+    W = T - DECODED  # the prefill's width
+    if W < 2:
+        raise ValueError(f"padded-decode needs more than {DECODED + 1} tokens")
+    L = padded_length(W)
+    ids = pad_ids(runner, tokens)
+    rows_l, rows_h = [], []
+    for b in range(B):
+        row = tokens[b]
+        batch, mask = _padded_rows(row[:W], L, ids, left=False)
+        cache = runner.new_cache(3, T)
+        outs = [runner.step_padded(batch, mask, cache, capture, prefill=True)]
+        for k in range(DECODED):  # the row's next token at W + k; the padded rows' at L + k
+            nxt = torch.stack([row[W + k], row[L + k], row[L + k]]).unsqueeze(1)
+            mask = torch.cat([mask, mask.new_ones(3, 1)], dim=1)
+            outs.append(runner.step_padded(nxt, mask, cache, capture, prefill=False))
+        stack = _outputs(outs) if capture else _outputs(outs)[:1]  # (3, T, ...): W prefilled, then DECODED
+        laid = _laid(stack, lambda x, r: torch.cat([x[r, :L], x[r, W:], x[0, L + DECODED:]]))
+        rows_l.append(laid[0])
+        rows_h.append(laid[1:] or None)
+        if on_step is not None and b == B - 1:
+            on_step(T)
+    note = (f"padded-decode: each row beside its first {L} tokens right-padded to {W} with id {ids[0]} and with "
+            f"id {ids[1]}, then {DECODED} tokens decoded one at a time after the pads, with the mask; padding is "
+            "not compared")
+    return Ran(torch.cat(rows_l, dim=0), _cat(rows_h, 0) if capture else None, [W] + [1] * DECODED,
+               {PADDING: [L]}, starts=[], notes=(note,))
+
+
+def window_prompt(T: int, window: Optional[int]) -> int:
+    """rollback-window's prompt: ending before the window by half a round's drafts, so the first
+    round's held drafts cross it; without a window (or one past T), the rollback's prompt."""
+    forwards, width, _ = HELD
+    if window is None or window >= T - 1:
+        return prompt_len(T, ScheduleOptions())
+    return max(1, window - forwards * width // 2)
+
+
+def rollback_window(runner: Runner, tokens: Tensor, opts, capture, on_step=None):
+    """A prefill, then rounds of HELD[0] draft forwards of HELD[1] tokens held for one crop of the
+    last HELD[2] (wrong guesses, across the last forward's start); the next round feeds the right
+    tokens. A final round too short to reject anything is accepted whole."""
+    B, T = tokens.shape
+    forwards, width, reject = HELD
+    held = forwards * width
+    prompt = window_prompt(T, runner.window)
+    vocab = max(int(tokens.max()) + 1, 2)
+    cache = runner.new_cache(B, T + held)
+    out = runner.step(tokens[:, :prompt], cache, capture)
+    logits, caps, steps, starts, cuts = [out.logits.float()], [out.hiddens if capture else None], [prompt], [], []
+    pos = prompt
+    while pos < T:
+        n = min(held, T - pos)
+        keep = n if n < held else n - reject
+        draft = tokens[:, pos:pos + n]
+        if keep < n:  # wrong guesses: the next id
+            draft = torch.cat([draft[:, :keep], (draft[:, keep:] + 1) % vocab], dim=1)
+            if runner.can(RECORD):
+                runner.record(cache)  # no crop between the forwards of this round
+        for i in range(0, n, width):
+            m = min(width, n - i)
+            o = runner.step(draft[:, i:i + m], cache, capture)
+            take = max(0, min(m, keep - i))  # its accepted positions
+            starts.append(pos + i)
+            steps.append(m)
+            logits.append(o.logits[:, :take].float())
+            caps.append([h[:, :take] for h in o.hiddens] if capture and o.hiddens is not None else None)
+        if keep < n:
+            runner.crop(cache, pos + keep)
+            cuts.append(pos + keep)
+        pos += keep
+        if on_step is not None:
+            on_step(keep)
+    crossed = (f"the first round's drafts crossing the window of {runner.window} at position {runner.window}"
+               if runner.window is not None and prompt < runner.window else "no sliding window to cross")
+    note = (f"rollback-window: rounds of {forwards} draft forwards of {width} tokens held for one crop of the last "
+            f"{reject}, from a prompt of {prompt}: {crossed}")
+    return Ran(torch.cat(logits, dim=1), _cat(caps, 1) if capture else None, steps, {ROLLBACK: cuts},
+               starts=starts, notes=(note,))
+
+
 # the census's reproducer of each (`smearcli.census.repro`): its values from the boundary's census
 # entry (`census.boundary.entry`) and the reproducer's length T, at the schedules' default options
 PADDED_REPRO = Repro(
@@ -204,4 +382,34 @@ BOUNDARIES = (
              "taken back out of the cache", rollback, needs_one_of=frozenset({CROP, COPY}),
              shape="state not rolled back", shape_at=ROLLBACK, marks=((ROLLBACK, "rejected draft taken back"),),
              census=True, repro=ROLLBACK_REPRO),
+)
+
+
+# the boundaries in combination: run by the census only (registered by `census.boundary`, after
+# the built-in schedules), each with its own entry, shape and reproducer
+PADDED_CHUNKS_REPRO = Repro(
+    "The row beside its prefix left-padded with two pad ids, fed in chunks with the mask,",
+    boundaries_repro.PADDED_CHUNKS,
+    lambda e, T: dict(padded_len=padded_length(T), chunk=chunk_width(T - padded_length(T)),
+                      pad_ids=tuple(e.get("pad_ids") or (PAD_ID, PAD_ID + 1)), positions=bool(e.get("positions", True))))
+PADDED_DECODE_REPRO = Repro(
+    "The row beside its prefix right-padded with two pad ids, then tokens decoded after the pads,",
+    boundaries_repro.PADDED_DECODE,
+    lambda e, T: dict(prefill=T - DECODED, padded_len=padded_length(T - DECODED), decoded=DECODED,
+                      pad_ids=tuple(e.get("pad_ids") or (PAD_ID, PAD_ID + 1)), positions=bool(e.get("positions", True))))
+ROLLBACK_WINDOW_REPRO = Repro(
+    "A prefill, then rounds of draft forwards held for one crop through their cache API,",
+    boundaries_repro.ROLLBACK_WINDOW,
+    lambda e, T: dict(prompt=window_prompt(T, e.get("window")), held=HELD, drafted=DRAFT - 1))  # as CacheRunner.drafted
+
+COMBINATIONS = (
+    Schedule("padded-chunks", "the row beside its prefix left-padded with two pad ids, fed in chunks the padding "
+             "ends inside, with the mask", padded_chunks, frozenset({PADDED_STEPS}),
+             shape="padding leaks into a row through the cache", census=True, repro=PADDED_CHUNKS_REPRO),
+    Schedule("padded-decode", "the row beside its prefix right-padded, then tokens decoded one at a time after "
+             "the pads, with the mask", padded_decode, frozenset({PADDED_STEPS}),
+             shape="padding carried into later steps", census=True, repro=PADDED_DECODE_REPRO),
+    Schedule("rollback-window", "a prefill, then rounds of draft forwards held for one crop, across the sliding "
+             "window", rollback_window, frozenset({CROP}), shape="state not rolled back after held drafts",
+             shape_at=ROLLBACK, census=True, repro=ROLLBACK_WINDOW_REPRO),  # marks: the figures' words are padded's and rollback's
 )
