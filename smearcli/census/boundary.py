@@ -34,6 +34,23 @@ other boundary registered with `census=True` (`schedules.census_schedules`) runs
 the same runner and gets an entry of its own; `run_boundaries` gives them all as one `Boundaries`.
 A step plan's failure heads the record before a boundary's (`beside`): the boundaries run cached
 steps too, and may fail with that plan's error.
+
+The boundaries in combination (`boundaries.COMBINATIONS`, registered here: the census runs them,
+`run_combinations`) each get an entry too, their parts' failures said beside theirs:
+
+- `padded-chunks` and `padded-decode` run on the padded batch's runner, set up as padded is
+  (`prepare_padded`), and are `not run` with why where the forward takes no `attention_mask`. Their
+  `padded-chunks` is `not run` too where `generate(prefill_chunk_size=...)` refuses a chunked
+  prefill in so many words (`hf_runner.chunked_prefill_refusal`: a cache of linear-attention
+  layers only), and a decode step gets the mask as `generate()` hands it (`decode_mask`). Their
+  entry adds `pad_ids` (the model's own, and one whose embedding is not zero) and `rows`. Left
+  padding off only in its padded rows, where no `position_ids` were passed (the forward takes
+  none, or numbers positions its own way), is `left padding unsupported`, as padded's; right padding off only in its padded rows is `unsupported` where the
+  release's `generate()` declares right padding wrong for a decoder-only model (its warning
+  quoted in `declared`), a finding where it does not.
+- `rollback-window` runs on a crop runner of its own, its `window` read from the config
+  (`WINDOW_KEYS`), only where the rollback's own crop is a path their API supports: where
+  `generate()` refuses assisted decoding, or their crop was refused, it is `not run` with why.
 """
 
 from __future__ import annotations
@@ -42,10 +59,10 @@ import dataclasses
 from typing import Optional
 
 from .. import evidence, frames, judge
-from ..boundaries import rollback_mode
+from ..boundaries import COMBINATIONS, pad_ids, rollback_mode
 from ..metrics import RunMetrics, measure
 from ..defaults import NOISE_MARGIN
-from ..schedules import census_schedules, missing, run_schedule, runnable, shape
+from ..schedules import census_schedules, missing, register, run_schedule, runnable, shape
 from ..steps import ScheduleOptions
 from ..verdicts import (BUG, CRASHED, INCONCLUSIVE, NOT_JUDGED, NOT_JUDGED_WHY, NOT_RUN, OK, ROUNDING, UNCONFIRMED,
                         UNSUPPORTED)
@@ -56,7 +73,14 @@ from .shapes import LEFT_UNSUPPORTED
 PADDED_ROWS = ("the row", "right-padded", "left-padded")  # the padded batch's rows (one input row)
 PASSED = "passed"  # a boundary that agreed, before the architecture's verdict is known (`settle`, `beside`)
 REFUSED = "refused"  # rollback through their cache API: the API refused (no crop, or it raised)
-OWN_HANDLING = ("padded", "rollback")  # the boundaries `run_boundaries` sets up by hand
+for _s in COMBINATIONS:  # the census's own: registered where the census is, after the built-in schedules
+    register(_s)
+COMBINED = tuple(s.name for s in COMBINATIONS)  # the boundaries in combination (`run_combinations`)
+OWN_HANDLING = ("padded", "rollback") + COMBINED  # the boundaries `run_boundaries` sets up by hand
+# the config keys of a sliding window (the scan's split points read them too), and of chunked
+# attention's chunk: what the window of `rollback-window` is read from
+WINDOW_KEYS = ("sliding_window", "attention_window_size", "window_size", "sliding_window_size")
+CHUNKED_ATTENTION = "attention_chunk_size"
 
 
 def __getattr__(name: str):
@@ -167,6 +191,7 @@ def run_boundaries(model, make, layers, tokens, ref, noise, tolerance: float = N
     if m is not None:
         out.measured("rollback", m, run, rb)
     out.not_measured("padded")
+    run_combinations(out, model, make, layers, tokens, ref, noise, tolerance, runner)
     for name in census_schedules():  # every other boundary, on the scan's runner
         if name in OWN_HANDLING:
             continue
@@ -176,6 +201,159 @@ def run_boundaries(model, make, layers, tokens, ref, noise, tolerance: float = N
         else:
             out.not_measured(name)
     return out
+
+
+def run_combinations(out: Boundaries, model, make, layers, tokens, ref, noise, tolerance, runner) -> None:
+    """The boundaries in combination into `out` (module docstring): the padded ones on the padded
+    batch's runner (`prepare_padded` has run), rollback-window on a crop runner of its own."""
+    thr = tolerance * noise.per_layer[-1]
+    for name in ("padded-chunks", "padded-decode"):
+        if not getattr(runner, "takes_mask", True):
+            out.entries[name] = entry(NOT_RUN, why=f"{type(model).__name__}.forward takes no attention_mask")
+            out.not_measured(name)
+            continue
+        refused = hf_runner.chunked_prefill_refusal(model) if name == "padded-chunks" else None
+        if refused:  # their public API refuses the path: the cache under it is not ours to chunk
+            out.entries[name] = entry(NOT_RUN, why=f"generate() refuses a chunked prefill for it: {refused}")
+            out.not_measured(name)
+            continue
+        m, run, e = run_one(runner, tokens, name, ref, noise, tolerance)
+        out.entries[name] = e
+        ids = pad_ids(runner, tokens)
+        e.pad_id, e.extra["pad_ids"] = ids[0], list(ids)
+        e.positions = bool(getattr(runner, "pad_positions", None) and getattr(runner, "takes_positions", False))
+        if m is not None:
+            e.rows = dict(zip(combined_rows(name, ids), (float(x) for x in (run.logits - ref.logits).abs().amax(dim=(1, 2)))))
+            if e.status == BUG and not padded_limit(name, e, thr, getattr(runner, "takes_positions", False)):
+                e.why = "; ".join(why_combined(name, e.rows, thr, ids, out.entries.get("padded")))
+            if e.status in (BUG, PASSED):  # a declared limit is not read by the verdict
+                out.measured(name, m, run, runner)
+        out.not_measured(name)
+    m, run, e, r = run_rollback_window(model, make, layers, tokens, ref, noise, tolerance, out.entries.get("rollback"))
+    out.entries["rollback-window"] = e
+    if m is not None:
+        out.measured("rollback-window", m, run, r)
+    out.not_measured("rollback-window")
+
+
+def parts_fail(entries: dict, failing_plans) -> list[str]:
+    """The combinations that failed where one of their parts fails alone, each made `not judged`
+    with that part named (its error, not the combination's: the verdict does not read it, and it
+    is no finding of its own): any failing step plan (each is a cached path every combination
+    runs), `padded` for the padded ones, `rollback` for rollback-window. Their names."""
+    out = []
+    for name in COMBINED:
+        e = entries.get(name)
+        if e is None or e.status not in (BUG, UNCONFIRMED):
+            continue
+        own = entries.get("rollback" if name == "rollback-window" else "padded")
+        part = next(iter(failing_plans), None)
+        if part is None and own is not None and own.status in (BUG, UNCONFIRMED, CRASHED):
+            part = "rollback" if name == "rollback-window" else "padded"
+        if part is None:
+            continue
+        e.status, e.shape = NOT_JUDGED, None
+        e.why = "; ".join(filter(None, [f"its part {part!r} fails alone: the combination's error may be that part's",
+                                        e.why]))
+        out.append(name)
+    return out
+
+
+def combined_rows(name: str, ids) -> tuple[str, str, str]:
+    """The padded combinations' rows: the row, then its prefix padded with each of `ids`."""
+    side = "left" if name == "padded-chunks" else "right"
+    return ("the row", f"{side}-padded, pad {ids[0]}", f"{side}-padded, pad {ids[1]}")
+
+
+def padded_limit(name: str, e: BoundaryResult, threshold: float, takes_positions: bool) -> bool:
+    """A padded combination off only in its padded rows, on a path their API declares it does not
+    number or support, made the declared status in `e` (its numbers kept, no finding): left padding
+    on a forward that takes no position_ids (as padded's), right padding where generate() declares
+    it wrong for a decoder-only model. Whether it was."""
+    off = [k for k, v in e.rows.items() if v > threshold]
+    if not off or "the row" in off:
+        return False
+    if name == "padded-chunks" and not e.positions:  # as padded's: the model numbers the row itself
+        e.status, e.shape = LEFT_UNSUPPORTED, None
+        how = "numbers positions its own way" if takes_positions else "takes no position_ids"
+        e.why = f"off: {', '.join(off)}; the forward {how}: a left-padded row is numbered after its pads"
+        return True
+    said = right_padding_declared() if name == "padded-decode" else None
+    if said:
+        e.status, e.shape, e.declared = str(UNSUPPORTED), None, said
+        e.why = "off: " + ", ".join(off) + "; generate() declares right padding wrong for a decoder-only model"
+        return True
+    return False
+
+
+def right_padding_declared() -> Optional[str]:
+    """The warning the installed `generate()` gives on a right-padded decoder-only batch, quoted
+    ("A decoder-only architecture is being used, but right-padding was detected! ..."), or None
+    where the release has none (then right padding is a path it accepts, and a departure a finding)."""
+    import inspect
+    import re
+
+    try:
+        from transformers.generation import utils as generation
+        src = inspect.getsource(generation)
+    except Exception:
+        return None
+    at = src.find("right-padding was detected")
+    if at < 0:
+        return None
+    start, end = src.rfind("(", 0, at), src.find(")", at)
+    words = " ".join("".join(re.findall(r'"([^"]*)"', src[start:end])).split())
+    return f'"{words}"' if words else None
+
+
+def why_combined(name: str, rows: dict, threshold: float, ids, padded: Optional[BoundaryResult]) -> list[str]:
+    """Which rows of a failed padded combination are off, what that points at, and whether padded
+    alone (one forward) fails too."""
+    off = [k for k, v in rows.items() if v > threshold]
+    out = [f"off: {', '.join(off)}"]
+    if "the row" in off:
+        out.append("the row with no padding is off too: the masked cached path itself differs")
+    elif len(off) == 1:
+        out.append(f"only with pad {off[0].rpartition(' ')[2]}: the padded positions' ids reach the real ones "
+                   "through the cache, whatever the mask says (hidden with the other pad id)")
+    if padded is not None and padded.status == BUG:
+        out.append("padded fails too, in one forward")
+    return out
+
+
+def run_rollback_window(model, make, layers, tokens, ref, noise, tolerance, rollback: Optional[BoundaryResult]):
+    """(metrics, run, entry, runner) of rollback-window: on a crop runner of its own, only where
+    the rollback's own crop ran on a path their API supports (module docstring)."""
+    crop = rollback.their_crop if rollback is not None else None
+    if rollback is not None and rollback.generate_refuses:
+        return None, None, entry(NOT_RUN, why=f"generate() refuses assisted decoding: {rollback.generate_refuses}"), None
+    if crop is None or crop.status in (REFUSED, NOT_RUN):
+        said = f"their crop {crop.status}: {crop.why}" if crop is not None else "the rollback did not run"
+        return None, None, entry(NOT_RUN, why=said), None
+    try:
+        r = make(model, layers, crop=True)
+    except hf_runner.CropRefused as refused:
+        return None, None, entry(NOT_RUN, why=f"their crop refused: {refused}"), None
+    r.window = window_of(model)
+    try:
+        m, run, e = run_one(r, tokens, "rollback-window", ref, noise, tolerance)
+    except hf_runner.CropRefused as refused:  # their API refused the held drafts in so many words
+        return None, None, entry(NOT_RUN, why=f"their crop refused held drafts: {refused}"), None
+    e.mode, e.extra["window"] = "crop", r.window
+    if e.status == BUG and crop.status in (BUG, UNCONFIRMED, CRASHED):
+        e.why = "; ".join(filter(None, [e.why, "rollback fails too, one draft per crop"]))
+    return m, run, e, r
+
+
+def window_of(model) -> Optional[int]:
+    """The config's sliding window (or chunked attention's chunk), where it sets one above 1."""
+    cfg = getattr(model, "config", None)
+    for src in (cfg, getattr(cfg, "get_text_config", lambda: None)() if cfg is not None else None):
+        for k in WINDOW_KEYS + (CHUNKED_ATTENTION,):
+            v = getattr(src, k, None)
+            if isinstance(v, int) and not isinstance(v, bool) and v > 1:
+                return v
+    return None
 
 
 @dataclasses.dataclass

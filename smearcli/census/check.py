@@ -54,14 +54,13 @@ from ..impls.hf import hidden_names
 from ..impls.hf.cache_runner import CacheRunner, full_run
 from . import born, boundary, causal, diagnose, shapes, ties, variants
 from .record import Record, new as record
-from .boundary import measured, transformers_frame
+from .boundary import WINDOW_KEYS, measured, transformers_frame
 from .derive import default_counts, derive
 
 T = 49  # one past a multiple of the 16-token chunks
 VERDICTS = WORDS
 INIT_LADDER = (None, 0.1, 0.3, 1.0)  # initializer_range: the default, then larger (seeded)
 CONV_KEYS = ("conv_kernel", "mamba_d_conv", "conv1d_width", "linear_conv_kernel_dim", "d_conv", "conv_L_cache")
-WINDOW_KEYS = ("sliding_window", "attention_window_size", "window_size", "sliding_window_size")
 SSM_KEYS = ("chunk_size", "mamba_chunk_size")
 BLOCK_KEYS = ("block_size", "attention_chunk_size", "index_block_size")  # blockwise kernels (`derive.BLOCK`)
 
@@ -179,12 +178,12 @@ def check(model_type: str, seed: int = 0, tolerance: float = NOISE_MARGIN, total
     budget.stage(rec)  # the verdict is in: kept even if a reproducer runs out of time
     if rec.verdict in (BUG, UNCONFIRMED) and rec.built_from is not None:  # every finding
         reachability(rec, seed, tolerance, total)
+        budget.stage(rec)
     elif rec.verdict in (OK, INCONCLUSIVE) and rec.built_from is not None and rec.shape != shapes.LEAK:
         from . import reach  # generate's own paths, where the census's cached schedules all agree
 
         reach.through_generate(rec, lambda s: build(rec.built_from, rec.init, seed + s), lambda s: torch.randint(
             0, rec.vocab, (1, total), generator=torch.Generator().manual_seed(seed + s)), tolerance)
-        budget.stage(rec)
         budget.stage(rec)
     if rec.verdict == BUG and repro_dir is not None and rec.built_from is not None:
         from . import findings_files
@@ -357,6 +356,9 @@ def check_model(model, tokens, plans: dict, tolerance: float = NOISE_MARGIN, mak
                             f"({next(iter(refused.values()))}); the verdict rests on the schedules it accepts")
     confs, reruns = confirmed(evidence.Confirmer(runner, tokens, f64), bounds.runners, tokens, plans,
                               {k: m for k, m in ms.items() if not m.passed}, out)
+    failing = [k for k, m in ms.items() if k not in boundary.SCHEDULES and not out["schedules"][k]["passed"]]
+    for name in boundary.parts_fail(bounds.entries, failing):  # its part's error, not the combination's
+        ms.pop(name, None)
     runs = [judge.Run(k, m.passed, confs.get(k)) for k, m in ms.items()]
     judged = judge.judge(runs)
     bad = {k: ms[k] for k in judged.named(BUG, UNCONFIRMED)}
@@ -364,7 +366,8 @@ def check_model(model, tokens, plans: dict, tolerance: float = NOISE_MARGIN, mak
         bugs = {k: ms[k] for k in judged.named(BUG)}
         pool = bugs or bad
         plain = {k: m for k, m in pool.items() if k not in boundary.SCHEDULES}
-        name, worst = max((plain or pool).items(), key=lambda kv: kv[1].max_abs_logits)
+        alone = {k: m for k, m in pool.items() if k not in boundary.COMBINED}  # a boundary before its combinations
+        name, worst = max((plain or alone or pool).items(), key=lambda kv: kv[1].max_abs_logits)
         boundary.beside(bounds.entries, name)  # a boundary that agreed is not judged beside it
         confirmer, rerun = reruns[name]  # the headline's third number: a plain float64 cast
         out["schedules"][name]["confirmation"]["float64"] = confirmer.plain(rerun)

@@ -284,7 +284,8 @@ def test_a_cache_with_no_recording_api_is_refused_and_generate_makes_none():
     out = scan(model, cfg)
     e = out["boundaries"]["rollback"]
     assert e.their_crop.status == REFUSED and "has no activate_past_recording" in e.their_crop.why
-    assert e.mode == "copy" and e.status == e.copy.status
+    # the copy decides (not judged beside padded-decode's crash: RWKV's batched one-token decode)
+    assert e.mode == "copy" and e.status in (e.copy.status, "not judged")
     assert "_is_stateful" in e.generate_refuses and "generate makes no cache" in e.generate_refuses
 
 
