@@ -51,6 +51,7 @@ PAD_ID = 0  # what a padding position holds (its outputs are never compared)
 CHUNK_WIDTH = 8  # padded-chunks: the widest chunk, below the scan's chunks of 16 so pads fill one
 DECODED = 6  # padded-decode: tokens decoded one at a time after the right-padded prefill
 HELD = (3, 3, 4)  # rollback-window: draft forwards held for one crop, tokens in each, tokens the crop takes back
+ROUNDS = 3  # rollback-window: rounds of held drafts (the rest of the row then comes in one forward)
 
 
 def split_on_bos(row: Tensor, bos: int) -> list[int]:
@@ -315,9 +316,10 @@ def window_prompt(T: int, window: Optional[int]) -> int:
 
 
 def rollback_window(runner: Runner, tokens: Tensor, opts, capture, on_step=None):
-    """A prefill, then rounds of HELD[0] draft forwards of HELD[1] tokens held for one crop of the
-    last HELD[2] (wrong guesses, across the last forward's start); the next round feeds the right
-    tokens. A final round too short to reject anything is accepted whole."""
+    """A prefill, then ROUNDS rounds of HELD[0] draft forwards of HELD[1] tokens held for one crop
+    of the last HELD[2] (wrong guesses, across the last forward's start); the next round feeds the
+    right tokens. The rest of the row then comes in one forward, accepted whole (as does a round
+    too short to reject anything): a few forwards, not one per draft to the row's end."""
     B, T = tokens.shape
     forwards, width, reject = HELD
     held = forwards * width
@@ -326,17 +328,19 @@ def rollback_window(runner: Runner, tokens: Tensor, opts, capture, on_step=None)
     cache = runner.new_cache(B, T + held)
     out = runner.step(tokens[:, :prompt], cache, capture)
     logits, caps, steps, starts, cuts = [out.logits.float()], [out.hiddens if capture else None], [prompt], [], []
-    pos = prompt
+    pos, rounds = prompt, 0
     while pos < T:
-        n = min(held, T - pos)
-        keep = n if n < held else n - reject
+        n = min(held, T - pos) if rounds < ROUNDS else T - pos
+        keep = n if n < held or rounds >= ROUNDS else n - reject
+        rounds += 1
         draft = tokens[:, pos:pos + n]
         if keep < n:  # wrong guesses: the next id
             draft = torch.cat([draft[:, :keep], (draft[:, keep:] + 1) % vocab], dim=1)
             if runner.can(RECORD):
                 runner.record(cache)  # no crop between the forwards of this round
-        for i in range(0, n, width):
-            m = min(width, n - i)
+        step = width if keep < n else n  # held drafts in forwards of `width`; an accepted rest at once
+        for i in range(0, n, step):
+            m = min(step, n - i)
             o = runner.step(draft[:, i:i + m], cache, capture)
             take = max(0, min(m, keep - i))  # its accepted positions
             starts.append(pos + i)
@@ -351,8 +355,8 @@ def rollback_window(runner: Runner, tokens: Tensor, opts, capture, on_step=None)
             on_step(keep)
     crossed = (f"the first round's drafts crossing the window of {runner.window} at position {runner.window}"
                if runner.window is not None and prompt < runner.window else "no sliding window to cross")
-    note = (f"rollback-window: rounds of {forwards} draft forwards of {width} tokens held for one crop of the last "
-            f"{reject}, from a prompt of {prompt}: {crossed}")
+    note = (f"rollback-window: {ROUNDS} rounds of {forwards} draft forwards of {width} tokens held for one crop of "
+            f"the last {reject}, from a prompt of {prompt}, then the rest in one forward: {crossed}")
     return Ran(torch.cat(logits, dim=1), _cat(caps, 1) if capture else None, steps, {ROLLBACK: cuts},
                starts=starts, notes=(note,))
 
@@ -400,7 +404,8 @@ PADDED_DECODE_REPRO = Repro(
 ROLLBACK_WINDOW_REPRO = Repro(
     "A prefill, then rounds of draft forwards held for one crop through their cache API,",
     boundaries_repro.ROLLBACK_WINDOW,
-    lambda e, T: dict(prompt=window_prompt(T, e.get("window")), held=HELD, drafted=DRAFT - 1))  # as CacheRunner.drafted
+    lambda e, T: dict(prompt=window_prompt(T, e.get("window")), held=HELD, rounds=ROUNDS,
+                      drafted=DRAFT - 1))  # as CacheRunner.drafted
 
 COMBINATIONS = (
     Schedule("padded-chunks", "the row beside its prefix left-padded with two pad ids, fed in chunks the padding "

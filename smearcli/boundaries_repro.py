@@ -140,13 +140,14 @@ def padded_decode(model, ids):
     return torch.stack([x[0]] + [torch.cat([x[r, :L], x[r, W:], x[0, L + DECODED:]]) for r in (1, 2)])
 '''
 
-ROLLBACK_WINDOW = '''PROMPT, HELD, DRAFTED = {prompt!r}, {held!r}, {drafted!r}  # rollback-window: forwards held, tokens each, tokens cropped
+ROLLBACK_WINDOW = '''PROMPT, HELD, ROUNDS, DRAFTED = {prompt!r}, {held!r}, {rounds!r}, {drafted!r}  # rollback-window
 
 
 def rollback_window(model, ids):
-    """A prefill, then rounds of HELD[0] draft forwards of HELD[1] tokens held for one crop of the
-    last HELD[2] (wrong guesses), as an assistant's cache keeps its drafts until the next round
-    crops them; generate's crop(0) after every forward of a round that rejects nothing."""
+    """A prefill, then ROUNDS rounds of HELD[0] draft forwards of HELD[1] tokens held for one crop
+    of the last HELD[2] (wrong guesses), as an assistant's cache keeps its drafts until the next
+    round crops them, then the rest in one forward; generate's crop(0) after every forward of a
+    round that rejects nothing."""
     forwards, width, reject = HELD
     held, vocab = forwards * width, max(int(ids.max()) + 1, 2)
     made = generation_cache(model)
@@ -155,19 +156,21 @@ def rollback_window(model, ids):
     out, cache = step(model, ids[:, :PROMPT], made, 0)
     if made is None:  # a cache the model made itself: recorded from the prefill on
         cache.activate_past_recording(**recording(cache, DRAFTED))
-    logits, pos, due = [out], PROMPT, True
+    logits, pos, due, rounds = [out], PROMPT, True, 0
     while pos < T:
-        n = min(held, T - pos)
-        keep = n if n < held else n - reject
+        n = min(held, T - pos) if rounds < ROUNDS else T - pos
+        keep = n if n < held or rounds >= ROUNDS else n - reject
+        rounds += 1
         draft = ids[:, pos:pos + n]
         if keep < n:
             draft = torch.cat([draft[:, :keep], (draft[:, keep:] + 1) % vocab], dim=1)
             due = False  # held: no crop between this round's forwards
-        for i in range(0, n, width):
+        size = width if keep < n else n  # held drafts in forwards of HELD[1]; an accepted rest at once
+        for i in range(0, n, size):
             if due:
                 cache.crop(0)
-            out, cache = step(model, draft[:, i:i + width], cache, pos + i)
-            logits.append(out[:, :max(0, min(width, keep - i))])
+            out, cache = step(model, draft[:, i:i + size], cache, pos + i)
+            logits.append(out[:, :max(0, min(size, keep - i))])
             due = keep == n
         if keep < n:
             cache.crop(keep - n)  # one crop: the tokens of several forwards

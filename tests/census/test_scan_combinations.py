@@ -146,6 +146,8 @@ def test_held_drafts_cross_the_sliding_window():
     assert run.steps[:1 + forwards] == [prompt] + [width] * forwards
     assert run.marks["rollback"][0] == prompt + forwards * width - reject
     assert "crossing the window of 8" in run.notes[0]
+    rest = T - (prompt + boundaries.ROUNDS * (forwards * width - reject))
+    assert run.steps[-1] == rest and len(run.marks["rollback"]) == boundaries.ROUNDS  # then the rest at once
     ref = full_run(runner, tokens())
     assert float((run.logits - ref.logits).abs().max()) < 1e-4
 
@@ -194,7 +196,7 @@ def test_the_reproducer_rebuilds_the_combination(tmp_path, name):
     elif name == "padded-decode":
         assert "W, L, DECODED, PAD_IDS, POSITIONS = 43, 33, 6, (0, 3), True" in src
     else:
-        assert f"PROMPT, HELD, DRAFTED = {boundaries.window_prompt(T, 8)}, (3, 3, 4)" in src
+        assert f"PROMPT, HELD, ROUNDS, DRAFTED = {boundaries.window_prompt(T, 8)}, (3, 3, 4), 3" in src
         assert "cache.crop(keep - n)" in src and "activate_past_recording" in src
 
 
