@@ -237,14 +237,15 @@ def run_combinations(out: Boundaries, model, make, layers, tokens, ref, noise, t
 
 
 def parts_fail(entries: dict, failing_plans) -> list[str]:
-    """The combinations that failed where one of their parts fails alone, each made `not judged`
-    with that part named (its error, not the combination's: the verdict does not read it, and it
-    is no finding of its own): any failing step plan (each is a cached path every combination
-    runs), `padded` for the padded ones, `rollback` for rollback-window. Their names."""
+    """The combinations that failed (or raised) where one of their parts fails alone, each made
+    `not judged` with that part named (its error, not the combination's: the verdict does not read
+    it, and it is no finding of its own; a raise keeps its frame in `why`): any failing step plan
+    (each is a cached path every combination runs), `padded` for the padded ones, `rollback` for
+    rollback-window. Their names."""
     out = []
     for name in COMBINED:
         e = entries.get(name)
-        if e is None or e.status not in (BUG, UNCONFIRMED):
+        if e is None or e.status not in (BUG, UNCONFIRMED, CRASHED):
             continue
         own = entries.get("rollback" if name == "rollback-window" else "padded")
         part = next(iter(failing_plans), None)

@@ -207,3 +207,17 @@ def test_the_combination_reproducers_run_clean_on_the_tiny_llama(tmp_path):
         rec = record("llama", BUG, worst_schedule=name, steps=[T], max_abs=1.0, boundaries={name: e})
         got, line = repro.run(repro.write(rec, derive("llama").config, tmp_path / f"{name}.py", total=T))
         assert got == 0 and name in line, line
+
+
+def test_a_combination_failing_where_a_part_fails_alone_is_not_judged():
+    from smearcli.verdicts import NOT_JUDGED
+
+    entries = {"padded": BoundaryResult("passed"), "rollback": BoundaryResult(BUG),
+               "padded-chunks": BoundaryResult(CRASHED, why="sdpa_attention.py:182: RuntimeError"),
+               "padded-decode": BoundaryResult(BUG), "rollback-window": BoundaryResult(BUG)}
+    assert boundary.parts_fail(entries, []) == ["rollback-window"]  # the rollback fails alone
+    assert "'rollback' fails alone" in entries["rollback-window"].why
+    assert entries["padded-chunks"].status == CRASHED  # its parts pass: its own raise, a finding
+    assert boundary.parts_fail(entries, ["decode"]) == ["padded-chunks", "padded-decode"]
+    pc = entries["padded-chunks"]
+    assert pc.status == NOT_JUDGED and "'decode' fails alone" in pc.why and "RuntimeError" in pc.why
