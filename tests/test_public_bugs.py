@@ -3,6 +3,7 @@ every probe stands alone (torch, transformers and the standard library only), an
 decision (found / missed / found on the fixed release too) on hand-made records. Fast: no network,
 no release installed, no scan run."""
 import ast
+import json
 import importlib.util
 import re
 import sys
@@ -234,3 +235,21 @@ def test_records_are_kept_per_census(pb, tmp_path, monkeypatch):
     (tmp_path / "smearcli" / "rules.py").write_text("A = 2\n")
     assert pb.record_file("5.12.1", "mamba2") != first
     assert pb.read_record(first) is None  # nothing scanned: not run yet, never an error
+
+
+def test_the_page_without_running_shows_the_last_census_and_says_so(pb, tmp_path, monkeypatch, bugs):
+    """--no-run after the census changed shows the records of the last census that ran, and says
+    they are an earlier census's, never "not run yet" for all."""
+    monkeypatch.setenv("SMEARCLI_RELEASES", str(tmp_path))
+    b = bugs[0]
+    old = tmp_path / "public-bugs" / "census-0123456789ab"
+    found = record.bare(b["architectures"][0], "bug", worst_schedule="chunks of 16")
+    for release, r in ((b["buggy"], found), (b["fixed"], record.bare(b["architectures"][0], "ok"))):
+        (old / release).mkdir(parents=True)
+        (old / release / f"{b['architectures'][0]}.jsonl").write_text(json.dumps(r.to_json()) + "\n")
+    page = tmp_path / "page.md"
+    monkeypatch.setattr(pb, "_PINNED", None)
+    assert pb.main(["--no-run", "--only", b["slug"], "--page", str(page)]) == 0
+    text = page.read_text()
+    assert "the records of census key 0123456789ab, an earlier state of smearcli" in text
+    assert f"{b['slug']} | {b['path_class']}" in text and "**found**" in text
