@@ -336,8 +336,7 @@ def rollback_window(runner: Runner, tokens: Tensor, opts, capture, on_step=None)
         draft = tokens[:, pos:pos + n]
         if keep < n:  # wrong guesses: the next id
             draft = torch.cat([draft[:, :keep], (draft[:, keep:] + 1) % vocab], dim=1)
-            if runner.can(RECORD):
-                runner.record(cache)  # no crop between the forwards of this round
+            runner.record(cache)  # no crop between the forwards of this round
         step = width if keep < n else n  # held drafts in forwards of `width`; an accepted rest at once
         for i in range(0, n, step):
             m = min(step, n - i)
@@ -415,6 +414,6 @@ COMBINATIONS = (
              "the pads, with the mask", padded_decode, frozenset({PADDED_STEPS}),
              shape="padding carried into later steps", census=True, repro=PADDED_DECODE_REPRO),
     Schedule("rollback-window", "a prefill, then rounds of draft forwards held for one crop, across the sliding "
-             "window", rollback_window, frozenset({CROP}), shape="state not rolled back after held drafts",
+             "window", rollback_window, frozenset({CROP, RECORD}), shape="state not rolled back after held drafts",
              shape_at=ROLLBACK, census=True, repro=ROLLBACK_WINDOW_REPRO),  # marks: the figures' words are padded's and rollback's
 )
