@@ -54,3 +54,9 @@ def figure_schedule(names) -> str:
     if "chunked" in names:
         return "chunked"
     return next((n for n in names if n in CHUNK_START_SCHEDULES), names[0])
+
+# generate's own paths (census.reach) and their reproducer (census.repro)
+GENERATE_NEW = 6  # tokens generated per path
+GENERATE_CHUNK = 16  # prefill_chunk_size
+GENERATE_PADS_INSIDE = 5  # the chunked padded batch's pads: fewer than the chunk, so its first chunk holds pads and tokens
+GENERATE_PATH = "generate: "  # a finding only generate's own paths show: its worst_schedule is this, then the path

@@ -45,16 +45,14 @@ from __future__ import annotations
 from typing import Optional
 
 from .. import frames  # torch is imported where a path runs: the report reads `words` without it
+from ..defaults import GENERATE_CHUNK as CHUNK, GENERATE_NEW as NEW, GENERATE_PADS_INSIDE as INSIDE, GENERATE_PATH as GENERATE
 from ..verdicts import BUG, UNCONFIRMED
 
 SILENT, AGREES, RAISES, REFUSED = "silently wrong", "agrees", "raises first", "refused"
 NOT_RUN = "not run"  # the model has no `generate`, or no assistant was given
-NEW = 6  # tokens generated per path
-CHUNK = 16  # prefill_chunk_size
 PATHS = ("generate", "prefill_chunk_size", "left-padded batch", "prefill_chunk_size, left-padded batch",
          "assistant model")
 PADDED_PATHS = PATHS[2:4]  # the paths with left padding: not judged where the model cannot number past pads
-INSIDE = 5  # the chunked padded batch's pads: fewer than CHUNK, so the first chunk holds pads and tokens
 LEAK_PATHS = ("full pass", "generate's prompt pass", "generate")
 
 
@@ -306,8 +304,7 @@ def summary(reach: Optional[dict]) -> str:
     return next((w for w in (SILENT, RAISES, REFUSED, AGREES) if w in got), "-")
 
 
-GENERATE = "generate: "  # a finding only generate's own paths show: its worst_schedule is this, then the path
-THROUGH = "through generate only"  # its shape: every cached schedule of the census agrees
+from .shapes import THROUGH_GENERATE as THROUGH  # its shape: every cached schedule of the census agrees
 
 
 def judged(path: str, boundaries: Optional[dict]) -> bool:

@@ -24,9 +24,8 @@ from pathlib import Path
 from typing import Optional
 
 from ..impls.hf import api
-from .shapes import LEAK
-from .reach import THROUGH as THROUGH_GENERATE
-from ..defaults import NOISE_MARGIN
+from .shapes import LEAK, THROUGH_GENERATE
+from ..defaults import GENERATE_CHUNK, GENERATE_NEW, GENERATE_PADS_INSIDE, GENERATE_PATH, NOISE_MARGIN
 from ..schedules import SCHEDULES
 from ..formatters import fmt_steps
 from .record import BoundaryResult, Record
@@ -313,13 +312,11 @@ def write_generate(record: Record, config: dict, path: Path, seed: int, vocab: i
     the same greedy call on the same tiny config, against the full pass, in float32 and float64."""
     import transformers
 
-    from . import reach
-
     path.write_text(GENERATE_TEMPLATE.format(
         model_type=record.model_type, model_class=record.model_class or "?", version=transformers.__version__,
-        path=record.worst_schedule[len(reach.GENERATE):], max_abs=record.max_abs or 0.0,
-        config_json=json.dumps(config, default=str), total=total, new=reach.NEW, chunk=reach.CHUNK,
-        inside=reach.INSIDE, vocab=vocab, seed=seed, margin=margin), encoding="utf-8")
+        path=record.worst_schedule[len(GENERATE_PATH):], max_abs=record.max_abs or 0.0,
+        config_json=json.dumps(config, default=str), total=total, new=GENERATE_NEW, chunk=GENERATE_CHUNK,
+        inside=GENERATE_PADS_INSIDE, vocab=vocab, seed=seed, margin=margin), encoding="utf-8")
     return path
 
 
