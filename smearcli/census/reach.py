@@ -357,7 +357,12 @@ def through_generate(rec, make, tokens_of, tolerance: float) -> None:
         return
     other = again(make(seed + 1), make(seed + 2), tokens_of(seed + 1))
     replicated = other is not None and other > threshold
-    rec.verdict = str(BUG if kept and replicated else UNCONFIRMED)
+    # unconfirmed, never bug, this round: on 5.24 the RoBERTa family departs here because random
+    # prompts hold its pad id, which its position ids skip (an artifact a maintainer would close);
+    # until the prompts avoid the pad id and each finding is read in their source, it is said as unconfirmed
+    rec.verdict = str(UNCONFIRMED)
+    rec.notes.append("through generate only: held unconfirmed until read as their maintainer would" + (
+        "" if kept and replicated else " (and not kept in float64 or on the next seed)"))
     rec.worst_schedule, rec.shape = GENERATE + name, THROUGH
     rec.max_abs, rec.multiple = err, err / rec.floor
     rec.notes.append(f"every cached schedule of the census agrees; generate's {name} is off by {err:.3g} "

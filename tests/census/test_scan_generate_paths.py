@@ -22,7 +22,7 @@ from smearcli.census.derive import derive  # noqa: E402
 from smearcli.census.record import BoundaryResult, new as record  # noqa: E402
 from smearcli.census.shapes import LEFT_UNSUPPORTED  # noqa: E402
 from smearcli.defaults import NOISE_MARGIN  # noqa: E402
-from smearcli.verdicts import BUG, OK  # noqa: E402
+from smearcli.verdicts import BUG, OK, UNCONFIRMED  # noqa: E402
 
 CFG = derive("llama").config
 FLOOR = 1e-6  # a float32 floor of the tiny llama's order (the census measures it; here it only scales)
@@ -61,14 +61,15 @@ def test_a_clean_model_agrees_on_every_generate_path_and_keeps_its_verdict():
         assert rec.reach[name]["tokens"] == "same"
 
 
-def test_a_departure_only_chunked_padding_shows_is_a_confirmed_bug_through_generate():
+def test_a_departure_only_chunked_padding_shows_is_found_through_generate_and_held_unconfirmed():
     rec = ok_record()
     reach.through_generate(rec, lambda s: off_when_chunked_and_padded(build(CFG, None, s)), tokens_of, NOISE_MARGIN)
-    assert rec.verdict == BUG, rec.notes
+    assert rec.verdict == UNCONFIRMED, rec.notes  # kept in float64 and on seed 1, yet not read in their source
     assert rec.worst_schedule == reach.GENERATE + "prefill_chunk_size, left-padded batch"
     assert rec.shape == reach.THROUGH and rec.max_abs == pytest.approx(0.05, rel=0.01)
     assert rec.reach["left-padded batch"]["result"] == reach.AGREES  # unchunked, the batch agrees
-    assert "in float64" in rec.notes[-1] and "on seed 1" in rec.notes[-1]
+    said = " ".join(rec.notes)
+    assert "in float64" in said and "on seed 1" in said and "held unconfirmed" in said and "(and not" not in said
 
 
 def test_left_padding_the_model_cannot_number_is_not_judged_through_generate():
