@@ -46,7 +46,7 @@ from typing import Optional
 
 from .. import frames  # torch is imported where a path runs: the report reads `words` without it
 from ..defaults import GENERATE_CHUNK as CHUNK, GENERATE_NEW as NEW, GENERATE_PADS_INSIDE as INSIDE, GENERATE_PATH as GENERATE
-from ..verdicts import BUG, UNCONFIRMED
+from ..verdicts import UNCONFIRMED
 
 SILENT, AGREES, RAISES, REFUSED = "silently wrong", "agrees", "raises first", "refused"
 NOT_RUN = "not run"  # the model has no `generate`, or no assistant was given
