@@ -17,8 +17,8 @@ whether the census runs it, and its part of the census's reproducer (`Repro`, in
   the cache is cropped back before them (`Runner.crop`) or, where a runner cannot crop, restored
   from a copy taken before the draft (`Runner.copy`), and the next step feeds the right tokens.
 
-Boundaries in combination (`COMBINATIONS`: census-only, registered by `census.boundary`), where
-the paths users run meet:
+Boundaries in combination (`COMBINATIONS`: census-only, registered by `census.boundary` and never
+offered to compare, `Schedule.compare`), where the paths users run meet:
 
 - padded-chunks: batched generation with a chunked prefill. The row beside its prefix left-padded
   twice, once with the model's own pad id and once with an id whose embedding is not zero (a
@@ -409,11 +409,11 @@ ROLLBACK_WINDOW_REPRO = Repro(
 COMBINATIONS = (
     Schedule("padded-chunks", "the row beside its prefix left-padded with two pad ids, fed in chunks the padding "
              "ends inside, with the mask", padded_chunks, frozenset({PADDED_STEPS}),
-             shape="padding leaks into a row through the cache", census=True, repro=PADDED_CHUNKS_REPRO),
+             shape="padding leaks into a row through the cache", census=True, compare=False, repro=PADDED_CHUNKS_REPRO),
     Schedule("padded-decode", "the row beside its prefix right-padded, then tokens decoded one at a time after "
              "the pads, with the mask", padded_decode, frozenset({PADDED_STEPS}),
-             shape="padding carried into later steps", census=True, repro=PADDED_DECODE_REPRO),
+             shape="padding carried into later steps", census=True, compare=False, repro=PADDED_DECODE_REPRO),
     Schedule("rollback-window", "a prefill, then rounds of draft forwards held for one crop, across the sliding "
              "window", rollback_window, frozenset({CROP, RECORD}), shape="state not rolled back after held drafts",
-             shape_at=ROLLBACK, census=True, repro=ROLLBACK_WINDOW_REPRO),  # marks: the figures' words are padded's and rollback's
+             shape_at=ROLLBACK, census=True, compare=False, repro=ROLLBACK_WINDOW_REPRO),  # marks: the figures' words are padded's and rollback's
 )

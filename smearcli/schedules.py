@@ -324,6 +324,12 @@ def mark_words() -> dict[str, str]:
     return {kind: words for s in SCHEDULES.values() for kind, words in s.marks}
 
 
+def compare_schedules() -> tuple[str, ...]:
+    """The schedules compare offers, in registry order: every registered one but the census's own
+    (`Schedule.compare`), so its list is the same whether or not the census has been imported."""
+    return tuple(s.name for s in SCHEDULES.values() if s.compare)
+
+
 def census_schedules() -> tuple[str, ...]:
     """The boundaries the census runs on every architecture, in registry order."""
     return tuple(s.name for s in SCHEDULES.values() if s.census)

@@ -145,4 +145,6 @@ class Schedule:
     shape_at: Optional[str] = None  # the shape holds only when the error is born at this mark kind
     marks: tuple[tuple[str, str], ...] = ()  # (mark kind, the figure legend's words) it records
     census: bool = False  # the scan runs it on every architecture (`smearcli.census.boundary`)
+    compare: bool = True  # compare offers it; False: only the census's own set-up can run it (the
+    # boundaries in combination), so what compare accepts never depends on whether the census was imported
     repro: Optional[Repro] = None  # the census's reproducer of its failure

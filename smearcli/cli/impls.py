@@ -48,10 +48,10 @@ def offered(impl: Implementation) -> list[str]:
     """The schedules `impl` can run, in registry order: those every one of its runner classes
     declares what they need (`schedules.runnable`); the reference always."""
     from ..defaults import REFERENCE
-    from ..schedules import SCHEDULES, runnable
+    from ..schedules import compare_schedules, runnable
 
     classes = impl.runner_classes()
-    return [s for s in SCHEDULES if s == REFERENCE or all(runnable(c, s) for c in classes)]
+    return [s for s in compare_schedules() if s == REFERENCE or all(runnable(c, s) for c in classes)]
 
 
 def why_not(impl: Implementation, names) -> str:

@@ -125,14 +125,15 @@ class RunSpec:
 
     # -- parsing that needs no torch --------------------------------------------------------------
     def schedule_list(self, allow_reference: bool = False) -> list[str]:
-        from ..schedules import SCHEDULES  # the registry: a schedule registered at run time is known too
+        from ..schedules import compare_schedules  # the registry: a schedule registered at run time is known too
 
+        known = compare_schedules()  # not the census's own combinations, imported or not
         names = [s.strip() for s in self.schedules.split(",") if s.strip()]
         if not names:
-            raise UserError("--schedules is empty; choose from " + ", ".join(SCHEDULES))
+            raise UserError("--schedules is empty; choose from " + ", ".join(known))
         for n in names:
-            if n not in SCHEDULES:
-                raise UserError(f"--schedules: unknown schedule {n!r}; choose from {', '.join(SCHEDULES)}")
+            if n not in known:
+                raise UserError(f"--schedules: unknown schedule {n!r}; choose from {', '.join(known)}")
             if n == REFERENCE and not allow_reference:
                 raise UserError(f"--schedules: '{REFERENCE}' is the reference every run is compared with; leave it out")
         return list(dict.fromkeys(names))

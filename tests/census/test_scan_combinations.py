@@ -70,6 +70,21 @@ def test_the_combinations_are_census_boundaries_with_shapes_and_reproducers():
         assert boundaries.COMBINATIONS[COMBINED.index(name)].repro is not None
 
 
+def test_compare_neither_offers_nor_names_them_once_the_census_is_imported():
+    # this module imported the census, which registered them: what compare accepts, and the
+    # schedules its refusal lists (docs/errors.md), must still be what a fresh `smearcli compare` has
+    from smearcli.errors import UserError
+    from smearcli.cli.options import RunSpec
+    from smearcli.defaults import SCHEDULE_NAMES
+    from smearcli.schedules import SCHEDULES, compare_schedules
+
+    assert set(COMBINED) <= set(SCHEDULES) and compare_schedules() == SCHEDULE_NAMES
+    for name in COMBINED:
+        with pytest.raises(UserError) as e:
+            RunSpec(schedules=f"chunked,{name}").schedule_list()
+        assert f"unknown schedule {name!r}" in str(e.value) and "padded-chunks" not in str(e.value).split(";")[1]
+
+
 def test_padding_ends_inside_a_chunk_after_a_chunk_of_pads():
     for pads in range(3, 40):
         w = boundaries.chunk_width(pads)
