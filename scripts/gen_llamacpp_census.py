@@ -46,7 +46,7 @@ def scan(*args: str) -> None:
 
 
 def benchmark() -> str:
-    from smearcli.census.llamacpp import summary_line
+    from smearcli.engines.llamacpp.session import summary_line
 
     if not BENCH.exists():
         return ""

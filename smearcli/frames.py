@@ -15,7 +15,7 @@ modeling_x.py:12 in forward"). The rules, each once:
   use is not supported (NotImplementedError, or an assertion or ValueError that says "not
   supported" / "only supported"), which is a limit of their API, not a crash.
 
-vLLM's worker (`impls.vllm.worker`) runs in vLLM's own environment without smearcli, so it
+vLLM's worker (`engines.vllm.worker`) runs in vLLM's own environment without smearcli, so it
 keeps its own few lines for the same rule.
 """
 

@@ -583,7 +583,7 @@ def simulate(name: Optional[str], monkeypatch, cwd: Path) -> None:
             return result
         monkeypatch.setattr(files, "check_output_path", check_then_remove)
     elif name == "hello_timeout":  # the limit shortened: the table's run does not wait a minute
-        import smearcli.impls.vllm.environment as vllm_env
+        import smearcli.engines.vllm.environment as vllm_env
 
         monkeypatch.setattr(vllm_env, "HELLO_TIMEOUT_S", 0.5)
     elif name == "enospc":  # the disk full at the first record's write: nothing of it fits
@@ -704,7 +704,7 @@ def vllm_env(name: str = "", answer: str = ""):
 
 
 HELLO = '{"worker": "smearcli-vllm", "protocol": %s, "python": "3.11", "vllm": %s}'
-VLLM_PROTOCOL = 2  # the worker's (smearcli.impls.vllm.environment.PROTOCOL; checked below)
+VLLM_PROTOCOL = 2  # the worker's (smearcli.engines.vllm.environment.PROTOCOL; checked below)
 CASES += [
     Case("vllm environment", "--vllm-python missing", [*VLLM, "nope/bin/python"], prepare=vllm_env(),
          expect="not found; make vLLM's environment with scripts/make_vllm_env.sh DIR"),
@@ -760,7 +760,7 @@ CASES += [
 LLAMACPP = ["compare", "--impl", "llamacpp", "--hf-model", "m", "--llamacpp-python"]
 LC_HELLO = ('{"worker": "smearcli-llamacpp", "protocol": %s, "python": "3.11", "llama_cpp_python": %s, '
             '"gguf": "0.19.0", "torch": "2.13.0", "transformers": "5.24.0", "converter": %s}')
-LLAMACPP_PROTOCOL = 1  # the worker's (smearcli.impls.llamacpp.environment.PROTOCOL; checked below)
+LLAMACPP_PROTOCOL = 1  # the worker's (smearcli.engines.llamacpp.environment.PROTOCOL; checked below)
 LC_GOOD = LC_HELLO % (LLAMACPP_PROTOCOL, '"0.3.36"', '"/env/share/llamacpp-convert"')
 
 
@@ -824,7 +824,7 @@ def run_all(tmp: Path, monkeypatch) -> list[tuple["Case", int, str]]:
     # every implementation's schedules registered first (llama.cpp brings ubatch and batched on
     # import): the refusal of an unknown schedule lists the registered ones, which otherwise depend
     # on what tests ran before in this process
-    import smearcli.impls.llamacpp  # noqa: F401
+    import smearcli.engines.llamacpp  # noqa: F401
 
     good = write_checkpoint(tmp / "src" / "good")
     rows = []

@@ -1,4 +1,4 @@
-"""A stand-in for smearcli/impls/llamacpp/worker.py: speaks its protocol, computes with transformers.
+"""A stand-in for smearcli/engines/llamacpp/worker.py: speaks its protocol, computes with transformers.
 
 `tests/test_llamacpp.py` runs it as "llama.cpp's interpreter" (a two-line shell script calling this
 file with the worker's arguments), so the adapter is tested without compiling llama.cpp. Every

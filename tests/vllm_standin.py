@@ -1,4 +1,4 @@
-"""A stand-in for smearcli/impls/vllm/worker.py: speaks its protocol, computes with transformers.
+"""A stand-in for smearcli/engines/vllm/worker.py: speaks its protocol, computes with transformers.
 
 `tests/impls/test_vllm.py` runs it as the "vLLM interpreter" (a two-line shell script calling this file
 with the worker's arguments), so the adapter is tested without vLLM. Every log-prob is the model's
@@ -96,8 +96,8 @@ def answer(job, served):
 
 
 class InProcess:
-    """The stand-in as a `impls.vllm.serve.Worker` in the caller's own process: no interpreter
-    to start, nothing to import again. What `census.vllm.check` and `census.vllm.Session` ask of a
+    """The stand-in as a `engines.vllm.serve.Worker` in the caller's own process: no interpreter
+    to start, nothing to import again. What `engines.vllm.session.check` and `engines.vllm.session.Session` ask of a
     worker (`ask`, `ready`, the counters, `alive`/`kill`/`start`); the modes that need a process
     of their own (hang, exit, hog) are `serve`'s, tested on the real `Worker`. As in the real
     worker, a model counts as served by this "process" through `served`, which the census

@@ -19,9 +19,8 @@ and of every one the installed vLLM runs (`--engine vllm`) or llama.cpp's conver
   never leaves a file without its record;
 - `engines` is the registry of the engines a census runs on (`scan --engine`), `isolate.census` the
   one loop they all run through;
-- `vllm`: the vLLM engine (what it runs, one architecture's check, its session and page, its
-  reproducer; the worker process it talks to is `impls.vllm.serve`);
-- `llamacpp`: the llama.cpp engine (its session, one architecture's check, its page and reproducer);
+- the vLLM and llama.cpp engines' sessions live in their own folders (`smearcli.engines.vllm.session`,
+  `smearcli.engines.llamacpp.session`), registered here by name;
 - `reference`: what both engines are held to, transformers' full pass of the same tiny model (the
   model types an engine's architecture names map to, the saved model, the init ladder with power
   first); neither engine imports the other.

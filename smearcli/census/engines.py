@@ -2,7 +2,7 @@
 `cli.registry`: `scan --engine NAME` runs any registered engine through one loop (`isolate.census`: one
 `--only`/`--shard`/`--resume`/`--merge` path, one record file, one report, one figure).
 
-An engine is one module and one registration:
+An engine is one folder (`smearcli.engines.NAME`, its session module there) and one registration:
 
 ```python
 from smearcli.census import engines
@@ -195,19 +195,19 @@ register(Engine(
     sections="smearcli.census.report:transformers_sections", after_run="smearcli.census.draft:after_run"))
 register(Engine(
     "vllm", "vLLM's scheduler and caches, against the transformers full pass",
-    open="smearcli.census.vllm:open_session", env_var="SMEARCLI_VLLM_PYTHON", concurrent=False,
+    open="smearcli.engines.vllm.session:open_session", env_var="SMEARCLI_VLLM_PYTHON", concurrent=False,
     environment="an environment with vLLM; scripts/make_vllm_env.sh DIR makes one (then DIR/bin/python)",
     failing=(str(BUG), str(CRASHED), str(UNCONFIRMED)),
     names_are="an architecture both the installed vLLM and transformers register as a causal LM",
     repro_tails=("-vllm.py",),
     title="# smearcli scan on vLLM: vLLM {vllm_version} (CPU), transformers {transformers_version} reference",
-    sections="smearcli.census.vllm:sections"))
+    sections="smearcli.engines.vllm.session:sections"))
 register(Engine(
     "llamacpp", "llama.cpp's micro-batches, calls, seq_cp and seq_rm, against the transformers full pass",
-    open="smearcli.census.llamacpp:open_session", env_var="SMEARCLI_LLAMACPP_PYTHON",
+    open="smearcli.engines.llamacpp.session:open_session", env_var="SMEARCLI_LLAMACPP_PYTHON",
     environment="an environment with llama-cpp-python; scripts/make_llamacpp_env.sh DIR makes one (then DIR/bin/python)",
     failing=(str(BUG), str(CRASHED), str(UNCONFIRMED)),
     names_are="an architecture both llama.cpp's converter and transformers register as a causal LM",
     repro_tails=("-llamacpp.py", "-llamacpp.gguf"),
     title="# smearcli scan on llama.cpp: transformers {transformers_version} reference",
-    sections="smearcli.census.llamacpp:sections"))
+    sections="smearcli.engines.llamacpp.session:sections"))

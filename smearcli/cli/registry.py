@@ -96,13 +96,13 @@ NOT_VLLM = tuple((f, why.replace("--impl hf", "--impl vllm")) for f, why in NOT_
     ("reject", "sizes the rollback schedule, which --impl vllm does not run"),)
 register(Implementation("vllm", "the model of --hf-model DIR run by vLLM (its chunked prefill and prefix cache, "
                         "in its own environment: --vllm-python), against its full forward in transformers",
-                        "smearcli.cli.vllm:prepare", needs=(("hf_model", "DIR (a local safetensors model)"),),
+                        "smearcli.engines.vllm.prepare:prepare", needs=(("hf_model", "DIR (a local safetensors model)"),),
                         owns=("hf_model", "vllm_python", "tensor_parallel_size"), refuses=NOT_VLLM,
-                        runners=("smearcli.impls.vllm:VLLMRunner",)))
+                        runners=("smearcli.engines.vllm:VLLMRunner",)))
 NOT_LLAMACPP = tuple((f, why.replace("--impl hf", "--impl llamacpp")) for f, why in NOT_HF)
 register(Implementation("llamacpp", "the model of --hf-model DIR (or your --gguf FILE of it) run by llama.cpp (its "
                         "micro-batches, calls, sequence copies and removals, in its own environment: "
                         "--llamacpp-python), against its full forward in transformers and its own one-call prefill",
-                        "smearcli.cli.llamacpp:prepare", needs=(("hf_model", "DIR (a local safetensors model)"),),
+                        "smearcli.engines.llamacpp.prepare:prepare", needs=(("hf_model", "DIR (a local safetensors model)"),),
                         owns=("hf_model", "llamacpp_python", "gguf"), refuses=NOT_LLAMACPP,
-                        runners=("smearcli.impls.llamacpp:LlamaCppRunner",)))
+                        runners=("smearcli.engines.llamacpp:LlamaCppRunner",)))

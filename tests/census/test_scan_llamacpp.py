@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 pytest.importorskip("transformers", reason="transformers is not installed: pip install 'smearcli[hf]'")
 
 from smearcli.cli.app import app  # noqa: E402
-from smearcli.census import llamacpp  # noqa: E402
+from smearcli.engines.llamacpp import session as llamacpp  # noqa: E402
 from conftest import standin_python  # noqa: E402
 
 runner = CliRunner()

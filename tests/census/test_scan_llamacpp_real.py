@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 pytest.importorskip("transformers", reason="transformers is not installed: pip install 'smearcli[hf]'")
 
 from smearcli.cli.app import app  # noqa: E402
-from smearcli.census import llamacpp  # noqa: E402
+from smearcli.engines.llamacpp import session as llamacpp  # noqa: E402
 
 from conftest import LLAMACPP_PYTHON as PYTHON, NEEDS_LLAMACPP  # noqa: E402
 

@@ -15,10 +15,11 @@ from typer.testing import CliRunner
 
 transformers = pytest.importorskip("transformers", reason="transformers is not installed: pip install 'smearcli[hf]'")
 
-from smearcli.census import record, records, report, vllm  # noqa: E402
-from smearcli.impls.vllm import serve  # noqa: E402
+from smearcli.census import record, records, report  # noqa: E402
+from smearcli.engines.vllm import session as vllm  # noqa: E402
+from smearcli.engines.vllm import serve  # noqa: E402
 from smearcli.cli.app import app  # noqa: E402
-from smearcli.impls.vllm import BLOCK_SIZE, ENV_PYTHON  # noqa: E402
+from smearcli.engines.vllm import BLOCK_SIZE, ENV_PYTHON  # noqa: E402
 from smearcli.verdicts import CRASHED, INCONCLUSIVE, NOT_BUILT, OK, UNCONFIRMED  # noqa: E402
 from conftest import ROOT, standin_python  # noqa: E402
 
@@ -160,7 +161,7 @@ def test_the_census_on_the_standin_records_each_architecture_and_survives_a_dead
     assert checked.exit_code == 1  # crashed and unconfirmed fail --check on vLLM
 
 
-# -- one architecture, judged (`census.vllm.check`) and the census around it (`census.vllm.Session` in `isolate.census`), on
+# -- one architecture, judged (`engines.vllm.session.check`) and the census around it (`engines.vllm.session.Session` in `isolate.census`), on
 # the stand-in in this process (`vllm_standin.InProcess`): the scan's end-to-end test above runs the
 # same through the CLI, the worker process and the reproducers
 @pytest.fixture

@@ -167,7 +167,7 @@ def test_sigterm_while_a_handshake_hangs_stops_the_worker(tmp_path):
     """llama.cpp's (and vLLM's) handshake, `foreign.run_capped`, stopped by a SIGTERM (files.Terminated,
     as app.run turns it): the interpreter it started goes with it."""
     from smearcli.impls import foreign
-    from smearcli.impls.llamacpp.environment import ENGINE
+    from smearcli.engines.llamacpp.environment import ENGINE
 
     script, pid_file = tmp_path / "hangs.py", tmp_path / "pid"
     script.write_text(WAITS)
@@ -187,7 +187,7 @@ def test_sigterm_while_a_handshake_hangs_stops_the_worker(tmp_path):
 
 
 def test_ctrl_c_while_the_vllm_worker_starts_stops_it_and_removes_its_log(tmp_path):
-    from smearcli.impls.vllm import serve
+    from smearcli.engines.vllm import serve
 
     script, pid_file = tmp_path / "starts.py", tmp_path / "pid"
     script.write_text(WAITS.replace("sys.argv[-1]", repr(str(pid_file))))  # never says ready

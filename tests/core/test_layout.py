@@ -1,9 +1,10 @@
 """The package's layering, checked from the source so the layout cannot silently decay.
 
 Layers, lowest first: core (the modules at the top of `smearcli/`, `testing` included), render,
-features (`impls`, `bench`, `census`), cli. A module may import from its own layer's package or from
-any lower layer, never from a higher one (the census, built on the transformers implementation, may
-also import `impls`); there is no import cycle; no module outside `cli/` names a
+features (`impls`, `bench`, `census`, `engines`), cli (with each engine's `prepare` module: its command-line
+preparation lives in its folder). A module may import from its own layer's package or from any lower
+layer, never from a higher one (the census, built on the transformers implementation, may also import
+`impls`; an engine's census session the census and `impls`); there is no import cycle; no module outside `cli/` names a
 command-line flag; no module imports another module's private (`_name`) names; every module says
 in a docstring what it owns (modules are cut by concept: no line cap).
 """
@@ -19,8 +20,8 @@ from conftest import ROOT  # noqa: E402 - the clone's root
 
 PKG = ROOT / "smearcli"
 LAYERS = {"core": 0, "render": 1, "features": 2, "cli": 3}
-FEATURES = ("impls", "bench", "census")
-BUILT_ON = {("census", "impls")}  # same-layer imports allowed: (importer, imported)
+FEATURES = ("impls", "bench", "census", "engines")
+BUILT_ON = {("census", "impls"), ("engines", "census"), ("engines", "impls")}  # same-layer imports allowed: (importer, imported)
 FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9]*(?:-[a-z0-9]+)*")
 
 
@@ -39,7 +40,7 @@ def layer(mod: str) -> str:
     parts = mod.split(".")
     if len(parts) == 1:  # the package itself: __version__ and nothing else
         return "core"
-    if parts[1] in ("cli", "__main__"):
+    if parts[1] in ("cli", "__main__") or is_engine_cli(mod):
         return "cli"
     if parts[1] in FEATURES:
         return "features"
@@ -48,10 +49,16 @@ def layer(mod: str) -> str:
     return "core"
 
 
+def is_engine_cli(mod: str) -> bool:
+    """An engine's command-line preparation (`smearcli.engines.NAME.prepare`): CLI code in the engine's folder."""
+    parts = mod.split(".")
+    return len(parts) == 4 and parts[1] == "engines" and parts[3] == "prepare"
+
+
 def group(mod: str) -> str:
     """The package a module belongs to, for same-layer imports: impls, bench, render, cli, core."""
     parts = mod.split(".")
-    if parts[1] == "__main__":
+    if parts[1] == "__main__" or is_engine_cli(mod):
         return "cli"
     return parts[1] if len(parts) > 2 or parts[1] in FEATURES + ("render", "cli") else "core"
 
@@ -103,6 +110,7 @@ def test_the_layers_are_known():
         assert layer(name) == "core"
     assert layer("smearcli.cli.commands.compare") == "cli"
     assert layer("smearcli.impls.nanochat.audit") == "features"
+    assert layer("smearcli.engines.vllm.session") == "features" and layer("smearcli.engines.vllm.prepare") == "cli"
 
 
 def test_imports_only_go_down():
@@ -215,7 +223,7 @@ def test_the_vllm_worker_needs_no_sys_path_edit():
     named like one vLLM imports would shadow it. Nothing in its package may have such a name, and
     no module edits sys.path but the nanochat sandbox, which restores it."""
     import importlib.util
-    here = PKG / "impls" / "vllm"
+    here = PKG / "engines" / "vllm"
     for f in here.glob("*.py"):
         if f.stem not in ("__init__", "worker"):
             assert f.stem != "vllm" and importlib.util.find_spec(f.stem) is None, f

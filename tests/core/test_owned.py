@@ -69,7 +69,7 @@ def watched(monkeypatch):
     """(what every runner returned, kept alive; what each comparison measured)."""
     import smearcli.impls.hf  # noqa: F401 - every runner class, known before it is watched
     import smearcli.impls.nanochat.adapter  # noqa: F401
-    import smearcli.impls.vllm  # noqa: F401
+    import smearcli.engines.vllm  # noqa: F401
     import smearcli.gpt_runners  # noqa: F401
 
     held, measured = [], []

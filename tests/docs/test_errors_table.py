@@ -89,9 +89,9 @@ def test_cases_cover_the_issue():
 def test_the_table_speaks_the_workers_protocol():
     """The stand-in that answers as a Python without vLLM must speak the protocol this smearcli
     ships, or its row would read as another protocol's worker."""
-    from smearcli.impls.vllm.environment import PROTOCOL
+    from smearcli.engines.vllm.environment import PROTOCOL
 
     assert VLLM_PROTOCOL == PROTOCOL
-    from smearcli.impls.llamacpp.environment import PROTOCOL as LLAMACPP
+    from smearcli.engines.llamacpp.environment import PROTOCOL as LLAMACPP
 
     assert LLAMACPP_PROTOCOL == LLAMACPP

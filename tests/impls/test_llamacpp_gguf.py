@@ -1,4 +1,4 @@
-"""A user's GGUF is untrusted: `smearcli.impls.llamacpp.gguf_header.check` refuses, with the reason,
+"""A user's GGUF is untrusted: `smearcli.engines.llamacpp.gguf_header.check` refuses, with the reason,
 every file whose header lies (tensor counts, tensor sizes past the file), a truncated file, a
 huge declared vocabulary or one of another size than the config's, before llama.cpp sees it. The
 files are built here byte by byte with `struct`, from the GGUF layout (magic, version, counts, the
@@ -8,7 +8,7 @@ import struct
 
 import pytest
 
-from smearcli.impls.llamacpp.gguf_header import MAX_VOCAB, BadGGUF, check
+from smearcli.engines.llamacpp.gguf_header import MAX_VOCAB, BadGGUF, check
 
 U32, STR, ARR = 4, 8, 9
 

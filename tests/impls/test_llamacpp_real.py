@@ -79,7 +79,7 @@ def test_a_decode_past_the_watchdogs_limit_is_aborted_inside_llamacpp():
     microsecond): that schedule's crash, saying so, never a hang."""
     import torch
 
-    from smearcli.impls import llamacpp
+    from smearcli.engines import llamacpp
     from smearcli.schedules import ScheduleOptions
 
     import tempfile

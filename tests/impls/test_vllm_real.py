@@ -17,7 +17,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from smearcli.impls.vllm import ENV_PYTHON
+from smearcli.engines.vllm import ENV_PYTHON
 
 PY = os.environ.get(ENV_PYTHON, "").strip()
 pytestmark = [pytest.mark.slow,

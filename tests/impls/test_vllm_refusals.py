@@ -130,7 +130,7 @@ def test_a_worker_that_writes_without_a_newline_is_stopped_at_the_line_limit(tmp
     import sys
     import time
 
-    from smearcli.impls.vllm import serve
+    from smearcli.engines.vllm import serve
 
     w = serve.Worker(sys.executable, worker=str(worker_script(tmp_path, "floods")))
     try:
@@ -167,7 +167,7 @@ def test_compare_reads_a_flooding_worker_capped(tmp_path):
     import sys
     import tracemalloc
 
-    from smearcli.impls import vllm
+    from smearcli.engines import vllm
 
     script = tmp_path / "floods.py"
     script.write_text(f"import sys\nif sys.argv[1:] == ['hello']:\n    print({HELLO!r})\n    raise SystemExit\n"

@@ -1,7 +1,7 @@
 """The census on vLLM, `smearcli scan --engine vllm`: every architecture the installed vLLM
 registers that transformers has a causal-LM class for, each on its tiny config in vLLM against
 the same weights' full pass in transformers, with one vLLM process for them all
-(`impls.vllm.serve.Worker`) and each architecture in its own forked process (`isolate`). The
+(`engines.vllm.serve.Worker`) and each architecture in its own forked process (`isolate`). The
 engine is this one module and its registration in `census.engines`; its sections, in order:
 
 **What it runs.** Which architectures: `census.reference.model_types` of the worker's answer
@@ -62,20 +62,20 @@ from typing import Optional, Sequence
 
 import torch
 
-from .. import evidence
-from ..defaults import NOISE_MARGIN
-from ..impls.vllm import BLOCK_SIZE, Settings, payload, to_run
-from ..impls.vllm.serve import Worker, WorkerGone, archs
-from ..judge import Run, judge, status
-from ..metrics import measure
-from ..steps import CRASHED as RUN_CRASHED, UNCHECKED
-from ..verdicts import CRASHED, INCONCLUSIVE, NOT_BUILT, NOT_RUN, OK, UNCONFIRMED
-from . import derive, known
-from .boundary import transformers_frame
-from .check import CONV_KEYS, NO_POWER_NOTE, first_int, init_note, vocab_of
-from .record import Record, new as record
-from .reference import arch_of, model_types, powered, save
-from .report import cell, sort_key
+from ... import evidence
+from ...defaults import NOISE_MARGIN
+from . import BLOCK_SIZE, Settings, payload, to_run
+from .serve import Worker, WorkerGone, archs
+from ...judge import Run, judge, status
+from ...metrics import measure
+from ...steps import CRASHED as RUN_CRASHED, UNCHECKED
+from ...verdicts import CRASHED, INCONCLUSIVE, NOT_BUILT, NOT_RUN, OK, UNCONFIRMED
+from ...census import derive, known
+from ...census.boundary import transformers_frame
+from ...census.check import CONV_KEYS, NO_POWER_NOTE, first_int, init_note, vocab_of
+from ...census.record import Record, new as record
+from ...census.reference import arch_of, model_types, powered, save
+from ...census.report import cell, sort_key
 
 
 # -- what it runs: the architectures, the tiny config, the schedules ------------------------------
@@ -183,7 +183,7 @@ ENGINE_REFUSED = "vLLM did not start an engine for the tiny model: "
 
 
 def request(model_dir: Path, tokens: torch.Tensor, vocab: int, entries: list, one_engine: bool = False) -> dict:
-    """The worker's request (`impls.vllm.payload`, as `compare --impl vllm` sends it), with the
+    """The worker's request (`engines.vllm.payload`, as `compare --impl vllm` sends it), with the
     census's cache budget; the worker's Python is not part of it."""
     return payload(Settings("", str(model_dir), vocab, kv_cache_memory_bytes=KV_CACHE_BYTES), tokens,
                    entries, one_engine)
@@ -342,7 +342,7 @@ def refused_by_the_process(rec: Record) -> bool:
 
 
 class Session:
-    """The vLLM engine's census (`census.engines`): one worker (`impls.vllm.serve.Worker`) for every
+    """The vLLM engine's census (`census.engines`): one worker (`engines.vllm.serve.Worker`) for every
     architecture, each checked in its own forked process, one at a time. Between architectures a
     worker that died, hung or left an answer unread is started again; an engine vLLM refused in a
     worker that had served others is checked again in a fresh one before it counts, unless vLLM's
@@ -392,7 +392,7 @@ class Session:
 def open_session(python: str, quiet: bool = False) -> Session:
     """vLLM's environment checked by its handshake (a UserError when it is not one), then its
     worker started (vLLM imported): the census's fixed cost."""
-    from ..impls.vllm.environment import check_python
+    from .environment import check_python
 
     check_python(python)
     t0 = time.monotonic()

@@ -1,12 +1,12 @@
 """`--impl llamacpp`: the model of `--hf-model DIR` (or a user's `--gguf FILE` of it) run by
-llama.cpp (smearcli.impls.llamacpp) as a registry job.
+llama.cpp (smearcli.engines.llamacpp) as a registry job.
 
 Owns what only llama.cpp needs from the CLI: its interpreter (`--llamacpp-python`, else
 $SMEARCLI_LLAMACPP_PYTHON), the header check of `--gguf` before llama.cpp sees the file (a bad one
 is exit 2 with the reason), the schedules it runs by default (all of llama.cpp's), the reference
 (the same directory loaded in transformers here, compared as log-probabilities) and the report:
 the standard one, whose verdict and notes add the cached paths held to llama.cpp's own one-call
-prefill (`impls.llamacpp.own_prefill`). Imported only when `--impl llamacpp` runs.
+prefill (`engines.llamacpp.own_prefill`). Imported only when `--impl llamacpp` runs.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..errors import UserError
-from .options import RunSpec, foreign_python
+from ...errors import UserError
+from ...cli.options import RunSpec, foreign_python
 
 SUBTITLE = ("llama.cpp runs each schedule with its own micro-batches, calls and sequence operations (in its "
             "own environment);\nthe reference is the same model's full forward in transformers; both as "
@@ -24,7 +24,7 @@ SUBTITLE = ("llama.cpp runs each schedule with its own micro-batches, calls and 
 
 def llamacpp_python(spec: RunSpec) -> tuple[str, str]:
     """(llama.cpp's interpreter, where it was given: the option or the environment variable)."""
-    from ..impls.llamacpp import ENV_PYTHON
+    from . import ENV_PYTHON
 
     return foreign_python(spec.llamacpp_python, "--llamacpp-python", ENV_PYTHON, "--impl llamacpp",
                           "an environment with llama-cpp-python; scripts/make_llamacpp_env.sh DIR makes one "
@@ -33,7 +33,7 @@ def llamacpp_python(spec: RunSpec) -> tuple[str, str]:
 
 def check_gguf_file(spec: RunSpec, vocab: int):
     """--gguf's header against the bounds and the config's vocabulary (UserError with the reason)."""
-    from ..impls.llamacpp.gguf_header import BadGGUF, check as check_gguf
+    from .gguf_header import BadGGUF, check as check_gguf
 
     path = Path(spec.gguf)
     if not path.is_file():
@@ -47,8 +47,8 @@ def check_gguf_file(spec: RunSpec, vocab: int):
 
 
 def schedules_to_run(spec: RunSpec, schedules) -> list:
-    from ..impls.llamacpp import LLAMACPP_SCHEDULES
-    from ..defaults import DEFAULT_SCHEDULES
+    from . import LLAMACPP_SCHEDULES
+    from ...defaults import DEFAULT_SCHEDULES
 
     if spec.schedules == ",".join(DEFAULT_SCHEDULES):  # not chosen: every schedule llama.cpp runs
         return list(LLAMACPP_SCHEDULES)
@@ -57,14 +57,15 @@ def schedules_to_run(spec: RunSpec, schedules) -> list:
 
 def prepare(spec: RunSpec, schedules, tolerance: float):
     """A Job that runs llama.cpp on `schedules` against the transformers reference (compare/1)."""
-    from ..impls import hf, llamacpp
-    from ..impls.llamacpp.environment import check_python
-    from ..defaults import DEFAULT_SCHEDULES
-    from ..runner import LogProbs
-    from .build import check_boundaries, flag
-    from .hf import check_hf_spec, flag_model, load, tokens_for
-    from .reports import ComparisonReport, Job
-    from .threads import apply_threads
+    from ...impls import hf
+    from .. import llamacpp
+    from .environment import check_python
+    from ...defaults import DEFAULT_SCHEDULES
+    from ...runner import LogProbs
+    from ...cli.build import check_boundaries, flag
+    from ...cli.hf import check_hf_spec, flag_model, load, tokens_for
+    from ...cli.reports import ComparisonReport, Job
+    from ...cli.threads import apply_threads
 
     chosen = spec.schedules != ",".join(DEFAULT_SCHEDULES)
     schedules = schedules_to_run(spec, schedules)
@@ -118,8 +119,8 @@ def prepare(spec: RunSpec, schedules, tolerance: float):
              f"{tokens.size(0)} x {T} tokens")
 
     def run(bar):
-        from .. import compare
-        from ..impls.llamacpp.own_prefill import held
+        from ... import compare
+        from .own_prefill import held
 
         c = compare.compare([runner], tokens, runner.schedules, options=opts, tolerance=tolerance,
                             progress=bar.label, tokens_progress=bar.tokens, notes=notes, reference=reference,

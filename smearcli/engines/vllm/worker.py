@@ -1,4 +1,4 @@
-"""The process that runs vLLM for `smearcli.impls.vllm`, in vLLM's own environment.
+"""The process that runs vLLM for `smearcli.engines.vllm`, in vLLM's own environment.
 
 It imports only vLLM, numpy and the standard library (never smearcli: it runs under another
 interpreter, with other versions of torch and transformers), and is one file. It holds, first,

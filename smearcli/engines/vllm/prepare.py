@@ -1,4 +1,4 @@
-"""`--impl vllm`: the model of `--hf-model DIR` run by vLLM (smearcli.impls.vllm) as a registry job.
+"""`--impl vllm`: the model of `--hf-model DIR` run by vLLM (smearcli.engines.vllm) as a registry job.
 
 Owns what only vLLM needs from the CLI: its interpreter (`--vllm-python`, else
 $SMEARCLI_VLLM_PYTHON), `--device` and `--tensor-parallel-size` passed through, the checks of the
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..errors import UserError
-from .options import Device, DType, RunSpec, foreign_python
+from ...errors import UserError
+from ...cli.options import Device, DType, RunSpec, foreign_python
 
 SUBTITLE = ("vLLM runs each schedule with its own scheduler and caches (in its own environment); "
             "the reference is\nthe same model's full forward in transformers; both as log-probabilities.")
@@ -21,7 +21,7 @@ SUBTITLE = ("vLLM runs each schedule with its own scheduler and caches (in its o
 def vllm_python(spec: RunSpec) -> tuple[str, str]:
     """(vLLM's interpreter, where it was given: the option or the environment variable, which a
     refusal of it names)."""
-    from ..impls.vllm import ENV_PYTHON
+    from . import ENV_PYTHON
 
     return foreign_python(spec.vllm_python, "--vllm-python", ENV_PYTHON, "--impl vllm",
                           "an environment with vLLM; scripts/make_vllm_env.sh DIR makes one (then DIR/bin/python)")
@@ -30,9 +30,9 @@ def vllm_python(spec: RunSpec) -> tuple[str, str]:
 def check_vllm_spec(spec: RunSpec, schedules):
     """What the options alone decide for --impl vllm, before anything is loaded (the model directory
     must hold safetensors weights: what vLLM and the transformers reference both read)."""
-    from ..impls.hf.files import weight_files
-    from .build import flag
-    from .hf import check_hf_spec
+    from ...impls.hf.files import weight_files
+    from ...cli.build import flag
+    from ...cli.hf import check_hf_spec
 
     opts = check_hf_spec(spec, [s for s in schedules if s != "prefix"])
     if not Path(spec.hf_model).is_dir():
@@ -49,8 +49,8 @@ def check_vllm_spec(spec: RunSpec, schedules):
 
 def check_plan(T: int, schedules, opts) -> None:
     """The chunk plan and the prefix schedule against what vLLM can run on T tokens."""
-    from ..impls import vllm
-    from .build import flag
+    from .. import vllm
+    from ...cli.build import flag
 
     if "chunked" in schedules:
         with flag("--chunk-sizes" if opts.chunk_sizes else "--chunks", ": "):
@@ -62,13 +62,14 @@ def check_plan(T: int, schedules, opts) -> None:
 
 def prepare(spec: RunSpec, schedules, tolerance: float):
     """A Job that runs vLLM on `schedules` against the transformers reference (compare/1 document)."""
-    from ..impls import hf, vllm
-    from ..impls.vllm.environment import check_python
-    from ..runner import LogProbs
-    from .build import flag
-    from .hf import flag_model, load, tokens_for
-    from .reports import comparison_job
-    from .threads import apply_threads
+    from ...impls import hf
+    from .. import vllm
+    from .environment import check_python
+    from ...runner import LogProbs
+    from ...cli.build import flag
+    from ...cli.hf import flag_model, load, tokens_for
+    from ...cli.reports import comparison_job
+    from ...cli.threads import apply_threads
 
     schedules = [s for s in schedules if s != "full"]
     opts = check_vllm_spec(spec, schedules)

@@ -1,4 +1,4 @@
-"""The process that runs llama.cpp for `smearcli.impls.llamacpp`, in llama.cpp's own environment.
+"""The process that runs llama.cpp for `smearcli.engines.llamacpp`, in llama.cpp's own environment.
 
 It imports only llama-cpp-python's low-level bindings (`llama_cpp.llama_cpp`), numpy, the standard
 library and, to write a GGUF, the converter that environment carries beside it

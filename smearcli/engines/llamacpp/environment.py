@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Optional
 
 from ...errors import UserError
-from .. import foreign
+from ...impls import foreign
 
 PROTOCOL = 1  # the worker's protocol: its handshake and result.json carry it
 VERSION = "0.3.36"  # the llama-cpp-python this smearcli's worker is written against (its low-level API)

@@ -9,12 +9,12 @@ in transformers.
 - `check(model_type, python, ...)`: one architecture's record. The tiny config is the census's
   (`derive.derive`), built seeded at the first init of `check.INIT_LADDER` that shows power on
   transformers' side (as the census on vLLM does); the model is saved as safetensors and
-  `impls.llamacpp.LlamaCppRunner` converts it to a float32 GGUF (synthetic vocabulary of the
+  `engines.llamacpp.LlamaCppRunner` converts it to a float32 GGUF (synthetic vocabulary of the
   config's `vocab_size`) and runs prefill, ubatch (n_ubatch around the conv width and odd ones),
   chunked, decode, prefix (`seq_cp`), rollback (`seq_rm`) and batched, KV cache in float32, one
   worker process per model with its watchdog. `compare.compare` measures every run against the
   transformers full pass with the float64 floor and `smearcli.judge` gives the word, as for
-  `compare --impl llamacpp`; `impls.llamacpp.own_prefill` holds every cached path to llama.cpp's
+  `compare --impl llamacpp`; `engines.llamacpp.own_prefill` holds every cached path to llama.cpp's
   own one-call prefill:
   * llama.cpp has no float64: a departure is `unconfirmed`, never `bug`;
   * a departure already in the one-call prefill is the implementation's (its kernels, its
@@ -53,14 +53,14 @@ from typing import Optional, Sequence
 
 import torch
 
-from ..defaults import NOISE_MARGIN
-from ..verdicts import CRASHED, NOT_BUILT, OK, UNCONFIRMED, UNSUPPORTED
-from . import derive, known
-from .boundary import transformers_frame
-from .check import NO_POWER_NOTE, init_note, text_config, vocab_of
-from .record import Record, new as record
-from .report import sort_key
-from .reference import model_types, powered, save
+from ...defaults import NOISE_MARGIN
+from ...verdicts import CRASHED, NOT_BUILT, OK, UNCONFIRMED, UNSUPPORTED
+from ...census import derive, known
+from ...census.boundary import transformers_frame
+from ...census.check import NO_POWER_NOTE, init_note, text_config, vocab_of
+from ...census.record import Record, new as record
+from ...census.report import sort_key
+from ...census.reference import model_types, powered, save
 
 T = 48  # tokens: room for micro-batches of 3 to 7, three 16-token calls and drafts of the default size
 ENGINE = "llamacpp"
@@ -80,7 +80,7 @@ OWN = "the implementation's own departure, not a cache finding"
 def names_for(python: str) -> list[str]:
     """Every model type this census can check: the converter's architectures with a
     transformers causal-LM class."""
-    from ..impls.llamacpp.environment import archs
+    from .environment import archs
 
     return model_types(archs(python))
 
@@ -134,13 +134,13 @@ def judged(model_type, model, model_dir: Path, python: str, tokens, ref_runner, 
     """(the record, whether it is a finding to reproduce, the comparison or None, the runner):
     llama.cpp's runs measured by `compare.compare` and judged by `smearcli.judge`, then held to
     llama.cpp's own prefill."""
-    from .. import compare
-    from ..errors import UserError
-    from ..impls import llamacpp
-    from ..impls.llamacpp.own_prefill import against_prefill
-    from ..judge import Run, status
-    from ..steps import UNCHECKED
-    from ..steps import ScheduleOptions
+    from ... import compare
+    from ...errors import UserError
+    from .. import llamacpp
+    from .own_prefill import against_prefill
+    from ...judge import Run, status
+    from ...steps import UNCHECKED
+    from ...steps import ScheduleOptions
 
     settings = llamacpp.Settings(python=python, model=str(model_dir), vocab=int(text_config(model.config).vocab_size),
                                  widths=llamacpp.widths_for(text_config(model.config), T), f16_too=False,
@@ -324,9 +324,9 @@ class Session:
     benchmark of the run in `meta()`."""
 
     def __init__(self, python: Optional[str], quiet: bool = False):
-        from ..errors import UserError
-        from ..impls.llamacpp import ENV_PYTHON
-        from ..impls.llamacpp.environment import check_python
+        from ...errors import UserError
+        from . import ENV_PYTHON
+        from .environment import check_python
 
         if not python:
             raise UserError(f"the llama.cpp engine needs the Python of llama.cpp's environment (${ENV_PYTHON}); "
@@ -536,8 +536,8 @@ def write(rec: Record, entry: dict, tokens: list, threshold: float, gguf_name: s
 
 def run_reproducer(path: Path, python: str, timeout: float = 300.0) -> tuple[int, str]:
     """(exit status, last line) of a reproducer in llama.cpp's interpreter, isolated (`-I`)."""
-    from ..impls.foreign import runnable
-    from ..impls.llamacpp.environment import worker_env
+    from ...impls.foreign import runnable
+    from .environment import worker_env
 
     try:
         p = subprocess.run([runnable(python), "-I", str(path)], capture_output=True, text=True, timeout=timeout,

@@ -1,7 +1,7 @@
-"""One vLLM process for a whole census (`smearcli scan --engine vllm`, `census.vllm`): `Worker`.
+"""One vLLM process for a whole census (`smearcli scan --engine vllm`, `engines.vllm.session`): `Worker`.
 
 Importing vLLM takes 15 to 30 seconds on two cores, longer than checking a tiny model, so the
-census starts the worker (`smearcli/impls/vllm/worker.py serve`, in vLLM's environment) once and
+census starts the worker (`smearcli/engines/vllm/worker.py serve`, in vLLM's environment) once and
 sends it one model at a time; it starts that model's engines, runs its schedules and closes them.
 Each architecture is still checked in its own forked process (`isolate`): that process writes
 the job to the worker's stdin, waits for the answer line on its stdout, and stops the worker
@@ -29,8 +29,8 @@ from pathlib import Path
 from typing import Optional
 
 from ...errors import UserError
-from .. import foreign
-from ..foreign import runnable
+from ...impls import foreign
+from ...impls.foreign import runnable
 from .environment import MAKE_ENV, WORKER, worker_env
 
 READY_TIMEOUT_S = 600.0  # vLLM's import: 15 to 30 s alone, minutes on a loaded machine

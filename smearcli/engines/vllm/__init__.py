@@ -1,7 +1,7 @@
 """vLLM as a runner: its own scheduler and caches, in its own environment, through a subprocess.
 
 ```python
-from smearcli.impls import vllm
+from smearcli.engines import vllm
 runner = vllm.VLLMRunner(vllm.Settings(python="/opt/vllm-env/bin/python", model="tiny-llama/", vocab=256))
 result = compare.compare([runner], tokens, ["prefill", "chunked", "prefix"], reference=LogProbs(hf_runner))
 ```
@@ -39,7 +39,7 @@ import torch
 from ...errors import UserError
 from ...runner import PREFIX_CACHE, Described, Runner
 from ...steps import CRASHED, PREFIX_HIT, UNCHECKED, RunResult, ScheduleOptions, chunk_plan
-from .. import foreign
+from ...impls import foreign
 from .environment import ENGINE, PROTOCOL, RAISED, WORKER, hello, worker_env
 
 VLLM_SCHEDULES = ("prefill", "decode", "chunked", "prefix")

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Optional
 
 from ...errors import UserError
-from .. import foreign
-from ..foreign import one_line, runnable
+from ...impls import foreign
+from ...impls.foreign import one_line, runnable
 from .environment import ENGINE, PROTOCOL, hello, worker_env
 
 RAISED, REFUSED, STUCK_EXIT = "raised", "refused", 3  # the worker's words and its watchdog's exit status

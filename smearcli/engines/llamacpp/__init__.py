@@ -2,7 +2,7 @@
 environment, through a subprocess.
 
 ```python
-from smearcli.impls import llamacpp
+from smearcli.engines import llamacpp
 runner = llamacpp.LlamaCppRunner(llamacpp.Settings(python="/opt/llamacpp/bin/python", model="tiny-llama/",
                                                    vocab=256))
 result = compare.compare([runner], tokens, ["prefill", "ubatch", "chunked", "decode"], reference=LogProbs(hf))

@@ -2,7 +2,7 @@
 handshake (`worker.py hello`) in the interpreter `--vllm-python` names, with its output and
 time capped, and refuses, in one line naming `scripts/make_vllm_env.sh DIR`, a path that is missing,
 a directory, not a Python, a Python that hangs, prints something else, speaks another protocol or
-has no vLLM. `worker_env` (with `foreign.runnable`) is how the adapter (`smearcli.impls.vllm`) then
+has no vLLM. `worker_env` (with `foreign.runnable`) is how the adapter (`smearcli.engines.vllm`) then
 starts it.
 What every engine in its own Python shares is `smearcli.impls.foreign`; vLLM's is `ENGINE` and the
 check that vLLM is there.
@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Optional
 
 from ...errors import UserError
-from .. import foreign
+from ...impls import foreign
 
 PROTOCOL = 2  # the worker's protocol: its handshake and result.json carry it
 RAISED = "raised"  # the worker's outcome for a schedule vLLM raised in: read as schedules.CRASHED

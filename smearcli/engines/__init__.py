@@ -1,0 +1,16 @@
+"""Engines: code we did not write that runs a model through its own cached paths, one folder each.
+
+An engine's folder holds everything of it: its runner and the worker that runs in the engine's own
+Python (`__init__`, `worker`, `environment`), its census session (`session`: what `scan --engine`
+runs on one architecture) and its command-line preparation (`prepare`: what `compare --impl` does before
+a run, the one module of the folder in the CLI's layer; not named `cli`: the worker's folder comes
+first on the worker's sys.path, and a name some package imports would be shadowed there). Both registries name these modules as
+strings (`cli.registry`, `census.engines`), so `--help` imports none of them.
+
+- `engines.vllm`: vLLM, in its own environment (scripts/make_vllm_env.sh);
+- `engines.llamacpp`: llama.cpp through llama-cpp-python, in its own environment
+  (scripts/make_llamacpp_env.sh).
+
+The transformers and nanochat implementations still live under `smearcli.impls` and the
+transformers census under `smearcli.census` (CONTRIBUTING.md draws where they are going).
+"""
