@@ -17,7 +17,7 @@ whether the census runs it, and its part of the census's reproducer (`Repro`, in
   the cache is cropped back before them (`Runner.crop`) or, where a runner cannot crop, restored
   from a copy taken before the draft (`Runner.copy`), and the next step feeds the right tokens.
 
-Boundaries in combination (`COMBINATIONS`: census-only, registered by `census.boundary` and never
+Boundaries in combination (`COMBINATIONS`: census-only, registered by `engines.transformers.boundary` and never
 offered to compare, `Schedule.compare`), where the paths users run meet:
 
 - padded-chunks: batched generation with a chunked prefill. The row beside its prefix left-padded
@@ -360,8 +360,8 @@ def rollback_window(runner: Runner, tokens: Tensor, opts, capture, on_step=None)
                starts=starts, notes=(note,))
 
 
-# the census's reproducer of each (`smearcli.census.repro`): its values from the boundary's census
-# entry (`census.boundary.entry`) and the reproducer's length T, at the schedules' default options
+# the census's reproducer of each (`smearcli.engines.transformers.repro`): its values from the boundary's census
+# entry (`engines.transformers.boundary.entry`) and the reproducer's length T, at the schedules' default options
 PADDED_REPRO = Repro(
     "The row beside its prefix right- and left-padded in one batch, with the attention mask,",
     boundaries_repro.PADDED,
@@ -388,7 +388,7 @@ BOUNDARIES = (
 )
 
 
-# the boundaries in combination: run by the census only (registered by `census.boundary`, after
+# the boundaries in combination: run by the census only (registered by `engines.transformers.boundary`, after
 # the built-in schedules), each with its own entry, shape and reproducer
 PADDED_CHUNKS_REPRO = Repro(
     "The row beside its prefix left-padded with two pad ids, fed in chunks with the mask,",

@@ -1,10 +1,10 @@
 """The built-in boundaries' parts of the census's standalone reproducer (`steps.Repro`): Python
-source that needs torch and transformers only, as `smearcli.census.repro` pastes it after the
+source that needs torch and transformers only, as `smearcli.engines.transformers.repro` pastes it after the
 reproducer's `step(model, ids, cache, pos)`, `their_crop(model, ids)` (rollback through their
-cache API, `census.repro.their_crop_fragment`) and its constants `T` and `SCHEDULE`. Each is a
+cache API, `engines.transformers.repro.their_crop_fragment`) and its constants `T` and `SCHEDULE`. Each is a
 `str.format` template (braces doubled) over the fields its `values` gives
 (`smearcli.boundaries` pairs them); each defines a function named after its schedule (a dash
-becomes an underscore: `padded-chunks` defines `padded_chunks`, `census.repro.function_name`).
+becomes an underscore: `padded-chunks` defines `padded_chunks`, `engines.transformers.repro.function_name`).
 The boundaries in combination (padded-chunks, padded-decode, rollback-window) rebuild the whole
 combination: the padded ones with their own masked cached call (`padded_step`), rollback-window
 through `their_crop`'s `generation_cache` and `recording`."""

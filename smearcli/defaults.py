@@ -55,7 +55,7 @@ def figure_schedule(names) -> str:
         return "chunked"
     return next((n for n in names if n in CHUNK_START_SCHEDULES), names[0])
 
-# generate's own paths (census.reach) and their reproducer (census.repro)
+# generate's own paths (engines.transformers.reach) and their reproducer (engines.transformers.repro)
 GENERATE_NEW = 6  # tokens generated per path
 GENERATE_CHUNK = 16  # prefill_chunk_size
 GENERATE_PADS_INSIDE = 5  # the chunked padded batch's pads: fewer than the chunk, so its first chunk holds pads and tokens

@@ -53,12 +53,22 @@ def where(frame: Frame) -> str:
     return f"{short_path(frame.filename)}:{frame.lineno} in {frame.name}"
 
 
+OWN = _slashed(str(Path(__file__).resolve().parent)) + "/"  # this smearcli's package folder
+
+
+def ours(path: str) -> bool:
+    """A file of smearcli itself: in this package's folder, or in an engine folder of a smearcli
+    installed elsewhere (a frame from a release's venv running its own copy)."""
+    return path.startswith(OWN) or "/smearcli/engines/" in path
+
+
 def in_package(package: str) -> Namer:
     """Names a frame whose file lies in `package` (a folder of that name on its path) from the
-    package on, wherever it is installed (site-packages, a `pip --target` folder, a checkout)."""
+    package on, wherever it is installed (site-packages, a `pip --target` folder, a checkout);
+    never one of ours, whose engine folders are named after the engines (`smearcli/engines/transformers/`)."""
     def name(frame: Frame) -> Optional[str]:
         path = _slashed(frame.filename)
-        if f"/{package}/" not in path:
+        if f"/{package}/" not in path or ours(path):
             return None
         return f"{package}/{path.rsplit(f'/{package}/', 1)[1]}:{frame.lineno} in {frame.name}"
     return name

@@ -25,7 +25,7 @@ The census then holds a bug to the maintainer's rules, each one function here, w
 calls with what its reruns and layer orders gave (it decides which reruns to make, and when):
 
 - `replicated`: a bug rerun under a deterministic top-k tie-break, on a second seed, or at the
-  architecture's default head and expert counts (`census.ties`) stands only if the rerun still
+  architecture's default head and expert counts (`engines.transformers.ties`) stands only if the rerun still
   finds it; where it does not, it is a `tie artifact` when an exact tie was seen, else
   `unconfirmed`;
 - `in_layer_order`: a finding seen only in a layer order that neither the default configuration

@@ -122,7 +122,7 @@ class Ran(NamedTuple):
 
 @dataclass(frozen=True)
 class Repro:
-    """A boundary's part of the census's standalone reproducer (`smearcli.census.repro`), which
+    """A boundary's part of the census's standalone reproducer (`smearcli.engines.transformers.repro`), which
     imports torch and transformers only: `source` defines `def <name>(model, ids)` with the
     constants it reads, a `str.format` template (braces doubled) over the fields `values(entry, T)`
     gives from the boundary's census entry and the reproducer's length; it may call the
@@ -144,7 +144,7 @@ class Schedule:
     shape: Optional[str] = None  # a boundary's failure, in words ("padding leaks into a row")
     shape_at: Optional[str] = None  # the shape holds only when the error is born at this mark kind
     marks: tuple[tuple[str, str], ...] = ()  # (mark kind, the figure legend's words) it records
-    census: bool = False  # the scan runs it on every architecture (`smearcli.census.boundary`)
+    census: bool = False  # the scan runs it on every architecture (`smearcli.engines.transformers.boundary`)
     compare: bool = True  # compare offers it; False: only the census's own set-up can run it (the
     # boundaries in combination), so what compare accepts never depends on whether the census was imported
     repro: Optional[Repro] = None  # the census's reproducer of its failure

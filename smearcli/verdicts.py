@@ -22,7 +22,7 @@ A verdict is a claim about someone else's code, so each word says exactly what w
 - `latent`: a confirmed departure seen only in a layer order the architecture's default
   configuration does not have (`census.variants`): real code, not reachable as configured;
 - `tie artifact`: a departure that comes from an exact tie in a discrete choice (a top-k) and
-  vanishes under a deterministic tie-break or on another seed (`census.ties`): not a logic error;
+  vanishes under a deterministic tie-break or on another seed (`engines.transformers.ties`): not a logic error;
 - `by design`: a finding whose every departure its maintainers answered is intended
   (`census.known`, with their words quoted): said, never counted as a bug.
 

@@ -103,7 +103,7 @@ def json_matches_its_schema(monkeypatch):
 
 @pytest.fixture(scope="session")
 def census_record():
-    """`census_record(name)`: the real census check of one architecture (`census.check.check`, in
+    """`census_record(name)`: the real census check of one architecture (`engines.transformers.check.check`, in
     one thread as a scan's child runs it), made once per test session and shared by the files that
     read it; each call gets its own copy. `order=0` checks only the defaults' layer order of a
     hybrid (`derive`'s first variant): its record, without the other orders'."""
@@ -114,7 +114,8 @@ def census_record():
     def get(name: str, order=None):
         if (name, order) not in made:
             pytest.importorskip("transformers")
-            from smearcli.census import check, derive
+            from smearcli.engines.transformers import check
+            from smearcli.census import derive
 
             before = torch.get_num_threads()
             torch.set_num_threads(1)

@@ -17,7 +17,7 @@ ST = "model.safetensors"
 
 def good_dir(d: Path) -> Path:
     """A tiny random llama (smearcli's built-in config), saved with save_pretrained into `d`."""
-    from smearcli.impls import hf
+    from smearcli.engines import transformers as hf
 
     hf.tiny_model("llama").save_pretrained(d)
     return d

@@ -32,11 +32,11 @@ def check(name: str, repro_dir=None):
 
 def install() -> None:
     """The stand-ins in place of transformers' list, the real check and the versions it reports."""
-    import smearcli.census as pkg
+    import smearcli.engines.transformers as pkg
     from smearcli.cli.commands import scan as command
     from smearcli.census import isolate
 
-    fake = types.ModuleType("smearcli.census.check")
+    fake = types.ModuleType("smearcli.engines.transformers.check")
     fake.check = check
     sys.modules[fake.__name__] = pkg.check = fake
     isolate.causal_lm_types = lambda: list(ARCHS)

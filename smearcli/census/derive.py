@@ -14,7 +14,7 @@ kind as layer 0 (`variants`), the defaults' order first.
 
 `Derived.changed` records every key derivation set (key -> (default, tiny)); `shrunk_counts` reads
 the head and expert counts among them (`COUNTS`), and `default_counts` puts them back to the
-config class's defaults, within a memory bound, for the replication of a finding (`census.ties`).
+config class's defaults, within a memory bound, for the replication of a finding (`engines.transformers.ties`).
 
 Names are matched on the config's own keys, so a new architecture that reuses the common names
 is derived with no entry here. `OVERRIDES` holds the few families where derivation alone fails,
@@ -42,7 +42,7 @@ BLOCK = 4
 SSM_CHUNK = BLOCK  # the chunked SSM scan (Mamba-2 and its hybrids): the chunk state is carried
 
 # The counts a tiny config shrinks that replication restores to the config class's defaults
-# (`default_counts`, `census.ties`), by what they count; EXACT below sets each key's tiny value.
+# (`default_counts`, `engines.transformers.ties`), by what they count; EXACT below sets each key's tiny value.
 HEAD_KEYS = ("num_attention_heads", "n_head", "num_heads", "n_heads", "encoder_attention_heads",
              "decoder_attention_heads", "linear_num_value_heads", "linear_num_heads")
 KV_HEAD_KEYS = ("num_key_value_heads", "n_head_kv", "num_kv_heads", "multi_query_group_num", "linear_num_key_heads")

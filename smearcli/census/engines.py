@@ -169,7 +169,7 @@ class InProcess:
         return isolate.causal_lm_types()
 
     def check(self, model_type: str, repro_dir: Path, timeout: float, memory: Optional[int]) -> Record:
-        from . import check
+        from ..engines.transformers import check
 
         return check.check(model_type, repro_dir=repro_dir)
 
@@ -192,7 +192,7 @@ register(Engine(
     "transformers", "transformers' own caches", open=InProcess,
     names_are="a causal LM of this transformers", repro_tails=transformers_tails,
     title="# smearcli scan: transformers {transformers_version}", counted="causal-LM architectures",
-    sections="smearcli.census.report:transformers_sections", after_run="smearcli.census.draft:after_run"))
+    sections="smearcli.census.report:transformers_sections", after_run="smearcli.engines.transformers.draft:after_run"))
 register(Engine(
     "vllm", "vLLM's scheduler and caches, against the transformers full pass",
     open="smearcli.engines.vllm.session:open_session", env_var="SMEARCLI_VLLM_PYTHON", concurrent=False,

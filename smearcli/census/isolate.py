@@ -17,7 +17,7 @@ runs out the last record sent is kept, with what did not finish in its notes (a 
 disk always has a record pointing at it: `check` sends its path before running it).
 Every record says which transformers release made it (`transformers_version`). transformers'
 warnings that a fast SSM kernel is not installed are kept out of the progress lines
-(`impls.hf.kernels`): a child sends back what was missing after its record, and the run says it
+(`engines.transformers.kernels`): a child sends back what was missing after its record, and the run says it
 once at the end, as one line (`on_note`).
 
 Records are appended to a JSON Lines file as they finish, one whole record per write, under an
@@ -46,7 +46,7 @@ from typing import Callable, Optional, Sequence
 from .. import jsonsafe
 from ..errors import UserError
 from ..verdicts import CRASHED, NOT_BUILT
-from ..impls.hf import kernels
+from ..engines.transformers import kernels
 from . import budget, records
 from .record import Record, bare
 

@@ -187,7 +187,7 @@ def version(text: Optional[str]) -> tuple:
 def findings(record: Record) -> list[Part]:
     """The record's findings: its headline (when its word is a finding) and every boundary that
     failed beside it, each path once (a crop their API accepted on a path the library declares
-    unsupported, that left the state wrong, is among them: `census.boundary.declared`). A record
+    unsupported, that left the state wrong, is among them: `engines.transformers.boundary.declared`). A record
     written before that rule kept such a crop as `unsupported` with an `api_finding`: it is placed
     too, with that word. A record placed before keeps the parts it was placed with (its headline
     may read `by design`)."""

@@ -40,7 +40,7 @@ ABSENT = object()  # a field of a boundary's result never given: left out of its
 @dataclass(eq=False)
 class BoundaryResult:
     """One boundary's result in a record (`Record.boundaries[name]`: padded, rollback, ...), or one
-    way of taking rollback's drafts back (its `their_crop` and `copy`), as `census.boundary` makes it.
+    way of taking rollback's drafts back (its `their_crop` and `copy`), as `engines.transformers.boundary` makes it.
 
     Each kind of result holds its own fields: every entry its status, numbers, shape, mode and why;
     padded its pad id, positions and rows; rollback its confirmation, both ways and what `generate`
@@ -129,14 +129,14 @@ class Record:
     multiple: Optional[float] = _f(NUMBER)  # ... as a multiple of the float64 floor
     shape: Optional[str] = _f(STRING)  # the failure's shape (census.shapes, or the boundary's)
     born_at: Optional[str] = _f(STRING)  # the first capture point@position past the floor
-    born_in: Optional[dict] = _f(OBJECT)  # the first module whose output departs (census.born)
+    born_in: Optional[dict] = _f(OBJECT)  # the first module whose output departs (engines.transformers.born)
     init: Optional[float] = _f(NUMBER)  # the initializer_range the verdict came at (None: default)
     floor: Optional[float] = _f(NUMBER)  # the logits' float64 floor
     floor_source: Optional[str] = _f(STRING)  # where the floor came from
     power: Optional[dict] = _f(OBJECT)  # what zeroing each kind of state showed (evidence.Power)
     confirmation: Optional[dict] = _f(OBJECT)  # the finding rerun in float64 (evidence.Confirmation)
-    reach: Optional[dict] = _f(OBJECT)  # the finding through the public API: path -> result (census.reach)
-    replication: Optional[dict] = _f(OBJECT)  # the finding rerun on a second seed, under a tie-break (census.ties)
+    reach: Optional[dict] = _f(OBJECT)  # the finding through the public API: path -> result (engines.transformers.reach)
+    replication: Optional[dict] = _f(OBJECT)  # the finding rerun on a second seed, under a tie-break (engines.transformers.ties)
     upstream: Optional[list] = _f(LIST)  # each finding placed against what upstream knows (census.known)
     model_class: Optional[str] = _f(STRING)
     reason: Optional[str] = _f(STRING)  # why it is crashed or not built

@@ -21,8 +21,8 @@ import torch
 from .. import evidence
 from ..compare import measure_power
 from ..schedules import run_schedule
-from .boundary import transformers_frame
-from .check import INIT_LADDER, build
+from ..engines.transformers.boundary import transformers_frame
+from ..engines.transformers.check import INIT_LADDER, build
 
 
 def model_types(archs) -> list[str]:
@@ -89,7 +89,7 @@ def powered(config, tokens, seed: int, tolerance: float) -> Powered:
 
 def reference(model, tokens):
     """(the reference runner, its full pass as log-probabilities, the float64 noise floor)."""
-    from ..impls import hf
+    from ..engines import transformers as hf
     from ..runner import LogProbs
 
     runner = LogProbs(hf.runner(model, "tiny config", tokens))

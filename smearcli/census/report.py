@@ -12,8 +12,9 @@ from typing import Optional, Sequence
 from ..jsondoc import SCHEMAS, header
 from ..schedules import census_schedules  # the boundaries every architecture also runs (check.boundary)
 from ..verdicts import BUG, BY_DESIGN, CRASHED, NOT_JUDGED, NOT_JUDGED_WHY, NOT_RUN, OK, UNCONFIRMED
-from .groups import api_findings, born, groups
-from . import known, reach, record
+from ..engines.transformers.groups import api_findings, born, groups
+from . import known, record
+from ..engines.transformers import reach
 from .shapes import LEFT_UNSUPPORTED
 from .record import Record
 
@@ -240,7 +241,7 @@ def api_md(records: Sequence[Record]) -> list[str]:
            "their `crop` returned without error and left the logits off, the state a user gets back is "
            "silently wrong: a finding on each architecture (its rollback boundary, counted as a bug, "
            "the declaration quoted beside it) and one finding about their API, at its code, for "
-           "every architecture it affects (`smearcli.census.groups.api_findings`).", "",
+           "every architecture it affects (`smearcli.engines.transformers.groups.api_findings`).", "",
            "| their code | what it does | architectures | largest error | declared (first architecture) |",
            "|---|---|---|---|---|"]
     for g in found:
@@ -260,7 +261,7 @@ def groups_md(records: Sequence[Record]) -> list[str]:
     out = ["## Root causes", "", f"{n} finding{'s' * (n != 1)}, {len(gs)} root cause{'s' * (len(gs) != 1)}. Findings are one root cause when the modules "
            "they are born in run the same `forward` once model names are normalised, or share a suspect line "
            "inside it with the same shape, or one's class declares it copies the other's (`# Copied from`, a modular "
-           "file's base) with the same shape (`smearcli.census.groups`); each group has one reproducer and one draft, "
+           "file's base) with the same shape (`smearcli.engines.transformers.groups`); each group has one reproducer and one draft, "
            "those of the code the others declare they copy, else of its first architecture by name.", "",
            "| root cause | architectures | shape | shared | reproducer, draft |", "|---|---|---|---|---|"]
     for g in gs:

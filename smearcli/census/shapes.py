@@ -46,7 +46,7 @@ OTHER = "other"
 # with a recurrent state, its padding runs through that state. That is what the model's API
 # allows, not a wrong cache: a boundary status of its own, shown, never counted as a bug
 LEFT_UNSUPPORTED = "left padding unsupported"
-THROUGH_GENERATE = "through generate only"  # a finding only generate's own paths show (census.reach)
+THROUGH_GENERATE = "through generate only"  # a finding only generate's own paths show (engines.transformers.reach)
 PROFILE_SHAPES = (STATE_DROPPED, CONTEXT_LOST, POSITIONS, MASK, DECODE_PATH)  # what a step plan's error can show
 RERUN_SHAPES = (LENGTH, WINDOW_EDGE)  # what asking the cache or comparing every schedule shows
 

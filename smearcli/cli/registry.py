@@ -89,8 +89,8 @@ register(Implementation("both", "your checkout and ours side by side (ours then 
                         "smearcli.cli.nanochat:prepare", needs=(("nanochat_path", "DIR (a nanochat checkout)"),),
                         owns=NANOCHAT_OPTIONS, runners=(NANOCHAT, OURS)))
 register(Implementation("hf", "a Hugging Face transformers model (--hf-model) through its own cache API",
-                        "smearcli.cli.hf:prepare", needs=(("hf_model", "NAME|DIR"),), owns=("hf_model",), refuses=NOT_HF,
-                        runners=("smearcli.impls.hf.cache_runner:CacheRunner",)))
+                        "smearcli.engines.transformers.prepare:prepare", needs=(("hf_model", "NAME|DIR"),), owns=("hf_model",), refuses=NOT_HF,
+                        runners=("smearcli.engines.transformers.cache_runner:CacheRunner",)))
 NOT_VLLM = tuple((f, why.replace("--impl hf", "--impl vllm")) for f, why in NOT_HF) + tuple(
     (f, "sizes the engine and speculative schedules, which --impl vllm does not run") for f in ("gen_len", "draft")) + (
     ("reject", "sizes the rollback schedule, which --impl vllm does not run"),)

@@ -7,10 +7,14 @@ a run, the one module of the folder in the CLI's layer; not named `cli`: the wor
 first on the worker's sys.path, and a name some package imports would be shadowed there). Both registries name these modules as
 strings (`cli.registry`, `census.engines`), so `--help` imports none of them.
 
+- `engines.transformers`: a Hugging Face transformers model through its own cache API, and the census's
+  check of every causal LM (the modules only that census uses: layer orders' runs, boundaries, where an
+  error is born, ties, groups, reach, reproducers and drafts);
 - `engines.vllm`: vLLM, in its own environment (scripts/make_vllm_env.sh);
 - `engines.llamacpp`: llama.cpp through llama-cpp-python, in its own environment
   (scripts/make_llamacpp_env.sh).
 
-The transformers and nanochat implementations still live under `smearcli.impls` and the
-transformers census under `smearcli.census` (CONTRIBUTING.md draws where they are going).
+nanochat still lives under `smearcli.impls`; the census core (`smearcli.census`) still reaches into the
+transformers engine in a few places, listed in `tests/core/test_layout.py` (`TO_CUT`) to be cut
+(CONTRIBUTING.md draws where they are going).
 """

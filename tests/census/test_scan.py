@@ -8,7 +8,7 @@ import json
 import pytest
 
 from smearcli.census import derive, record, report, shapes
-from smearcli.census.check import cycle, split_points
+from smearcli.engines.transformers.check import cycle, split_points
 
 pytest.importorskip("transformers")
 
@@ -131,7 +131,7 @@ def test_document_and_markdown():
 
 
 def test_suspect_lines_in_a_modeling_file(tmp_path):
-    from smearcli.census import draft
+    from smearcli.engines.transformers import draft
 
     src = tmp_path / "modeling_toy.py"
     src.write_text("\n".join([

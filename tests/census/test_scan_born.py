@@ -1,5 +1,5 @@
-"""The module a census finding is born in (`census.born`), findings grouped by root cause
-(`census.groups`), and what the table, the Markdown, the JSON and the drafts make of them."""
+"""The module a census finding is born in (`engines.transformers.born`), findings grouped by root cause
+(`engines.transformers.groups`), and what the table, the Markdown, the JSON and the drafts make of them."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import torch
 
 import dataclasses
 
-from smearcli.census import born, draft, groups, record, records, report, repro
+from smearcli.engines.transformers import born, draft, groups, repro
+from smearcli.census import record, records, report
 from smearcli.errors import UserError
 
 transformers = pytest.importorskip("transformers")

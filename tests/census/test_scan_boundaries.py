@@ -12,9 +12,10 @@ import torch
 pytest.importorskip("transformers", reason="transformers is not installed: pip install 'smearcli[hf]'")
 
 from smearcli.schedules import shape  # noqa: E402
-from smearcli.impls.hf.cache_runner import CacheRunner  # noqa: E402
-from smearcli.census import repro, report, shapes  # noqa: E402
-from smearcli.census.check import T, build, check_model, split_points  # noqa: E402
+from smearcli.engines.transformers.cache_runner import CacheRunner  # noqa: E402
+from smearcli.engines.transformers import repro  # noqa: E402
+from smearcli.census import report, shapes  # noqa: E402
+from smearcli.engines.transformers.check import T, build, check_model, split_points  # noqa: E402
 from smearcli.census.record import BoundaryResult, new as record  # noqa: E402
 from smearcli.verdicts import BUG, INCONCLUSIVE, OK  # noqa: E402
 from smearcli.census.derive import derive  # noqa: E402
@@ -181,7 +182,7 @@ def test_boundary_reproducers(tmp_path, model_type, schedule, status):
 
 
 def test_padded_runs_as_the_model_numbers_positions_and_says_which_rows_are_off():
-    from smearcli.census.check import check
+    from smearcli.engines.transformers.check import check
 
     rob = check("roberta")  # positions from its padding id on: explicit 0-based ones would be wrong
     e = rob.boundaries["padded"]

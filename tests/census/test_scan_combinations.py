@@ -14,11 +14,12 @@ import torch
 pytest.importorskip("transformers", reason="transformers is not installed: pip install 'smearcli[hf]'")
 
 from smearcli import boundaries, evidence  # noqa: E402
-from smearcli.census import boundary, repro, shapes  # noqa: E402
-from smearcli.census.check import T, build, check_model, split_points  # noqa: E402
+from smearcli.engines.transformers import boundary, repro  # noqa: E402
+from smearcli.census import shapes  # noqa: E402
+from smearcli.engines.transformers.check import T, build, check_model, split_points  # noqa: E402
 from smearcli.census.derive import derive  # noqa: E402
 from smearcli.census.record import BoundaryResult, new as record  # noqa: E402
-from smearcli.impls.hf.cache_runner import CacheRunner, full_run  # noqa: E402
+from smearcli.engines.transformers.cache_runner import CacheRunner, full_run  # noqa: E402
 from smearcli.schedules import run_schedule, shape  # noqa: E402
 from smearcli.verdicts import BUG, CRASHED, NOT_RUN, UNSUPPORTED  # noqa: E402
 

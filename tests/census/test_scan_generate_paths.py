@@ -17,8 +17,8 @@ import torch
 
 pytest.importorskip("transformers", reason="transformers is not installed: pip install 'smearcli[hf]'")
 
-from smearcli.census import reach, repro  # noqa: E402
-from smearcli.census.check import T, build  # noqa: E402
+from smearcli.engines.transformers import reach, repro  # noqa: E402
+from smearcli.engines.transformers.check import T, build  # noqa: E402
 from smearcli.census.derive import derive  # noqa: E402
 from smearcli.census.record import BoundaryResult, new as record  # noqa: E402
 from smearcli.census.shapes import LEFT_UNSUPPORTED  # noqa: E402

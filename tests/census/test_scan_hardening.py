@@ -58,10 +58,10 @@ def refused(args, cwd: Path, words: str, status: int = 2):
 @pytest.fixture
 def standin(tmp_path, monkeypatch):
     """The stand-in census in this process (its workers fork from the test), run in tmp_path."""
-    import smearcli.census as pkg
+    import smearcli.engines.transformers as pkg
     from smearcli.cli.commands import scan as command
 
-    fake = types.ModuleType("smearcli.census.check")
+    fake = types.ModuleType("smearcli.engines.transformers.check")
     fake.check = scan_standin.check
     monkeypatch.setitem(sys.modules, fake.__name__, fake)
     monkeypatch.setattr(pkg, "check", fake, raising=False)

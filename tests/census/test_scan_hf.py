@@ -15,8 +15,8 @@ pytest.importorskip("transformers", reason="transformers is not installed: pip i
 
 from smearcli.cli.app import app  # noqa: E402
 from smearcli.compare import compare  # noqa: E402
-from smearcli.census import repro  # noqa: E402
-from smearcli.census.check import check  # noqa: E402
+from smearcli.engines.transformers import repro  # noqa: E402
+from smearcli.engines.transformers.check import check  # noqa: E402
 from smearcli.census.record import new as record  # noqa: E402
 from smearcli.verdicts import BUG, CRASHED  # noqa: E402
 from smearcli.census.derive import derive  # noqa: E402
@@ -32,7 +32,7 @@ def invoke(*args):
 
 
 def saved(tmp_path, model_type: str):
-    from smearcli.census.check import build
+    from smearcli.engines.transformers.check import build
 
     path = tmp_path / model_type
     build(derive(model_type).config, None, 0).save_pretrained(path)
@@ -123,9 +123,9 @@ def test_the_census_names_capture_points_as_compare_impl_hf_does():
     """One name scheme for a Hugging Face model's layers: the census's capture points are
     `hf.hidden_names`, the ones `compare --impl hf` prints (emb, layer0, ...), never hidden_states[i]
     where the count says which is which."""
-    from smearcli.census.check import layer_names
-    from smearcli.impls import hf
-    from smearcli.impls.hf.cache_runner import CacheRunner
+    from smearcli.engines.transformers.check import layer_names
+    from smearcli.engines import transformers as hf
+    from smearcli.engines.transformers.cache_runner import CacheRunner
 
     model, _ = hf.load("llama")
     tokens = hf.random_tokens(model, 8)

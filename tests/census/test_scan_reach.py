@@ -15,7 +15,8 @@ from torch import nn  # noqa: E402
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel  # noqa: E402
 from transformers.modeling_outputs import CausalLMOutputWithPast  # noqa: E402
 
-from smearcli.census import check, derive, record, shapes, variants  # noqa: E402
+from smearcli.engines.transformers import check  # noqa: E402
+from smearcli.census import derive, record, shapes, variants  # noqa: E402
 from smearcli.verdicts import BUG, CRASHED, LATENT, NOT_BUILT, OK, worst  # noqa: E402
 
 _FIELDS = {f.name for f in dataclasses.fields(CausalLMOutputWithPast)}
@@ -259,7 +260,7 @@ def test_architectures_run_on_the_inputs_their_config_asks_for(model_type):
 
 def test_prophetnet_is_a_full_pass_that_leaks_future_tokens():
     """ProphetNet's decoder full pass moves earlier positions when later tokens are removed (its
-    n-gram self-attention reads ahead): the reference is the finding (`census.causal`), confirmed
+    n-gram self-attention reads ahead): the reference is the finding (`engines.transformers.causal`), confirmed
     in float64, and no cached schedule (decode, which it accepts; chunks, which it refuses) is
     judged against it."""
 

@@ -39,7 +39,7 @@ def test_a_boundary_result_writes_the_fields_it_was_given_in_one_order_and_reads
     """Padded's entry, rollback's with both ways, and one read from a file with a key of another
     release: each JSON holds exactly the keys given, in the declared order, and reads back equal."""
     padded = record.BoundaryResult("passed", max_abs=None, multiple=None, shape=None, mode=None, why=None)
-    padded.pad_id, padded.positions = None, True  # set later, as census.boundary does: given all the same
+    padded.pad_id, padded.positions = None, True  # set later, as engines.transformers.boundary does: given all the same
     assert list(padded.to_json()) == ["status", "max_abs", "multiple", "shape", "mode", "why", "pad_id", "positions"]
     assert padded.rows is None and not padded.given("rows")  # never given: None, and not written
     crop = record.BoundaryResult("unsupported", max_abs=1.0, multiple=2.0, why=None, confirmation=None,

@@ -268,7 +268,8 @@ def test_a_reproducer_rebuilds_a_text_config_derived_from_a_composite_registrati
 
     import transformers
 
-    from smearcli.census import derive, repro
+    from smearcli.census import derive
+    from smearcli.engines.transformers import repro
 
     d = derive.derive("qwen3_5")
     assert d.error is None and type(d.config).__name__ == "Qwen3_5TextConfig"

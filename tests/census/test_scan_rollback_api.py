@@ -14,13 +14,13 @@ import torch
 
 transformers = pytest.importorskip("transformers", reason="transformers is not installed: pip install 'smearcli[hf]'")
 
-from smearcli.census import repro  # noqa: E402
-from smearcli.census.boundary import PASSED, REFUSED  # noqa: E402
-from smearcli.census.check import T, build, check_model, split_points  # noqa: E402
+from smearcli.engines.transformers import repro  # noqa: E402
+from smearcli.engines.transformers.boundary import PASSED, REFUSED  # noqa: E402
+from smearcli.engines.transformers.check import T, build, check_model, split_points  # noqa: E402
 from smearcli.census.record import new as record  # noqa: E402
 from smearcli.census.derive import derive  # noqa: E402
-from smearcli.impls.hf import cache_runner as hf_runner  # noqa: E402
-from smearcli.impls.hf.cache_runner import CacheRunner  # noqa: E402
+from smearcli.engines.transformers import cache_runner as hf_runner  # noqa: E402
+from smearcli.engines.transformers.cache_runner import CacheRunner  # noqa: E402
 from smearcli.defaults import DRAFT, GEN_LEN, REJECT  # noqa: E402
 from smearcli.runner import Holder  # noqa: E402
 from smearcli.verdicts import BUG, INCONCLUSIVE, OK, UNSUPPORTED  # noqa: E402
@@ -93,7 +93,7 @@ def test_a_crop_their_api_accepts_and_gets_wrong_is_a_finding_with_the_declarati
 def test_a_crop_that_raises_or_agrees_on_a_declared_path_stays_unsupported():
     """`unsupported` is for what their API refuses (it raised) or a crop that agreed: the
     declaration quoted, no finding, the copy decides."""
-    from smearcli.census import boundary
+    from smearcli.engines.transformers import boundary
     from smearcli.census.record import BoundaryResult
 
     for status in (PASSED, "crashed"):
@@ -110,7 +110,8 @@ def test_a_crop_that_raises_or_agrees_on_a_declared_path_stays_unsupported():
 def test_the_api_finding_is_one_for_every_architecture_it_affects(mamba2):
     """Two architectures whose uncroppable layers share one `crop`: one finding about the API,
     both named, and one root cause (the same cache API code), each architecture counted."""
-    from smearcli.census import groups, report
+    from smearcli.engines.transformers import groups
+    from smearcli.census import report
 
     _, _, out = mamba2
     a = record("mamba2", **{k: v for k, v in out.items() if k != "verdict"}, verdict=out["verdict"])

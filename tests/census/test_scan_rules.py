@@ -13,8 +13,9 @@ pytest.importorskip("transformers")
 import torch  # noqa: E402
 
 from hf_standin import ShiftConfig, ShiftLM  # noqa: E402
-from smearcli.census import causal, record, shapes  # noqa: E402
-from smearcli.census.check import check_model, split_points  # noqa: E402
+from smearcli.engines.transformers import causal  # noqa: E402
+from smearcli.census import record, shapes  # noqa: E402
+from smearcli.engines.transformers.check import check_model, split_points  # noqa: E402
 from smearcli.verdicts import BUG, OK, UNCONFIRMED  # noqa: E402
 
 T = 33
@@ -59,7 +60,7 @@ def test_a_full_pass_that_reads_ahead_is_the_finding_and_no_cached_path_is_blame
 
 def test_a_causal_full_pass_passes_the_reference_check():
     m, ids = model(ShiftLM), tokens()
-    from smearcli.impls.hf.cache_runner import CacheRunner, full_run
+    from smearcli.engines.transformers.cache_runner import CacheRunner, full_run
 
     runner = CacheRunner(m)
     ref = full_run(runner, ids)
@@ -109,7 +110,7 @@ def kernel(input, k, dim=-1, largest=True, sorted=True, **kw):
 
 @pytest.fixture
 def shape_dependent_ties(monkeypatch):
-    from smearcli.census import ties
+    from smearcli.engines.transformers import ties
 
     monkeypatch.setattr(torch, "topk", kernel)
     monkeypatch.setattr(torch.Tensor, "topk", lambda self, *a, **kw: kernel(self, *a, **kw))
@@ -117,7 +118,7 @@ def shape_dependent_ties(monkeypatch):
 
 
 def test_ties_are_seen_and_broken_the_same_way_everywhere():
-    from smearcli.census import ties
+    from smearcli.engines.transformers import ties
 
     with ties.watching() as seen:
         torch.topk(torch.tensor([[0.0, 0.0, 1.0]]), 2)  # 1.0, then two zeros for one place
@@ -129,7 +130,7 @@ def test_ties_are_seen_and_broken_the_same_way_everywhere():
 
 
 def test_a_departure_that_a_tie_break_removes_is_a_tie_artifact(shape_dependent_ties):
-    from smearcli.census import ties
+    from smearcli.engines.transformers import ties
 
     m, ids = model(TieLM), tokens()
     plans = {"decode": [1] * T, "chunks of 8": [8] * 4 + [1]}
@@ -149,7 +150,7 @@ def test_a_departure_that_a_tie_break_removes_is_a_tie_artifact(shape_dependent_
 
 
 def test_a_real_departure_survives_the_tie_break_and_the_second_seed():
-    from smearcli.census import ties
+    from smearcli.engines.transformers import ties
 
     broken = ShiftLM(ShiftConfig(bug_layer=0)).eval()  # a multi-token step drops its state
     calls = []
@@ -248,8 +249,9 @@ def counts_rerun(bug_below: int):
 
 
 def test_a_departure_gone_at_the_default_counts_is_not_replicated_and_one_that_stays_is_a_bug():
-    from smearcli.census import derive, ties
-    from smearcli.census.check import parameters
+    from smearcli.census import derive
+    from smearcli.engines.transformers import ties
+    from smearcli.engines.transformers.check import parameters
 
     cfg, changed = tiny_counts()
     defaults = derive.default_counts(cfg, changed, lambda c: 1, 49)
@@ -282,7 +284,8 @@ def test_a_departure_gone_at_the_default_counts_is_not_replicated_and_one_that_s
 
 
 def test_a_rerun_that_cannot_run_at_the_default_counts_leaves_the_bug_and_says_why():
-    from smearcli.census import derive, ties
+    from smearcli.census import derive
+    from smearcli.engines.transformers import ties
 
     cfg, changed = tiny_counts()
     defaults = derive.default_counts(cfg, changed, lambda c: 1, 49)
@@ -314,14 +317,15 @@ def test_a_cache_that_misreports_its_length_is_named_so():
     assert any("ReachCache.get_seq_length() is 0 after " in n for n in out["notes"])
     torch.manual_seed(0)  # attention first: the length is right, and so is everything else
     m = ReachLM(ReachConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2)).eval()
-    from smearcli.census import diagnose
+    from smearcli.engines.transformers import diagnose
     assert diagnose.misreported(m, tokens(), [8] * 4 + [1]) is None
 
 
 def test_a_departure_at_the_window_on_every_cached_schedule():
     from types import SimpleNamespace as M
 
-    from smearcli.census import diagnose, shapes
+    from smearcli.engines.transformers import diagnose
+    from smearcli.census import shapes
 
     # moshi on 5.24: each cached schedule departs first at its first step that starts once the cache
     # holds the window (8): decode at 8, chunks of 16 at 16, a prefill of T-6 at T-6
@@ -345,7 +349,7 @@ def test_a_departure_at_the_window_on_every_cached_schedule():
 
 
 def test_the_born_in_lines_are_those_of_the_state_the_replay_zeroed():
-    from smearcli.census import born
+    from smearcli.engines.transformers import born
 
     conv = [535, "if conv_state is not None and seq_len == 1:", "a branch on a one-token step"]
     scan = [584, "if recurrent_state is not None and seq_len == 1:", "a branch on a one-token step"]
@@ -357,14 +361,14 @@ def test_the_born_in_lines_are_those_of_the_state_the_replay_zeroed():
 
 # -- reachability: the finding through generate ---------------------------------------------------
 def census_model(model_type, seed=0):
-    from smearcli.census.check import build
+    from smearcli.engines.transformers.check import build
     from smearcli.census.derive import derive
 
     return build(derive(model_type).config, None, seed)
 
 
 def test_reachability_says_what_generate_does_on_each_path():
-    from smearcli.census import reach
+    from smearcli.engines.transformers import reach
 
     m, a = census_model("llama"), census_model("llama", 1)
     ids = tokens(vocab=256)
@@ -391,7 +395,7 @@ def test_reachability_says_what_generate_does_on_each_path():
 
 
 def test_generate_raising_first_and_refusing_are_told_apart():
-    from smearcli.census import reach
+    from smearcli.engines.transformers import reach
 
     got = reach.paths(census_model("mamba"), tokens(vocab=256), 1e-4, census_model("mamba", 1))
     assert got["assistant model"]["result"] == reach.REFUSED  # generate: "not supported with stateful models"
@@ -424,7 +428,7 @@ def leaking(m, how):
 
 
 def test_a_leak_says_who_runs_the_full_pass_that_leaks():
-    from smearcli.census import reach
+    from smearcli.engines.transformers import reach
 
     ids = tokens(vocab=256)
     clean = reach.leak_paths(census_model("llama"), ids, 1e-4)
@@ -445,7 +449,7 @@ def test_a_leak_says_who_runs_the_full_pass_that_leaks():
     assert "how many tokens follow, not on which" in length["full pass"]["why"]
     assert length["full pass"]["max_abs"] == pytest.approx(0.01 * min(causal.CHANGED, T // 4), rel=1e-3)
     assert "full pass: silently wrong" in reach.words(length) and reach.summary(length) == reach.SILENT
-    from smearcli.census import draft
+    from smearcli.engines.transformers import draft
 
     lead = draft.reach_section(length, leak=True)
     assert lead[0].startswith("**Through the public API** (who runs the full pass that leaks")
@@ -453,13 +457,14 @@ def test_a_leak_says_who_runs_the_full_pass_that_leaks():
 
 
 def clean_paths():
-    from smearcli.census import reach
+    from smearcli.engines.transformers import reach
 
     return {k: {"result": reach.AGREES, "max_abs": 0.0, "why": None} for k in reach.PATHS}
 
 
 def test_the_draft_leads_with_reachability_and_the_table_says_it(tmp_path):
-    from smearcli.census import draft, reach, report
+    from smearcli.engines.transformers import draft, reach
+    from smearcli.census import report
 
     rec = record.new("x", "bug", worst_schedule="chunks of 16", steps=[16, 16, 1],
                      max_abs=0.5, shape="state dropped at chunk starts", notes=[],
@@ -480,7 +485,7 @@ def test_a_leak_has_a_reproducer_that_exits_1_and_0_on_a_causal_full_pass(tmp_pa
     """A leak finding is a bug only with a reproducer that shows it without smearcli (issue 42):
     the leak template exits 1 on prophetnet (its ngram attention moves earlier positions when the
     last tokens go) and 0 on llama, whose full pass is causal."""
-    from smearcli.census import repro
+    from smearcli.engines.transformers import repro
     from smearcli.census.record import new as record
     from smearcli.census.derive import derive
 
@@ -524,7 +529,7 @@ def finding(name, cls, shape="state dropped at chunk starts", copies=None):
 
 
 def test_declared_copies_are_read_through_chains(tmp_path):
-    from smearcli.census import groups
+    from smearcli.engines.transformers import groups
 
     root = fake_transformers(tmp_path)
     where = lambda name: f"transformers/models/{name}/modeling_{name}.py"
@@ -537,7 +542,7 @@ def test_declared_copies_are_read_through_chains(tmp_path):
 
 
 def test_findings_born_in_declared_copies_are_one_cause(tmp_path):
-    from smearcli.census import groups
+    from smearcli.engines.transformers import groups
 
     root = fake_transformers(tmp_path)
     recs = [finding(n, c, copies=groups.copies(f"transformers/models/{n}/modeling_{n}.py", c, root))
@@ -556,7 +561,7 @@ def test_findings_born_in_declared_copies_are_one_cause(tmp_path):
 def test_a_group_of_declared_copies_is_headed_by_the_original():
     """The row, draft and reproducer of a group of declared copies are the original's (the class the
     others copy, which copies none of theirs), though another member comes first by name."""
-    from smearcli.census import groups
+    from smearcli.engines.transformers import groups
 
     def rec(name, model, cls, copies):
         r = finding(name, cls, copies=copies)
@@ -576,7 +581,7 @@ def test_a_group_of_declared_copies_is_headed_by_the_original():
 
 
 def test_a_rerun_at_other_counts_reports_what_the_model_refuses_instead_of_raising():
-    from smearcli.census.check import recheck
+    from smearcli.engines.transformers.check import recheck
 
     cfg = ShiftConfig()  # no AutoModelForCausalLM builds it: what a refused count looks like to recheck
     got = recheck(cfg, None, 0, False, T, 64, {"decode": [1] * T}, 1.0, safe=True)

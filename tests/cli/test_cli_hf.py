@@ -13,8 +13,8 @@ from typer.testing import CliRunner
 pytest.importorskip("transformers", reason="transformers is not installed: pip install 'smearcli[hf]'")
 
 from smearcli.cli.app import app  # noqa: E402
-from smearcli.impls import hf  # noqa: E402
-from smearcli.impls.hf.cache_runner import CacheRunner  # noqa: E402
+from smearcli.engines import transformers as hf  # noqa: E402
+from smearcli.engines.transformers.cache_runner import CacheRunner  # noqa: E402
 from smearcli.defaults import DEFAULT_SCHEDULES  # noqa: E402
 from smearcli.schedules import runnable  # noqa: E402
 
@@ -146,6 +146,6 @@ def test_nanochat_runs_never_import_transformers():
     code = ("import sys; from smearcli.cli.app import app; from typer.testing import CliRunner; "
             "r = CliRunner().invoke(app, ['compare', '--model', 'random', '--depth', '1', '--seq-len', '8', "
             "'--schedules', 'chunked', '--chunks', '2']); assert r.exit_code == 0, r.output; "
-            "assert 'transformers' not in sys.modules and 'smearcli.impls.hf' not in sys.modules")
+            "assert 'transformers' not in sys.modules and 'smearcli.engines.transformers' not in sys.modules")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert p.returncode == 0, p.stderr

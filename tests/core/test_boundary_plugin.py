@@ -119,7 +119,7 @@ def test_the_cli_offers_the_toy_where_the_runners_can_copy(toy):
 
 def census_llama():
     pytest.importorskip("transformers", reason="transformers is not installed: pip install 'smearcli[hf]'")
-    from smearcli.census.check import T, build, split_points
+    from smearcli.engines.transformers.check import T, build, split_points
     from smearcli.census.derive import derive
 
     cfg = derive("llama").config
@@ -127,9 +127,10 @@ def census_llama():
 
 
 def test_the_census_runs_the_toy_and_reports_it(toy):
-    from smearcli.census import boundary, report
+    from smearcli.engines.transformers import boundary
+    from smearcli.census import report
     from smearcli.census.record import new as new_record
-    from smearcli.census.check import check_model
+    from smearcli.engines.transformers.check import check_model
     from smearcli.verdicts import OK
 
     model, cfg, ids, plans = census_llama()
@@ -146,7 +147,7 @@ def test_the_census_runs_the_toy_and_reports_it(toy):
 
 @pytest.mark.slow
 def test_the_toys_reproducer_needs_torch_and_transformers_only(toy, tmp_path):
-    from smearcli.census import repro
+    from smearcli.engines.transformers import repro
     from smearcli.census.record import BoundaryResult, bare
 
     model, cfg, ids, plans = census_llama()
@@ -159,8 +160,8 @@ def test_the_toys_reproducer_needs_torch_and_transformers_only(toy, tmp_path):
 
 
 def test_a_copy_that_forgets_is_the_toys_bug_in_the_census(toy):
-    from smearcli.census.check import check_model
-    from smearcli.impls.hf.cache_runner import CacheRunner
+    from smearcli.engines.transformers.check import check_model
+    from smearcli.engines.transformers.cache_runner import CacheRunner
 
     class Forgets(CacheRunner):
         """A runner whose copy is a fresh, empty cache."""

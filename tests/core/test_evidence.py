@@ -209,7 +209,7 @@ tf = pytest.importorskip("transformers")
 
 
 def _hf_step(model):
-    from smearcli.impls.hf.api import cache_keyword
+    from smearcli.engines.transformers.api import cache_keyword
 
     kw = cache_keyword(model)
 
@@ -254,7 +254,7 @@ def test_helper_passes_a_consistent_llama():
 
 def test_hf_check_model_inconclusive_does_not_pass(monkeypatch):
     from smearcli import compare
-    from smearcli.impls import hf
+    from smearcli.engines import transformers as hf
 
     weak = evidence.Power(24, 1.0, effects={"kv": 2.0})  # an error must be half the state's effect
     monkeypatch.setattr(compare, "measure_power", lambda *a, **k: weak)

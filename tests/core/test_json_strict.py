@@ -105,7 +105,7 @@ def test_audit_json_of_a_users_forward_that_returns_nan(tmp_path, monkeypatch):
 
 def test_hf_json_of_an_overflowing_model(tmp_path, monkeypatch):
     pytest.importorskip("transformers")
-    from smearcli.impls import hf
+    from smearcli.engines import transformers as hf
 
     model = hf.tiny_model("llama")
     with torch.no_grad():

@@ -67,7 +67,7 @@ def subclasses(cls) -> list:
 @pytest.fixture
 def watched(monkeypatch):
     """(what every runner returned, kept alive; what each comparison measured)."""
-    import smearcli.impls.hf  # noqa: F401 - every runner class, known before it is watched
+    import smearcli.engines.transformers  # noqa: F401 - every runner class, known before it is watched
     import smearcli.impls.nanochat.adapter  # noqa: F401
     import smearcli.engines.vllm  # noqa: F401
     import smearcli.gpt_runners  # noqa: F401
@@ -100,7 +100,7 @@ def shared(held, measured) -> list:
 
 
 def fake_vllm(tmp_path: Path, monkeypatch) -> list:
-    from smearcli.impls import hf
+    from smearcli.engines import transformers as hf
 
     model = tmp_path / "llama"
     hf.tiny_model("llama").save_pretrained(model, safe_serialization=True)

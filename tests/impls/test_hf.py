@@ -8,9 +8,9 @@ import torch
 pytest.importorskip("transformers", reason="transformers is not installed: pip install 'smearcli[hf]'")
 
 from smearcli.errors import UserError  # noqa: E402
-from smearcli.impls import hf  # noqa: E402
-from smearcli.impls.hf import api  # noqa: E402
-from smearcli.impls.hf.cache_runner import CacheRunner  # noqa: E402
+from smearcli.engines import transformers as hf  # noqa: E402
+from smearcli.engines.transformers import api  # noqa: E402
+from smearcli.engines.transformers.cache_runner import CacheRunner  # noqa: E402
 from smearcli.defaults import DEFAULT_SCHEDULES  # noqa: E402
 from smearcli.schedules import runnable  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""A Hugging Face model directory is never trusted (smearcli.impls.hf.load and hf_files): no code
+"""A Hugging Face model directory is never trusted (smearcli.engines.transformers.load and hf_files): no code
 from it runs, no pickle in it is read, and every bad file is exit 2 with one line naming it, by
 class: foreign code, JSON files, config values, safetensors headers, weights against the model.
 
@@ -23,8 +23,8 @@ pytest.importorskip("transformers", reason="transformers is not installed: pip i
 
 from hf_bad_dirs import ALL, CASES, ST, bad_dir, edit_config, good_dir, remote_code  # noqa: E402
 from smearcli.errors import UserError  # noqa: E402
-from smearcli.impls import hf
-from smearcli.impls.hf import files as hf_files  # noqa: E402
+from smearcli.engines import transformers as hf
+from smearcli.engines.transformers import files as hf_files  # noqa: E402
 
 
 @pytest.fixture(scope="module")

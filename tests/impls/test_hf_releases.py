@@ -1,5 +1,5 @@
 """Every transformers release from 5.0 on: the cache API
-is detected by one detector (`impls.hf.api`) that the runner, the census and the reproducers all
+is detected by one detector (`engines.transformers.api`) that the runner, the census and the reproducers all
 use; one frame finder (`smearcli.frames`) says where their code raised; transformers' fast-kernel
 fallbacks are said once per census run; a boundary that agreed beside a failure is "not judged";
 every census record names its release. The slow test installs the oldest supported release in a
@@ -22,10 +22,11 @@ pytest.importorskip("transformers", reason="transformers is not installed: pip i
 import transformers  # noqa: E402
 
 from smearcli import frames  # noqa: E402
-from smearcli.census import boundary, isolate, record, records, repro, report, shapes  # noqa: E402
-from smearcli.impls import hf  # noqa: E402
-from smearcli.impls.hf import api, kernels  # noqa: E402
-from smearcli.impls.hf.cache_runner import CacheRunner  # noqa: E402
+from smearcli.engines.transformers import boundary, repro  # noqa: E402
+from smearcli.census import isolate, record, records, report, shapes  # noqa: E402
+from smearcli.engines import transformers as hf  # noqa: E402
+from smearcli.engines.transformers import api, kernels  # noqa: E402
+from smearcli.engines.transformers.cache_runner import CacheRunner  # noqa: E402
 from smearcli.verdicts import NOT_JUDGED, NOT_JUDGED_WHY, OK  # noqa: E402
 from conftest import ROOT  # noqa: E402 - the clone's root
 
@@ -216,7 +217,7 @@ class EncDec:  # an EncoderDecoderCache: its self-attention cache decides
     (EncDec(Plain524(Layer524())), {}),
 ], ids=["5.24 cache", "attention-only 5.25", "hybrid 5.25", "a 5.25 layer", "enc-dec 5.25", "enc-dec 5.24"])
 def test_past_recording_passes_the_drafted_count_where_the_release_takes_it(cache, expected):
-    from smearcli.impls.hf import cache_runner
+    from smearcli.engines.transformers import cache_runner
 
     assert api.recording(cache, 3) == expected
     assert reproducer_namespace()["recording"](cache, 3) == expected  # the embedded copy agrees
@@ -290,18 +291,21 @@ def test_frames_names_the_deepest_frame_in_their_code():
     in_torch = raiser(TORCH)
     e = caught(lambda: raiser(THEIRS)(in_torch))
     assert frames.raised_in(e, "transformers") == "transformers/models/m/modeling_m.py:3 in f"
-    ours = raiser("/repo/smearcli/census/check.py")
+    # our engine folder is named after their package: a frame there is still ours, installed anywhere
+    for mine in (frames.OWN + "engines/transformers/check.py", "/repo/smearcli/engines/transformers/boundary.py"):
+        assert frames.raised_in(caught(lambda: raiser(THEIRS)(raiser(mine))), "transformers") is None
+    ours = raiser("/repo/smearcli/engines/transformers/check.py")
     e = caught(lambda: raiser(THEIRS)(ours))
     assert frames.raised_in(e, "transformers") is None
     assert frames.describe(e, "transformers").startswith("transformers/models/m/modeling_m.py:3 in f: ValueError")
     e = caught(ours)
-    assert frames.describe(e, "transformers").startswith("smearcli/census/check.py:4 in f: ValueError")
+    assert frames.describe(e, "transformers").startswith("smearcli/engines/transformers/check.py:4 in f: ValueError")
     e = caught(raiser("/tmp/tf/5.3.0/transformers/models/m/modeling_m.py"))  # pip install --target
     assert frames.raised_in(e, "transformers") == "transformers/models/m/modeling_m.py:4 in f"
 
 
 def test_every_surface_uses_the_one_frame_finder(tmp_path):
-    from smearcli.impls.hf.check import their_frame
+    from smearcli.engines.transformers.compare_check import their_frame
     from smearcli.impls.nanochat import guard
 
     e = caught(lambda: raiser(THEIRS)(raiser(TORCH)))
@@ -451,7 +455,7 @@ class EmptyWhenCached(Recorder):
 
 
 def test_empty_logits_from_a_cached_step_are_the_models_failure_at_its_forward():
-    from smearcli.impls.hf.cache_runner import ModelOutputError
+    from smearcli.engines.transformers.cache_runner import ModelOutputError
     from smearcli.runner import Holder
 
     runner = CacheRunner(EmptyWhenCached())

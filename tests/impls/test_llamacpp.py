@@ -18,7 +18,7 @@ pytest.importorskip("transformers", reason="transformers is not installed: pip i
 
 from smearcli.cli.app import app  # noqa: E402
 from smearcli.engines import llamacpp  # noqa: E402
-from smearcli.impls import hf  # noqa: E402
+from smearcli.engines import transformers as hf  # noqa: E402
 from smearcli.engines.llamacpp import environment as llamacpp_env  # noqa: E402
 from smearcli.schedules import SCHEDULES, ScheduleOptions  # noqa: E402
 from conftest import standin_python  # noqa: E402

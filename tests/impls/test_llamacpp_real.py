@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 pytest.importorskip("transformers", reason="transformers is not installed: pip install 'smearcli[hf]'")
 
 from smearcli.cli.app import app  # noqa: E402
-from smearcli.impls import hf  # noqa: E402
+from smearcli.engines import transformers as hf  # noqa: E402
 from conftest import LLAMACPP_PYTHON as PYTHON, NEEDS_LLAMACPP, ROOT  # noqa: E402 - ROOT: the clone's root
 
 pytestmark = NEEDS_LLAMACPP

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 pytest.importorskip("transformers", reason="transformers is not installed: pip install 'smearcli[hf]'")
 
 from smearcli.cli.app import app  # noqa: E402
-from smearcli.impls import hf  # noqa: E402
+from smearcli.engines import transformers as hf  # noqa: E402
 from conftest import standin_python  # noqa: E402
 
 STANDIN = Path(__file__).resolve().parents[1] / "vllm_standin.py"

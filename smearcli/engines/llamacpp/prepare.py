@@ -57,13 +57,13 @@ def schedules_to_run(spec: RunSpec, schedules) -> list:
 
 def prepare(spec: RunSpec, schedules, tolerance: float):
     """A Job that runs llama.cpp on `schedules` against the transformers reference (compare/1)."""
-    from ...impls import hf
+    from .. import transformers as hf
     from .. import llamacpp
     from .environment import check_python
     from ...defaults import DEFAULT_SCHEDULES
     from ...runner import LogProbs
     from ...cli.build import check_boundaries, flag
-    from ...cli.hf import check_hf_spec, flag_model, load, tokens_for
+    from ..transformers.prepare import check_hf_spec, flag_model, load, tokens_for
     from ...cli.reports import ComparisonReport, Job
     from ...cli.threads import apply_threads
 

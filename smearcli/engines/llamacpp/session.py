@@ -56,8 +56,8 @@ import torch
 from ...defaults import NOISE_MARGIN
 from ...verdicts import CRASHED, NOT_BUILT, OK, UNCONFIRMED, UNSUPPORTED
 from ...census import derive, known
-from ...census.boundary import transformers_frame
-from ...census.check import NO_POWER_NOTE, init_note, text_config, vocab_of
+from ..transformers.boundary import transformers_frame
+from ..transformers.check import NO_POWER_NOTE, init_note, text_config, vocab_of
 from ...census.record import Record, new as record
 from ...census.report import sort_key
 from ...census.reference import model_types, powered, save

@@ -3,7 +3,7 @@
 Owns what only vLLM needs from the CLI: its interpreter (`--vllm-python`, else
 $SMEARCLI_VLLM_PYTHON), `--device` and `--tensor-parallel-size` passed through, the checks of the
 chunk plan and the prefix schedule against what vLLM can do, and the reference: the same
-directory loaded in transformers here (`cli.hf.load`), compared as log-probabilities. Imported
+directory loaded in transformers here (`engines.transformers.prepare.load`), compared as log-probabilities. Imported
 only when `--impl vllm` runs.
 """
 
@@ -30,9 +30,9 @@ def vllm_python(spec: RunSpec) -> tuple[str, str]:
 def check_vllm_spec(spec: RunSpec, schedules):
     """What the options alone decide for --impl vllm, before anything is loaded (the model directory
     must hold safetensors weights: what vLLM and the transformers reference both read)."""
-    from ...impls.hf.files import weight_files
+    from ..transformers.files import weight_files
     from ...cli.build import flag
-    from ...cli.hf import check_hf_spec
+    from ..transformers.prepare import check_hf_spec
 
     opts = check_hf_spec(spec, [s for s in schedules if s != "prefix"])
     if not Path(spec.hf_model).is_dir():
@@ -62,12 +62,12 @@ def check_plan(T: int, schedules, opts) -> None:
 
 def prepare(spec: RunSpec, schedules, tolerance: float):
     """A Job that runs vLLM on `schedules` against the transformers reference (compare/1 document)."""
-    from ...impls import hf
+    from .. import transformers as hf
     from .. import vllm
     from .environment import check_python
     from ...runner import LogProbs
     from ...cli.build import flag
-    from ...cli.hf import flag_model, load, tokens_for
+    from ..transformers.prepare import flag_model, load, tokens_for
     from ...cli.reports import comparison_job
     from ...cli.threads import apply_threads
 

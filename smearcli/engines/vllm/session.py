@@ -71,8 +71,8 @@ from ...metrics import measure
 from ...steps import CRASHED as RUN_CRASHED, UNCHECKED
 from ...verdicts import CRASHED, INCONCLUSIVE, NOT_BUILT, NOT_RUN, OK, UNCONFIRMED
 from ...census import derive, known
-from ...census.boundary import transformers_frame
-from ...census.check import CONV_KEYS, NO_POWER_NOTE, first_int, init_note, vocab_of
+from ..transformers.boundary import transformers_frame
+from ..transformers.check import CONV_KEYS, NO_POWER_NOTE, first_int, init_note, vocab_of
 from ...census.record import Record, new as record
 from ...census.reference import arch_of, model_types, powered, save
 from ...census.report import cell, sort_key

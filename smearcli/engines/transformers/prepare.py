@@ -1,4 +1,4 @@
-"""`--impl hf`: a Hugging Face model (smearcli.impls.hf) as a registry job.
+"""`--impl hf`: a Hugging Face model (smearcli.engines.transformers) as a registry job.
 
 Owns what only a transformers model needs from the CLI: loading `--hf-model` on `--device` and
 `--dtype`, its input, the mapping of the adapter's errors to `--hf-model` and the schedule flags,
@@ -10,8 +10,8 @@ Imported only when `--impl hf` runs, so transformers never loads on the nanochat
 
 from __future__ import annotations
 
-from ..errors import UserError
-from .options import DType, RunSpec
+from ...errors import UserError
+from ...cli.options import DType, RunSpec
 
 SUBTITLE = ("The model runs each schedule through its own cache API (use_cache=True, the cache passed "
             "back each step);\nthe reference is one call over every token with use_cache=False.")
@@ -19,15 +19,15 @@ SUBTITLE = ("The model runs each schedule through its own cache API (use_cache=T
 
 def check_hf_spec(spec: RunSpec, schedules):
     """Everything the options alone decide for --impl hf, before transformers is imported."""
-    from .build import check_arguments
+    from ...cli.build import check_arguments
 
     return check_arguments(spec, schedules, spec.chunk_size_tuple())
 
 
 def load(spec: RunSpec):
     """(model, HFModelInfo, device) for --hf-model, on --device, in --dtype (auto: as loaded)."""
-    from ..impls import hf
-    from .build import DTYPES, flag, resolve_device
+    from .. import transformers as hf
+    from ...cli.build import DTYPES, flag, resolve_device
 
     device = resolve_device(spec.device)
     dtype = None if spec.dtype == DType.auto else DTYPES[spec.dtype.value]
@@ -39,9 +39,9 @@ def load(spec: RunSpec):
 
 
 def tokens_for(spec: RunSpec, model):
-    from ..impls import hf
-    from ..inputs import load_tokens
-    from .build import flag
+    from .. import transformers as hf
+    from ...inputs import load_tokens
+    from ...cli.build import flag
 
     if spec.tokens is not None:
         with flag("--tokens"):
@@ -51,11 +51,11 @@ def tokens_for(spec: RunSpec, model):
 
 def prepare(spec: RunSpec, schedules, tolerance: float):
     """A Job that checks the model of --hf-model on `schedules`; its report writes smearcli.compare/1."""
-    from ..impls import hf
-    from ..defaults import DRAFT
-    from ..steps import chunk_plan
-    from .build import check_boundaries
-    from .threads import apply_threads
+    from .. import transformers as hf
+    from ...defaults import DRAFT
+    from ...steps import chunk_plan
+    from ...cli.build import check_boundaries
+    from ...cli.threads import apply_threads
 
     schedules = [s for s in schedules if s != "full"]
     opts = check_hf_spec(spec, schedules)
@@ -68,8 +68,8 @@ def prepare(spec: RunSpec, schedules, tolerance: float):
     except ValueError as e:
         raise UserError(f"{'--chunk-sizes' if opts.chunk_sizes else '--chunks'}: {e}") from e
     check_boundaries(tokens.size(1), schedules, opts, draft_given=spec.draft != DRAFT)  # --tokens' length
-    from ..impls.hf import check as hf_check
-    from .reports import ComparisonReport, Job
+    from . import compare_check as hf_check
+    from ...cli.reports import ComparisonReport, Job
 
     with their_code(spec), flag_model(spec):
         runner = hf.runner(model, info.source, tokens)
@@ -96,8 +96,8 @@ class their_code:
         return self
 
     def __exit__(self, kind, exc, tb):
-        from ..errors import UserCodeError
-        from ..impls.hf.check import their_frame
+        from ...errors import UserCodeError
+        from .compare_check import their_frame
 
         if exc is None or isinstance(exc, (UserError, KeyboardInterrupt)):
             return False
@@ -110,6 +110,6 @@ class their_code:
 
 
 def flag_model(spec: RunSpec):
-    from .build import flag
+    from ...cli.build import flag
 
     return flag(f"--hf-model {spec.hf_model}:")

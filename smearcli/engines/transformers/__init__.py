@@ -9,7 +9,7 @@ print(check.table())
 
 Built-in names (`TINY_CONFIGS`): tiny random configs (hidden 64, 2 layers, vocab 128, float32),
 seeded, built on the CPU in well under a second. A directory is loaded offline by
-`smearcli.impls.hf.load` (safetensors only, `trust_remote_code` never on, every file checked
+`smearcli.engines.transformers.load` (safetensors only, `trust_remote_code` never on, every file checked
 before transformers reads it).
 
 Each schedule runs through the model's own cache API: a first call without a cache and
@@ -232,7 +232,7 @@ def check_model(model, tokens: Tensor, chunk_sizes: Optional[Sequence[int]] = No
     """Every schedule through the model's own cache against one uncached call, measured as
     `compare --impl hf` measures it (`hf.check.sound_compare`: a float64 floor, then the live-state
     check); the result's notes say exactly what ran."""
-    from .check import sound_compare
+    from .compare_check import sound_compare
 
     if options is None:
         options = ScheduleOptions(chunks=chunks, chunk_sizes=None if chunk_sizes is None else tuple(chunk_sizes))

@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from .shapes import LEAK
-from .record import Record
+from ...census.shapes import LEAK
+from ...census.record import Record
 
 PATTERNS = (
     ("a branch on a one-token step", re.compile(r"(seq_len|shape\[1\]|size\(1\)|q_len)\s*==\s*1")),
@@ -127,7 +127,7 @@ def write(record: Record, path: Path, versions: dict, group: Optional[dict] = No
 
 
 def reach_section(reach, leak: bool = False) -> list[str]:
-    """The draft's lead: each public-API path as run (`census.reach`), and what it gave; `leak`: the
+    """The draft's lead: each public-API path as run (`engines.transformers.reach`), and what it gave; `leak`: the
     finding is a full pass that leaks (`reach.leak_paths`: who runs it)."""
     if not isinstance(reach, dict) or not reach:
         return []

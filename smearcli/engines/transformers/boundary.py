@@ -58,17 +58,17 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
-from .. import evidence, frames, judge
-from ..boundaries import COMBINATIONS, pad_ids, rollback_mode
-from ..metrics import RunMetrics, measure
-from ..defaults import NOISE_MARGIN
-from ..schedules import census_schedules, missing, register, run_schedule, runnable, shape
-from ..steps import ScheduleOptions
-from ..verdicts import (BUG, CRASHED, INCONCLUSIVE, NOT_JUDGED, NOT_JUDGED_WHY, NOT_RUN, OK, ROUNDING, UNCONFIRMED,
+from ... import evidence, frames, judge
+from ...boundaries import COMBINATIONS, pad_ids, rollback_mode
+from ...metrics import RunMetrics, measure
+from ...defaults import NOISE_MARGIN
+from ...schedules import census_schedules, missing, register, run_schedule, runnable, shape
+from ...steps import ScheduleOptions
+from ...verdicts import (BUG, CRASHED, INCONCLUSIVE, NOT_JUDGED, NOT_JUDGED_WHY, NOT_RUN, OK, ROUNDING, UNCONFIRMED,
                         UNSUPPORTED)
-from ..impls.hf import cache_runner as hf_runner
-from .record import BoundaryResult
-from .shapes import LEFT_UNSUPPORTED
+from . import cache_runner as hf_runner
+from ...census.record import BoundaryResult
+from ...census.shapes import LEFT_UNSUPPORTED
 
 PADDED_ROWS = ("the row", "right-padded", "left-padded")  # the padded batch's rows (one input row)
 PASSED = "passed"  # a boundary that agreed, before the architecture's verdict is known (`settle`, `beside`)

@@ -8,11 +8,11 @@ from typing import Optional
 
 import torch
 
-from ..defaults import NOISE_MARGIN
-from ..schedules import run_steps
-from ..state import KV, Zeroing, state_kinds
-from ..impls.hf.cache_runner import CacheRunner
-from . import shapes
+from ...defaults import NOISE_MARGIN
+from ...schedules import run_steps
+from ...state import KV, Zeroing, state_kinds
+from .cache_runner import CacheRunner
+from ...census import shapes
 from .boundary import logits_noise, logits_only
 
 

@@ -27,7 +27,7 @@ exception inside the model: the user sees an error, not a wrong answer), `refuse
 itself declines the use, e.g. assisted decoding on a stateful model) or `not run` (no `generate`,
 no assistant), with `why`.
 
-A leak (the full pass itself reads later tokens, `census.causal`) has no cached path to compare
+A leak (the full pass itself reads later tokens, `engines.transformers.causal`) has no cached path to compare
 with the full pass: the question is who runs that full pass. `leak_paths(model, tokens, threshold)`
 runs the three places it is run, each again with the last tokens removed and with them changed
 (`causal.changed_tail`):
@@ -49,9 +49,9 @@ from __future__ import annotations
 
 from typing import Optional
 
-from .. import frames  # torch is imported where a path runs: the report reads `words` without it
-from ..defaults import GENERATE_CHUNK as CHUNK, GENERATE_NEW as NEW, GENERATE_PADS_INSIDE as INSIDE, GENERATE_PATH as GENERATE
-from ..verdicts import UNCONFIRMED
+from ... import frames  # torch is imported where a path runs: the report reads `words` without it
+from ...defaults import GENERATE_CHUNK as CHUNK, GENERATE_NEW as NEW, GENERATE_PADS_INSIDE as INSIDE, GENERATE_PATH as GENERATE
+from ...verdicts import UNCONFIRMED
 
 SILENT, AGREES, RAISES, REFUSED = "silently wrong", "agrees", "raises first", "refused"
 NOT_RUN = "not run"  # the model has no `generate`, or no assistant was given
@@ -266,7 +266,7 @@ def stepwise(model, ids, new: int = NEW):
     prompt fed one token a call onto the cache it returns (causal by construction)."""
     import torch
 
-    from ..impls.hf import api
+    from . import api
 
     key, cache, out, got = api.cache_keyword(model), None, None, []
     for t in range(ids.size(1) + new):
@@ -349,14 +349,14 @@ def summary(reach: Optional[dict]) -> str:
     return next((w for w in (SILENT, RAISES, REFUSED, AGREES) if w in got), "-")
 
 
-from .shapes import THROUGH_GENERATE as THROUGH  # its shape: every cached schedule of the census agrees
+from ...census.shapes import THROUGH_GENERATE as THROUGH  # its shape: every cached schedule of the census agrees
 
 
 def judged(path: str, boundaries: Optional[dict]) -> bool:
     """Whether a silently wrong `path` can be the architecture's finding: a left-padded path only
     where the census's own padded boundary ran and did not find left padding unsupported (a forward
     that cannot number past its pads is the model's declared API, `census.shapes.LEFT_UNSUPPORTED`)."""
-    from .shapes import LEFT_UNSUPPORTED
+    from ...census.shapes import LEFT_UNSUPPORTED
 
     if path not in PADDED_PATHS:
         return True

@@ -36,8 +36,8 @@ import os
 import re
 from typing import Optional, Sequence
 
-from ..verdicts import BUG, UNCONFIRMED
-from .record import BoundaryResult, Record
+from ...verdicts import BUG, UNCONFIRMED
+from ...census.record import BoundaryResult, Record
 
 FINDINGS = (str(BUG), str(UNCONFIRMED))
 
@@ -133,7 +133,7 @@ def copies(file: Optional[str], cls: Optional[str], root: str) -> list[str]:
 
 def api_at(rec: Record) -> Optional[str]:
     """Where in their cache API the finding's headline departed: a rollback headed by their crop on
-    a path the library declares unsupported (`census.boundary.declared`: its `api_finding`), or None."""
+    a path the library declares unsupported (`engines.transformers.boundary.declared`: its `api_finding`), or None."""
     rollback = (rec.boundaries or {}).get("rollback")
     crop = rollback.their_crop if rollback is not None and rec.worst_schedule == "rollback" else None
     found = crop.api_finding if isinstance(crop, BoundaryResult) and crop.status in FINDINGS else None
@@ -258,7 +258,7 @@ def of(records: Sequence[Record], model_type: str) -> Optional[dict]:
 
 def api_findings(records: Sequence[Record]) -> list[dict]:
     """Findings at an API's code: a rollback the library declares unsupported whose crop still ran
-    and left the logits off (`census.boundary.declared`), one per piece of their code
+    and left the logits off (`engines.transformers.boundary.declared`), one per piece of their code
     (`api_finding["at"]`: the cache layer's `crop`), each with every architecture it affects (by
     name), the first one's declaration and the largest error. Each is also a finding on those
     architectures (their rollback boundary), counted there; records written before that rule

@@ -29,8 +29,8 @@ from typing import Callable, Optional
 
 import torch
 
-from .. import judge
-from ..verdicts import BUG, TIE_ARTIFACT, UNCONFIRMED
+from ... import judge
+from ...verdicts import BUG, TIE_ARTIFACT, UNCONFIRMED
 _TOPK = torch.topk
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from . import draft, repro
-from .record import Record
+from ...census.record import Record
 
 
 def attach(rec: Record, repro_dir, limit: float, stage, **kw) -> None:

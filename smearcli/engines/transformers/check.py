@@ -44,18 +44,19 @@ from typing import Optional
 
 import torch
 
-from .. import evidence, frames, judge
-from ..metrics import RunMetrics
-from ..defaults import NOISE_MARGIN
-from ..impls.hf import api as hf_api
-from ..schedules import run_schedule, run_steps
-from ..verdicts import BUG, CRASHED, INCONCLUSIVE, NOT_BUILT, OK, ROUNDING, UNCONFIRMED, WORDS
-from ..impls.hf import hidden_names
-from ..impls.hf.cache_runner import CacheRunner, full_run
-from . import born, boundary, causal, diagnose, shapes, ties, variants
-from .record import Record, new as record
+from ... import evidence, frames, judge
+from ...metrics import RunMetrics
+from ...defaults import NOISE_MARGIN
+from . import api as hf_api
+from ...schedules import run_schedule, run_steps
+from ...verdicts import BUG, CRASHED, INCONCLUSIVE, NOT_BUILT, OK, ROUNDING, UNCONFIRMED, WORDS
+from . import hidden_names
+from .cache_runner import CacheRunner, full_run
+from . import born, boundary, causal, diagnose, ties
+from ...census import shapes, variants
+from ...census.record import Record, new as record
 from .boundary import WINDOW_KEYS, measured, transformers_frame
-from .derive import default_counts, derive
+from ...census.derive import default_counts, derive
 
 T = 49  # one past a multiple of the 16-token chunks
 VERDICTS = WORDS
@@ -170,7 +171,7 @@ def check(model_type: str, seed: int = 0, tolerance: float = NOISE_MARGIN, total
     exit status are in the record (`reproducer`, `reproducer_status`)."""
     import time
 
-    from . import budget
+    from ...census import budget
 
     t0 = time.monotonic()
     rec = _check_orders(model_type, seed, tolerance, total, config)

@@ -1,6 +1,6 @@
-"""A local Hugging Face model directory, loaded without trusting it (part of `smearcli.impls.hf`).
+"""A local Hugging Face model directory, loaded without trusting it (part of `smearcli.engines.transformers`).
 
-Everything transformers would read is checked first (`smearcli.impls.hf.files`), so a bad
+Everything transformers would read is checked first (`smearcli.engines.transformers.files`), so a bad
 directory is one UserError naming the file and the problem, never transformers' own failure,
 prompt or load report:
 

@@ -23,12 +23,12 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from ..impls.hf import api
-from .shapes import LEAK, THROUGH_GENERATE
-from ..defaults import GENERATE_CHUNK, GENERATE_NEW, GENERATE_PADS_INSIDE, GENERATE_PATH, NOISE_MARGIN
-from ..schedules import SCHEDULES
-from ..formatters import fmt_steps
-from .record import BoundaryResult, Record
+from . import api
+from ...census.shapes import LEAK, THROUGH_GENERATE
+from ...defaults import GENERATE_CHUNK, GENERATE_NEW, GENERATE_PADS_INSIDE, GENERATE_PATH, NOISE_MARGIN
+from ...schedules import SCHEDULES
+from ...formatters import fmt_steps
+from ...census.record import BoundaryResult, Record
 
 # what every reproducer builds its model and feeds its cache with (a template fragment: braces
 # doubled); the cache API is detected by smearcli's own detector, embedded as source (`hf.api`)
@@ -161,7 +161,7 @@ def schedule(model, ids):
 
 
 
-# a full pass that reads later tokens (`census.causal`): the "schedule" is the same full pass on the
+# a full pass that reads later tokens (`engines.transformers.causal`): the "schedule" is the same full pass on the
 # tokens with the last ones removed, or changed (whichever moves the earlier positions more), its
 # earlier positions set against the full pass's, so MAIN's distance measures the leak and nothing else
 LEAK_TEMPLATE = '''"""Reproducer: {model_type} ({model_class}) under transformers {version}.
@@ -308,7 +308,7 @@ if __name__ == "__main__":
 
 def write_generate(record: Record, config: dict, path: Path, seed: int, vocab: int, margin: float,
                    total: int) -> Path:
-    """The reproducer of a finding only generate's own paths show (`census.reach.through_generate`):
+    """The reproducer of a finding only generate's own paths show (`engines.transformers.reach.through_generate`):
     the same greedy call on the same tiny config, against the full pass, in float32 and float64."""
     import transformers
 
@@ -327,7 +327,7 @@ def their_crop_fragment() -> str:
     the prefill with what the installed release's generate passes it (`recording`, the embedded
     detector: `recurrent_states_to_keep=DRAFT - 1` from 5.25 on, nothing before), then
     `cache.crop(-rejected)` after every forward, `crop(0)` where none was rejected. The scan's
-    crop-mode runner (`impls.hf.cache_runner`) makes the same calls."""
+    crop-mode runner (`engines.transformers.cache_runner`) makes the same calls."""
     return '''def generation_cache(model):
     """The cache generate() makes before the prefill, or None where it makes none."""
     if not model._supports_default_dynamic_cache():
