@@ -192,6 +192,34 @@ def nan_at(value):
     return lambda d: edit_state(d, fn)
 
 
+def release_wheel(kind: str = "good"):
+    """`w/transformers-5.99.0-py3-none-any.whl` for scan --release --wheels w: a stand-in
+    transformers wheel (tests/release_standin.py), or one that is not what its name says, as `kind`
+    says. Only read: no case here gets as far as installing it."""
+    def prepare(cwd: Path):
+        import zipfile
+
+        from release_standin import wheel
+
+        (cwd / "w").mkdir()
+        if kind == "another package":
+            wheel(cwd, "5.99.0", "ok", name="tokenizers").rename(cwd / "w" / "transformers-5.99.0-py3-none-any.whl")
+            return
+        path = wheel(cwd / "w", "5.99.0", "ok")
+        data = path.read_bytes()
+        if kind == "cut short":
+            path.write_bytes(data[: len(data) // 2])
+        elif kind == "damaged":
+            path.write_bytes(data.replace(b"__version__ = ", b"__VERSION__ = "))
+        elif kind == "no package":
+            with zipfile.ZipFile(cwd / "w.zip", "w") as out, zipfile.ZipFile(path) as z:
+                for name in z.namelist():
+                    if not name.startswith("transformers/"):
+                        out.writestr(name, z.read(name))
+            os.replace(cwd / "w.zip", path)
+    return prepare
+
+
 CASES = [
     # -- command line -------------------------------------------------------------------------
     Case("usage", "unknown option", ["compare", "--chunk", "4"], expect="No such option"),
@@ -511,6 +539,26 @@ CASES = [
          prepare=write("w/transformers-5.99.0-py3-none-any.whl", "<html>Not Found</html>"), expect="not a wheel"),
     Case("scan", "--release offline (simulated: pip has no index to ask)", ["scan", "--release", "5.99.0"],
          simulate="offline", expect="offline? fetch the wheels where there is a network"),
+    Case("scan", "--release whose wheel in --wheels is another package's, renamed transformers-5.99.0",
+         ["scan", "--release", "5.99.0", "--wheels", "w"], prepare=release_wheel("another package"),
+         expect="a wheel of tokenizers 5.99.0, not of transformers"),
+    Case("scan", "--release whose wheel's metadata says transformers 5.99.0 and which holds no transformers package",
+         ["scan", "--release", "5.99.0", "--wheels", "w"], prepare=release_wheel("no package"),
+         expect="holds no transformers package"),
+    Case("scan", "--release whose wheel in --wheels is cut short (a torn download)",
+         ["scan", "--release", "5.99.0", "--wheels", "w"], prepare=release_wheel("cut short"), expect="cut short"),
+    Case("scan", "--release whose wheel in --wheels has a damaged member (its CRC-32 fails)",
+         ["scan", "--release", "5.99.0", "--wheels", "w"], prepare=release_wheel("damaged"),
+         expect="fails its CRC-32 check"),
+    Case("scan", "--release with a release cache on a read-only file system (simulated: os.access says no)",
+         ["scan", "--release", "5.99.0", "--wheels", "w"], prepare=release_wheel(), simulate="release_cache:readonly",
+         expect="is not writable"),
+    Case("scan", "--release with a full release cache (simulated: ENOSPC while its venv is made; none is left)",
+         ["scan", "--release", "5.99.0", "--wheels", "w"], prepare=release_wheel(), simulate="release_cache:full",
+         expect="is full (No space left on device)"),
+    Case("scan", "--release with $SMEARCLI_RELEASES naming a file (simulated: set to ../releases-file)",
+         ["scan", "--release", "5.99.0", "--wheels", "w"], prepare=release_wheel(), simulate="release_cache:file",
+         expect="is not a directory"),
     Case("scan", "--bisect of more than one architecture", ["scan", "--bisect", "llama,opt"], expect="one model type"),
     Case("scan", "--bisect with an option of a census it does not run", ["scan", "--bisect", "llama", "--out", "x.jsonl"],
          expect="--out has no meaning with it"),
@@ -607,6 +655,27 @@ def simulate(name: Optional[str], monkeypatch, cwd: Path) -> None:
         monkeypatch.setenv("PIP_NO_INDEX", "1")
         monkeypatch.setenv("PIP_FIND_LINKS", str(cwd.parent / "no-wheels"))
         monkeypatch.setenv("SMEARCLI_RELEASES", str(cwd.parent / "releases-cache"))  # outside the case's directory
+    elif name.startswith("release_cache:"):  # scan --release's cache ($SMEARCLI_RELEASES) beside the case's
+        # directory, named relative to it so that the table's message is the same on every machine
+        kind = name.partition(":")[2]
+        root = cwd.parent / f"releases-{kind}"
+        monkeypatch.setenv("SMEARCLI_RELEASES", os.path.join("..", root.name))
+        if kind == "file":
+            root.write_text("not a directory")
+        elif kind == "readonly":  # as root, only a read-only file system refuses: os.access says so
+            root.mkdir()
+            real_access = os.access
+            monkeypatch.setattr(os, "access", lambda p, mode, *a, **k: False if Path(p).resolve() == root.resolve()
+                                and mode & os.W_OK else real_access(p, mode, *a, **k))
+        elif kind == "full":  # the disk fills while the venv is made: its first files are written
+            import errno
+            import venv
+
+            def create(self, env_dir):
+                Path(env_dir, "bin").mkdir(parents=True)
+                Path(env_dir, "pyvenv.cfg").write_text("home = /usr/bin\n")
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(Path(env_dir, "lib")))
+            monkeypatch.setattr(venv.EnvBuilder, "create", create)
     elif name == "bug":
         import smearcli.compare as lib
 
