@@ -59,4 +59,5 @@ def figure_schedule(names) -> str:
 GENERATE_NEW = 6  # tokens generated per path
 GENERATE_CHUNK = 16  # prefill_chunk_size
 GENERATE_PADS_INSIDE = 5  # the chunked padded batch's pads: fewer than the chunk, so its first chunk holds pads and tokens
+GENERATE_BEAMS = 2  # beam search's beams: the fewest that make generate reorder its cache
 GENERATE_PATH = "generate: "  # a finding only generate's own paths show: its worst_schedule is this, then the path

@@ -25,7 +25,8 @@ from typing import Optional
 
 from . import api
 from ...census.shapes import LEAK, THROUGH_GENERATE
-from ...defaults import GENERATE_CHUNK, GENERATE_NEW, GENERATE_PADS_INSIDE, GENERATE_PATH, NOISE_MARGIN
+from ...defaults import (GENERATE_BEAMS, GENERATE_CHUNK, GENERATE_NEW, GENERATE_PADS_INSIDE, GENERATE_PATH,
+                         NOISE_MARGIN)
 from ...schedules import SCHEDULES
 from ...formatters import fmt_steps
 from ...census.record import BoundaryResult, Record
@@ -218,10 +219,12 @@ def schedule(model, ids):
 GENERATE_TEMPLATE = '''"""Reproducer: {model_type} ({model_class}) under transformers {version}.
 
 Greedy generate's {path!r} path should give, at every step, the logits one call without a cache
-gives over the tokens it made; found by smearcli scan: max |dlogit| {max_abs:.3g}, while every
-cached schedule it drives through the model's own cache agrees. Needs torch and transformers
-only. Exit status: 1 while the bug is there, 0 once fixed.
+gives over the tokens it made (beam search: the logits of the same search without a cache);
+found by smearcli scan: max |dlogit| {max_abs:.3g}, while every cached schedule it drives through
+the model's own cache agrees. Needs torch and transformers only. Exit status: 1 while the bug is
+there, 0 once fixed.
 """
+import contextlib
 import copy
 import json
 import sys
@@ -236,6 +239,7 @@ T = {total!r}
 NEW = {new!r}  # tokens generated
 CHUNK = {chunk!r}  # prefill_chunk_size
 INSIDE = {inside!r}  # pads of the chunked padded batch: they end inside its first chunk
+BEAMS = {beams!r}  # beam search's beams
 VOCAB = {vocab!r}
 SEED = {seed!r}
 MARGIN = {margin!r}  # an error this many times the float32 rounding floor is no longer rounding
@@ -247,9 +251,23 @@ def build(seed):
     return transformers.AutoModelForCausalLM.from_config(cfg).float().eval()
 
 
+def text_config(config):
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
+def prompt():
+    """The seeded draw, the config's pad id moved one id up (a forward that numbers positions
+    skipping its pad id would number a prompt holding it otherwise than generate does)."""
+    ids = torch.randint(0, VOCAB, (1, T), generator=torch.Generator().manual_seed(SEED))
+    pad = getattr(text_config(transformers.CONFIG_MAPPING[CONFIG.get("model_type") or MODEL_TYPE](**CONFIG)),
+                  "pad_token_id", None)
+    if isinstance(pad, int) and 0 <= pad < VOCAB and VOCAB > 1:
+        ids = ids.masked_fill(ids == pad, (pad + 1) % VOCAB)
+    return ids
+
+
 def greedy(model, ids, mask=None, **kw):
-    cfg = model.config.get_text_config()
-    pad = getattr(cfg, "pad_token_id", None)
+    pad = getattr(text_config(model.config), "pad_token_id", None)
     out = model.generate(input_ids=ids, attention_mask=mask if mask is not None else torch.ones_like(ids),
                          max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False, output_logits=True,
                          return_dict_in_generate=True, pad_token_id=pad if isinstance(pad, int) else 0, **kw)
@@ -261,41 +279,91 @@ def against_full(model, seq, logits, prompt):
     return float((full[:, prompt - 1:prompt - 1 + logits.size(1)] - logits).abs().max())
 
 
-def padded(model, ids, pads, **kw):
+def fill_id(model):
+    """A batch of one's pad id: the lowest id that is not the pad id and whose embedding is not zero."""
+    pad = getattr(text_config(model.config), "pad_token_id", None)
+    table = model.get_input_embeddings().weight
+    return next(i for i in range(min(VOCAB, 64)) if i != pad and (i >= table.size(0) or bool(table[i].any())))
+
+
+def padded(model, ids, pads, alone=False, **kw):
     short = ids[:, pads:]
-    batch = torch.cat([ids, torch.cat([torch.zeros_like(ids[:, :pads]), short], 1)], 0)
+    row = torch.cat([torch.full_like(ids[:, :pads], fill_id(model) if alone else 0), short], 1)
+    batch = row if alone else torch.cat([ids, row], 0)
     mask = torch.ones_like(batch)
-    mask[1, :pads] = 0
+    mask[-1, :pads] = 0
     seq, logits = greedy(model, batch, mask, **kw)
-    return against_full(model, seq[1:, pads:], logits[1:], short.size(1))
+    return against_full(model, seq[-1:, pads:], logits[-1:], short.size(1))
+
+
+def beam(model, ids):
+    """Every step's logits of every beam, cached, against the same search without a cache."""
+    def search(use_cache):
+        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), num_beams=BEAMS, do_sample=False,
+                             max_new_tokens=NEW, min_new_tokens=NEW, output_logits=True,
+                             return_dict_in_generate=True, use_cache=use_cache,
+                             pad_token_id=getattr(text_config(model.config), "pad_token_id", None) or 0)
+        return torch.stack(list(out.logits), 1).double()
+    return float((search(True) - search(False)).abs().max())
 
 
 def path(model, assistant, ids):
     """max |dlogit| of the path against the full pass over the tokens it made."""
     if PATH == "left-padded batch":
         return padded(model, ids, max(1, ids.size(1) // 4))
+    if PATH == "left-padded batch of one":
+        return padded(model, ids, max(1, ids.size(1) // 4), alone=True)
     if PATH == "prefill_chunk_size, left-padded batch":
         return padded(model, ids, INSIDE, prefill_chunk_size=CHUNK)
+    if PATH == "beam search":
+        return beam(model, ids)
     kw = {{"prefill_chunk_size": CHUNK}} if PATH == "prefill_chunk_size" else {{}}
     if PATH == "assistant model":
         kw = {{"assistant_model": assistant}}
+    if PATH == "static cache":
+        kw = {{"cache_implementation": "static"}}
     seq, logits = greedy(model, ids, **kw)
     return against_full(model, seq, logits, ids.size(1))
 
 
+''' + LIFT.split("\n\n\ndef in_float64")[0] + '''
+
+
+def in_float64(model):
+    m = copy.deepcopy(model).double()
+    try:
+        m.set_experts_implementation("eager")  # grouped matrix multiplication refuses float64
+    except Exception:
+        pass
+    return m
+
+
+@contextlib.contextmanager
+def lift():
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        with Lift():
+            yield
+    finally:
+        torch.set_default_dtype(default)
+
+
 def main():
     model, assistant = build(SEED), build(SEED + 1)
-    ids = torch.randint(0, VOCAB, (1, T), generator=torch.Generator().manual_seed(SEED))
+    ids = prompt()
     with torch.inference_mode():
         full = model(input_ids=ids, use_cache=False).logits.double()
-        full64 = copy.deepcopy(model).double()(input_ids=ids, use_cache=False).logits
+        with lift():
+            full64 = in_float64(model)(input_ids=ids, use_cache=False).logits
         floor = max(float((full64 - full).abs().max()), torch.finfo(torch.float32).eps * float(full.abs().max()))
         err = path(model, assistant, ids)
-        wide = path(copy.deepcopy(model).double(), copy.deepcopy(assistant).double(), ids)
+        with lift():
+            wide = path(in_float64(model), in_float64(assistant), ids)
     print(f"transformers {{transformers.__version__}}, torch {{torch.__version__}}: {{MODEL_TYPE}}")
     print(f"generate, {{PATH}}: max |dlogit| {{err:.3g}} in float32 ({{err / floor:.3g}}x its floor {{floor:.3g}}), "
-          f"{{wide:.3g}} in float64")
-    # a bug leaves the float32 floor and keeps at least half its size in float64
+          f"{{wide:.3g}} in float64 lifted")
+    # a bug leaves the float32 floor and keeps at least half its size in float64, lifted
     bug = err > MARGIN * floor and wide >= 0.5 * err
     print(f"generate, {{PATH}}: " + ("the bug is there" if bug else "no bug: within the floor, or gone in float64"))
     return 1 if bug else 0
@@ -309,14 +377,16 @@ if __name__ == "__main__":
 def write_generate(record: Record, config: dict, path: Path, seed: int, vocab: int, margin: float,
                    total: int) -> Path:
     """The reproducer of a finding only generate's own paths show (`engines.transformers.reach.through_generate`):
-    the same greedy call on the same tiny config, against the full pass, in float32 and float64."""
+    the same greedy call (or beam search) on the same tiny config and prompt (its pad id moved up, as
+    `reach.without_pad` moves it), against the full pass (or the search without a cache), in
+    float32 and in float64 lifted."""
     import transformers
 
     path.write_text(GENERATE_TEMPLATE.format(
         model_type=record.model_type, model_class=record.model_class or "?", version=transformers.__version__,
         path=record.worst_schedule[len(GENERATE_PATH):], max_abs=record.max_abs or 0.0,
         config_json=json.dumps(config, default=str), total=total, new=GENERATE_NEW, chunk=GENERATE_CHUNK,
-        inside=GENERATE_PADS_INSIDE, vocab=vocab, seed=seed, margin=margin), encoding="utf-8")
+        inside=GENERATE_PADS_INSIDE, beams=GENERATE_BEAMS, vocab=vocab, seed=seed, margin=margin), encoding="utf-8")
     return path
 
 
