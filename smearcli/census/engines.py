@@ -151,35 +151,6 @@ def of_records(records: Sequence[Record]) -> Engine:
     return ENGINES[name]
 
 
-class InProcess:
-    """The transformers engine's session: in smearcli's own process, every causal LM of the
-    installed transformers (`isolate.causal_lm_types`), checked by `check.check`, architectures at
-    once as `--jobs` allows; nothing to start, restart or close."""
-
-    def __init__(self, python: Optional[str] = None, quiet: bool = False):
-        if python is not None:
-            raise UserError("the transformers engine runs in smearcli's own Python: it takes no engine Python")
-
-    def meta(self) -> dict:
-        return {}  # its versions are those of smearcli's own process, which every run's meta holds
-
-    def model_types(self) -> list[str]:
-        from . import isolate
-
-        return isolate.causal_lm_types()
-
-    def check(self, model_type: str, repro_dir: Path, timeout: float, memory: Optional[int]) -> Record:
-        from ..engines.transformers import check
-
-        return check.check(model_type, repro_dir=repro_dir)
-
-    def checked(self, record: Record, more: bool) -> bool:
-        return False
-
-    def close(self) -> None:
-        pass
-
-
 def transformers_tails() -> tuple[str, ...]:
     """What a transformers finding writes after its model type: the reproducer, the draft, and one
     reproducer per census boundary."""
@@ -189,10 +160,10 @@ def transformers_tails() -> tuple[str, ...]:
 
 
 register(Engine(
-    "transformers", "transformers' own caches", open=InProcess,
+    "transformers", "transformers' own caches", open="smearcli.engines.transformers.session:InProcess",
     names_are="a causal LM of this transformers", repro_tails=transformers_tails,
     title="# smearcli scan: transformers {transformers_version}", counted="causal-LM architectures",
-    sections="smearcli.census.report:transformers_sections", after_run="smearcli.engines.transformers.draft:after_run"))
+    sections="smearcli.engines.transformers.page:sections", after_run="smearcli.engines.transformers.draft:after_run"))
 register(Engine(
     "vllm", "vLLM's scheduler and caches, against the transformers full pass",
     open="smearcli.engines.vllm.session:open_session", env_var="SMEARCLI_VLLM_PYTHON", concurrent=False,

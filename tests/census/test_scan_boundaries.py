@@ -13,7 +13,7 @@ pytest.importorskip("transformers", reason="transformers is not installed: pip i
 
 from smearcli.schedules import shape  # noqa: E402
 from smearcli.engines.transformers.cache_runner import CacheRunner  # noqa: E402
-from smearcli.engines.transformers import repro  # noqa: E402
+from smearcli.engines.transformers import page, repro  # noqa: E402
 from smearcli.census import report, shapes  # noqa: E402
 from smearcli.engines.transformers.check import T, build, check_model, split_points  # noqa: E402
 from smearcli.census.record import BoundaryResult, new as record  # noqa: E402
@@ -224,5 +224,5 @@ def test_left_padding_a_model_cannot_number_is_its_own_status_not_a_bug():
     assert rows["left-padded"] > 10 * out["floor"] >= rows["right-padded"], rows
     assert "right padding passes" in e.why
     assert out["verdict"] == OK and "padded" not in out["schedules"], out
-    md = "\n".join(report.boundaries_md([record("gpt2-nopos", **out)]))
+    md = "\n".join(page.boundaries_md([record("gpt2-nopos", **out)]))
     assert "gpt2-nopos | padded | left padding unsupported" in md

@@ -37,7 +37,7 @@ def test_the_architectures_are_vllms_with_a_transformers_causal_lm():
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES as causal
 
     archs = ["LlamaForCausalLM", "Mamba2ForCausalLM", "NoSuchForCausalLM"]
-    from smearcli.census.reference import model_types
+    from smearcli.engines.transformers.reference import model_types
 
     got = model_types(archs)
     assert {"llama", "mamba2"} <= set(got) and got == sorted(got)
@@ -194,7 +194,7 @@ def test_power_comes_first_and_the_init_scale_rises_until_the_state_shows(in_pro
     scale gives it, inconclusive, saying so. (Power is stood in, counting its calls from zero for
     each check.)"""
     from smearcli import evidence
-    from smearcli.census import reference
+    from smearcli.engines.transformers import reference
 
     def weak_until(n):
         calls = []

@@ -60,7 +60,7 @@ from ..transformers.boundary import transformers_frame
 from ..transformers.check import NO_POWER_NOTE, init_note, text_config, vocab_of
 from ...census.record import Record, new as record
 from ...census.report import sort_key
-from ...census.reference import model_types, powered, save
+from ..transformers.reference import model_types, powered, save
 
 T = 48  # tokens: room for micro-batches of 3 to 7, three 16-token calls and drafts of the default size
 ENGINE = "llamacpp"

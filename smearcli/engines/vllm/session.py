@@ -4,10 +4,10 @@ the same weights' full pass in transformers, with one vLLM process for them all
 (`engines.vllm.serve.Worker`) and each architecture in its own forked process (`isolate`). The
 engine is this one module and its registration in `census.engines`; its sections, in order:
 
-**What it runs.** Which architectures: `census.reference.model_types` of the worker's answer
+**What it runs.** Which architectures: `engines.transformers.reference.model_types` of the worker's answer
 (vLLM's ModelRegistry). `tiny_config(model_type)`: the census's own tiny config (`derive.derive`,
 unchanged) with what vLLM's CPU backend needs applied on top (`adjust`, each change with why);
-`census.reference.save` writes the directory vLLM loads. `schedule_entries(config)`: the worker's
+`engines.transformers.reference.save` writes the directory vLLM loads. `schedule_entries(config)`: the worker's
 schedules, chunked prefill at several budgets among them (`budgets`).
 
 **One architecture, judged** (`check(model_type, worker)`). The tiny config is built seeded and
@@ -74,7 +74,7 @@ from ...census import derive, known
 from ..transformers.boundary import transformers_frame
 from ..transformers.check import CONV_KEYS, NO_POWER_NOTE, first_int, init_note, vocab_of
 from ...census.record import Record, new as record
-from ...census.reference import arch_of, model_types, powered, save
+from ..transformers.reference import arch_of, model_types, powered, save
 from ...census.report import cell, sort_key
 
 

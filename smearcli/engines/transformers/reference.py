@@ -1,5 +1,6 @@
 """The reference an engine outside transformers is held to, shared by the census's vLLM and
-llama.cpp engines (neither has a float64 form or a cache to zero, so transformers stands in):
+llama.cpp engines (neither has a float64 form or a cache to zero, so transformers stands in: the
+transformers engine serves it, and the other engines import it from here):
 
 - `model_types(archs)`: the model types whose transformers causal-LM class is among an engine's
   architecture names (its registry's answer), sorted; `arch_of(model_type)` the other way;
@@ -18,11 +19,11 @@ from typing import Optional
 
 import torch
 
-from .. import evidence
-from ..compare import measure_power
-from ..schedules import run_schedule
-from ..engines.transformers.boundary import transformers_frame
-from ..engines.transformers.check import INIT_LADDER, build
+from ... import evidence
+from ...compare import measure_power
+from ...schedules import run_schedule
+from .boundary import transformers_frame
+from .check import INIT_LADDER, build
 
 
 def model_types(archs) -> list[str]:
@@ -89,9 +90,9 @@ def powered(config, tokens, seed: int, tolerance: float) -> Powered:
 
 def reference(model, tokens):
     """(the reference runner, its full pass as log-probabilities, the float64 noise floor)."""
-    from ..engines import transformers as hf
-    from ..runner import LogProbs
+    from ...runner import LogProbs
+    from . import runner as their_runner
 
-    runner = LogProbs(hf.runner(model, "tiny config", tokens))
+    runner = LogProbs(their_runner(model, "tiny config", tokens))
     ref = run_schedule(runner, tokens, "full", capture=False)
     return runner, ref, evidence.floor(runner, ref, tokens, torch.float32)
