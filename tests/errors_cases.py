@@ -211,6 +211,12 @@ def release_wheel(kind: str = "good"):
             path.write_bytes(data[: len(data) // 2])
         elif kind == "damaged":
             path.write_bytes(data.replace(b"__version__ = ", b"__VERSION__ = "))
+        elif kind == "not working":  # says transformers and holds its package, but only an __init__
+            with zipfile.ZipFile(cwd / "w.zip", "w") as out, zipfile.ZipFile(path) as z:
+                for name in z.namelist():
+                    if not name.startswith("transformers/") or name == "transformers/__init__.py":
+                        out.writestr(name, z.read(name))
+            os.replace(cwd / "w.zip", path)
         elif kind == "no package":
             with zipfile.ZipFile(cwd / "w.zip", "w") as out, zipfile.ZipFile(path) as z:
                 for name in z.namelist():
@@ -559,6 +565,12 @@ CASES = [
     Case("scan", "--release with $SMEARCLI_RELEASES naming a file (simulated: set to ../releases-file)",
          ["scan", "--release", "5.99.0", "--wheels", "w"], prepare=release_wheel(), simulate="release_cache:file",
          expect="is not a directory"),
+    Case("scan", "--release whose wheel installs a transformers that does not import (its package holds only an __init__)",
+         ["scan", "--release", "5.99.0", "--wheels", "w"], prepare=release_wheel("not working"),
+         simulate="release_cache:fresh", expect="not a working transformers wheel"),
+    Case("scan", "$SMEARCLI_RELEASES a symlink into a disk not mounted", ["scan", "--release", "5.99.0", "--wheels", "w"],
+         prepare=release_wheel(), simulate="release_cache:dangling", expect="which does not exist"),
+    Case("scan", "--bisect that names no model type", ["scan", "--bisect", ""], expect="give one, like --bisect llama"),
     Case("scan", "--bisect of more than one architecture", ["scan", "--bisect", "llama,opt"], expect="one model type"),
     Case("scan", "--bisect with an option of a census it does not run", ["scan", "--bisect", "llama", "--out", "x.jsonl"],
          expect="--out has no meaning with it"),
@@ -662,6 +674,8 @@ def simulate(name: Optional[str], monkeypatch, cwd: Path) -> None:
         monkeypatch.setenv("SMEARCLI_RELEASES", os.path.join("..", root.name))
         if kind == "file":
             root.write_text("not a directory")
+        elif kind == "dangling":
+            root.symlink_to(Path("unmounted", "releases"))
         elif kind == "readonly":  # as root, only a read-only file system refuses: os.access says so
             root.mkdir()
             real_access = os.access

@@ -56,6 +56,7 @@ PACKAGE = "transformers"
 MAJOR = 5  # the releases listed and searched: 5.x (the hf extra's range)
 PROGRAM = ("-m", "smearcli")  # smearcli in a release's Python, after the interpreter
 READY = "smearcli-release.json"  # written last inside a venv being made: what it holds
+NEEDS = "from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES"  # a census's first import
 PIP_TIMEOUT = 600  # seconds for one pip call (a download, an install)
 METADATA_CAP = 1 << 20  # bytes of a wheel's METADATA read (transformers' is 50 KiB): a zip bomb stops here
 STOP_S = 10  # seconds a release's smearcli has to stop its workers once told to (SIGTERM), then killed
@@ -109,6 +110,9 @@ def _writing(root: Path, doing: str):
 def writable(root: Path, doing: str) -> Path:
     """The cache directory `root`, made if it is not there, refused in words before anything is
     downloaded or made when it is not a directory that can be written."""
+    if os.path.islink(root) and not root.exists():  # a cache on a disk not mounted: no file is there
+        raise UserError(f"the release cache {root} is a symlink to {os.readlink(root)!r}, which does not exist: "
+                        f"mount what it points into, or point ${ENV_VAR} at a directory")
     with _writing(root, doing):
         root.mkdir(parents=True, exist_ok=True)
     if not root.is_dir():
@@ -482,6 +486,12 @@ def _make(venv: Path, wheel: Wheel, wheels: Optional[Path]) -> None:
                 "checking the new environment").stdout.strip()
     if not _same(seen, wheel.version):
         raise UserError(f"the environment made for {PACKAGE} {wheel.version} imports {seen} instead")
+    # a wheel that says transformers and holds a `transformers/` package may still not be one: what the
+    # census imports first is checked here, before READY, so such a venv is never kept or run
+    p = subprocess.run([python, "-c", NEEDS], capture_output=True, text=True, timeout=PIP_TIMEOUT)
+    if p.returncode != 0:
+        raise UserError(f"{wheel.path}: its {PACKAGE} {wheel.version} does not import what a census needs "
+                        f"({_last_error(p)}): not a working {PACKAGE} wheel")
 
 
 def listed(wheels: Optional[Path] = None) -> list[str]:

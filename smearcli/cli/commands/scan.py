@@ -398,7 +398,9 @@ def on_releases(ctx: typer.Context, release: Optional[str], arch: Optional[str],
             if status:
                 raise typer.Exit(status)
             return
-        names = parse_only(arch)
+        names = [n.strip() for n in arch.split(",") if n.strip()]  # --bisect's own words, not --only's
+        if not names:
+            raise UserError(f"--bisect {arch!r} names no model type; give one, like --bisect llama")
         if len(names) != 1:
             raise UserError(f"--bisect takes one model type, got {arch!r}")
         stray = [max(p.opts, key=len) for p in given(ctx) if p.name not in RELEASE_OPTIONS | BISECT_PASSES]
