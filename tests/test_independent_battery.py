@@ -27,6 +27,10 @@ from pathlib import Path
 
 import pytest
 
+# every case is a whole `python -m smearcli` run (about 2 s of imports each, a minute in all): the
+# whole suite and CI run the battery, the developer loop leaves it out
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 ERR = "smearcli: error: "
 TRANSFORMERS = dist_version("transformers")
