@@ -490,3 +490,47 @@ def default_counts(config, changed: dict, size, tokens: int, bound: int = MAX_PA
         values, out.config = trial, cfg
         out.restored.update({k: (tiny, default) for k, (default, tiny) in keys.items()})
     return out
+
+
+# -- reading a derived config, and the tiny model built from it (every engine's reference) --------
+
+CONV_KEYS = ("conv_kernel", "mamba_d_conv", "conv1d_width", "linear_conv_kernel_dim", "d_conv", "conv_L_cache")
+
+
+def text_config(cfg):
+    """The config's text part (itself when there is none, or when the choice is ambiguous)."""
+    try:
+        return cfg.get_text_config()
+    except Exception:
+        return getattr(cfg, "decoder", None) or cfg
+
+
+def vocab_of(cfg) -> int:
+    """The token ids a check draws below: the model's vocabulary, at most 256 (every engine's)."""
+    return min(256, int(getattr(text_config(cfg), "vocab_size", 256) or 256))
+
+
+def first_int(cfg, keys) -> Optional[int]:
+    """The first of `keys` the config (or its text config) sets to an integer above 1."""
+    for src in (cfg, text_config(cfg)):
+        for k in keys:
+            v = getattr(src, k, None)
+            if isinstance(v, int) and not isinstance(v, bool) and v > 1:
+                return v
+    return None
+
+
+def build(cfg, init: Optional[float], seed: int):
+    """The tiny model of `cfg`, float32, in eval mode: built seeded, at the init scale `init`
+    (None: the config's own `initializer_range`)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    if init is not None:
+        for sub in {id(c): c for c in (cfg, text_config(cfg))}.values():
+            if hasattr(sub, "initializer_range"):
+                sub.initializer_range = init
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(cfg)
+    return model.float().eval()

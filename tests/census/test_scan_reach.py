@@ -206,7 +206,7 @@ def test_blockwise_sizes_fall_below_the_scan_widths():
     sizes = {"mamba2": "chunk_size", "bamba": "mamba_chunk_size", "minimax": "block_size",
              "minimax_m3_vl_text": "index_block_size", "llama4_text": "attention_chunk_size"}
     for mt, key in sizes.items():
-        cfg = check.text_config(derive.derive(mt).config)
+        cfg = derive.text_config(derive.derive(mt).config)
         assert 1 < getattr(cfg, key) < 8, (mt, key)
     m3 = derive.derive("minimax_m3_vl_text").config  # the indexer keeps fewer blocks than 49 tokens fill
     assert m3.index_topk_blocks * m3.index_block_size < check.T

@@ -29,16 +29,12 @@ TO_CUT = {
     ("smearcli.census.isolate", "smearcli.engines.transformers.kernels"),  # a child's missing kernels
     ("smearcli.census.report", "smearcli.engines.transformers.groups"),  # the console table and JSON's groups
     # and the other engines' arrows into transformers: their reference is transformers' full pass
-    # of the same model, reached today through its check, boundary and CLI preparation
+    # of the same model (its `reference`, the one seam), and their CLI preparation loads it there
     ("smearcli.engines.vllm.session", "smearcli.engines.transformers.reference"),
-    ("smearcli.engines.vllm.session", "smearcli.engines.transformers.boundary"),
-    ("smearcli.engines.vllm.session", "smearcli.engines.transformers.check"),
     ("smearcli.engines.vllm.prepare", "smearcli.engines.transformers"),
     ("smearcli.engines.vllm.prepare", "smearcli.engines.transformers.files"),
     ("smearcli.engines.vllm.prepare", "smearcli.engines.transformers.prepare"),
     ("smearcli.engines.llamacpp.session", "smearcli.engines.transformers.reference"),
-    ("smearcli.engines.llamacpp.session", "smearcli.engines.transformers.boundary"),
-    ("smearcli.engines.llamacpp.session", "smearcli.engines.transformers.check"),
     ("smearcli.engines.llamacpp.prepare", "smearcli.engines.transformers"),
     ("smearcli.engines.llamacpp.prepare", "smearcli.engines.transformers.prepare"),
 }

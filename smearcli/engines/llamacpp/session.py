@@ -7,7 +7,7 @@ in transformers.
   environment, mapped to transformers model types by `reference.model_types`, the census's rule
   for an engine's architecture names);
 - `check(model_type, python, ...)`: one architecture's record. The tiny config is the census's
-  (`derive.derive`), built seeded at the first init of `check.INIT_LADDER` that shows power on
+  (`derive.derive`), built seeded at the first init of `reference.INIT_LADDER` that shows power on
   transformers' side (as the census on vLLM does); the model is saved as safetensors and
   `engines.llamacpp.LlamaCppRunner` converts it to a float32 GGUF (synthetic vocabulary of the
   config's `vocab_size`) and runs prefill, ubatch (n_ubatch around the conv width and odd ones),
@@ -56,11 +56,10 @@ import torch
 from ...defaults import NOISE_MARGIN
 from ...verdicts import CRASHED, NOT_BUILT, OK, UNCONFIRMED, UNSUPPORTED
 from ...census import derive, known
-from ..transformers.boundary import transformers_frame
-from ..transformers.check import NO_POWER_NOTE, init_note, text_config, vocab_of
+from ...census.derive import text_config, vocab_of
 from ...census.record import Record, new as record
 from ...census.report import sort_key
-from ..transformers.reference import model_types, powered, save
+from ..transformers.reference import NO_POWER_NOTE, init_note, model_types, powered, save, transformers_frame
 
 T = 48  # tokens: room for micro-batches of 3 to 7, three 16-token calls and drafts of the default size
 ENGINE = "llamacpp"

@@ -56,12 +56,11 @@ from . import born, boundary, causal, diagnose, ties
 from ...census import shapes, variants
 from ...census.record import Record, new as record
 from .boundary import WINDOW_KEYS, measured, transformers_frame
-from ...census.derive import default_counts, derive
+from ...census.derive import CONV_KEYS, build, default_counts, derive, first_int, vocab_of
+from .reference import INIT_LADDER, NO_POWER_NOTE, init_note
 
 T = 49  # one past a multiple of the 16-token chunks
 VERDICTS = WORDS
-INIT_LADDER = (None, 0.1, 0.3, 1.0)  # initializer_range: the default, then larger (seeded)
-CONV_KEYS = ("conv_kernel", "mamba_d_conv", "conv1d_width", "linear_conv_kernel_dim", "d_conv", "conv_L_cache")
 SSM_KEYS = ("chunk_size", "mamba_chunk_size")
 BLOCK_KEYS = ("block_size", "attention_chunk_size", "index_block_size")  # blockwise kernels (`derive.BLOCK`)
 
@@ -74,29 +73,6 @@ def cycle(widths, total: int) -> list[int]:
         out.append(min(widths[i % len(widths)], total - sum(out)))
         i += 1
     return out
-
-
-def text_config(cfg):
-    """The config's text part (itself when there is none, or when the choice is ambiguous)."""
-    try:
-        return cfg.get_text_config()
-    except Exception:
-        return getattr(cfg, "decoder", None) or cfg
-
-
-def vocab_of(cfg) -> int:
-    """The token ids a check draws below: the model's vocabulary, at most 256 (every engine's)."""
-    return min(256, int(getattr(text_config(cfg), "vocab_size", 256) or 256))
-
-
-def first_int(cfg, keys) -> Optional[int]:
-    """The first of `keys` the config (or its text config) sets to an integer above 1."""
-    for src in (cfg, text_config(cfg)):
-        for k in keys:
-            v = getattr(src, k, None)
-            if isinstance(v, int) and not isinstance(v, bool) and v > 1:
-                return v
-    return None
 
 
 def split_points(cfg, total: int = T, seed: int = 0) -> dict[str, list[int]]:
@@ -119,18 +95,6 @@ def split_points(cfg, total: int = T, seed: int = 0) -> dict[str, list[int]]:
     out["odd widths (seeded)"] = cycle([rng.randint(2, 13) for _ in range(12)], total)
     return out
 
-
-def build(cfg, init: Optional[float], seed: int):
-    from transformers import AutoModelForCausalLM
-
-    if init is not None:
-        for sub in {id(c): c for c in (cfg, text_config(cfg))}.values():
-            if hasattr(sub, "initializer_range"):
-                sub.initializer_range = init
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(cfg)
-    return model.float().eval()
 
 
 def layer_names(runner: CacheRunner, tokens) -> list[str]:
@@ -304,15 +268,6 @@ def parameters(config) -> int:
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
     return sum(p.numel() for p in model.parameters())
-
-
-def init_note(init: float) -> str:
-    """The note of a check that had power only once the init scale was raised."""
-    return f"the state was shown to matter only at initializer_range={init}"
-
-
-NO_POWER_NOTE = (f"the check never had power (every kind of state at {evidence.MIN_POWER:.0%}) at any init scale "
-                 f"tried ({', '.join('default' if i is None else str(i) for i in INIT_LADDER)})")
 
 
 def check_model(model, tokens, plans: dict, tolerance: float = NOISE_MARGIN, make=CacheRunner) -> dict:

@@ -7,7 +7,7 @@ transformers engine serves it, and the other engines import it from here):
 - `save(model, directory, model_type)`: the seeded tiny model as a safetensors directory, its config
   naming the class the engine resolves;
 - `powered(config, tokens, seed, tolerance)`: transformers' full pass of the tiny model, its float64
-  floor and its power, at the first init of the census's ladder (`check.INIT_LADDER`) that shows
+  floor and its power, at the first init of the census's ladder (`reference.INIT_LADDER`) that shows
   power (`Powered`), the reference every schedule the engine runs is measured against.
 """
 
@@ -23,7 +23,19 @@ from ... import evidence
 from ...compare import measure_power
 from ...schedules import run_schedule
 from .boundary import transformers_frame
-from .check import INIT_LADDER, build
+from ...census.derive import build
+
+
+INIT_LADDER = (None, 0.1, 0.3, 1.0)  # initializer_range: the default, then larger (seeded)
+
+
+def init_note(init: float) -> str:
+    """The note of a check that had power only once the init scale was raised."""
+    return f"the state was shown to matter only at initializer_range={init}"
+
+
+NO_POWER_NOTE = (f"the check never had power (every kind of state at {evidence.MIN_POWER:.0%}) at any init scale "
+                 f"tried ({', '.join('default' if i is None else str(i) for i in INIT_LADDER)})")
 
 
 def model_types(archs) -> list[str]:
@@ -51,7 +63,7 @@ def save(model, directory: Path, model_type: str) -> Path:
 @dataclasses.dataclass
 class Powered:
     """The reference a foreign engine is held to: transformers' full pass of the tiny model, built
-    at the first init of the census's ladder (`check.INIT_LADDER`) whose cache state moves the
+    at the first init of the census's ladder (`reference.INIT_LADDER`) whose cache state moves the
     logits enough to show (power), or at the last one tried. `why` says why there is none."""
     model: Optional[object] = None  # None: not built
     init: Optional[float] = None

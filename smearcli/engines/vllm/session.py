@@ -24,7 +24,7 @@ measured against the reference, the word coming from `smearcli.judge`:
 - every run within the tolerance is `ok` once the check had power (zeroing the transformers
   reference's cache moves the logits: vLLM exposes no cache, the same weights stand in). Power is
   measured first, on transformers' side: where the default init leaves the state too weak to
-  show, the init scale is raised as the transformers census raises it (`check.INIT_LADDER`,
+  show, the init scale is raised as the transformers census raises it (`reference.INIT_LADDER`,
   seeded; `reference.powered`) and vLLM runs the weights that had power; where none had,
   `inconclusive`;
 - a config or model that transformers cannot build, an engine vLLM does not start for it (a
@@ -71,10 +71,9 @@ from ...metrics import measure
 from ...steps import CRASHED as RUN_CRASHED, UNCHECKED
 from ...verdicts import CRASHED, INCONCLUSIVE, NOT_BUILT, NOT_RUN, OK, UNCONFIRMED
 from ...census import derive, known
-from ..transformers.boundary import transformers_frame
-from ..transformers.check import CONV_KEYS, NO_POWER_NOTE, first_int, init_note, vocab_of
+from ...census.derive import CONV_KEYS, first_int, vocab_of
 from ...census.record import Record, new as record
-from ..transformers.reference import arch_of, model_types, powered, save
+from ..transformers.reference import NO_POWER_NOTE, arch_of, init_note, model_types, powered, save, transformers_frame
 from ...census.report import cell, sort_key
 
 
