@@ -115,7 +115,8 @@ def describe(exc: BaseException, package: str) -> str:
     return f"{at}: {type(exc).__name__}: {first}"
 
 
-LIMIT_WORDS = ("not supported", "only supported", "not implemented", "unsupported")
+LIMIT_WORDS = ("not supported", "only supported", "not implemented", "unsupported",
+               "cannot `crop`")  # 5.14's sliding-window layer refusing a crop once the window has slid
 
 
 def declared_limit(exc: BaseException, package: str) -> Optional[str]:

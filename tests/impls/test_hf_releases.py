@@ -304,6 +304,19 @@ def test_frames_names_the_deepest_frame_in_their_code():
     assert frames.raised_in(e, "transformers") == "transformers/models/m/modeling_m.py:4 in f"
 
 
+def test_their_refusal_to_crop_a_sliding_window_is_a_declared_limit():
+    # 5.14's DynamicSlidingWindowLayer.crop raises on purpose once the window has slid (the census
+    # counted it as their crash on mistral); other "Cannot ..." errors of theirs stay crashes: some
+    # name an internal mismatch ("Cannot call `update_conv_state` on a non-LinearAttention layer!")
+    cache = "/venv/lib/python3.11/site-packages/transformers/cache_utils.py"
+    crop = ("raise ValueError('Cannot `crop` a `DynamicSlidingWindowLayer` after it has seen more tokens than its"
+            "sliding window (otherwise some states are lost)')")
+    said = frames.declared_limit(caught(raiser(cache, crop)), "transformers")
+    assert said and said.startswith("ValueError: Cannot `crop`")
+    conv = "raise ValueError('Cannot call `update_conv_state` on a non-LinearAttention layer!')"
+    assert frames.declared_limit(caught(raiser(cache, conv)), "transformers") is None
+
+
 def test_every_surface_uses_the_one_frame_finder(tmp_path):
     from smearcli.engines.transformers.compare_check import their_frame
     from smearcli.impls.nanochat import guard
