@@ -251,13 +251,17 @@ def test_a_full_temporary_directory_is_named_as_itself_not_as_the_cache(cache, m
         f"pip failed while downloading transformers {V}'s wheel: /tmp/pip-unpack-x/t.whl: No space left on device")
 
 
-def test_a_full_disk_while_pip_installs_into_the_venv_is_the_caches(good, cache, monkeypatch):
+def test_a_full_disk_while_pip_installs_into_the_venv_is_the_caches(good, cache, monkeypatch, tmp_path):
     """pip install into the new venv ends in ENOSPC: the line names the cache, not the venv's
     temporary directory (gone by the time the user reads it), and no venv is left."""
     import venv
 
     monkeypatch.setattr(venv.EnvBuilder, "create", lambda self, d: Path(d, "bin").mkdir(parents=True))
-    monkeypatch.setattr(releases, "_run", lambda cmd, what: subprocess.CompletedProcess(cmd, 0, "/nowhere\n", ""))
+    # the new venv's site-packages is a real directory: where smearcli itself runs in a venv,
+    # the environment writes a .pth there before pip runs
+    purelib = tmp_path / "purelib"
+    purelib.mkdir()
+    monkeypatch.setattr(releases, "_run", lambda cmd, what: subprocess.CompletedProcess(cmd, 0, f"{purelib}\n", ""))
     fake_pip(monkeypatch, install=PIP_FULL)
     with pytest.raises(UserError, match=f"^the release cache {cache} is full"):
         releases.environment(V, good.parent)
