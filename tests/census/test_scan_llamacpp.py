@@ -63,6 +63,7 @@ def test_a_micro_batch_error_is_the_cache_finding_at_its_first_position(tmp_path
     rec = recs["llama"]
     assert rec["verdict"] == "unconfirmed" and rec["worst_schedule"] == "ubatch"
     assert rec["reason"].startswith(llamacpp.FINDING) and rec["born_at"] == "logits@5"
+    assert rec["llamacpp"]["departure"] == llamacpp.CACHE
     assert rec["shape"].startswith(llamacpp.BOUNDARY["ubatch"])
     assert rec["schedules"]["ubatch"]["first"] == 5 and rec["schedules"]["prefill"]["status"] == "ok"
     repro = Path(rec["reproducer"])
@@ -77,6 +78,23 @@ def test_a_departure_already_in_the_one_call_prefill_is_the_implementations(tmp_
     rec = recs["llama"]
     assert rec["verdict"] == "unconfirmed" and rec["worst_schedule"] == "prefill"
     assert rec["reason"].startswith(llamacpp.OWN) and rec["reproducer"] is None and rec["born_at"] is None
+    assert rec["llamacpp"]["departure"] == llamacpp.IMPLEMENTATION
+
+
+def test_the_page_sorts_departures_by_the_field_not_the_reasons_words():
+    """A record whose reason begins like a cache finding but whose engine data says the
+    implementation's own departure is listed with the implementation's, and the other way round."""
+    from smearcli.census.record import new
+
+    base = dict(engine="llamacpp", schedules={"prefill": {"status": "unconfirmed", "max_abs": 0.5, "multiple": 9.0}})
+    own = new("alpha", "unconfirmed", reason=llamacpp.FINDING + ": worded like one",
+              llamacpp={"departure": llamacpp.IMPLEMENTATION}, **base)
+    cache = new("beta", "unconfirmed", reason=llamacpp.OWN + ": worded like one", worst_schedule="ubatch",
+                llamacpp={"departure": llamacpp.CACHE}, **base)
+    page = "\n".join(llamacpp.sections([own, cache]))
+    findings, _, rest = page.partition("## The implementation's own departures")
+    assert "| beta |" in findings and "| alpha |" not in findings
+    assert "| alpha |" in rest.split("## Every architecture")[0] and "| beta |" not in rest.split("## Every architecture")[0]
 
 
 def test_a_refused_rollback_is_unsupported_and_a_refused_conversion_not_built(tmp_path, fake_python, monkeypatch):

@@ -74,6 +74,9 @@ BOUNDARY = {"ubatch": "a micro-batch boundary inside one llama_decode (n_ubatch)
             "batched": "two sequences of different lengths in one llama_decode call"}
 FINDING = "cache finding"
 OWN = "the implementation's own departure, not a cache finding"
+# what a departure is, as the record's engine data says it (`llamacpp.departure`): the page and the
+# census read this field, never the reason's words
+CACHE, IMPLEMENTATION = "cache", "implementation"
 
 
 def names_for(python: str) -> list[str]:
@@ -190,6 +193,7 @@ def judged(model_type, model, model_dir: Path, python: str, tokens, ref_runner, 
     if found:
         worst = max(found, key=lambda d: d.max_abs)
         m = metrics[worst.schedule]
+        out["llamacpp"] = dict(out["llamacpp"], departure=CACHE)
         return record(model_type, word, worst_schedule=worst.schedule, max_abs=m.max_abs_logits,
                       multiple=m.logits_multiple, steps=steps.get(worst.schedule),
                       shape=BOUNDARY.get(worst.schedule, worst.schedule)
@@ -206,6 +210,7 @@ def judged(model_type, model, model_dir: Path, python: str, tokens, ref_runner, 
     fields = dict(worst_schedule=worst, max_abs=metrics[worst].max_abs_logits if worst else None,
                   multiple=metrics[worst].logits_multiple if worst else None, steps=steps.get(worst))
     if word is UNCONFIRMED and own.prefill_departs:
+        out["llamacpp"] = dict(out["llamacpp"], departure=IMPLEMENTATION)
         fields["reason"] = (f"{OWN}: llama.cpp's one-call prefill departs from transformers by {own.prefill_max:.3g} "
                             f"and every cached path matches that prefill within {own.threshold:.3g}")
     elif word is UNCONFIRMED:
@@ -253,6 +258,12 @@ def _cell(text, n: int = 160) -> str:
     return str(text or "").replace("\n", " ")[:n].replace("|", "\\|")
 
 
+def departure(r: Record) -> Optional[str]:
+    """CACHE where a cached path departs from llama.cpp's own one-call prefill, IMPLEMENTATION where
+    that prefill itself departs from transformers and the cached paths follow it, else None."""
+    return (r.llamacpp or {}).get("departure")
+
+
 def sections(recs: Sequence[Record], meta: Optional[dict] = None) -> list[str]:
     """The census on llama.cpp's page after its title and count line (`report.markdown` frames it):
     what ran, the benchmark, the cache findings and crashes (with reproducers), the implementation's
@@ -265,8 +276,8 @@ def sections(recs: Sequence[Record], meta: Optional[dict] = None) -> list[str]:
     b = meta.get("benchmark")
     if b:
         out += [f"Benchmark: {summary_line(b)}" + (f"; load {meta['load']}" if meta.get("load") else "") + ".", ""]
-    found = [r for r in sorted(recs, key=sort_key) if str(r.reason or "").startswith(FINDING)
-             or r.verdict == str(CRASHED) or (r.upstream and not str(r.reason or "").startswith(OWN))]
+    found = [r for r in sorted(recs, key=sort_key) if departure(r) == CACHE
+             or r.verdict == str(CRASHED) or (r.upstream and departure(r) != IMPLEMENTATION)]
     if found:
         out += ["## Findings", "", "A cached path of llama.cpp past the threshold against its own one-call prefill "
                 "(llama.cpp has no float64, so unconfirmed), or a crash with llama.cpp's frame. Each reproducer needs "
@@ -279,7 +290,7 @@ def sections(recs: Sequence[Record], meta: Optional[dict] = None) -> list[str]:
                        f"{_cell(r.shape or '-')} | {(r.born_at or '-').split('@')[-1]} | "
                        f"{_cell(r.reason, 240)} | {known.cell(r)} | {rep} |")
         out.append("")
-    own = [r for r in sorted(recs, key=sort_key) if str(r.reason or "").startswith(OWN)]
+    own = [r for r in sorted(recs, key=sort_key) if departure(r) == IMPLEMENTATION]
     if own:
         out += ["## The implementation's own departures", "", "llama.cpp's one-call prefill already departs from "
                 "the transformers full pass, and every cached path matches that prefill: its kernels or its "
