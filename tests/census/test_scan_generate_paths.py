@@ -238,3 +238,15 @@ def test_a_departure_that_shrinks_in_float64_stays_unconfirmed_and_one_that_vani
     reach.through_generate(gone, lambda s: off_in_float32(build(CFG, None, s), 0.0), tokens_of, NOISE_MARGIN)
     assert gone.verdict == OK and gone.worst_schedule is None, gone.notes
     assert any("static cache is off by" in n and n.endswith("rounding") for n in gone.notes), gone.notes
+
+
+def test_the_census_check_hands_its_own_seed_to_generates_paths(monkeypatch):
+    """A check on seed 3 holds generate's paths on seed 3 too: the reproducer of a generate-only
+    finding rebuilds the seed it is given, so a check that dropped its seed would hand over a
+    reproducer of other weights."""
+    from smearcli.engines.transformers import check
+
+    seen = {}
+    monkeypatch.setattr(reach, "through_generate", lambda rec, make, tokens_of, tolerance, seed=0: seen.update(seed=seed))
+    rec = check.check("llama", seed=3)
+    assert rec.verdict in ("ok", "inconclusive") and seen == {"seed": 3}

@@ -49,7 +49,7 @@ from ...metrics import RunMetrics
 from ...defaults import NOISE_MARGIN
 from . import api as hf_api
 from ...schedules import run_schedule, run_steps
-from ...verdicts import BUG, CRASHED, INCONCLUSIVE, NOT_BUILT, OK, ROUNDING, UNCONFIRMED, WORDS
+from ...verdicts import BUG, CRASHED, INCONCLUSIVE, NOT_BUILT, OK, ROUNDING, UNCONFIRMED
 from . import hidden_names
 from .cache_runner import CacheRunner, full_run
 from . import born, boundary, causal, diagnose, ties
@@ -60,7 +60,6 @@ from ...census.derive import CONV_KEYS, build, default_counts, derive, first_int
 from .reference import INIT_LADDER, NO_POWER_NOTE, init_note
 
 T = 49  # one past a multiple of the 16-token chunks
-VERDICTS = WORDS
 SSM_KEYS = ("chunk_size", "mamba_chunk_size")
 BLOCK_KEYS = ("block_size", "attention_chunk_size", "index_block_size")  # blockwise kernels (`derive.BLOCK`)
 
@@ -148,7 +147,7 @@ def check(model_type: str, seed: int = 0, tolerance: float = NOISE_MARGIN, total
         from . import reach  # generate's own paths, where the census's cached schedules all agree
 
         reach.through_generate(rec, lambda s: build(rec.built_from, rec.init, seed + s), lambda s: torch.randint(
-            0, rec.vocab, (1, total), generator=torch.Generator().manual_seed(seed + s)), tolerance)
+            0, rec.vocab, (1, total), generator=torch.Generator().manual_seed(seed + s)), tolerance, seed=seed)
         budget.stage(rec)
     if rec.verdict == BUG and repro_dir is not None and rec.built_from is not None:
         from . import findings_files
