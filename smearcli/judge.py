@@ -45,8 +45,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
-from .verdicts import (BUG, BY_DESIGN, CRASHED, INCONCLUSIVE, LATENT, NOT_BUILT, NOT_RUN, OK, ROUNDING, TIE_ARTIFACT,
-                       UNCONFIRMED, Verdict)
+from .verdicts import (BUG, BY_DESIGN, CRASHED, FINDINGS, INCONCLUSIVE, LATENT, NOT_BUILT, NOT_RUN, OK, ROUNDING,
+                       TIE_ARTIFACT, UNCONFIRMED, Verdict)
 
 NOTHING_MEASURED = "no schedule was measured"
 POWER_NOT_MEASURED = "power not measured"
@@ -115,7 +115,6 @@ def judge(runs: Sequence[Run], power=None, unusable: Optional[str] = None) -> Ju
 
 # the reruns a census makes of a bug (`replicated`), in the order it makes them
 TIE_BREAK, SECOND_SEED, DEFAULT_COUNTS = "tie_break", "second_seed", "default_counts"
-FINDINGS = (BUG, UNCONFIRMED)
 
 
 def replicated(rerun: str, word, ties: bool) -> Optional[Verdict]:

@@ -69,6 +69,18 @@ WORDS = tuple(v.value for v in Verdict)  # in order of the enum: the census coun
 # library declares unsupported is no failure of it
 SEVERITY = (BUG, CRASHED, UNCONFIRMED, LATENT, TIE_ARTIFACT, BY_DESIGN, INCONCLUSIVE, TIMED_OUT, NOT_BUILT, NOT_RUN, UNSUPPORTED, OK)
 
+# the sets of words, each defined here once and read wherever it is needed:
+# a departure the census reports as a finding (a group, a draft, a rerun that keeps a bug a bug)
+FINDINGS = (BUG, UNCONFIRMED)
+# their code failed: a finding or a crash where the full pass runs (a release's regression, the
+# words an engine without a float64 form fails `--check` on, a page's findings table)
+FAILURES = (BUG, UNCONFIRMED, CRASHED)
+# their code ran and nothing failed: what a release can regress from (an inconclusive that now
+# crashes is a new crash)
+RAN_CLEAN = (OK, INCONCLUSIVE, UNSUPPORTED, LATENT, TIE_ARTIFACT)
+# every word a census record may hold, in the order its reports list and count them
+RECORD = (BUG, CRASHED, UNCONFIRMED, LATENT, TIE_ARTIFACT, BY_DESIGN, INCONCLUSIVE, OK, NOT_BUILT, TIMED_OUT)
+
 # what a float64 rerun says of one departure (`evidence.Confirmation.status`)
 ROUNDING = "rounding"  # gone in float64: float32 rounding, not a finding (the run counts as ok)
 

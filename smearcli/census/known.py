@@ -37,7 +37,8 @@ from typing import Optional, Sequence
 
 from ..errors import UserError
 from ..judge import by_design
-from ..verdicts import BUG, BY_DESIGN, CRASHED, UNCONFIRMED, UNSUPPORTED
+from ..verdicts import BUG, BY_DESIGN, FAILURES, UNSUPPORTED
+from . import engines
 from .record import Record, bare as record_of
 
 TABLE = Path(__file__).with_name("known.toml")
@@ -47,7 +48,7 @@ NEW, REGRESSION, OPEN, FIXED_LATER, DESIGNED = "new", "regression", "open", "fix
 CLASSES = (NEW, REGRESSION, OPEN, FIXED_LATER, DESIGNED)
 FAILS_CHECK = (NEW, REGRESSION)  # what `scan --check` fails on (the rest is listed)
 
-FINDING_WORDS = (str(BUG), str(UNCONFIRMED), str(CRASHED))  # a part of a record that is a finding
+FINDING_WORDS = tuple(str(v) for v in FAILURES)  # a part of a record that is a finding: their code failed
 ID = re.compile(r"[a-z0-9][a-z0-9-]*")
 STATUS = re.compile(r"open|new|by design|fixed in (?P<fixed>\d+(?:\.\d+)*)|duplicate of (?P<dup>[a-z0-9][a-z0-9-]*)")
 KEYS = {"id": str, "engine": str, "architectures": list, "paths": list, "shape": str, "verdicts": list,
@@ -170,12 +171,7 @@ def engine_of(record: Record) -> str:
 
 def release_of(record: Record) -> Optional[str]:
     """The engine's release that made the record (transformers', vLLM's or llama-cpp-python's)."""
-    engine = engine_of(record)
-    if engine == "transformers":
-        return record.transformers_version
-    if engine == "vllm":
-        return record.vllm_version
-    return (record.llamacpp or {}).get("llama_cpp_python") if isinstance(record.llamacpp, dict) else None
+    return engines.release_of(record)
 
 
 def version(text: Optional[str]) -> tuple:
@@ -357,7 +353,7 @@ def comment(record: Record, draft: str) -> Optional[str]:
                 "as a new report. What the census adds: the release it was seen on, a reproducer that exits 1 while "
                 "the bug is there, and the architectures that share the code (in the draft below).", "",
                 f"- seen on: {engine_of(record)} {release_of(record) or '?'}",
-                f"- findings: " + "; ".join(f"{u['path']} ({u['shape'] or u['verdict']})" for u in record.upstream),
+                "- findings: " + "; ".join(f"{u['path']} ({u['shape'] or u['verdict']})" for u in record.upstream),
                 ""]
         return "\n".join(head) + "\n<details><summary>The census's draft</summary>\n\n" + draft + "\n</details>\n"
     return None

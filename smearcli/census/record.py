@@ -22,13 +22,6 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Optional
 
-from ..verdicts import (BUG, BY_DESIGN, CRASHED, INCONCLUSIVE, LATENT, NOT_BUILT, OK, TIE_ARTIFACT, TIMED_OUT,
-                        UNCONFIRMED)
-
-# every verdict word a record may hold, in the order reports list them
-ORDER = tuple(str(v) for v in (BUG, CRASHED, UNCONFIRMED, LATENT, TIE_ARTIFACT, BY_DESIGN, INCONCLUSIVE, OK, NOT_BUILT,
-                               TIMED_OUT))
-
 # JSON types a field may hold (null is always allowed): the Python types it reads as, and the words
 STRING, NUMBER, INTEGER = ((str,), "a string"), ((int, float), "a number"), ((int,), "an integer")
 LIST, OBJECT = ((list,), "a list"), ((dict,), "an object")

@@ -30,7 +30,8 @@ from .. import jsonsafe
 from ..errors import UserError
 from ..files import missing_directory, regular_file, special_kind
 from ..jsondoc import SCHEMAS
-from .record import JSON_TYPES, NUMBER, ORDER as VERDICTS, STRING, Record
+from ..verdicts import RECORD as VERDICTS
+from .record import JSON_TYPES, NUMBER, STRING, Record
 
 SCHEMA = SCHEMAS["scan"]
 

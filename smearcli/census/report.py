@@ -11,19 +11,18 @@ from typing import Optional, Sequence
 
 from ..jsondoc import SCHEMAS, header
 from ..schedules import census_schedules  # the boundaries every architecture also runs (check.boundary)
-from ..verdicts import BUG, CRASHED, NOT_JUDGED, NOT_JUDGED_WHY, NOT_RUN, OK
+from ..verdicts import BUG, CRASHED, NOT_JUDGED, NOT_JUDGED_WHY, NOT_RUN, OK, RECORD
 from ..engines.transformers.groups import api_findings, born, groups
 from . import known, record
 from .record import Record
 
 SCHEMA = SCHEMAS["scan"]
-ORDER = record.ORDER
 FIELDS = record.FIELDS  # every field of a record, in the order the JSON document lists them
 PY_PATH = re.compile(r"\S*/([^/\s]+\.py:\d+)")  # "transformers/models/x/modeling_x.py:12" -> "modeling_x.py:12"
 
 
 def counts(records: Sequence[Record]) -> dict[str, int]:
-    out = {v: 0 for v in ORDER}
+    out = {str(v): 0 for v in RECORD}
     for r in records:
         out[r.verdict] = out.get(r.verdict, 0) + 1
     return out
@@ -53,7 +52,7 @@ def cell(text, n: int = 120) -> str:
 
 def sort_key(r: Record):
     v = r.verdict
-    return (ORDER.index(v) if v in ORDER else len(ORDER), r.model_type)
+    return (RECORD.index(v) if v in RECORD else len(RECORD), r.model_type)
 
 
 COLUMNS = (("architecture", 16), ("verdict", 9), ("worst schedule", 20), ("error", 7), ("shape / why", 16),

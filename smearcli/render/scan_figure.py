@@ -15,16 +15,14 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-from ..verdicts import BUG, INCONCLUSIVE, OK
-
-ORDER = (BUG, INCONCLUSIVE, OK)  # rows: findings first
+from ..verdicts import RECORD  # rows: findings first, in the order reports list them
 
 
 def grid(records: Sequence) -> tuple[list[str], list[str], list[list[float]]]:
     """(row labels, column labels, log10 of error / floor per cell, nan where not run) of the census's
     records (`census.record.Record`)."""
     ran = [r for r in records if r.schedules]
-    ran.sort(key=lambda r: (ORDER.index(r.verdict) if r.verdict in ORDER else 9, r.model_type))
+    ran.sort(key=lambda r: (RECORD.index(r.verdict) if r.verdict in RECORD else len(RECORD), r.model_type))
     cols: list[str] = []
     for r in ran:
         cols += [k for k in r.schedules if k not in cols]

@@ -21,7 +21,7 @@ from smearcli.census import record, records, report
 from smearcli.cli.app import app
 from smearcli import schedules
 from smearcli.steps import CACHE_COPY, PREFIX_HIT, UNCHECKED
-from smearcli.verdicts import BUG, CRASHED, ROUNDING, UNCONFIRMED, WORDS
+from smearcli.verdicts import BUG, CRASHED, RECORD, ROUNDING, UNCONFIRMED, WORDS
 from conftest import ROOT  # noqa: E402 - the clone's root
 
 FILES = sorted(schema_check.SCHEMA_DIR.glob("*.json"))
@@ -69,9 +69,9 @@ def test_words_come_from_the_code():
     assert line == "^(" + "|".join(w.upper() for w in WORDS) + "): "
     scan = load("scan-1.json")
     record = scan["$defs"]["record"]["properties"]
-    assert record["verdict"]["enum"] == list(report.ORDER) and set(report.ORDER) <= set(WORDS)
-    assert scan["$defs"]["variant"]["properties"]["verdict"]["enum"] == list(report.ORDER)
-    assert list(scan["properties"]["counts"]["properties"]) == list(report.ORDER)
+    assert record["verdict"]["enum"] == list(RECORD) and set(RECORD) <= set(WORDS)
+    assert scan["$defs"]["variant"]["properties"]["verdict"]["enum"] == list(RECORD)
+    assert list(scan["properties"]["counts"]["properties"]) == list(RECORD)
     statuses = [str(BUG), ROUNDING, str(UNCONFIRMED)]
     assert scan["$defs"]["confirmation"]["properties"]["status"]["enum"] == statuses
     # a schedule's status: a confirmation's (the transformers census) or a verdict word (the vLLM engine)

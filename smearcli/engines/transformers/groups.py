@@ -36,10 +36,8 @@ import os
 import re
 from typing import Optional, Sequence
 
-from ...verdicts import BUG, UNCONFIRMED
+from ...verdicts import FINDINGS
 from ...census.record import BoundaryResult, Record
-
-FINDINGS = (str(BUG), str(UNCONFIRMED))
 
 
 def findings(records: Sequence[Record]) -> list[Record]:

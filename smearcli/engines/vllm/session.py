@@ -69,7 +69,7 @@ from .serve import Worker, WorkerGone, archs
 from ...judge import Run, judge, status
 from ...metrics import measure
 from ...steps import CRASHED as RUN_CRASHED, UNCHECKED
-from ...verdicts import CRASHED, INCONCLUSIVE, NOT_BUILT, NOT_RUN, OK, UNCONFIRMED
+from ...verdicts import CRASHED, FAILURES, INCONCLUSIVE, NOT_BUILT, NOT_RUN, OK, UNCONFIRMED
 from ...census import derive, known
 from ...census.derive import CONV_KEYS, first_int, vocab_of
 from ...census.record import Record, new as record
@@ -306,7 +306,6 @@ def no_float64(m) -> evidence.Confirmation:
 # -- the census around it: the session, the benchmark, the page ---------------------------------
 
 SKIP = str(NOT_BUILT)  # an architecture the census could not run, with why
-FINDINGS = (str(CRASHED), str(UNCONFIRMED))
 
 
 def names_for(worker: Worker) -> list[str]:
@@ -429,7 +428,7 @@ def sections(recs: Sequence[Record], meta: dict) -> list[str]:
     """The vLLM engine's page (`report.markdown` puts the title and counts above): findings with
     reproducers, what could not run and why, then every architecture."""
     out = []
-    found = [r for r in sorted(recs, key=sort_key) if r.verdict in FINDINGS or r.upstream]
+    found = [r for r in sorted(recs, key=sort_key) if r.verdict in FAILURES or r.upstream]
     if found:
         out += ["## Findings", "", "vLLM has no float64 form, so a departure reads unconfirmed; a crash is "
                 "vLLM's own frame. Each reproducer needs only vLLM's environment and exits 1 while the bug is there.",
