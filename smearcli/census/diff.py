@@ -29,16 +29,13 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from ..errors import UserError
-from ..verdicts import BUG, CRASHED, INCONCLUSIVE, LATENT, OK, TIE_ARTIFACT, TIMED_OUT, UNCONFIRMED, UNSUPPORTED
+from ..verdicts import BUG, CRASHED, FAILURES, OK, RAN_CLEAN, TIMED_OUT
+from . import engines
 from .record import BoundaryResult, Record
 
 FIXED, REGRESSED, NEW, GONE = "fixed", "regressed", "new", "gone"
 DIAGNOSIS, VERDICT = "diagnosis changed", "verdict changed"
 KINDS = (REGRESSED, FIXED, VERDICT, DIAGNOSIS, NEW, GONE)  # the order the report lists them in
-FAILING = (str(BUG), str(UNCONFIRMED), str(CRASHED))
-# what a release can regress from: their code ran and nothing failed (an inconclusive that now
-# crashes is a new crash, as zaya's on 5.25)
-RAN_CLEAN = (str(OK), str(INCONCLUSIVE), str(UNSUPPORTED), str(LATENT), str(TIE_ARTIFACT))
 SHARED = "cache_utils.py"  # the cache API every architecture's cache is made of
 MAX_LINES = 6  # changed lines quoted per file
 
@@ -89,22 +86,15 @@ def numbers(rec: Record) -> dict:
     born = rec.born_in if isinstance(rec.born_in, dict) else {}
     return {"verdict": rec.verdict, "worst_schedule": rec.worst_schedule, "max_abs": rec.max_abs,
             "multiple": rec.multiple, "shape": rec.shape, "born_in": born.get("class"),
-            "reason": rec.reason, "release": rec.vllm_version or rec.transformers_version}
-
-
-def engine(records: Sequence[Record]) -> str:
-    """The engine a census ran on ("transformers" or "vllm"); a UserError for a mixed one."""
-    kinds = {r.engine or "transformers" for r in records}
-    if len(kinds) > 1:
-        raise UserError(f"the records mix engines ({', '.join(sorted(kinds))}): a census is of one engine")
-    return kinds.pop() if kinds else "transformers"
+            "reason": rec.reason, "release": engines.release_of(rec)}
 
 
 def release(records: Sequence[Record]) -> str:
-    """"transformers 5.24.0", "vLLM 0.32.0" (releases joined by "/" where the records differ)."""
-    on_vllm = engine(records) == "vllm"
-    found = sorted({str((r.vllm_version if on_vllm else r.transformers_version) or "?") for r in records})
-    return f"{'vLLM' if on_vllm else 'transformers'} {'/'.join(found) or '?'}"
+    """"transformers 5.24.0", "vLLM 0.32.0", "llama-cpp-python 0.3.36" (releases joined by "/" where
+    the records differ): the release each record's engine says made it (`census.engines`)."""
+    eng = engines.of_records(records)
+    found = sorted({str(eng.release(r) or "?") for r in records})
+    return f"{eng.product} {'/'.join(found) or '?'}"
 
 
 def _path(before: Record, after: Record) -> Optional[dict]:
@@ -133,7 +123,7 @@ def kind(before: Optional[dict], after: Optional[dict]) -> Optional[str]:
         return FIXED
     if v0 != v1:
         return VERDICT
-    if v1 in FAILING and any(numbers(before)[k] != numbers(after)[k] for k in ("worst_schedule", "shape", "born_in")):
+    if v1 in FAILURES and any(numbers(before)[k] != numbers(after)[k] for k in ("worst_schedule", "shape", "born_in")):
         return DIAGNOSIS
     return None
 
@@ -141,7 +131,7 @@ def kind(before: Optional[dict], after: Optional[dict]) -> Optional[str]:
 def compare(previous: Sequence[dict], current: Sequence[dict], sources: Optional[Sources] = None) -> list[Change]:
     """One `Change` per architecture whose result moved, in `KINDS` order then by name; both
     censuses must be of one engine (a UserError otherwise)."""
-    was, now = engine(previous), engine(current)
+    was, now = engines.of_records(previous).name, engines.of_records(current).name
     if was != now:
         raise UserError(f"the previous census is on {was}, this one is on {now}: a diff is between releases of "
                         "one engine (their verdicts rest on different paths)")
@@ -197,7 +187,7 @@ def _num(side: Optional[dict]) -> str:
     if not side:
         return "-"
     v = side["verdict"]
-    if v in FAILING and side.get("max_abs") is not None:
+    if v in FAILURES and side.get("max_abs") is not None:
         return f"{v} {side['max_abs']:.2g} ({side.get('worst_schedule')})"
     return str(v)
 

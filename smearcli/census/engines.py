@@ -28,6 +28,9 @@ What an `Engine` declares (cheap: registering imports none of its code, `--help`
 - `repro_tails`: the file-name tails its reproducer (and draft) write per finding, after the
   model type ("llama.py", "llama-vllm.py"), or a "module:function" giving them: the CLI refuses,
   before anything runs, a directory or a FIFO where one would go.
+- `product` and `release`: what its release is called ("vLLM") and `(record) -> str or None`, the
+  release that made a record (its version, as the record keeps it): a diff between two censuses
+  and the table of what upstream knows name and compare releases through these alone.
 - `title`: its Markdown page's first line, formatted with the run's meta (`{transformers_version}`,
   `{vllm_version}`, ...; a missing key reads "?"); `counted`: what the page's count line counts
   ("causal-LM architectures").
@@ -65,7 +68,7 @@ from typing import Callable, Optional, Protocol, Sequence, Union
 
 from ..errors import UserError
 from ..named import load
-from ..verdicts import BUG, CRASHED, UNCONFIRMED
+from ..verdicts import BUG, FAILURES
 from .record import Record
 
 
@@ -90,6 +93,8 @@ class Engine:
     environment: str = "the engine's own environment"
     concurrent: bool = True
     failing: tuple[str, ...] = (str(BUG),)
+    product: str = "the engine"
+    release: Callable[[Record], Optional[str]] = lambda record: None
     names_are: str = "a model type this engine checks"
     repro_tails: Union[tuple[str, ...], str, Callable] = (".py",)
     title: str = "smearcli scan"
@@ -151,6 +156,12 @@ def of_records(records: Sequence[Record]) -> Engine:
     return ENGINES[name]
 
 
+def release_of(record: Record) -> Optional[str]:
+    """The release of its engine that made `record` (None: not recorded, or no such engine here)."""
+    engine = ENGINES.get(record.engine or "transformers")
+    return engine.release(record) if engine is not None else None
+
+
 def transformers_tails() -> tuple[str, ...]:
     """What a transformers finding writes after its model type: the reproducer, the draft, and one
     reproducer per census boundary."""
@@ -162,23 +173,25 @@ def transformers_tails() -> tuple[str, ...]:
 register(Engine(
     "transformers", "transformers' own caches", open="smearcli.engines.transformers.session:InProcess",
     names_are="a causal LM of this transformers", repro_tails=transformers_tails,
+    product="transformers", release=lambda r: r.transformers_version,
     title="# smearcli scan: transformers {transformers_version}", counted="causal-LM architectures",
     sections="smearcli.engines.transformers.page:sections", after_run="smearcli.engines.transformers.draft:after_run"))
 register(Engine(
     "vllm", "vLLM's scheduler and caches, against the transformers full pass",
     open="smearcli.engines.vllm.session:open_session", env_var="SMEARCLI_VLLM_PYTHON", concurrent=False,
     environment="an environment with vLLM; scripts/make_vllm_env.sh DIR makes one (then DIR/bin/python)",
-    failing=(str(BUG), str(CRASHED), str(UNCONFIRMED)),
+    failing=tuple(str(v) for v in FAILURES),
     names_are="an architecture both the installed vLLM and transformers register as a causal LM",
-    repro_tails=("-vllm.py",),
+    repro_tails=("-vllm.py",), product="vLLM", release=lambda r: r.vllm_version,
     title="# smearcli scan on vLLM: vLLM {vllm_version} (CPU), transformers {transformers_version} reference",
     sections="smearcli.engines.vllm.session:sections"))
 register(Engine(
     "llamacpp", "llama.cpp's micro-batches, calls, seq_cp and seq_rm, against the transformers full pass",
     open="smearcli.engines.llamacpp.session:open_session", env_var="SMEARCLI_LLAMACPP_PYTHON",
     environment="an environment with llama-cpp-python; scripts/make_llamacpp_env.sh DIR makes one (then DIR/bin/python)",
-    failing=(str(BUG), str(CRASHED), str(UNCONFIRMED)),
+    failing=tuple(str(v) for v in FAILURES),
     names_are="an architecture both llama.cpp's converter and transformers register as a causal LM",
-    repro_tails=("-llamacpp.py", "-llamacpp.gguf"),
+    repro_tails=("-llamacpp.py", "-llamacpp.gguf"), product="llama-cpp-python",
+    release=lambda r: (r.llamacpp or {}).get("llama_cpp_python") if isinstance(r.llamacpp, dict) else None,
     title="# smearcli scan on llama.cpp: transformers {transformers_version} reference",
     sections="smearcli.engines.llamacpp.session:sections"))

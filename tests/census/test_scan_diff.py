@@ -133,3 +133,19 @@ def test_against_refusals_are_one_line_errors(tmp_path):
         assert r.exit_code == 2, (args, r.output)
         lines = r.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("smearcli: error: ") and words in lines[0], (args, r.stderr)
+
+
+def test_each_engine_names_its_own_release():
+    """A census is labelled by the release of its own engine, as its registration reads it from the
+    record: a llama.cpp census by llama-cpp-python's version, never by the transformers reference's."""
+    ll = [record.bare("llama", "ok", engine="llamacpp", transformers_version="5.24.0",
+                      llamacpp={"llama_cpp_python": "0.3.36"})]
+    vl = [record.bare("llama", "ok", engine="vllm", transformers_version="5.24.0", vllm_version="0.32.0")]
+    assert diff.release(ll) == "llama-cpp-python 0.3.36"
+    assert diff.release(vl) == "vLLM 0.32.0"
+    assert diff.release(BEFORE) == "transformers 5.24.0"
+    assert diff.numbers(ll[0])["release"] == "0.3.36"
+    with pytest.raises(Exception, match="a diff is between releases of one engine"):
+        diff.compare(ll, vl)
+    with pytest.raises(Exception, match="a census is of one engine"):
+        diff.release(ll + vl)

@@ -110,7 +110,7 @@ def test_a_worker_that_hangs_runs_away_or_dies_is_stopped_and_started_again(fake
 
 
 def scan(tmp_path, fake_python, *extra):
-    r = runner.invoke(app, ["scan", "--engine", "vllm", "--vllm-python", str(fake_python), "--out",
+    r = runner.invoke(app, ["scan", "--engine", "vllm", "--engine-python", str(fake_python), "--out",
                             str(tmp_path / "v.jsonl"), "--repro-dir", str(tmp_path / "repro"), *extra])
     assert "Traceback" not in r.output, r.output
     return r
@@ -262,7 +262,7 @@ def test_options_the_vllm_census_refuses(fake_python, tmp_path, monkeypatch):
     monkeypatch.delenv(ENV_PYTHON, raising=False)
     r = runner.invoke(app, ["scan", "--engine", "vllm", "--out", str(tmp_path / "v.jsonl")])
     assert r.exit_code == 2 and "--engine vllm needs --engine-python" in r.stderr
-    r = runner.invoke(app, ["scan", "--engine", "vllm", "--jobs", "2", "--vllm-python", str(fake_python)])
+    r = runner.invoke(app, ["scan", "--engine", "vllm", "--jobs", "2", "--engine-python", str(fake_python)])
     assert r.exit_code == 2 and "one architecture at a time" in r.stderr
     r = runner.invoke(app, ["scan", "--engine", "sglang"])
     assert r.exit_code == 2 and "--engine takes transformers or vllm" in r.stderr

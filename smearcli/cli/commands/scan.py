@@ -30,7 +30,7 @@ MIN_MEMORY_MB, MAX_MEMORY_MB = 64, 1 << 27  # 128 TiB: all the address space x86
 # the options that only mean something when architectures run (with --merge nothing runs)
 RUN_ONLY = {"out": "--out", "jobs": "--jobs", "shard": "--shard", "resume": "--resume", "only": "--only",
             "timeout": "--timeout", "memory_mb": "--memory-mb", "repro_dir": "--repro-dir", "engine": "--engine",
-            "engine_python": "--engine-python", "vllm_python": "--vllm-python"}
+            "engine_python": "--engine-python"}
 ENGINES = tuple(engines.names())  # the built-in engines, for --engine's help (a later registration runs too)
 
 
@@ -153,12 +153,9 @@ def engine_of(name: str) -> "engines.Engine":
     return engines.get(name)
 
 
-def python_of(engine: "engines.Engine", given: Optional[Path], alias: Optional[Path]) -> tuple[Optional[str], str]:
+def python_of(engine: "engines.Engine", given: Optional[Path]) -> tuple[Optional[str], str]:
     """(the engine's Python, the option or variable it came from); (None, "") for an in-process engine."""
-    if given is not None and alias is not None:
-        raise UserError("--vllm-python is --engine-python's old name: give one of them")
-    given = given if given is not None else alias
-    flag_name = "--engine-python" if alias is None else "--vllm-python"
+    flag_name = "--engine-python"
     if engine.env_var is None:
         if given is not None:
             raise UserError(f"--engine {engine.name} runs in smearcli's own Python: {flag_name} has no meaning with it")
@@ -200,8 +197,6 @@ def scan(
                              "environment, for an engine that runs in one (" + "; ".join(
                                  f"{e.name}: default ${e.env_var}" for e in engines.ENGINES.values() if e.env_var)
                              + ").")] = None,
-    vllm_python: Annotated[Optional[Path], typer.Option("--vllm-python", hidden=True,
-                           help="--engine-python's old name, kept for one release.")] = None,
     against: Annotated[Optional[list[Path]], typer.Option("--against", help="A previous census's record file "
                        "(another release of the same engine; repeat for its shards): print what changed per "
                        "architecture; with --check exit 1 on regressions only.")] = None,
@@ -253,10 +248,9 @@ def scan(
              [("--out", None if merge else out), ("--markdown", markdown), ("--figure", figure)])
     previous = read_against(against, merge, against_source)  # refused before anything runs
     if previous is not None and not merge:
-        from ...census.diff import engine as engine_in
-
-        if engine_in(previous) != engine:
-            raise UserError(f"--against holds a census on {engine_in(previous)}, and this one runs on {engine} "
+        was = engines.of_records(previous).name
+        if was != engine:
+            raise UserError(f"--against holds a census on {was}, and this one runs on {engine} "
                             "(--engine): a diff is between releases of one engine")
     table = known.load()  # what upstream knows: a broken table is refused before anything runs
     t0 = time.monotonic()
@@ -270,7 +264,7 @@ def scan(
     else:
         if resume:  # another engine's or release's records are refused before the engine starts
             resumable(out, eng.name, info["transformers_version"])
-        records, mine = _run(eng, python_of(eng, engine_python, vllm_python), out, jobs, part, resume, wanted,
+        records, mine = _run(eng, python_of(eng, engine_python), out, jobs, part, resume, wanted,
                              timeout, memory_mb, repro_dir, quiet)
         records = known.place(records, table)  # every finding against what upstream knows
         info |= mine | {"wall_s": round(time.monotonic() - t0, 1)}
