@@ -37,6 +37,15 @@ for _name in ("COLUMNS", "LINES"):
 FIXTURE = Path(os.environ.get("SMEARCLI_FIXTURE", ROOT / "tests" / "fixtures" / "nanochat-d4-bytes"))
 
 
+def scan_into(names, check, out, resume=False, **kw):
+    """The census loop (`isolate.run`) over `names` with `check` as every architecture's check,
+    into the record file `out` (kept and continued with `resume`): the records of this run."""
+    from smearcli.census import isolate, records
+
+    with records.Sink(out, resume) as sink:
+        return isolate.run(names, check, sink, **kw)
+
+
 @pytest.fixture(scope="session")
 def fixture_dir() -> Path:
     if not (FIXTURE / "reference.pt").is_file():

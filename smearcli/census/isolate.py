@@ -1,6 +1,7 @@
 """Each architecture in its own process, with a time and a memory limit.
 
-`scan(names, check, out)` forks one child per architecture (the parent has imported torch and
+`run(names, check, sink)` (and `census(session, names, sink)`, which makes `check` of an engine's
+session) forks one child per architecture (the parent has imported torch and
 transformers once, so a child starts in milliseconds), at most `jobs` at a time. In the child:
 `resource.setrlimit(RLIMIT_AS)` caps the memory, one thread, then `check(name)`; its record comes
 back over a pipe as one JSON line (`Record.to_json`; a `Record` again in the parent). The parent kills a child that outlives its wall-clock limit.
@@ -170,16 +171,6 @@ def _died(name: str, status: int, memory: Optional[int], wall: float) -> Record:
     return bare(name, CRASHED, reason=why, wall_s=round(wall, 2))
 
 
-def scan(names: Sequence[str], check: Callable[[str], Record], out: Path, jobs: int = 1,
-         timeout: float = DEFAULT_TIMEOUT, memory: Optional[int] = DEFAULT_MEMORY, resume: bool = False,
-         on_record: Optional[Callable[[Record], None]] = None,
-         on_note: Callable[[str], None] = say) -> list[Record]:
-    """Check every name in its own process; append each record to `out`; the records of this run
-    (those skipped by `resume` left out), in the order they finished."""
-    with records.Sink(out, resume) as sink:
-        return run(names, check, sink, jobs, timeout, memory, on_record, on_note)
-
-
 def census(session, names: Sequence[str], sink: "records.Sink", jobs: int = 1, timeout: float = DEFAULT_TIMEOUT,
            memory: Optional[int] = DEFAULT_MEMORY, repro_dir: Path = Path("scan-repro"),
            on_record: Optional[Callable[[Record], None]] = None) -> list[Record]:
@@ -196,7 +187,9 @@ def run(names: Sequence[str], check: Callable[[str], Record], sink: "records.Sin
         on_record: Optional[Callable[[Record], None]] = None,
         on_note: Callable[[str], None] = say,
         checked: Optional[Callable[[Record, bool], bool]] = None) -> list[Record]:
-    """`scan` on an open `records.Sink`: the names it does not hold yet, at most `jobs` at once.
+    """Check every name in its own process, appending each record to an open `records.Sink`: the
+    names it does not hold yet, at most `jobs` at once; the records of this run, in the order they
+    finished.
     However this ends (a SIGINT, a SIGTERM, an error), every worker is killed and reaped first: none
     runs on, and only whole records are in the file. A run whose architectures fell back to slow
     kernels says so once at its end (`on_note`). `checked(record, more)`, in this process before a

@@ -25,7 +25,7 @@ import scan_standin
 from hardening_util import invoke
 from smearcli.errors import UserError
 from smearcli.census import isolate, record, records
-from conftest import ROOT  # noqa: E402 - the clone's root
+from conftest import ROOT, scan_into  # noqa: E402 - the clone's root
 
 REC = {"model_type": "a", "verdict": "ok"}
 
@@ -360,7 +360,7 @@ def test_out_of_memory_is_crashed_as_the_guide_says(tmp_path):
     guide = (ROOT / "docs" / "guide" / "scan.md").read_text()
     assert "| `crashed` | their code raised (the frame is in the table), or the process died or ran out of memory " \
         "(the reason then starts with *out of memory*, building the model included" in guide
-    (rec,) = isolate.scan(["blt"], oom_when_built, tmp_path / "s.jsonl", memory=1 << 30)
+    (rec,) = scan_into(["blt"], oom_when_built, tmp_path / "s.jsonl", memory=1 << 30)
     assert rec.verdict == "crashed", rec
     assert rec.reason.startswith("out of memory: an allocation over the 1024 MiB limit was refused (the model")
     ok = record.new("x", "not built", reason="the shrunk config is refused: ValueError")

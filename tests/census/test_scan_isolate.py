@@ -12,6 +12,7 @@ import pytest
 
 from smearcli.errors import UserError
 from smearcli.census import budget, isolate, record, records
+from conftest import scan_into
 
 
 def stand_in(name: str) -> record.Record:
@@ -37,7 +38,7 @@ def ran_in(pid: int) -> str:
 def test_hang_crash_and_allocation_are_results(tmp_path):
     out = tmp_path / "scan.jsonl"
     t0 = time.monotonic()
-    recs = isolate.scan(["fine", "hangs", "raises", "dies", "allocates", "fine2"], stand_in, out,
+    recs = scan_into(["fine", "hangs", "raises", "dies", "allocates", "fine2"], stand_in, out,
                         jobs=2, timeout=3, memory=1 << 30)
     assert time.monotonic() - t0 < 40  # the hang is tried twice: 3 s, then 7.5 s
     by = {r.model_type: r for r in records.read(out).records}
@@ -66,7 +67,7 @@ def slow_then_quick(name: str) -> record.Record:
 
 def test_an_architecture_out_of_time_is_retried_once_with_more(tmp_path, monkeypatch):
     monkeypatch.setenv("SMEARCLI_TEST_MARK", str(tmp_path))
-    recs = isolate.scan([SLOW_ONCE, "quick"], slow_then_quick, tmp_path / "scan.jsonl", jobs=1, timeout=2)
+    recs = scan_into([SLOW_ONCE, "quick"], slow_then_quick, tmp_path / "scan.jsonl", jobs=1, timeout=2)
     by = {r.model_type: r for r in recs}
     assert by[SLOW_ONCE].verdict == by["quick"].verdict == "ok"
     assert [r.model_type for r in recs] == ["quick", SLOW_ONCE]  # the retry waits for the others
@@ -87,7 +88,7 @@ def finds_then_stalls(name: str) -> record.Record:
 def test_a_finding_made_is_kept_when_what_follows_runs_out_of_time(tmp_path, monkeypatch):
     monkeypatch.setattr(budget, "later_limit", lambda check_s: 1.0)
     t0 = time.monotonic()
-    recs = isolate.scan(["stalls", "stalls-after-file"], finds_then_stalls, tmp_path / "scan.jsonl", jobs=2,
+    recs = scan_into(["stalls", "stalls-after-file"], finds_then_stalls, tmp_path / "scan.jsonl", jobs=2,
                         timeout=60)  # the architecture's limit is not what ends it
     assert time.monotonic() - t0 < 20
     by = {r.model_type: r for r in recs}
@@ -110,23 +111,23 @@ def test_stage_outside_a_worker_does_nothing():
 def test_resume_skips_what_is_there_and_a_torn_line(tmp_path):
     out = tmp_path / "scan.jsonl"
     out.write_text(json.dumps({"model_type": "a", "verdict": "bug"}) + "\n" + '{"model_type": "b", "verd')
-    recs = isolate.scan(["a", "b", "c"], stand_in, out, resume=True)
+    recs = scan_into(["a", "b", "c"], stand_in, out, resume=True)
     assert [r.model_type for r in recs] == ["b", "c"]
     by = {r.model_type: r for r in records.read(out).records}
     assert by["a"].verdict == "bug"  # kept, not rerun
     assert by["b"].verdict == by["c"].verdict == "ok"
-    recs = isolate.scan(["a", "b"], stand_in, out)  # without resume the file starts over
+    recs = scan_into(["a", "b"], stand_in, out)  # without resume the file starts over
     assert {r.model_type for r in records.read(out).records} == {"a", "b"}
     assert records.read(out).records[0].verdict == "ok"
 
 
 def test_shards_merge_into_the_single_scan(tmp_path):
     names = [f"m{i}" for i in range(7)]
-    isolate.scan(names, stand_in, tmp_path / "all.jsonl", jobs=2)
+    scan_into(names, stand_in, tmp_path / "all.jsonl", jobs=2)
     parts = []
     for i in (1, 2, 3):
         p = tmp_path / f"shard{i}.jsonl"
-        isolate.scan(isolate.shard(names, i, 3), stand_in, p)
+        scan_into(isolate.shard(names, i, 3), stand_in, p)
         parts.append(p)
     assert sorted(sum((isolate.shard(names, i, 3) for i in (1, 2, 3)), [])) == names
     strip = lambda recs: [{k: v for k, v in r.to_json().items() if k not in ("notes", "wall_s")} for r in recs]
@@ -146,6 +147,6 @@ def test_the_time_and_the_release_stamp_a_whole_record(tmp_path):
     """A record from census.record.new has wall_s and transformers_version as null: the isolation fills
     them in (a setdefault would have left them null)."""
     tf = pytest.importorskip("transformers")  # the release the parent imported is the children's
-    (rec,) = isolate.scan(["whole"], full_record, tmp_path / "scan.jsonl")
+    (rec,) = scan_into(["whole"], full_record, tmp_path / "scan.jsonl")
     assert isinstance(rec.wall_s, float) and rec.wall_s >= 0
     assert rec.transformers_version == tf.__version__

@@ -28,7 +28,7 @@ from smearcli.engines import transformers as hf  # noqa: E402
 from smearcli.engines.transformers import api, kernels  # noqa: E402
 from smearcli.engines.transformers.cache_runner import CacheRunner  # noqa: E402
 from smearcli.verdicts import NOT_JUDGED, NOT_JUDGED_WHY, OK  # noqa: E402
-from conftest import ROOT  # noqa: E402 - the clone's root
+from conftest import ROOT, scan_into  # noqa: E402 - the clone's root
 
 OLDEST = "5.0.0"  # the oldest release the hf extra allows (pyproject.toml: transformers>=5.0), run end to end
 
@@ -386,7 +386,7 @@ def falls_back(name: str) -> record.Record:
 
 def test_a_census_run_says_the_fallbacks_once_and_records_its_release(tmp_path, capfd):
     said: list[str] = []
-    recs = isolate.scan(["mamba", "mamba2", "qwen"], falls_back, tmp_path / "scan.jsonl", on_note=said.append)
+    recs = scan_into(["mamba", "mamba2", "qwen"], falls_back, tmp_path / "scan.jsonl", on_note=said.append)
     assert said == [kernels.note({"causal_conv1d", "mamba_ssm"})]  # once, for the whole run
     err = capfd.readouterr().err
     assert "fast path" not in err and "falling back" not in err, err
@@ -395,7 +395,7 @@ def test_a_census_run_says_the_fallbacks_once_and_records_its_release(tmp_path, 
     assert all(r.transformers_version == transformers.__version__ for r in on_disk)
     assert report.document(on_disk)["architectures"][0]["transformers_version"] == transformers.__version__
     said.clear()
-    isolate.scan(["quiet"], lambda n: record.new(n, "ok"), tmp_path / "b.jsonl", on_note=said.append)
+    scan_into(["quiet"], lambda n: record.new(n, "ok"), tmp_path / "b.jsonl", on_note=said.append)
     assert said == []  # nothing fell back: nothing to say
 
 
