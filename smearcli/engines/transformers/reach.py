@@ -517,7 +517,7 @@ def confirm(rec, name: str, model, assistant, make, tokens_of, threshold: float,
     from ... import evidence
     from ...judge import SECOND_SEED, replicated
     from ...precision import float64_model, lifted
-    from ...verdicts import BUG, ROUNDING
+    from ...verdicts import BUG, OK, ROUNDING
 
     e = rec.reach[name]
     err, run = e["max_abs"], RUNS[name]
@@ -550,7 +550,7 @@ def confirm(rec, name: str, model, assistant, make, tokens_of, threshold: float,
     failed = []
     if c.status != BUG:
         failed.append(f"float64: {c.why}" + (f" ({wide:.3g})" if wide is not None else ""))
-    if replicated(SECOND_SEED, BUG if departs else ROUNDING, ties=False) is not None:
+    if replicated(SECOND_SEED, BUG if departs else OK, ties=False) is not None:
         failed.append("second seed: " + ("the path raises" if other is None else
                                          f"within the threshold ({other['max_abs']:.3g})"))
     if numbered is not None and numbered <= threshold:
