@@ -11,7 +11,9 @@ make its environment) and gets from here:
   its stderr kept in an unlinked file);
 - its answer: `read_json` (result.json trusted once it is small, JSON and of the protocol),
   `check_entry` and `check_counts` (a schedule's fields), `garbage` (the refusal of an answer
-  outside the protocol).
+  outside the protocol), `load_array` (an array file it wrote, bounded in size and checked in shape);
+- `WholeSchedules`, the runner such an engine is: the worker called once, in a temporary folder,
+  for every schedule of a comparison, the first time any of them is asked (`collect`).
 
 The workers themselves (impls/*/worker*.py) run in the foreign Python and import none of this.
 """
@@ -28,6 +30,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..errors import UserError
+from ..runner import Runner
 
 HELLO_TIMEOUT_S = 60.0  # the handshake imports nothing heavy: a Python that takes longer hangs
 HELLO_LIMIT = 64 << 10  # bytes of the handshake's output read; the answer is one short line
@@ -225,3 +228,43 @@ def check_counts(engine: Foreign, python: str, e: dict, keys: tuple) -> None:
         v = e.get(key)
         if v is not None and not (isinstance(v, list) and all(type(n) is int and n >= 0 for n in v)):
             raise engine.garbage(python, f"{e['name']}: {key} is not a list of counts")
+
+
+def load_array(workdir: Path, name: str, shape: tuple, item_bytes: int = 4, why: str = ""):
+    """The array a worker wrote to `workdir/name` as a float32 tensor: refused (ValueError) when
+    the file holds more than `shape` items of `item_bytes` each (and a header) before it is read,
+    or when its shape is not `shape` (`why`: what a wrong shape would mean, added to the message)."""
+    import numpy as np
+    import torch
+
+    size, most = (workdir / name).stat().st_size, item_bytes * int(np.prod(shape)) + (1 << 16)
+    if size > most:
+        raise ValueError(f"{name}: {size:,} bytes, more than a {shape} array of {item_bytes}-byte items takes")
+    a = np.load(workdir / name, allow_pickle=False)
+    if a.shape != shape:
+        raise ValueError(f"{name}: shape {a.shape}, expected {shape}" + (f" ({why})" if why else ""))
+    return torch.from_numpy(a.astype(np.float32, copy=False))
+
+
+class WholeSchedules(Runner):
+    """A runner whose engine runs whole schedules in its worker: no forward of its own (the
+    reference is another runner: `compare(..., reference=...)`). The first `run()` calls
+    `collect(tokens, options, workdir)` once, in a temporary folder named `smearcli-{label}-...`, for every
+    schedule of the comparison; it returns {schedule: RunResult or None}, and the folder is gone
+    after it (what must outlive it, `collect` copies out). `words`: how messages name the engine."""
+
+    words: str = "this engine"
+
+    def collect(self, tokens, options, workdir: Path) -> dict:
+        raise NotImplementedError
+
+    def forward(self, tokens, capture):
+        raise NotImplementedError(f"{self.words} runs whole schedules (run()); the reference is another runner")
+
+    def run(self, schedule, tokens, options):
+        if getattr(self, "_runs", None) is None:
+            with tempfile.TemporaryDirectory(prefix=f"smearcli-{self.label}-") as d:
+                self._runs = self.collect(tokens, options, Path(d))
+        if self._runs.get(schedule) is None:
+            raise ValueError(f"{self.label} was not asked for the {schedule} schedule")
+        return self._runs[schedule]

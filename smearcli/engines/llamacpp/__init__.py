@@ -32,7 +32,6 @@ printed one; a fresh worker runs the rest.
 from __future__ import annotations
 
 import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
@@ -40,8 +39,9 @@ from typing import Optional, Sequence
 import torch
 
 from ...errors import UserError
+from ...impls import foreign
 from ...defaults import ROLLBACK
-from ...runner import CROP, PREFIX_CACHE, Described, Runner
+from ...runner import CROP, PREFIX_CACHE, Described
 from ...schedules import register
 from ...steps import CRASHED, PREFIX_HIT, UNCHECKED, RunResult, Schedule, ScheduleOptions, chunk_plan, prompt_len
 from .calls import REFUSED, call_worker
@@ -136,11 +136,12 @@ def request(s: Settings, tokens: torch.Tensor, schedules: Sequence[str], opts: S
             "threads": s.threads, "device": s.device, "stuck_s": s.stuck_s, "schedules": entries}
 
 
-class LlamaCppRunner(Runner):
+class LlamaCppRunner(foreign.WholeSchedules):
     """llama.cpp's runs of the schedules as one series. `run()` calls the worker once, for every
     schedule of the comparison, the first time it is asked; it has no forward pass of its own."""
 
     label = "llamacpp"
+    words = "llama.cpp"
     series = "llama.cpp (its micro-batches, calls, sequence copies and removals)"
     layers = ("logits",)
     capabilities = frozenset({PREFIX_CACHE, CROP, MICRO_BATCHES, SEQUENCES})
@@ -196,46 +197,29 @@ class LlamaCppRunner(Runner):
                        f"the float32 cache this comparison runs)")
         return out
 
-    def forward(self, tokens, capture):
-        raise NotImplementedError("llama.cpp runs whole schedules (run()); the reference is another runner")
-
-    def run(self, schedule, tokens, options):
-        if self._runs is None:
-            with tempfile.TemporaryDirectory(prefix="smearcli-llamacpp-") as d:
-                req = request(self.settings, tokens.cpu(), self.schedules, options)
-                self.result = call_worker(self.settings, req, Path(d))
-                self.result["asked"] = req["schedules"]
-                converted = Path(d) / "model.gguf"
-                if self.settings.keep_gguf and converted.is_file():
-                    shutil.copyfile(converted, self.settings.keep_gguf)
-                self._runs = {}
-                if self.result.get("arch_mismatch"):
-                    want, got = self.result["arch_mismatch"]
-                    raise UserError(f"{self.settings.gguf}: its architecture is {got!r}, and the config of "
-                                    f"{self.settings.model} is {want!r} in llama.cpp: not the same model")
-                for e in req["schedules"]:
-                    self._runs[e["name"]] = to_run(e, self.result, Path(d), tokens.cpu(), self.settings.vocab)
-                if "ubatch" in self._runs:
-                    self._runs["ubatch"] = pick_width(self._runs)
-                for name in ("prefill", "decode"):
-                    if any(e["name"] == name + "_f16" for e in self.result["schedules"]):
-                        self.extra[name + "_f16"] = to_run({"name": name + "_f16"}, self.result, Path(d),
-                                                           tokens.cpu(), self.settings.vocab)
-        if schedule not in self._runs or self._runs[schedule] is None:
-            raise ValueError(f"llamacpp was not asked for the {schedule} schedule")
-        return self._runs[schedule]
+    def collect(self, tokens, options, workdir: Path) -> dict:
+        req = request(self.settings, tokens.cpu(), self.schedules, options)
+        self.result = call_worker(self.settings, req, workdir)
+        self.result["asked"] = req["schedules"]
+        converted = workdir / "model.gguf"
+        if self.settings.keep_gguf and converted.is_file():
+            shutil.copyfile(converted, self.settings.keep_gguf)
+        if self.result.get("arch_mismatch"):
+            want, got = self.result["arch_mismatch"]
+            raise UserError(f"{self.settings.gguf}: its architecture is {got!r}, and the config of "
+                            f"{self.settings.model} is {want!r} in llama.cpp: not the same model")
+        runs = {e["name"]: to_run(e, self.result, workdir, tokens.cpu(), self.settings.vocab) for e in req["schedules"]}
+        if "ubatch" in runs:
+            runs["ubatch"] = pick_width(runs)
+        for name in ("prefill", "decode"):
+            if any(e["name"] == name + "_f16" for e in self.result["schedules"]):
+                self.extra[name + "_f16"] = to_run({"name": name + "_f16"}, self.result, workdir,
+                                                   tokens.cpu(), self.settings.vocab)
+        return runs
 
 
 def _load(workdir: Path, name: str, shape: tuple) -> torch.Tensor:
-    import numpy as np
-
-    size, most = (workdir / name).stat().st_size, 4 * int(np.prod(shape)) + (1 << 16)
-    if size > most:
-        raise ValueError(f"{name}: {size:,} bytes, more than a {shape} float32 array takes")
-    a = np.load(workdir / name, allow_pickle=False)
-    if a.shape != shape:
-        raise ValueError(f"{name}: shape {a.shape}, expected {shape} (llama.cpp's vocabulary against the config's)")
-    return torch.from_numpy(a.astype(np.float32, copy=False)).log_softmax(dim=-1)
+    return foreign.load_array(workdir, name, shape, why="llama.cpp's vocabulary against the config's").log_softmax(dim=-1)
 
 
 def to_run(sched: dict, res: dict, workdir: Path, tokens: torch.Tensor, V: int):

@@ -28,7 +28,6 @@ vLLM is that schedule's result (`schedules.CRASHED`), as is a worker that dies.
 from __future__ import annotations
 
 import json
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,7 +36,7 @@ from typing import Optional, Sequence
 import torch
 
 from ...errors import UserError
-from ...runner import PREFIX_CACHE, Described, Runner
+from ...runner import PREFIX_CACHE, Described
 from ...steps import CRASHED, PREFIX_HIT, UNCHECKED, RunResult, ScheduleOptions, chunk_plan
 from ...impls import foreign
 from .environment import ENGINE, PROTOCOL, RAISED, WORKER, hello, worker_env
@@ -162,12 +161,13 @@ def call_worker(s: Settings, req: dict, workdir: Path) -> dict:
             "died": True, "stderr_tail": (err or "")[-4000:]}
 
 
-class VLLMRunner(Runner):
+class VLLMRunner(foreign.WholeSchedules):
     """vLLM's runs of the schedules as one series. `run()` calls the worker once, for every
     schedule of the comparison (`schedules`), the first time it is asked; it has no forward pass of
     its own (the reference is another runner: `compare(..., reference=...)`)."""
 
     label = "vllm"
+    words = "vLLM"
     series = "vLLM (its own scheduler, chunked prefill and prefix cache)"
     layers = ("logits",)
     capabilities = frozenset({PREFIX_CACHE})
@@ -197,30 +197,14 @@ class VLLMRunner(Runner):
                 f"peak memory {r.get('peak_rss_mb')} MB, {r.get('wall_s')} s in all; compared as "
                 f"log-probabilities"]
 
-    def forward(self, tokens, capture):
-        raise NotImplementedError("vLLM runs whole schedules (run()); the reference is another runner")
-
-    def run(self, schedule, tokens, options):
-        if self._runs is None:
-            with tempfile.TemporaryDirectory(prefix="smearcli-vllm-") as d:
-                req = request(self.settings, tokens.cpu(), self.schedules, options)
-                self.result = call_worker(self.settings, req, Path(d))
-                self._runs = {e["name"]: to_run(e, Path(d), tokens.cpu(), req) for e in self.result["schedules"]}
-        if schedule not in self._runs:
-            raise ValueError(f"vllm was not asked for the {schedule} schedule")
-        return self._runs[schedule]
+    def collect(self, tokens, options, workdir: Path) -> dict:
+        req = request(self.settings, tokens.cpu(), self.schedules, options)
+        self.result = call_worker(self.settings, req, workdir)
+        return {e["name"]: to_run(e, workdir, tokens.cpu(), req) for e in self.result["schedules"]}
 
 
 def _load(workdir: Path, name: str, shape: tuple) -> torch.Tensor:
-    import numpy as np
-
-    size, most = (workdir / name).stat().st_size, 8 * int(np.prod(shape)) + (1 << 16)  # float64 and a header
-    if size > most:
-        raise ValueError(f"{name}: {size:,} bytes, more than a {shape} array takes")
-    a = np.load(workdir / name, allow_pickle=False)
-    if a.shape != shape:
-        raise ValueError(f"{name}: shape {a.shape}, expected {shape}")
-    return torch.from_numpy(a.astype(np.float32, copy=False))
+    return foreign.load_array(workdir, name, shape, item_bytes=8)  # vLLM may write float64
 
 
 def _bad_positions(t: torch.Tensor) -> list[int]:
