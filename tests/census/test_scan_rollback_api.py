@@ -235,6 +235,35 @@ def test_their_crop_calls_the_api_as_assisted_generation_does(monkeypatch):
     assert calls == expected
 
 
+def test_their_crop_on_a_release_whose_generate_records_nothing_is_called_as_that_generate_calls_it(monkeypatch):
+    """Up to 5.13 `generate` records no past and crops once per verify step to the length it keeps:
+    no `activate_past_recording` (the release has none; the census had called every crop refused
+    and `generate` refusing assisted decoding for it) and no `crop(0)`, which there keeps 0 tokens.
+    The same rollback, judged: within the floor, as the copy."""
+    from transformers import DynamicCache
+
+    from smearcli.engines.transformers import api
+    from smearcli.schedules import run_schedule
+
+    calls, real_crop = [], DynamicCache.crop
+    monkeypatch.setattr(api, "generate_records", lambda: False)
+    monkeypatch.setattr(DynamicCache, "activate_past_recording",
+                        lambda self, **kw: calls.append(("record",)), raising=False)
+
+    def spy_crop(self, n):
+        calls.append(("crop", n))
+        return real_crop(self, n)
+    monkeypatch.setattr(DynamicCache, "crop", spy_crop)
+    model, cfg = tiny("llama")
+    runner = CacheRunner(model, crop=True)
+    assert hf_runner.assisted_refusal(runner, tokens()) is None
+    run_schedule(runner, tokens(), "rollback", capture=False)
+    assert ("record",) not in calls and ("crop", 0) not in calls
+    assert calls and all(c == ("crop", -REJECT) for c in calls), calls
+    e = scan(model, cfg)["boundaries"]["rollback"]
+    assert e.mode == "crop" and e.their_crop.status == OK and e.generate_refuses is None, e
+
+
 def test_a_crop_their_api_refuses_is_refused_and_changes_no_verdict(monkeypatch):
     from transformers import DynamicCache
 

@@ -16,7 +16,9 @@ one of them by asking the model, not the version number:
 - `crop`: every 5.x `DynamicCache.crop` takes a negative count as "drop that many tokens" (5.0
   names the argument `max_length` and reads a negative one that way; 5.24 takes only that form),
   so smearcli always crops by a negative count;
-- past recording (`recording`): what `generate` passes `activate_past_recording`. Up to 5.24 it
+- past recording (`generate_records`, `recording`): whether `generate` records a cache's past at
+  all (5.14 on; up to 5.13 it crops to the length it keeps and records nothing), and what it passes
+  `activate_past_recording`. Up to 5.24 it
   takes nothing; 5.25's assisted decoding passes `recurrent_states_to_keep=N`, N the tokens its
   candidate generator drafts per verify step (`num_drafting_tokens`), so a linear-attention layer
   keeps the last N recurrent states and `crop` can restore one (called bare, the model's forward
@@ -89,7 +91,17 @@ def recording(cache, drafted):
     return {"recurrent_states_to_keep": int(drafted)} if said else {}
 
 
-STANDALONE = (cache_keyword, passes_cache_position, out_cache, caller_cache, recording)  # what a reproducer embeds
+def generate_records():
+    """Whether the installed release's `generate` records a cache's past before assisted decoding
+    (5.14 on: its `Cache` has `activate_past_recording`, called before the prefill, then `crop(0)`
+    after every verify step). Before that, generate records nothing and crops once per verify step
+    to the length it keeps, so a crop of 0 tokens is no call at all (their `crop(0)` keeps 0)."""
+    from transformers import cache_utils
+
+    return callable(getattr(cache_utils.Cache, "activate_past_recording", None))
+
+
+STANDALONE = (cache_keyword, passes_cache_position, out_cache, caller_cache, recording, generate_records)  # what a reproducer embeds
 
 
 def standalone() -> str:

@@ -242,6 +242,8 @@ class CacheRunner(Runner):
         exception is their crash and propagates unchanged."""
         if not callable(getattr(inner, "crop", None)):
             raise CropRefused(f"{type(inner).__name__} has no crop")
+        if count == 0 and not api.generate_records():  # up to 5.13 crop(0) keeps 0 tokens, and
+            return  # generate, cropping to the length it keeps, never asks for it
         try:
             inner.crop(count)
         except Exception as e:
@@ -316,6 +318,8 @@ def record(inner, drafted: int) -> None:
     taps, sliding windows) keep their past until the next `crop`, and from 5.25 on, layers with a
     recurrent state keep the last `drafted` of them. Missing or refusing in so many words:
     `CropRefused`; any other exception is their crash and propagates."""
+    if not api.generate_records():  # up to 5.13: generate records nothing, so neither does this
+        return
     activate = getattr(inner, "activate_past_recording", None)
     if not callable(activate):
         raise CropRefused(f"{type(inner).__name__} has no activate_past_recording")

@@ -415,12 +415,14 @@ def their_crop(model, ids):
     vocab = max(int(ids.max()) + 1, 2)
     made = generation_cache(model)
     drafted = DRAFT - 1  # tokens drafted per verify step, as generate counts them (num_drafting_tokens)
-    if made is not None:
+    records = generate_records()  # 5.14 on; up to 5.13 generate records nothing and never crops 0
+    if made is not None and records:
         made.activate_past_recording(**recording(made, drafted))  # generate: before the prefill
     out, cache = step(model, ids[:, :PROMPT], made, 0)
-    if made is None:  # a cache the model made itself: recorded from the prefill on
+    if made is None and records:  # a cache the model made itself: recorded from the prefill on
         cache.activate_past_recording(**recording(cache, drafted))
-    cache.crop(0)  # generate crops after every forward: 0 tokens when none was rejected
+    if records:
+        cache.crop(0)  # generate crops after every forward: 0 tokens when none was rejected
     logits, pos = [out], PROMPT
     while pos < T:
         n = min(DRAFT, T - pos)
@@ -430,7 +432,8 @@ def their_crop(model, ids):
             draft = torch.cat([draft[:, :keep], (draft[:, keep:] + 1) % vocab], dim=1)
         out, cache = step(model, draft, cache, pos)
         logits.append(out[:, :keep])
-        cache.crop(keep - n)  # a negative count: the rejected tokens
+        if keep < n or records:  # a negative count: the rejected tokens (0: none, asked from 5.14 on)
+            cache.crop(keep - n)
         pos += keep
     return torch.cat(logits, dim=1)
 '''
