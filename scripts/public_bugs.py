@@ -130,12 +130,30 @@ def _status(x) -> Optional[str]:
     return None if x is None else getattr(x, "status", None)
 
 
-def evidence(rec, globs) -> list[str]:
+def another_thread(rec, name: str, link: str) -> bool:
+    """Whether known.toml places the record's finding on path `name` against a public thread other
+    than `link` ("huggingface/transformers#46084"): another reported bug on that path (#49036's
+    crop on a release that fixed #46084's chunks), not this one."""
+    number = link.rsplit("#", 1)[-1]
+    for u in rec.upstream or []:
+        urls = [t.get("url") or "" for t in u.get("threads") or []]
+        if u.get("path") == name and urls and not any(url.rstrip("/").endswith("/" + number) for url in urls):
+            return True
+    return False
+
+
+def evidence(rec, globs, link: str = "") -> list[str]:
     """Every place in one record where the census found something (a bug, or their crash) on a
     path matching `globs`: a step plan, a boundary (their crop and the copy included), or a public
-    API path of its reach."""
+    API path of its reach; a path whose finding upstream already files under another thread
+    (`another_thread`) is that bug's, not evidence of this one."""
     if rec.verdict not in FAILING:
         return []
+    if link:
+        paths = set((rec.schedules or {}) | (rec.boundaries or {})) | {rec.worst_schedule or ""}
+        skip = {p for p in paths if p and another_thread(rec, p, link)}
+        if skip:
+            return [e for e in evidence(rec, globs) if e.split(":", 1)[0].split(" (")[0] not in skip]
     out = []
     worst = rec.worst_schedule
     if _matches(worst, globs):
@@ -178,7 +196,10 @@ def said(rec) -> str:
         if rec.verdict == CRASHED and (not what or what == "-"):
             what = (rec.reason or "").splitlines()[0][:120] if rec.reason else "-"
         shape = f", {rec.shape}" if rec.shape and rec.shape != "-" else ""
-        return f"{rec.verdict} elsewhere: {what}{shape}"
+        threads = [t.get("url") or "" for u in rec.upstream or [] if u.get("path") == what
+                   for t in u.get("threads") or [] if t.get("url")]
+        filed = f" (upstream's #{threads[0].rstrip('/').rsplit('/', 1)[-1]})" if threads else ""
+        return f"{rec.verdict} elsewhere: {what}{shape}{filed}"
     if rec.verdict in (NOT_BUILT, TIMED_OUT) and rec.reason:
         return f"{rec.verdict}: {rec.reason.splitlines()[0][:120]}"
     return rec.verdict
@@ -193,7 +214,7 @@ def seen(bug: dict, records: dict) -> Seen:
             ran = False
             other.append(f"{arch}: not run yet")
             continue
-        ev = evidence(rec, bug["paths"])
+        ev = evidence(rec, bug["paths"], bug["link"])
         if ev:
             found.append(f"{arch}: " + "; ".join(ev))
         else:
@@ -272,7 +293,9 @@ def read_record(path: Path):
 
     if not path.is_file() or path.stat().st_size == 0:
         return None
-    return records.merge([path])[0]
+    from smearcli.census import known
+
+    return known.place(records.merge([path]), known.load())[0]  # each finding placed against upstream
 
 
 def scan(release: str, arch: str, timeout: Optional[float], root: Optional[Path] = None) -> float:

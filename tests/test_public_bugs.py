@@ -137,6 +137,23 @@ def test_found_on_the_fixed_release_too_is_not_found(pb):
     assert pb.recall([o]) == (0, 1)
 
 
+def test_a_finding_upstream_files_under_another_thread_is_that_bugs_not_this_ones(pb):
+    """On the fixing release mamba2's rollback is still a bug, the crop bug #49036 (fixed later),
+    which known.toml places there: "rollback" is among this bug's paths, but the finding is the
+    other report's, so the fix holds and the page names the other thread. Placed against this
+    bug's own thread, or against none, it counts as before."""
+    other = {"path": "rollback", "threads": [{"url": "https://github.com/huggingface/transformers/issues/49036"}]}
+    fixed = rec("bug", worst_schedule="rollback", shape="state not rolled back", upstream=[other])
+    buggy = rec("bug", worst_schedule="widths 3,4 (conv 4)", shape="state dropped at chunk starts")
+    o = pb.decide(BUG, {"mamba2": buggy}, {"mamba2": fixed})
+    assert o.word == "found", o
+    assert o.fixed.said == "mamba2: bug elsewhere: rollback, state not rolled back (upstream's #49036)"
+    mine = {"path": "rollback", "threads": [{"url": "https://github.com/huggingface/transformers/issues/2"}]}
+    for up in ([mine], None):
+        again = rec("bug", worst_schedule="rollback", shape="state not rolled back", upstream=up)
+        assert pb.decide(BUG, {"mamba2": buggy}, {"mamba2": again}).word == "found on the fixed release too"
+
+
 def test_a_schedule_beside_the_headline_counts(pb):
     r = rec("bug", worst_schedule="decode", schedules={"decode": {"status": "bug"},
                                                        "chunks of 16": {"passed": False, "status": "bug"}})
