@@ -130,16 +130,19 @@ def _status(x) -> Optional[str]:
     return None if x is None else getattr(x, "status", None)
 
 
-def another_thread(rec, name: str, link: str) -> bool:
-    """Whether known.toml places the record's finding on path `name` against a public thread other
-    than `link` ("huggingface/transformers#46084"): another reported bug on that path (#49036's
-    crop on a release that fixed #46084's chunks), not this one."""
-    number = link.rsplit("#", 1)[-1]
-    for u in rec.upstream or []:
-        urls = [t.get("url") or "" for t in u.get("threads") or []]
-        if u.get("path") == name and urls and not any(url.rstrip("/").endswith("/" + number) for url in urls):
-            return True
-    return False
+def threads(rec, path: str) -> list[str]:
+    """The numbers of the public threads known.toml places the record's finding on `path` against
+    ("49036"); [] for a finding it calls new, or none."""
+    return [t["url"].rstrip("/").rsplit("/", 1)[-1] for u in rec.upstream or [] if u.get("path") == path
+            for t in u.get("threads") or [] if t.get("url")]
+
+
+def another_thread(rec, path: str, link: str) -> bool:
+    """Whether known.toml files the record's finding on `path` under public threads, none of them
+    `link`'s ("huggingface/transformers#46084"): another reported bug on that path (#49036's crop on
+    a release that fixed #46084's chunks), not this one."""
+    filed = threads(rec, path)
+    return bool(filed) and link.rsplit("#", 1)[-1] not in filed
 
 
 def evidence(rec, globs, link: str = "") -> list[str]:
@@ -149,23 +152,21 @@ def evidence(rec, globs, link: str = "") -> list[str]:
     (`another_thread`) is that bug's, not evidence of this one."""
     if rec.verdict not in FAILING:
         return []
-    if link:
-        paths = set((rec.schedules or {}) | (rec.boundaries or {})) | {rec.worst_schedule or ""}
-        skip = {p for p in paths if p and another_thread(rec, p, link)}
-        if skip:
-            return [e for e in evidence(rec, globs) if e.split(":", 1)[0].split(" (")[0] not in skip]
+
+    def matches(name) -> bool:
+        return _matches(name, globs) and not (link and another_thread(rec, name, link))
     out = []
     worst = rec.worst_schedule
-    if _matches(worst, globs):
+    if matches(worst):
         out.append(f"{worst}: {rec.verdict}" + (f" ({rec.shape})" if rec.shape and rec.shape != "-" else ""))
     boundaries = rec.boundaries or {}
     for name, s in (rec.schedules or {}).items():  # a boundary's row here is read from its entry below
         if name == worst or name in boundaries or not isinstance(s, dict):
             continue
-        if s.get("status") in FAILING and _matches(name, globs):
+        if s.get("status") in FAILING and matches(name):
             out.append(f"{name}: {s['status']}")
     for name, b in boundaries.items():
-        if name == worst or not _matches(name, globs):
+        if name == worst or not matches(name):
             continue
         parts = [("", _status(b))]
         for sub in ("their_crop", "copy"):
@@ -176,12 +177,12 @@ def evidence(rec, globs, link: str = "") -> list[str]:
                 out.append(f"{name}{label}: {st}" + (f" ({b.shape})" if label == "" and b.given("shape") and b.shape else ""))
                 break
     for name, r in (rec.reach or {}).items():
-        if isinstance(r, dict) and r.get("result") == "silently wrong" and _matches(name, globs):
+        if isinstance(r, dict) and r.get("result") == "silently wrong" and matches(name):
             out.append(f"generate's {name}: silently wrong (reach)")
     if rec.verdict == CRASHED and not out:  # the notes name the schedule that raised: "chunks of 16 raised; ..."
         for note in rec.notes or []:
             m = RAISED.match(str(note))
-            if m and _matches(m.group(1), globs):
+            if m and matches(m.group(1)):
                 out.append(f"{m.group(1)}: crashed ({(rec.reason or '').splitlines()[0][:160] if rec.reason else 'raised'})")
                 break
     return out
@@ -196,9 +197,8 @@ def said(rec) -> str:
         if rec.verdict == CRASHED and (not what or what == "-"):
             what = (rec.reason or "").splitlines()[0][:120] if rec.reason else "-"
         shape = f", {rec.shape}" if rec.shape and rec.shape != "-" else ""
-        threads = [t.get("url") or "" for u in rec.upstream or [] if u.get("path") == what
-                   for t in u.get("threads") or [] if t.get("url")]
-        filed = f" (upstream's #{threads[0].rstrip('/').rsplit('/', 1)[-1]})" if threads else ""
+        filed = threads(rec, what)
+        filed = f" (upstream's #{filed[0]})" if filed else ""
         return f"{rec.verdict} elsewhere: {what}{shape}{filed}"
     if rec.verdict in (NOT_BUILT, TIMED_OUT) and rec.reason:
         return f"{rec.verdict}: {rec.reason.splitlines()[0][:120]}"

@@ -90,6 +90,11 @@ NOT_JUDGED = "not judged"
 NOT_JUDGED_WHY = "a schedule before it failed"
 
 
+def rank(word) -> int:
+    """Where a record's word comes in `RECORD` (a word outside it last): reports sort by it."""
+    return RECORD.index(word) if word in RECORD else len(RECORD)
+
+
 def passed(word) -> bool:
     """Whether a verdict lets a check pass: `ok` and nothing else."""
     return Verdict(word) is OK

@@ -169,11 +169,6 @@ def engine_of(record: Record) -> str:
     return record.engine or "transformers"
 
 
-def release_of(record: Record) -> Optional[str]:
-    """The engine's release that made the record (transformers', vLLM's or llama-cpp-python's)."""
-    return engines.release_of(record)
-
-
 def version(text: Optional[str]) -> tuple:
     """"5.25.0" -> (5, 25, 0); a local or dev suffix is dropped ("0.32.0+cpu"); () when none."""
     m = re.match(r"\d+(?:\.\d+)*", text or "")
@@ -232,7 +227,7 @@ def classify(entries: Sequence[Entry], record: Record, by_id: dict) -> str:
         if e.status == "by design":
             ranks.append(DESIGNED)
         elif e.fixed_in is not None:
-            ranks.append(REGRESSION if version(release_of(record)) >= version(e.fixed_in) else FIXED_LATER)
+            ranks.append(REGRESSION if version(engines.release_of(record)) >= version(e.fixed_in) else FIXED_LATER)
         else:  # open, or a duplicate of a thread whose own status is new (none: public ones only)
             ranks.append(OPEN)
     return min(ranks, key=CLASSES.index)
@@ -344,7 +339,7 @@ def comment(record: Record, draft: str) -> Optional[str]:
     if c == REGRESSION:
         fix = next(t for u in record.upstream if u["class"] == REGRESSION for t in u["threads"])
         return (f"> **A regression.** {fix['url']} ({fix['title'] or fix['id']}) was {fix['status']}; the census "
-                f"finds it again on {release_of(record) or 'this release'}.\n\n" + draft)
+                f"finds it again on {engines.release_of(record) or 'this release'}.\n\n" + draft)
     if c == OPEN:
         t = threads[0]
         others = f" ({len(threads) - 1} more threads: {', '.join(x['url'] for x in threads[1:])})" if len(threads) > 1 else ""
@@ -352,7 +347,7 @@ def comment(record: Record, draft: str) -> Optional[str]:
                 f"This is known upstream ({t['title'] or t['id']}, {t['status']}){others}: post what follows there, not "
                 "as a new report. What the census adds: the release it was seen on, a reproducer that exits 1 while "
                 "the bug is there, and the architectures that share the code (in the draft below).", "",
-                f"- seen on: {engine_of(record)} {release_of(record) or '?'}",
+                f"- seen on: {engine_of(record)} {engines.release_of(record) or '?'}",
                 "- findings: " + "; ".join(f"{u['path']} ({u['shape'] or u['verdict']})" for u in record.upstream),
                 ""]
         return "\n".join(head) + "\n<details><summary>The census's draft</summary>\n\n" + draft + "\n</details>\n"

@@ -11,7 +11,7 @@ from typing import Optional, Sequence
 
 from ..jsondoc import SCHEMAS, header
 from ..schedules import census_schedules  # the boundaries every architecture also runs (check.boundary)
-from ..verdicts import BUG, CRASHED, NOT_JUDGED, NOT_JUDGED_WHY, NOT_RUN, OK, RECORD
+from ..verdicts import BUG, CRASHED, NOT_JUDGED, NOT_JUDGED_WHY, NOT_RUN, OK, RECORD, rank
 from ..engines.transformers.groups import api_findings, born, groups
 from . import known, record
 from .record import Record
@@ -51,8 +51,7 @@ def cell(text, n: int = 120) -> str:
 
 
 def sort_key(r: Record):
-    v = r.verdict
-    return (RECORD.index(v) if v in RECORD else len(RECORD), r.model_type)
+    return (rank(r.verdict), r.model_type)
 
 
 COLUMNS = (("architecture", 16), ("verdict", 9), ("worst schedule", 20), ("error", 7), ("shape / why", 16),

@@ -254,6 +254,7 @@ class WholeSchedules(Runner):
     after it (what must outlive it, `collect` copies out). `words`: how messages name the engine."""
 
     words: str = "this engine"
+    _runs: Optional[dict] = None  # {schedule: RunResult or None}, once the worker has run
 
     def collect(self, tokens, options, workdir: Path) -> dict:
         raise NotImplementedError
@@ -262,7 +263,7 @@ class WholeSchedules(Runner):
         raise NotImplementedError(f"{self.words} runs whole schedules (run()); the reference is another runner")
 
     def run(self, schedule, tokens, options):
-        if getattr(self, "_runs", None) is None:
+        if self._runs is None:
             with tempfile.TemporaryDirectory(prefix=f"smearcli-{self.label}-") as d:
                 self._runs = self.collect(tokens, options, Path(d))
         if self._runs.get(schedule) is None:

@@ -15,14 +15,14 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-from ..verdicts import RECORD  # rows: findings first, in the order reports list them
+from ..verdicts import rank  # rows: findings first, in the order reports list them
 
 
 def grid(records: Sequence) -> tuple[list[str], list[str], list[list[float]]]:
     """(row labels, column labels, log10 of error / floor per cell, nan where not run) of the census's
     records (`census.record.Record`)."""
     ran = [r for r in records if r.schedules]
-    ran.sort(key=lambda r: (RECORD.index(r.verdict) if r.verdict in RECORD else len(RECORD), r.model_type))
+    ran.sort(key=lambda r: (rank(r.verdict), r.model_type))
     cols: list[str] = []
     for r in ran:
         cols += [k for k in r.schedules if k not in cols]

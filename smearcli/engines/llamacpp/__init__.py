@@ -153,7 +153,6 @@ class LlamaCppRunner(foreign.WholeSchedules):
             self.schedules.insert(0, "prefill")
         self.name, self.device, self.dtype = str(settings.gguf or settings.model), torch.device("cpu"), torch.float32
         self.result: Optional[dict] = None
-        self._runs: Optional[dict] = None
         self.extra: dict = {}  # "prefill_f16", "decode_f16": RunResults on llama.cpp's default cache
 
     def describe(self) -> Described:

@@ -178,7 +178,6 @@ class VLLMRunner(foreign.WholeSchedules):
         self.name, self.device = str(settings.model), torch.device("cpu")
         self.dtype = getattr(torch, settings.dtype)
         self.result: Optional[dict] = None
-        self._runs: Optional[dict] = None
 
     def describe(self) -> Described:
         return Described(self.label, self.series, self.name, "vLLM", self.settings.dtype, self.settings.device,
