@@ -214,6 +214,14 @@ class Running:
             time.sleep(0.02)
         pytest.fail(f"timed out waiting for {what}:\n{self.stderr}")
 
+    def watch(self) -> set[int]:
+        """The descendants running now, each also kept in `seen`: a condition on them that holds has
+        recorded them (read twice, a short-lived one could be seen by the condition and gone from
+        `seen`)."""
+        now = descendants(self.p.pid)
+        self.seen |= now
+        return now
+
     def signal(self, sig, group: bool = False):
         self.seen |= descendants(self.p.pid)
         if group:
@@ -645,7 +653,7 @@ def test_ctrl_c_to_the_process_group_during_a_scan(tmp_path):
     env = base_env(tmp_path)
     run = Running(["scan", "--only", "llama,gpt2", "--timeout", "200"], cwd, env)
     try:
-        run.wait_for(lambda: bool(descendants(run.p.pid)), "a worker to start")
+        run.wait_for(lambda: bool(run.watch()), "a worker to start")
         time.sleep(0.5)
         run.signal(signal.SIGINT, group=True)       # what a terminal's Ctrl-C does
         rc = run.finish()
@@ -749,7 +757,7 @@ def test_ctrl_c_while_the_real_llamacpp_census_worker_starts(tmp_path):
     env = base_env(tmp_path)
     run = Running(["scan", "--engine", "llamacpp", "--engine-python", LLAMACPP_PYTHON, "--only", "llama"], cwd, env)
     try:
-        run.wait_for(lambda: bool(descendants(run.p.pid)), "the worker")
+        run.wait_for(lambda: bool(run.watch()), "the worker")
         run.signal(signal.SIGINT, group=True)
         rc = run.finish()
         assert rc == -signal.SIGINT, run.stderr
