@@ -91,6 +91,11 @@ def problems(bug: dict) -> list[str]:
     for f in ("architectures", "paths"):
         if not bug[f] or not all(isinstance(x, str) and x for x in bug[f]):
             out.append(f"{name}: {f} must be a non-empty list of strings")
+    if "raises" in bug:  # optional: the message pattern of a bug whose symptom is an exception
+        try:
+            re.compile(bug["raises"])
+        except (re.error, TypeError) as e:
+            out.append(f"{name}: raises {bug['raises']!r} is not a regular expression ({e})")
     if not (Path(BUGS).parent / bug["probe"]).is_file():
         out.append(f"{name}: probe {bug['probe']} is missing")
     for f in ("description", "title", "path_class", "found_by", "combination"):
@@ -145,19 +150,25 @@ def another_thread(rec, path: str, link: str) -> bool:
     return bool(filed) and link.rsplit("#", 1)[-1] not in filed
 
 
-def evidence(rec, globs, link: str = "") -> list[str]:
+def evidence(rec, globs, link: str = "", raises: Optional[str] = None) -> list[str]:
     """Every place in one record where the census found something (a bug, or their crash) on a
     path matching `globs`: a step plan, a boundary (their crop and the copy included), or a public
-    API path of its reach; a path whose finding upstream already files under another thread
-    (`another_thread`) is that bug's, not evidence of this one."""
+    API path of its reach (silently wrong, or raising inside their code once generate accepted the
+    call: the census's crash on that path); a path whose finding upstream already files under
+    another thread (`another_thread`) is that bug's, not evidence of this one. `raises`: for a bug
+    whose symptom is an exception, a pattern its message must match, so that another crash on the
+    same path (an earlier error that hides it) is not counted as this one."""
     if rec.verdict not in FAILING:
         return []
 
     def matches(name) -> bool:
         return _matches(name, globs) and not (link and another_thread(rec, name, link))
+
+    def its(why) -> bool:  # a crash is this bug's when its message says so (or no pattern is given)
+        return raises is None or bool(re.search(raises, str(why or "")))
     out = []
     worst = rec.worst_schedule
-    if matches(worst):
+    if matches(worst) and (rec.verdict != CRASHED or its(rec.reason)):
         out.append(f"{worst}: {rec.verdict}" + (f" ({rec.shape})" if rec.shape and rec.shape != "-" else ""))
     boundaries = rec.boundaries or {}
     for name, s in (rec.schedules or {}).items():  # a boundary's row here is read from its entry below
@@ -173,13 +184,17 @@ def evidence(rec, globs, link: str = "") -> list[str]:
             v = getattr(b, sub, None) if b.given(sub) else None
             parts.append((f" ({sub.replace('_', ' ')})", _status(v)))
         for label, st in parts:
-            if st in FAILING:
+            if st in FAILING and (st != CRASHED or its(getattr(b, "why", None))):
                 out.append(f"{name}{label}: {st}" + (f" ({b.shape})" if label == "" and b.given("shape") and b.shape else ""))
                 break
     for name, r in (rec.reach or {}).items():
-        if isinstance(r, dict) and r.get("result") == "silently wrong" and matches(name):
+        if not isinstance(r, dict) or not matches(name) or (out and worst == f"generate: {name}"):
+            continue
+        if r.get("result") == "silently wrong":
             out.append(f"generate's {name}: silently wrong (reach)")
-    if rec.verdict == CRASHED and not out:  # the notes name the schedule that raised: "chunks of 16 raised; ..."
+        elif r.get("result") == "raises first" and its(r.get("why")):
+            out.append(f"generate's {name}: raises first (reach; {str(r.get('why') or '')[:120]})")
+    if rec.verdict == CRASHED and not out and its(rec.reason):  # the notes name the schedule that raised
         for note in rec.notes or []:
             m = RAISED.match(str(note))
             if m and matches(m.group(1)):
@@ -214,7 +229,7 @@ def seen(bug: dict, records: dict) -> Seen:
             ran = False
             other.append(f"{arch}: not run yet")
             continue
-        ev = evidence(rec, bug["paths"], bug["link"])
+        ev = evidence(rec, bug["paths"], bug["link"], bug.get("raises"))
         if ev:
             found.append(f"{arch}: " + "; ".join(ev))
         else:

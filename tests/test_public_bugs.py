@@ -68,6 +68,8 @@ def test_a_broken_entry_is_refused(pb, tmp_path, bugs):
     assert any("probe" in p for p in pb.problems({**good, "probe": "probe_missing.py"}))
     assert any("no description" in p for p in pb.problems({k: v for k, v in good.items() if k != "description"}))
     assert any("paths" in p for p in pb.problems({**good, "paths": []}))
+    assert any("raises" in p for p in pb.problems({**good, "raises": "("}))
+    assert pb.problems({**good, "raises": r"KeyError: 'x'"}) == []
     path = tmp_path / "bugs.toml"
     path.write_text('[[bug]]\nslug = "x"\nlink = "huggingface/transformers#1"\n')
     with pytest.raises(SystemExit, match="no title"):
@@ -202,6 +204,31 @@ def test_a_crash_on_the_path_counts_and_elsewhere_does_not(pb):
     combo = rec("crashed", worst_schedule="padded-chunks", reason="apply_mask_to_padding_states: RuntimeError",
                 notes=["rollback: drafts of 4", "padded-chunks crashed: RuntimeError"])
     assert pb.decide(BUG, {"mamba2": combo}, {"mamba2": rec("ok")}).word == "missed"
+
+
+def test_a_generate_path_raising_counts_and_its_message_tells_which_bug(pb):
+    """A public path that raised inside their code once generate accepted the call is the census's
+    crash on that path: on a record whose headline is it, and in the reach of a finding found
+    elsewhere. A bug whose symptom is an exception names its message (`raises`), so another crash
+    on the same path (an earlier error hiding it) is not counted as this one."""
+    static = dict(BUG, paths=["*static*"])
+    head = rec("crashed", worst_schedule="generate: static cache", shape="through generate only",
+               reason="transformers/masking_utils.py:9 in create_masks_for_generate: KeyError: 'linear_attention'")
+    o = pb.decide(static, {"mamba2": head}, {"mamba2": rec("ok")})
+    assert o.word == "found" and "generate: static cache: crashed (through generate only)" in o.buggy.said
+    raised = {"static cache": {"result": "raises first", "max_abs": None,
+                               "why": "transformers/masking_utils.py:9 in f: KeyError: 'linear_attention'"}}
+    beside = rec("bug", worst_schedule="rollback", reach=raised)
+    o = pb.decide(static, {"mamba2": beside}, {"mamba2": rec("ok")})
+    assert o.word == "found" and "generate's static cache: raises first (reach; " in o.buggy.said
+    refused = {"static cache": {"result": "refused", "max_abs": None, "why": "transformers/generation/utils.py:1"}}
+    assert pb.decide(static, {"mamba2": rec("bug", worst_schedule="rollback", reach=refused)},
+                     {"mamba2": rec("ok")}).word == "missed"
+    other = dict(static, raises=r"RuntimeError")  # the early-init bug's error, hidden by the KeyError
+    for r in (head, beside):
+        assert pb.decide(other, {"mamba2": r}, {"mamba2": rec("ok")}).word == "missed"
+    assert pb.decide(dict(static, raises=r"KeyError: 'linear_attention'"), {"mamba2": head},
+                     {"mamba2": rec("ok")}).word == "found"
 
 
 def test_not_run_and_open_bugs(pb):

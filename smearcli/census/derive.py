@@ -65,6 +65,9 @@ MAX_PARAMS = 50_000_000  # the memory bound of a model at the default counts: 20
 # key -> value, for every key a config class spells this way (exact names)
 EXACT: dict[str, Any] = {
     "vocab_size": VOCAB,
+    # Inkling-2's LM head is `unpadded_vocab_size` wide (its embedding `vocab_size`): shrunk with it,
+    # or generate picks ids the shrunk embedding does not hold (an IndexError of our config, not theirs)
+    "unpadded_vocab_size": VOCAB,
     **{k: WIDTH for k in ("hidden_size", "d_model", "n_embd", "embedding_dim", "dim", "hidden_dim",
                           "embed_dim", "lru_width", "attention_hidden_size", "word_embed_proj_dim",
                           "d_embed", "hidden_size_per_head_dim")},

@@ -261,3 +261,96 @@ def test_a_departure_the_next_seed_does_not_repeat_is_unconfirmed_not_a_crash():
     assert rec.verdict == UNCONFIRMED and rec.worst_schedule == reach.GENERATE + "static cache", rec.notes
     failed = next(n for n in rec.notes if n.startswith("through generate only, unconfirmed: "))
     assert "second seed: within the threshold" in failed and "float64" not in failed, failed
+
+
+# A StaticLayer whose decode step fails inside transformers: generate accepts the static cache,
+# then their code raises (as Qwen3-Next's KeyError: 'linear_attention' did on 5.12.1, #46441).
+RAISE_STATIC = """
+import transformers.cache_utils as cu
+
+_update = cu.StaticLayer.update
+
+
+def update(self, key_states, value_states, *args, **kwargs):
+    if key_states.shape[-2] == 1:
+        return {}["linear_attention"]
+    return _update(self, key_states, value_states, *args, **kwargs)
+
+
+def apply():
+    cu.StaticLayer.update = update
+"""
+
+
+def test_a_generate_path_that_raises_inside_their_code_is_a_crash_on_that_path(tmp_path, monkeypatch):
+    """A call generate accepted and then failed inside transformers is their crash on a public path:
+    the record is `crashed`, named as the path, its reason the frame that raised, the next seed's
+    rerun said; the reproducer of that path exits 1 without smearcli, saying it raises."""
+    ran = broken(tmp_path, monkeypatch, RAISE_STATIC)
+    rec = record("llama", OK, floor=FLOOR, notes=[], vocab=256, model_class="LlamaForCausalLM", built_from=CFG,
+                 boundaries={"padded": BoundaryResult("ok")})
+    reach.through_generate(rec, lambda s: build(CFG, None, s), tokens_of, NOISE_MARGIN)
+    assert rec.reach["static cache"]["result"] == reach.RAISES and rec.reach["generate"]["result"] == reach.AGREES
+    assert rec.verdict == "crashed", rec.notes
+    assert rec.worst_schedule == reach.GENERATE + "static cache" and rec.shape == reach.THROUGH
+    assert rec.reason.startswith("transformers/cache_utils.py:") and "KeyError" in rec.reason, rec.reason
+    assert rec.max_abs is None and rec.confirmation is None
+    assert f"{reach.GENERATE}static cache raised; the full pass runs" in rec.notes
+    assert any("after generate accepted the call (again on the next seed)" in n for n in rec.notes), rec.notes
+    assert not ran  # a crash is not confirmed by a reproducer run inside the census; it is written on demand
+    path = repro.write(rec, CFG, tmp_path / "llama.py", vocab=256, margin=NOISE_MARGIN, total=T)
+    status, line = reach.run_reproducer(path)
+    assert status == 1 and "generate, static cache: raises: KeyError" in ran[-1], ran[-1]
+
+
+def raiser(tmp_path, rel: str, body: str):
+    """A function defined in a file at `rel` under `tmp_path` (a path inside a package named
+    transformers), so its frames carry that file and its source lines."""
+    import importlib.util
+
+    path = tmp_path / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(body)
+    spec = importlib.util.spec_from_file_location(f"raiser{abs(hash(rel))}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.f
+
+
+def caught(f) -> BaseException:
+    try:
+        f()
+    except Exception as e:
+        return e
+    raise AssertionError("did not raise")
+
+
+def test_only_generates_own_raise_statement_is_a_refusal(tmp_path):
+    """`refused`: a `raise` statement of transformers' generation code is generate declining the use;
+    an operation failing there, or a cache's own refusal that generate called into, is a crash."""
+    declines = raiser(tmp_path, "transformers/generation/utils.py",
+                      "def f():\n    raise ValueError('assisted generation is not supported with stateful models')\n")
+    fails = raiser(tmp_path, "transformers/generation/other.py", "def f():\n    return {}['linear_attention']\n")
+    cache = raiser(tmp_path, "transformers/cache_utils.py",
+                   "def f():\n    raise ValueError('Cannot `crop` a `DynamicSlidingWindowLayer` after it has seen more')\n")
+    assert reach.refused(caught(declines))
+    assert not reach.refused(caught(fails))
+    assert not reach.refused(caught(cache))
+
+
+def test_a_crashed_record_says_its_reach_against_the_floor_measured_before_the_crash(monkeypatch):
+    """A cached schedule that raises ends the check, but the floor was measured before it: the crash
+    is run through generate's paths like any finding (mamba on 5.12.1 crashed on a chunked schedule
+    while its beam search was silently wrong, #46612), so the record says whether users reach it."""
+    from smearcli.engines.transformers import check
+
+    def raising(*a, **k):
+        e = RuntimeError("a cached schedule raised")
+        e.schedule = "chunks of 16"
+        raise e
+    monkeypatch.setattr(check, "run_all", raising)
+    rec = check.check("llama")
+    assert rec.verdict == "crashed" and rec.notes[0] == "chunks of 16 raised; the full pass runs", rec.notes
+    assert rec.floor and rec.floor > 0
+    assert list(rec.reach) == list(reach.PATHS)
+    assert all(e["result"] == reach.AGREES for e in rec.reach.values()), rec.reach

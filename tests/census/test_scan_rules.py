@@ -588,3 +588,15 @@ def test_a_rerun_at_other_counts_reports_what_the_model_refuses_instead_of_raisi
     assert got["verdict"] == "not built" and got["reason"].startswith("the model cannot be built: ")
     with pytest.raises(ValueError, match="Unrecognized configuration class"):
         recheck(cfg, None, 0, False, T, 64, {"decode": [1] * T}, 1.0)  # the architecture's own config: its crash
+
+
+def test_an_lm_head_sized_apart_from_the_embedding_shrinks_with_it():
+    """Inkling-2 sizes its LM head by `unpadded_vocab_size` (200058), its embedding by `vocab_size`:
+    shrinking only the embedding's left a head of 200058 logits, generate picked ids past the
+    embedding's 256, and every generate path raised an IndexError of our config's making (5.24's
+    census called it inkling2_text's crash)."""
+    from smearcli.census import derive
+
+    small, changed, _ = derive.shrink({"vocab_size": 200064, "unpadded_vocab_size": 200058, "hidden_size": 1024})
+    assert small["vocab_size"] == small["unpadded_vocab_size"] == derive.VOCAB
+    assert changed["unpadded_vocab_size"] == (200058, derive.VOCAB)

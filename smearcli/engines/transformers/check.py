@@ -140,8 +140,8 @@ def check(model_type: str, seed: int = 0, tolerance: float = NOISE_MARGIN, total
     rec = _check_orders(model_type, seed, tolerance, total, config)
     declare_copies(rec)
     budget.stage(rec)  # the verdict is in: kept even if a reproducer runs out of time
-    if rec.verdict in (BUG, UNCONFIRMED) and rec.built_from is not None:  # every finding
-        reachability(rec, seed, tolerance, total)
+    if rec.built_from is not None and (rec.verdict in (BUG, UNCONFIRMED) or (rec.verdict == CRASHED and rec.floor)):
+        reachability(rec, seed, tolerance, total)  # every finding, and a crash where its floor was measured
         budget.stage(rec)
     elif rec.verdict in (OK, INCONCLUSIVE) and rec.built_from is not None and rec.shape != shapes.LEAK:
         from . import reach  # generate's own paths, where the census's cached schedules all agree
@@ -224,7 +224,8 @@ def _check(model_type, seed, tolerance, total, config, summary: Optional[dict], 
         except Exception as e:  # a cached path raised where the full pass runs (`check_model`)
             where = getattr(e, "schedule", None)
             return record(model_type, CRASHED, reason=transformers_frame(e), model_class=type(model).__name__,
-                          init=init, notes=[f"{where} raised; the full pass runs"] if where else [], **base)
+                          init=init, notes=[f"{where} raised; the full pass runs"] if where else [],
+                          floor=getattr(e, "floor", None), built_from=config, **base)
         res.update(base, init=init)
         if res["verdict"] != INCONCLUSIVE:
             if init is not None:
@@ -297,7 +298,11 @@ def check_model(model, tokens, plans: dict, tolerance: float = NOISE_MARGIN, mak
         return {"model_class": type(model).__name__, "floor": noise.per_layer[-1], "floor_source": floor_source,
                 **leaked}
     refused: dict = {}
-    ms = run_all(runner, tokens, plans, ref, noise, tolerance, refused)
+    try:
+        ms = run_all(runner, tokens, plans, ref, noise, tolerance, refused)
+    except Exception as e:  # the crash's record keeps the floor: its reach is judged against it
+        e.floor = noise.per_layer[-1]
+        raise
     bounds = boundary.run_boundaries(model, make, runner.layers, tokens, ref, noise, tolerance)
     ms.update(bounds.metrics)
     plans = {**plans, **bounds.steps}

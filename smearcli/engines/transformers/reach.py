@@ -35,9 +35,11 @@ from its mask): a forward that numbers its tokens otherwise by itself (RoBERTa's
 not a cache's, and `numbered` says so. The prompt every path is fed holds no `pad_token_id`
 (`without_pad`): such a forward numbers a prompt that holds it otherwise. Its
 `result` is `silently wrong` (past `threshold`, with `max_abs`), `agrees`, `raises first` (an
-exception inside the model: the user sees an error, not a wrong answer), `refused` (generate
-itself declines the use, e.g. assisted decoding on a stateful model, beam search on a cache it
-cannot reorder) or `not run` (no `generate`, no assistant, an option generate ignores), with `why`.
+exception inside transformers once generate accepted the call: the user sees their crash, which
+`through_generate` makes the architecture's `crashed` where every cached schedule agrees),
+`refused` (generate itself declines the use by a `raise` of its own, e.g. assisted decoding on a
+stateful model: `refused`) or `not run` (no `generate`, no assistant, an option generate ignores,
+beam search that raises without a cache as well), with `why`.
 
 A leak (the full pass itself reads later tokens, `engines.transformers.causal`) has no cached path to compare
 with the full pass: the question is who runs that full pass. `leak_paths(model, tokens, threshold)`
@@ -272,8 +274,17 @@ def beam(model, ids, assistant=None) -> dict:
                              max_new_tokens=NEW, min_new_tokens=NEW, output_logits=True, return_dict_in_generate=True,
                              use_cache=use_cache, pad_token_id=pad if isinstance(pad, int) else 0)
         return out.sequences[:, ids.size(1):], torch.stack(list(out.logits), 1).float()  # (BEAMS, NEW, V)
-    seq, got = search(True)
-    ref_seq, ref = search(False)
+    def uncached():
+        try:
+            return search(False)
+        except Exception as e:  # the search raises without a cache too: nothing a cache did
+            raise NotRun(f"beam search raises without a cache as well ({frames.describe(e, 'transformers')[:160]})") from e
+    try:
+        seq, got = search(True)
+    except Exception as cached:
+        uncached()  # a crash is the cache's only where the same search runs without one
+        raise cached
+    ref_seq, ref = uncached()
     err = float((got - ref).abs().max())
     step = next((i for i, (a, b) in enumerate(zip(seq[0].tolist(), ref_seq[0].tolist())) if a != b), None)
     gap = None
@@ -294,8 +305,15 @@ def measure(run, model, tokens, assistant=None) -> dict:
 
 
 def refused(e: BaseException) -> bool:
-    """Whether `generate` itself declined (its frame is transformers' generation code, not a model's)."""
-    return "transformers/generation/" in frames.describe(e, "transformers").split(" ")[0]
+    """Whether `generate` itself declined the use: the exception was raised by a `raise` statement of
+    transformers' generation code (its checks of what it is asked: assisted decoding on a stateful
+    model, beam search on a cache it cannot reorder). Anything else raised once generate accepted
+    the call (an operation failing in generate's code, a model's or a cache's code it called, even
+    a cache's own "cannot crop" that generate did not check first) is a crash in their code."""
+    tb = frames.frames(e)
+    last = tb[-1] if tb else None
+    return (last is not None and "transformers/generation/" in last.filename.replace("\\", "/")
+            and (last.line or "").lstrip().startswith("raise"))
 
 
 def paths(model, tokens, threshold: float, assistant=None) -> dict:
@@ -489,6 +507,50 @@ def through_generate(rec, make, tokens_of, tolerance: float, seed: int = 0) -> N
     if silent:
         name = max(silent, key=lambda p: silent[p]["max_abs"])
         confirm(rec, name, model, assistant, make, tokens_of, threshold, tolerance, seed)
+    raised = [p for p, e in found.items() if e["result"] == RAISES and judged(p, rec.boundaries)]
+    if raised:
+        crash(rec, raised, make, tokens_of)
+
+
+def crash(rec, raised: list, make, tokens_of) -> None:
+    """generate's paths `raised` raised inside transformers after generate accepted the call (`refused`
+    is False), where every cached schedule of the census agrees and the full pass runs: their
+    crash on a public path, the judge's `crashed` (which a confirmed bug outranks and which
+    outranks an unconfirmed departure), named as the path (`worst_schedule` GENERATE + the first,
+    shape THROUGH), its `reason` the frame that raised. Each is run again on the next seed's weights
+    and prompt, said in a note. A message their code words as a declared limit
+    (`frames.declared_limit`: a cache's "cannot crop", "not supported") is quoted as what it is: a
+    limit of an internal call that generate did not check before it accepted the public one."""
+    import torch
+
+    from ...judge import Run, judge
+    from ...verdicts import CRASHED, worst
+
+    word = judge([Run(GENERATE + p, outcome=CRASHED) for p in raised]).word
+    if worst([rec.verdict, word]) != word:  # a confirmed bug stands
+        return
+    again = {}
+    for p in raised:
+        try:
+            with torch.inference_mode():
+                measure(RUNS[p], make(1), tokens_of(1), make(2))
+            again[p] = "not on the next seed"
+        except NotRun as e:
+            again[p] = f"not run on the next seed ({e})"
+        except Exception as e:
+            again[p] = "again on the next seed" if not refused(e) else "refused on the next seed"
+    name = raised[0]
+    rec.verdict = str(word)
+    rec.worst_schedule, rec.shape, rec.reason = GENERATE + name, THROUGH, rec.reach[name]["why"]
+    rec.max_abs = rec.multiple = rec.confirmation = None  # a crash measures nothing (an unconfirmed path's numbers stay in its note)
+    rec.notes.append(f"{GENERATE}{name} raised; the full pass runs")
+    for p in raised:
+        why = rec.reach[p]["why"] or ""
+        limit = any(w in why.lower() for w in frames.LIMIT_WORDS)
+        rec.notes.append(f"every cached schedule of the census agrees; generate's {p} raises inside transformers "
+                         f"after generate accepted the call ({again[p]}): {why}"
+                         + (" (a limit their code declares for an internal call, which generate did not check "
+                            "before it accepted the public one)" if limit else ""))
 
 
 def confirm(rec, name: str, model, assistant, make, tokens_of, threshold: float, tolerance: float, seed: int) -> None:

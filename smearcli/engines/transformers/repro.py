@@ -357,7 +357,12 @@ def main():
         with lift():
             full64 = in_float64(model)(input_ids=ids, use_cache=False).logits
         floor = max(float((full64 - full).abs().max()), torch.finfo(torch.float32).eps * float(full.abs().max()))
-        err = path(model, assistant, ids)
+        try:
+            err = path(model, assistant, ids)
+        except Exception as e:  # generate accepted the call, then raised inside transformers: their crash
+            print(f"transformers {{transformers.__version__}}, torch {{torch.__version__}}: {{MODEL_TYPE}}")
+            print(f"generate, {{PATH}}: raises: {{type(e).__name__}}: {{str(e).splitlines()[0] if str(e) else ''}}")
+            return 1
         with lift():
             wide = path(in_float64(model), in_float64(assistant), ids)
     print(f"transformers {{transformers.__version__}}, torch {{torch.__version__}}: {{MODEL_TYPE}}")
