@@ -220,8 +220,10 @@ def said(rec) -> str:
     return rec.verdict
 
 
-def seen(bug: dict, records: dict) -> Seen:
-    """The census on one release for one bug, from `records` (model_type -> Record or None)."""
+def seen(bug: dict, records: dict, buggy: bool = True) -> Seen:
+    """The census on one release for one bug, from `records` (model_type -> Record or None). On the
+    buggy release a crash must be the bug's own (`raises`); on the fixing release any finding on
+    the path counts against the fix, whatever its message."""
     found, other, ran = [], [], True
     for arch in bug["architectures"]:
         rec = records.get(arch)
@@ -229,7 +231,7 @@ def seen(bug: dict, records: dict) -> Seen:
             ran = False
             other.append(f"{arch}: not run yet")
             continue
-        ev = evidence(rec, bug["paths"], bug["link"], bug.get("raises"))
+        ev = evidence(rec, bug["paths"], bug["link"], bug.get("raises") if buggy else None)
         if ev:
             found.append(f"{arch}: " + "; ".join(ev))
         else:
@@ -252,7 +254,7 @@ def decide(bug: dict, buggy_records: dict, fixed_records: Optional[dict]) -> Out
     the fixing release. Missed: nothing on that path on the buggy release. Found on the fixed
     release too: it is not telling the bug from what was fixed."""
     b = seen(bug, buggy_records)
-    f = None if bug["fixed"] == "open" else seen(bug, fixed_records or {})
+    f = None if bug["fixed"] == "open" else seen(bug, fixed_records or {}, buggy=False)
     if not b.ran or (f is not None and not f.ran and b.found):
         word = "not run yet"
     elif not b.found:

@@ -229,6 +229,9 @@ def test_a_generate_path_raising_counts_and_its_message_tells_which_bug(pb):
         assert pb.decide(other, {"mamba2": r}, {"mamba2": rec("ok")}).word == "missed"
     assert pb.decide(dict(static, raises=r"KeyError: 'linear_attention'"), {"mamba2": head},
                      {"mamba2": rec("ok")}).word == "found"
+    # on the fixing release any failure on the path counts against the fix, whatever its message
+    assert pb.decide(other, {"mamba2": rec("crashed", worst_schedule="generate: static cache", reason="RuntimeError")},
+                     {"mamba2": head}).word == "found on the fixed release too"
 
 
 def test_not_run_and_open_bugs(pb):

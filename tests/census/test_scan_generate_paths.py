@@ -354,3 +354,16 @@ def test_a_crashed_record_says_its_reach_against_the_floor_measured_before_the_c
     assert rec.floor and rec.floor > 0
     assert list(rec.reach) == list(reach.PATHS)
     assert all(e["result"] == reach.AGREES for e in rec.reach.values()), rec.reach
+
+
+def test_beam_search_permutes_its_beams_so_a_skipped_reorder_shows(monkeypatch):
+    """A cache that beam search never reorders (#46612: Mamba's state kept every beam's old order)
+    departs only where the kept beams change order. Two beams of the tiny Mamba keep theirs on seed
+    0, so the skipped reorder agreed to the floor; the census's beams (`GENERATE_BEAMS`) permute."""
+    import transformers.cache_utils as cu
+
+    monkeypatch.setattr(cu.Cache, "reorder_cache", lambda self, beam_idx: None)
+    model = build(derive("mamba").config, None, 0)
+    with torch.inference_mode():
+        got = reach.measure(reach.beam, model, tokens_of(0))
+    assert got["max_abs"] > 1.0, got

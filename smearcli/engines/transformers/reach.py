@@ -15,7 +15,7 @@ model through transformers' own `generate` (greedy, `output_logits=True`) the wa
   uses: preallocated, each layer's class chosen from the config), its tokens also against the
   dynamic-cache `generate`; `not run` where generate ignores the option (a model that makes its
   own cache: `_supports_default_dynamic_cache()` False, generate only warns);
-- `beam search`: `num_beams=2`, greedy, cached, against the same search with `use_cache=False`
+- `beam search`: `num_beams=4` (`GENERATE_BEAMS`), greedy, cached, against the same search with `use_cache=False`
   step for step (the cache reordered to the beams generate keeps, against no cache at all);
 - `left-padded batch of one`: ONE row, left-padded, with its mask (a code path may gate the
   padding mask on the batch holding more than one row), its pads an id whose embedding is not zero
