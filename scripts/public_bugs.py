@@ -393,8 +393,10 @@ def page(outcomes: list[Outcome], probes: dict, wall_s: Optional[float], census:
     if missed:
         lines += ["", "Not found, and what the census would have to run to find it:", ""]
         for o in missed:
+            seen_there = (f" On the fixing release {o.bug['fixed']} the census saw: {o.fixed.said}."
+                          if o.word == "found on the fixed release too" and o.fixed is not None else "")
             lines.append(f"- [{o.bug['link'].split('/')[-1]}]({url(o.bug['link'])}) {o.bug['slug']} "
-                         f"({o.word}): {o.bug['combination']}.")
+                         f"({o.word}): {o.bug['combination']}.{seen_there}")
         lines.append("")
     pending = [o for o in outcomes if o.word == "not run yet"]
     if pending:
