@@ -1,5 +1,5 @@
 """An engine is one module and one registration (`smearcli.census.engines`): a toy engine defined
-in tests/toy_engine.py gets the whole census through the CLI (the table, --json, --markdown,
+in tests/engines/toy/ gets the whole census through the CLI (the table, --json, --markdown,
 --figure, the record file, --check, a reproducer per finding) and --merge of its shards."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from smearcli.census import engines, records
 from smearcli.cli.app import app
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import toy_engine  # noqa: E402
+from engines import toy as toy_engine  # noqa: E402
 from schema_check import document_problems, record_problems  # noqa: E402
 
 runner = CliRunner()

@@ -1,4 +1,4 @@
-"""A toy census engine, registered the way a real one is (`smearcli.census.engines`): one module,
+"""A toy census engine, registered the way a real one is (`smearcli.census.engines`): one folder,
 one registration, no package file touched (tests/census/test_engines.py runs the whole census on it).
 
 Its "model" is a running sum over the tokens with a cache that carries the sum from one chunk to
