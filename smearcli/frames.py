@@ -68,10 +68,19 @@ def in_package(package: str) -> Namer:
     never one of ours, whose engine folders are named after the engines (`smearcli/engines/transformers/`)."""
     def name(frame: Frame) -> Optional[str]:
         path = _slashed(frame.filename)
-        if f"/{package}/" not in path or ours(path):
+        if ours(path):
+            return None
+        installed = next((root for root in INSTALLED if root in path), None)
+        if installed is not None:  # from the last site-packages on: a venv named after the package
+            rest = path.rsplit(installed, 1)[1]  # (~/envs/vllm/...) holds torch's frames too
+            return f"{rest}:{frame.lineno} in {frame.name}" if rest.startswith(f"{package}/") else None
+        if f"/{package}/" not in path:
             return None
         return f"{package}/{path.rsplit(f'/{package}/', 1)[1]}:{frame.lineno} in {frame.name}"
     return name
+
+
+INSTALLED = ("/site-packages/", "/dist-packages/")  # where an installed package's files lie
 
 
 def under(root) -> Namer:

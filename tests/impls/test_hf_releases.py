@@ -282,6 +282,17 @@ def caught(fn):
     raise AssertionError("it did not raise")
 
 
+
+def test_an_environment_folder_named_after_the_package_does_not_make_torch_theirs():
+    """A venv at ~/envs/transformers (or ~/envs/vllm) holds torch's files under a folder of the
+    package's name: an installed frame is theirs only from its last site-packages on."""
+    env = "/envs/transformers/lib/python3.11/site-packages/"
+    theirs, torch_there = raiser(env + "transformers/models/m/modeling_m.py"), raiser(env + "torch/_ops.py")
+    e = caught(lambda: theirs(torch_there))
+    assert frames.raised_in(e, "transformers") == "transformers/models/m/modeling_m.py:3 in f"
+    assert frames.describe(e, "transformers").startswith("transformers/models/m/modeling_m.py:3 in f: ")
+    assert frames.raised_in(caught(torch_there), "transformers") is None
+
 def test_frames_names_the_deepest_frame_in_their_code():
     e = caught(raiser(THEIRS))
     assert frames.raised_in(e, "transformers") == "transformers/models/m/modeling_m.py:4 in f"

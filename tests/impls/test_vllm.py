@@ -361,3 +361,25 @@ def test_the_worker_speaks_the_adapters_protocol_words():
     consts = {t.id: n.value.value for n in tree.body if isinstance(n, ast.Assign) and isinstance(n.value, ast.Constant)
               for t in n.targets if isinstance(t, ast.Name)}
     assert consts["PROTOCOL"] == vllm_env.PROTOCOL and consts["RAISED"] == vllm_env.RAISED
+
+
+def test_a_crash_is_named_at_vllms_frame_even_in_an_environment_folder_named_vllm():
+    """The worker names the innermost frame of vLLM's own files. An environment made at
+    ~/envs/vllm holds torch's files under a folder named vllm too: an installed frame is vLLM's only
+    from its last site-packages on (the census on such an environment named torch/_ops.py)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("smearcli_worker_names", vllm_env.WORKER)
+    worker = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(worker)
+    env = "/envs/vllm/lib/python3.11/site-packages/"
+    ns: dict = {}
+    exec(compile("def torch_op():\n    raise RuntimeError('invalid weight input features 16')\n",
+                 env + "torch/_ops.py", "exec"), ns)
+    exec(compile("def load(op):\n    op()\n", env + "vllm/model_executor/loader.py", "exec"), ns)
+    try:
+        ns["load"](ns["torch_op"])
+    except RuntimeError as e:
+        said = worker.crash_message(e)
+    assert said == ("RuntimeError: invalid weight input features 16 "
+                    "(at vllm/model_executor/loader.py:2 in load)"), said

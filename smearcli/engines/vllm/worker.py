@@ -90,8 +90,14 @@ def stuck(e: BaseException) -> bool:
 def crash_message(e: BaseException) -> str:
     """`Type: first line (at vllm/...py:LINE in FUNCTION)`, the innermost frame under a vllm directory."""
     here = os.path.dirname(os.path.abspath(__file__))  # the worker's own files sit under a vllm directory too
+
+    def vllms(path: str) -> bool:  # installed: from the last site-packages on (an environment folder
+        path = path.replace(os.sep, "/")  # named vllm holds torch's frames too); else a vllm checkout
+        if "/site-packages/" in path:
+            return path.rsplit("/site-packages/", 1)[1].startswith("vllm/")
+        return "/vllm/" in path
     frames = [f for f in traceback.extract_tb(e.__traceback__)
-              if f"{os.sep}vllm{os.sep}" in f.filename and os.path.dirname(os.path.abspath(f.filename)) != here]
+              if vllms(f.filename) and os.path.dirname(os.path.abspath(f.filename)) != here]
     where = ""
     if frames:
         f = frames[-1]
