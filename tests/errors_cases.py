@@ -533,6 +533,7 @@ CASES = [
     Case("scan", "--release beside --bisect", ["scan", "--release", "5.99.0", "--bisect", "llama"],
          expect="give one of them"),
     Case("scan", "--releases without --bisect", ["scan", "--releases", "5.20.0..5.25.0"], expect="it needs --bisect"),
+    Case("scan", "--bisect-path without --bisect", ["scan", "--bisect-path", "rollback*"], expect="it needs --bisect"),
     Case("scan", "--wheels without --release or --bisect", ["scan", "--wheels", "w"], prepare=lambda cwd: (cwd / "w").mkdir(),
          expect="it needs one of them"),
     Case("scan", "--release that is not a release number", ["scan", "--release", "five"],

@@ -617,17 +617,30 @@ def _recorded(path: Path, model_type: str):
         return None
 
 
+def on_path(rec, pattern: Optional[str]) -> bool:
+    """Whether one of the record's findings (`known.findings`: its headline and every boundary that
+    failed beside it) lies on a path matching the glob `pattern` ("rollback*", "generate: static
+    cache", "chunks of *"); True without a pattern."""
+    import fnmatch
+
+    from .known import findings
+
+    return pattern is None or any(fnmatch.fnmatchcase(p.path, pattern) for p in findings(rec))
+
+
 def probe(env: Env, model_type: str, args: Callable[[Path, Path], list], failing: Sequence[str],
-          root: Optional[Path] = None) -> Probe:
+          root: Optional[Path] = None, path: Optional[str] = None) -> Probe:
     """`model_type` checked on `env`'s release: smearcli `args(record_file, repro_dir)` run there (a
     census of that one architecture into `records/<version>/<model_type>.jsonl` under the cache; a
-    record already there is read instead), its verdict a finding when it is one of `failing`. A
-    release whose transformers does not register the architecture is a `Probe` with no verdict."""
+    record already there is read instead), its verdict a finding when it is one of `failing` and,
+    with `path` (a glob), when one of its findings lies on a matching path (`on_path`): a search
+    that follows one finding, not whichever the release has. A release whose transformers does not
+    register the architecture is a `Probe` with no verdict."""
     root = root or cache_dir()
     out = record_path(env.version, model_type, root)
     rec = _recorded(out, model_type)
     if rec is not None:
-        return Probe(env.version, rec.verdict, rec.verdict in failing, out, reused=True)
+        return Probe(env.version, rec.verdict, rec.verdict in failing and on_path(rec, path), out, reused=True)
     doing = f"writing {model_type}'s record on {PACKAGE} {env.version}"
     writable(root, doing)
     with _writing(root, doing):
@@ -639,7 +652,7 @@ def probe(env: Env, model_type: str, args: Callable[[Path, Path], list], failing
     took = round(time.monotonic() - t0, 1)
     rec = _recorded(out, model_type)
     if rec is not None:
-        return Probe(env.version, rec.verdict, rec.verdict in failing, out, took)
+        return Probe(env.version, rec.verdict, rec.verdict in failing and on_path(rec, path), out, took)
     there = _child([str(env.python), "-c", IN_MAPPING, model_type], capture=True)
     if there.returncode == 3:
         return Probe(env.version, None, False, None, took)

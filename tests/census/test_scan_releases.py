@@ -201,6 +201,10 @@ def test_bisect_on_stand_in_releases_finds_the_first_with_the_finding(standin, w
     assert again.stdout.strip().splitlines()[-1].startswith(f"{T}: the finding appears in transformers 5.92.0")
     assert "read from an earlier search" in again.stderr
     assert len(saw(standin)) == len(first)  # nothing probed again: the records under the cache were read
+    other = invoke(["scan", "--bisect", T, "--wheels", wheels, "--releases", "5.91.0..5.92.0",
+                    "--bisect-path", "no such path*"])  # the same records, followed on a path they do not fail on
+    assert f"a finding only on a path matching 'no such path*'" in other.stderr
+    assert "no finding at either end" in other.stdout.strip().splitlines()[-1], other.stdout
 
 
 @pytest.mark.parametrize("args, said", [
@@ -209,6 +213,7 @@ def test_bisect_on_stand_in_releases_finds_the_first_with_the_finding(standin, w
     (["--wheels", "."], "it needs one of them"),
     (["--bisect", T, "--out", "x.jsonl"], "--out has no meaning with it"),
     (["--bisect", "a,b"], "one model type"),
+    (["--bisect-path", "rollback*"], "it needs --bisect"),
 ])
 def test_release_options_that_do_not_go_together_are_refused(args, said):
     r = invoke(["scan", *args], allowed=(2,))
@@ -291,3 +296,22 @@ def test_a_reproducer_rebuilds_a_text_config_derived_from_a_composite_registrati
     exec(repro.MODEL.replace("{{", "{").replace("}}", "}"), scope)  # the fragment every reproducer holds
     cfg = scope["build"]().config
     assert type(cfg) is type(d.config) and cfg.hidden_size == 64
+
+
+def test_a_bisect_can_follow_one_path(tmp_path):
+    """--bisect-path: a probe's record is a finding only where one of its findings lies on a matching
+    path; a release whose finding lies elsewhere (qwen3_5: its chunk starts up to 5.6, then the
+    crop of #49036) counts as without it, so the search follows the one finding asked about."""
+    from smearcli.census import record as census_record
+
+    env = releases.Env("5.20.0", Path(sys.executable))
+    out = releases.record_path("5.20.0", "arch", tmp_path)
+    out.parent.mkdir(parents=True)
+    rec = census_record.new("arch", "bug", worst_schedule="rollback", shape="state not rolled back")
+    out.write_text(json.dumps(rec.to_json()) + "\n")
+
+    def probe(path):
+        return releases.probe(env, "arch", lambda o, r: [], ("bug",), root=tmp_path, path=path)
+    assert probe(None).finding and probe("rollback*").finding
+    assert not probe("chunks of *").finding and probe("chunks of *").verdict == "bug"
+    assert releases.on_path(rec, "rollback") and not releases.on_path(rec, "generate: *")

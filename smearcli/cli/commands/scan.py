@@ -210,6 +210,9 @@ def scan(
     bisect: Annotated[Optional[str], typer.Option("--bisect", metavar="ARCH", help="Find the first transformers "
                       "release where ARCH has a finding and the first after it where it is gone, probing "
                       "releases as git bisect probes commits (each a scan --only ARCH on that release).")] = None,
+    bisect_path: Annotated[Optional[str], typer.Option("--bisect-path", metavar="GLOB", help="With --bisect: follow "
+                           "only a finding on a path matching GLOB (a schedule, a boundary or 'generate: PATH', "
+                           "e.g. 'rollback*'); a release whose findings lie elsewhere counts as without it.")] = None,
     releases_span: Annotated[Optional[str], typer.Option("--releases", metavar="A..B", help="With --bisect: the "
                              "releases searched, both ends included (like 5.20.0..5.25.0; default: every 5.x).")] = None,
     wheels: Annotated[Optional[Path], typer.Option("--wheels", metavar="DIR", help="With --release or --bisect: "
@@ -223,8 +226,8 @@ def scan(
     and rollback boundaries over a float64 noise floor, the carried state shown to matter before an ok, the error's shape named, and a
     standalone reproducer per finding. Each architecture runs in its own process with --timeout
     and --memory-mb; records stream to --out. Try: smearcli scan --only bamba,llama."""
-    if release is not None or bisect is not None or releases_span is not None or wheels is not None:
-        return on_releases(ctx, release, bisect, releases_span, wheels)
+    if any(x is not None for x in (release, bisect, releases_span, wheels, bisect_path)):
+        return on_releases(ctx, release, bisect, releases_span, wheels, bisect_path)
     from ...census import known, records as census_records, report
 
     every = check_scope(check, scope)
@@ -329,7 +332,7 @@ def check_scope(check: bool, scope: Optional[str]) -> bool:
     return True
 
 
-RELEASE_OPTIONS = {"release", "bisect", "releases_span", "wheels"}  # what --release and --bisect take themselves
+RELEASE_OPTIONS = {"release", "bisect", "releases_span", "wheels", "bisect_path"}  # what --release and --bisect take themselves
 BISECT_PASSES = {"timeout", "memory_mb", "quiet"}  # what a --bisect probe's scan is given as well
 OFFLINE = ("offline? fetch the wheels where there is a network (pip download --no-deps transformers==X -d DIR) "
            "and pass --wheels DIR")
@@ -365,7 +368,7 @@ def given_args(ctx: typer.Context, skip) -> list[str]:
 
 
 def on_releases(ctx: typer.Context, release: Optional[str], arch: Optional[str], span: Optional[str],
-                wheels: Optional[Path]) -> None:
+                wheels: Optional[Path], path: Optional[str] = None) -> None:
     """--release: this scan again, in that release's Python; --bisect: the search for the releases
     where ARCH's finding appears and is gone (the work is `census.releases`)."""
     from ...census import releases
@@ -378,6 +381,8 @@ def on_releases(ctx: typer.Context, release: Optional[str], arch: Optional[str],
         raise UserError("--release runs one release and --bisect searches many: give one of them")
     if span is not None and arch is None:
         raise UserError("--releases is the range --bisect searches: it needs --bisect")
+    if path is not None and arch is None:
+        raise UserError("--bisect-path is the path a --bisect follows: it needs --bisect")
     if release is None and arch is None:
         raise UserError("--wheels is where --release or --bisect takes transformers from: it needs one of them")
     if wheels is not None and not wheels.is_dir():
@@ -403,14 +408,15 @@ def on_releases(ctx: typer.Context, release: Optional[str], arch: Optional[str],
                             f"{', '.join(stray)} {'has' if len(stray) == 1 else 'have'} no meaning with it")
         versions = releases.pick(releases.listed(wheels), span)
         passed = given_args(ctx, RELEASE_OPTIONS)[1:]
-        say(f"bisect {arch}: {len(versions)} releases, {versions[0]} to {versions[-1]}")
+        say(f"bisect {arch}: {len(versions)} releases, {versions[0]} to {versions[-1]}"
+            + (f"; a finding only on a path matching {path!r}" if path is not None else ""))
 
         def args(out: Path, repro: Path) -> list:
             return ["scan", "--only", arch, "--out", str(out), "--repro-dir", str(repro), "--quiet", *passed]
 
         def probe(version: str):
             return releases.probe(releases.environment(version, wheels, say=say), arch, args,
-                                  engines.get("transformers").failing)
+                                  engines.get("transformers").failing, path=path)
 
         found = releases.bisect(versions, probe, arch, say)
         sys.stdout.write("\n".join(releases.lines(found)) + "\n")
