@@ -367,3 +367,28 @@ def test_beam_search_permutes_its_beams_so_a_skipped_reorder_shows(monkeypatch):
     with torch.inference_mode():
         got = reach.measure(reach.beam, model, tokens_of(0))
     assert got["max_abs"] > 1.0, got
+
+
+def test_generate_runs_with_transformers_warnings_off(monkeypatch):
+    """Each of the census's generate calls makes transformers warn about how it was called (a
+    generation config and its options together): under `scan --quiet` those lines were printed once
+    per path and architecture. generate runs inside `reach.quiet`, which turns them off."""
+    import contextlib
+    import logging
+
+    import transformers
+
+    with reach.quiet():
+        assert transformers.utils.logging.get_verbosity() == logging.ERROR
+    entered = []
+    real = reach.quiet
+
+    @contextlib.contextmanager
+    def noting():
+        with real():
+            entered.append(transformers.utils.logging.get_verbosity())
+            yield
+    monkeypatch.setattr(reach, "quiet", noting)
+    with torch.inference_mode():
+        reach.greedy(build(CFG, None, 0), tokens_of(0))
+    assert entered == [logging.ERROR]

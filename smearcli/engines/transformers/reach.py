@@ -96,15 +96,27 @@ DESIGN = {
 }
 
 
+def quiet():
+    """transformers' warnings off while generate runs (`load.quiet`): how the census calls generate
+    (a generation config and its options together) makes it warn on every call, which `scan
+    --quiet` would print once per path and architecture."""
+    import transformers
+
+    from .load import quiet as off
+
+    return off(transformers)
+
+
 def greedy(model, ids, mask=None, **kw):
     """(sequences, logits (B, NEW, V)) of a greedy `generate` that makes exactly NEW tokens."""
     import torch
 
     cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     pad = getattr(cfg, "pad_token_id", None)
-    out = model.generate(input_ids=ids, attention_mask=mask if mask is not None else torch.ones_like(ids),
-                         max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False, output_logits=True,
-                         return_dict_in_generate=True, pad_token_id=pad if isinstance(pad, int) else 0, **kw)
+    with quiet():  # generate's warnings about how it was called are not the census's lines
+        out = model.generate(input_ids=ids, attention_mask=mask if mask is not None else torch.ones_like(ids),
+                             max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False, output_logits=True,
+                             return_dict_in_generate=True, pad_token_id=pad if isinstance(pad, int) else 0, **kw)
     return out.sequences, torch.stack(list(out.logits), 1).float()
 
 
@@ -270,9 +282,11 @@ def beam(model, ids, assistant=None) -> dict:
     def search(use_cache: bool):
         cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         pad = getattr(cfg, "pad_token_id", None)
-        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), num_beams=BEAMS, do_sample=False,
-                             max_new_tokens=NEW, min_new_tokens=NEW, output_logits=True, return_dict_in_generate=True,
-                             use_cache=use_cache, pad_token_id=pad if isinstance(pad, int) else 0)
+        with quiet():
+            out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), num_beams=BEAMS, do_sample=False,
+                                 max_new_tokens=NEW, min_new_tokens=NEW, output_logits=True,
+                                 return_dict_in_generate=True, use_cache=use_cache,
+                                 pad_token_id=pad if isinstance(pad, int) else 0)
         return out.sequences[:, ids.size(1):], torch.stack(list(out.logits), 1).float()  # (BEAMS, NEW, V)
     def uncached():
         try:
