@@ -226,3 +226,20 @@ def test_left_padding_a_model_cannot_number_is_its_own_status_not_a_bug():
     assert out["verdict"] == OK and "padded" not in out["schedules"], out
     md = "\n".join(page.boundaries_md([record("gpt2-nopos", **out)]))
     assert "gpt2-nopos | padded | left padding unsupported" in md
+
+
+def test_their_crop_heads_the_rollback_where_both_ways_fail_alike():
+    """Their crop and the copy measure one error where both fail alike (2.3e4x the floor each for
+    mamba); which of two equal sizes is larger is rounding, and on another CPU the other way headed
+    (notebook 06 read "bug (copy)" on one machine, "bug (crop)" on the next). The crop, the API users
+    call, heads; the copy heads only where the crop does not fail as badly (a bug beats unconfirmed)."""
+    import types
+
+    from smearcli.engines.transformers import boundary
+
+    def way(status, size):
+        return boundary.Rolled(types.SimpleNamespace(max_abs_logits=size), None, BoundaryResult(status), None)
+    crop, copy = way(str(BUG), 0.0440), way(str(BUG), 0.0441)
+    assert boundary.headline({"crop": crop, "copy": copy}) is crop
+    crop = way("unconfirmed", 0.9)
+    assert boundary.headline({"crop": crop, "copy": copy}) is copy
