@@ -14,6 +14,8 @@ modeling_x.py:12 in forward"). The rules, each once:
 - `declared_limit(exc, package)`: the message of an error their code raised on purpose to say a
   use is not supported (NotImplementedError, or an assertion or ValueError that says "not
   supported" / "only supported"), which is a limit of their API, not a crash.
+- `says_limit(message)`: whether a message words a use that way (a message kept without its
+  exception: a reach entry's `why`).
 
 vLLM's worker (`engines.vllm.worker`) runs in vLLM's own environment without smearcli, so it
 keeps its own few lines for the same rule.
@@ -135,7 +137,11 @@ def declared_limit(exc: BaseException, package: str) -> Optional[str]:
     if raised_in(exc, package, through=()) is None:
         return None
     message = (str(exc).strip().splitlines() or [""])[0]
-    if isinstance(exc, NotImplementedError) or (
-            isinstance(exc, (AssertionError, ValueError)) and any(w in message.lower() for w in LIMIT_WORDS)):
+    if isinstance(exc, NotImplementedError) or (isinstance(exc, (AssertionError, ValueError)) and says_limit(message)):
         return f"{type(exc).__name__}: {message}"
     return None
+
+
+def says_limit(message: str) -> bool:
+    """Whether a message words a use as unsupported (`LIMIT_WORDS`): how their code declares a limit."""
+    return any(w in message.lower() for w in LIMIT_WORDS)

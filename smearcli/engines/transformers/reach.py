@@ -533,7 +533,7 @@ def crash(rec, raised: list, make, tokens_of) -> None:
     outranks an unconfirmed departure), named as the path (`worst_schedule` GENERATE + the first,
     shape THROUGH), its `reason` the frame that raised. Each is run again on the next seed's weights
     and prompt, said in a note. A message their code words as a declared limit
-    (`frames.declared_limit`: a cache's "cannot crop", "not supported") is quoted as what it is: a
+    (`frames.says_limit`: a cache's "cannot crop", "not supported") is quoted as what it is: a
     limit of an internal call that generate did not check before it accepted the public one."""
     import torch
 
@@ -543,11 +543,11 @@ def crash(rec, raised: list, make, tokens_of) -> None:
     word = judge([Run(GENERATE + p, outcome=CRASHED) for p in raised]).word
     if worst([rec.verdict, word]) != word:  # a confirmed bug stands
         return
-    again = {}
+    again, model, assistant = {}, make(1), make(2)  # the next seed's weights, as `confirm` reruns a departure
     for p in raised:
         try:
             with torch.inference_mode():
-                measure(RUNS[p], make(1), tokens_of(1), make(2))
+                measure(RUNS[p], model, tokens_of(1), assistant)
             again[p] = "not on the next seed"
         except NotRun as e:
             again[p] = f"not run on the next seed ({e})"
@@ -560,7 +560,7 @@ def crash(rec, raised: list, make, tokens_of) -> None:
     rec.notes.append(f"{GENERATE}{name} raised; the full pass runs")
     for p in raised:
         why = rec.reach[p]["why"] or ""
-        limit = any(w in why.lower() for w in frames.LIMIT_WORDS)
+        limit = frames.says_limit(why)
         rec.notes.append(f"every cached schedule of the census agrees; generate's {p} raises inside transformers "
                          f"after generate accepted the call ({again[p]}): {why}"
                          + (" (a limit their code declares for an internal call, which generate did not check "
