@@ -237,24 +237,75 @@ def place(records: Sequence[Record], entries: Optional[Sequence[Entry]] = None) 
     """Every record with `upstream` set (one entry per finding: path, shape, word, class and the
     threads that cover it) and its word as the judge reads it once placed (`judge.by_design`)."""
     entries = load() if entries is None else tuple(entries)
-    by_id = {e.id: e for e in entries}
     for r in records:
         parts = findings(r)
         if not parts:
             r.upstream = None
             continue
-        placed = []
-        for p in parts:
-            covering = [e for e in entries if e.covers(engine_of(r), r.model_type, p)]
-            placed.append({"path": p.path, "shape": p.shape, "verdict": p.verdict,
-                           "class": classify(covering, r, by_id),
-                           "threads": [e.brief() for e in covering if e.status != "new"],
-                           "searched": "; ".join(e.searched for e in covering if e.status == "new" and e.searched)
-                           or None})
-        r.upstream = placed
+        r.upstream = placed = _placed(entries, r, parts)
         headline = next((u["verdict"] for u in placed if u["path"] == (r.worst_schedule or "")), None)
         r.verdict = str(by_design(headline or r.verdict, [u["class"] for u in placed]))
     return list(records)
+
+
+def _placed(entries: Sequence[Entry], record: Record, parts: Sequence[Part]) -> list[dict]:
+    """Each part of `record` with its class and the threads that cover it (`place`'s entries)."""
+    by_id = {e.id: e for e in entries}
+    out = []
+    for p in parts:
+        covering = [e for e in entries if e.covers(engine_of(record), record.model_type, p)]
+        out.append({"path": p.path, "shape": p.shape, "verdict": p.verdict,
+                    "class": classify(covering, record, by_id),
+                    "threads": [e.brief() for e in covering if e.status != "new"],
+                    "searched": "; ".join(e.searched for e in covering if e.status == "new" and e.searched) or None})
+    return out
+
+
+def of_run(comparison, engine: str, model_type: str, release: Optional[str], name_of=None,
+           entries: Optional[Sequence[Entry]] = None) -> list[dict]:
+    """The findings of one `compare` run outside a census (`compare --impl hf|vllm|llamacpp` on one
+    model) placed as `place` places a record's: each run that failed (bug, unconfirmed) or crashed
+    is a part, its path named as that engine's census names the same steps (`name_of(schedule,
+    steps)`; default: the schedule's own name), its shape from its error (`shapes.classify`: a
+    boundary's own shape, else the error's profile). The census names some shapes from reruns a
+    compare does not make (a cache that misreports its length), so an entry of such a shape does not
+    cover a compare run: it reads `new`, and `--check` fails on it as before."""
+    from ..verdicts import CRASHED
+    from .shapes import classify as shape_of
+
+    if str(comparison.word) not in FINDING_WORDS:  # ok, or no finding at all (inconclusive): nothing to place
+        return []
+    entries = load() if entries is None else tuple(entries)
+    name_of = name_of or (lambda schedule, steps: schedule)
+    parts: list[Part] = []
+    for m in comparison.failures:
+        threshold = m.noise.per_layer[-1] * m.tolerance
+        path = name_of(m.schedule, list(m.steps))
+        shape = shape_of(m.abs_err[-1].tolist(), list(m.steps), threshold, schedule=m.schedule)
+        parts.append(Part(path, shape, str(comparison.status(m))))
+    for r in comparison.crashed:
+        parts.append(Part(name_of(r.schedule, list(r.steps or [])), "", str(CRASHED)))
+    parts = list({(p.path, p.verdict): p for p in parts}.values())  # several series of one path: once
+    engine_name = None if engine == "transformers" else engine
+    rel = {"transformers": {"transformers_version": release}, "vllm": {"vllm_version": release}}.get(
+        engine, {"llamacpp": {"llama_cpp_python": release}})
+    return _placed(entries, record_of(model_type, "ok", engine=engine_name, **rel), parts)
+
+
+def gated(placed: Sequence[dict]) -> list[dict]:
+    """The placed findings of one run that `--check` fails on: new ones and regressions."""
+    return [u for u in placed if u["class"] in FAILS_CHECK]
+
+
+def lines(placed: Sequence[dict]) -> list[str]:
+    """One console line per placed finding of a run: its path, its class and the threads."""
+    out = []
+    for u in placed:
+        where = "; ".join(f"{reference(t['url'])} [{t['status']}]" + (f" {t['title']}" if t["title"] else "")
+                          for t in u["threads"])
+        out.append(f"upstream: {u['path']} ({u['verdict']}) is {u['class']}: "
+                   + (where or "no public thread matches (smearcli/census/known.toml)"))
+    return out
 
 
 def worst(record: Record) -> Optional[str]:

@@ -70,6 +70,17 @@ I = "Input"
 S = "Schedules"
 
 
+def check_scope(command: str, check: bool, scope: Optional[str]) -> bool:
+    """Whether `--check all` was given (True) or `--check` alone (False): the one word `command`
+    takes after its options is `all`, and only after --check."""
+    if scope is None:
+        return False
+    if scope != "all" or not check:
+        raise UserError(f"{command} takes no argument: got {scope!r}" + ("; `--check all` fails on known findings too"
+                                                                       if scope == "all" else ""))
+    return True
+
+
 def foreign_python(given: Optional[Path], flag: str, env_var: str, needed_by: str, environment: str) -> tuple[str, str]:
     """(the Python of an engine's own environment, where it was given: `flag` or `$env_var`, which
     a refusal of it names). None given and the variable unset: a UserError saying that `needed_by`

@@ -17,6 +17,18 @@ class Report:
     verdict: str = ""
     failed: bool = False
     footer: str = ""  # the threads line, printed under tables and after "wrote FILE"
+    # each finding placed against what upstream knows (`census.known.of_run`); None: not placed
+    upstream: Optional[list] = None
+
+    def failing(self, every: bool = False) -> bool:
+        """Whether a check fails: the run failed, and (unless `every`) a finding of it is new or a
+        regression, or it was not placed (an inconclusive run is no finding: it fails as before).
+        A bug upstream already tracks (open, fixed later, by design) is listed, not failed."""
+        if not self.failed or every or not self.upstream:
+            return self.failed
+        from ..census.known import gated
+
+        return bool(gated(self.upstream))
 
     def document(self) -> dict:
         raise NotImplementedError
@@ -48,20 +60,29 @@ class ComparisonReport(Report):
     another `document` function), `--save` and the figure."""
 
     def __init__(self, c, info: Optional[dict] = None, footer: str = "", document=None,
-                 title: Optional[str] = None, subtitle: str = ""):
+                 title: Optional[str] = None, subtitle: str = "", upstream: Optional[list] = None):
         self.comparison, self.info, self.footer = c, info or {}, footer
         self._document, self._title, self._subtitle = document, title, subtitle
         self.verdict, self.failed = c.verdict, not c.passed
+        self.upstream = upstream
 
     def document(self) -> dict:
         from .. import jsondoc
 
-        return self._document(self.comparison) if self._document else jsondoc.to_json(self.comparison, self.info)
+        doc = self._document(self.comparison) if self._document else jsondoc.to_json(self.comparison, self.info)
+        if self.upstream:
+            doc["upstream"] = self.upstream
+        return doc
 
     def render(self, console) -> None:
         from ..render.table import print_comparison, title_line
 
         print_comparison(self.comparison, console, title_line(self.comparison), footer=self.footer)
+        if self.upstream:
+            from ..census.known import lines
+
+            for line in lines(self.upstream):
+                console.print(line, soft_wrap=True, highlight=False, markup=False)
 
     def payload(self) -> dict:
         from ..jsondoc import save_payload
@@ -99,16 +120,17 @@ class Job:
 
 
 def comparison_job(runners, tokens, schedules, options, tolerance: float, info: Optional[dict] = None,
-                   footer: str = "", notes: Sequence[str] = (), reference=None, **report_kw) -> Job:
+                   footer: str = "", notes: Sequence[str] = (), reference=None, place=None, **report_kw) -> Job:
     """A Job that compares `runners` on `tokens` and reports with `ComparisonReport`; `reference`,
-    if given, is the runner measured against (see `compare.compare`)."""
+    if given, is the runner measured against (see `compare.compare`); `place(comparison)`, if
+    given, places its findings against what upstream knows (`census.known.of_run`)."""
     def run(bar):
         from .. import compare
 
         c = compare.compare(list(runners), tokens, schedules, options=options, tolerance=tolerance,
                             progress=bar.label, tokens_progress=bar.tokens, notes=notes, reference=reference,
                             overlap=True)
-        return ComparisonReport(c, info, footer, **report_kw)
+        return ComparisonReport(c, info, footer, upstream=place(c) if place is not None else None, **report_kw)
     return Job(run, runners[0].name)
 
 

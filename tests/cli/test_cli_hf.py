@@ -80,6 +80,8 @@ def test_standin_dir_is_a_bug_born_at_the_chunk_start(standin_dir, tmp_path):
     verdict = [line for line in r.stdout.splitlines() if line.startswith("BUG:")]
     assert verdict and "chunked" in verdict[0]
     assert "check failed: BUG:" in r.stderr and "the first chunk start (16)" in r.stderr
+    # nothing public covers the stand-in's finding: it is new, so --check fails on it
+    assert "upstream: chunks of 16 (bug) is new: no public thread matches" in r.stdout
 
     save = tmp_path / "standin.pt"
     r = invoke("compare", "--impl", "hf", "--hf-model", standin_dir, *FAST, "--json", "--save", save)
@@ -149,3 +151,54 @@ def test_nanochat_runs_never_import_transformers():
             "assert 'transformers' not in sys.modules and 'smearcli.engines.transformers' not in sys.modules")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
+
+
+def test_a_finding_upstream_tracks_as_open_is_listed_and_does_not_fail_the_check():
+    """The tiny Mamba's chunked prefill is transformers #31909 (open): `compare --impl hf --check`
+    lists it under the verdict and exits 0; its JSON places the run as the census would."""
+    from schema_check import document_problems
+
+    r = invoke("compare", "--impl", "hf", "--hf-model", "mamba", *FAST, "--schedules", "chunked", "--check", "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["word"] == "bug" and not document_problems(doc)
+    (u,) = doc["upstream"]
+    assert (u["path"], u["verdict"], u["class"]) == ("chunks of 16", "bug", "open")
+    assert [t["url"] for t in u["threads"]] == ["https://github.com/huggingface/transformers/issues/31909"]
+    assert "every finding is known upstream" in r.stderr and "check failed" not in r.stderr
+
+
+def test_check_all_fails_on_known_findings_and_a_new_one_fails_either_way():
+    from smearcli.cli.reports import Report
+
+    known = {"path": "chunks of 16", "shape": "*", "verdict": "bug", "class": "open", "threads": [], "searched": None}
+    new = dict(known, path="decode", **{"class": "new"})
+    rep = Report()
+    rep.failed, rep.upstream = True, [known]
+    assert not rep.failing() and rep.failing(every=True)
+    rep.upstream = [known, new]
+    assert rep.failing() and rep.failing(every=True)
+    rep.upstream = None  # not placed (an inconclusive run has no finding): fails as it always did
+    assert rep.failing()
+    rep.failed = False
+    assert not rep.failing(every=True)
+    r = invoke("compare", "--impl", "hf", "--hf-model", "llama", "--check", "some")
+    assert r.exit_code == 2 and "compare takes no argument: got 'some'" in r.stderr
+
+
+@pytest.mark.parametrize("schedule,steps,name", [
+    ("chunked", [16, 16, 16], "chunks of 16"), ("chunked", [16, 16, 1], "chunks of 16"),
+    ("chunked", [100, 60, 1, 159], "widths 100,60,1,159"), ("speculative", [40, 4, 4], "widths 40,4,4"),
+    ("chunked", [43, 1, 1, 1, 1, 1], "prefill, then single tokens"), ("decode", [1] * 8, "decode"),
+    ("padded", [48], "padded")])
+def test_a_compare_run_is_named_as_the_census_names_its_steps(schedule, steps, name):
+    from smearcli.census.known import load
+    from smearcli.engines.transformers.check import path_name, split_points
+
+    assert path_name(schedule, steps) == name
+    census = split_points(type("C", (), {})(), 49)  # the census's own names for its step plans
+    assert path_name("chunked", census["chunks of 16"]) == "chunks of 16"
+    assert path_name("chunked", census["prefill, then single tokens"]) == "prefill, then single tokens"
+    import fnmatch
+    globs = {g for e in load() for g in e.paths}
+    assert any(fnmatch.fnmatchcase(name, g) for g in globs)  # a name the table's paths can cover

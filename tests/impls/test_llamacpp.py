@@ -87,6 +87,8 @@ def test_a_micro_batch_boundary_error_is_the_finding_with_its_first_position(mod
     assert all(x["passed"] for s, x in runs.items() if s != "ubatch")
     assert "ubatch from position 5 at a boundary" in doc["verdict"]
     assert "not a cache finding" not in doc["verdict"]
+    # placed against what upstream knows, named as the llama.cpp census names the schedule: nothing covers it
+    assert [(u["path"], u["class"]) for u in doc["upstream"]] == [("ubatch", "new")]
 
 
 def test_a_departure_already_in_the_one_call_prefill_is_the_implementations(model_dir, fake_python, monkeypatch,

@@ -158,6 +158,8 @@ def test_a_crash_in_vllm_is_that_schedules_result(model_dir, fake_python, monkey
     assert all(x["passed"] for x in doc["runs"]) and len(doc["runs"]) == 3
     assert doc["verdict"].startswith("CRASHED: prefix crashed: IndexError")
     assert "every run measured matches" in doc["verdict"]
+    # placed against what upstream knows: no thread covers a llama crashing in vLLM's prefix cache
+    assert [(u["path"], u["verdict"], u["class"]) for u in doc["upstream"]] == [("prefix", "crashed", "new")]
 
 
 @pytest.mark.slow  # a subprocess of its own, seconds each (the fast loop leaves it out)
@@ -177,6 +179,8 @@ def test_a_chunk_boundary_error_is_found_where_it_is_born(model_dir, fake_python
     assert runs["prefill"]["passed"] and runs["prefix"]["passed"]
     # vLLM runs in its own precision only: a departure there is named, but not confirmed as a bug
     assert doc["verdict"].startswith("UNCONFIRMED: chunked diverges") and "its runner has no float64 form" in doc["verdict"]
+    # named as the vLLM census names it (a budget of 16), so that a table entry for "chunked@*" covers it
+    assert [(u["path"], u["verdict"], u["class"]) for u in doc["upstream"]] == [("chunked@16", "unconfirmed", "new")]
 
 
 @pytest.mark.slow  # a subprocess of its own, seconds each (the fast loop leaves it out)

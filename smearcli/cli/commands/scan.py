@@ -21,7 +21,7 @@ from ...census import engines
 from ...errors import UserError
 from ..errors import CheckFailed, guarded
 from ..record_file import resumable, written
-from ..options import foreign_python
+from ..options import check_scope, foreign_python
 
 
 SHARD = re.compile(r"\s*(\d+)\s*/\s*(\d+)\s*")
@@ -230,7 +230,7 @@ def scan(
         return on_releases(ctx, release, bisect, releases_span, wheels, bisect_path)
     from ...census import known, records as census_records, report
 
-    every = check_scope(check, scope)
+    every = check_scope("scan", check, scope)
     eng = engine_of(engine)
     if not eng.concurrent and jobs != 1:
         raise UserError(f"--engine {eng.name} checks one architecture at a time; drop --jobs, or split the census "
@@ -319,17 +319,6 @@ def scan(
     if fresh:
         raise CheckFailed(f"{len(fresh)} architecture{'s' * (len(fresh) != 1)} with a finding upstream does not know "
                           f"or had fixed: {', '.join(f'{r.model_type} ({known.worst(r)})' for r in fresh)}")
-
-
-def check_scope(check: bool, scope: Optional[str]) -> bool:
-    """Whether `--check all` was given (True) or `--check` alone (False): the one word scan takes
-    after its options is `all`, and only after --check."""
-    if scope is None:
-        return False
-    if scope != "all" or not check:
-        raise UserError(f"scan takes no argument: got {scope!r}" + ("; `--check all` fails on known findings too"
-                                                                  if scope == "all" else ""))
-    return True
 
 
 RELEASE_OPTIONS = {"release", "bisect", "releases_span", "wheels", "bisect_path"}  # what --release and --bisect take themselves

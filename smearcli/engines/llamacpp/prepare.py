@@ -126,8 +126,12 @@ def prepare(spec: RunSpec, schedules, tolerance: float):
                             progress=bar.label, tokens_progress=bar.tokens, notes=notes, reference=reference,
                             overlap=True)
         c = held(c)  # the cached paths held to llama.cpp's own one-call prefill, in the verdict and notes
+        from ...census import known
+
+        upstream = known.of_run(c, "llamacpp", getattr(model.config, "model_type", None) or "",
+                                (runner.result or {}).get("llama_cpp_python") or hello.get("llama_cpp_python"))
         return ComparisonReport(c, {"name": spec.hf_model, "source": "llamacpp"}, threads, title=title,
-                                subtitle=SUBTITLE)
+                                subtitle=SUBTITLE, upstream=upstream)
     return Job(run, runner.name)
 
 

@@ -96,6 +96,22 @@ def split_points(cfg, total: int = T, seed: int = 0) -> dict[str, list[int]]:
 
 
 
+def path_name(schedule: str, steps) -> str:
+    """A `compare --impl hf` run's schedule named as `split_points` names the same steps, so that
+    what upstream knows about a census path covers it (`census.known.of_run`): chunked prefill in
+    equal chunks is "chunks of N", one step then single tokens "prefill, then single tokens", any
+    other widths (speculative's prefill, then verify steps of the draft) "widths a,b,..."; every
+    other schedule keeps its name."""
+    steps = [int(n) for n in steps]
+    if schedule not in ("chunked", "speculative") or not steps:
+        return schedule
+    if len(steps) > 1 and steps[0] > 1 and all(n == 1 for n in steps[1:]):
+        return "prefill, then single tokens"
+    if all(n == steps[0] for n in steps[:-1]) and steps[-1] <= steps[0]:
+        return f"chunks of {steps[0]}"
+    return "widths " + ",".join(map(str, steps[:12]))
+
+
 def layer_names(runner: CacheRunner, tokens) -> list[str]:
     """The capture points' names, as `compare --impl hf` names them (`hf.hidden_names`: emb,
     layer0, ..., or hidden_states[i] where the count does not say which is which)."""

@@ -78,10 +78,17 @@ def prepare(spec: RunSpec, schedules, tolerance: float):
                            f"{tokens.size(0)} x {tokens.size(1)} tokens", subtitle=SUBTITLE)
 
     def run(bar):
+        import transformers
+
+        from ...census import known
+        from .check import path_name
+
         with their_code(spec), flag_model(spec):
             c = hf_check.sound_compare(runner, tokens, schedules, opts, tolerance, progress=bar.label,
                                        tokens_progress=bar.tokens, notes=[info.describe()])
-        return ComparisonReport(c, None, threads, **report_kw)
+        upstream = known.of_run(c, "transformers", getattr(model.config, "model_type", None) or "",
+                                transformers.__version__, path_name)
+        return ComparisonReport(c, None, threads, upstream=upstream, **report_kw)
     return Job(run, runner.name)
 
 

@@ -60,6 +60,12 @@ def check_plan(T: int, schedules, opts) -> None:
             vllm.prefix_len(T)
 
 
+def path_name(schedule: str, steps) -> str:
+    """A compare run's schedule named as the vLLM census names it ("chunked@13": chunked prefill at
+    a budget of its first chunk), so that what upstream knows about that path covers it."""
+    return f"chunked@{steps[0]}" if schedule == "chunked" and steps else schedule
+
+
 def prepare(spec: RunSpec, schedules, tolerance: float):
     """A Job that runs vLLM on `schedules` against the transformers reference (compare/1 document)."""
     from .. import transformers as hf
@@ -89,7 +95,13 @@ def prepare(spec: RunSpec, schedules, tolerance: float):
     settings = vllm.Settings(python=python, model=spec.hf_model, vocab=int(model.config.vocab_size), dtype=dtype,
                              device=device.type, tensor_parallel_size=spec.tensor_parallel_size)
     runner = vllm.VLLMRunner(settings, schedules)
+
+    def place(c):  # after the run: the worker said its vLLM version
+        from ...census import known
+
+        return known.of_run(c, "vllm", getattr(model.config, "model_type", None) or "",
+                            (runner.result or {}).get("vllm_version"), path_name)
     return comparison_job([runner], tokens, schedules, opts, tolerance, footer=threads, reference=reference,
-                          info={"name": spec.hf_model, "source": "vllm"},
+                          info={"name": spec.hf_model, "source": "vllm"}, place=place,
                           title=f"{spec.hf_model}: {info.model_class} in vLLM, {dtype} on {device}, "
                                 f"{tokens.size(0)} x {T} tokens", subtitle=SUBTITLE)
