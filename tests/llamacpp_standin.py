@@ -13,6 +13,8 @@ misbehave as llama.cpp can:
 - die: the decode schedule aborts the process with a GGML_ASSERT line, as llama.cpp does; the
   fresh worker the adapter starts then runs the rest;
 - stuck: the chunked schedule never finishes and the worker's watchdog ends the process (status 3);
+- torn: the restore schedule's state file is found torn on disk (a full disk): the worker's
+  `environment` outcome;
 - noconvert: the converter refuses the architecture;
 - garbage: result.json is not JSON (a worker that is not smearcli's).
 
@@ -106,6 +108,10 @@ def main(req_path, outdir):
             entry.update(outcome="refused", message="llama_memory_seq_rm refused to remove positions 30.. (a "
                          "partial removal) from the recurrent memory with n_rs_seq 0: llama.cpp's documented limit",
                          steps=[s["prompt"], s["draft"]])
+        elif name == "restore" and mode == "torn":
+            entry.update(outcome="environment", message=f"the state file {outdir}/state.bin holds 4096 of the 12748 "
+                         "bytes llama_state_seq_save_file wrote: torn (is the disk full?); nothing was restored",
+                         steps=[s["prefix"], T - s["prefix"]])
         elif name == "ubatch":
             for w in s["widths"]:
                 arr = logits.copy()
@@ -121,7 +127,7 @@ def main(req_path, outdir):
                 entry["steps"] = [T + S]
             elif name == "chunked":
                 entry["steps"] = s["sizes"]
-            elif name == "prefix":
+            elif name in ("prefix", "restore"):
                 entry["steps"] = [s["prefix"], T - s["prefix"]]
             elif name == "rollback":
                 entry["steps"], pos, cuts = [s["prompt"]], s["prompt"], []

@@ -26,7 +26,7 @@ from conftest import standin_python  # noqa: E402
 runner = CliRunner()
 STANDIN = Path(__file__).resolve().parents[1] / "llamacpp_standin.py"
 T = 32
-ALL = ["prefill", "ubatch", "chunked", "decode", "prefix", "rollback", "batched"]
+ALL = ["prefill", "ubatch", "chunked", "decode", "prefix", "rollback", "batched", "restore"]
 
 
 @pytest.fixture(scope="module")
@@ -67,6 +67,7 @@ def test_every_llamacpp_schedule_against_transformers_and_its_own_prefill(model_
     assert runs["decode"]["steps"] == [1] * T and runs["chunked"]["steps"] == [8] * 4
     assert runs["prefix"]["steps"] == [16, 16] and runs["prefix"]["boundaries"]["prefix_hit"] == [16]
     assert runs["rollback"]["boundaries"]["rollback"]  # the cuts where rejected drafts were removed
+    assert runs["restore"]["steps"] == [16, 16] and runs["restore"]["boundaries"]["restored"] == [16]
     seen = json.loads((tmp_path / "seen.json").read_text())
     by = {s["name"]: s for s in seen["schedules"]}
     assert seen["protocol"] == llamacpp_env.PROTOCOL and seen["cache_type"] == "f32" and seen["f16_too"]
@@ -216,7 +217,7 @@ def test_the_registered_schedules_are_offered_to_llamacpp_alone():
 
     assert "ubatch" in SCHEDULES and "batched" in SCHEDULES
     assert [s for s in offered(REGISTRY["llamacpp"]) if s != "full"] == [
-        "prefill", "decode", "chunked", "rollback", "prefix", "ubatch", "batched"]
+        "prefill", "decode", "chunked", "rollback", "prefix", "ubatch", "batched", "restore"]
     assert "ubatch" not in offered(REGISTRY["hf"]) and "batched" not in offered(REGISTRY["vllm"])
 
 
@@ -227,7 +228,7 @@ def test_the_request_sizes_every_schedule_from_the_options():
     by = {e["name"]: e for e in req["schedules"]}
     assert by["chunked"]["sizes"] == [7, 7, 6] and by["ubatch"]["widths"] == [3, 4, 5]
     assert (by["rollback"]["prompt"], by["rollback"]["draft"], by["rollback"]["reject"]) == (12, 5, 1)
-    assert by["prefix"]["prefix"] == 10 and by["batched"]["short"] == 14
+    assert by["prefix"]["prefix"] == 10 and by["batched"]["short"] == 14 and by["restore"]["prefix"] == 10
 
 
 def test_widths_sit_around_the_convolution_width():
@@ -246,3 +247,71 @@ def test_nothing_beside_the_worker_shadows_a_module_llamacpp_imports():
         if f.stem not in ("__init__", "worker"):
             assert importlib.util.find_spec(f.stem) is None, f
     assert "sys.path" not in (here / "worker.py").read_text().replace("sys.path:", "")
+
+
+def test_a_torn_state_file_is_this_machines_failure_in_one_line(model_dir, fake_python, monkeypatch, tmp_path):
+    """The worker found the restore schedule's state file shorter than the save wrote (a full disk):
+    one line naming the file, exit 2, never llama.cpp's crash; the worker's directory is gone."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    r, doc = compare(model_dir, fake_python, monkeypatch, tmp_path, "torn")
+    assert r.exit_code == 2 and doc is None, r.output
+    (line,) = r.stderr.strip().splitlines()
+    assert line.startswith("smearcli: error: llama.cpp's worker, restore: the state file ") and "torn" in line
+    assert "crashed" not in line and "bug in smearcli" not in line
+    assert list((tmp_path / "tmp").iterdir()) == []  # nothing of the worker's left behind
+
+
+class _FakeLlama:
+    """Just enough of llama_cpp.llama_cpp for the worker's restore schedule: a save that reports
+    more bytes than reach the disk (`torn`), and a load that reads back what was saved."""
+
+    def __init__(self, torn: bool):
+        self.torn, self.loaded = torn, False
+
+    def llama_state_seq_get_size(self, ctx, seq):
+        return 100
+
+    def llama_state_seq_save_file(self, ctx, path, seq, ids, n):
+        Path(path.decode()).write_bytes(b"x" * (40 if self.torn else 100))
+        return 100
+
+    def llama_state_seq_load_file(self, ctx, path, seq, ids, cap, n_out):
+        self.loaded = True
+        data = Path(path.decode()).read_bytes()
+        n_out._obj.value = 3
+        for i in range(3):
+            ids[i] = i + 1
+        return len(data)
+
+
+class _FakeEngine:
+    def __init__(self, L, outdir):
+        import numpy as np
+
+        self.L, self.np, self.outdir, self.log = L, np, str(outdir), []
+
+    def context(self, *a, **k):
+        return object()
+
+    def free(self, ctx):
+        pass
+
+    def decode(self, ctx, items):
+        return [self.np.full(4, float(t), dtype=self.np.float32) for t, _, _ in items]
+
+
+@pytest.mark.parametrize("torn", [True, False])
+def test_the_worker_holds_the_state_file_to_what_the_save_wrote(tmp_path, monkeypatch, torn):
+    import importlib
+
+    monkeypatch.syspath_prepend(str(Path(llamacpp.__file__).parent))
+    worker = importlib.import_module("worker")
+    L = _FakeLlama(torn)
+    items = [(t, p, 0) for p, t in enumerate([1, 2, 3, 4, 5, 6])]
+    out = worker.restore(_FakeEngine(L, tmp_path), items, 3, 16, "f32")
+    assert list(tmp_path.iterdir()) == []  # the state file is removed either way
+    if torn:
+        assert set(out) == {"environment"} and "holds 40 of the 100 bytes" in out["environment"] and not L.loaded
+    else:
+        assert out["steps"] == [3, 3] and L.loaded and out["logits"][:, 0].tolist() == [1, 2, 3, 4, 5, 6]

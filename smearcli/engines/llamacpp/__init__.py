@@ -24,7 +24,10 @@ notes list every width); chunked, successive calls; decode, a call per token; pr
 one sequence copied to a second (`llama_memory_seq_cp`) that continues; rollback, drafts whose
 rejected tokens are removed (`llama_memory_seq_rm`) and decoded right (a partial removal
 llama.cpp refuses on recurrent memory is its documented limit: the run checked nothing, and says
-so); batched (registered here), the row and its first two thirds as two sequences in one call.
+so); batched (registered here), the row and its first two thirds as two sequences in one call;
+restore (registered here), half the row decoded, that sequence's state saved to a file and loaded
+into a fresh context (`llama_state_seq_save_file` / `_load_file`, as a server restores a saved
+slot), the rest decoded there (a state file torn on disk is this machine's failure: a UserError).
 A worker that dies inside llama.cpp is that schedule's crash, with llama.cpp's frame where it
 printed one; a fresh worker runs the rest.
 """
@@ -44,12 +47,14 @@ from ...defaults import ROLLBACK
 from ...runner import CROP, PREFIX_CACHE, Described
 from ...schedules import register
 from ...steps import CRASHED, PREFIX_HIT, UNCHECKED, RunResult, Schedule, ScheduleOptions, chunk_plan, prompt_len
-from .calls import REFUSED, call_worker
+from .calls import ENVIRONMENT, REFUSED, call_worker
 from .environment import PROTOCOL, WORKER
 
 ENV_PYTHON = "SMEARCLI_LLAMACPP_PYTHON"
 MICRO_BATCHES = "micro_batches"  # capability: one call split into micro-batches (`n_ubatch`)
 SEQUENCES = "sequences"  # capability: several sequences of different lengths in one call
+STATE_FILES = "state_files"  # capability: a sequence's state saved to a file and loaded into a fresh context
+RESTORED = "restored"  # the mark where the restored state is first read (the first token decoded after it)
 
 
 def _engine_only(runner, tokens, opts, capture, on_step=None):
@@ -60,7 +65,9 @@ register(Schedule("ubatch", "one call whose prompt the engine splits into micro-
                   _engine_only, frozenset({MICRO_BATCHES})))
 register(Schedule("batched", "the row and its first two thirds as two sequences of one batch",
                   _engine_only, frozenset({SEQUENCES})))
-LLAMACPP_SCHEDULES = ("prefill", "ubatch", "chunked", "decode", "prefix", "rollback", "batched")
+register(Schedule("restore", "half the row, its state saved to a file and loaded into a fresh context, then the rest",
+                  _engine_only, frozenset({STATE_FILES}), marks=((RESTORED, "state restored"),)))
+LLAMACPP_SCHEDULES = ("prefill", "ubatch", "chunked", "decode", "prefix", "rollback", "batched", "restore")
 
 
 @dataclass(frozen=True)
@@ -117,7 +124,7 @@ def request(s: Settings, tokens: torch.Tensor, schedules: Sequence[str], opts: S
                 e["sizes"] = chunk_plan(T, opts)
             elif name == "ubatch":
                 e["widths"] = [w for w in s.widths if 1 <= w < T] or [max(1, T // 2)]
-            elif name == "prefix":
+            elif name in ("prefix", "restore"):
                 e["prefix"] = prefix_len(T)
             elif name == "rollback":
                 if not 0 < opts.reject < opts.draft:
@@ -144,7 +151,7 @@ class LlamaCppRunner(foreign.WholeSchedules):
     words = "llama.cpp"
     series = "llama.cpp (its micro-batches, calls, sequence copies and removals)"
     layers = ("logits",)
-    capabilities = frozenset({PREFIX_CACHE, CROP, MICRO_BATCHES, SEQUENCES})
+    capabilities = frozenset({PREFIX_CACHE, CROP, MICRO_BATCHES, SEQUENCES, STATE_FILES})
     runs_itself = frozenset(LLAMACPP_SCHEDULES)
 
     def __init__(self, settings: Settings, schedules: Sequence[str] = LLAMACPP_SCHEDULES):
@@ -238,6 +245,8 @@ def to_run(sched: dict, res: dict, workdir: Path, tokens: torch.Tensor, V: int):
                           else "not run: llama.cpp did not build the model")
     if entry is None:
         return unmeasured(CRASHED, "the llama.cpp worker gave no answer for it (it died before)")
+    if entry.get("outcome") == ENVIRONMENT:  # this machine failed the run (a torn state file): no result at all
+        raise UserError(f"llama.cpp's worker, {name}: {entry.get('message')}")
     if entry.get("outcome") == REFUSED:
         return unmeasured(UNCHECKED, entry["message"], entry.get("steps") or ())
     if entry.get("outcome"):
@@ -267,6 +276,10 @@ def to_run(sched: dict, res: dict, workdir: Path, tokens: torch.Tensor, V: int):
                           steps)
     if name == "prefix":
         return RunResult(name, "llamacpp", lp, None, steps, rows, {PREFIX_HIT: [steps[0]]})
+    if name == "restore":
+        return RunResult(name, "llamacpp", lp, None, steps, rows, {RESTORED: [steps[0]]},
+                         notes=(f"restore: the first {steps[0]} tokens' state saved with llama_state_seq_save_file and "
+                                "loaded into a fresh context with llama_state_seq_load_file, the rest decoded there",))
     if name == "rollback":
         cuts = list(entry.get("cuts") or [])
         note = (f"rollback: drafts of {sched['draft']}, the last {sched['reject']} of each rejected and removed "

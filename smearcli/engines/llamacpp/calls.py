@@ -18,7 +18,8 @@ from ...impls import foreign
 from ...impls.foreign import one_line, runnable
 from .environment import ENGINE, PROTOCOL, hello, worker_env
 
-RAISED, REFUSED, STUCK_EXIT = "raised", "refused", 3  # the worker's words and its watchdog's exit status
+# the worker's words (`environment`: the machine failed it, a torn state file) and its watchdog's exit status
+RAISED, REFUSED, ENVIRONMENT, STUCK_EXIT = "raised", "refused", "environment", 3
 
 
 def garbage(s, what: str) -> UserError:
@@ -33,7 +34,7 @@ def read_result(s, path: Path) -> dict:
                                                 for e in entries):
         raise garbage(s, "its schedules are not a list of named entries")
     for e in entries:
-        foreign.check_entry(ENGINE, s.python, e, (RAISED, REFUSED))
+        foreign.check_entry(ENGINE, s.python, e, (RAISED, REFUSED, ENVIRONMENT))
         foreign.check_counts(ENGINE, s.python, e, ("steps", "cuts"))
     return res
 

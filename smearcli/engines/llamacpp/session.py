@@ -71,7 +71,8 @@ BOUNDARY = {"ubatch": "a micro-batch boundary inside one llama_decode (n_ubatch)
             "decode": "one llama_decode call per token",
             "prefix": "a sequence continued after llama_memory_seq_cp",
             "rollback": "a sequence continued after llama_memory_seq_rm of rejected drafts",
-            "batched": "two sequences of different lengths in one llama_decode call"}
+            "batched": "two sequences of different lengths in one llama_decode call",
+            "restore": "a sequence continued in a fresh context after llama_state_seq_save_file and _load_file"}
 FINDING = "cache finding"
 OWN = "the implementation's own departure, not a cache finding"
 # what a departure is, as the record's engine data says it (`llamacpp.departure`): the page and the
@@ -382,6 +383,7 @@ census's tiny random model, converted at float32). Exit status: 1 while the bug 
 schedule's log-probabilities depart from llama.cpp's own one-call prefill by more than THRESHOLD,
 or llama.cpp dies inside the schedule), 0 once fixed, 2 when nothing could be run.
 """
+import ctypes
 import os
 import subprocess
 import sys
@@ -464,6 +466,25 @@ def child():
                 print("llama_memory_seq_rm refused the partial removal: its documented limit, nothing checked")
                 return 2
             pos += keep
+    elif name == "restore":  # a saved slot restored into a fresh context, as a server does
+        P = SCHEDULE["prefix"]
+        ctx = context(T, T)
+        got = decode(ctx, items[:P])
+        path = os.path.abspath(__file__) + ".state"
+        wrote = L.llama_state_seq_save_file(ctx, path.encode(), 0, (ctypes.c_int32 * P)(*TOKENS[:P]), P)
+        L.llama_free(ctx)
+        if not wrote or os.path.getsize(path) != wrote:
+            print("the state file was not written whole: nothing checked")
+            return 2
+        ctx = context(T, T)
+        ids, n_ids = (ctypes.c_int32 * T)(), ctypes.c_size_t(0)
+        read = L.llama_state_seq_load_file(ctx, path.encode(), 0, ids, T, ctypes.byref(n_ids))
+        os.remove(path)
+        if read != wrote:
+            print(f"llama_state_seq_load_file read {{read}} of the {{wrote}} bytes saved")
+            print("the bug is there")
+            return 1
+        got += decode(ctx, items[P:])
     elif name == "batched":  # the long sequence, then the short one: each held to the one call's positions
         S = SCHEDULE["short"]
         ctx = context(T + S, T + S, n_seq=2)
@@ -518,7 +539,9 @@ HOW = {"prefill": "llama.cpp's own one-call prefill (one llama_decode of the who
        "decode": "one llama_decode call per token",
        "prefix": "a prefix on sequence 0 copied to sequence 1 (llama_memory_seq_cp), the rest decoded on sequence 1",
        "rollback": "drafts whose rejected tokens are removed (llama_memory_seq_rm) and decoded right",
-       "batched": "the row and its first tokens as two sequences of one llama_decode call"}
+       "batched": "the row and its first tokens as two sequences of one llama_decode call",
+       "restore": "a prefix decoded, its state saved to a file (llama_state_seq_save_file), loaded into a fresh "
+                  "context (llama_state_seq_load_file) and the rest decoded there"}
 
 
 def entry_of(rec: Record, runner, run, T: int) -> dict:

@@ -28,7 +28,12 @@ ids, one list per row), `cache_type` ("f32" or "f16", the KV cache's `type_k`/`t
   tokens whose last `reject` are wrong, removed (`llama_memory_seq_rm`) and decoded right
   (with `n_rs_seq` = draft: the recurrent-state snapshots llama.cpp keeps for rollback; where it
   still refuses a partial removal, its documented limit, the schedule is `refused`);
-- batched with `short`: the row and its first `short` tokens as two sequences in one call.
+- batched with `short`: the row and its first `short` tokens as two sequences in one call;
+- restore with `prefix`: the first `prefix` tokens decoded, that sequence's state saved to a file
+  (`llama_state_seq_save_file`, as a server saves a slot), the context freed, the file loaded
+  into a fresh context (`llama_state_seq_load_file`) and the rest decoded there in one call. The
+  file is held to what the save said it wrote before it is loaded: one shorter (a full disk) is
+  the environment's failure (`environment`, never llama.cpp's crash), and it is removed after.
 
 Each schedule gets a fresh context. The answer is OUTDIR/result.json, rewritten (atomically)
 after every schedule, with `running` naming the one under way: a worker that dies inside
@@ -51,7 +56,7 @@ import time
 from worker_convert import convert, converter_dir, gguf_arch, registered  # noqa: E402
 
 PROTOCOL = 1
-RAISED, REFUSED = "raised", "refused"
+RAISED, REFUSED, ENVIRONMENT = "raised", "refused", "environment"
 STUCK_EXIT = 3
 DEADLINE = [float("inf")]  # when the schedule running now counts as stuck
 
@@ -114,6 +119,7 @@ class Engine:
         self.recurrent = bool(L.llama_model_is_recurrent(self.model))
         self.hybrid = bool(L.llama_model_is_hybrid(self.model))
         self._abort = L.ggml_abort_callback(lambda data: time.time() > DEADLINE[0])
+        self.outdir = "."
 
     def context(self, n_ctx: int, n_batch: int, n_ubatch: int, n_seq: int = 1, cache: str = "f32",
                 n_rs_seq: int = 0):
@@ -230,6 +236,8 @@ def run_schedule(eng: Engine, s: dict, row: list, cache: str) -> dict:
         finally:
             eng.free(ctx)
         return {"logits": np.stack(out), "steps": steps, "cuts": cuts, "n_rs_seq": n_rs}
+    if name == "restore":
+        return restore(eng, items, int(s["prefix"]), room, cache)
     if name == "batched":
         S = int(s["short"])
         ctx = eng.context(2 * room, T + S, T + S, n_seq=2, cache=cache)
@@ -240,6 +248,52 @@ def run_schedule(eng: Engine, s: dict, row: list, cache: str) -> dict:
         # row 0: the long sequence; row 1: the short one, then the long one's positions after it
         return {"rows": np.stack([np.stack(got[:T]), np.stack(got[T:] + got[S:T])]), "steps": [T + S]}
     raise ValueError(f"unknown schedule {name!r}")
+
+
+def restore(eng: Engine, items: list, P: int, room: int, cache: str) -> dict:
+    """The restore schedule (module docstring): its logits, or {"environment": why} when the state
+    file on disk is not what the save wrote."""
+    import ctypes
+
+    np, L, T = eng.np, eng.L, len(items)
+    state = os.path.join(eng.outdir, "state.bin")
+    ids = [t for t, _, _ in items[:P]]
+    try:
+        ctx = eng.context(room, T, T, cache=cache)
+        try:
+            first = eng.decode(ctx, items[:P])
+            need = int(L.llama_state_seq_get_size(ctx, 0))
+            wrote = int(L.llama_state_seq_save_file(ctx, state.encode(), 0, (ctypes.c_int32 * P)(*ids), P))
+        finally:
+            eng.free(ctx)
+        on_disk = os.path.getsize(state) if os.path.isfile(state) else 0
+        if wrote and on_disk != wrote:
+            return {"environment": f"the state file {state} holds {on_disk} of the {wrote} bytes "
+                                   "llama_state_seq_save_file wrote: torn (is the disk full?); nothing was restored"}
+        if not wrote:
+            free = os.statvfs(eng.outdir)
+            if free.f_bavail * free.f_frsize < need + 65536:
+                return {"environment": f"llama_state_seq_save_file wrote nothing to {state}: "
+                                       f"{free.f_bavail * free.f_frsize} bytes free, the state needs about {need}"}
+            said = [ln for ln in eng.log if "state" in ln.lower()]
+            raise RuntimeError("llama_state_seq_save_file returned 0" + (f" ({said[-1].strip()[:200]})" if said else ""))
+        ctx = eng.context(room, T, T, cache=cache)  # a fresh context, as a server restoring a saved slot
+        try:
+            got, n_got = (ctypes.c_int32 * T)(), ctypes.c_size_t(0)
+            read = int(L.llama_state_seq_load_file(ctx, state.encode(), 0, got, T, ctypes.byref(n_got)))
+            if read != wrote:
+                said = [ln for ln in eng.log if "state" in ln.lower()]
+                raise RuntimeError(f"llama_state_seq_load_file read {read} of the {wrote} bytes it was given whole"
+                                   + (f" ({said[-1].strip()[:200]})" if said else ""))
+            if list(got[:n_got.value]) != ids:
+                raise RuntimeError(f"llama_state_seq_load_file restored {n_got.value} tokens, not the {P} saved")
+            second = eng.decode(ctx, items[P:])
+        finally:
+            eng.free(ctx)
+    finally:
+        if os.path.exists(state):
+            os.remove(state)
+    return {"logits": np.stack(first + second), "steps": [P, T - P]}
 
 
 def write_result(outdir: str, result: dict) -> None:
@@ -320,6 +374,7 @@ def main(request_path: str, outdir: str) -> None:
         result["running"], result["not_built"] = None, crash_message(e)
         write_result(outdir, result)
         return
+    eng.outdir = outdir  # where the restore schedule's state file lives while it runs
     result.update(vocab=eng.vocab, load_s=eng.load_s, recurrent=eng.recurrent, hybrid=eng.hybrid)
     done = {e["name"] for e in result["schedules"]}
     jobs = [(s, req.get("cache_type", "f32"), "") for s in req["schedules"]]
@@ -336,9 +391,12 @@ def main(request_path: str, outdir: str) -> None:
         DEADLINE[0] = t + stuck_s
         try:
             per_row = [run_schedule(eng, s, row, cache) for row in req["rows"]]
-            entry["steps"] = per_row[0]["steps"]
+            entry["steps"] = per_row[0].get("steps", [])
             refused = next((r["refused"] for r in per_row if "refused" in r), None)
-            if refused:
+            broken = next((r["environment"] for r in per_row if "environment" in r), None)
+            if broken:  # the machine's failure (a torn file), not llama.cpp's: the adapter stops on it
+                entry.update(outcome=ENVIRONMENT, message=broken)
+            elif refused:
                 entry.update(outcome=REFUSED, message=refused)
             elif "by_width" in per_row[0]:
                 for w in per_row[0]["by_width"]:
