@@ -233,10 +233,13 @@ def pick_layers(d: dict, L: int, per_layer: list[str]) -> list[int]:
     return sorted(keep)
 
 
-def shrink(d: dict, model_type: str = "", hints: Optional[dict] = None) -> tuple[dict, dict, list]:
+def shrink(d: dict, model_type: str = "", hints: Optional[dict] = None, settings: Optional[dict] = None,
+           layers: Optional[int] = None) -> tuple[dict, dict, list]:
     """(shrunk dict, changes, kept layer kinds) for a config's `to_dict()` (sub-configs too). With
     `hints`, it gets the per-layer and index keys found, per part: "" the config itself, else the
-    sub-config's key (what `variants.layout` reorders)."""
+    sub-config's key (what `variants.layout` reorders). An engine that hard-codes part of an
+    architecture gives `layers` (keep the first that many layers of the default's pattern: one
+    whole period of a pattern it hard-codes) and `settings` (values set last, like `OVERRIDES`)."""
     out, changed = dict(d), {}
     hints = {} if hints is None else hints
 
@@ -268,7 +271,9 @@ def shrink(d: dict, model_type: str = "", hints: Optional[dict] = None) -> tuple
         per = _per_layer_keys(out, L)
         idx = _index_keys(out, L, per)
         keep = pick_layers(out, L, per) if per or idx else list(range(min(L, 2)))
-        if idx and not per:  # layers named by index: keep one listed and one unlisted layer each
+        if layers is not None:  # the engine's own count: the default's first layers, its pattern as it is
+            keep = list(range(min(L, layers)))
+        elif idx and not per:  # layers named by index: keep one listed and one unlisted layer each
             listed = set().union(*[set(out[k]) for k in idx])
             inside = [i for i in range(L) if i in listed][:1]
             outside = [i for i in range(L) if i not in listed][:1]
@@ -302,7 +307,7 @@ def shrink(d: dict, model_type: str = "", hints: Optional[dict] = None) -> tuple
     for k, v in list(out.items()):
         if isinstance(v, dict) and "model_type" in v:
             inner: dict = {}
-            sub, ch, sk = shrink(v, v.get("model_type", ""), inner)
+            sub, ch, sk = shrink(v, v.get("model_type", ""), inner, layers=layers)
             hints[k] = inner.get("", ((), ()))
             out[k] = sub
             changed.update({f"{k}.{a}": b for a, b in ch.items()})
@@ -311,16 +316,17 @@ def shrink(d: dict, model_type: str = "", hints: Optional[dict] = None) -> tuple
         setk("num_key_value_heads", out.get("num_attention_heads", HEADS))
     if "qk_head_dim" in out and isinstance(out.get("qk_nope_head_dim"), int):  # derived in __init__
         setk("qk_head_dim", out["qk_nope_head_dim"] + (out.get("qk_rope_head_dim") or 0))
-    for k, v in OVERRIDES.get(model_type, {}).items():
+    for k, v in {**OVERRIDES.get(model_type, {}), **(settings or {})}.items():
         if k in out and out[k] != v:
             changed[k] = (changed.get(k, (out[k],))[0], v)  # the default, not the value shrunk above
             out[k] = v
     return out, changed, kinds
 
 
-def derive(model_type: str) -> Derived:
+def derive(model_type: str, settings: Optional[dict] = None, layers: Optional[int] = None) -> Derived:
     """The tiny config of one registered architecture, or the reason there is none; `variants`
-    holds one config per layer kind, that kind as layer 0 (`variants`: the defaults' order first)."""
+    holds one config per layer kind, that kind as layer 0 (`variants`: the defaults' order first).
+    `settings` and `layers`: an engine's own (`shrink`)."""
     from transformers import CONFIG_MAPPING
 
     try:
@@ -335,7 +341,7 @@ def derive(model_type: str) -> Derived:
         cls = type(default)
     d = {k: v for k, v in default.to_dict().items() if k not in ("transformers_version", "architectures")}
     hints: dict = {}
-    small, changed, kinds = shrink(d, model_type, hints)
+    small, changed, kinds = shrink(d, model_type, hints, settings, layers)
     small["initializer_range"] = small.get("initializer_range", 0.02)
     try:
         cfg = _config(cls, small, changed)

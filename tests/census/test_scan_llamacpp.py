@@ -115,3 +115,32 @@ def test_only_names_outside_the_converters_list_and_no_environment_are_refused(t
     monkeypatch.delenv("SMEARCLI_LLAMACPP_PYTHON", raising=False)
     r = runner.invoke(app, ["scan", "--engine", "llamacpp", "--only", "llama", "--out", str(tmp_path / "x.jsonl")])
     assert r.exit_code == 2 and "--engine llamacpp needs --engine-python PATH (or $SMEARCLI_LLAMACPP_PYTHON)" in r.output
+
+
+def test_a_setting_llamacpp_hard_codes_is_the_tiny_configs_and_the_default_is_rerun_beside_it(tmp_path, fake_python,
+                                                                                           monkeypatch):
+    """mistral's converter writes no sliding window: the census runs the window llama.cpp carries
+    (none, as released Mistral-7B-v0.3 sets it) and says what the config class's default gave."""
+    monkeypatch.setenv("SMEARCLI_STANDIN_ARCHS", "MistralForCausalLM")
+    r, recs, _ = scan(tmp_path, fake_python, monkeypatch, "mistral")
+    rec = recs["mistral"]
+    assert rec["verdict"] == "ok", rec
+    carried = rec["llamacpp"]["carried"]
+    assert carried["settings"] == {"sliding_window": None} and carried["layers"] is None
+    assert carried["default"]["verdict"] == "ok"  # the stand-in computes every run with transformers
+    assert any(n.startswith("the tiny config takes llama.cpp's sliding_window None (the converter converts mistral "
+                            "as llama") and n.endswith("with the config class's defaults it is ok") for n in rec["notes"])
+    assert rec["config"]["sliding_window"] is None  # the record says the config it ran
+
+
+def test_an_engine_keeps_a_whole_period_of_a_layer_pattern_it_hard_codes():
+    from smearcli.census import derive
+
+    plain = derive.derive("llama4_text")
+    assert plain.config.num_hidden_layers == 2 and plain.config.attention_chunk_size == 4
+    got = derive.derive("llama4_text", *(lambda c: (c.settings, c.layers))(llamacpp.CARRIED["llama4_text"]))
+    c = got.config
+    assert c.num_hidden_layers == 4 and c.attention_chunk_size == 8192
+    assert c.layer_types == ["chunked_attention"] * 3 + ["full_attention"] and c.no_rope_layers == [1, 1, 1, 0]
+    assert c.moe_layers == [0, 1, 2, 3] and got.changed["num_hidden_layers"] == (48, 4)
+    assert got.changed["attention_chunk_size"] == (8192, 8192)  # the default, kept: what llama.cpp hard-codes

@@ -48,6 +48,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -88,12 +89,68 @@ def names_for(python: str) -> list[str]:
     return model_types(archs(python))
 
 
+@dataclass(frozen=True)
+class Carried:
+    """What llama.cpp (or its converter) hard-codes for an architecture where the config class's
+    default differs: the tiny config takes llama.cpp's value, so that a default llama.cpp cannot run
+    does not decide the verdict; the default is rerun and what it gives is said beside it."""
+    settings: dict  # config key -> the value llama.cpp carries
+    layers: Optional[int]  # the layers a pattern llama.cpp hard-codes needs (one whole period), or None
+    where: str  # where llama.cpp or its converter says so
+
+
+LLAMA4 = Carried({"attention_chunk_size": 8192}, 4,
+                 "llama.cpp hard-codes llama4's attention chunk at 8192 tokens, three chunked layers then one full "
+                 "layer, and no rotary embedding on every fourth layer (src/models/llama4.cpp: n_swa 8192, "
+                 "load_swa_pattern(ml, 4), n_no_rope_layer_step); the converter writes none of these")
+CARRIED = {
+    "mistral": Carried({"sliding_window": None}, None,
+                       "the converter converts mistral as llama and writes no sliding window "
+                       "(conversion/__init__.py: MistralForCausalLM -> llama); the released Mistral-7B-v0.2 and "
+                       "v0.3 set sliding_window null"),
+    "qwen3_moe": Carried({"norm_topk_prob": True}, None,
+                         "llama.cpp always renormalises the chosen experts' weights for qwen3moe "
+                         "(src/models/qwen3moe.cpp: build_moe_ffn's norm_w true)"),
+    "llama4": LLAMA4,
+    "llama4_text": LLAMA4,
+}
+
+
 def check(model_type: str, python: str, timeout: float = 240.0, seed: int = 0, tolerance: float = NOISE_MARGIN,
           repro_dir: Optional[Path] = None, threads: int = THREADS) -> Record:
     """One architecture's record (the module docstring says how it is judged); the llama.cpp worker
-    is ended `timeout` - 15 s after the start at the latest."""
+    is ended `timeout` - 15 s after the start at the latest. Where llama.cpp hard-codes what the
+    config class's default sets otherwise (`CARRIED`), the record is the run on llama.cpp's values,
+    and the default's run is said in a note and in `llamacpp.carried`."""
+    carried = CARRIED.get(model_type)
+    if carried is None:
+        return checked(model_type, derive.derive(model_type), python, timeout, seed, tolerance, repro_dir, threads)
     t0 = time.monotonic()
-    got = derive.derive(model_type)
+    rec = checked(model_type, derive.derive(model_type, carried.settings, carried.layers), python, timeout / 2, seed,
+                  tolerance, repro_dir, threads)
+    left = timeout - (time.monotonic() - t0)
+    said = ", ".join(f"{k} {v}" for k, v in carried.settings.items()) + (
+        f", the first {carried.layers} layers of the default's pattern" if carried.layers else "")
+    entry = {"settings": {k: v for k, v in carried.settings.items()}, "layers": carried.layers,
+             "where": carried.where}
+    if left < 45:
+        rec.notes.append(f"the tiny config takes llama.cpp's {said} ({carried.where}); the config class's defaults "
+                         "were not rerun: no time left")
+    else:
+        default = checked(model_type, derive.derive(model_type), python, left, seed, tolerance, None, threads)
+        entry["default"] = {"verdict": default.verdict, "worst_schedule": default.worst_schedule,
+                            "max_abs": default.max_abs, "reason": default.reason}
+        rec.notes.append(f"the tiny config takes llama.cpp's {said} ({carried.where}); with the config class's "
+                         f"defaults it is {default.verdict}"
+                         + (f" ({str(default.reason)[:240]})" if default.reason else ""))
+    rec.llamacpp = dict(rec.llamacpp or {}, carried=entry)
+    return rec
+
+
+def checked(model_type: str, got, python: str, timeout: float, seed: int, tolerance: float,
+            repro_dir: Optional[Path], threads: int) -> Record:
+    """The record of one derived config (`derive.Derived`), as `check` describes."""
+    t0 = time.monotonic()
     base = dict(engine=ENGINE)
     if got.error:
         return record(model_type, NOT_BUILT, reason=got.error, **base)
