@@ -117,14 +117,16 @@ def judge(runs: Sequence[Run], power=None, unusable: Optional[str] = None) -> Ju
 TIE_BREAK, SECOND_SEED, DEFAULT_COUNTS = "tie_break", "second_seed", "default_counts"
 
 
-def replicated(rerun: str, word, ties: bool) -> Optional[Verdict]:
-    """What a bug becomes after one rerun of its check, or None where it stands. `rerun`: under
-    the tie-break (TIE_BREAK: any finding there keeps it), on a second seed (SECOND_SEED: only a
-    bug keeps it) or at the default counts (DEFAULT_COUNTS: a bug keeps it, and so does a rerun
-    the model cannot run, crashed or not built, which refutes nothing); `word`: the rerun's
-    verdict; `ties`: whether an exact tie at the edge of a top-k was seen (in the check or in this
-    rerun; always, where a tie-break was run)."""
-    stands = {TIE_BREAK: FINDINGS, SECOND_SEED: (BUG,), DEFAULT_COUNTS: (BUG, CRASHED, NOT_BUILT)}.get(rerun)
+def replicated(rerun: str, word, ties: bool, finding: Verdict = BUG) -> Optional[Verdict]:
+    """What a finding becomes after one rerun of its check, or None where it stands. `rerun`:
+    under the tie-break (TIE_BREAK: any finding there keeps it), on a second seed (SECOND_SEED: only
+    the finding's own word keeps it) or at the default counts (DEFAULT_COUNTS: the finding's word
+    keeps it, and so does a rerun the model cannot run, crashed or not built, which refutes
+    nothing); `word`: the rerun's verdict; `ties`: whether an exact tie at the edge of a top-k was
+    seen (in the check or in this rerun; always, where a tie-break was run); `finding`: the word
+    the engine gives a finding it has confirmed as far as it can (a bug; `unconfirmed` for an
+    engine with no float64, whose departures go no further)."""
+    stands = {TIE_BREAK: FINDINGS, SECOND_SEED: (finding,), DEFAULT_COUNTS: (finding, CRASHED, NOT_BUILT)}.get(rerun)
     if stands is None:
         raise ValueError(f"no such rerun: {rerun!r}")
     if Verdict(str(word)) in stands:

@@ -8,6 +8,8 @@ misbehave as llama.cpp can:
 
 - good: every schedule as the worker runs it;
 - skew: the ubatch schedule's width 5 is off from position 5 on (state lost at a micro-batch boundary);
+- once: skew in the first worker run only (a marker file beside $SMEARCLI_STANDIN_ONCE says it ran):
+  a departure that a rerun does not show again;
 - own: every schedule, prefill included, is off at position 3 (the implementation's own departure);
 - refuse: the rollback schedule is refused as llama.cpp refuses a partial seq_rm on recurrent memory;
 - die: the decode schedule aborts the process with a GGML_ASSERT line, as llama.cpp does; the
@@ -57,6 +59,10 @@ def main(req_path, outdir):
     if os.environ.get("SMEARCLI_STANDIN_SEEN"):
         json.dump(req, open(os.environ["SMEARCLI_STANDIN_SEEN"], "w"))
     mode = os.environ.get("SMEARCLI_STANDIN_MODE", "good")
+    if mode == "once":
+        marker = os.environ["SMEARCLI_STANDIN_ONCE"]
+        mode = "good" if os.path.exists(marker) else "skew"
+        open(marker, "a").close()
     path = os.path.join(outdir, "result.json")
     result = json.load(open(path)) if os.path.isfile(path) else {
         "protocol": PROTOCOL, "llama_cpp_python": "0.3.36", "schedules": [], "running": None}

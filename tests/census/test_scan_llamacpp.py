@@ -71,6 +71,23 @@ def test_a_micro_batch_error_is_the_cache_finding_at_its_first_position(tmp_path
     text = repro.read_text()
     assert "import smearcli" not in text and "'width': 5" in text
     assert rec["reproducer_status"] == 2  # the stand-in's "environment" has no llama.cpp: nothing reproduced
+    # replicated before it is one: the same width departs on the next seed and at the default head counts
+    rep = rec["replication"]
+    assert rep["ties"] == 0 and rep["second_seed"]["departure"] == llamacpp.CACHE
+    assert rep["default_counts"]["rerun"]["worst_schedule"] == "ubatch"
+    assert any(n.startswith("replicated: on seed 1 (weights and tokens) ubatch departs again") for n in rec["notes"])
+
+
+def test_a_cache_finding_a_rerun_does_not_show_again_is_not_replicated(tmp_path, fake_python, monkeypatch):
+    monkeypatch.setenv("SMEARCLI_STANDIN_ONCE", str(tmp_path / "ran-once"))
+    md = tmp_path / "census.md"
+    r, recs, _ = scan(tmp_path, fake_python, monkeypatch, "llama", "once", "--markdown", str(md))
+    rec = recs["llama"]
+    assert rec["verdict"] == "unconfirmed" and rec["llamacpp"]["departure"] == llamacpp.NOT_REPLICATED
+    assert rec["reason"].startswith("not replicated: on seed 1 (weights and tokens) ubatch gives ok; cache finding")
+    assert rec["replication"]["second_seed"]["departure"] is None and "default_counts" not in rec["replication"]
+    page = md.read_text()
+    assert "## Findings" not in page  # not a cache finding: said in its row, not listed among the findings
 
 
 def test_a_departure_already_in_the_one_call_prefill_is_the_implementations(tmp_path, fake_python, monkeypatch):

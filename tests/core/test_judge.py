@@ -88,6 +88,20 @@ def test_a_bug_after_each_rerun(rerun, word, ties, becomes):
     assert judge.replicated(rerun, str(word), ties) is becomes  # as a record's JSON carries it
 
 
+@pytest.mark.parametrize("rerun, word, ties, becomes", [
+    (SECOND_SEED, UNCONFIRMED, False, None),  # the same departure again: the engine's finding stands
+    (SECOND_SEED, OK, False, UNCONFIRMED),  # gone on the next seed: not replicated
+    (SECOND_SEED, OK, True, TIE_ARTIFACT),
+    (DEFAULT_COUNTS, UNCONFIRMED, True, None),
+    (DEFAULT_COUNTS, NOT_BUILT, False, None),
+    (DEFAULT_COUNTS, OK, True, TIE_ARTIFACT),
+    (SECOND_SEED, BUG, False, UNCONFIRMED),  # not the engine's word for its finding: the finding did not recur
+])
+def test_a_finding_of_an_engine_without_float64_after_each_rerun(rerun, word, ties, becomes):
+    """llama.cpp's strongest word is `unconfirmed`: its cache findings are replicated by the same rule."""
+    assert judge.replicated(rerun, word, ties, finding=UNCONFIRMED) is becomes
+
+
 def test_an_unknown_rerun_is_refused():
     with pytest.raises(ValueError, match="no such rerun"):
         judge.replicated("third_seed", OK, False)

@@ -55,7 +55,7 @@ from typing import Optional, Sequence
 import torch
 
 from ...defaults import NOISE_MARGIN
-from ...verdicts import CRASHED, NOT_BUILT, OK, UNCONFIRMED, UNSUPPORTED
+from ...verdicts import CRASHED, NOT_BUILT, OK, TIE_ARTIFACT, UNCONFIRMED, UNSUPPORTED
 from ...census import derive, known
 from ...census.derive import text_config, vocab_of
 from ...census.record import Record, new as record
@@ -123,11 +123,14 @@ def check(model_type: str, python: str, timeout: float = 240.0, seed: int = 0, t
     config class's default sets otherwise (`CARRIED`), the record is the run on llama.cpp's values,
     and the default's run is said in a note and in `llamacpp.carried`."""
     carried = CARRIED.get(model_type)
-    if carried is None:
-        return checked(model_type, derive.derive(model_type), python, timeout, seed, tolerance, repro_dir, threads)
     t0 = time.monotonic()
-    rec = checked(model_type, derive.derive(model_type, carried.settings, carried.layers), python, timeout / 2, seed,
-                  tolerance, repro_dir, threads)
+    got = derive.derive(model_type) if carried is None else derive.derive(model_type, carried.settings, carried.layers)
+    rec = checked(model_type, got, python, timeout if carried is None else timeout / 2, seed, tolerance, repro_dir,
+                  threads)
+    if departure(rec) == CACHE:  # a cache finding: rerun before it is one
+        rec = replicate(model_type, got, rec, python, timeout - (time.monotonic() - t0), seed, tolerance, threads)
+    if carried is None:
+        return rec
     left = timeout - (time.monotonic() - t0)
     said = ", ".join(f"{k} {v}" for k, v in carried.settings.items()) + (
         f", the first {carried.layers} layers of the default's pattern" if carried.layers else "")
@@ -145,6 +148,119 @@ def check(model_type: str, python: str, timeout: float = 240.0, seed: int = 0, t
                          + (f" ({str(default.reason)[:240]})" if default.reason else ""))
     rec.llamacpp = dict(rec.llamacpp or {}, carried=entry)
     return rec
+
+
+NOT_REPLICATED = "not replicated"  # `llamacpp.departure` of a cache finding a rerun did not show again
+
+
+def replicate(model_type: str, got, rec: Record, python: str, left: float, seed: int, tolerance: float,
+              threads: int) -> Record:
+    """A cache finding run again before it is one, as the transformers census replicates a bug
+    (`engines.transformers.ties`), the judge deciding (`judge.replicated`, the finding's word being
+    `unconfirmed`: llama.cpp has no float64): on the next seed (weights and tokens), then at the
+    head and expert counts the derivation shrank restored (`derive.default_counts`). A rerun keeps
+    the finding when the same schedule departs from llama.cpp's own one-call prefill again, and a
+    rerun that crashes or is not built refutes nothing. Ties: the top-k calls with an exact tie at
+    their edge in the transformers reference's pass over the same weights and tokens
+    (`ties.watching`): an exact tie (an indexer's ReLU at exactly zero) is exact in llama.cpp too,
+    where a kernel's order then picks among the tied keys. A finding that does not stand is a `tie
+    artifact` where ties were seen, else its departure is `not replicated`."""
+    from ... import judge
+    from ..transformers.check import parameters
+
+    t0 = time.monotonic()
+    ties = int((rec.llamacpp or {}).get("ties") or 0)
+
+    def kept(rerun: Record) -> str:  # the rerun's word as a replication reads it
+        if rerun.verdict in (str(CRASHED), str(NOT_BUILT)):
+            return rerun.verdict
+        return rec.verdict if departure(rerun) == CACHE and rerun.worst_schedule == rec.worst_schedule else str(OK)
+
+    def brief(rerun: Record) -> dict:
+        return {"verdict": rerun.verdict, "worst_schedule": rerun.worst_schedule, "max_abs": rerun.max_abs,
+                "departure": departure(rerun)}
+
+    rep: dict = {"ties": ties}
+    word, why = None, ""
+    budget = (left - 15.0) / 2
+    if budget < 20:
+        rec.notes.append("not replicated: no time left for a rerun")
+        return rec
+    other = checked(model_type, got, python, budget, seed + 1, tolerance, None, threads)
+    rep.update(seed=seed + 1, second_seed=brief(other))
+    ties += int((other.llamacpp or {}).get("ties") or 0)
+    word = judge.replicated(judge.SECOND_SEED, kept(other), bool(ties), finding=UNCONFIRMED)
+    why = f"on seed {seed + 1} (weights and tokens) {rec.worst_schedule} " + (
+        "departs again" if kept(other) == rec.verdict else f"gives {kept(other)}")
+    said = [why]  # each rerun that kept it
+    counts = derive.default_counts(got.config, got.changed, parameters, T) if got.changed else None
+    if word is None and counts is not None:
+        rep["default_counts"] = counts.entry()
+        if counts.config is not None and left - (time.monotonic() - t0) > 35:
+            at = checked(model_type, derive.Derived(model_type, counts.config, None, got.changed), python,
+                         left - (time.monotonic() - t0) - 15.0, seed, tolerance, None, threads)
+            rep["default_counts"]["rerun"] = brief(at)
+            ties += int((at.llamacpp or {}).get("ties") or 0)
+            word = judge.replicated(judge.DEFAULT_COUNTS, kept(at), bool(ties), finding=UNCONFIRMED)
+            why = f"at the default head/expert counts ({counts.words()}) {rec.worst_schedule} " + (
+                "departs again" if kept(at) == rec.verdict else f"gives {kept(at)}")
+            said.append(why)
+            if at.verdict in (str(CRASHED), str(NOT_BUILT)):  # all at once cannot run: each kind of count alone
+                for what, words, cfg in one_count_each(got, counts):
+                    if left - (time.monotonic() - t0) < 35:
+                        break
+                    alone = checked(model_type, derive.Derived(model_type, cfg, None, got.changed), python,
+                                    left - (time.monotonic() - t0) - 15.0, seed, tolerance, None, threads)
+                    rep["default_counts"].setdefault("alone", {})[what] = brief(alone)
+                    ties += int((alone.llamacpp or {}).get("ties") or 0)
+                    word = judge.replicated(judge.DEFAULT_COUNTS, kept(alone), bool(ties), finding=UNCONFIRMED)
+                    if word is not None:
+                        why = (f"at the default {what} alone ({words}) {rec.worst_schedule} gives {kept(alone)} "
+                               f"(all the default counts at once: {at.verdict})")
+                        break
+    rep["ties"] = ties
+    rec.replication = rep
+    if word in (TIE_ARTIFACT, UNCONFIRMED):
+        rec.reason = f"{NOT_REPLICATED}: {why}; " + str(rec.reason or "")
+    if word == TIE_ARTIFACT:
+        rec.verdict = str(TIE_ARTIFACT)
+        rec.llamacpp = dict(rec.llamacpp or {}, departure=NOT_REPLICATED)
+        rec.notes.append(f"a tie artifact: the transformers reference's pass had {ties} top-k call(s) with an exact "
+                         f"tie at the edge of the choice; {why}")
+    elif word == UNCONFIRMED:
+        rec.llamacpp = dict(rec.llamacpp or {}, departure=NOT_REPLICATED)
+        rec.notes.append("not replicated: " + why)
+    else:
+        more = _counts_note(rep, counts)
+        rec.notes.append("replicated: " + "; ".join(said) + (f"; {more}" if more else ""))
+    return rec
+
+
+def one_count_each(got, counts) -> list:
+    """[(what, "key tiny -> default", config)]: the tiny config with one kind of count the
+    derivation shrank (`derive.COUNTS`: attention heads, experts, indexer heads...) restored alone."""
+    out = []
+    for what, keys in derive.shrunk_counts(got.changed).items():
+        back = {k: default for k, (default, _) in keys.items() if k in counts.restored}
+        if not back:
+            continue
+        try:
+            cfg = derive.rebuilt(got.config, back)
+        except Exception:  # the config class refuses this count alone: not a rerun to make
+            continue
+        out.append((what, ", ".join(f"{k} {keys[k][1]} -> {v}" for k, v in back.items()), cfg))
+    return out
+
+
+def _counts_note(rep: dict, counts) -> str:
+    """What the default counts gave where the second seed already kept the finding."""
+    entry = rep.get("default_counts")
+    if counts is None:
+        return "no head or expert count was shrunk"
+    if not entry or "rerun" not in entry:
+        skipped = "; ".join(f"{k} not restored: {v}" for k, v in (entry or {}).get("skipped", {}).items())
+        return "not rerun at the default head/expert counts" + (f" ({skipped})" if skipped else "")
+    return ""
 
 
 def checked(model_type: str, got, python: str, timeout: float, seed: int, tolerance: float,
@@ -174,8 +290,14 @@ def checked(model_type: str, got, python: str, timeout: float, seed: int, tolera
             return record(model_type, NOT_BUILT, reason="the tiny model cannot be saved: " + transformers_frame(e),
                           **base)
         gguf = Path(d) / "model.gguf"
-        rec, finding, c, runner = judged(model_type, model, Path(d) / "model", python, tokens, ref_runner, power, tolerance,
-                                base, max(30.0, timeout - 15.0 - (time.monotonic() - t0)), threads, gguf)
+        from ..transformers import ties
+
+        with ties.watching() as seen:  # the transformers reference's top-k calls: the only ones in this process
+            rec, finding, c, runner = judged(model_type, model, Path(d) / "model", python, tokens, ref_runner, power,
+                                            tolerance, base, max(30.0, timeout - 15.0 - (time.monotonic() - t0)),
+                                            threads, gguf)
+        if seen.ties:
+            rec.llamacpp = dict(rec.llamacpp or {}, ties=int(seen.ties))
         if rec.reason:  # the converter names files in the temporary directory: not the record's business
             for spelt in {str(Path(d).resolve()), d}:  # the worker is sent the resolved path
                 rec.reason = str(rec.reason).replace(spelt, "MODEL_DIR")
@@ -335,7 +457,7 @@ def sections(recs: Sequence[Record], meta: Optional[dict] = None) -> list[str]:
     if b:
         out += [f"Benchmark: {summary_line(b)}" + (f"; load {meta['load']}" if meta.get("load") else "") + ".", ""]
     found = [r for r in sorted(recs, key=sort_key) if departure(r) == CACHE
-             or r.verdict == str(CRASHED) or (r.upstream and departure(r) != IMPLEMENTATION)]
+             or r.verdict == str(CRASHED) or (r.upstream and departure(r) not in (IMPLEMENTATION, NOT_REPLICATED))]
     if found:
         out += ["## Findings", "", "A cached path of llama.cpp past the threshold against its own one-call prefill "
                 "(llama.cpp has no float64, so unconfirmed), or a crash with llama.cpp's frame. Each reproducer needs "
