@@ -877,6 +877,25 @@ def gguf_case(kind: str):
     return prepare
 
 
+def torn_state(cwd: Path):
+    """`hf/` (a tiny llama) and `py`: the stand-in worker (tests/llamacpp_standin.py) in its `torn`
+    mode, which finds the restore schedule's state file shorter than the save wrote, as a full disk
+    leaves it."""
+    import sys as _sys
+
+    from hf_bad_dirs import good_dir
+
+    src = cwd.parent / "hf_good"
+    if not src.exists():
+        good_dir(src)
+    import shutil
+
+    shutil.copytree(src, cwd / "hf")
+    standin = Path(__file__).resolve().parent / "llamacpp_standin.py"
+    (cwd / "py").write_text(f"#!/bin/sh\nSMEARCLI_STANDIN_MODE=torn exec {_sys.executable} {standin} \"$@\"\n")
+    (cwd / "py").chmod(0o755)
+
+
 GGUF_ARGS = ["compare", "--impl", "llamacpp", "--hf-model", "hf", "--llamacpp-python", "py", "--gguf", "m.gguf"]
 CASES += [
     Case("llama.cpp environment", "--llamacpp-python missing", [*LLAMACPP, "nope/bin/python"], prepare=vllm_env(),
@@ -895,6 +914,9 @@ CASES += [
     Case("gguf", "--gguf whose header lies about a tensor's size (1,000 rows more than the file holds)",
          GGUF_ARGS, prepare=gguf_case("lies"), expect="past the end of the file's data"),
     Case("gguf", "--gguf truncated", GGUF_ARGS, prepare=gguf_case("truncated"), expect="truncated"),
+    Case("llama.cpp environment", "the restore schedule's state file torn on disk (a full disk; a stand-in worker)",
+         ["compare", "--impl", "llamacpp", "--hf-model", "hf", "--llamacpp-python", "py", "--schedules", "restore",
+          "--seq-len", "16"], prepare=torn_state, expect="torn (is the disk full?); nothing was restored"),
     Case("gguf", "--gguf declaring a huge vocabulary (5,000,000 tokens)", GGUF_ARGS, prepare=gguf_case("huge"),
          expect="over the 1,048,576 limit"),
     Case("gguf", "--gguf with another vocabulary than the config's", GGUF_ARGS, prepare=gguf_case("vocab"),

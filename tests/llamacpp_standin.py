@@ -115,8 +115,9 @@ def main(req_path, outdir):
                          "partial removal) from the recurrent memory with n_rs_seq 0: llama.cpp's documented limit",
                          steps=[s["prompt"], s["draft"]])
         elif name == "restore" and mode == "torn":
-            entry.update(outcome="environment", message=f"the state file {outdir}/state.bin holds 4096 of the 12748 "
-                         "bytes llama_state_seq_save_file wrote: torn (is the disk full?); nothing was restored",
+            entry.update(outcome="environment", message="the state file state.bin in the worker's temporary directory "
+                         "holds 4096 of the 12748 bytes llama_state_seq_save_file wrote: torn (is the disk full?); "
+                         "nothing was restored",
                          steps=[s["prefix"], T - s["prefix"]])
         elif name == "ubatch":
             for w in s["widths"]:

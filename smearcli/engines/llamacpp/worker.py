@@ -268,12 +268,13 @@ def restore(eng: Engine, items: list, P: int, room: int, cache: str) -> dict:
             eng.free(ctx)
         on_disk = os.path.getsize(state) if os.path.isfile(state) else 0
         if wrote and on_disk != wrote:
-            return {"environment": f"the state file {state} holds {on_disk} of the {wrote} bytes "
-                                   "llama_state_seq_save_file wrote: torn (is the disk full?); nothing was restored"}
+            return {"environment": f"the state file state.bin in the worker's temporary directory holds {on_disk} "
+                                   f"of the {wrote} bytes llama_state_seq_save_file wrote: torn (is the disk full?); "
+                                   "nothing was restored"}
         if not wrote:
             free = os.statvfs(eng.outdir)
             if free.f_bavail * free.f_frsize < need + 65536:
-                return {"environment": f"llama_state_seq_save_file wrote nothing to {state}: "
+                return {"environment": "llama_state_seq_save_file wrote nothing to the worker's temporary directory: "
                                        f"{free.f_bavail * free.f_frsize} bytes free, the state needs about {need}"}
             said = [ln for ln in eng.log if "state" in ln.lower()]
             raise RuntimeError("llama_state_seq_save_file returned 0" + (f" ({said[-1].strip()[:200]})" if said else ""))
