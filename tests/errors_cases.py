@@ -892,7 +892,7 @@ def torn_state(cwd: Path):
 
     shutil.copytree(src, cwd / "hf")
     standin = Path(__file__).resolve().parent / "llamacpp_standin.py"
-    (cwd / "py").write_text(f"#!/bin/sh\nSMEARCLI_STANDIN_MODE=torn exec {_sys.executable} {standin} \"$@\"\n")
+    (cwd / "py").write_text(f"#!/bin/sh\nshift\nSMEARCLI_STANDIN_MODE=torn exec {_sys.executable} {standin} \"$@\"\n")
     (cwd / "py").chmod(0o755)
 
 
@@ -911,12 +911,12 @@ CASES += [
     Case("llama.cpp environment", "a llama.cpp worker speaking another protocol (a stand-in)", [*LLAMACPP, "proto"],
          prepare=vllm_env("proto", f"echo '{LC_HELLO % (99, chr(34) + '0.3.36' + chr(34), 'null')}'"),
          expect="speaks protocol 99"),
-    Case("gguf", "--gguf whose header lies about a tensor's size (1,000 rows more than the file holds)",
-         GGUF_ARGS, prepare=gguf_case("lies"), expect="past the end of the file's data"),
-    Case("gguf", "--gguf truncated", GGUF_ARGS, prepare=gguf_case("truncated"), expect="truncated"),
     Case("llama.cpp environment", "the restore schedule's state file torn on disk (a full disk; a stand-in worker)",
          ["compare", "--impl", "llamacpp", "--hf-model", "hf", "--llamacpp-python", "py", "--schedules", "restore",
           "--seq-len", "16"], prepare=torn_state, expect="torn (is the disk full?); nothing was restored"),
+    Case("gguf", "--gguf whose header lies about a tensor's size (1,000 rows more than the file holds)",
+         GGUF_ARGS, prepare=gguf_case("lies"), expect="past the end of the file's data"),
+    Case("gguf", "--gguf truncated", GGUF_ARGS, prepare=gguf_case("truncated"), expect="truncated"),
     Case("gguf", "--gguf declaring a huge vocabulary (5,000,000 tokens)", GGUF_ARGS, prepare=gguf_case("huge"),
          expect="over the 1,048,576 limit"),
     Case("gguf", "--gguf with another vocabulary than the config's", GGUF_ARGS, prepare=gguf_case("vocab"),
