@@ -110,7 +110,7 @@ def main(req_path, outdir):
             os.abort()
         if name == "chunked" and mode == "stuck":
             os._exit(3)  # as the worker's watchdog ends it, result.json naming the schedule it was in
-        if name == "rollback" and mode == "refuse":
+        if name in ("rollback", "mixed") and mode == "refuse":
             entry.update(outcome="refused", message="llama_memory_seq_rm refused to remove positions 30.. (a "
                          "partial removal) from the recurrent memory with n_rs_seq 0: llama.cpp's documented limit",
                          steps=[s["prompt"], s["draft"]])
@@ -128,19 +128,20 @@ def main(req_path, outdir):
                 entry["arrays"][str(w)] = f"{i}-ubatch-{w}.npy"
             entry["steps"] = [T]
         else:
-            if name == "batched":
+            if name in ("batched", "split"):
                 S = s["short"]
                 logits = np.concatenate([np.stack([r, r]) for r in logits])
                 entry["steps"] = [T + S]
-            elif name == "chunked":
+            elif name in ("chunked", "swa"):
                 entry["steps"] = s["sizes"]
             elif name in ("prefix", "restore"):
                 entry["steps"] = [s["prefix"], T - s["prefix"]]
-            elif name == "rollback":
+            elif name in ("rollback", "mixed"):
                 entry["steps"], pos, cuts = [s["prompt"]], s["prompt"], []
                 while pos < T:
-                    n = min(s["draft"], T - pos)
-                    keep = n if n < s["draft"] else n - s["reject"]
+                    single = name == "mixed" and len(entry["steps"]) % 2 == 0
+                    n = 1 if single else min(s["draft"], T - pos)
+                    keep = 0 if single else n if n < s["draft"] else n - s["reject"]
                     entry["steps"].append(n)
                     if keep < n:
                         cuts.append(pos + keep)

@@ -270,6 +270,7 @@ def of_run(comparison, engine: str, model_type: str, release: Optional[str], nam
     boundary's own shape, else the error's profile). The census names some shapes from reruns a
     compare does not make (a cache that misreports its length), so an entry of such a shape does not
     cover a compare run: it reads `new`, and `--check` fails on it as before."""
+    from ..schedules import shape as registered_shape
     from ..verdicts import CRASHED
     from .shapes import classify as shape_of
 
@@ -281,7 +282,11 @@ def of_run(comparison, engine: str, model_type: str, release: Optional[str], nam
     for m in comparison.failures:
         threshold = m.noise.per_layer[-1] * m.tolerance
         path = name_of(m.schedule, list(m.steps))
-        shape = shape_of(m.abs_err[-1].tolist(), list(m.steps), threshold, schedule=m.schedule)
+        err, steps = m.abs_err[-1].tolist(), list(m.steps)
+        # an error profile reads positions against steps that cover them; an engine's own schedule
+        # (two sequences in one call) has steps of its own: its registered shape, or none
+        shape = (shape_of(err, steps, threshold, schedule=m.schedule) if sum(steps) == len(err)
+                 else registered_shape(m.schedule) or "")
         parts.append(Part(path, shape, str(comparison.status(m))))
     for r in comparison.crashed:
         parts.append(Part(name_of(r.schedule, list(r.steps or [])), "", str(CRASHED)))

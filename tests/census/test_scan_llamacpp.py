@@ -21,7 +21,7 @@ from conftest import standin_python  # noqa: E402
 
 runner = CliRunner()
 STANDIN = Path(__file__).resolve().parents[1] / "llamacpp_standin.py"
-ALL = {"prefill", "ubatch", "chunked", "decode", "prefix", "rollback", "batched", "restore"}
+ALL = {"prefill", "ubatch", "chunked", "decode", "prefix", "rollback", "batched", "restore", "swa", "mixed", "split"}
 
 
 @pytest.fixture

@@ -26,7 +26,7 @@ from conftest import standin_python  # noqa: E402
 runner = CliRunner()
 STANDIN = Path(__file__).resolve().parents[1] / "llamacpp_standin.py"
 T = 32
-ALL = ["prefill", "ubatch", "chunked", "decode", "prefix", "rollback", "batched", "restore"]
+ALL = ["prefill", "ubatch", "chunked", "decode", "prefix", "rollback", "batched", "restore", "swa", "mixed", "split"]
 
 
 @pytest.fixture(scope="module")
@@ -99,15 +99,19 @@ def test_a_departure_already_in_the_one_call_prefill_is_the_implementations(mode
     assert "one-call prefill already departs from transformers (the implementation's, not a cache finding)" \
         in doc["verdict"]
     assert "every cached path matches llama.cpp's own one-call prefill" in doc["verdict"]
+    # every departing run is placed against what upstream knows, two sequences in one call too
+    # (their steps cover both rows: the shape is the schedule's own, not read from an error profile)
+    assert {"prefill", "batched", "split"} <= {u["path"] for u in doc["upstream"]}
 
 
 def test_a_refused_partial_removal_is_llamacpps_documented_limit_not_a_crash(model_dir, fake_python, monkeypatch,
                                                                             tmp_path):
     r, doc = compare(model_dir, fake_python, monkeypatch, tmp_path, "refuse")
-    (nm,) = doc["not_measured"]
-    assert nm["schedule"] == "rollback" and nm["outcome"] == "checked nothing"
-    assert "documented limit" in nm["message"] and not doc["verdict"].startswith("CRASHED")
-    assert [x["schedule"] for x in doc["runs"]] == [s for s in ALL if s != "rollback"]
+    assert [nm["schedule"] for nm in doc["not_measured"]] == ["rollback", "mixed"]  # both remove a partial tail
+    for nm in doc["not_measured"]:
+        assert nm["outcome"] == "checked nothing" and "documented limit" in nm["message"]
+    assert not doc["verdict"].startswith("CRASHED")
+    assert [x["schedule"] for x in doc["runs"]] == [s for s in ALL if s not in ("rollback", "mixed")]
 
 
 def test_a_worker_that_dies_in_one_schedule_is_its_crash_and_the_run_goes_on(model_dir, fake_python, monkeypatch,
@@ -217,7 +221,7 @@ def test_the_registered_schedules_are_offered_to_llamacpp_alone():
 
     assert "ubatch" in SCHEDULES and "batched" in SCHEDULES
     assert [s for s in offered(REGISTRY["llamacpp"]) if s != "full"] == [
-        "prefill", "decode", "chunked", "rollback", "prefix", "ubatch", "batched", "restore"]
+        "prefill", "decode", "chunked", "rollback", "prefix", "ubatch", "batched", "swa", "split", "mixed", "restore"]
     assert "ubatch" not in offered(REGISTRY["hf"]) and "batched" not in offered(REGISTRY["vllm"])
 
 

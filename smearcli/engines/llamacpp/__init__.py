@@ -25,6 +25,11 @@ one sequence copied to a second (`llama_memory_seq_cp`) that continues; rollback
 rejected tokens are removed (`llama_memory_seq_rm`) and decoded right (a partial removal
 llama.cpp refuses on recurrent memory is its documented limit: the run checked nothing, and says
 so); batched (registered here), the row and its first two thirds as two sequences in one call;
+split (registered here), the same in a cache that is not unified (llama.cpp's default); swa
+(registered here), chunked's calls with the sliding-window layers keeping only their window
+(`swa_full` off, as llama-server runs them); mixed (registered here), rollback's drafts with a
+one-token step between them that is removed whole (the last call rejected in full) before the next
+draft redoes its position (speculative decoding interleaves one-token and multi-token steps);
 restore (registered here), half the row decoded, that sequence's state saved to a file and loaded
 into a fresh context (`llama_state_seq_save_file` / `_load_file`, as a server restores a saved
 slot), the rest decoded there (a state file torn on disk is this machine's failure: a UserError).
@@ -53,6 +58,8 @@ from .environment import PROTOCOL, WORKER
 ENV_PYTHON = "SMEARCLI_LLAMACPP_PYTHON"
 MICRO_BATCHES = "micro_batches"  # capability: one call split into micro-batches (`n_ubatch`)
 SEQUENCES = "sequences"  # capability: several sequences of different lengths in one call
+WINDOW_ONLY = "window_only"  # capability: sliding-window layers that keep only their window (swa_full off)
+WHOLE_CALLS = "whole_calls"  # capability: removing all a call decoded (llama_memory_seq_rm), not just a draft's tail
 STATE_FILES = "state_files"  # capability: a sequence's state saved to a file and loaded into a fresh context
 RESTORED = "restored"  # the mark where the restored state is first read (the first token decoded after it)
 
@@ -65,9 +72,16 @@ register(Schedule("ubatch", "one call whose prompt the engine splits into micro-
                   _engine_only, frozenset({MICRO_BATCHES})))
 register(Schedule("batched", "the row and its first two thirds as two sequences of one batch",
                   _engine_only, frozenset({SEQUENCES})))
+register(Schedule("swa", "chunked calls with the sliding-window layers keeping only their window (swa_full off)",
+                  _engine_only, frozenset({WINDOW_ONLY})))
+register(Schedule("split", "the row and its first two thirds as two sequences of one call, in a cache that is not "
+                  "unified (llama.cpp's default)", _engine_only, frozenset({SEQUENCES})))
+register(Schedule("mixed", "rollback's drafts with a one-token step between them taken back whole, as speculative "
+                  "decoding interleaves one-token and multi-token steps", _engine_only, frozenset({CROP, WHOLE_CALLS})))
 register(Schedule("restore", "half the row, its state saved to a file and loaded into a fresh context, then the rest",
                   _engine_only, frozenset({STATE_FILES}), marks=((RESTORED, "state restored"),)))
-LLAMACPP_SCHEDULES = ("prefill", "ubatch", "chunked", "decode", "prefix", "rollback", "batched", "restore")
+LLAMACPP_SCHEDULES = ("prefill", "ubatch", "chunked", "decode", "prefix", "rollback", "batched", "restore", "swa",
+                      "mixed", "split")
 
 
 @dataclass(frozen=True)
@@ -120,18 +134,18 @@ def request(s: Settings, tokens: torch.Tensor, schedules: Sequence[str], opts: S
             raise ValueError(f"llamacpp cannot run the {name} schedule")
         e: dict = {"name": name}
         try:
-            if name == "chunked":
+            if name in ("chunked", "swa"):
                 e["sizes"] = chunk_plan(T, opts)
             elif name == "ubatch":
                 e["widths"] = [w for w in s.widths if 1 <= w < T] or [max(1, T // 2)]
             elif name in ("prefix", "restore"):
                 e["prefix"] = prefix_len(T)
-            elif name == "rollback":
+            elif name in ("rollback", "mixed"):
                 if not 0 < opts.reject < opts.draft:
                     raise ValueError(f"rollback rejects between 1 and draft - 1 tokens of each draft "
                                      f"({opts.draft}), got {opts.reject}")
                 e.update(prompt=prompt_len(T, opts), draft=opts.draft, reject=opts.reject)
-            elif name == "batched":
+            elif name in ("batched", "split"):
                 e["short"] = short_len(T)
         except ValueError as err:
             raise UserError(str(err)) from None
@@ -151,7 +165,7 @@ class LlamaCppRunner(foreign.WholeSchedules):
     words = "llama.cpp"
     series = "llama.cpp (its micro-batches, calls, sequence copies and removals)"
     layers = ("logits",)
-    capabilities = frozenset({PREFIX_CACHE, CROP, MICRO_BATCHES, SEQUENCES, STATE_FILES})
+    capabilities = frozenset({PREFIX_CACHE, CROP, MICRO_BATCHES, SEQUENCES, STATE_FILES, WINDOW_ONLY, WHOLE_CALLS})
     runs_itself = frozenset(LLAMACPP_SCHEDULES)
 
     def __init__(self, settings: Settings, schedules: Sequence[str] = LLAMACPP_SCHEDULES):
@@ -259,13 +273,14 @@ def to_run(sched: dict, res: dict, workdir: Path, tokens: torch.Tensor, V: int):
                 lp = _load(workdir, f, (R, T, V))
                 out[w] = RunResult(name, "llamacpp", lp, None, [w] * (T // w) + ([T % w] if T % w else []), rows)
             return out
-        if name == "batched":
+        if name in ("batched", "split"):
             S = int(sched["short"])
             lp = _load(workdir, entry["arrays"]["logits"], (2 * R, T, V))
             return RunResult(name, "llamacpp", lp, None, [T], [r for r in rows for _ in (0, 1)], starts=[],
-                             notes=(f"batched: each row and its first {S} tokens as two sequences of one "
+                             notes=(f"{name}: each row and its first {S} tokens as two sequences of one "
                                     f"llama_decode call (rows long/short; the short row's positions from {S} on "
-                                    "are the long one's)",))
+                                    "are the long one's)" + (", in a cache that is not unified" if name == "split"
+                                                             else ""),))
         lp = _load(workdir, entry["arrays"]["logits"], (R, T, V))
     except (KeyError, ValueError, OSError) as e:
         return unmeasured(CRASHED, f"the llama.cpp worker's answer is unreadable: {e}")
@@ -280,10 +295,12 @@ def to_run(sched: dict, res: dict, workdir: Path, tokens: torch.Tensor, V: int):
         return RunResult(name, "llamacpp", lp, None, steps, rows, {RESTORED: [steps[0]]},
                          notes=(f"restore: the first {steps[0]} tokens' state saved with llama_state_seq_save_file and "
                                 "loaded into a fresh context with llama_state_seq_load_file, the rest decoded there",))
-    if name == "rollback":
+    if name in ("rollback", "mixed"):
         cuts = list(entry.get("cuts") or [])
-        note = (f"rollback: drafts of {sched['draft']}, the last {sched['reject']} of each rejected and removed "
-                f"with llama_memory_seq_rm (n_rs_seq {entry.get('n_rs_seq', 0)})")
+        note = (f"{name}: drafts of {sched['draft']}" + (", a one-token step removed whole between them" if name == "mixed"
+                                                        else "")
+                + f", the last {sched['reject']} of each rejected and removed with llama_memory_seq_rm (n_rs_seq "
+                f"{entry.get('n_rs_seq', 0)})")
         return RunResult(name, "llamacpp", lp, None, steps, rows, {ROLLBACK: cuts},
                          starts=[p for p in [sched["prompt"]] + cuts if 0 < p < T], notes=(note,))
     return RunResult(name, "llamacpp", lp, None, steps, rows)

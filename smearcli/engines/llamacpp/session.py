@@ -73,7 +73,10 @@ BOUNDARY = {"ubatch": "a micro-batch boundary inside one llama_decode (n_ubatch)
             "prefix": "a sequence continued after llama_memory_seq_cp",
             "rollback": "a sequence continued after llama_memory_seq_rm of rejected drafts",
             "batched": "two sequences of different lengths in one llama_decode call",
-            "restore": "a sequence continued in a fresh context after llama_state_seq_save_file and _load_file"}
+            "restore": "a sequence continued in a fresh context after llama_state_seq_save_file and _load_file",
+            "swa": "a boundary between llama_decode calls, the sliding-window layers keeping only their window",
+            "mixed": "a sequence continued after llama_memory_seq_rm of drafts and of one-token steps removed whole",
+            "split": "two sequences of different lengths in one llama_decode call, the cache not unified"}
 FINDING = "cache finding"
 OWN = "the implementation's own departure, not a cache finding"
 # what a departure is, as the record's engine data says it (`llamacpp.departure`): the page and the
@@ -359,7 +362,7 @@ def judged(model_type, model, model_dir: Path, python: str, tokens, ref_runner, 
                                  "why": r.message}
     notes = [n for n in runner.notes() if not n.startswith("ubatch")] + own.lines()
     notes += [f"ubatch widths: {n.split(';', 1)[1].strip()}" for n in runner.notes() if n.startswith("ubatch")]
-    notes += [f"rollback: {s['why']}" for s in schedules.values() if s.get("status") == str(UNSUPPORTED)]
+    notes += [f"{n}: {s['why']}" for n, s in schedules.items() if s.get("status") == str(UNSUPPORTED)]
     failed = {m.schedule for m in c.failures}
     found = [d for d in own.findings if d.schedule in failed]
     out = dict(base, schedules=schedules, notes=notes, llamacpp=timing(runner))
@@ -590,14 +593,14 @@ def child():
     V = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
     T = len(TOKENS)
 
-    def context(n_batch, n_ubatch, n_seq=1, n_rs_seq=0):
+    def context(n_batch, n_ubatch, n_seq=1, n_rs_seq=0, unified=True, swa_full=True):
         cp = L.llama_context_default_params()
         cp.n_ctx = max(2 * T + 16, 8)
         cp.n_batch, cp.n_ubatch, cp.n_seq_max, cp.n_rs_seq = n_batch, n_ubatch, n_seq, n_rs_seq
         cp.n_threads = cp.n_threads_batch = 1
         cp.type_k = cp.type_v = L.GGML_TYPE_F32  # the cache in float32: the cache's logic, not its precision
         cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_DISABLED
-        cp.kv_unified = True
+        cp.kv_unified, cp.swa_full = unified, swa_full
         return L.llama_init_from_model(model, cp)
 
     def decode(ctx, items):
@@ -619,9 +622,10 @@ def child():
     one_call = np.stack(decode(ctx, items))
     L.llama_free(ctx)
     name = SCHEDULE["name"]
-    if name in ("prefill", "ubatch", "chunked", "decode"):  # prefill: llama.cpp dying in its one call (above)
+    if name in ("prefill", "ubatch", "chunked", "decode", "swa"):  # prefill: llama.cpp dying in its one call (above)
         sizes = SCHEDULE.get("sizes") or ([1] * T if name == "decode" else [T])
-        ctx = context(T if name == "ubatch" else max(sizes), SCHEDULE.get("width") or max(sizes))
+        ctx = context(T if name == "ubatch" else max(sizes), SCHEDULE.get("width") or max(sizes),
+                      swa_full=name != "swa")
         got, pos = [], 0
         for n in sizes:
             got += decode(ctx, items[pos:pos + n])
@@ -632,13 +636,15 @@ def child():
         got = decode(ctx, items[:P])
         L.llama_memory_seq_cp(L.llama_get_memory(ctx), 0, 1, -1, -1)
         got += decode(ctx, [(t, p, 1) for t, p, _ in items[P:]])
-    elif name == "rollback":
+    elif name in ("rollback", "mixed"):  # mixed: a one-token step taken back whole between the drafts
         k, j, prompt = SCHEDULE["draft"], SCHEDULE["reject"], SCHEDULE["prompt"]
         ctx = context(max(prompt, k), max(prompt, k), n_rs_seq=k)
-        got, pos = decode(ctx, items[:prompt]), prompt
+        got, pos, step = decode(ctx, items[:prompt]), prompt, 1
         while pos < T:
-            n = min(k, T - pos)
-            keep = n if n < k else n - j
+            single = name == "mixed" and step % 2 == 0  # a one-token step taken back whole
+            step += 1
+            n = 1 if single else min(k, T - pos)
+            keep = 0 if single else n if n < k else n - j
             draft = TOKENS[pos:pos + keep] + [(t + 1) % V for t in TOKENS[pos + keep:pos + n]]
             got += decode(ctx, [(t, pos + i, 0) for i, t in enumerate(draft)])[:keep]
             if keep < n and not L.llama_memory_seq_rm(L.llama_get_memory(ctx), 0, pos + keep, -1):
@@ -664,9 +670,9 @@ def child():
             print("the bug is there")
             return 1
         got += decode(ctx, items[P:])
-    elif name == "batched":  # the long sequence, then the short one: each held to the one call's positions
-        S = SCHEDULE["short"]
-        ctx = context(T + S, T + S, n_seq=2)
+    elif name in ("batched", "split"):  # the long sequence, then the short one: each held to the one call's
+        S = SCHEDULE["short"]  # positions; split: in a cache that is not unified
+        ctx = context(T + S, T + S, n_seq=2, unified=name == "batched")
         got = decode(ctx, items + [(t, p, 1) for t, p, _ in items[:S]])
         one_call = np.concatenate([one_call, one_call[:S]])
     else:
@@ -719,6 +725,11 @@ HOW = {"prefill": "llama.cpp's own one-call prefill (one llama_decode of the who
        "prefix": "a prefix on sequence 0 copied to sequence 1 (llama_memory_seq_cp), the rest decoded on sequence 1",
        "rollback": "drafts whose rejected tokens are removed (llama_memory_seq_rm) and decoded right",
        "batched": "the row and its first tokens as two sequences of one llama_decode call",
+       "split": "the row and its first tokens as two sequences of one llama_decode call, in a cache that is not "
+                "unified (kv_unified off, llama.cpp's default)",
+       "swa": "successive llama_decode calls with swa_full off: the sliding-window layers keep only their window",
+       "mixed": "drafts whose rejected tokens are removed (llama_memory_seq_rm), and between them a one-token step "
+                "removed whole before the next draft redoes its position",
        "restore": "a prefix decoded, its state saved to a file (llama_state_seq_save_file), loaded into a fresh "
                   "context (llama_state_seq_load_file) and the rest decoded there"}
 

@@ -29,6 +29,13 @@ ids, one list per row), `cache_type` ("f32" or "f16", the KV cache's `type_k`/`t
   (with `n_rs_seq` = draft: the recurrent-state snapshots llama.cpp keeps for rollback; where it
   still refuses a partial removal, its documented limit, the schedule is `refused`);
 - batched with `short`: the row and its first `short` tokens as two sequences in one call;
+- swa with `sizes`: chunked's calls with `swa_full` off (the sliding-window layers keep only their
+  window, as llama-server runs them by default);
+- mixed with `prompt`, `draft`, `reject`: rollback's drafts, with a one-token step between them that
+  is taken back whole (`llama_memory_seq_rm` of all the last call decoded) before the next draft
+  redoes its position: single-token and multi-token steps interleaved, as speculative decoding
+  runs them, and the last call rejected in full;
+- split with `short`: batched's two sequences in a cache that is not unified (llama.cpp's default);
 - restore with `prefix`: the first `prefix` tokens decoded, that sequence's state saved to a file
   (`llama_state_seq_save_file`, as a server saves a slot), the context freed, the file loaded
   into a fresh context (`llama_state_seq_load_file`) and the rest decoded there in one call. The
@@ -122,7 +129,7 @@ class Engine:
         self.outdir = "."
 
     def context(self, n_ctx: int, n_batch: int, n_ubatch: int, n_seq: int = 1, cache: str = "f32",
-                n_rs_seq: int = 0):
+                n_rs_seq: int = 0, unified: bool = True, swa_full: bool = True):
         L = self.L
         cp = L.llama_context_default_params()
         cp.n_ctx = max(n_ctx, 8)
@@ -133,7 +140,8 @@ class Engine:
         if cache == "f32":  # else llama.cpp's default (float16)
             cp.type_k = cp.type_v = L.GGML_TYPE_F32
         cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_DISABLED
-        cp.kv_unified = True
+        cp.kv_unified = unified  # llama.cpp's default is not unified: the split schedule runs that
+        cp.swa_full = swa_full  # False: the sliding-window layers keep only their window (the swa schedule)
         cp.no_perf = True
         cp.abort_callback = self._abort
         ctx = L.llama_init_from_model(self.model, cp)
@@ -178,9 +186,9 @@ def run_schedule(eng: Engine, s: dict, row: list, cache: str) -> dict:
     np, L, T = eng.np, eng.L, len(row)
     name, room = s["name"], T + int(s.get("draft") or 0) + 8
     items = [(t, p, 0) for p, t in enumerate(row)]
-    if name in ("prefill", "decode", "chunked"):
+    if name in ("prefill", "decode", "chunked", "swa"):
         sizes = [T] if name == "prefill" else [1] * T if name == "decode" else [int(n) for n in s["sizes"]]
-        ctx = eng.context(room, max(sizes), max(sizes), cache=cache)
+        ctx = eng.context(room, max(sizes), max(sizes), cache=cache, swa_full=name != "swa")
         try:
             out, pos = [], 0
             for n in sizes:
@@ -208,7 +216,7 @@ def run_schedule(eng: Engine, s: dict, row: list, cache: str) -> dict:
         finally:
             eng.free(ctx)
         return {"logits": np.stack(first + second), "steps": [P, T - P]}
-    if name == "rollback":
+    if name in ("rollback", "mixed"):
         k, j, prompt = int(s["draft"]), int(s["reject"]), int(s["prompt"])
         ctx = eng.context(room, max(prompt, k), max(prompt, k), cache=cache, n_rs_seq=k)
         try:
@@ -216,8 +224,11 @@ def run_schedule(eng: Engine, s: dict, row: list, cache: str) -> dict:
             out, steps, cuts = eng.decode(ctx, items[:prompt]), [prompt], []
             pos, vocab = prompt, max(max(row) + 1, 2)
             while pos < T:
-                n = min(k, T - pos)
-                keep = n if n < k else n - j
+                # mixed: every other step a single token taken back whole (a verify step whose every token
+                # is rejected), then the next draft redoes that position
+                single = name == "mixed" and len(steps) % 2 == 0
+                n = 1 if single else min(k, T - pos)
+                keep = 0 if single else n if n < k else n - j
                 draft = [t for t, _, _ in items[pos:pos + n]]
                 draft = draft[:keep] + [(t + 1) % vocab for t in draft[keep:]]
                 got = eng.decode(ctx, [(t, pos + i, 0) for i, t in enumerate(draft)])
@@ -238,9 +249,9 @@ def run_schedule(eng: Engine, s: dict, row: list, cache: str) -> dict:
         return {"logits": np.stack(out), "steps": steps, "cuts": cuts, "n_rs_seq": n_rs}
     if name == "restore":
         return restore(eng, items, int(s["prefix"]), room, cache)
-    if name == "batched":
+    if name in ("batched", "split"):
         S = int(s["short"])
-        ctx = eng.context(2 * room, T + S, T + S, n_seq=2, cache=cache)
+        ctx = eng.context(2 * room, T + S, T + S, n_seq=2, cache=cache, unified=name == "batched")
         try:
             got = eng.decode(ctx, items + [(t, p, 1) for t, p, _ in items[:S]])
         finally:
