@@ -464,6 +464,17 @@ def rebuilt(config, values: dict):
     return _config(type(config), d, {})
 
 
+def parameters(config) -> int:
+    """The parameter count of the model `config` builds, built on the meta device (no memory):
+    `default_counts`'s `size` for every engine's census."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return sum(p.numel() for p in model.parameters())
+
+
 def default_counts(config, changed: dict, size, tokens: int, bound: int = MAX_PARAMS) -> Counts:
     """`config` (a derived tiny config, `changed` its derivation) with the counts derivation shrank
     (`shrunk_counts`) restored to their defaults, one `COUNTS` entry at a time in order, each kept

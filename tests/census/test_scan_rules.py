@@ -110,11 +110,11 @@ def kernel(input, k, dim=-1, largest=True, sorted=True, **kw):
 
 @pytest.fixture
 def shape_dependent_ties(monkeypatch):
-    from smearcli.engines.transformers import ties
+    from smearcli.census import topk
 
     monkeypatch.setattr(torch, "topk", kernel)
     monkeypatch.setattr(torch.Tensor, "topk", lambda self, *a, **kw: kernel(self, *a, **kw))
-    monkeypatch.setattr(ties, "_TOPK", kernel)  # what `watching` calls through
+    monkeypatch.setattr(topk, "_TOPK", kernel)  # what `watching` calls through
 
 
 def test_ties_are_seen_and_broken_the_same_way_everywhere():
@@ -251,7 +251,7 @@ def counts_rerun(bug_below: int):
 def test_a_departure_gone_at_the_default_counts_is_not_replicated_and_one_that_stays_is_a_bug():
     from smearcli.census import derive
     from smearcli.engines.transformers import ties
-    from smearcli.engines.transformers.check import parameters
+    from smearcli.census.derive import parameters
 
     cfg, changed = tiny_counts()
     defaults = derive.default_counts(cfg, changed, lambda c: 1, 49)
@@ -583,7 +583,10 @@ def test_a_group_of_declared_copies_is_headed_by_the_original():
 def test_a_rerun_at_other_counts_reports_what_the_model_refuses_instead_of_raising():
     from smearcli.engines.transformers.check import recheck
 
-    cfg = ShiftConfig()  # no AutoModelForCausalLM builds it: what a refused count looks like to recheck
+    class Unbuilt(ShiftConfig):  # a model type no test registers: the stand-in's own may be, by another test
+        model_type = "smearcli_unbuilt_standin"
+
+    cfg = Unbuilt()  # no AutoModelForCausalLM builds it: what a refused count looks like to recheck
     got = recheck(cfg, None, 0, False, T, 64, {"decode": [1] * T}, 1.0, safe=True)
     assert got["verdict"] == "not built" and got["reason"].startswith("the model cannot be built: ")
     with pytest.raises(ValueError, match="Unrecognized configuration class"):

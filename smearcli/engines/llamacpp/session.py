@@ -165,11 +165,10 @@ def replicate(model_type: str, got, rec: Record, python: str, left: float, seed:
     the finding when the same schedule departs from llama.cpp's own one-call prefill again, and a
     rerun that crashes or is not built refutes nothing. Ties: the top-k calls with an exact tie at
     their edge in the transformers reference's pass over the same weights and tokens
-    (`ties.watching`): an exact tie (an indexer's ReLU at exactly zero) is exact in llama.cpp too,
+    (`census.topk.watching`): an exact tie (an indexer's ReLU at exactly zero) is exact in llama.cpp too,
     where a kernel's order then picks among the tied keys. A finding that does not stand is a `tie
     artifact` where ties were seen, else its departure is `not replicated`."""
     from ... import judge
-    from ..transformers.check import parameters
 
     t0 = time.monotonic()
     ties = int((rec.llamacpp or {}).get("ties") or 0)
@@ -196,7 +195,7 @@ def replicate(model_type: str, got, rec: Record, python: str, left: float, seed:
     why = f"on seed {seed + 1} (weights and tokens) {rec.worst_schedule} " + (
         "departs again" if kept(other) == rec.verdict else f"gives {kept(other)}")
     said = [why]  # each rerun that kept it
-    counts = derive.default_counts(got.config, got.changed, parameters, T) if got.changed else None
+    counts = derive.default_counts(got.config, got.changed, derive.parameters, T) if got.changed else None
     if word is None and counts is not None:
         rep["default_counts"] = counts.entry()
         if counts.config is not None and left - (time.monotonic() - t0) > 35:
@@ -293,9 +292,9 @@ def checked(model_type: str, got, python: str, timeout: float, seed: int, tolera
             return record(model_type, NOT_BUILT, reason="the tiny model cannot be saved: " + transformers_frame(e),
                           **base)
         gguf = Path(d) / "model.gguf"
-        from ..transformers import ties
+        from ...census import topk
 
-        with ties.watching() as seen:  # the transformers reference's top-k calls: the only ones in this process
+        with topk.watching() as seen:  # the transformers reference's top-k calls: the only ones in this process
             rec, finding, c, runner = judged(model_type, model, Path(d) / "model", python, tokens, ref_runner, power,
                                             tolerance, base, max(30.0, timeout - 15.0 - (time.monotonic() - t0)),
                                             threads, gguf)

@@ -56,7 +56,7 @@ from . import born, boundary, causal, diagnose, ties
 from ...census import shapes, variants
 from ...census.record import Record, new as record
 from .boundary import WINDOW_KEYS, measured, transformers_frame
-from ...census.derive import CONV_KEYS, build, default_counts, derive, first_int, vocab_of
+from ...census.derive import CONV_KEYS, build, default_counts, derive, first_int, parameters, vocab_of
 from .reference import INIT_LADDER, NO_POWER_NOTE, init_note
 
 T = 49  # one past a multiple of the 16-token chunks
@@ -275,15 +275,6 @@ def recheck(config, init, seed: int, broke: bool, total: int, vocab: int, plans:
         return {"verdict": CRASHED, "notes": [], "_ties": 0, "reason": transformers_frame(e)}
     out["_ties"] = getattr(seen, "ties", 0)
     return out
-
-
-def parameters(config) -> int:
-    """The parameter count of the model `config` builds, built on the meta device (no memory)."""
-    from transformers import AutoModelForCausalLM
-
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
-    return sum(p.numel() for p in model.parameters())
 
 
 def check_model(model, tokens, plans: dict, tolerance: float = NOISE_MARGIN, make=CacheRunner) -> dict:
