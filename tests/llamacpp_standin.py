@@ -25,6 +25,10 @@ LlamaForCausalLM,MambaForCausalLM). A converted model leaves a placeholder model
 reproducer keeps beside it); a file ending in .py given alone is a reproducer run in "llama.cpp's
 environment": the stand-in has no llama.cpp, so it says so and exits 2, as a reproducer does there.
 
+`serve SOCKET` is the census's fork server, the real worker's `serve` forking this file's `main`;
+with $SMEARCLI_STANDIN_STARTS set, each fresh start of the stand-in as a worker or a server adds a
+line to that file (a worker forked by the server adds none).
+
 `hello` answers the handshake with llama-cpp-python $SMEARCLI_STANDIN_VERSION (default 0.3.36,
 none when it is "missing"). With a GGUF, `expect_arch` is answered as $SMEARCLI_STANDIN_ARCH (default
 "llama"). The request is copied to $SMEARCLI_STANDIN_SEEN when set.
@@ -35,6 +39,7 @@ import os
 import sys
 
 PROTOCOL = 1
+START_PID = os.getpid()
 
 
 def hello():
@@ -51,6 +56,8 @@ def write(outdir, result):
 
 
 def main(req_path, outdir):
+    if os.environ.get("SMEARCLI_STANDIN_STARTS") and os.getpid() == START_PID:  # a fresh Python, not a fork
+        open(os.environ["SMEARCLI_STANDIN_STARTS"], "a").write("worker\n")
     import numpy as np
     import torch
     from transformers import AutoModelForCausalLM
@@ -163,6 +170,14 @@ if __name__ == "__main__":
     elif sys.argv[1:] == ["archs"]:
         names = os.environ.get("SMEARCLI_STANDIN_ARCHS", "LlamaForCausalLM,MambaForCausalLM").split(",")
         print(json.dumps({"worker": "smearcli-llamacpp", "protocol": PROTOCOL, "archs": names}))
+    elif len(sys.argv) == 3 and sys.argv[1] == "serve":  # the census's fork server: the real one's code
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "smearcli", "engines",
+                                        "llamacpp"))
+        import worker
+
+        if os.environ.get("SMEARCLI_STANDIN_STARTS"):  # a line per start of this Python
+            open(os.environ["SMEARCLI_STANDIN_STARTS"], "a").write("serve\n")
+        worker.serve(sys.argv[2], warm=lambda: __import__("transformers").AutoModelForCausalLM, run=main)
     elif len(sys.argv) == 2 and sys.argv[1].endswith(".py"):
         print("run this with the Python of llama.cpp's environment (the stand-in has no llama.cpp)", file=sys.stderr)
         sys.exit(2)

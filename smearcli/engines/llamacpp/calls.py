@@ -16,6 +16,7 @@ from typing import Optional
 from ...errors import UserError
 from ...impls import foreign
 from ...impls.foreign import one_line, runnable
+from . import forkserver
 from .environment import ENGINE, PROTOCOL, hello, worker_env
 
 # the worker's words (`environment`: the machine failed it, a torn state file) and its watchdog's exit status
@@ -71,15 +72,21 @@ def call_worker(s, req: dict, workdir: Path) -> dict:
     """Run the worker on `req`, a fresh one after each death, until every schedule has its entry;
     the final result.json (arrays stay in `workdir`). The environment's own problems are the
     user's setup (UserError); a death inside llama.cpp is the schedule's crash."""
-    hello(s.python, s.worker, s.env)
+    env = worker_env(s.env)
+    server = forkserver.serving(s.python, s.worker, s.env)
+    if server is None:  # the census's server checked the environment when it started
+        hello(s.python, s.worker, s.env)
     req_path = workdir / "request.json"
     req_path.write_text(json.dumps(req, allow_nan=False), encoding="utf-8")
     out = workdir / "result.json"
     start, deaths = time.time(), []
     wanted = len(req["schedules"]) + (2 if req.get("f16_too") else 0)
     while True:
-        rc, err = foreign.spawn([runnable(s.python), s.worker, str(req_path), str(workdir)], worker_env(s.env),
-                               s.timeout_s - (time.time() - start))
+        left = s.timeout_s - (time.time() - start)
+        if server is not None:
+            rc, err = forkserver.spawn(server, str(req_path), str(workdir), left)
+        else:
+            rc, err = foreign.spawn([runnable(s.python), s.worker, str(req_path), str(workdir)], env, left)
         res = read_result(s, out) if out.is_file() else None
         if rc == 0 and res is not None and res.get("running") is None:
             break

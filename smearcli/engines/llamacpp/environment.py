@@ -19,7 +19,9 @@ PROTOCOL = 1  # the worker's protocol: its handshake and result.json carry it
 VERSION = "0.3.36"  # the llama-cpp-python this smearcli's worker is written against (its low-level API)
 WORKER = Path(__file__).with_name("worker.py")
 MAKE_ENV = "make llama.cpp's environment with scripts/make_llamacpp_env.sh DIR and give DIR/bin/python"
-ENGINE = foreign.Foreign("smearcli-llamacpp", "llama.cpp", PROTOCOL, MAKE_ENV)
+# GGML_NO_BACKTRACE: on an abort ggml attaches gdb to print a backtrace, seconds per crash (a census
+# crashes it often); the assert's own `file.cpp:LINE` line, which is what a record keeps, comes before it
+ENGINE = foreign.Foreign("smearcli-llamacpp", "llama.cpp", PROTOCOL, MAKE_ENV, env={"GGML_NO_BACKTRACE": "1"})
 HELLO_TIMEOUT_S = foreign.HELLO_TIMEOUT_S  # here, so that a test can shorten llama.cpp's alone
 
 

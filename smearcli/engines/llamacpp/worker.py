@@ -436,12 +436,120 @@ def main(request_path: str, outdir: str) -> None:
     write_result(outdir, result)
 
 
+# -- the fork server -------------------------------------------------------------------------
+
+def warm_imports() -> None:
+    """What every worker imports, imported once by the fork server."""
+    import numpy  # noqa: F401
+    import llama_cpp.llama_cpp  # noqa: F401
+    from worker_convert import load_models
+
+    load_models()
+
+
+def serve(sock_path: str, warm=warm_imports, run=None) -> None:
+    """`worker.py serve SOCKET`: a census's fork server. Starting Python and importing torch, the
+    converter and llama.cpp's bindings costs seconds; the work of one tiny model, a fraction of one.
+    This process pays the imports once, listens on the Unix socket SOCKET and forks, for each
+    connection, a monitor that forks the worker proper: a fresh process as far as the model goes
+    (its own address space, its own session: an abort inside llama.cpp takes only it), already past
+    the imports. The connection carries one JSON line {"argv": [REQUEST, OUTDIR], "cwd": ...} with
+    the file descriptor the worker's stderr goes to; the monitor answers {"pid": ...} once the
+    worker runs and {"rc": ...} when it ends (negative: the signal that ended it, as subprocess
+    says). A connection closed early (the caller stopped) kills the worker. The server ends when
+    its stdin closes (the census that started it is gone). `warm` and `run` (the imports and the
+    worker's `main`) are parameters so that a stand-in of llama.cpp's environment serves its own."""
+    import select
+    import socket
+
+    warm()  # the imports every worker pays, paid here once
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(sock_path)
+    srv.listen(16)
+    print(json.dumps({"worker": "smearcli-llamacpp", "protocol": PROTOCOL, "serving": sock_path}), flush=True)
+    while True:
+        ready, _, _ = select.select([srv, sys.stdin], [], [], 1.0)
+        while True:  # reap the monitors that finished
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+        if sys.stdin in ready and not os.read(sys.stdin.fileno(), 4096):
+            os._exit(0)
+        if srv in ready:
+            conn, _ = srv.accept()
+            if os.fork() == 0:
+                srv.close()
+                monitor(conn, run or main)
+            conn.close()
+
+
+def monitor(conn, run) -> None:
+    """The fork server's child for one connection (`serve`): fork the worker, report its pid and
+    its exit status; never returns."""
+    import select
+    import socket
+    import signal
+
+    try:
+        msg, fds, _, _ = socket.recv_fds(conn, 1 << 16, 1)
+        ask = json.loads(msg.decode())
+        request_path, outdir = ask["argv"]
+    except Exception:
+        os._exit(2)
+    pid = os.fork()
+    if pid == 0:  # the worker proper
+        conn.close()
+        os.setsid()  # its own session: the caller stops it and whatever it started with one signal
+        devnull = os.open(os.devnull, os.O_RDWR)
+        os.dup2(devnull, 0)
+        os.dup2(devnull, 1)
+        os.dup2(fds[0], 2)
+        os.chdir(ask.get("cwd") or "/")
+        code = 0
+        try:
+            run(request_path, outdir)
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else 1
+            if not isinstance(e.code, int) and e.code is not None:
+                sys.stderr.write(f"{e.code}\n")
+        except BaseException:
+            import traceback
+
+            traceback.print_exc()
+            code = 1
+        sys.stderr.flush()
+        os._exit(code)
+    os.close(fds[0])
+    conn.sendall((json.dumps({"pid": pid}) + "\n").encode())
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            try:
+                conn.sendall((json.dumps({"rc": os.waitstatus_to_exitcode(status)}) + "\n").encode())
+            except OSError:
+                pass
+            os._exit(0)
+        ready, _, _ = select.select([conn], [], [], 0.05)
+        if ready and not conn.recv(1):  # the caller is gone or stopped waiting: the worker goes too
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except OSError:
+                pass
+            os.waitpid(pid, 0)
+            os._exit(0)
+
+
 if __name__ == "__main__":
     if sys.argv[1:] == ["hello"]:
         hello()
+    elif len(sys.argv) == 3 and sys.argv[1] == "serve":
+        serve(sys.argv[2])
     elif sys.argv[1:] == ["archs"]:
         print(json.dumps({"worker": "smearcli-llamacpp", "protocol": PROTOCOL, "archs": registered()}), flush=True)
     elif len(sys.argv) != 3:
-        sys.exit("usage: worker.py REQUEST.json OUTDIR | hello | archs")
+        sys.exit("usage: worker.py REQUEST.json OUTDIR | hello | archs | serve SOCKET")
     else:
         main(sys.argv[1], sys.argv[2])

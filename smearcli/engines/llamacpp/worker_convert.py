@@ -38,6 +38,23 @@ def registered() -> list:
     return sorted(load_conversion().TEXT_MODEL_MAP)
 
 
+def load_models() -> None:
+    """Import what a conversion needs, every model module of the converter included (the fork
+    server's one-time cost: the workers it forks find them imported). A module that fails to
+    import is left for the conversion that needs it to report."""
+    import gguf  # noqa: F401
+    import torch  # noqa: F401
+    import transformers.activations  # noqa: F401 - what every config class imports (a second of the first)
+    import transformers.configuration_utils  # noqa: F401
+
+    conversion = load_conversion()
+    for module in sorted(set(conversion.TEXT_MODEL_MAP.values())):
+        try:
+            __import__(f"conversion.{module}")
+        except Exception:
+            pass
+
+
 def gguf_arch(model_dir: str) -> tuple:
     """(the converter's class for the config's architecture, its GGUF architecture name)."""
     import gguf
