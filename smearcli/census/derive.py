@@ -316,9 +316,13 @@ def shrink(d: dict, model_type: str = "", hints: Optional[dict] = None, settings
         setk("num_key_value_heads", out.get("num_attention_heads", HEADS))
     if "qk_head_dim" in out and isinstance(out.get("qk_nope_head_dim"), int):  # derived in __init__
         setk("qk_head_dim", out["qk_nope_head_dim"] + (out.get("qk_rope_head_dim") or 0))
-    for k, v in {**OVERRIDES.get(model_type, {}), **(settings or {})}.items():
+    for k, v in OVERRIDES.get(model_type, {}).items():
         if k in out and out[k] != v:
             changed[k] = (changed.get(k, (out[k],))[0], v)  # the default, not the value shrunk above
+            out[k] = v
+    for k, v in (settings or {}).items():  # an engine's: a key the config class does not declare is
+        if out.get(k, object()) != v:       # written to config.json all the same (released checkpoints carry it)
+            changed[k] = (changed.get(k, (out.get(k),))[0], v)
             out[k] = v
     return out, changed, kinds
 

@@ -145,8 +145,10 @@ def test_a_setting_llamacpp_hard_codes_is_the_tiny_configs_and_the_default_is_re
     carried = rec["llamacpp"]["carried"]
     assert carried["settings"] == {"sliding_window": None} and carried["layers"] is None
     assert carried["default"]["verdict"] == "ok"  # the stand-in computes every run with transformers
-    assert any(n.startswith("the tiny config takes llama.cpp's sliding_window None (the converter converts mistral "
-                            "as llama") and n.endswith("with the config class's defaults it is ok") for n in rec["notes"])
+    assert carried["kind"] == "hard-coded by llama.cpp"
+    assert any(n.startswith("hard-coded by llama.cpp: the tiny config takes sliding_window None (the converter "
+                            "converts mistral as llama") and n.endswith("with the config class's defaults it is ok")
+               for n in rec["notes"])
     assert rec["config"]["sliding_window"] is None  # the record says the config it ran
 
 
@@ -161,3 +163,40 @@ def test_an_engine_keeps_a_whole_period_of_a_layer_pattern_it_hard_codes():
     assert c.layer_types == ["chunked_attention"] * 3 + ["full_attention"] and c.no_rope_layers == [1, 1, 1, 0]
     assert c.moe_layers == [0, 1, 2, 3] and got.changed["num_hidden_layers"] == (48, 4)
     assert got.changed["attention_chunk_size"] == (8192, 8192)  # the default, kept: what llama.cpp hard-codes
+
+
+def test_a_census_forks_its_workers_from_one_server_and_leaves_nothing_behind(tmp_path, fake_python, monkeypatch):
+    """The census starts llama.cpp's Python once, as its fork server (`engines.llamacpp.forkserver`),
+    and every architecture's worker is forked from it, past the imports that were nearly all of the
+    census's time; the same verdicts as fresh workers; at the end the server and its socket are gone."""
+    import tempfile
+
+    starts, made, mkdtemp = tmp_path / "starts", [], tempfile.mkdtemp
+
+    def recorded(*a, **k):  # the directories the census makes: the server's socket lives in one
+        made.append(mkdtemp(*a, **k))
+        return made[-1]
+    monkeypatch.setattr(tempfile, "mkdtemp", recorded)
+    monkeypatch.setenv("SMEARCLI_STANDIN_STARTS", str(starts))
+    r, recs, _ = scan(tmp_path, fake_python, monkeypatch, "llama,mamba")
+    assert r.exit_code == 0 and {a: x["verdict"] for a, x in recs.items()} == {"llama": "ok", "mamba": "ok"}, r.output
+    assert starts.read_text().split() == ["serve"]  # one start of llama.cpp's Python as a worker: the server
+    servers = [d for d in made if Path(d).name.startswith("smearcli-llamacpp-")]
+    assert servers and not any(Path(d).exists() for d in servers), servers  # a deep TMPDIR too (pytest's)
+    from smearcli.engines.llamacpp import forkserver
+
+    assert forkserver.RUNNING == {}
+
+
+def test_an_engine_setting_the_config_class_does_not_declare_is_written_all_the_same():
+    """llama.cpp's converter reads config.json, not the config class: deepseek_v3's router needs
+    `scoring_func`, a key transformers' class lacks (its code fixes sigmoid), so an engine's setting
+    is kept even where the class has no such field, and said in what the derivation changed."""
+    from smearcli.census import derive
+    from smearcli.engines.llamacpp.session import CARRIED, CONVERTER_DEFECT, HARD_CODED
+
+    got = derive.derive("deepseek_v3", {"scoring_func": "sigmoid"})
+    assert got.error is None and got.config.scoring_func == "sigmoid"
+    assert got.changed["scoring_func"] == (None, "sigmoid")
+    assert "scoring_func" in got.config.to_dict()  # what save_pretrained writes, so the converter reads it
+    assert CARRIED["deepseek_v3"].kind == HARD_CODED and CARRIED["glm"].kind == CONVERTER_DEFECT

@@ -12,12 +12,12 @@ from typer.testing import CliRunner
 pytest.importorskip("transformers", reason="transformers is not installed: pip install 'smearcli[hf]'")
 
 from smearcli.cli.app import app  # noqa: E402
-from smearcli.engines.llamacpp import session as llamacpp  # noqa: E402
+from smearcli.engines.llamacpp import LLAMACPP_SCHEDULES, session as llamacpp  # noqa: E402
 
 from conftest import LLAMACPP_PYTHON as PYTHON, NEEDS_LLAMACPP  # noqa: E402
 
 pytestmark = NEEDS_LLAMACPP
-ALL = {"prefill", "ubatch", "chunked", "decode", "prefix", "rollback", "batched"}
+ALL = set(LLAMACPP_SCHEDULES)  # the engine's own list
 
 
 def test_the_converters_architectures_include_llama_and_mamba():

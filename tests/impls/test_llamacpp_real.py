@@ -13,11 +13,12 @@ pytest.importorskip("transformers", reason="transformers is not installed: pip i
 
 from smearcli.cli.app import app  # noqa: E402
 from smearcli.engines import transformers as hf  # noqa: E402
+from smearcli.engines.llamacpp import LLAMACPP_SCHEDULES  # noqa: E402
 from conftest import LLAMACPP_PYTHON as PYTHON, NEEDS_LLAMACPP, ROOT  # noqa: E402 - ROOT: the clone's root
 
 pytestmark = NEEDS_LLAMACPP
 runner = CliRunner()
-ALL = ["prefill", "ubatch", "chunked", "decode", "prefix", "rollback", "batched"]
+ALL = list(LLAMACPP_SCHEDULES)  # the engine's own list: one source of truth
 
 
 def run(tmp_path, name, T=48, *extra):
@@ -57,7 +58,7 @@ def gguf_of(tmp_path, name) -> Path:
     d, out = tmp_path / name, tmp_path / f"{name}.gguf"
     if not d.exists():
         hf.tiny_model(name).save_pretrained(d, safe_serialization=True)
-    here = ROOT / "smearcli" / "impls" / "llamacpp"
+    here = ROOT / "smearcli" / "engines" / "llamacpp"
     subprocess.run([PYTHON, "-c", f"import sys; sys.path.insert(0, {str(here)!r}); from worker_convert import "
                     f"convert; convert({str(d)!r}, {str(out)!r})"], check=True, capture_output=True, timeout=600)
     return out

@@ -92,14 +92,25 @@ def names_for(python: str) -> list[str]:
     return model_types(archs(python))
 
 
+# what a setting the tiny config takes is, against llama.cpp (`Carried.kind`)
+HARD_CODED = "hard-coded by llama.cpp"  # llama.cpp or its converter fixes it; released checkpoints agree
+NOT_CARRIED = "not carried"  # an option of the config that GGUF has no key for: llama.cpp cannot run it
+CONVERTER_DEFECT = "converter defect"  # the converter writes the wrong value (a reproducer and a draft in docs/)
+IMPLEMENTATION_DIFFERENCE = "implementation difference"  # llama.cpp computes it otherwise, by its own choice
+
+
 @dataclass(frozen=True)
 class Carried:
-    """What llama.cpp (or its converter) hard-codes for an architecture where the config class's
-    default differs: the tiny config takes llama.cpp's value, so that a default llama.cpp cannot run
-    does not decide the verdict; the default is rerun and what it gives is said beside it."""
-    settings: dict  # config key -> the value llama.cpp carries
+    """A setting the tiny config takes so that its run says something about llama.cpp's cache, with
+    what it is (`kind`): what llama.cpp or its converter hard-codes where the config class's default
+    differs (a default llama.cpp cannot run does not decide the verdict), or the value under which
+    an option llama.cpp does not carry, a converter defect or an implementation difference has no
+    effect. The config class's defaults are rerun beside it: that rerun shows the departure, said in
+    a note and in the record (`llamacpp.carried`)."""
+    settings: dict  # config key -> the value taken (a key the config class lacks is written all the same)
     layers: Optional[int]  # the layers a pattern llama.cpp hard-codes needs (one whole period), or None
     where: str  # where llama.cpp or its converter says so
+    kind: str = HARD_CODED
 
 
 LLAMA4 = Carried({"attention_chunk_size": 8192}, 4,
@@ -116,6 +127,59 @@ CARRIED = {
                          "(src/models/qwen3moe.cpp: build_moe_ffn's norm_w true)"),
     "llama4": LLAMA4,
     "llama4_text": LLAMA4,
+    "exaone4": Carried({"sliding_window": None, "layer_types": ["full_attention", "full_attention"]}, None,
+                       "llama.cpp uses sliding windows, and drops the rotary embedding of the global layers, only "
+                       "at 64 layers (src/models/exaone4.cpp, n_layer() == 64), the 32B's shape; every other "
+                       "depth runs full attention with rotary embedding everywhere, as the released 1.2B sets "
+                       "(all layers full_attention)"),
+    "laguna": Carried({"sliding_window": 0}, None,
+                      "with a window in the GGUF llama.cpp forces a period-4 pattern, full attention on every "
+                      "fourth layer (src/models/laguna.cpp), and the converter writes the window but not "
+                      "layer_types (conversion/laguna.py); the config class's default sets a window with every "
+                      "layer full, a pair no released checkpoint has"),
+    "smollm3": Carried({}, 4,
+                       "llama.cpp drops the rotary embedding on every fourth layer (src/models/smollm3.cpp) and "
+                       "the converter does not carry no_rope_layers (conversion/llama.py); SmolLM3-3B drops it on "
+                       "one layer in four: the tiny config keeps one whole period"),
+    "deepseek_v3": Carried({"scoring_func": "sigmoid"}, None,
+                           "transformers fixes DeepSeek-V3's router at sigmoid in code and its config class has no "
+                           "scoring_func; the converter writes the gating function only when config.json names it "
+                           "(conversion/base.py) and llama.cpp falls back to softmax (src/models/deepseek2.cpp); "
+                           "the released DeepSeek-V3 config sets scoring_func sigmoid"),
+    "afmoe": Carried({"mup_enabled": True, "route_norm": True}, 4,
+                     "llama.cpp hard-codes afmoe's period-4 pattern of sliding and rope-less layers "
+                     "(src/models/afmoe.cpp), always scales the embedding by sqrt(n_embd) (transformers only "
+                     "with mup_enabled) and normalises the routing weights only when config.json has route_norm "
+                     "(conversion/afmoe.py), which transformers' config class lacks; Trinity-Mini sets both"),
+    "solar_open": Carried({"rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default",
+                                               "partial_rotary_factor": 1.0}}, None,
+                          "the converter takes GLM-4.5's half-head rotary default when partial_rotary_factor is "
+                          "absent (conversion/glm.py) where transformers rotates the whole head; the released "
+                          "Solar-Open-100B sets partial_rotary_factor 1.0, which the converter carries"),
+    "falcon_mamba": Carried({"mixer_rms_eps": 1e-05}, None,
+                            "transformers normalises dt, B and C with mixer_rms_eps (1e-6) and the layers with "
+                            "layer_norm_epsilon (1e-5); GGUF has no key for the first and llama.cpp uses the "
+                            "layer epsilon for both (src/models/mamba-base.cpp): the tiny config makes them equal",
+                            NOT_CARRIED),
+    "gpt_oss": Carried({"rope_parameters": {"rope_type": "default", "rope_theta": 150000.0}}, None,
+                       "ggml always rounds YaRN's correction range to whole dimensions (ggml.c, "
+                       "ggml_rope_yarn_corr_dims) where transformers honours gpt-oss's truncate false; without "
+                       "YaRN the two agree", IMPLEMENTATION_DIFFERENCE),
+    "bamba": Carried({"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                                          "partial_rotary_factor": 1.0}}, None,
+                     "the converter un-permutes q and k over the whole head instead of the rotary part "
+                     "(conversion/llama.py) and writes the whole head as rope.dimension_count, never reading "
+                     "rope_parameters.partial_rotary_factor (conversion/granite.py); every Bamba release rotates "
+                     "half the head (docs/llamacpp-defects/bamba.md)", CONVERTER_DEFECT),
+    "glm": Carried({"rms_norm_eps": 1e-05}, None,
+                   "GlmForCausalLM is converted as ChatGLM, reading ChatGLM's keys: the norm epsilon from "
+                   "layernorm_epsilon (1e-5 when absent, conversion/chatglm.py), the rotary base fixed at 10000 "
+                   "and the context length from the hidden size (docs/llamacpp-defects/glm.md)", CONVERTER_DEFECT),
+    "mellum": Carried({"sliding_window": None}, None,
+                      "the converter writes the sliding window whenever use_sliding_window is absent "
+                      "(conversion/mellum.py) and llama.cpp then asserts that some layer slides "
+                      "(src/llama-model.cpp: GGML_ASSERT(hparams.is_swa_any())) (docs/llamacpp-defects/mellum.md)",
+                      CONVERTER_DEFECT),
 }
 
 
@@ -135,19 +199,19 @@ def check(model_type: str, python: str, timeout: float = 240.0, seed: int = 0, t
     if carried is None:
         return rec
     left = timeout - (time.monotonic() - t0)
-    said = ", ".join(f"{k} {v}" for k, v in carried.settings.items()) + (
-        f", the first {carried.layers} layers of the default's pattern" if carried.layers else "")
+    said = ", ".join([f"{k} {v}" for k, v in carried.settings.items()]
+                     + ([f"the first {carried.layers} layers of the default's pattern"] if carried.layers else []))
     entry = {"settings": {k: v for k, v in carried.settings.items()}, "layers": carried.layers,
-             "where": carried.where}
+             "where": carried.where, "kind": carried.kind}
     if left < 45:
-        rec.notes.append(f"the tiny config takes llama.cpp's {said} ({carried.where}); the config class's defaults "
-                         "were not rerun: no time left")
+        rec.notes.append(f"{carried.kind}: the tiny config takes {said} ({carried.where}); the config class's "
+                         "defaults were not rerun: no time left")
     else:
         default = checked(model_type, derive.derive(model_type), python, left, seed, tolerance, None, threads)
         entry["default"] = {"verdict": default.verdict, "worst_schedule": default.worst_schedule,
                             "max_abs": default.max_abs, "reason": default.reason}
-        rec.notes.append(f"the tiny config takes llama.cpp's {said} ({carried.where}); with the config class's "
-                         f"defaults it is {default.verdict}"
+        rec.notes.append(f"{carried.kind}: the tiny config takes {said} ({carried.where}); with the config "
+                         f"class's defaults it is {default.verdict}"
                          + (f" ({str(default.reason)[:240]})" if default.reason else ""))
     rec.llamacpp = dict(rec.llamacpp or {}, carried=entry)
     return rec
@@ -300,6 +364,11 @@ def checked(model_type: str, got, python: str, timeout: float, seed: int, tolera
                                             threads, gguf)
         if seen.ties:
             rec.llamacpp = dict(rec.llamacpp or {}, ties=int(seen.ties))
+            if departure(rec) == IMPLEMENTATION:  # exact ties in a choice llama.cpp breaks by its own order
+                rec.verdict = str(TIE_ARTIFACT)
+                rec.notes.append(f"a tie artifact: the transformers reference's pass had {seen.ties} top-k call(s) "
+                                 "with an exact tie at the edge of the choice (a router scoring experts alike), which "
+                                 "llama.cpp breaks by its own order: its one-call prefill's departure is that choice")
         if rec.reason:  # the converter names files in the temporary directory: not the record's business
             for spelt in {str(Path(d).resolve()), d}:  # the worker is sent the resolved path
                 rec.reason = str(rec.reason).replace(spelt, "MODEL_DIR")
@@ -429,7 +498,8 @@ def summary(recs: Sequence[Record], wall_s: float) -> dict:
 def summary_line(s: dict) -> str:
     return (f"census on llama.cpp: {s['architectures']} architectures in {s['wall_s']:g} s; in llama.cpp's workers "
             f"{s['worker_wall_s']:g} s (converting {s['convert_s']:g} s, loading {s['load_s']:g} s, running the schedules "
-            f"{s['runs_s']:g} s, the rest starting Python and importing torch and the converter); "
+            f"{s['runs_s']:g} s, the rest the workers' start: forked by the census's server, or a fresh Python "
+            "importing torch and the converter where none runs); "
             f"{s['architecture_s']:g} s in the per-architecture processes (the transformers reference and its float64 "
             "floor included)")
 
@@ -482,6 +552,27 @@ def sections(recs: Sequence[Record], meta: Optional[dict] = None) -> list[str]:
             p = (r.schedules or {}).get("prefill") or {}
             out.append(f"| {r.model_type} | {p.get('max_abs', 0):.2g} | {p.get('multiple', 0):.3g} | {known.cell(r)} |")
         out.append("")
+    took = [r for r in sorted(recs, key=lambda r: r.model_type) if (r.llamacpp or {}).get("carried")]
+    if took:
+        out += ["## What the tiny config takes, and what the defaults give", "", "Where the config class's "
+                "default is one llama.cpp cannot run, or one under which an option llama.cpp does not carry, a "
+                "converter defect or an implementation difference decides the comparison, the tiny config takes "
+                "the value named (`CARRIED` in `smearcli/engines/llamacpp/session.py`, each with where llama.cpp "
+                "says so) and its verdict is that run's; the defaults are rerun beside it, and what they give shows "
+                "the departure. Converter defects have a reproducer without smearcli and a draft for llama.cpp in "
+                "`docs/llamacpp-defects/`.", "",
+                "| architecture | what it is | the tiny config takes | with the defaults | verdict |",
+                "|---|---|---|---|---|"]
+        for r in took:
+            c = r.llamacpp["carried"]
+            taken = ", ".join([f"`{k}` {v}" for k, v in (c.get("settings") or {}).items()]
+                              + ([f"{c['layers']} layers"] if c.get("layers") else []))
+            d = c.get("default") or {}
+            said = "not rerun" if not d else (f"{d.get('verdict')}" + (
+                f", prefill {((d.get('max_abs') or 0)):.2g} off transformers" if d.get("max_abs") is not None else ""))
+            out.append(f"| {r.model_type} | {c.get('kind', HARD_CODED)} | {_cell(taken, 160)} | {_cell(said, 120)} | "
+                       f"{r.verdict} |")
+        out.append("")
     skipped = [r for r in sorted(recs, key=lambda r: r.model_type) if r.verdict == str(NOT_BUILT)]
     if skipped:
         out += ["## Not built", "", "| architecture | why |", "|---|---|"]
@@ -527,6 +618,7 @@ class Session:
         self.hello = check_python(python)
         self.names = names_for(python)
         self.t0, self.done = time.monotonic(), []
+        self.server = start_server(python, quiet)
 
     def meta(self) -> dict:
         """llama-cpp-python's version, the benchmark and the load (the benchmark said on stderr unless quiet)."""
@@ -549,10 +641,29 @@ class Session:
         return False
 
     def close(self) -> None:
-        pass
+        if self.server is not None:
+            self.server.close()
+            self.server = None
 
 
 open_session = Session
+
+
+def start_server(python: str, quiet: bool):
+    """The census's fork server (`forkserver`), or None where it did not start (said on stderr
+    unless quiet: every worker is then a fresh process, slower and as sound)."""
+    from .environment import WORKER, worker_env
+    from .forkserver import Server
+
+    server = Server(python, str(WORKER), worker_env())
+    if server.path is not None:
+        return server
+    if not quiet:
+        import sys
+
+        sys.stderr.write(f"smearcli: llama.cpp's fork server did not start ({server.why}); each worker starts "
+                         "afresh\n")
+    return None
 
 # -- a reproducer per finding -------------------------------------------------------------------
 
