@@ -6,7 +6,9 @@ Runs `smearcli scan --engine llamacpp --jobs 2` (each architecture in its own pr
 llama.cpp worker, one thread each: two at once on two cores) to build/llamacpp-census.jsonl, the
 findings' reproducers and their GGUF files to build/llamacpp-census-repro/. Then the census's
 Markdown (`--merge` of the records, with the run's benchmark and load) goes between the
-`<!-- llamacpp-census:start -->` and `<!-- llamacpp-census:end -->` markers of the guide.
+`<!-- llamacpp-census:start -->` and `<!-- llamacpp-census:end -->` markers of the guide, and its figure
+(every architecture x schedule, each cell the distance from llama.cpp's own one-call prefill as a
+multiple of the float64 floor) to docs/figures/llamacpp-census.png.
 `--resume` continues a stopped census; `--write-only` writes the guide from the records there are.
 Without $SMEARCLI_LLAMACPP_PYTHON it says so and exits 0: the step is skipped, nothing changes.
 """
@@ -27,6 +29,7 @@ OUT = ROOT / "build" / "llamacpp-census.jsonl"
 BENCH = ROOT / "build" / "llamacpp-census.benchmark.json"  # the last run's benchmark line, for --write-only
 REPRO = ROOT / "build" / "llamacpp-census-repro"
 GUIDE = ROOT / "docs" / "guide" / "llamacpp.md"
+FIGURE = ROOT / "docs" / "figures" / "llamacpp-census.png"
 START, END = "<!-- llamacpp-census:start -->", "<!-- llamacpp-census:end -->"
 JOBS = 2
 TIMEOUT_S = 300  # one architecture: 10 to 25 s on two busy cores; the worker's own limit is 15 s less
@@ -60,6 +63,16 @@ def benchmark() -> str:
 
 def write_guide() -> None:
     write_block(GUIDE, START, END, [OUT], benchmark(), "gen_llamacpp_census")
+    write_figure()
+
+
+def write_figure() -> None:
+    from smearcli.census import record
+    from smearcli.render import figures, scan_figure
+
+    recs = [record.bare(**json.loads(line)) for line in OUT.read_text().splitlines() if line.strip()]
+    figures.save(scan_figure.figure(recs, value=scan_figure.against_own_prefill), FIGURE)
+    print(f"gen_llamacpp_census: {FIGURE.relative_to(ROOT)} written", flush=True)
 
 
 def main() -> None:

@@ -98,6 +98,7 @@ def main(req_path, outdir):
     T = full.shape[1]
     done = {e["name"] for e in result["schedules"]}
     jobs = list(req["schedules"]) + ([{"name": "prefill_f16"}, {"name": "decode_f16"}] if req.get("f16_too") else [])
+    jobs += [{"name": "spread", "lengths": req["spread"]}] if req.get("spread") else []
     for i, s in enumerate(jobs):
         name = s["name"]
         if name in done:
@@ -121,11 +122,23 @@ def main(req_path, outdir):
             entry.update(outcome="refused", message="llama_memory_seq_rm refused to remove positions 30.. (a "
                          "partial removal) from the recurrent memory with n_rs_seq 0: llama.cpp's documented limit",
                          steps=[s["prompt"], s["draft"]])
+        elif name == "shift" and mode == "absolute":
+            entry.update(outcome="inapplicable", message="the model adds a learned embedding of each absolute position "
+                         "(position_embd): what its cache holds was computed at those positions, and no shift can "
+                         "move it")
         elif name == "restore" and mode == "torn":
             entry.update(outcome="environment", message="the state file state.bin in the worker's temporary directory "
                          "holds 4096 of the 12748 bytes llama_state_seq_save_file wrote: torn (is the disk full?); "
                          "nothing was restored",
                          steps=[s["prefix"], T - s["prefix"]])
+        elif name == "spread":  # one-call prefills of the first tokens: the same numbers, or a kernel's wobble
+            for n in s["lengths"]:
+                arr = logits[:, :n].copy()
+                if mode == "wobble":
+                    arr[:, :, 0] += 0.5 * (n % 2)  # one token: a whole-row shift would be no change in log-probs
+                np.save(os.path.join(outdir, f"{i}-spread-{n}.npy"), arr)
+                entry["arrays"][str(n)] = f"{i}-spread-{n}.npy"
+            entry["steps"] = list(s["lengths"])
         elif name == "ubatch":
             for w in s["widths"]:
                 arr = logits.copy()
@@ -139,9 +152,17 @@ def main(req_path, outdir):
                 S = s["short"]
                 logits = np.concatenate([np.stack([r, r]) for r in logits])
                 entry["steps"] = [T + S]
-            elif name in ("chunked", "swa"):
+            elif name in ("chunked", "swa", "flash"):
                 entry["steps"] = s["sizes"]
-            elif name in ("prefix", "restore"):
+                if name == "flash":  # its own one-call prefill: flash attention rounds it elsewhere
+                    ref = logits + 1e-4 * np.cos(np.arange(logits.shape[-1]))
+                    np.save(os.path.join(outdir, f"{i}-{name}-reference.npy"), ref)
+                    entry["arrays"]["reference"] = f"{i}-{name}-reference.npy"
+                    logits = ref.copy()
+                    if mode == "flash":  # a flash cache that drops what came before each call's first token
+                        for p in np.cumsum(s["sizes"])[:-1]:
+                            logits[:, p, :8] += 0.5
+            elif name in ("prefix", "restore", "shift"):
                 entry["steps"] = [s["prefix"], T - s["prefix"]]
             elif name in ("rollback", "mixed"):
                 entry["steps"], pos, cuts = [s["prompt"]], s["prompt"], []

@@ -7,37 +7,59 @@ figures.save(scan_figure.figure(records), "scan.png")  # records: the scan's JSO
 ```
 
 Rows are the architectures whose schedules ran (bugs first); a schedule an architecture did not run
-is blank. Uses `matplotlib.figure.Figure` only (no pyplot), like `render.figures`.
+is blank. `value` picks what a cell shows: `against_reference` (the default, every engine) or
+`against_own_prefill` (llama.cpp's census, which holds its cache to its own one-call prefill). Uses `matplotlib.figure.Figure` only (no pyplot), like `render.figures`.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Callable, Optional, Sequence
 
 from ..verdicts import rank  # rows: findings first, in the order reports list them
 
 
-def grid(records: Sequence) -> tuple[list[str], list[str], list[list[float]]]:
-    """(row labels, column labels, log10 of error / floor per cell, nan where not run) of the census's
-    records (`census.record.Record`)."""
+def against_reference(record, entry: dict) -> Optional[float]:
+    """A schedule's error as a multiple of the floor, against the reference (the full pass)."""
+    return entry.get("multiple")
+
+
+def against_own_prefill(record, entry: dict) -> Optional[float]:
+    """A llama.cpp schedule's distance from llama.cpp's own one-call prefill (`vs_prefill`) as a
+    multiple of the same floor: what the llama.cpp census judges its cache by."""
+    if entry.get("vs_prefill") is None or not record.floor:
+        return None
+    return entry["vs_prefill"] / record.floor
+
+
+TITLES = {against_reference: "cached schedules vs the full pass: log10(max |dlogit| / float64 floor)",
+          against_own_prefill: "llama.cpp's cached schedules vs its own one-call prefill: log10(max |d log-prob| / "
+                               "float64 floor)"}
+
+
+def grid(records: Sequence, value: Callable = against_reference) -> tuple[list[str], list[str], list[list[float]]]:
+    """(row labels, column labels, log10 of `value(record, schedule entry)` per cell, nan where not
+    run or not measured) of the census's records (`census.record.Record`)."""
     ran = [r for r in records if r.schedules]
     ran.sort(key=lambda r: (rank(r.verdict), r.model_type))
     cols: list[str] = []
     for r in ran:
-        cols += [k for k in r.schedules if k not in cols]
+        cols += [k for k in r.schedules if k not in cols and any(
+            value(x, x.schedules.get(k) or {}) is not None for x in ran)]
     rows = [f"{r.model_type} ({r.verdict})" for r in ran]
-    cells = [[math.log10(max(r.schedules[c]["multiple"], 1e-3)) if (r.schedules.get(c) or {}).get("multiple") is not None else math.nan
-              for c in cols] for r in ran]
+    cells = []
+    for r in ran:
+        vals = [value(r, r.schedules.get(c) or {}) for c in cols]
+        cells.append([math.nan if v is None else math.log10(max(v, 1e-3)) for v in vals])
     return rows, cols, cells
 
 
-def figure(records: Sequence, tolerance: float = 10.0):
-    """A matplotlib Figure of `grid(records)`; the colour scale is centred on the tolerance."""
+def figure(records: Sequence, tolerance: float = 10.0, value: Callable = against_reference):
+    """A matplotlib Figure of `grid(records, value)`; the colour scale is centred on the tolerance."""
     from matplotlib.colors import TwoSlopeNorm
     from matplotlib.figure import Figure
 
-    rows, cols, cells = grid(records)
+    rows, cols, cells = grid(records, value)
     if not rows:
         raise ValueError("no architecture in these records ran a schedule")
     fig = Figure(figsize=(2 + 0.45 * len(cols), 1.5 + 0.16 * len(rows)), layout="constrained")
@@ -48,6 +70,6 @@ def figure(records: Sequence, tolerance: float = 10.0):
                    norm=TwoSlopeNorm(vcenter=math.log10(tolerance), vmin=min(min(vals), -0.5), vmax=hi))
     ax.set_xticks(range(len(cols)), cols, rotation=60, ha="right", fontsize=7)
     ax.set_yticks(range(len(rows)), rows, fontsize=6)
-    ax.set_title("cached schedules vs the full pass: log10(max |dlogit| / float64 floor)", fontsize=9)
+    ax.set_title(TITLES.get(value, ""), fontsize=9)
     fig.colorbar(im, ax=ax, shrink=0.5, label=f"log10 multiple of the floor ({tolerance:g}x: the line)")
     return fig

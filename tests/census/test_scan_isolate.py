@@ -35,6 +35,7 @@ def ran_in(pid: int) -> str:
     return f"ran in process {pid}"
 
 
+@pytest.mark.slow  # waits out a hang: 11 s
 def test_hang_crash_and_allocation_are_results(tmp_path):
     out = tmp_path / "scan.jsonl"
     t0 = time.monotonic()

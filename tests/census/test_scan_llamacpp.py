@@ -21,7 +21,8 @@ from conftest import standin_python  # noqa: E402
 
 runner = CliRunner()
 STANDIN = Path(__file__).resolve().parents[1] / "llamacpp_standin.py"
-ALL = {"prefill", "ubatch", "chunked", "decode", "prefix", "rollback", "batched", "restore", "swa", "mixed", "split"}
+ALL = {"prefill", "ubatch", "chunked", "decode", "prefix", "rollback", "batched", "restore", "swa", "mixed", "split", "shift",
+       "flash"}
 
 
 @pytest.fixture
@@ -165,6 +166,7 @@ def test_an_engine_keeps_a_whole_period_of_a_layer_pattern_it_hard_codes():
     assert got.changed["attention_chunk_size"] == (8192, 8192)  # the default, kept: what llama.cpp hard-codes
 
 
+@pytest.mark.slow  # a census of two through the server: 10 s
 def test_a_census_forks_its_workers_from_one_server_and_leaves_nothing_behind(tmp_path, fake_python, monkeypatch):
     """The census starts llama.cpp's Python once, as its fork server (`engines.llamacpp.forkserver`),
     and every architecture's worker is forked from it, past the imports that were nearly all of the
@@ -200,3 +202,26 @@ def test_an_engine_setting_the_config_class_does_not_declare_is_written_all_the_
     assert got.changed["scoring_func"] == (None, "sigmoid")
     assert "scoring_func" in got.config.to_dict()  # what save_pretrained writes, so the converter reads it
     assert CARRIED["deepseek_v3"].kind == HARD_CODED and CARRIED["glm"].kind == CONVERTER_DEFECT
+
+
+def test_the_llamacpp_figure_shows_each_path_against_llamacpps_own_prefill():
+    """The page's figure holds llama.cpp's cache as the census does: a schedule's distance from
+    llama.cpp's one-call prefill (`vs_prefill`), not from transformers, as a multiple of the floor;
+    the one-call prefill itself, and a schedule nobody measured, have no cell."""
+    import math
+
+    from smearcli.census.record import bare
+    from smearcli.render import scan_figure
+
+    recs = [bare(model_type="a", verdict="unconfirmed", floor=1e-7,
+                 schedules={"prefill": {"status": "unconfirmed", "multiple": 5000.0},
+                            "shift": {"status": "unconfirmed", "multiple": 5000.0, "vs_prefill": 1e-3},
+                            "rollback": {"status": "unsupported", "why": "refused"}}),
+            bare(model_type="b", verdict="ok", floor=2e-7,
+                 schedules={"prefill": {"status": "ok", "multiple": 1.0},
+                            "shift": {"status": "ok", "multiple": 1.0, "vs_prefill": 2e-7}})]
+    rows, cols, cells = scan_figure.grid(recs, scan_figure.against_own_prefill)
+    assert rows == ["a (unconfirmed)", "b (ok)"] and cols == ["shift"]
+    assert [round(c[0], 6) for c in cells] == [4.0, 0.0]
+    rows, cols, cells = scan_figure.grid(recs)  # the transformers page's: against the full pass
+    assert cols == ["prefill", "shift"] and math.isclose(cells[0][0], math.log10(5000.0))

@@ -26,7 +26,8 @@ from conftest import standin_python  # noqa: E402
 runner = CliRunner()
 STANDIN = Path(__file__).resolve().parents[1] / "llamacpp_standin.py"
 T = 32
-ALL = ["prefill", "ubatch", "chunked", "decode", "prefix", "rollback", "batched", "restore", "swa", "mixed", "split"]
+ALL = ["prefill", "ubatch", "chunked", "decode", "prefix", "rollback", "batched", "restore", "swa", "mixed", "split", "shift",
+       "flash"]
 
 
 @pytest.fixture(scope="module")
@@ -68,15 +69,67 @@ def test_every_llamacpp_schedule_against_transformers_and_its_own_prefill(model_
     assert runs["prefix"]["steps"] == [16, 16] and runs["prefix"]["boundaries"]["prefix_hit"] == [16]
     assert runs["rollback"]["boundaries"]["rollback"]  # the cuts where rejected drafts were removed
     assert runs["restore"]["steps"] == [16, 16] and runs["restore"]["boundaries"]["restored"] == [16]
+    assert runs["shift"]["steps"] == [16, 16] and runs["shift"]["boundaries"]["shifted"] == [16]
+    assert runs["flash"]["steps"] == [8] * 4
     seen = json.loads((tmp_path / "seen.json").read_text())
     by = {s["name"]: s for s in seen["schedules"]}
     assert seen["protocol"] == llamacpp_env.PROTOCOL and seen["cache_type"] == "f32" and seen["f16_too"]
     assert by["ubatch"]["widths"] == [3, 5, 7] and by["prefix"]["prefix"] == 16 and by["batched"]["short"] == 22
     assert (by["rollback"]["prompt"], by["rollback"]["draft"], by["rollback"]["reject"]) == (1, 4, 2)
+    assert (by["shift"]["prefix"], by["shift"]["offset"]) == (16, llamacpp.SHIFT_BY) and by["flash"]["sizes"] == [8] * 4
     notes = " | ".join(doc["model"]["notes"])
     assert "default float16 KV cache moves decode by" in notes and "one-call prefill against transformers" in notes
     assert doc["verdict"].startswith("OK") and "every cached path matches llama.cpp's own one-call prefill" \
         in doc["verdict"]
+
+
+def test_flash_attention_is_held_to_its_own_one_call_prefill(model_dir, fake_python, monkeypatch, tmp_path):
+    """The stand-in's flash prefill sits 1e-4 from the float32 one (flash attention's float16 rounding,
+    by design): alone that is no finding. Its chunked calls departing from it at each call's first
+    token are."""
+    r, doc = compare(model_dir, fake_python, monkeypatch, tmp_path)
+    runs = {x["schedule"]: x for x in doc["runs"]}
+    assert runs["flash"]["passed"] and doc["verdict"].startswith("OK"), doc["verdict"]
+    notes = " | ".join(doc["model"]["notes"])
+    import re
+
+    moved = float(re.search(r"flash attention's float16 rounding moves by ([0-9.e-]+)", notes).group(1))
+    assert 1e-4 < moved < 3e-4  # the stand-in's 1e-4 x cos(v) over the vocabulary, as log-probs
+    r, doc = compare(model_dir, fake_python, monkeypatch, tmp_path, "flash")
+    runs = {x["schedule"]: x for x in doc["runs"]}
+    assert not runs["flash"]["passed"] and all(x["passed"] for s, x in runs.items() if s != "flash")
+    assert "flash from position 8 at a boundary" in doc["verdict"], doc["verdict"]
+
+
+def test_a_shift_that_cannot_apply_to_the_model_is_not_run_and_judges_nothing(model_dir, fake_python, monkeypatch,
+                                                                             tmp_path):
+    r, doc = compare(model_dir, fake_python, monkeypatch, tmp_path, "absolute")
+    assert r.exit_code == 0, r.output
+    [moot] = doc["not_measured"]
+    assert moot["schedule"] == "shift" and "absolute position" in moot["message"], moot
+    assert doc["verdict"].startswith("OK"), doc["verdict"]
+
+
+def test_llamacpps_own_spread_raises_the_threshold_a_cache_finding_must_pass(model_dir, fake_python, monkeypatch,
+                                                                             tmp_path):
+    """One-call prefills of the row's first tokens, each from an empty cache, measure llama.cpp's own
+    rounding across batch widths without any cached path: the threshold is the tolerance times the
+    larger of it and the float64 floor. Where it is nothing, the floor alone decides; a micro-batch
+    departure as large as the stand-in's wobble is within it, so no cache finding."""
+    r, doc = compare(model_dir, fake_python, monkeypatch, tmp_path)
+    notes = " | ".join(doc["model"]["notes"])
+    assert "llama.cpp's own spread (one-call prefills of the row's first tokens" in notes
+    assert "max |d log-prob| 0;" in notes, notes
+    seen = json.loads((tmp_path / "seen.json").read_text())
+    assert seen["spread"] == [n for n in llamacpp.SPREAD if n < T]
+    r, doc = compare(model_dir, fake_python, monkeypatch, tmp_path, "wobble")
+    notes = " | ".join(doc["model"]["notes"])
+    assert "own spread" in notes and "threshold" in notes
+    import re
+
+    spread = float(re.search(r"own spread \(.*?\): max \|d log-prob\| ([0-9.e+-]+)", notes).group(1))
+    assert spread > 0.4  # the wobble (0.5 on one token, in log-probs)
+    assert "every cached path matches llama.cpp's own one-call prefill" in doc["verdict"], doc["verdict"]
 
 
 def test_a_micro_batch_boundary_error_is_the_finding_with_its_first_position(model_dir, fake_python, monkeypatch,
@@ -126,6 +179,7 @@ def test_a_worker_that_dies_in_one_schedule_is_its_crash_and_the_run_goes_on(mod
     assert any("a fresh one ran the schedules after it" in n for n in doc["model"]["notes"])
 
 
+@pytest.mark.slow  # waits out the watchdog: 13 s
 def test_a_schedule_stuck_in_llamacpp_is_ended_by_the_watchdog_and_the_rest_runs(model_dir, fake_python,
                                                                                   monkeypatch, tmp_path):
     r, doc = compare(model_dir, fake_python, monkeypatch, tmp_path, "stuck")
@@ -221,7 +275,8 @@ def test_the_registered_schedules_are_offered_to_llamacpp_alone():
 
     assert "ubatch" in SCHEDULES and "batched" in SCHEDULES
     assert [s for s in offered(REGISTRY["llamacpp"]) if s != "full"] == [
-        "prefill", "decode", "chunked", "rollback", "prefix", "ubatch", "batched", "swa", "split", "mixed", "restore"]
+        "prefill", "decode", "chunked", "rollback", "prefix", "ubatch", "batched", "swa", "split", "mixed", "restore",
+        "shift", "flash"]
     assert "ubatch" not in offered(REGISTRY["hf"]) and "batched" not in offered(REGISTRY["vllm"])
 
 
@@ -319,3 +374,24 @@ def test_the_worker_holds_the_state_file_to_what_the_save_wrote(tmp_path, monkey
         assert set(out) == {"environment"} and "holds 40 of the 100 bytes" in out["environment"] and not L.loaded
     else:
         assert out["steps"] == [3, 3] and L.loaded and out["logits"][:, 0].tolist() == [1, 2, 3, 4, 5, 6]
+
+
+def test_a_fork_server_that_is_gone_gives_way_to_a_fresh_worker(model_dir, fake_python, monkeypatch, tmp_path, capsys):
+    """The census's fork server dying is its own machinery failing, never the model's result nor the
+    user's setup: the call starts a fresh worker instead, says so on stderr, and this process asks
+    that server no more."""
+    from smearcli.engines.llamacpp import calls, forkserver
+
+    s = llamacpp.Settings(python=str(fake_python), model=str(model_dir), vocab=128, f16_too=False)
+    dead = str(tmp_path / "gone.sock")  # nothing listens there
+    monkeypatch.setitem(forkserver.RUNNING, (s.python, s.worker), dead)
+    monkeypatch.setenv("SMEARCLI_STANDIN_MODE", "good")
+    rows = [[1, 2, 3, 4, 5, 6]]
+    req = llamacpp.request(s, __import__("torch").tensor(rows), ["prefill", "decode"], ScheduleOptions())
+    (tmp_path / "w").mkdir()
+    res = calls.call_worker(s, req, tmp_path / "w")
+    assert [e["name"] for e in res["schedules"]] == ["prefill", "decode", "spread"] and not res["deaths"], res
+    assert all(e["outcome"] is None for e in res["schedules"])
+    err = capsys.readouterr().err
+    assert "llama.cpp's fork server: it is gone" in err and "workers start afresh" in err, err
+    assert dead not in forkserver.RUNNING.values()

@@ -52,7 +52,8 @@ from ...defaults import ROLLBACK
 from ...runner import CROP, PREFIX_CACHE, Described
 from ...schedules import register
 from ...steps import CRASHED, PREFIX_HIT, UNCHECKED, RunResult, Schedule, ScheduleOptions, chunk_plan, prompt_len
-from .calls import ENVIRONMENT, REFUSED, call_worker
+from ...verdicts import NOT_RUN
+from .calls import ENVIRONMENT, INAPPLICABLE, REFUSED, call_worker
 from .environment import PROTOCOL, WORKER
 
 ENV_PYTHON = "SMEARCLI_LLAMACPP_PYTHON"
@@ -62,6 +63,14 @@ WINDOW_ONLY = "window_only"  # capability: sliding-window layers that keep only 
 WHOLE_CALLS = "whole_calls"  # capability: removing all a call decoded (llama_memory_seq_rm), not just a draft's tail
 STATE_FILES = "state_files"  # capability: a sequence's state saved to a file and loaded into a fresh context
 RESTORED = "restored"  # the mark where the restored state is first read (the first token decoded after it)
+SHIFTS = "shifts"  # capability: moving a sequence's cached positions (llama_memory_seq_add)
+SHIFTED = "shifted"  # the mark where the shifted cache is first read
+FLASH = "flash_attention"  # capability: attention computed by a flash-attention kernel, switched per context
+# lengths of the one-call prefills whose spread against the whole row's measures llama.cpp's own rounding
+# across batch widths: every position is computed once by each, from an empty cache (no cached path)
+SPREAD = (1, 2, 3, 5, 8, 13, 21, 34)
+SHIFT_BY = 16  # the shift schedule's offset: small, so that nothing keyed to absolute positions (a long-context
+# scaling, llama4's attention temperature) tells the positions apart
 
 
 def _engine_only(runner, tokens, opts, capture, on_step=None):
@@ -80,8 +89,13 @@ register(Schedule("mixed", "rollback's drafts with a one-token step between them
                   "decoding interleaves one-token and multi-token steps", _engine_only, frozenset({CROP, WHOLE_CALLS})))
 register(Schedule("restore", "half the row, its state saved to a file and loaded into a fresh context, then the rest",
                   _engine_only, frozenset({STATE_FILES}), marks=((RESTORED, "state restored"),)))
+register(Schedule("shift", "half the row decoded at positions moved up, the cache's positions then moved back "
+                  "(llama_memory_seq_add, as context shifting and cache reuse do), the rest decoded after",
+                  _engine_only, frozenset({SHIFTS}), marks=((SHIFTED, "cache shifted"),)))
+register(Schedule("flash", "chunked calls with flash attention on, held to the one-call prefill with flash attention "
+                  "on", _engine_only, frozenset({FLASH})))
 LLAMACPP_SCHEDULES = ("prefill", "ubatch", "chunked", "decode", "prefix", "rollback", "batched", "restore", "swa",
-                      "mixed", "split")
+                      "mixed", "split", "shift", "flash")
 
 
 @dataclass(frozen=True)
@@ -94,6 +108,7 @@ class Settings:
     widths: tuple[int, ...] = (3, 4, 5, 7)  # the ubatch schedule's n_ubatch values
     cache_type: str = "f32"  # the KV cache's type_k/type_v; "f16" is llama.cpp's default
     f16_too: bool = True  # also run prefill and decode on the default float16 cache, as a note
+    spread: tuple[int, ...] = SPREAD  # one-call prefills of the row's first tokens: llama.cpp's own rounding
     threads: int = 1
     device: str = "cpu"
     timeout_s: float = 1800.0  # the whole worker run
@@ -134,12 +149,14 @@ def request(s: Settings, tokens: torch.Tensor, schedules: Sequence[str], opts: S
             raise ValueError(f"llamacpp cannot run the {name} schedule")
         e: dict = {"name": name}
         try:
-            if name in ("chunked", "swa"):
+            if name in ("chunked", "swa", "flash"):
                 e["sizes"] = chunk_plan(T, opts)
             elif name == "ubatch":
                 e["widths"] = [w for w in s.widths if 1 <= w < T] or [max(1, T // 2)]
-            elif name in ("prefix", "restore"):
+            elif name in ("prefix", "restore", "shift"):
                 e["prefix"] = prefix_len(T)
+                if name == "shift":
+                    e["offset"] = SHIFT_BY
             elif name in ("rollback", "mixed"):
                 if not 0 < opts.reject < opts.draft:
                     raise ValueError(f"rollback rejects between 1 and draft - 1 tokens of each draft "
@@ -154,7 +171,8 @@ def request(s: Settings, tokens: torch.Tensor, schedules: Sequence[str], opts: S
             "gguf": str(Path(s.gguf).resolve()) if s.gguf else None,
             "expect_arch": str(Path(s.model).resolve()) if s.gguf and s.model else None, "gguf_arch": s.gguf_arch,
             "rows": tokens.tolist(), "vocab": s.vocab, "cache_type": s.cache_type, "f16_too": s.f16_too,
-            "threads": s.threads, "device": s.device, "stuck_s": s.stuck_s, "schedules": entries}
+            "threads": s.threads, "device": s.device, "stuck_s": s.stuck_s, "schedules": entries,
+            "spread": [n for n in s.spread if 1 <= n < T]}
 
 
 class LlamaCppRunner(foreign.WholeSchedules):
@@ -165,7 +183,8 @@ class LlamaCppRunner(foreign.WholeSchedules):
     words = "llama.cpp"
     series = "llama.cpp (its micro-batches, calls, sequence copies and removals)"
     layers = ("logits",)
-    capabilities = frozenset({PREFIX_CACHE, CROP, MICRO_BATCHES, SEQUENCES, STATE_FILES, WINDOW_ONLY, WHOLE_CALLS})
+    capabilities = frozenset({PREFIX_CACHE, CROP, MICRO_BATCHES, SEQUENCES, STATE_FILES, WINDOW_ONLY, WHOLE_CALLS,
+                              SHIFTS, FLASH})
     runs_itself = frozenset(LLAMACPP_SCHEDULES)
 
     def __init__(self, settings: Settings, schedules: Sequence[str] = LLAMACPP_SCHEDULES):
@@ -175,6 +194,7 @@ class LlamaCppRunner(foreign.WholeSchedules):
         self.name, self.device, self.dtype = str(settings.gguf or settings.model), torch.device("cpu"), torch.float32
         self.result: Optional[dict] = None
         self.extra: dict = {}  # "prefill_f16", "decode_f16": RunResults on llama.cpp's default cache
+        self.spread: Optional[float] = None  # llama.cpp's own rounding across batch widths (`own_spread`)
 
     def describe(self) -> Described:
         return Described(self.label, self.series, self.name, "llama.cpp", "float32", self.settings.device,
@@ -198,24 +218,28 @@ class LlamaCppRunner(foreign.WholeSchedules):
             out.append(f"llama.cpp keeps a {'hybrid' if r.get('hybrid') else 'recurrent'} memory for this model")
         for d in r.get("deaths", []):
             out.append(f"a worker died ({d}); a fresh one ran the schedules after it")
-        for name in ("ubatch",):
+        for name in ("ubatch", "flash"):
             run = (self._runs or {}).get(name)
             if run is not None and run.notes:
                 out += list(run.notes)
         out += self.f16_notes()
         return out
 
-    def f16_notes(self) -> list[str]:
-        """How far llama.cpp's default float16 KV cache moves the log-probs, per schedule."""
-        out = []
+    def f16_moves(self) -> dict:
+        """{schedule: max |d log-prob|} that llama.cpp's default float16 KV cache moves prefill and
+        decode by, against the float32 cache the comparison runs (`Settings.f16_too`)."""
+        out = {}
         for name in ("prefill", "decode"):
             a, b = (self._runs or {}).get(name), self.extra.get(name + "_f16")
             if a is None or b is None or a.outcome or b.outcome or a.logits.shape != b.logits.shape:
                 continue
-            d = (a.logits - b.logits).abs().max().item()
-            out.append(f"llama.cpp's default float16 KV cache moves {name} by {d:.3g} (max |d log-prob| against "
-                       f"the float32 cache this comparison runs)")
+            out[name] = (a.logits - b.logits).abs().max().item()
         return out
+
+    def f16_notes(self) -> list[str]:
+        """How far llama.cpp's default float16 KV cache moves the log-probs, per schedule."""
+        return [f"llama.cpp's default float16 KV cache moves {name} by {d:.3g} (max |d log-prob| against the float32 "
+                "cache this comparison runs)" for name, d in self.f16_moves().items()]
 
     def collect(self, tokens, options, workdir: Path) -> dict:
         req = request(self.settings, tokens.cpu(), self.schedules, options)
@@ -231,11 +255,32 @@ class LlamaCppRunner(foreign.WholeSchedules):
         runs = {e["name"]: to_run(e, self.result, workdir, tokens.cpu(), self.settings.vocab) for e in req["schedules"]}
         if "ubatch" in runs:
             runs["ubatch"] = pick_width(runs)
+        if "flash" in runs:
+            runs["flash"] = on_prefill(runs)
+        self.spread = own_spread(self.result, runs.get("prefill"), workdir, self.settings.vocab)
         for name in ("prefill", "decode"):
             if any(e["name"] == name + "_f16" for e in self.result["schedules"]):
                 self.extra[name + "_f16"] = to_run({"name": name + "_f16"}, self.result, workdir,
                                                    tokens.cpu(), self.settings.vocab)
         return runs
+
+
+def own_spread(res: dict, prefill, workdir: Path, V: int) -> Optional[float]:
+    """llama.cpp's own rounding across batch widths: the largest |d log-prob| between the whole row's
+    one-call prefill and one-call prefills of its first tokens (`Settings.spread`), each from an
+    empty cache, at the positions both computed. No cached path is in it, so it can stand beside the
+    float64 floor (`own_prefill.against_prefill`); None where it was not measured."""
+    entry = next((e for e in res.get("schedules") or [] if e["name"] == "spread"), None)
+    if entry is None or entry.get("outcome") or prefill is None or prefill.outcome is not None:
+        return None
+    R, worst = prefill.logits.size(0), 0.0
+    try:
+        for n, f in entry["arrays"].items():
+            lp = _load(workdir, f, (R, int(n), V))
+            worst = max(worst, (lp - prefill.logits[:, :int(n)]).abs().max().item())
+    except (KeyError, ValueError, OSError):
+        return None
+    return worst
 
 
 def _load(workdir: Path, name: str, shape: tuple) -> torch.Tensor:
@@ -263,6 +308,8 @@ def to_run(sched: dict, res: dict, workdir: Path, tokens: torch.Tensor, V: int):
         raise UserError(f"llama.cpp's worker, {name}: {entry.get('message')}")
     if entry.get("outcome") == REFUSED:
         return unmeasured(UNCHECKED, entry["message"], entry.get("steps") or ())
+    if entry.get("outcome") == INAPPLICABLE:
+        return unmeasured(str(NOT_RUN), entry["message"])
     if entry.get("outcome"):
         return unmeasured(CRASHED, entry.get("message", ""), entry.get("steps") or ())
     try:
@@ -291,6 +338,17 @@ def to_run(sched: dict, res: dict, workdir: Path, tokens: torch.Tensor, V: int):
                           steps)
     if name == "prefix":
         return RunResult(name, "llamacpp", lp, None, steps, rows, {PREFIX_HIT: [steps[0]]})
+    if name == "shift":
+        return RunResult(name, "llamacpp", lp, None, steps, rows, {SHIFTED: [steps[0]]},
+                         notes=(f"shift: the first {steps[0]} tokens decoded at positions {sched['offset']} on, the "
+                                f"cache's positions moved back by {sched['offset']} (llama_memory_seq_add), the rest "
+                                "decoded after",))
+    if name == "flash":  # its own one-call prefill beside it (`on_prefill` places it)
+        try:
+            ref = _load(workdir, entry["arrays"]["reference"], (R, T, V))
+        except (KeyError, ValueError, OSError) as e:
+            return unmeasured(CRASHED, f"the llama.cpp worker's answer is unreadable: {e}")
+        return {"run": RunResult(name, "llamacpp", lp, None, steps, rows), "reference": ref}
     if name == "restore":
         return RunResult(name, "llamacpp", lp, None, steps, rows, {RESTORED: [steps[0]]},
                          notes=(f"restore: the first {steps[0]} tokens' state saved with llama_state_seq_save_file and "
@@ -304,6 +362,30 @@ def to_run(sched: dict, res: dict, workdir: Path, tokens: torch.Tensor, V: int):
         return RunResult(name, "llamacpp", lp, None, steps, rows, {ROLLBACK: cuts},
                          starts=[p for p in [sched["prompt"]] + cuts if 0 < p < T], notes=(note,))
     return RunResult(name, "llamacpp", lp, None, steps, rows)
+
+
+def on_prefill(runs: dict):
+    """The flash run as the comparison holds it. On the CPU flash attention rounds through float16
+    (its one-call prefill departs from the float32 one by about 1e-4, by design), so its cached
+    path is held to its own one-call prefill: the run shown is llama.cpp's float32 one-call prefill
+    plus the flash run's departure from the flash one-call prefill, position by position. A flash
+    cache that matches its own prefill is then exactly the float32 prefill; a departure shows where
+    it is born, at its size. The notes say how far flash attention moves the one-call prefill."""
+    got, pre = runs.get("flash"), runs.get("prefill")
+    if not isinstance(got, dict):
+        return got
+    run, ref = got["run"], got["reference"]
+    if pre is None or pre.outcome is not None:
+        return RunResult("flash", "llamacpp", torch.empty(run.logits.size(0), 0, run.logits.size(-1)), None,
+                         run.steps, run.row_map, outcome=str(NOT_RUN),
+                         message="not run: llama.cpp's float32 one-call prefill, which it is shown against, was not "
+                                 "measured")
+    moved = (ref - pre.logits).abs().max().item()
+    run.logits = pre.logits + (run.logits - ref)
+    run.notes = (f"flash: chunked calls with flash attention on, held to llama.cpp's one-call prefill with flash "
+                 f"attention on (which flash attention's float16 rounding moves by {moved:.3g} from the float32 "
+                 "one-call prefill); shown as the float32 prefill plus its departure from that prefill",)
+    return run
 
 
 def pick_width(runs: dict):

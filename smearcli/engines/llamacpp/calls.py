@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import signal
+import sys
 import time
 from pathlib import Path
 from typing import Optional
@@ -19,8 +20,9 @@ from ...impls.foreign import one_line, runnable
 from . import forkserver
 from .environment import ENGINE, PROTOCOL, hello, worker_env
 
-# the worker's words (`environment`: the machine failed it, a torn state file) and its watchdog's exit status
-RAISED, REFUSED, ENVIRONMENT, STUCK_EXIT = "raised", "refused", "environment", 3
+# the worker's words (`environment`: the machine failed it, a torn state file; `inapplicable`: the
+# schedule does not apply to the model) and its watchdog's exit status
+RAISED, REFUSED, ENVIRONMENT, INAPPLICABLE, STUCK_EXIT = "raised", "refused", "environment", "inapplicable", 3
 
 
 def garbage(s, what: str) -> UserError:
@@ -35,7 +37,7 @@ def read_result(s, path: Path) -> dict:
                                                 for e in entries):
         raise garbage(s, "its schedules are not a list of named entries")
     for e in entries:
-        foreign.check_entry(ENGINE, s.python, e, (RAISED, REFUSED, ENVIRONMENT))
+        foreign.check_entry(ENGINE, s.python, e, (RAISED, REFUSED, ENVIRONMENT, INAPPLICABLE))
         foreign.check_counts(ENGINE, s.python, e, ("steps", "cuts"))
     return res
 
@@ -80,11 +82,18 @@ def call_worker(s, req: dict, workdir: Path) -> dict:
     req_path.write_text(json.dumps(req, allow_nan=False), encoding="utf-8")
     out = workdir / "result.json"
     start, deaths = time.time(), []
-    wanted = len(req["schedules"]) + (2 if req.get("f16_too") else 0)
+    wanted = len(req["schedules"]) + (2 if req.get("f16_too") else 0) + (1 if req.get("spread") else 0)
     while True:
         left = s.timeout_s - (time.time() - start)
         if server is not None:
-            rc, err = forkserver.spawn(server, str(req_path), str(workdir), left)
+            try:
+                rc, err = forkserver.spawn(server, str(req_path), str(workdir), left)
+            except forkserver.Gone as e:  # the census's machinery, not the model's: a fresh worker instead
+                forkserver.forget(server)
+                server = None
+                sys.stderr.write(f"smearcli: llama.cpp's fork server: {e}; workers start afresh from here\n")
+                hello(s.python, s.worker, s.env)
+                continue
         else:
             rc, err = foreign.spawn([runnable(s.python), s.worker, str(req_path), str(workdir)], env, left)
         res = read_result(s, out) if out.is_file() else None

@@ -11,7 +11,9 @@ inside llama.cpp takes only it, and the watchdog and `spawn`'s timeout end it an
 started), its stderr goes to a file of the caller's (only its tail is read), and a caller that is
 stopped (Ctrl-C, its own timeout) kills the worker, as does the server's monitor when the caller's
 connection drops. `spawn` answers as `foreign.spawn` does: (exit status or None past the timeout,
-the tail of stderr), a negative status being the signal that ended the worker.
+the tail of stderr), a negative status being the signal that ended the worker. A server that stops
+answering as it should (gone, a worker it lost, words outside its protocol) raises `Gone`: the
+caller forgets it (`forget`) and starts a fresh worker instead, as it does where none started.
 
 The server is the census's: `Session` starts it and `close()` ends it (it also ends by itself when
 the census that started it is gone: its stdin closes). A server that does not start in time is
@@ -31,13 +33,17 @@ import tempfile
 import time
 from typing import Optional
 
-from ...errors import UserError
 from ...impls import foreign
 
 RUNNING: dict = {}  # (python, worker) -> the server's socket: this process's and its forks'
 READY_S = 120.0  # the server's imports (torch, the converter's model modules, llama.cpp): seconds, not minutes
 SUN_PATH = 100  # bytes of a Unix socket's path that every system takes (Linux: 107, macOS: 103)
 LINE_LIMIT = 4096  # bytes of one answer of the server: a short JSON line
+
+
+class Gone(Exception):
+    """The server no longer answers as it should: the census's own machinery, never the model's
+    result nor the user's setup. Its text says what was seen."""
 
 
 class Server:
@@ -89,6 +95,12 @@ def serving(python: str, worker: str, extra: Optional[dict]) -> Optional[str]:
     return None if extra else RUNNING.get((python, worker))
 
 
+def forget(path: str) -> None:
+    """This process (and what it forks from now on) no longer asks the server at `path`."""
+    for key in [k for k, v in RUNNING.items() if v == path]:
+        del RUNNING[key]
+
+
 def read_line(fd: int, deadline: float, buf: Optional[bytearray] = None) -> Optional[bytes]:
     """One line from `fd` (without its newline), None at the deadline or at the end of the stream;
     at most LINE_LIMIT bytes are read. `buf` keeps what came after the line for the next call."""
@@ -111,33 +123,30 @@ def read_line(fd: int, deadline: float, buf: Optional[bytearray] = None) -> Opti
 
 def spawn(path: str, request: str, outdir: str, timeout: float) -> tuple[Optional[int], str]:
     """The worker on `request` and `outdir`, forked by the server at `path`, run to its end:
-    (its exit status, None past `timeout`; the tail of its stderr). UserError when the server
-    does not answer as it should (it died: the environment's failure, not the model's)."""
+    (its exit status, None past `timeout`; the tail of its stderr). `Gone` when the server
+    does not answer as it should (`Gone`: it died, or lost the worker)."""
     with tempfile.TemporaryFile() as err, socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         try:
             s.connect(path)
             socket.send_fds(s, [json.dumps({"argv": [request, outdir], "cwd": os.getcwd()}).encode()],
                             [err.fileno()])
         except OSError as e:
-            raise UserError(f"llama.cpp's fork server is gone ({e.strerror or e}); rerun, or report it if it "
-                            "happens again") from None
+            raise Gone(f"it is gone ({e.strerror or e})") from None
         deadline, buf, pid = time.monotonic() + max(timeout, 1.0), bytearray(), None
         try:
             first = read_line(s.fileno(), deadline, buf)
             pid = json.loads(first)["pid"] if first else None
             if not isinstance(pid, int):
-                raise UserError("llama.cpp's fork server did not start a worker; rerun, or report it if it happens "
-                                "again")
+                raise Gone("it did not start a worker")
             last = read_line(s.fileno(), deadline, buf)
             if last is None and time.monotonic() < deadline:
-                raise UserError("llama.cpp's fork server lost the worker it started; rerun, or report it if it "
-                                "happens again")
+                raise Gone("it lost the worker it started")
             rc: Optional[int] = json.loads(last)["rc"] if last is not None else None
             if rc is None:  # past the timeout: the worker and its session go
                 kill(pid)
         except (ValueError, KeyError, TypeError):
             kill(pid)
-            raise UserError("llama.cpp's fork server answered something else than its protocol") from None
+            raise Gone("it answered something else than its protocol") from None
         except BaseException:  # Ctrl-C, or the above: the worker goes with us
             kill(pid)
             raise

@@ -38,6 +38,8 @@ class OwnPrefill:
     prefill_departs: Optional[bool]  # the one-call prefill against transformers (None: not measured)
     prefill_max: Optional[float]
     runs: list = field(default_factory=list)  # Departure per cached run
+    spread: Optional[float] = None  # llama.cpp's own rounding across batch widths (`llamacpp.own_spread`)
+    floor: Optional[float] = None  # the float64 floor the threshold starts from
 
     @property
     def findings(self) -> list:
@@ -48,6 +50,10 @@ class OwnPrefill:
         if self.prefill_departs is None:
             out.append("llama.cpp's one-call prefill was not measured: its cached paths are held to transformers only")
             return out
+        if self.spread is not None:
+            out.append(f"llama.cpp's own spread (one-call prefills of the row's first tokens against the whole row's, "
+                       f"no cache read): max |d log-prob| {sci(self.spread)}; threshold {sci(self.threshold)}: the "
+                       f"tolerance x the larger of it and the float64 floor ({sci(self.floor or 0)})")
         out.append(f"llama.cpp's one-call prefill against transformers: max |d log-prob| {sci(self.prefill_max)}"
                    + (" (past the tolerance: a departure of the implementation itself, not a cache finding)"
                       if self.prefill_departs else " (within the tolerance)"))
@@ -76,14 +82,18 @@ class OwnPrefill:
         return "; ".join(p for p in (own, cache) if p)
 
 
-def against_prefill(c, label: str = "llamacpp") -> OwnPrefill:
-    """Each measured run of `label` against its prefill run, at the comparison's threshold."""
-    threshold = c.tolerance * c.noise.per_layer[-1]
+def against_prefill(c, label: str = "llamacpp", spread: Optional[float] = None) -> OwnPrefill:
+    """Each measured run of `label` against its prefill run, at the comparison's tolerance times
+    the larger of the float64 floor and llama.cpp's own `spread` (its rounding across batch widths,
+    `engines.llamacpp.own_spread`): a departure within what llama.cpp's kernels do to the same row
+    without any cache is not the cache's."""
+    floor = c.noise.per_layer[-1]
+    threshold = c.tolerance * max(floor, spread or 0.0)
     pre = next((r for r in c.runs if r.schedule == "prefill" and r.logic == label), None)
     if pre is None:
-        return OwnPrefill(threshold, None, None)
+        return OwnPrefill(threshold, None, None, spread=spread, floor=floor)
     m = c.get("prefill", label)
-    out = OwnPrefill(threshold, not m.passed, m.max_abs_logits)
+    out = OwnPrefill(threshold, not m.passed, m.max_abs_logits, spread=spread, floor=floor)
     for r in c.runs:
         if r.logic != label or r is pre:
             continue
@@ -109,8 +119,8 @@ class HeldToPrefill(Comparison):
         return f"{base}; {phrase}" if phrase else base
 
 
-def held(c, label: str = "llamacpp") -> HeldToPrefill:
-    own = against_prefill(c, label)
+def held(c, label: str = "llamacpp", spread: Optional[float] = None) -> HeldToPrefill:
+    own = against_prefill(c, label, spread)
     fields = {f.name: getattr(c, f.name) for f in dataclasses.fields(c) if f.init}
     out = HeldToPrefill(**fields, own=own)
     i = next(i for i, d in enumerate(out.described) if d.label == label)

@@ -125,7 +125,7 @@ def prepare(spec: RunSpec, schedules, tolerance: float):
         c = compare.compare([runner], tokens, runner.schedules, options=opts, tolerance=tolerance,
                             progress=bar.label, tokens_progress=bar.tokens, notes=notes, reference=reference,
                             overlap=True)
-        c = held(c)  # the cached paths held to llama.cpp's own one-call prefill, in the verdict and notes
+        c = held(c, spread=runner.spread)  # the cached paths held to llama.cpp's own one-call prefill
         from ...census import known
 
         upstream = known.of_run(c, "llamacpp", getattr(model.config, "model_type", None) or "",

@@ -11,8 +11,9 @@ in transformers.
   transformers' side (as the census on vLLM does); the model is saved as safetensors and
   `engines.llamacpp.LlamaCppRunner` converts it to a float32 GGUF (synthetic vocabulary of the
   config's `vocab_size`) and runs prefill, ubatch (n_ubatch around the conv width and odd ones),
-  chunked, decode, prefix (`seq_cp`), rollback (`seq_rm`) and batched, KV cache in float32, one
-  worker process per model with its watchdog. `compare.compare` measures every run against the
+  chunked, decode, prefix (`seq_cp`), rollback (`seq_rm`), batched, restore, swa, mixed, split,
+  shift (`seq_add`) and flash (its cached path held to its own flash-attention one-call prefill),
+  KV cache in float32, one worker process per model with its watchdog. `compare.compare` measures every run against the
   transformers full pass with the float64 floor and `smearcli.judge` gives the word, as for
   `compare --impl llamacpp`; `engines.llamacpp.own_prefill` holds every cached path to llama.cpp's
   own one-call prefill:
@@ -76,7 +77,9 @@ BOUNDARY = {"ubatch": "a micro-batch boundary inside one llama_decode (n_ubatch)
             "restore": "a sequence continued in a fresh context after llama_state_seq_save_file and _load_file",
             "swa": "a boundary between llama_decode calls, the sliding-window layers keeping only their window",
             "mixed": "a sequence continued after llama_memory_seq_rm of drafts and of one-token steps removed whole",
-            "split": "two sequences of different lengths in one llama_decode call, the cache not unified"}
+            "split": "two sequences of different lengths in one llama_decode call, the cache not unified",
+            "shift": "a sequence continued after llama_memory_seq_add moved its cached positions",
+            "flash": "a boundary between successive llama_decode calls, flash attention on"}
 FINDING = "cache finding"
 OWN = "the implementation's own departure, not a cache finding"
 # what a departure is, as the record's engine data says it (`llamacpp.departure`): the page and the
@@ -396,7 +399,7 @@ def judged(model_type, model, model_dir: Path, python: str, tokens, ref_runner, 
     from ...steps import ScheduleOptions
 
     settings = llamacpp.Settings(python=python, model=str(model_dir), vocab=int(text_config(model.config).vocab_size),
-                                 widths=llamacpp.widths_for(text_config(model.config), T), f16_too=False,
+                                 widths=llamacpp.widths_for(text_config(model.config), T), f16_too=True,
                                  threads=threads, timeout_s=timeout_s, stuck_s=min(120.0, timeout_s),
                                  keep_gguf=str(gguf))
     runner = llamacpp.LlamaCppRunner(settings)
@@ -412,7 +415,7 @@ def judged(model_type, model, model_dir: Path, python: str, tokens, ref_runner, 
         return record(model_type, NOT_BUILT, reason="llama.cpp: " + res["not_built"], llamacpp=timing(runner),
                       **base), False, None, runner
     c.power = power
-    own = against_prefill(c, runner.label)
+    own = against_prefill(c, runner.label, runner.spread)
     word = c.word
     schedules, steps = {}, {}
     by_name = {d.schedule: d for d in own.runs}
@@ -483,7 +486,9 @@ def timing(runner) -> dict:
             "load_s": r.get("load_s"), "schedules_s": round(sum(float(e.get("wall_s") or 0)
                                                                  for e in r.get("schedules") or []), 2),
             "worker_s": r.get("total_s"), "wall_s": r.get("wall_s"),
-            "recurrent": r.get("recurrent"), "hybrid": r.get("hybrid"), "deaths": len(r.get("deaths") or [])}
+            "recurrent": r.get("recurrent"), "hybrid": r.get("hybrid"), "deaths": len(r.get("deaths") or []),
+            "f16_cache": {k: float(f"{v:.3g}") for k, v in runner.f16_moves().items()},
+            "own_spread": None if runner.spread is None else float(f"{runner.spread:.3g}")}
 
 
 def summary(recs: Sequence[Record], wall_s: float) -> dict:
@@ -578,16 +583,41 @@ def sections(recs: Sequence[Record], meta: Optional[dict] = None) -> list[str]:
         out += ["## Not built", "", "| architecture | why |", "|---|---|"]
         out += [f"| {r.model_type} | {_cell(r.reason, 240)} |" for r in skipped]
         out.append("")
+    spreads = [(r.llamacpp["own_spread"], r.floor or 0.0) for r in recs if (r.llamacpp or {}).get("own_spread")
+               is not None]
+    if spreads:
+        above = sum(1 for sp, fl in spreads if sp > fl)
+        vals = sorted(sp for sp, _ in spreads)
+        out += ["## llama.cpp's own spread", "", "Before its cache is judged, each architecture's row is also run as "
+                "one-call prefills of its first 1, 2, 3, 5, 8, 13, 21 and 34 tokens, each from an empty cache: no "
+                "cached path, only llama.cpp's kernels at other batch widths. Their largest distance from the whole "
+                "row's one-call prefill is llama.cpp's own spread, and the threshold a cached path must pass is the "
+                "tolerance times the larger of it and the float64 floor of the transformers reference. Over "
+                f"{len(vals)} architectures it ran from {vals[0]:.2g} to {vals[-1]:.2g} (median "
+                f"{vals[len(vals) // 2]:.2g}); it was larger than the float64 floor on {above}"
+                + (", where it set the threshold." if above else ", so the floor set every threshold."), ""]
+    f16 = {r.model_type: (r.llamacpp or {}).get("f16_cache") or {} for r in recs}
+    moved = sorted(v["decode"] for v in f16.values() if "decode" in v)
+    if moved:
+        out += ["## The float16 cache", "", "The census holds the cache's logic in a float32 cache; llama.cpp's "
+                "default cache is float16. Each architecture also ran prefill and decode on the float16 cache, and "
+                "the last column of the table below says how far it moves their log-probabilities from the float32 "
+                f"cache's: on decode, from {moved[0]:.2g} to {moved[-1]:.2g} over {len(moved)} architectures "
+                f"(median {moved[len(moved) // 2]:.2g}). That is the cache's precision, the same on every path, not a "
+                "finding: it is the size a user of the default cache sees beside any error this page reports.", ""]
     out += ["## Every architecture", "",
-            "| architecture | verdict | worst schedule | error | x floor | rollback | reason or notes |",
-            "|---|---|---|---|---|---|---|"]
+            "| architecture | verdict | worst schedule | error | x floor | rollback | reason or notes | float16 cache "
+            "(prefill / decode) |",
+            "|---|---|---|---|---|---|---|---|"]
     for r in sorted(recs, key=sort_key):
         err = "-" if r.max_abs is None else f"{r.max_abs:.2g}"
         mult = "-" if r.multiple is None else f"{r.multiple:.2g}"
         rb = ((r.schedules or {}).get("rollback") or {}).get("status") or "-"
         said = r.reason or "; ".join(n for n in r.notes or [] if "one-call prefill against" in n)
+        h = f16.get(r.model_type) or {}
+        half = " / ".join(f"{h[k]:.2g}" if k in h else "-" for k in ("prefill", "decode")) if h else "-"
         out.append(f"| {r.model_type} | {r.verdict} | {r.worst_schedule or '-'} | {err} | {mult} | "
-                   f"{rb} | {_cell(said)} |")
+                   f"{rb} | {_cell(said)} | {half} |")
     return out
 
 
@@ -703,13 +733,13 @@ def child():
     V = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
     T = len(TOKENS)
 
-    def context(n_batch, n_ubatch, n_seq=1, n_rs_seq=0, unified=True, swa_full=True):
+    def context(n_batch, n_ubatch, n_seq=1, n_rs_seq=0, unified=True, swa_full=True, flash=False):
         cp = L.llama_context_default_params()
-        cp.n_ctx = max(2 * T + 16, 8)
+        cp.n_ctx = max(2 * T + 32, 8)
         cp.n_batch, cp.n_ubatch, cp.n_seq_max, cp.n_rs_seq = n_batch, n_ubatch, n_seq, n_rs_seq
         cp.n_threads = cp.n_threads_batch = 1
         cp.type_k = cp.type_v = L.GGML_TYPE_F32  # the cache in float32: the cache's logic, not its precision
-        cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash else L.LLAMA_FLASH_ATTN_TYPE_DISABLED
         cp.kv_unified, cp.swa_full = unified, swa_full
         return L.llama_init_from_model(model, cp)
 
@@ -728,14 +758,14 @@ def child():
         return out
 
     items = [(t, p, 0) for p, t in enumerate(TOKENS)]
-    ctx = context(T, T)
+    name = SCHEDULE["name"]
+    ctx = context(T, T, flash=name == "flash")  # flash: held to its own one-call prefill, flash attention on
     one_call = np.stack(decode(ctx, items))
     L.llama_free(ctx)
-    name = SCHEDULE["name"]
-    if name in ("prefill", "ubatch", "chunked", "decode", "swa"):  # prefill: llama.cpp dying in its one call (above)
+    if name in ("prefill", "ubatch", "chunked", "decode", "swa", "flash"):  # prefill: dying in its one call (above)
         sizes = SCHEDULE.get("sizes") or ([1] * T if name == "decode" else [T])
         ctx = context(T if name == "ubatch" else max(sizes), SCHEDULE.get("width") or max(sizes),
-                      swa_full=name != "swa")
+                      swa_full=name != "swa", flash=name == "flash")
         got, pos = [], 0
         for n in sizes:
             got += decode(ctx, items[pos:pos + n])
@@ -761,6 +791,15 @@ def child():
                 print("llama_memory_seq_rm refused the partial removal: its documented limit, nothing checked")
                 return 2
             pos += keep
+    elif name == "shift":  # decoded at positions moved up, the cache moved back, the rest after
+        P, k = SCHEDULE["prefix"], SCHEDULE["offset"]
+        ctx = context(T, T)
+        if not L.llama_memory_can_shift(L.llama_get_memory(ctx)):
+            print("llama_memory_can_shift says this memory cannot shift: its documented limit, nothing checked")
+            return 2
+        got = decode(ctx, [(t, p + k, s) for t, p, s in items[:P]])
+        L.llama_memory_seq_add(L.llama_get_memory(ctx), 0, -1, -1, -k)
+        got += decode(ctx, items[P:])
     elif name == "restore":  # a saved slot restored into a fresh context, as a server does
         P = SCHEDULE["prefix"]
         ctx = context(T, T)
@@ -841,7 +880,11 @@ HOW = {"prefill": "llama.cpp's own one-call prefill (one llama_decode of the who
        "mixed": "drafts whose rejected tokens are removed (llama_memory_seq_rm), and between them a one-token step "
                 "removed whole before the next draft redoes its position",
        "restore": "a prefix decoded, its state saved to a file (llama_state_seq_save_file), loaded into a fresh "
-                  "context (llama_state_seq_load_file) and the rest decoded there"}
+                  "context (llama_state_seq_load_file) and the rest decoded there",
+       "shift": "a prefix decoded at positions moved up by an offset, the cache's positions moved back by it "
+                "(llama_memory_seq_add, as context shifting does), the rest decoded after",
+       "flash": "successive llama_decode calls with flash attention on, held to the one-call prefill with flash "
+                "attention on"}
 
 
 def entry_of(rec: Record, runner, run, T: int) -> dict:

@@ -15,7 +15,9 @@ float32 GGUF with a vocabulary-less tokenizer of the config's `vocab_size` dummy
 random models have no tokenizer) or `gguf` (a file to load as it is, already checked by smearcli),
 `expect_arch` (the config whose architecture the GGUF must have: refused otherwise), `rows` (token
 ids, one list per row), `cache_type` ("f32" or "f16", the KV cache's `type_k`/`type_v`),
-`f16_too` (also run prefill and decode with llama.cpp's default float16 cache), `threads`,
+`f16_too` (also run prefill and decode with llama.cpp's default float16 cache), `spread` (lengths:
+one-call prefills of the row's first tokens, each from an empty cache, answered as the entry
+`spread`: llama.cpp's own rounding across batch widths, no cached path in it), `threads`,
 `device` and `schedules`, each `{"name": ...}`:
 
 - prefill: one `llama_decode` of the whole row, logits at every position (`n_ubatch` >= T);
@@ -40,7 +42,16 @@ ids, one list per row), `cache_type` ("f32" or "f16", the KV cache's `type_k`/`t
   (`llama_state_seq_save_file`, as a server saves a slot), the context freed, the file loaded
   into a fresh context (`llama_state_seq_load_file`) and the rest decoded there in one call. The
   file is held to what the save said it wrote before it is loaded: one shorter (a full disk) is
-  the environment's failure (`environment`, never llama.cpp's crash), and it is removed after.
+  the environment's failure (`environment`, never llama.cpp's crash), and it is removed after;
+- shift with `prefix` and `offset`: the first `prefix` tokens decoded at positions `offset` on, every
+  cached position then moved back by `offset` (`llama_memory_seq_add`, as context shifting and cache
+  reuse move a cache), the rest decoded at the positions a one-call prefill gives them; `refused`
+  where llama.cpp says the memory cannot shift (`llama_memory_can_shift`), `inapplicable` for a
+  model that embeds absolute positions (no shift can move what its cache holds);
+- flash with `sizes`: chunked's calls with flash attention on (llama.cpp's default where the
+  backend has it), beside a one-call prefill with flash attention on, its own reference
+  (`reference`): on the CPU flash attention rounds through float16, so it departs from the
+  float32 one-call prefill by design.
 
 Each schedule gets a fresh context. The answer is OUTDIR/result.json, rewritten (atomically)
 after every schedule, with `running` naming the one under way: a worker that dies inside
@@ -60,10 +71,10 @@ import threading
 import time
 
 # run as a script, this file's directory comes first on sys.path: the sibling below is found there
-from worker_convert import convert, converter_dir, gguf_arch, registered  # noqa: E402
+from worker_convert import absolute_positions, convert, converter_dir, gguf_arch, registered  # noqa: E402
 
 PROTOCOL = 1
-RAISED, REFUSED, ENVIRONMENT = "raised", "refused", "environment"
+RAISED, REFUSED, ENVIRONMENT, INAPPLICABLE = "raised", "refused", "environment", "inapplicable"
 STUCK_EXIT = 3
 DEADLINE = [float("inf")]  # when the schedule running now counts as stuck
 
@@ -125,11 +136,12 @@ class Engine:
         self.vocab = int(L.llama_vocab_n_tokens(L.llama_model_get_vocab(self.model)))
         self.recurrent = bool(L.llama_model_is_recurrent(self.model))
         self.hybrid = bool(L.llama_model_is_hybrid(self.model))
+        self.path = path
         self._abort = L.ggml_abort_callback(lambda data: time.time() > DEADLINE[0])
         self.outdir = "."
 
     def context(self, n_ctx: int, n_batch: int, n_ubatch: int, n_seq: int = 1, cache: str = "f32",
-                n_rs_seq: int = 0, unified: bool = True, swa_full: bool = True):
+                n_rs_seq: int = 0, unified: bool = True, swa_full: bool = True, flash: bool = False):
         L = self.L
         cp = L.llama_context_default_params()
         cp.n_ctx = max(n_ctx, 8)
@@ -139,7 +151,8 @@ class Engine:
         cp.n_threads = cp.n_threads_batch = int(self.req.get("threads") or 1)
         if cache == "f32":  # else llama.cpp's default (float16)
             cp.type_k = cp.type_v = L.GGML_TYPE_F32
-        cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        # llama.cpp's default is "auto" (on where the backend has it): the flash schedules name it
+        cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED if flash else L.LLAMA_FLASH_ATTN_TYPE_DISABLED
         cp.kv_unified = unified  # llama.cpp's default is not unified: the split schedule runs that
         cp.swa_full = swa_full  # False: the sliding-window layers keep only their window (the swa schedule)
         cp.no_perf = True
@@ -188,15 +201,10 @@ def run_schedule(eng: Engine, s: dict, row: list, cache: str) -> dict:
     items = [(t, p, 0) for p, t in enumerate(row)]
     if name in ("prefill", "decode", "chunked", "swa"):
         sizes = [T] if name == "prefill" else [1] * T if name == "decode" else [int(n) for n in s["sizes"]]
-        ctx = eng.context(room, max(sizes), max(sizes), cache=cache, swa_full=name != "swa")
-        try:
-            out, pos = [], 0
-            for n in sizes:
-                out += eng.decode(ctx, items[pos:pos + n])
-                pos += n
-        finally:
-            eng.free(ctx)
-        return {"logits": np.stack(out), "steps": sizes}
+        return {"logits": successive(eng, items, sizes, room, cache, swa_full=name != "swa"), "steps": sizes}
+    if name == "spread":  # one-call prefills of the first L tokens, each in a fresh context: no cache read
+        arrays = {str(n): successive(eng, items[:int(n)], [int(n)], room, cache) for n in s["lengths"]}
+        return {"by_width": arrays, "steps": [int(n) for n in s["lengths"]]}
     if name == "ubatch":
         arrays = {}
         for w in s["widths"]:
@@ -249,6 +257,12 @@ def run_schedule(eng: Engine, s: dict, row: list, cache: str) -> dict:
         return {"logits": np.stack(out), "steps": steps, "cuts": cuts, "n_rs_seq": n_rs}
     if name == "restore":
         return restore(eng, items, int(s["prefix"]), room, cache)
+    if name == "shift":
+        return shift(eng, items, int(s["prefix"]), int(s["offset"]), room, cache)
+    if name == "flash":  # its chunked calls and, as its reference, its own one-call prefill
+        sizes = [int(n) for n in s["sizes"]]
+        return {"reference": successive(eng, items, [T], room, cache, flash=True),
+                "logits": successive(eng, items, sizes, room, cache, flash=True), "steps": sizes}
     if name in ("batched", "split"):
         S = int(s["short"])
         ctx = eng.context(2 * room, T + S, T + S, n_seq=2, cache=cache, unified=name == "batched")
@@ -259,6 +273,40 @@ def run_schedule(eng: Engine, s: dict, row: list, cache: str) -> dict:
         # row 0: the long sequence; row 1: the short one, then the long one's positions after it
         return {"rows": np.stack([np.stack(got[:T]), np.stack(got[T:] + got[S:T])]), "steps": [T + S]}
     raise ValueError(f"unknown schedule {name!r}")
+
+
+def successive(eng: Engine, items: list, sizes: list, room: int, cache: str, **how):
+    """The logits (T, V) of `items` decoded in successive calls of `sizes` in one fresh context
+    (`how`: the context's settings, `Engine.context`)."""
+    ctx = eng.context(room, max(sizes), max(sizes), cache=cache, **how)
+    try:
+        out, pos = [], 0
+        for n in sizes:
+            out += eng.decode(ctx, items[pos:pos + n])
+            pos += n
+    finally:
+        eng.free(ctx)
+    return eng.np.stack(out)
+
+
+def shift(eng: Engine, items: list, P: int, k: int, room: int, cache: str) -> dict:
+    """The shift schedule (module docstring)."""
+    L, T = eng.L, len(items)
+    if absolute_positions(eng.path):
+        return {"inapplicable": "the model adds a learned embedding of each absolute position (position_embd): "
+                                "what its cache holds was computed at those positions, and no shift can move it"}
+    ctx = eng.context(room + k, T, T, cache=cache)
+    try:
+        mem = L.llama_get_memory(ctx)
+        if not L.llama_memory_can_shift(mem):
+            return {"refused": "llama_memory_can_shift says this model's memory cannot shift its positions "
+                               "(llama.cpp aborts a K-shift it cannot do): its documented limit", "steps": [P]}
+        first = eng.decode(ctx, [(t, p + k, seq) for t, p, seq in items[:P]])
+        L.llama_memory_seq_add(mem, 0, -1, -1, -k)
+        second = eng.decode(ctx, items[P:])
+    finally:
+        eng.free(ctx)
+    return {"logits": eng.np.stack(first + second), "steps": [P, T - P]}
 
 
 def restore(eng: Engine, items: list, P: int, room: int, cache: str) -> dict:
@@ -392,6 +440,8 @@ def main(request_path: str, outdir: str) -> None:
     jobs = [(s, req.get("cache_type", "f32"), "") for s in req["schedules"]]
     if req.get("f16_too"):
         jobs += [({"name": n}, "f16", "_f16") for n in ("prefill", "decode")]
+    if req.get("spread"):
+        jobs.append(({"name": "spread", "lengths": req["spread"]}, req.get("cache_type", "f32"), ""))
     for i, (s, cache, suffix) in enumerate(jobs):
         key = s["name"] + suffix
         if key in done:
@@ -406,10 +456,13 @@ def main(request_path: str, outdir: str) -> None:
             entry["steps"] = per_row[0].get("steps", [])
             refused = next((r["refused"] for r in per_row if "refused" in r), None)
             broken = next((r["environment"] for r in per_row if "environment" in r), None)
+            moot = next((r["inapplicable"] for r in per_row if "inapplicable" in r), None)
             if broken:  # the machine's failure (a torn file), not llama.cpp's: the adapter stops on it
                 entry.update(outcome=ENVIRONMENT, message=broken)
             elif refused:
                 entry.update(outcome=REFUSED, message=refused)
+            elif moot:
+                entry.update(outcome=INAPPLICABLE, message=moot)
             elif "by_width" in per_row[0]:
                 for w in per_row[0]["by_width"]:
                     f = f"{i}-{key}-{w}.npy"
@@ -421,6 +474,10 @@ def main(request_path: str, outdir: str) -> None:
                        else eng.np.stack([r["logits"] for r in per_row]))
                 eng.np.save(os.path.join(outdir, f), arr)
                 entry["arrays"]["logits"] = f
+                if "reference" in per_row[0]:  # the flash schedule's own one-call prefill
+                    f = f"{i}-{key}-reference.npy"
+                    eng.np.save(os.path.join(outdir, f), eng.np.stack([r["reference"] for r in per_row]))
+                    entry["arrays"]["reference"] = f
                 for k in ("cuts", "n_rs_seq"):
                     if k in per_row[0]:
                         entry[k] = per_row[0][k]

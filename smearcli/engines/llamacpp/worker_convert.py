@@ -55,6 +55,14 @@ def load_models() -> None:
             pass
 
 
+def absolute_positions(path: str) -> bool:
+    """Whether the GGUF adds a learned embedding of each absolute position (`position_embd`): such a
+    model's cache holds hidden states computed at their positions, which no shift can move."""
+    import gguf
+
+    return any(t.name == "position_embd.weight" for t in gguf.GGUFReader(path).tensors)
+
+
 def gguf_arch(model_dir: str) -> tuple:
     """(the converter's class for the config's architecture, its GGUF architecture name)."""
     import gguf
