@@ -348,3 +348,19 @@ def test_the_census_takes_as_long_as_its_longest_shard(tmp_path, monkeypatch):
     line = gen.benchmark()
     assert line.startswith("3 architectures checked in 4.0 minutes, 2 shards at once on two cores"), line
     assert "Of the shards' 6.5 minutes together, importing vLLM took 60 s (15%) and starting engines 18 s (5%)" in line
+
+
+def test_the_census_asks_a_shorter_watchdog_and_the_prefill_to_decide(tmp_path):
+    """The census's requests (tiny models, seconds each) give up on a request after CENSUS_STUCK_S and
+    stop after a one-step prefill that raises; `compare --impl vllm`, on a user's model, keeps 120 s
+    and runs every schedule."""
+    import torch
+
+    from smearcli.engines import vllm as engine
+    from smearcli.engines.vllm import session
+
+    tokens = torch.tensor([[1, 2, 3, 4]])
+    req = session.request(tmp_path, tokens, 16, [{"name": "prefill"}])
+    assert (req["stuck_s"], req["prefill_decides"]) == (session.CENSUS_STUCK_S, True) and session.CENSUS_STUCK_S < 120
+    plain = engine.payload(engine.Settings("", str(tmp_path), 16), tokens, [{"name": "prefill"}])
+    assert (plain["stuck_s"], plain["prefill_decides"]) == (120.0, False)

@@ -387,3 +387,53 @@ def test_a_crash_is_named_at_vllms_frame_even_in_an_environment_folder_named_vll
         said = worker.crash_message(e)
     assert said == ("RuntimeError: invalid weight input features 16 "
                     "(at vllm/model_executor/loader.py:2 in load)"), said
+
+
+@pytest.mark.parametrize("decides", [True, False])
+def test_the_census_runs_nothing_more_after_a_one_step_prefill_raises(tmp_path, monkeypatch, decides):
+    """The census asks the worker (`prefill_decides`) to stop after a prefill in one step that raises:
+    the architecture is `not built` then whatever else runs, and each later schedule would start an
+    engine only to raise the same way (seven starts for jamba: 26 s). `compare --impl vllm` runs
+    them all, each its own crash. The worker's own loop, with vLLM's objects stood in."""
+    import importlib.util
+    import types
+
+    import numpy as np
+
+    spec = importlib.util.spec_from_file_location("smearcli_worker_under_test", vllm_env.WORKER)
+    worker = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(worker)
+    started = []
+
+    class LLM:  # an engine whose every request raises, as a kernel the CPU build lacks
+        def __init__(self, **kw):
+            started.append(kw["enable_prefix_caching"])
+            self.llm_engine = types.SimpleNamespace()
+
+        def generate(self, *a, **k):
+            raise AttributeError("'_OpNamespace' '_C' object has no attribute 'selective_scan_fwd'")
+
+    parallel = types.ModuleType("vllm.distributed.parallel_state")
+    parallel.destroy_distributed_environment = parallel.destroy_model_parallel = lambda: None
+    for name, mod in (("vllm", types.ModuleType("vllm")), ("vllm.distributed", types.ModuleType("vllm.distributed")),
+                      ("vllm.distributed.parallel_state", parallel)):
+        monkeypatch.setitem(sys.modules, name, mod)
+    m = {"np": np, "vllm": types.SimpleNamespace(__version__="0.32.0"), "LLM": LLM, "Force": object,
+         "SamplingParams": lambda **k: k, "TokensPrompt": lambda **k: k}
+    req = {"model": str(tmp_path), "vocab": 16, "rows": [[1, 2, 3, 4, 5, 6]], "max_model_len": 32, "dtype": "float32", "device": "cuda",
+           "kv_cache_memory_bytes": 1 << 20, "tensor_parallel_size": 1, "block_size": 16, "one_engine": True,
+           "stuck_s": 45, "prefill_decides": decides,
+           "schedules": [{"name": "prefill"}, {"name": "chunked", "budget": 3}, {"name": "decode"},
+                         {"name": "prefix", "prefix": 16}]}
+    res = worker.run_request(req, str(tmp_path), m)
+    first, *rest = res["schedules"]
+    assert first["outcome"] == "raised" and "selective_scan_fwd" in first["message"]
+    if decides:
+        assert len(started) == 1 and all(e.get("skipped") for e in rest)
+        assert {e["message"] for e in rest} == {"not run: the prefill in one step raised, so no cached path can be "
+                                                "held to it"}
+    else:
+        assert len(started) == 4 and not any(e.get("skipped") for e in rest)
+        assert all(e["outcome"] == "raised" for e in rest)  # each its own crash (prefix: in the stand-in's
+        assert all("selective_scan_fwd" in e["message"] for e in rest[:2])  # missing block size, first)
+    assert worker.LIMIT == [45.0]

@@ -57,6 +57,8 @@ class Settings:
     block_size: int = BLOCK_SIZE
     kv_cache_memory_bytes: int = 64 << 20
     timeout_s: float = 1800.0
+    stuck_s: float = 120.0  # one request; past it the worker's watchdog interrupts it (the census asks less)
+    prefill_decides: bool = False  # the census: a one-step prefill that raises leaves the rest not run
     worker: str = str(WORKER)
     env: dict = field(default_factory=dict)  # extra environment for the worker
 
@@ -112,7 +114,8 @@ def payload(s: Settings, tokens: torch.Tensor, entries: list, one_engine: bool =
     return {"protocol": PROTOCOL, "model": str(Path(s.model).resolve()), "rows": tokens.tolist(), "vocab": s.vocab,
             "dtype": s.dtype, "device": s.device, "tensor_parallel_size": s.tensor_parallel_size,
             "max_model_len": max_len, "block_size": s.block_size,
-            "kv_cache_memory_bytes": s.kv_cache_memory_bytes, "one_engine": one_engine, "schedules": entries}
+            "kv_cache_memory_bytes": s.kv_cache_memory_bytes, "one_engine": one_engine, "stuck_s": s.stuck_s,
+            "prefill_decides": s.prefill_decides, "schedules": entries}
 
 
 def garbage(s: Settings, what: str) -> UserError:

@@ -178,14 +178,18 @@ def label(entry: dict) -> str:
 # -- one architecture, judged -------------------------------------------------------------------
 
 NO_FLOAT64 = "not confirmed: vLLM's engine has no float64 form to rerun it in"
+# one request of the census's tiny models: seconds (the whole vLLM side of an architecture that ran,
+# engine starts and every schedule, took at most 18 s in the census of 2026-12-06); past this it is
+# stuck (`compare --impl vllm`, on a user's model, waits 120 s)
+CENSUS_STUCK_S = 45
 ENGINE_REFUSED = "vLLM did not start an engine for the tiny model: "
 
 
 def request(model_dir: Path, tokens: torch.Tensor, vocab: int, entries: list, one_engine: bool = False) -> dict:
     """The worker's request (`engines.vllm.payload`, as `compare --impl vllm` sends it), with the
     census's cache budget; the worker's Python is not part of it."""
-    return payload(Settings("", str(model_dir), vocab, kv_cache_memory_bytes=KV_CACHE_BYTES), tokens,
-                   entries, one_engine)
+    return payload(Settings("", str(model_dir), vocab, kv_cache_memory_bytes=KV_CACHE_BYTES, stuck_s=CENSUS_STUCK_S,
+                            prefill_decides=True), tokens, entries, one_engine)
 
 
 def check(model_type: str, worker, timeout: float = 240.0, memory: Optional[int] = None, seed: int = 0,
@@ -486,7 +490,7 @@ TOKENS = {tokens!r}
 SEED, MARGIN, BLOCK, MAX_LEN = {seed!r}, {margin!r}, {block!r}, {max_len!r}
 ONE_ENGINE = {one_engine!r}  # prefix caching on for every schedule, as the census ran it
 V = {vocab!r}
-STUCK_S = 120  # the whole run in vLLM takes seconds; past this it is stuck
+STUCK_S = 60  # the whole run in vLLM takes seconds (its import included); past this it is stuck
 
 
 def save(d):

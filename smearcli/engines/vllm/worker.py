@@ -18,8 +18,10 @@ closed after it), `archs` -> vLLM's ModelRegistry, `repro` (`path`, `timeout`) -
 
 The request (protocol 2) is JSON: `model` (a local model directory), `rows` (token ids, one list
 per row), `vocab`, `dtype`, `device`, `tensor_parallel_size`, `max_model_len`, `block_size`,
-`kv_cache_memory_bytes`, `one_engine` (prefix caching on for every schedule: one engine start)
-and `schedules`, each `{"name": ..., ...}`: `prefill` (each row in one
+`kv_cache_memory_bytes`, `one_engine` (prefix caching on for every schedule: one engine start),
+`stuck_s` (the watchdog's limit for one request; STUCK_S when absent), `prefill_decides` (a
+prefill in one step that raises leaves the later schedules not run: the census's rule, since no
+cached path can be held to a prefill that does not run) and `schedules`, each `{"name": ..., ...}`: `prefill` (each row in one
 engine step); `chunked` with `budget` (the scheduler's per-step token budget lowered to it, as
 `max_num_batched_tokens` sets it, on the engine built at the full budget); `decode` (a one-token
 prompt, each later token forced to the row's own by a logits processor; log-probs are vLLM's raw
@@ -54,6 +56,7 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process: the 
 
 # -- what drives no engine: the watchdog, a crash's message, log-probs as arrays, forced decode ----
 STUCK_S = 120  # one request of a tiny model takes seconds; past this, the watchdog interrupts it
+LIMIT = [STUCK_S]  # the limit of the request being served (its `stuck_s`)
 # [when the request running now counts as stuck, whether the watchdog interrupted it]
 DEADLINE = [float("inf"), False]
 
@@ -103,7 +106,7 @@ def crash_message(e: BaseException) -> str:
         f = frames[-1]
         where = f" (at {f.filename.split('site-packages/')[-1]}:{f.lineno} in {f.name})"
     if stuck(e):
-        return f"vLLM's engine did not finish the request in {STUCK_S} s{where}"
+        return f"vLLM's engine did not finish the request in {LIMIT[0]:g} s{where}"
     return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}{where}"
 
 
@@ -326,20 +329,23 @@ def run_request(req: dict, outdir: str, m: dict, import_s: float = 0.0) -> dict:
         sp = m["SamplingParams"](prompt_logprobs=V, logprobs=V, temperature=0.0, max_tokens=max_tokens,
                                  ignore_eos=True, skip_reading_prefix_cache=not read_cache,
                                  extra_args={"force": force} if force is not None else None)
-        DEADLINE[:] = [time.time() + STUCK_S, False]  # the watchdog interrupts a request stuck in vLLM
+        DEADLINE[:] = [time.time() + LIMIT[0], False]  # the watchdog interrupts a request stuck in vLLM
         try:
             (out,) = llm.generate([m["TokensPrompt"](prompt_token_ids=list(ids))], sp, use_tqdm=False)
         finally:
             DEADLINE[0] = float("inf")
         return out
 
+    LIMIT[0] = float(req.get("stuck_s") or STUCK_S)
     gave_up = ""  # a schedule stuck in vLLM: its threads cannot be stopped, so nothing more runs here
+    no_prefill = ""  # `prefill_decides`: the one-step prefill raised
     for i, sched in enumerate(req["schedules"]):
         name = sched["name"]
         entry = {"name": name, "outcome": None, "message": "", "arrays": {}}
-        if gave_up:
-            result["schedules"].append({**entry, "outcome": RAISED, "skipped": True, "message": f"not run: "
-                                        f"{gave_up} did not finish in {STUCK_S} s"})
+        if gave_up or no_prefill:
+            result["schedules"].append({**entry, "outcome": RAISED, "skipped": True, "message": (
+                f"not run: {gave_up} did not finish in {LIMIT[0]:g} s" if gave_up else
+                "not run: the prefill in one step raised, so no cached path can be held to it")})
             continue
         started = False
         try:
@@ -364,6 +370,8 @@ def run_request(req: dict, outdir: str, m: dict, import_s: float = 0.0) -> dict:
                 result["schedules"].append(entry)
                 continue
             drop()  # a fresh engine for the next schedule
+            if name == "prefill" and req.get("prefill_decides"):
+                no_prefill = entry["message"]
         result["schedules"].append(entry)
     drop()
     result["peak_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
