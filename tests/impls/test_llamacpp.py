@@ -383,7 +383,8 @@ def test_a_fork_server_that_is_gone_gives_way_to_a_fresh_worker(model_dir, fake_
     from smearcli.engines.llamacpp import calls, forkserver
 
     s = llamacpp.Settings(python=str(fake_python), model=str(model_dir), vocab=128, f16_too=False)
-    dead = str(tmp_path / "gone.sock")  # nothing listens there
+    dead = str(tmp_path / "gone.sock")  # a server's socket that nothing listens on any more
+    (tmp_path / "gone.sock").write_text("")
     monkeypatch.setitem(forkserver.RUNNING, (s.python, s.worker), dead)
     monkeypatch.setenv("SMEARCLI_STANDIN_MODE", "good")
     rows = [[1, 2, 3, 4, 5, 6]]
@@ -395,3 +396,6 @@ def test_a_fork_server_that_is_gone_gives_way_to_a_fresh_worker(model_dir, fake_
     err = capsys.readouterr().err
     assert "llama.cpp's fork server: it is gone" in err and "workers start afresh" in err, err
     assert dead not in forkserver.RUNNING.values()
+    assert not (tmp_path / "gone.sock").exists()  # the census's other processes no longer ask it either
+    monkeypatch.setitem(forkserver.RUNNING, (s.python, s.worker), dead)  # as a process forked before it went
+    assert forkserver.serving(s.python, s.worker, {}) is None

@@ -91,14 +91,22 @@ class Server:
 def serving(python: str, worker: str, extra: Optional[dict]) -> Optional[str]:
     """The socket of the server started in this census for `python`'s `worker`, or None (a fresh
     worker then). A caller asking for variables of its own in the worker's environment (`extra`)
-    gets a fresh worker: the server's was set when it started."""
-    return None if extra else RUNNING.get((python, worker))
+    gets a fresh worker: the server's was set when it started. A socket that is no longer there
+    was forgotten by an architecture that found the server gone (`forget`)."""
+    path = None if extra else RUNNING.get((python, worker))
+    return path if path and os.path.exists(path) else None
 
 
 def forget(path: str) -> None:
-    """This process (and what it forks from now on) no longer asks the server at `path`."""
+    """This process (and what it forks from now on) no longer asks the server at `path`, and nor
+    does any other process of the census: its socket goes, so the census's later architectures
+    start fresh workers without a word (the one that found it gone said so)."""
     for key in [k for k, v in RUNNING.items() if v == path]:
         del RUNNING[key]
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def read_line(fd: int, deadline: float, buf: Optional[bytearray] = None) -> Optional[bytes]:
