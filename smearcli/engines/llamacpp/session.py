@@ -588,8 +588,12 @@ def sections(recs: Sequence[Record], meta: Optional[dict] = None) -> list[str]:
     if spreads:
         above = sum(1 for sp, fl in spreads if sp > fl)
         vals = sorted(sp for sp, _ in spreads)
+        from . import SPREAD
+
+        lengths = [n for n in SPREAD if n < T]
         out += ["## llama.cpp's own spread", "", "Before its cache is judged, each architecture's row is also run as "
-                "one-call prefills of its first 1, 2, 3, 5, 8, 13, 21 and 34 tokens, each from an empty cache: no "
+                f"one-call prefills of its first {', '.join(map(str, lengths[:-1]))} and {lengths[-1]} tokens, each "
+                "from an empty cache: no "
                 "cached path, only llama.cpp's kernels at other batch widths. Their largest distance from the whole "
                 "row's one-call prefill is llama.cpp's own spread, and the threshold a cached path must pass is the "
                 "tolerance times the larger of it and the float64 floor of the transformers reference. Over "

@@ -21,8 +21,8 @@ per row), `vocab`, `dtype`, `device`, `tensor_parallel_size`, `max_model_len`, `
 `kv_cache_memory_bytes`, `one_engine` (prefix caching on for every schedule: one engine start),
 `stuck_s` (the watchdog's limit for one request; STUCK_S when absent), `prefill_decides` (a
 prefill in one step that raises leaves the later schedules not run: the census's rule, since no
-cached path can be held to a prefill that does not run) and `schedules`, each `{"name": ..., ...}`: `prefill` (each row in one
-engine step); `chunked` with `budget` (the scheduler's per-step token budget lowered to it, as
+cached path can be held to a prefill that does not run) and `schedules`, each
+`{"name": ..., ...}`: `prefill` (each row in one engine step); `chunked` with `budget` (the scheduler's per-step token budget lowered to it, as
 `max_num_batched_tokens` sets it, on the engine built at the full budget); `decode` (a one-token
 prompt, each later token forced to the row's own by a logits processor; log-probs are vLLM's raw
 ones, taken before it); `prefix` with `prefix` (prefix caching on: a first request for the first
