@@ -58,6 +58,7 @@ def test_two_architectures_are_ok_with_every_schedule_and_a_page(tmp_path, fake_
     assert "max \\|d log-prob\\|" in page and "/d log-prob/" not in page
 
 
+@pytest.mark.slow  # a finding and its reruns: 12 s
 def test_a_micro_batch_error_is_the_cache_finding_at_its_first_position(tmp_path, fake_python, monkeypatch):
     r, recs, _ = scan(tmp_path, fake_python, monkeypatch, "llama", "skew", "--check")
     assert r.exit_code == 1, r.output  # --check: unconfirmed fails on an engine without a float64 rerun
@@ -79,6 +80,7 @@ def test_a_micro_batch_error_is_the_cache_finding_at_its_first_position(tmp_path
     assert any(n.startswith("replicated: on seed 1 (weights and tokens) ubatch departs again") for n in rec["notes"])
 
 
+@pytest.mark.slow  # a finding and its reruns: 9 s
 def test_a_cache_finding_a_rerun_does_not_show_again_is_not_replicated(tmp_path, fake_python, monkeypatch):
     monkeypatch.setenv("SMEARCLI_STANDIN_ONCE", str(tmp_path / "ran-once"))
     md = tmp_path / "census.md"

@@ -167,6 +167,7 @@ def test_a_refused_partial_removal_is_llamacpps_documented_limit_not_a_crash(mod
     assert [x["schedule"] for x in doc["runs"]] == [s for s in ALL if s not in ("rollback", "mixed")]
 
 
+@pytest.mark.slow  # two workers, one aborting: 11 s
 def test_a_worker_that_dies_in_one_schedule_is_its_crash_and_the_run_goes_on(model_dir, fake_python, monkeypatch,
                                                                             tmp_path):
     r, doc = compare(model_dir, fake_python, monkeypatch, tmp_path, "die", "--check")
