@@ -2,12 +2,14 @@
 
     SMEARCLI_VLLM_PYTHON=~/vllm-env/bin/python python scripts/gen_vllm_census.py [--resume | --write-only]
 
-Runs `smearcli scan --engine vllm` as LANES shards at once (`--shard i/LANES`, one file each under
-build/), the documented way to use more than one core: each shard has its own vLLM worker, bound
-to a core of its own (`VLLM_CPU_OMP_THREADS_BIND`), so one shard's transformers side runs while
-the other's vLLM does. The benchmark (the wall time, vLLM's imports, the engines' starts) is
-summed from the records per shard, the census's wall time being the longest shard's, so a
-stopped run counts too. Then the census's Markdown (`--merge` of the shards) and the benchmark
+Runs `smearcli scan --engine vllm` as LANES scans at once sharing one claims folder (`--claims`,
+one record file each under build/), the documented way to use more than one core: each takes the
+next architecture neither has taken, so the two end together however long each architecture
+takes (fixed shares, `--shard`, left one lane 3 minutes behind the other); each has its own vLLM
+worker, bound to a core of its own (`VLLM_CPU_OMP_THREADS_BIND`), so one lane's transformers side
+runs while the other's vLLM does. The benchmark (the wall time, vLLM's imports, the engines' starts) is
+summed from the records per lane, the census's wall time being the longest lane's, so a
+stopped run counts too. Then the census's Markdown (`--merge` of the lanes) and the benchmark
 go between the `<!-- vllm-census:start -->` and `<!-- vllm-census:end -->` markers of the guide.
 `--resume` continues a stopped census; `--write-only` writes the guide from the records there are.
 Without $SMEARCLI_VLLM_PYTHON it says so and exits 0: the step is skipped, nothing changes.
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -25,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # run as a script or l
 from census_block import write_block  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-LANES = 2  # shards at once: the two cores CI and the docs' numbers have
+LANES = 2  # scans at once: the two cores CI and the docs' numbers have
 REPRO = ROOT / "build" / "vllm-census-repro"
 GUIDE = ROOT / "docs" / "guide" / "vllm.md"
 START, END = "<!-- vllm-census:start -->", "<!-- vllm-census:end -->"
@@ -33,15 +36,31 @@ TIMEOUT_S = 600  # one architecture and its reproducer: about 70 s on two busy c
 # request stuck inside vLLM (the worker's watchdog, then the reproducer's, at 120 s each)
 
 
+CLAIMS = ROOT / "build" / "vllm-census.claims"
+
+
 def out_of(lane: int) -> Path:
     return ROOT / "build" / f"vllm-census.{lane}-of-{LANES}.jsonl"
 
 
+def fresh_claims() -> None:
+    """The claims folder anew, holding what the lanes' files already record (a resumed census
+    checks none of it again, and no architecture lands in two files)."""
+    shutil.rmtree(CLAIMS, ignore_errors=True)
+    CLAIMS.mkdir(parents=True)
+    for lane in range(1, LANES + 1):
+        if out_of(lane).exists():
+            for ln in out_of(lane).read_text().splitlines():
+                if ln.strip():
+                    (CLAIMS / json.loads(ln)["model_type"]).touch()
+
+
 def scan(*args: str) -> None:
-    """Every shard at once, each to its own file; waits for all of them."""
+    """Every lane at once, each to its own file; waits for all of them."""
+    fresh_claims()
     procs = []
     for lane in range(1, LANES + 1):
-        cmd = [sys.executable, "-m", "smearcli", "scan", "--engine", "vllm", "--shard", f"{lane}/{LANES}",
+        cmd = [sys.executable, "-m", "smearcli", "scan", "--engine", "vllm", "--claims", str(CLAIMS),
                "--out", str(out_of(lane)), "--repro-dir", str(REPRO), "--timeout", str(TIMEOUT_S),
                "--memory-mb", "4096", "--json", *args]
         print("gen_vllm_census:", " ".join(cmd[1:]), flush=True)
@@ -51,7 +70,7 @@ def scan(*args: str) -> None:
     for p in procs:
         out, _ = p.communicate()
         if p.returncode not in (0, 1):  # 1: --check is not given, but keep the records of any run that ended
-            sys.exit(f"gen_vllm_census: a shard of the census failed (exit {p.returncode})")
+            sys.exit(f"gen_vllm_census: a lane of the census failed (exit {p.returncode})")
         print("gen_vllm_census:", json.dumps(json.loads(out).get("benchmark")), flush=True)
 
 
@@ -70,7 +89,7 @@ def runs_of(recs: list) -> list:
 
 
 def lane_time(recs: list) -> tuple[float, float, float]:
-    """One shard's (wall time, vLLM imports, engine starts) from its records."""
+    """One lane's (wall time, vLLM imports, engine starts) from its records."""
     runs = runs_of(recs)
     imports = sum(max((r.get("vllm") or {}).get("import_s_so_far") or 0 for r in run) for run in runs)
     engines = sum(float(s or 0) for r in recs for s in (r.get("vllm") or {}).get("engine_start_s") or [])
@@ -78,18 +97,19 @@ def lane_time(recs: list) -> tuple[float, float, float]:
 
 
 def benchmark() -> str:
-    """The census's time from its records (so a run stopped early still counts): per shard, each
+    """The census's time from its records (so a run stopped early still counts): per lane, each
     architecture's wall time, vLLM's imports (each run's last count) and the engines' starts; the
-    census takes as long as its longest shard."""
+    census takes as long as its longest lane."""
     lanes = [[json.loads(ln) for ln in out_of(i).read_text().splitlines() if ln.strip()]
              for i in range(1, LANES + 1) if out_of(i).exists()]
     times = [lane_time(recs) for recs in lanes]
     wall = max((t[0] for t in times), default=0.0)
     busy, imports, engines = (sum(t[k] for t in times) for k in range(3))
     pct = (lambda x: f"{100 * x / busy:.0f}%" if busy else "-")
-    return (f"{sum(map(len, lanes))} architectures checked in {wall / 60:.1f} minutes, {len(lanes)} shards at once "
-            f"on two cores (the longest shard's time: its architectures' wall times plus vLLM's imports). Of the "
-            f"shards' {busy / 60:.1f} minutes together, importing vLLM took {imports:.0f} s ({pct(imports)}) and "
+    return (f"{sum(map(len, lanes))} architectures checked in {wall / 60:.1f} minutes, {len(lanes)} scans at once "
+            "sharing the architectures "
+            f"on two cores (the longest scan's time: its architectures' wall times plus vLLM's imports). Of the "
+            f"scans' {busy / 60:.1f} minutes together, importing vLLM took {imports:.0f} s ({pct(imports)}) and "
             f"starting engines {engines:.0f} s ({pct(engines)}); the rest is the models' requests, the "
             "transformers reference, floor and power, and the reproducers.")
 

@@ -234,10 +234,42 @@ def run_request(req, outdir, mode):
     return result
 
 
+def zygote(fd):
+    """The worker's zygote: a ready line on the control socket, then a forked `serve` on each socket
+    sent over it ($SMEARCLI_STANDIN_NOZYGOTE: exits at once, as an older worker without the mode)."""
+    import signal
+    import socket
+
+    if os.environ.get("SMEARCLI_STANDIN_NOZYGOTE"):
+        sys.exit("usage: worker.py REQUEST.json OUTDIR | serve | hello")
+    ctrl = socket.socket(fileno=fd)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    ctrl.sendall((json.dumps({**READY, "import_s": 5.0}) + "\n").encode())  # an import worth counting
+    while True:
+        msg, fds, _, _ = socket.recv_fds(ctrl, 4096, 1)
+        if not msg:
+            return
+        if os.fork() == 0:
+            try:
+                os.setsid()
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # a reproducer's exit status is read with wait
+                ctrl.close()
+                err = os.open(json.loads(msg)["log"], os.O_WRONLY | os.O_APPEND)
+                for i, src in enumerate((fds[0], fds[0], err)):
+                    os.dup2(src, i)
+                READY.update(pid=os.getpid(), import_s=0.0)
+                serve()
+            finally:
+                os._exit(0)
+        os.close(fds[0])
+
+
 if __name__ == "__main__":
     if sys.argv[1:] == ["hello"]:
         print(json.dumps({"worker": "smearcli-vllm", "protocol": PROTOCOL, "python": "3", "vllm": "stand-in"}))
     elif sys.argv[1:] == ["serve"]:
         serve()
+    elif sys.argv[1:2] == ["zygote"]:
+        zygote(int(sys.argv[2]))
     else:
         main(sys.argv[1], sys.argv[2])

@@ -23,7 +23,10 @@ once at the end, as one line (`on_note`).
 
 Records are appended to a JSON Lines file as they finish, one whole record per write, under an
 exclusive lock (`records.Sink`), so `resume` skips what a stopped scan already wrote; `shard(names,
-i, n)` picks every n-th name for one machine of a CI matrix, and `records.merge(paths)` reads shard
+i, n)` picks every n-th name for one machine of a CI matrix; `claims(folder)` shares the names
+among scans run at once on one machine instead, each taking the next name none has taken (a file
+created in `folder` only if absent), so that scans whose architectures take very different times
+end together; and `records.merge(paths)` reads shard
 files back into one list sorted by name, the same list a single scan writes (a line that is not a
 record, or a name twice, is refused). A SIGINT or SIGTERM in the parent, even at a
 fork, kills every worker (with what it started) before the parent goes on to exit; a worker also
@@ -70,6 +73,22 @@ def shard(names: Sequence[str], index: int, count: int) -> list[str]:
     if count < 1 or not 1 <= index <= count:
         raise UserError(f"a shard is i/n with 1 <= i <= n, got {index}/{count}")
     return list(names)[index - 1::count]
+
+
+def claims(folder: Path) -> Callable[[str], bool]:
+    """`claim(name)`: True for the one process that claims `name` in `folder` first, False for every
+    other (creating folder/name only where absent is atomic, across processes). `run` claims a
+    name just before it starts it, so scans sharing a folder each take the next free name."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+
+    def claim(name: str) -> bool:
+        try:
+            os.close(os.open(folder / name, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+        except FileExistsError:
+            return False
+        return True
+    return claim
 
 
 # what an allocation refused under RLIMIT_AS looks like once their code has caught and re-raised
@@ -173,20 +192,23 @@ def _died(name: str, status: int, memory: Optional[int], wall: float) -> Record:
 
 def census(session, names: Sequence[str], sink: "records.Sink", jobs: int = 1, timeout: float = DEFAULT_TIMEOUT,
            memory: Optional[int] = DEFAULT_MEMORY, repro_dir: Path = Path("scan-repro"),
-           on_record: Optional[Callable[[Record], None]] = None) -> list[Record]:
-    """The one census loop, on any engine: `names` (those `sink` does not hold yet) checked by
-    `session` (`census.engines.Session`), each in its own process (`run`: its limits, its retry of
-    a time-out), at most `jobs` at once; the records of this run."""
+           on_record: Optional[Callable[[Record], None]] = None,
+           claim: Optional[Callable[[str], bool]] = None) -> list[Record]:
+    """The one census loop, on any engine: `names` (those `sink` does not hold yet, and that
+    `claim` grants where given) checked by `session` (`census.engines.Session`), each in its own
+    process (`run`: its limits, its retry of a time-out), at most `jobs` at once; the records of
+    this run."""
     where = Path(repro_dir).resolve()
     return run(names, lambda name: session.check(name, where, timeout, memory), sink, jobs=jobs, timeout=timeout,
-               memory=memory, on_record=on_record, checked=session.checked)
+               memory=memory, on_record=on_record, checked=session.checked, claim=claim)
 
 
 def run(names: Sequence[str], check: Callable[[str], Record], sink: "records.Sink", jobs: int = 1,
         timeout: float = DEFAULT_TIMEOUT, memory: Optional[int] = DEFAULT_MEMORY,
         on_record: Optional[Callable[[Record], None]] = None,
         on_note: Callable[[str], None] = say,
-        checked: Optional[Callable[[Record, bool], bool]] = None) -> list[Record]:
+        checked: Optional[Callable[[Record, bool], bool]] = None,
+        claim: Optional[Callable[[str], bool]] = None) -> list[Record]:
     """Check every name in its own process, appending each record to an open `records.Sink`: the
     names it does not hold yet, at most `jobs` at once; the records of this run, in the order they
     finished.
@@ -194,7 +216,8 @@ def run(names: Sequence[str], check: Callable[[str], Record], sink: "records.Sin
     runs on, and only whole records are in the file. A run whose architectures fell back to slow
     kernels says so once at its end (`on_note`). `checked(record, more)`, in this process before a
     record is written, may ask for that name to be checked once more instead
-    (`census.engines.Session.checked`)."""
+    (`census.engines.Session.checked`). With `claim` (`claims`), a name is checked only if
+    `claim(name)` grants it when its turn comes: another scan sharing the claims has it otherwise."""
     if jobs < 1:
         raise UserError(f"jobs must be at least 1, got {jobs}")
     done = sink.names()
@@ -206,6 +229,7 @@ def run(names: Sequence[str], check: Callable[[str], Record], sink: "records.Sin
     version = transformers_version()
 
     again: set[str] = set()  # the names checked once more at `checked`'s asking
+    mine: set[str] = set()  # the names `claim` granted this run (a retry or a recheck keeps its claim)
 
     def finish(rec: Record) -> None:
         if version is not None and rec.transformers_version is None:
@@ -223,7 +247,12 @@ def run(names: Sequence[str], check: Callable[[str], Record], sink: "records.Sin
     try:
         while todo or running:
             while todo and len(running) < jobs:
-                _spawn(check, *todo.pop(0), running, memory, sink.fd)
+                name, limit = todo.pop(0)
+                if claim is not None and name not in mine:
+                    if not claim(name):
+                        continue
+                    mine.add(name)
+                _spawn(check, name, limit, running, memory, sink.fd)
             for rec in _collect(running, memory, slow):
                 finish(rec)
             now = time.monotonic()

@@ -92,3 +92,12 @@ def test_only_shard_and_merge_go_through_the_one_path(toy):
     assert (toy / "m.md").read_text().startswith("# smearcli scan on the toy")  # the records' engine's page
     r = scan("--engine-python", sys.executable, "--out", "x.jsonl")
     assert r.exit_code == 2 and "runs in smearcli's own Python" in r.stderr
+    # --claims: a scan takes what no other took; the next one with the same folder finds none left
+    r = scan("--claims", "c", "--only", "toy_ok", "--out", "c1.jsonl", "--repro-dir", "repro", "-q", "--json")
+    assert r.exit_code == 0 and [a["model_type"] for a in json.loads(r.stdout)["architectures"]] == ["toy_ok"]
+    r = scan("--claims", "c", "--out", "c2.jsonl", "--repro-dir", "repro", "-q", "--json")
+    assert r.exit_code == 0 and "toy_ok" not in [a["model_type"] for a in json.loads(r.stdout)["architectures"]]
+    for bad, why in [(["--claims", "c", "--shard", "1/2"], "--shard and --claims both split the census"),
+                     (["--claims", "c1.jsonl"], "not a directory"), (["--merge", "s1.jsonl", "--claims", "c"], "--claims")]:
+        r = scan(*bad, "--out", "c3.jsonl")
+        assert r.exit_code == 2 and why in r.stderr, r.output

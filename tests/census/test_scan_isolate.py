@@ -122,6 +122,39 @@ def test_resume_skips_what_is_there_and_a_torn_line(tmp_path):
     assert records.read(out).records[0].verdict == "ok"
 
 
+def sleepy(name: str) -> record.Record:
+    """A check whose time varies by name, as architectures' do (m0 is the slowest)."""
+    time.sleep(2.0 if name == "m0" else 0.05)
+    return record.new(name, "ok", notes=[ran_in(os.getpid())])
+
+
+def test_scans_sharing_claims_split_the_names_between_them_and_merge_into_the_single_scan(tmp_path):
+    """Two scans at once with one claims folder: each name checked by exactly one, the slow name's
+    scan taking fewer (they take the next free name, not every other one), the merged files the
+    single scan's list; a name claimed already is left to whoever holds it."""
+    names = [f"m{i}" for i in range(8)]
+    folder = tmp_path / "claims"
+    pids = []
+    for lane in (1, 2):
+        pid = os.fork()
+        if pid == 0:  # a scan of its own, as gen_vllm_census.py starts them
+            code = 1
+            try:
+                scan_into(names, sleepy, tmp_path / f"lane{lane}.jsonl", claim=isolate.claims(folder))
+                code = 0
+            finally:
+                os._exit(code)
+        pids.append(pid)
+    assert all(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0 for pid in pids)
+    lanes = [[r.model_type for r in records.read(tmp_path / f"lane{i}.jsonl").records] for i in (1, 2)]
+    assert sorted(lanes[0] + lanes[1]) == names and not set(lanes[0]) & set(lanes[1])
+    slow = next(lane for lane in lanes if "m0" in lane)
+    assert len(slow) < len(names) / 2  # the other scan took the names it would have had at its turn
+    assert [r.model_type for r in records.merge([tmp_path / "lane1.jsonl", tmp_path / "lane2.jsonl"])] == names
+    assert sorted(x.name for x in folder.iterdir()) == names
+    assert scan_into(names, sleepy, tmp_path / "late.jsonl", claim=isolate.claims(folder)) == []
+
+
 def test_shards_merge_into_the_single_scan(tmp_path):
     names = [f"m{i}" for i in range(7)]
     scan_into(names, stand_in, tmp_path / "all.jsonl", jobs=2)

@@ -109,6 +109,33 @@ def test_a_worker_that_hangs_runs_away_or_dies_is_stopped_and_started_again(fake
     assert not w.alive() and not w.log.exists()
 
 
+@pytest.mark.parametrize("zygote", [True, False])
+def test_a_worker_started_again_is_a_fork_of_the_zygote_past_the_import(fake_python, tmp_path, monkeypatch, zygote):
+    """vLLM is imported once per census: the zygote imports it, every worker is its fork (a pid of
+    its own, no import counted). A worker without the zygote mode gives a fresh process each
+    start, each an import, and the census runs the same."""
+    if not zygote:
+        monkeypatch.setenv("SMEARCLI_STANDIN_NOZYGOTE", "1")
+    w = serve.Worker(str(fake_python))
+    try:
+        first = w.start()
+        pid = w.proc.pid
+        w.kill()
+        assert not w.alive()
+        second = w.start()
+        assert w.alive() and w.proc.pid != pid and serve.archs(w)
+        assert w.starts == 2 and w.imports == (1 if zygote else 2)
+        assert first["vllm"] == second["vllm"] == "stand-in"
+        if zygote:
+            assert w.import_s == 5.0  # the zygote's import, once; the forks' count nothing
+        assert (w.zygote is not None) == zygote and bool(w.no_zygote) != zygote
+        zyg = w.zygote
+    finally:
+        w.close()
+    assert not w.alive() and not w.log.exists()
+    assert zyg is None or zyg.poll() is not None  # the zygote ends with the census
+
+
 def scan(tmp_path, fake_python, *extra):
     r = runner.invoke(app, ["scan", "--engine", "vllm", "--engine-python", str(fake_python), "--out",
                             str(tmp_path / "v.jsonl"), "--repro-dir", str(tmp_path / "repro"), *extra])
@@ -129,7 +156,8 @@ def test_the_census_on_the_standin_records_each_architecture_and_survives_a_dead
     doc = json.loads(r.stdout)
     assert doc["engine"] == "vllm" and doc["vllm_version"] == "stand-in"
     bench = doc["benchmark"]
-    assert bench["architectures"] == 4 and bench["vllm_imports"] == 2  # restarted once, after mistral
+    # restarted once, after mistral: a fork of the zygote, so vLLM was imported once for two workers
+    assert bench["architectures"] == 4 and bench["vllm_imports"] == 1 and bench["vllm_workers"] == 2
     by = {a["model_type"]: a for a in doc["architectures"]}
     assert {k: v["verdict"] for k, v in by.items()} == {"llama": OK, "mamba2": CRASHED, "mistral": CRASHED,
                                                         "qwen2": UNCONFIRMED}

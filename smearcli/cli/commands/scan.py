@@ -28,7 +28,8 @@ SHARD = re.compile(r"\s*(\d+)\s*/\s*(\d+)\s*")
 MAX_TIMEOUT = 1e6  # seconds, as --user-code-timeout: beyond it a limit means nothing
 MIN_MEMORY_MB, MAX_MEMORY_MB = 64, 1 << 27  # 128 TiB: all the address space x86-64 gives a process
 # the options that only mean something when architectures run (with --merge nothing runs)
-RUN_ONLY = {"out": "--out", "jobs": "--jobs", "shard": "--shard", "resume": "--resume", "only": "--only",
+RUN_ONLY = {"out": "--out", "jobs": "--jobs", "shard": "--shard", "claims": "--claims", "resume": "--resume",
+            "only": "--only",
             "timeout": "--timeout", "memory_mb": "--memory-mb", "repro_dir": "--repro-dir", "engine": "--engine",
             "engine_python": "--engine-python"}
 ENGINES = tuple(engines.names())  # the built-in engines, for --engine's help (a later registration runs too)
@@ -171,6 +172,10 @@ def scan(
     jobs: Annotated[int, typer.Option("--jobs", help="Architectures checked at once, one process each.")] = 1,
     shard: Annotated[Optional[str], typer.Option("--shard", help="i/n: check only the i-th of n shares "
                      "of the list (a CI matrix); merge the files with --merge.")] = None,
+    claims: Annotated[Optional[Path], typer.Option("--claims", metavar="DIR", help="Share the architectures "
+                      "with the other scans run at once with this DIR (each its own --out): each takes the next "
+                      "one none has taken, so they end together; merge the files with --merge. Use a fresh DIR "
+                      "per census.")] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Skip the architectures --out already holds.")] = False,
     only: Annotated[Optional[str], typer.Option("--only", help="Comma-separated model types to check "
                     "(default: every causal LM in the auto mapping).")] = None,
@@ -237,6 +242,10 @@ def scan(
                         "with --shard")
     check_limits(jobs, timeout, memory_mb)
     part = parse_shard(shard)
+    if part is not None and claims is not None:
+        raise UserError("--shard and --claims both split the census: give one")
+    if claims is not None and claims.exists() and not claims.is_dir():
+        raise UserError(f"--claims {claims}: not a directory (the claims are one empty file per architecture in it)")
     wanted = parse_only(only)
     if merge:
         refuse_run_options(ctx)
@@ -267,7 +276,7 @@ def scan(
     else:
         if resume:  # another engine's or release's records are refused before the engine starts
             resumable(out, eng.name, info["transformers_version"])
-        records, mine = _run(eng, python_of(eng, engine_python), out, jobs, part, resume, wanted,
+        records, mine = _run(eng, python_of(eng, engine_python), out, jobs, part, claims, resume, wanted,
                              timeout, memory_mb, repro_dir, quiet)
         records = known.place(records, table)  # every finding against what upstream knows
         info |= mine | {"wall_s": round(time.monotonic() - t0, 1)}
@@ -444,7 +453,8 @@ def sources(previous_dir):
     return diff.Sources(Path(previous_dir), Path(transformers.__file__).parent)
 
 
-def _run(eng, python, out, jobs, part, resume, wanted, timeout, memory_mb, repro_dir, quiet) -> tuple[list, dict]:
+def _run(eng, python, out, jobs, part, claims, resume, wanted, timeout, memory_mb, repro_dir,
+         quiet) -> tuple[list, dict]:
     """One census on `eng` (its Python and the option it came from in `python`): (every record
     --out holds, the engine's meta)."""
     from ...census import isolate
@@ -470,7 +480,8 @@ def _run(eng, python, out, jobs, part, resume, wanted, timeout, memory_mb, repro
 
         def run(sink, said):
             isolate.census(session, names, sink, jobs=jobs, timeout=timeout, memory=memory_mb << 20,
-                           repro_dir=repro_dir, on_record=said)
+                           repro_dir=repro_dir, on_record=said,
+                           claim=None if claims is None else isolate.claims(claims))
         recs = written(out, resume, quiet, run)
         return recs, session.meta()
     finally:

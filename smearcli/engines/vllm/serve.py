@@ -10,8 +10,17 @@ itself when the answer does not come in time or the worker's resident memory pas
 (`kill`, then `start`, by the census's vLLM session), so one model's crash is that model's record
 and never the census's end.
 
+A census imports vLLM once: the first start also starts the worker's zygote (`worker.py zygote`),
+a process that imports vLLM and then only forks, and every worker after it is a fork of the
+zygote (`Forked`), ready in milliseconds and carrying no state of another model's engines: a
+worker started again after a crash, a hang or an engine refused in a process that had served
+others costs no import. Where the zygote does not start (an older worker, a Python whose vLLM
+cannot fork), each start imports vLLM in a fresh process, as before; the census's results do not
+depend on which.
+
 vLLM's own output (its logs, a crash's traceback) goes to a log file, whose last lines name a
-worker that died. The time spent importing vLLM is summed in `import_s`, for the benchmark.
+worker that died. The time spent importing vLLM is summed in `import_s` (`imports` of them), for
+the benchmark.
 """
 
 from __future__ import annotations
@@ -22,6 +31,7 @@ import json
 import os
 import select
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -54,29 +64,69 @@ def rss_bytes(pid: int) -> int:
     return 0
 
 
+class Forked:
+    """A worker the zygote forked, with the part of `subprocess.Popen`'s face the `Worker` uses
+    (`pid`, `stdin`, `stdout`, `poll`, `wait`): one socket is its stdin and its stdout, its pid
+    comes with its ready line, and the zygote, not this process, reaps it."""
+
+    def __init__(self, sock: socket.socket):
+        self.stdin = self.stdout = sock
+        self.pid: Optional[int] = None
+
+    def poll(self) -> Optional[int]:
+        if self.pid is None:
+            return None
+        try:
+            os.kill(self.pid, 0)
+            with open(f"/proc/{self.pid}/stat") as f:  # a zombie is gone (Linux; elsewhere kill's answer)
+                return 0 if f.read().rsplit(")", 1)[-1].split()[0] == "Z" else None
+        except ProcessLookupError:
+            return 0
+        except OSError:
+            return None
+
+    def wait(self, timeout: Optional[float] = None) -> int:
+        deadline = time.monotonic() + (timeout if timeout is not None else float("inf"))
+        while self.poll() is None:
+            if time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"vLLM worker {self.pid}", timeout)
+            time.sleep(0.05)
+        return 0
+
+
 class Worker:
-    """vLLM's interpreter running `worker.py serve`: one process, restarted when it is gone."""
+    """vLLM's interpreter running `worker.py serve`: one process, started again when it is gone;
+    after the first, a fork of the zygote where there is one."""
 
     def __init__(self, python: str, env: Optional[dict] = None, worker: str = str(WORKER)):
         self.python, self.env, self.worker = python, dict(env or {}), worker
-        self.proc: Optional[subprocess.Popen] = None
+        self.proc = None  # subprocess.Popen, or Forked
         self.log = Path(tempfile.mkstemp(prefix="smearcli-vllm-worker-", suffix=".log")[1])
         self.ready: dict = {}
-        self.import_s = 0.0  # every start's import, summed
-        self.starts = 0
+        self.import_s = 0.0  # every import of vLLM (the zygote's, each fresh worker's), summed
+        self.imports = 0
+        self.starts = 0  # workers started, forks included
         self.served = 0  # models sent to the running worker (the census counts them)
+        self.zygote: Optional[subprocess.Popen] = None
+        self.ctrl: Optional[socket.socket] = None  # the zygote's control socket
+        self.no_zygote = ""  # why this census starts fresh workers instead (empty: not known yet)
         self._ids = itertools.count(1)
         self._buf = bytearray()
 
     def start(self, timeout: float = READY_TIMEOUT_S) -> dict:
-        """Start the worker and wait `timeout` seconds at most for its ready line (vLLM imported);
-        UserError when it exits first: the environment, not a model. However the wait ends short
-        of ready (that UserError, Ctrl-C, a SIGTERM), the worker is stopped and its log removed."""
+        """Start the worker (a fork of the zygote, or a fresh process importing vLLM) and wait
+        `timeout` seconds at most for its ready line; UserError when it exits first: the
+        environment, not a model. However the wait ends short of ready (that UserError, Ctrl-C, a
+        SIGTERM), the worker is stopped and its log removed."""
         t0 = time.monotonic()
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen([runnable(self.python), self.worker, "serve"], stdin=subprocess.PIPE,
-                                         stdout=subprocess.PIPE, stderr=log, env=worker_env(self.env),
-                                         start_new_session=True)
+        if self.zygote is None and not self.no_zygote:
+            self._start_zygote(timeout)
+        self.proc = self._fork() if self.zygote is not None else None
+        if self.proc is None:
+            with open(self.log, "ab") as log:
+                self.proc = subprocess.Popen([runnable(self.python), self.worker, "serve"], stdin=subprocess.PIPE,
+                                             stdout=subprocess.PIPE, stderr=log, env=worker_env(self.env),
+                                             start_new_session=True)
         self._buf = bytearray()
         try:
             self.ready = self._line(time.monotonic() + timeout, None, lambda d: d.get("ready"), timeout)
@@ -86,10 +136,76 @@ class Worker:
         except BaseException:
             self.close()
             raise
+        if isinstance(self.proc, Forked):
+            self.proc.pid = int(self.ready.get("pid") or 0) or None
+        else:
+            self.imports += 1
+            self.import_s += float(self.ready.get("import_s") or time.monotonic() - t0)
         self.starts += 1
         self.served = 0
-        self.import_s += float(self.ready.get("import_s") or time.monotonic() - t0)
         return self.ready
+
+    def _start_zygote(self, timeout: float) -> None:
+        """Start `worker.py zygote` and wait for its ready line (vLLM imported, counted as an
+        import); where it does not come, `no_zygote` says why and each start is a fresh process."""
+        mine, theirs = socket.socketpair()
+        t0 = time.monotonic()
+        try:
+            with open(self.log, "ab") as log:
+                self.zygote = subprocess.Popen([runnable(self.python), self.worker, "zygote", str(theirs.fileno())],
+                                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log,
+                                               env=worker_env(self.env), start_new_session=True,
+                                               pass_fds=[theirs.fileno()])
+        finally:
+            theirs.close()
+        self.ctrl, buf = mine, b""
+        deadline = time.monotonic() + timeout
+        try:
+            while b"\n" not in buf:
+                left = deadline - time.monotonic()
+                if left <= 0 or self.zygote.poll() is not None:
+                    break
+                if select.select([mine], [], [], min(POLL_S, left))[0]:
+                    chunk = mine.recv(4096)
+                    if not chunk:
+                        break
+                    buf += chunk
+            ready = json.loads(buf.partition(b"\n")[0].decode() or "{}") if b"\n" in buf else {}
+        except (OSError, ValueError):
+            ready = {}
+        except BaseException:
+            self._stop_zygote()
+            raise
+        if not (isinstance(ready, dict) and ready.get("ready")):
+            self._stop_zygote()
+            self.no_zygote = "its zygote did not start"
+            return
+        self.imports += 1
+        self.import_s += float(ready.get("import_s") or time.monotonic() - t0)
+
+    def _fork(self) -> Optional[Forked]:
+        """A worker forked by the zygote, serving on a new socket (None, and no zygote from now
+        on, where the zygote is gone)."""
+        mine, theirs = socket.socketpair()
+        try:
+            socket.send_fds(self.ctrl, [json.dumps({"log": str(self.log)}).encode()], [theirs.fileno()])
+        except OSError:
+            mine.close()
+            self._stop_zygote()
+            self.no_zygote = "its zygote is gone"
+            return None
+        finally:
+            theirs.close()
+        return Forked(mine)
+
+    def _stop_zygote(self) -> None:
+        if self.ctrl is not None:
+            with contextlib.suppress(OSError):
+                self.ctrl.close()
+            self.ctrl = None
+        if self.zygote is not None:
+            foreign.stop(self.zygote)
+            self.zygote = None
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -98,7 +214,7 @@ class Worker:
         """Stop the worker and all it started (its session), and reap it."""
         if self.proc is None:
             return
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError, TypeError):  # TypeError: a fork that never said its pid
             os.killpg(self.proc.pid, signal.SIGKILL)
         with contextlib.suppress(Exception):
             self.proc.wait(timeout=30)
@@ -115,6 +231,7 @@ class Worker:
                 self.proc.stdin.close()
                 self.proc.wait(timeout=5)
         self.kill()
+        self._stop_zygote()
         self.log.unlink(missing_ok=True)  # vLLM's output was read where a record needed it
 
     def tail(self, n: int = 1) -> list[str]:
@@ -171,7 +288,7 @@ class Worker:
 
     def _stop(self) -> None:
         """Kill the worker from whichever process asked (a forked check may not reap it)."""
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(OSError, TypeError):
             os.killpg(self.proc.pid, signal.SIGKILL)
 
 

@@ -411,13 +411,15 @@ def summary(recs: Sequence[Record], worker: Optional[Worker], wall_s: float) -> 
     imports = worker.import_s if worker is not None else 0.0
     share = (lambda x: round(100 * x / wall_s, 1) if wall_s > 0 else None)
     return {"wall_s": round(wall_s, 1), "architectures": len(recs), "vllm_import_s": round(imports, 1),
-            "vllm_imports": worker.starts if worker is not None else 0, "vllm_import_share": share(imports),
+            "vllm_imports": worker.imports if worker is not None else 0,
+            "vllm_workers": worker.starts if worker is not None else 0, "vllm_import_share": share(imports),
             "engine_start_s": round(engines, 1), "engine_start_share": share(engines)}
 
 
 def summary_line(s: dict) -> str:
     return (f"census on vLLM: {s['architectures']} architectures in {s['wall_s']:g} s; importing vLLM "
-            f"{s['vllm_import_s']:g} s ({s['vllm_import_share']}%, {s['vllm_imports']} start(s)), starting engines "
+            f"{s['vllm_import_s']:g} s ({s['vllm_import_share']}%, {s['vllm_imports']} import(s) for "
+            f"{s.get('vllm_workers', s['vllm_imports'])} worker(s)), starting engines "
             f"{s['engine_start_s']:g} s ({s['engine_start_share']}%)")
 
 

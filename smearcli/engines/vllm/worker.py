@@ -203,15 +203,17 @@ def hello() -> None:
                       "vllm": version}), flush=True)
 
 
-def load_vllm() -> dict:
-    """vLLM's pieces the worker uses, imported once (seconds: the census's fixed cost)."""
+def load_vllm(watchdog: bool = True) -> dict:
+    """vLLM's pieces the worker uses, imported once (seconds: the census's fixed cost); the
+    watchdog started too unless this is the zygote, which must fork with no thread of its own."""
     import numpy as np
     import vllm
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
     from vllm.v1.sample.logits_processor import LogitsProcessor
 
-    watch()
+    if watchdog:
+        watch()
     return {"np": np, "vllm": vllm, "LLM": LLM, "SamplingParams": SamplingParams, "TokensPrompt": TokensPrompt,
             "Force": make_force_processor(LogitsProcessor)}
 
@@ -439,14 +441,18 @@ def run_reproducer(path: str, timeout: float) -> dict:
     return {"status": p.returncode, "last": lines[-1] if lines else ""}
 
 
-def serve() -> None:
-    """Import vLLM once, then answer one job a line (see the module docstring) until stdin ends."""
+def serve(m=None, import_s=None) -> None:
+    """Import vLLM once (or take `m`, imported by the zygote before it forked this process), then
+    answer one job a line (see the module docstring) until stdin ends."""
     answer = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)  # vLLM's prints and logs go to stderr; the answers alone to the original stdout
     t0 = time.time()
-    m = load_vllm()
-    answer.write(json.dumps({"ready": True, "protocol": PROTOCOL, "vllm": m["vllm"].__version__,
-                             "import_s": round(time.time() - t0, 2)}) + "\n")
+    if m is None:
+        m = load_vllm()
+    else:
+        watch()  # the zygote's imports, this process's watchdog: threads do not survive a fork
+    answer.write(json.dumps({"ready": True, "protocol": PROTOCOL, "vllm": m["vllm"].__version__, "pid": os.getpid(),
+                             "import_s": round(time.time() - t0 if import_s is None else import_s, 2)}) + "\n")
     answer.flush()
     for line in sys.stdin:
         job = json.loads(line)
@@ -462,13 +468,57 @@ def serve() -> None:
         answer.flush()
 
 
+def zygote(ctrl_fd: int) -> None:
+    """The census's source of fresh workers: import vLLM once, with no engine and no thread, say
+    ready on the control socket `ctrl_fd`, then for each socket the census sends over it (with the
+    path of that worker's log) fork a worker that serves on that socket (`serve`, its stdin and
+    stdout) in a session of its own, already past the imports. A fork carries none of the state
+    an engine leaves in a process (the reason a refused engine is checked again in a fresh one),
+    and costs milliseconds instead of an import. The zygote ends when the census closes the
+    control socket; its workers end when their sockets close."""
+    import socket
+
+    ctrl = socket.socket(fileno=ctrl_fd)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps the workers: no zombies
+    os.dup2(2, 1)  # vLLM's prints go to the log, never onto a channel
+    t0 = time.time()
+    m = load_vllm(watchdog=False)
+    import_s = round(time.time() - t0, 2)
+    ctrl.sendall((json.dumps({"ready": True, "protocol": PROTOCOL, "vllm": m["vllm"].__version__,
+                              "import_s": import_s}) + "\n").encode())
+    while True:
+        msg, fds, _, _ = socket.recv_fds(ctrl, 4096, 1)
+        if not msg:
+            return
+        if not fds:
+            continue
+        job = json.loads(msg.decode())
+        if os.fork() == 0:
+            try:
+                os.setsid()
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the reproducer's status is read with wait
+                ctrl.close()
+                log = os.open(job["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+                os.dup2(log, 2)
+                os.dup2(fds[0], 0)
+                os.dup2(fds[0], 1)
+                for fd in (log, fds[0]):
+                    os.close(fd)
+                serve(m, 0.0)
+            finally:
+                os._exit(0)
+        os.close(fds[0])
+
+
 if __name__ == "__main__":
     if sys.argv[1:] == ["hello"]:
         hello()
     elif sys.argv[1:] == ["serve"]:
         serve()
+    elif len(sys.argv) == 3 and sys.argv[1] == "zygote":
+        zygote(int(sys.argv[2]))
     elif len(sys.argv) != 3:
-        sys.exit("usage: worker.py REQUEST.json OUTDIR | serve | hello")
+        sys.exit("usage: worker.py REQUEST.json OUTDIR | serve | zygote FD | hello")
     else:
         t0, request = time.time(), read(sys.argv[1])
         if run_request(request, sys.argv[2], load_vllm(), round(time.time() - t0, 2)).get("stuck"):
