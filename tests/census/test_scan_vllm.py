@@ -257,7 +257,7 @@ def test_an_engine_refused_after_other_models_is_tried_again_in_a_fresh_worker(i
     assert by["mistral"].verdict == OK and again not in by["mistral"].notes  # first: served nothing before
     assert by["qwen2"].verdict == OK and again in by["qwen2"].notes
     assert w.starts == 2  # the scan's benchmark counts these as vllm_imports
-    # vLLM's config validation is the model's own: not retried (a fresh worker costs vLLM's import)
+    # vLLM's config validation is the model's own: not retried (the same refusal in any process)
     w = in_process(qwen2="refused")
     by = census(w, ["mistral", "qwen2"], tmp_path / "refused")
     assert by["qwen2"].verdict == NOT_BUILT and "validation error for ModelConfig" in by["qwen2"].reason
