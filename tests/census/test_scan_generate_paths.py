@@ -126,8 +126,8 @@ def test_roberta_departs_through_generate_by_its_numbering_not_a_cache():
     reach.through_generate(rec, lambda s: build(cfg, None, s), tokens_of, NOISE_MARGIN)
     threshold = NOISE_MARGIN * FLOOR
     for name, e in rec.reach.items():
-        if name == "beam search":  # cached and uncached search both numbered by generate: alike
-            assert e["result"] == reach.AGREES, e
+        if name in ("beam search", "static cache, early-initialized"):  # both sides numbered alike (by
+            assert e["result"] == reach.AGREES, e  # generate; by the forward itself, no generate in it)
             continue
         assert e["result"] == reach.SILENT and e["max_abs"] > 0.1 and e["numbered"] <= threshold, (name, e)
     assert rec.verdict == UNCONFIRMED and rec.shape == reach.THROUGH
@@ -160,6 +160,8 @@ def test_a_clean_llama_agrees_on_the_static_cache_beam_search_and_a_padded_batch
     for name in NEW_PATHS:
         e = rec.reach[name]
         assert e["result"] == reach.AGREES and e["tokens"] == "same" and e["gap"] is None, (name, e)
+    early = rec.reach["static cache, early-initialized"]
+    assert early["result"] == reach.AGREES and early["lazy"] <= FLOOR * NOISE_MARGIN, early
 
 
 # A StaticLayer that writes half of every decoded token's values: a static cache broken on purpose,
@@ -181,6 +183,33 @@ def apply():
 """
 
 
+# The same, only in a cache initialized in advance (`Cache.early_initialization`, as the export
+# recipes call it): a lazily initialized static cache, and generate's, stay right.
+BREAK_EARLY = """
+import transformers.cache_utils as cu
+
+_update = cu.StaticLayer.update
+_early = cu.Cache.early_initialization
+
+
+def update(self, key_states, value_states, *args, **kwargs):
+    if getattr(self, "early", False) and key_states.shape[-2] == 1:
+        value_states = value_states * 0.5
+    return _update(self, key_states, value_states, *args, **kwargs)
+
+
+def early_initialization(self, *args, **kwargs):
+    _early(self, *args, **kwargs)
+    for layer in self.layers:
+        layer.early = True
+
+
+def apply():
+    cu.StaticLayer.update = update
+    cu.Cache.early_initialization = early_initialization
+"""
+
+
 def broken(tmp_path, monkeypatch, source: str):
     """`source` (a module with `update` and `apply`) applied here, and the reproducer run in a Python
     that applies it first (the library as broken as in this process; `repro.run` isolates)."""
@@ -192,6 +221,8 @@ def broken(tmp_path, monkeypatch, source: str):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     monkeypatch.setattr(cu.StaticLayer, "update", mod.update)
+    if hasattr(mod, "early_initialization"):
+        monkeypatch.setattr(cu.Cache, "early_initialization", mod.early_initialization)
     ran = []
 
     def run(path):
@@ -215,6 +246,48 @@ def test_a_broken_static_cache_is_found_through_generate_and_confirmed_a_bug(tmp
     assert rec.confirmation["status"] == str(BUG)
     assert any(n.startswith("through generate only, confirmed") for n in rec.notes), rec.notes
     assert len(ran) == 1 and "generate, static cache: the bug is there" in ran[0], ran
+    # broken however the cache is initialized: not early initialization's finding
+    early = rec.reach["static cache, early-initialized"]
+    assert early["result"] == reach.NOT_RUN and "lazily initialized static cache departs as well" in early["why"]
+
+
+def test_a_broken_early_initialization_is_found_on_its_own_path_and_confirmed_a_bug(tmp_path, monkeypatch):
+    """A static cache wrong only when initialized in advance: generate's static cache agrees, the
+    early-initialized one departs, confirmed (float64, the next seed), with a reproducer that
+    initializes the cache the same way and exits 1."""
+    ran = broken(tmp_path, monkeypatch, BREAK_EARLY)
+    rec = record("llama", OK, floor=FLOOR, notes=[], vocab=256, model_class="LlamaForCausalLM", built_from=CFG,
+                 boundaries={"padded": BoundaryResult("ok")})
+    reach.through_generate(rec, lambda s: build(CFG, None, s), tokens_of, NOISE_MARGIN)
+    early = rec.reach["static cache, early-initialized"]
+    assert rec.reach["static cache"]["result"] == reach.AGREES and early["result"] == reach.SILENT, rec.reach
+    assert early["lazy"] <= FLOOR * NOISE_MARGIN  # the same cache initialized lazily agrees
+    assert rec.verdict == BUG and rec.worst_schedule == reach.GENERATE + "static cache, early-initialized", rec.notes
+    assert len(ran) == 1 and "generate, static cache, early-initialized: the bug is there" in ran[0], ran
+
+
+def test_an_early_initialization_that_cannot_take_a_layers_shapes_is_not_run():
+    """Multi-head latent attention keeps keys and values of different widths; early_initialization
+    takes one head_dim for both, so the path cannot be built as the model needs: not run, with why."""
+    model = build(derive("deepseek_v3").config, None, 0)
+    run = reach.RUNS["static cache, early-initialized"]
+    with torch.inference_mode(), pytest.raises(reach.NotRun, match="keys and values differ in shape"):
+        reach.measure(run, model, tokens_of(0)[:, :12] % model.config.vocab_size)
+
+
+def test_an_assistant_whose_drafts_are_all_accepted_is_rolled_so_that_a_crop_runs(monkeypatch):
+    """The model as its own assistant: every draft accepted, no crop would run, and a crop that
+    takes nothing back would pass unseen. The run is made again with the assistant's head rolled
+    (its drafts rejected), and the broken crop shows; with the crop intact it agrees."""
+    import transformers.cache_utils as cu
+
+    model = build(CFG, None, 0)
+    with torch.inference_mode():
+        fine = reach.measure(reach.assisted, model, tokens_of(0), copy.deepcopy(model))
+        monkeypatch.setattr(cu.DynamicLayer, "crop", lambda self, *a, **k: None)  # takes nothing back
+        broke = reach.measure(reach.assisted, model, tokens_of(0), copy.deepcopy(model))
+    assert fine["assistant"].startswith("its head rolled by one token") and fine["max_abs"] <= FLOOR * NOISE_MARGIN
+    assert broke["assistant"] == fine["assistant"] and broke["max_abs"] > 1e-3, broke
 
 
 def off_in_float32(model, wide: float):

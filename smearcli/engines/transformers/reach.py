@@ -10,7 +10,9 @@ model through transformers' own `generate` (greedy, `output_logits=True`) the wa
 - `prefill_chunk_size, left-padded batch`: the same batch prefilled in chunks, its pads ending
   inside the first chunk (two paths that meet: a chunk's conv or recurrent state takes in pads);
 - `assistant model`: assisted decoding with a draft model of other weights (drafts rejected and
-  taken back out of the cache inside `generate`);
+  taken back out of the cache inside `generate`); where that assistant's own greedy tokens are the
+  model's, every draft would be accepted and no crop would run, so its output head is rolled by
+  one token (`contrary`) and the run made again, its drafts now rejected (`assistant` says so);
 - `static cache`: `generate(..., cache_implementation="static")` (the cache a compiled `generate`
   uses: preallocated, each layer's class chosen from the config), its tokens also against the
   dynamic-cache `generate`; `not run` where generate ignores the option (a model that makes its
@@ -20,6 +22,16 @@ model through transformers' own `generate` (greedy, `output_logits=True`) the wa
 - `left-padded batch of one`: ONE row, left-padded, with its mask (a code path may gate the
   padding mask on the batch holding more than one row), its pads an id whose embedding is not zero
   (`fill_id`), against the row's own unpadded `generate`.
+- `static cache, early-initialized`: a `StaticCache` made from the config and initialized in
+  advance with its public `early_initialization` (what the export recipes of
+  `transformers.integrations.executorch` do before `torch.export`), then the prompt and NEW greedy
+  tokens one at a time through the model's forward. Each layer is given the (heads, head_dim)
+  that the same cache, initialized lazily by the same run, takes (`early_shapes`): so only the
+  early initialization differs. `not run` where the lazily initialized cache raises or departs
+  too (the `static cache` path's finding, not this one's), where the forward writes nothing to a
+  StaticCache (a model that keeps its state another way), where a layer's keys and values differ
+  in shape (multi-head latent attention: `early_initialization` takes one head_dim per layer, for
+  both), or the release has no `early_initialization`.
 
 A padded path's short row is also compared token for token with that row's own `generate`, alone
 and unchunked (`tokens`: `same`, or the first step where they part): logits that agree with
@@ -71,7 +83,8 @@ from ...verdicts import UNCONFIRMED
 SILENT, AGREES, RAISES, REFUSED = "silently wrong", "agrees", "raises first", "refused"
 NOT_RUN = "not run"  # the model has no `generate`, or no assistant was given
 PATHS = ("generate", "prefill_chunk_size", "left-padded batch", "prefill_chunk_size, left-padded batch",
-         "assistant model", "static cache", "beam search", "left-padded batch of one")
+         "assistant model", "static cache", "beam search", "left-padded batch of one",
+         "static cache, early-initialized")
 # the paths with left padding: not judged where the model cannot number past pads
 PADDED_PATHS = ("left-padded batch", "prefill_chunk_size, left-padded batch", "left-padded batch of one")
 LEAK_PATHS = ("full pass", "generate's prompt pass", "generate")
@@ -251,9 +264,37 @@ def chunked_padded(model, ids, assistant=None) -> dict:
     return padded(model, ids, pads=INSIDE, prefill_chunk_size=CHUNK)
 
 
+def contrary(assistant):
+    """A copy of `assistant` whose output head is rolled by one token (untied from its input
+    embedding, which stays): its greedy draft is the token after its own pick, so a draft it would
+    share with the model is wrong."""
+    import copy
+
+    import torch
+
+    other = copy.deepcopy(assistant)
+    head = other.get_output_embeddings()
+    with torch.no_grad():
+        head.weight = torch.nn.Parameter(head.weight.detach().roll(1, 0).clone())
+        if getattr(head, "bias", None) is not None:
+            head.bias = torch.nn.Parameter(head.bias.detach().roll(1, 0).clone())
+    return other
+
+
 def assisted(model, ids, assistant=None) -> dict:
+    """Assisted decoding against the full pass over its tokens. An assistant whose own greedy
+    tokens are the model's (a tiny model at its default init often repeats one token) has every
+    draft accepted, and no crop runs: an `agrees` then would say nothing of the rollback. Such a
+    run is done again with `contrary(assistant)`, whose drafts are rejected; `assistant` says so."""
+    import torch
+
     seq, logits = greedy(model, ids, assistant_model=assistant)
-    return against_full(model, seq, logits, ids.size(1))
+    own, _ = greedy(assistant, ids)
+    if not torch.equal(own[:, ids.size(1):], seq[:, ids.size(1):]):
+        return against_full(model, seq, logits, ids.size(1))
+    seq, logits = greedy(model, ids, assistant_model=contrary(assistant))
+    return {**against_full(model, seq, logits, ids.size(1)),
+            "assistant": "its head rolled by one token: the assistant's own drafts were all accepted"}
 
 
 def static(model, ids, assistant=None) -> dict:
@@ -308,7 +349,88 @@ def beam(model, ids, assistant=None) -> dict:
     return {"max_abs": err, "numbered": err, "gap": gap, "tokens": parting(seq[0].tolist(), ref_seq[0].tolist())}
 
 
-RUNS = dict(zip(PATHS, (plain, chunked, padded, chunked_padded, assisted, static, beam, padded_one)))
+def cached_greedy(model, ids, cache):
+    """(sequences, logits (1, NEW, V)): the prompt in one forward through `cache`, then NEW - 1
+    greedy tokens one forward each, as generate's loop feeds them (positions from the cache)."""
+    import torch
+
+    out = model(input_ids=ids, past_key_values=cache, use_cache=True)
+    logits, seq = [out.logits[:, -1].float()], ids
+    for _ in range(NEW - 1):
+        nxt = logits[-1].argmax(-1, keepdim=True)
+        seq = torch.cat([seq, nxt], 1)
+        logits.append(model(input_ids=nxt, past_key_values=cache, use_cache=True).logits[:, -1].float())
+    return torch.cat([seq, logits[-1].argmax(-1, keepdim=True)], 1), torch.stack(logits, 1)
+
+
+def early_shapes(cache, config) -> tuple[list, list]:
+    """Per layer, the (heads, head_dim) a lazily initialized `cache` took (its keys' shape), for the
+    layers that hold none (a conv or recurrent state) what the export recipes pass
+    (`integrations.executorch.get_head_shapes` where the release has it). NotRun where a layer's
+    keys and values differ in shape: `early_initialization` takes one shape for both."""
+    import torch
+
+    try:
+        from transformers.integrations.executorch import get_head_shapes
+        heads, dims = get_head_shapes(config)
+    except Exception:
+        try:
+            heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+            dims = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        except (AttributeError, TypeError, ZeroDivisionError):
+            heads = dims = None
+    out_h, out_d = [], []
+    for i, layer in enumerate(cache.layers):
+        k, v = getattr(layer, "keys", None), getattr(layer, "values", None)
+        if isinstance(k, torch.Tensor) and k.dim() == 4:
+            if not isinstance(v, torch.Tensor) or v.shape != k.shape:
+                raise NotRun(f"layer {i}'s keys and values differ in shape ({tuple(k.shape)} and "
+                             f"{tuple(getattr(v, 'shape', ()))}): early_initialization takes one head_dim for both")
+            out_h.append(int(k.size(1)))
+            out_d.append(int(k.size(-1)))
+        elif heads is None or dims is None:
+            raise NotRun(f"layer {i} holds no keys and the config names no head shape to initialize it with")
+        else:
+            out_h.append(heads if isinstance(heads, int) else heads[i])
+            out_d.append(dims if isinstance(dims, int) else dims[i])
+    return out_h, out_d
+
+
+def early_static(model, ids, assistant=None) -> dict:
+    """A StaticCache initialized in advance with the shapes its lazy twin took (`early_shapes`),
+    the prompt and NEW tokens through the model's forward, against the full pass over its tokens;
+    `lazy`: the same run on the lazily initialized cache, against the same full pass. No generate
+    passes position ids here: the forward numbers both runs itself, so `numbered` is `max_abs`."""
+    import torch
+    import transformers
+
+    supports = getattr(model, "_supports_default_dynamic_cache", None)
+    static = getattr(transformers, "StaticCache", None)
+    if callable(supports) and not supports() or static is None or model.config.is_encoder_decoder:
+        raise NotRun(f"{type(model).__name__} makes its own cache: no StaticCache reaches its forward")
+    if not hasattr(static, "early_initialization"):
+        raise NotRun(f"transformers {transformers.__version__}'s StaticCache has no early_initialization")
+    config = model.config.get_text_config(decoder=True)
+    length = ids.size(1) + NEW
+    try:
+        lazy = static(config=config, max_cache_len=length)
+        lazy_seq, lazy_logits = cached_greedy(model, ids, lazy)
+        held = lazy.get_seq_length()
+    except Exception as e:
+        raise NotRun("the lazily initialized static cache raises as well "
+                     f"({frames.describe(e, 'transformers')[:160]})") from e
+    if not held:
+        raise NotRun(f"{type(model).__name__}'s forward wrote nothing to the StaticCache it was given "
+                     "(it keeps its state another way)")
+    heads, dims = early_shapes(lazy, config)
+    early = static(config=config, max_cache_len=length)
+    early.early_initialization(ids.size(0), heads, dims, getattr(model, "dtype", torch.float32), ids.device)
+    seq, logits = cached_greedy(model, ids, early)
+    got = against_full(model, seq, logits, ids.size(1))  # both sides number positions by the forward
+    return {**got, "numbered": got["max_abs"], "lazy": against_full(model, lazy_seq, lazy_logits, ids.size(1))["max_abs"]}
+
+
+RUNS = dict(zip(PATHS, (plain, chunked, padded, chunked_padded, assisted, static, beam, padded_one, early_static)))
 
 
 def measure(run, model, tokens, assistant=None) -> dict:
@@ -350,6 +472,10 @@ def paths(model, tokens, threshold: float, assistant=None) -> dict:
         except Exception as e:
             out[name] = {"result": REFUSED if refused(e) else RAISES, "max_abs": None,
                          "why": frames.describe(e, "transformers")[:300]}
+            continue
+        if (got.get("lazy") or 0.0) > threshold:  # early_static: the cache departs however it is initialized
+            out[name] = {"result": NOT_RUN, **got, "why": f"the lazily initialized static cache departs as well "
+                         f"(by {got['lazy']:.3g}): nothing early initialization does; the static cache's own path"}
             continue
         out[name] = {"result": SILENT if got["max_abs"] > threshold else AGREES, **got, "why": None}
     return out

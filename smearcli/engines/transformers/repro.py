@@ -307,8 +307,56 @@ def beam(model, ids):
     return float((search(True) - search(False)).abs().max())
 
 
+def contrary(assistant):
+    """The assistant with its output head rolled by one token (untied from its input embedding):
+    its drafts are the token after its own pick, so drafts it shares with the model are rejected."""
+    other = copy.deepcopy(assistant)
+    head = other.get_output_embeddings()
+    with torch.no_grad():
+        head.weight = torch.nn.Parameter(head.weight.detach().roll(1, 0).clone())
+        if getattr(head, "bias", None) is not None:
+            head.bias = torch.nn.Parameter(head.bias.detach().roll(1, 0).clone())
+    return other
+
+
+def cached_greedy(model, ids, cache):
+    """The prompt in one forward through `cache`, then NEW - 1 greedy tokens one forward each."""
+    out = model(input_ids=ids, past_key_values=cache, use_cache=True)
+    logits, seq = [out.logits[:, -1].double()], ids
+    for _ in range(NEW - 1):
+        nxt = logits[-1].argmax(-1, keepdim=True)
+        seq = torch.cat([seq, nxt], 1)
+        logits.append(model(input_ids=nxt, past_key_values=cache, use_cache=True).logits[:, -1].double())
+    return torch.cat([seq, logits[-1].argmax(-1, keepdim=True)], 1), torch.stack(logits, 1)
+
+
+def early_static(model, ids):
+    """A StaticCache initialized in advance with its early_initialization (as the export recipes of
+    transformers.integrations.executorch do), each layer given the (heads, head_dim) its lazily
+    initialized twin takes in the same run (the export recipes' get_head_shapes for a layer that
+    holds no keys): only the early initialization differs."""
+    from transformers.integrations.executorch import get_head_shapes
+
+    cfg = model.config.get_text_config(decoder=True)
+    lazy = transformers.StaticCache(config=cfg, max_cache_len=ids.size(1) + NEW)
+    cached_greedy(model, ids, lazy)
+    h0, d0 = get_head_shapes(cfg)
+    heads, dims = [], []
+    for i, layer in enumerate(lazy.layers):
+        keys = getattr(layer, "keys", None)
+        known = isinstance(keys, torch.Tensor) and keys.dim() == 4
+        heads.append(keys.size(1) if known else h0 if isinstance(h0, int) else h0[i])
+        dims.append(keys.size(-1) if known else d0 if isinstance(d0, int) else d0[i])
+    early = transformers.StaticCache(config=cfg, max_cache_len=ids.size(1) + NEW)
+    early.early_initialization(ids.size(0), heads, dims, model.dtype, ids.device)
+    seq, logits = cached_greedy(model, ids, early)
+    return against_full(model, seq, logits, ids.size(1))
+
+
 def path(model, assistant, ids):
     """max |dlogit| of the path against the full pass over the tokens it made."""
+    if PATH == "static cache, early-initialized":
+        return early_static(model, ids)
     if PATH == "left-padded batch":
         return padded(model, ids, max(1, ids.size(1) // 4))
     if PATH == "left-padded batch of one":
@@ -319,6 +367,10 @@ def path(model, assistant, ids):
         return beam(model, ids)
     kw = {{"prefill_chunk_size": CHUNK}} if PATH == "prefill_chunk_size" else {{}}
     if PATH == "assistant model":
+        own, _ = greedy(assistant, ids)
+        seq, _ = greedy(model, ids, assistant_model=assistant)
+        if torch.equal(own[:, ids.size(1):], seq[:, ids.size(1):]):  # every draft accepted: no crop ran
+            assistant = contrary(assistant)
         kw = {{"assistant_model": assistant}}
     if PATH == "static cache":
         kw = {{"cache_implementation": "static"}}
