@@ -34,6 +34,7 @@ import tomllib
 from pathlib import Path
 from typing import Optional
 
+from smearcli.defaults import GENERATE_PATH
 from smearcli.verdicts import BUG as _BUG, CRASHED, NOT_BUILT, TIMED_OUT
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -137,9 +138,10 @@ def _status(x) -> Optional[str]:
 
 def threads(rec, path: str) -> list[str]:
     """The numbers of the public threads known.toml places the record's finding on `path` against
-    ("49036"); [] for a finding it calls new, or none."""
-    return [t["url"].rstrip("/").rsplit("/", 1)[-1] for u in rec.upstream or [] if u.get("path") == path
-            for t in u.get("threads") or [] if t.get("url")]
+    ("49036"); [] for a finding it calls new, or none. A path of generate's (a key of `reach`) is
+    placed under its headline's name, "generate: " + the path."""
+    return [t["url"].rstrip("/").rsplit("/", 1)[-1] for u in rec.upstream or []
+            if u.get("path") in (path, GENERATE_PATH + path) for t in u.get("threads") or [] if t.get("url")]
 
 
 def another_thread(rec, path: str, link: str) -> bool:

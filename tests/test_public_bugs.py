@@ -156,6 +156,20 @@ def test_a_finding_upstream_files_under_another_thread_is_that_bugs_not_this_one
         assert pb.decide(BUG, {"mamba2": buggy}, {"mamba2": again}).word == "found on the fixed release too"
 
 
+def test_generates_path_placed_under_another_thread_is_that_bugs_too(pb):
+    """A crash on generate's prefill_chunk_size (a key of `reach`; its headline "generate:
+    prefill_chunk_size") that known.toml files under another report (zamba2 on 5.13.0: #47086's
+    mask, not #46741's mixer) is that report's on the fixing release; unplaced, it counts."""
+    crash = {"prefill_chunk_size": {"result": "raises first", "why": "modeling_zamba2.py:729: RuntimeError"}}
+    other = {"path": "generate: prefill_chunk_size",
+             "threads": [{"url": "https://github.com/huggingface/transformers/issues/47086"}]}
+    buggy = rec("bug", worst_schedule="widths 3,4 (conv 4)", shape="state dropped at chunk starts")
+    placed = rec("crashed", worst_schedule="generate: prefill_chunk_size", reach=crash, upstream=[other])
+    assert pb.decide(BUG, {"mamba2": buggy}, {"mamba2": placed}).word == "found"
+    alone = rec("crashed", worst_schedule="generate: prefill_chunk_size", reach=crash)
+    assert pb.decide(BUG, {"mamba2": buggy}, {"mamba2": alone}).word == "found on the fixed release too"
+
+
 def test_a_schedule_beside_the_headline_counts(pb):
     r = rec("bug", worst_schedule="decode", schedules={"decode": {"status": "bug"},
                                                        "chunks of 16": {"passed": False, "status": "bug"}})
