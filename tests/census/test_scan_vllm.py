@@ -362,9 +362,10 @@ def test_the_benchmark_splits_the_records_into_the_runs_that_wrote_them():
     assert [len(r) for r in gen_script().runs_of(recs)] == [3, 1]
 
 
-def test_the_census_takes_as_long_as_its_longest_shard(tmp_path, monkeypatch):
-    """The regen step runs the census as shards at once; its time is the longest shard's (its
-    architectures plus its vLLM imports), its shares are of the shards' time together."""
+def test_the_census_takes_as_long_as_its_longest_scan(tmp_path, monkeypatch):
+    """The regen step runs the census as scans at once sharing the architectures; its time is the
+    longest scan's (its architectures plus its vLLM imports), its shares are of the scans' time
+    together."""
     gen = gen_script()
     monkeypatch.setattr(gen, "out_of", lambda lane: tmp_path / f"{lane}.jsonl")
 
@@ -374,8 +375,23 @@ def test_the_census_takes_as_long_as_its_longest_shard(tmp_path, monkeypatch):
     (tmp_path / "1.jsonl").write_text("\n".join([rec(30.0, 60), rec(30.0, 60)]) + "\n")  # 150 s
     (tmp_path / "2.jsonl").write_text(rec(30.0, 210) + "\n")  # 240 s
     line = gen.benchmark()
-    assert line.startswith("3 architectures checked in 4.0 minutes, 2 shards at once on two cores"), line
-    assert "Of the shards' 6.5 minutes together, importing vLLM took 60 s (15%) and starting engines 18 s (5%)" in line
+    assert line.startswith("3 architectures checked in 4.0 minutes, 2 scans at once sharing the architectures on "
+                           "two cores"), line
+    assert "Of the scans' 6.5 minutes together, importing vLLM took 60 s (15%) and starting engines 18 s (5%)" in line
+
+
+def test_a_resumed_census_claims_what_either_scan_recorded(tmp_path, monkeypatch):
+    """Each run starts a fresh claims folder holding the architectures the scans' files already
+    record, so a resumed census checks none of them again and no architecture lands in two files."""
+    gen = gen_script()
+    monkeypatch.setattr(gen, "out_of", lambda lane: tmp_path / f"{lane}.jsonl")
+    monkeypatch.setattr(gen, "CLAIMS", tmp_path / "claims")
+    (tmp_path / "claims").mkdir()
+    (tmp_path / "claims" / "stale").touch()  # claimed by a scan that stopped before its record
+    (tmp_path / "1.jsonl").write_text(json.dumps({"model_type": "llama"}) + "\n")
+    (tmp_path / "2.jsonl").write_text(json.dumps({"model_type": "qwen2"}) + "\n\n")
+    gen.fresh_claims()
+    assert sorted(x.name for x in (tmp_path / "claims").iterdir()) == ["llama", "qwen2"]
 
 
 def test_the_census_asks_a_shorter_watchdog_and_the_prefill_to_decide(tmp_path):

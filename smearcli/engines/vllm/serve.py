@@ -120,7 +120,11 @@ class Worker:
         SIGTERM), the worker is stopped and its log removed."""
         t0 = time.monotonic()
         if self.zygote is None and not self.no_zygote:
-            self._start_zygote(timeout)
+            try:
+                self._start_zygote(timeout)
+            except BaseException:  # Ctrl-C, a SIGTERM: nothing of ours left behind, the log included
+                self.close()
+                raise
         self.proc = self._fork() if self.zygote is not None else None
         if self.proc is None:
             with open(self.log, "ab") as log:
