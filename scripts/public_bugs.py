@@ -139,9 +139,28 @@ def _status(x) -> Optional[str]:
 def threads(rec, path: str) -> list[str]:
     """The numbers of the public threads known.toml places the record's finding on `path` against
     ("49036"); [] for a finding it calls new, or none. A path of generate's (a key of `reach`) is
-    placed under its headline's name, "generate: " + the path."""
-    return [t["url"].rstrip("/").rsplit("/", 1)[-1] for u in rec.upstream or []
+    named as a headline names it, "generate: " + the path; one beside another headline (the census
+    places headlines and boundaries) is placed here by the same table (`reach_threads`)."""
+    said = [t["url"].rstrip("/").rsplit("/", 1)[-1] for u in rec.upstream or []
             if u.get("path") in (path, GENERATE_PATH + path) for t in u.get("threads") or [] if t.get("url")]
+    return said or reach_threads(rec, path)
+
+
+def reach_threads(rec, path: str) -> list[str]:
+    """The public threads known.toml files a failing `reach` path of `rec` under (its crash, or its
+    silent departure), placed as the census places a headline of that path: [] where none."""
+    from smearcli.census import known, record
+    from smearcli.census.shapes import THROUGH_GENERATE
+
+    got = (rec.reach or {}).get(path) if isinstance(rec.reach, dict) else None
+    word = {"raises first": str(CRASHED), "silently wrong": str(_BUG)}.get((got or {}).get("result"))
+    if word is None:
+        return []
+    alone = record.bare(rec.model_type, word, worst_schedule=GENERATE_PATH + path, shape=THROUGH_GENERATE,
+                        transformers_version=rec.transformers_version)
+    known.place([alone])
+    return [t["url"].rstrip("/").rsplit("/", 1)[-1] for u in alone.upstream or []
+            for t in u.get("threads") or [] if t.get("url")]
 
 
 def another_thread(rec, path: str, link: str) -> bool:
@@ -216,7 +235,10 @@ def said(rec) -> str:
         shape = f", {rec.shape}" if rec.shape and rec.shape != "-" else ""
         filed = threads(rec, what)
         filed = f" (upstream's #{filed[0]})" if filed else ""
-        return f"{rec.verdict} elsewhere: {what}{shape}{filed}"
+        beside = [f"; generate's {p} {'raises' if e.get('result') == 'raises first' else 'departs'} "
+                  f"(upstream's #{t[0]})" for p, e in (rec.reach or {}).items() if isinstance(e, dict)
+                  and GENERATE_PATH + p != what and (t := reach_threads(rec, p))]
+        return f"{rec.verdict} elsewhere: {what}{shape}{filed}" + "".join(beside)
     if rec.verdict in (NOT_BUILT, TIMED_OUT) and rec.reason:
         return f"{rec.verdict}: {rec.reason.splitlines()[0][:120]}"
     return rec.verdict

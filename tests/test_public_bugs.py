@@ -170,6 +170,23 @@ def test_generates_path_placed_under_another_thread_is_that_bugs_too(pb):
     assert pb.decide(BUG, {"mamba2": buggy}, {"mamba2": alone}).word == "found on the fixed release too"
 
 
+def test_generates_path_beside_another_headline_is_placed_by_the_same_table(pb):
+    """zamba2 on 5.13.0: its headline is another bug, and generate's prefill_chunk_size raises beside
+    it, unplaced by the census (which places headlines and boundaries); known.toml files that crash
+    under #47086 for 5.13.0, so it is not #46741's on its fixing release. On a release known.toml
+    does not file it for (no entry of that architecture), it counts."""
+    bug = {**BUG, "architectures": ["zamba2"], "link": "huggingface/transformers#46741"}
+    crash = {"prefill_chunk_size": {"result": "raises first", "why": "modeling_zamba2.py:729: RuntimeError"}}
+    buggy = record.bare("zamba2", "bug", worst_schedule="widths 3,4 (conv 4)", shape="state dropped at chunk starts")
+    beside = record.bare("zamba2", "bug", worst_schedule="decode", reach=crash, transformers_version="5.13.0")
+    o = pb.decide(bug, {"zamba2": buggy}, {"zamba2": beside})
+    assert o.word == "found" and o.fixed.said == ("zamba2: bug elsewhere: decode; generate's prefill_chunk_size "
+                                                  "raises (upstream's #47086)"), o.fixed.said
+    other = record.bare("zamba2", "bug", worst_schedule="decode", reach=crash, transformers_version="5.13.0")
+    other.model_type = "mamba2"
+    assert pb.decide(BUG, {"mamba2": buggy}, {"mamba2": other}).word == "found on the fixed release too"
+
+
 def test_a_schedule_beside_the_headline_counts(pb):
     r = rec("bug", worst_schedule="decode", schedules={"decode": {"status": "bug"},
                                                        "chunks of 16": {"passed": False, "status": "bug"}})
