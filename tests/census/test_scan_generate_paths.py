@@ -266,6 +266,29 @@ def test_a_broken_early_initialization_is_found_on_its_own_path_and_confirmed_a_
     assert len(ran) == 1 and "generate, static cache, early-initialized: the bug is there" in ran[0], ran
 
 
+def test_a_release_whose_early_initialization_takes_only_ints_is_given_ints(monkeypatch):
+    """5.0.0's early_initialization takes one (heads, head_dim) for every layer, as ints (a list
+    raises TypeError inside it, our input's fault, not theirs): where every layer's shape is the
+    same the path passes ints, and agrees; where layers differ on such a release it is not run."""
+    import transformers.cache_utils as cu
+
+    original = cu.Cache.early_initialization
+
+    def ints_only(self, batch_size, num_heads, head_dim, dtype, device):
+        if not isinstance(num_heads, int) or not isinstance(head_dim, int):
+            raise TypeError("zeros(): argument 'size' failed to unpack the object at pos 2")
+        return original(self, batch_size, num_heads, head_dim, dtype, device)
+    monkeypatch.setattr(cu.Cache, "early_initialization", ints_only)
+    model = build(CFG, None, 0)
+    with torch.inference_mode():
+        got = reach.measure(reach.RUNS["static cache, early-initialized"], model, tokens_of(0))
+    assert got["max_abs"] <= FLOOR * NOISE_MARGIN, got
+    layers = len(model.config.layer_types) if getattr(model.config, "layer_types", None) else model.config.num_hidden_layers
+    monkeypatch.setattr(reach, "early_shapes", lambda cache, config: ([4] * layers, [16] * (layers - 1) + [8]))
+    with torch.inference_mode(), pytest.raises(reach.NotRun, match="takes one shape for all"):
+        reach.measure(reach.RUNS["static cache, early-initialized"], model, tokens_of(0))
+
+
 def test_an_early_initialization_that_cannot_take_a_layers_shapes_is_not_run():
     """Multi-head latent attention keeps keys and values of different widths; early_initialization
     takes one head_dim for both, so the path cannot be built as the model needs: not run, with why."""

@@ -349,17 +349,29 @@ def beam(model, ids, assistant=None) -> dict:
     return {"max_abs": err, "numbered": err, "gap": gap, "tokens": parting(seq[0].tolist(), ref_seq[0].tolist())}
 
 
+def cache_keyword(model) -> str:
+    """The name the model's forward takes its cache by: `cache` where it has it (5.24 renames
+    `past_key_values` to it, the old name warning), else `past_key_values`."""
+    import inspect
+
+    try:
+        return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    except (TypeError, ValueError):
+        return "past_key_values"
+
+
 def cached_greedy(model, ids, cache):
     """(sequences, logits (1, NEW, V)): the prompt in one forward through `cache`, then NEW - 1
     greedy tokens one forward each, as generate's loop feeds them (positions from the cache)."""
     import torch
 
-    out = model(input_ids=ids, past_key_values=cache, use_cache=True)
+    kw = {cache_keyword(model): cache, "use_cache": True}
+    out = model(input_ids=ids, **kw)
     logits, seq = [out.logits[:, -1].float()], ids
     for _ in range(NEW - 1):
         nxt = logits[-1].argmax(-1, keepdim=True)
         seq = torch.cat([seq, nxt], 1)
-        logits.append(model(input_ids=nxt, past_key_values=cache, use_cache=True).logits[:, -1].float())
+        logits.append(model(input_ids=nxt, **kw).logits[:, -1].float())
     return torch.cat([seq, logits[-1].argmax(-1, keepdim=True)], 1), torch.stack(logits, 1)
 
 
@@ -424,7 +436,15 @@ def early_static(model, ids, assistant=None) -> dict:
                      "(it keeps its state another way)")
     heads, dims = early_shapes(lazy, config)
     early = static(config=config, max_cache_len=length)
-    early.early_initialization(ids.size(0), heads, dims, getattr(model, "dtype", torch.float32), ids.device)
+    one = len(set(heads)) == 1 and len(set(dims)) == 1  # one shape for all: ints, as every release takes
+    try:
+        early.early_initialization(ids.size(0), heads[0] if one else heads, dims[0] if one else dims,
+                                   getattr(model, "dtype", torch.float32), ids.device)
+    except TypeError as e:
+        if one:
+            raise
+        raise NotRun(f"its layers differ in shape, and transformers {transformers.__version__}'s "
+                     f"early_initialization takes one shape for all ({e})"[:300]) from e
     seq, logits = cached_greedy(model, ids, early)
     got = against_full(model, seq, logits, ids.size(1))  # both sides number positions by the forward
     return {**got, "numbered": got["max_abs"], "lazy": against_full(model, lazy_seq, lazy_logits, ids.size(1))["max_abs"]}

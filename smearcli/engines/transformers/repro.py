@@ -226,6 +226,7 @@ there, 0 once fixed.
 """
 import contextlib
 import copy
+import inspect
 import json
 import sys
 
@@ -320,13 +321,16 @@ def contrary(assistant):
 
 
 def cached_greedy(model, ids, cache):
-    """The prompt in one forward through `cache`, then NEW - 1 greedy tokens one forward each."""
-    out = model(input_ids=ids, past_key_values=cache, use_cache=True)
+    """The prompt in one forward through `cache`, then NEW - 1 greedy tokens one forward each (the
+    cache passed by the name the forward takes: `cache` from 5.24, else `past_key_values`)."""
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    kw = {{name: cache, "use_cache": True}}
+    out = model(input_ids=ids, **kw)
     logits, seq = [out.logits[:, -1].double()], ids
     for _ in range(NEW - 1):
         nxt = logits[-1].argmax(-1, keepdim=True)
         seq = torch.cat([seq, nxt], 1)
-        logits.append(model(input_ids=nxt, past_key_values=cache, use_cache=True).logits[:, -1].double())
+        logits.append(model(input_ids=nxt, **kw).logits[:, -1].double())
     return torch.cat([seq, logits[-1].argmax(-1, keepdim=True)], 1), torch.stack(logits, 1)
 
 
@@ -348,7 +352,9 @@ def early_static(model, ids):
         heads.append(keys.size(1) if known else h0 if isinstance(h0, int) else h0[i])
         dims.append(keys.size(-1) if known else d0 if isinstance(d0, int) else d0[i])
     early = transformers.StaticCache(config=cfg, max_cache_len=ids.size(1) + NEW)
-    early.early_initialization(ids.size(0), heads, dims, model.dtype, ids.device)
+    one = len(set(heads)) == 1 and len(set(dims)) == 1  # one shape for all: ints, as every release takes
+    early.early_initialization(ids.size(0), heads[0] if one else heads, dims[0] if one else dims, model.dtype,
+                               ids.device)
     seq, logits = cached_greedy(model, ids, early)
     return against_full(model, seq, logits, ids.size(1))
 
