@@ -266,7 +266,8 @@ def zygote(fd):
 
 if __name__ == "__main__":
     if sys.argv[1:] == ["hello"]:
-        print(json.dumps({"worker": "smearcli-vllm", "protocol": PROTOCOL, "python": "3", "vllm": "stand-in"}))
+        print(json.dumps({"worker": "smearcli-vllm", "protocol": PROTOCOL, "python": "3", "vllm": "stand-in",
+                          "zygote": not os.environ.get("SMEARCLI_STANDIN_NOZYGOTE")}))
     elif sys.argv[1:] == ["serve"]:
         serve()
     elif sys.argv[1:2] == ["zygote"]:

@@ -112,13 +112,15 @@ def test_a_worker_that_hangs_runs_away_or_dies_is_stopped_and_started_again(fake
 @pytest.mark.parametrize("zygote", [True, False])
 def test_a_worker_started_again_is_a_fork_of_the_zygote_past_the_import(fake_python, tmp_path, monkeypatch, zygote):
     """vLLM is imported once per census: the zygote imports it, every worker is its fork (a pid of
-    its own, no import counted). A worker without the zygote mode gives a fresh process each
-    start, each an import, and the census runs the same."""
+    its own, no import counted). A worker whose handshake offers no zygote gives a fresh process
+    each start, each an import, and the census runs the same."""
+    from smearcli.engines.vllm import session as vllm_session
+
     if not zygote:
         monkeypatch.setenv("SMEARCLI_STANDIN_NOZYGOTE", "1")
-    w = serve.Worker(str(fake_python))
+    w = vllm_session.open_session(str(fake_python), quiet=True).worker  # the handshake, then the first start
     try:
-        first = w.start()
+        first = w.ready
         pid = w.proc.pid
         w.kill()
         assert not w.alive()

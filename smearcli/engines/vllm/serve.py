@@ -10,12 +10,13 @@ itself when the answer does not come in time or the worker's resident memory pas
 (`kill`, then `start`, by the census's vLLM session), so one model's crash is that model's record
 and never the census's end.
 
-A census imports vLLM once: the first start also starts the worker's zygote (`worker.py zygote`),
+A census imports vLLM once: where the worker's handshake offers it (`zygote`), the first start
+also starts the worker's zygote (`worker.py zygote`),
 a process that imports vLLM and then only forks, and every worker after it is a fork of the
 zygote (`Forked`), ready in milliseconds and carrying no state of another model's engines: a
 worker started again after a crash, a hang or an engine refused in a process that had served
-others costs no import. Where the zygote does not start (an older worker, a Python whose vLLM
-cannot fork), each start imports vLLM in a fresh process, as before; the census's results do not
+others costs no import. Where the handshake offers none (an older worker) or the zygote does not
+start (a Python whose vLLM cannot fork), each start imports vLLM in a fresh process, as before; the census's results do not
 depend on which.
 
 vLLM's own output (its logs, a crash's traceback) goes to a log file, whose last lines name a
@@ -98,7 +99,8 @@ class Worker:
     """vLLM's interpreter running `worker.py serve`: one process, started again when it is gone;
     after the first, a fork of the zygote where there is one."""
 
-    def __init__(self, python: str, env: Optional[dict] = None, worker: str = str(WORKER)):
+    def __init__(self, python: str, env: Optional[dict] = None, worker: str = str(WORKER), zygote: bool = False):
+        """`zygote`: whether the worker offers its zygote mode (its handshake's `zygote`)."""
         self.python, self.env, self.worker = python, dict(env or {}), worker
         self.proc = None  # subprocess.Popen, or Forked
         self.log = Path(tempfile.mkstemp(prefix="smearcli-vllm-worker-", suffix=".log")[1])
@@ -109,7 +111,8 @@ class Worker:
         self.served = 0  # models sent to the running worker (the census counts them)
         self.zygote: Optional[subprocess.Popen] = None
         self.ctrl: Optional[socket.socket] = None  # the zygote's control socket
-        self.no_zygote = ""  # why this census starts fresh workers instead (empty: not known yet)
+        # why this census starts fresh workers instead (empty: the zygote is tried at the first start)
+        self.no_zygote = "" if zygote else "its handshake offers no zygote"
         self._ids = itertools.count(1)
         self._buf = bytearray()
 

