@@ -95,6 +95,7 @@ class Engine:
     failing: tuple[str, ...] = (str(BUG),)
     product: str = "the engine"
     release: Callable[[Record], Optional[str]] = lambda record: None
+    stamp: Callable[[Optional[str]], dict] = lambda release: {}  # the record fields `release` reads back
     names_are: str = "a model type this engine checks"
     repro_tails: Union[tuple[str, ...], str, Callable] = (".py",)
     title: str = "smearcli scan"
@@ -156,6 +157,14 @@ def of_records(records: Sequence[Record]) -> Engine:
     return ENGINES[name]
 
 
+def stamped(name: str, release: Optional[str]) -> dict:
+    """The fields of a record made by engine `name`'s `release`: its `engine` (None for
+    transformers, whose records predate the field) and where that engine keeps its release
+    (`Engine.stamp`, the inverse of `Engine.release`)."""
+    engine = ENGINES.get(name)
+    return {"engine": None if name == "transformers" else name, **(engine.stamp(release) if engine else {})}
+
+
 def release_of(record: Record) -> Optional[str]:
     """The release of its engine that made `record` (None: not recorded, or no such engine here)."""
     engine = ENGINES.get(record.engine or "transformers")
@@ -173,7 +182,7 @@ def transformers_tails() -> tuple[str, ...]:
 register(Engine(
     "transformers", "transformers' own caches", open="smearcli.engines.transformers.session:InProcess",
     names_are="a causal LM of this transformers", repro_tails=transformers_tails,
-    product="transformers", release=lambda r: r.transformers_version,
+    product="transformers", release=lambda r: r.transformers_version, stamp=lambda v: {"transformers_version": v},
     title="# smearcli scan: transformers {transformers_version}", counted="causal-LM architectures",
     sections="smearcli.engines.transformers.page:sections", after_run="smearcli.engines.transformers.draft:after_run"))
 register(Engine(
@@ -182,7 +191,7 @@ register(Engine(
     environment="an environment with vLLM; scripts/make_vllm_env.sh DIR makes one (then DIR/bin/python)",
     failing=tuple(str(v) for v in FAILURES),
     names_are="an architecture both the installed vLLM and transformers register as a causal LM",
-    repro_tails=("-vllm.py",), product="vLLM", release=lambda r: r.vllm_version,
+    repro_tails=("-vllm.py",), product="vLLM", release=lambda r: r.vllm_version, stamp=lambda v: {"vllm_version": v},
     title="# smearcli scan on vLLM: vLLM {vllm_version} (CPU), transformers {transformers_version} reference",
     sections="smearcli.engines.vllm.session:sections"))
 register(Engine(
@@ -193,5 +202,6 @@ register(Engine(
     names_are="an architecture both llama.cpp's converter and transformers register as a causal LM",
     repro_tails=("-llamacpp.py", "-llamacpp.gguf"), product="llama-cpp-python",
     release=lambda r: (r.llamacpp or {}).get("llama_cpp_python") if isinstance(r.llamacpp, dict) else None,
+    stamp=lambda v: {"llamacpp": {"llama_cpp_python": v}},
     title="# smearcli scan on llama.cpp: transformers {transformers_version} reference",
     sections="smearcli.engines.llamacpp.session:sections"))

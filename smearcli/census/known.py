@@ -207,14 +207,11 @@ def stand_in(entry: Entry) -> Record:
     limit's departure seen as `unsupported`, as records before `boundary.declared` kept it, as
     their crop's `api_finding`): what the tests hold each entry to."""
     s = entry.seen
-    rel = {"transformers": {"transformers_version": s["release"]}, "vllm": {"vllm_version": s["release"]}}.get(
-        entry.engine, {"llamacpp": {"llama_cpp_python": s["release"]}})
-    engine = None if entry.engine == "transformers" else entry.engine
+    made = engines.stamped(entry.engine, s["release"])
     if s["verdict"] == str(UNSUPPORTED):
         crop = {"status": str(UNSUPPORTED), "api_finding": {"at": "?", "what": s["shape"], "status": str(BUG)}}
-        return record_of(s["model_type"], "ok", engine=engine, boundaries={s["path"]: {"status": "ok", "their_crop": crop}},
-                         **rel)
-    return record_of(s["model_type"], s["verdict"], engine=engine, worst_schedule=s["path"], shape=s["shape"], **rel)
+        return record_of(s["model_type"], "ok", boundaries={s["path"]: {"status": "ok", "their_crop": crop}}, **made)
+    return record_of(s["model_type"], s["verdict"], worst_schedule=s["path"], shape=s["shape"], **made)
 
 
 def classify(entries: Sequence[Entry], record: Record, by_id: dict) -> str:
@@ -291,10 +288,7 @@ def of_run(comparison, engine: str, model_type: str, release: Optional[str], nam
     for r in comparison.crashed:
         parts.append(Part(name_of(r.schedule, list(r.steps or [])), "", str(CRASHED)))
     parts = list({(p.path, p.verdict): p for p in parts}.values())  # several series of one path: once
-    engine_name = None if engine == "transformers" else engine
-    rel = {"transformers": {"transformers_version": release}, "vllm": {"vllm_version": release}}.get(
-        engine, {"llamacpp": {"llama_cpp_python": release}})
-    return _placed(entries, record_of(model_type, "ok", engine=engine_name, **rel), parts)
+    return _placed(entries, record_of(model_type, "ok", **engines.stamped(engine, release)), parts)
 
 
 def gated(placed: Sequence[dict]) -> list[dict]:

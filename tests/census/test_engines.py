@@ -101,3 +101,14 @@ def test_only_shard_and_merge_go_through_the_one_path(toy):
                      (["--claims", "c1.jsonl"], "not a directory"), (["--merge", "s1.jsonl", "--claims", "c"], "--claims")]:
         r = scan(*bad, "--out", "c3.jsonl")
         assert r.exit_code == 2 and why in r.stderr, r.output
+
+
+def test_every_engine_stamps_a_record_with_the_release_it_reads_back():
+    """`stamped` (where a record keeps its engine's release) is the inverse of `release_of`, for
+    every registered engine: known.toml's stand-in records and compare's placed findings are made
+    with it, so each engine's field is named in one place."""
+    from smearcli.census import engines, record
+
+    for name in engines.names():
+        rec = record.bare("llama", "ok", **engines.stamped(name, "9.8.7"))
+        assert engines.release_of(rec) == "9.8.7" and engines.of_records([rec]).name == name, name
