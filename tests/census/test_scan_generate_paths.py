@@ -235,6 +235,7 @@ def broken(tmp_path, monkeypatch, source: str):
     return ran
 
 
+@pytest.mark.slow  # confirmation reruns and a reproducer in its own Python: 7 to 9 s
 def test_a_broken_static_cache_is_found_through_generate_and_confirmed_a_bug(tmp_path, monkeypatch):
     ran = broken(tmp_path, monkeypatch, BREAK_STATIC)
     rec = record("llama", OK, floor=FLOOR, notes=[], vocab=256, model_class="LlamaForCausalLM", built_from=CFG,
@@ -251,6 +252,7 @@ def test_a_broken_static_cache_is_found_through_generate_and_confirmed_a_bug(tmp
     assert early["result"] == reach.NOT_RUN and "lazily initialized static cache departs as well" in early["why"]
 
 
+@pytest.mark.slow  # confirmation reruns and a reproducer in its own Python: 8 to 10 s
 def test_a_broken_early_initialization_is_found_on_its_own_path_and_confirmed_a_bug(tmp_path, monkeypatch):
     """A static cache wrong only when initialized in advance: generate's static cache agrees, the
     early-initialized one departs, confirmed (float64, the next seed), with a reproducer that

@@ -83,6 +83,7 @@ def test_every_llamacpp_schedule_against_transformers_and_its_own_prefill(model_
         in doc["verdict"]
 
 
+@pytest.mark.slow  # the stand-in's flash and float32 prefills at every schedule: 12 to 16 s
 def test_flash_attention_is_held_to_its_own_one_call_prefill(model_dir, fake_python, monkeypatch, tmp_path):
     """The stand-in's flash prefill sits 1e-4 from the float32 one (flash attention's float16 rounding,
     by design): alone that is no finding. Its chunked calls departing from it at each call's first
@@ -110,6 +111,7 @@ def test_a_shift_that_cannot_apply_to_the_model_is_not_run_and_judges_nothing(mo
     assert doc["verdict"].startswith("OK"), doc["verdict"]
 
 
+@pytest.mark.slow  # eight one-call prefills per row in the stand-in: 12 to 15 s
 def test_llamacpps_own_spread_raises_the_threshold_a_cache_finding_must_pass(model_dir, fake_python, monkeypatch,
                                                                              tmp_path):
     """One-call prefills of the row's first tokens, each from an empty cache, measure llama.cpp's own
