@@ -152,11 +152,12 @@ def test_a_release_without_the_architecture_counts_as_without_the_finding():
 
 # -- a stand-in release made and run ---------------------------------------------------------------
 def test_scan_release_reruns_the_same_scan_in_the_release_python(standin, wheels, cache):
-    r = invoke(["scan", "--release", "5.91.0", "--wheels", wheels, "--only", T, "--timeout", "30", "--check"])
+    r = invoke(["scan", "--release", "5.91.0", "--wheels", wheels, "--only", T, "--timeout", "30", "--check", "all"])
     assert r.exit_code == 0, r.output
     (run,) = saw(standin)
     assert run["version"] == "5.91.0"  # the release's transformers, not smearcli's own
-    assert run["argv"] == ["scan", "--only", T, "--timeout", "30.0", "--check"]  # all but --release, --wheels
+    # all but --release and --wheels, the positional `all` included
+    assert run["argv"] == ["scan", "--only", T, "--timeout", "30.0", "--check", "all"]
     env = cache / "envs" / f"5.91.0-{releases.base_key()}"
     assert Path(run["python"]).parent.parent == env and (env / releases.READY).is_file()
     assert not [p for p in (cache / "envs").iterdir() if p.name.startswith(".")]  # no half-made venv left

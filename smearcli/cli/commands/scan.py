@@ -345,14 +345,12 @@ def given(ctx: typer.Context) -> list:
 def given_args(ctx: typer.Context, skip) -> list[str]:
     """The command line of this scan as given, less the parameters named in `skip`: the same scan,
     to run in another Python."""
-    import click
-
     out, positional = ["scan"], []
     for p in given(ctx):
         value = ctx.params.get(p.name)
         if p.name in skip:
             continue
-        if isinstance(p, click.Argument):
+        if p.param_type_name == "argument":  # not isinstance(click.Argument): typer 0.29 carries its own click
             positional += [str(v) for v in (value if isinstance(value, (list, tuple)) else [value]) if v is not None]
             continue
         flag = max(p.opts, key=len)
