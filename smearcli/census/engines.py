@@ -39,6 +39,10 @@ What an `Engine` declares (cheap: registering imports none of its code, `--help`
   puts the frame around them).
 - `after_run`: `(records, meta) -> None` (or "module:function", or None): what it writes once a
   run (not a `--merge`) is over, like the transformers engine's one bug-report draft per root cause.
+- `groups`: `(records) -> list[dict]` (or "module:function", or None: none): the root causes its
+  findings share, the JSON document's `groups`; `footer`: `(records) -> list[str]` (or
+  "module:function", or None), the console table's lines after its rows (transformers: one per
+  piece of its API's code found wrong).
 
 What a `Session` (the object `open` returns) does while the census runs:
 
@@ -57,7 +61,11 @@ What a `Session` (the object `open` returns) does while the census runs:
   written (`more`: whether another architecture follows): whatever the engine must do between
   architectures (restart a worker it shares); True checks that architecture once more instead of
   writing this record (the second record is written whatever it says);
-- `close()`: the run is over (or stopped): release what `open` started.
+- `close()`: the run is over (or stopped): release what `open` started;
+- optionally `gathering()` and `gathered(words) -> str`: a context manager entered in each
+  architecture's process around its check, yielding a set the engine adds words to, and the one
+  line the census says of every process's words at its end (transformers: the fast kernels it fell
+  back without). An engine without them gathers nothing.
 """
 
 from __future__ import annotations
@@ -102,6 +110,8 @@ class Engine:
     counted: str = "architectures"
     sections: Union[Callable, str, None] = None
     after_run: Union[Callable, str, None] = None
+    groups: Union[Callable, str, None] = None
+    footer: Union[Callable, str, None] = None
 
     def session(self, python: Optional[str], quiet: bool = False) -> Session:
         return load(self.open)(python, quiet)
@@ -114,6 +124,12 @@ class Engine:
 
     def page_sections(self, records: Sequence[Record], meta: dict) -> list[str]:
         return list(load(self.sections)(records, meta)) if self.sections else []
+
+    def root_causes(self, records: Sequence[Record]) -> list[dict]:
+        return list(load(self.groups)(records)) if self.groups else []
+
+    def table_footer(self, records: Sequence[Record]) -> list[str]:
+        return list(load(self.footer)(records)) if self.footer else []
 
     def finish(self, records: Sequence[Record], meta: dict) -> None:
         if self.after_run:
@@ -184,7 +200,8 @@ register(Engine(
     names_are="a causal LM of this transformers", repro_tails=transformers_tails,
     product="transformers", release=lambda r: r.transformers_version, stamp=lambda v: {"transformers_version": v},
     title="# smearcli scan: transformers {transformers_version}", counted="causal-LM architectures",
-    sections="smearcli.engines.transformers.page:sections", after_run="smearcli.engines.transformers.draft:after_run"))
+    sections="smearcli.engines.transformers.page:sections", after_run="smearcli.engines.transformers.draft:after_run",
+    groups="smearcli.engines.transformers.groups:groups", footer="smearcli.engines.transformers.page:api_lines"))
 register(Engine(
     "vllm", "vLLM's scheduler and caches, against the transformers full pass",
     open="smearcli.engines.vllm.session:open_session", env_var="SMEARCLI_VLLM_PYTHON", concurrent=False,

@@ -16,10 +16,10 @@ verdict is in, the architecture's own limit no longer applies: the rest (writing
 reproducers) gets its own limit, scaled to the check's pace (`budget.later_limit`), and when that
 runs out the last record sent is kept, with what did not finish in its notes (a reproducer file on
 disk always has a record pointing at it: `check` sends its path before running it).
-Every record says which transformers release made it (`transformers_version`). transformers'
-warnings that a fast SSM kernel is not installed are kept out of the progress lines
-(`engines.transformers.kernels`): a child sends back what was missing after its record, and the run says it
-once at the end, as one line (`on_note`).
+Every record says which transformers release made it (`transformers_version`). What an engine
+gathers in a child (`census.engines.Session.gathering`: transformers' warnings that a fast SSM
+kernel is not installed, kept out of the progress lines) is sent back after its record, and the
+run says it once at the end, as one line (`on_note`).
 
 Records are appended to a JSON Lines file as they finish, one whole record per write, under an
 exclusive lock (`records.Sink`), so `resume` skips what a stopped scan already wrote; `shard(names,
@@ -50,7 +50,6 @@ from typing import Callable, Optional, Sequence
 from .. import jsonsafe
 from ..errors import UserError
 from ..verdicts import CRASHED, NOT_BUILT
-from ..engines.transformers import kernels
 from . import budget, records
 from .record import Record, bare
 
@@ -58,7 +57,7 @@ DEFAULT_TIMEOUT = 240.0  # seconds per architecture
 RETRY_FACTOR = budget.RETRY_FACTOR
 STAGE = budget.STAGE
 DEFAULT_MEMORY = 3 << 30  # bytes of address space per architecture
-SLOW_KERNELS = "slow_kernels"  # a child's second line: the fast kernels transformers fell back without
+SAID = "said"  # a child's second line: the words its engine gathered (`census.engines.Session.gathering`)
 
 
 def causal_lm_types() -> list[str]:
@@ -132,7 +131,7 @@ def _as_worker(parent: int, inherited: Sequence[int]) -> None:
 
 
 def _child(check: Callable[[str], Record], name: str, fd: int, memory: Optional[int], parent: int,
-           inherited: Sequence[int]) -> None:
+           inherited: Sequence[int], gathering: Optional[Callable]) -> None:
     code = 0
     try:
         _as_worker(parent, inherited)
@@ -143,7 +142,7 @@ def _child(check: Callable[[str], Record], name: str, fd: int, memory: Optional[
         if torch is not None:
             with contextlib.suppress(Exception):
                 torch.set_num_threads(1)
-        with _fallbacks() as slow:
+        with (gathering() if gathering is not None else contextlib.nullcontext(set())) as words:
             try:
                 rec = memory_verdict(check(name), memory)
             except MemoryError:
@@ -151,21 +150,13 @@ def _child(check: Callable[[str], Record], name: str, fd: int, memory: Optional[
             except BaseException as e:  # the check's own guard missed it: still this name's result
                 rec = bare(name, CRASHED, reason=f"{type(e).__name__}: {e}"[:300])
         data = (jsonsafe.dumps(rec.to_json(), default=str) + "\n").encode()  # JSON only over the pipe
-        if slow.missing:  # a second line, after the record: what the parent says once at the end
-            data += (json.dumps({SLOW_KERNELS: sorted(slow.missing)}) + "\n").encode()
+        if words:  # a second line, after the record: what the parent says once at the end
+            data += (json.dumps({SAID: sorted(words)}) + "\n").encode()
         budget.write_all(fd, data)
     except BaseException:
         code = 3
     finally:
         os._exit(code)
-
-
-def _fallbacks():
-    """transformers' fast-kernel warnings collected in a child (`kernels.collected`), when the
-    parent imported transformers (the census does; a check without it warns of nothing)."""
-    if "transformers" in sys.modules:
-        return kernels.collected()
-    return contextlib.nullcontext(kernels.Fallbacks())
 
 
 def transformers_version() -> Optional[str]:
@@ -200,7 +191,8 @@ def census(session, names: Sequence[str], sink: "records.Sink", jobs: int = 1, t
     this run."""
     where = Path(repro_dir).resolve()
     return run(names, lambda name: session.check(name, where, timeout, memory), sink, jobs=jobs, timeout=timeout,
-               memory=memory, on_record=on_record, checked=session.checked, claim=claim)
+               memory=memory, on_record=on_record, checked=session.checked, claim=claim,
+               gathering=getattr(session, "gathering", None), gathered=getattr(session, "gathered", None))
 
 
 def run(names: Sequence[str], check: Callable[[str], Record], sink: "records.Sink", jobs: int = 1,
@@ -208,13 +200,15 @@ def run(names: Sequence[str], check: Callable[[str], Record], sink: "records.Sin
         on_record: Optional[Callable[[Record], None]] = None,
         on_note: Callable[[str], None] = say,
         checked: Optional[Callable[[Record, bool], bool]] = None,
-        claim: Optional[Callable[[str], bool]] = None) -> list[Record]:
+        claim: Optional[Callable[[str], bool]] = None, gathering: Optional[Callable] = None,
+        gathered: Optional[Callable[[set], str]] = None) -> list[Record]:
     """Check every name in its own process, appending each record to an open `records.Sink`: the
     names it does not hold yet, at most `jobs` at once; the records of this run, in the order they
     finished.
     However this ends (a SIGINT, a SIGTERM, an error), every worker is killed and reaped first: none
-    runs on, and only whole records are in the file. A run whose architectures fell back to slow
-    kernels says so once at its end (`on_note`). `checked(record, more)`, in this process before a
+    runs on, and only whole records are in the file. `gathering()`, entered in each child around its
+    check, yields a set the engine adds words to (transformers: the fast kernels it fell back
+    without); the run says `gathered(every child's words)` once at its end (`on_note`). `checked(record, more)`, in this process before a
     record is written, may ask for that name to be checked once more instead
     (`census.engines.Session.checked`). With `claim` (`claims`), a name is checked only if
     `claim(name)` grants it when its turn comes: another scan sharing the claims has it otherwise."""
@@ -225,7 +219,7 @@ def run(names: Sequence[str], check: Callable[[str], Record], sink: "records.Sin
     tried: dict[str, float] = {}  # name -> the limit it ran out of the first time
     running: dict[int, list] = {}  # pid -> [name, read fd, start, buffer, limit, verdict at (or None)]
     results: list[Record] = []
-    slow: set[str] = set()  # the fast kernels the children said were missing
+    said: set[str] = set()  # the words the children's engine gathered
     version = transformers_version()
 
     again: set[str] = set()  # the names checked once more at `checked`'s asking
@@ -252,8 +246,8 @@ def run(names: Sequence[str], check: Callable[[str], Record], sink: "records.Sin
                     if not claim(name):
                         continue
                     mine.add(name)
-                _spawn(check, name, limit, running, memory, sink.fd)
-            for rec in _collect(running, memory, slow):
+                _spawn(check, name, limit, running, memory, sink.fd, gathering)
+            for rec in _collect(running, memory, said):
                 finish(rec)
             now = time.monotonic()
             for pid, (name, fd, start, buf, limit, verdict_at) in list(running.items()):
@@ -272,12 +266,13 @@ def run(names: Sequence[str], check: Callable[[str], Record], sink: "records.Sin
         with records.signals_held():  # a second Ctrl-C must not leave a worker behind
             for pid in list(running):
                 _kill(pid, running)
-    if slow:
-        on_note(kernels.note(slow))
+    if said and gathered is not None:
+        on_note(gathered(said))
     return results
 
 
-def _spawn(check, name: str, limit: float, running: dict, memory: Optional[int], sink_fd: int) -> None:
+def _spawn(check, name: str, limit: float, running: dict, memory: Optional[int], sink_fd: int,
+           gathering: Optional[Callable] = None) -> None:
     """Fork `name`'s worker and list it in `running`, SIGINT and SIGTERM held back in between: a
     signal at the moment of the fork is handled once the worker is listed, so it is stopped too."""
     r, w = os.pipe()
@@ -291,16 +286,16 @@ def _spawn(check, name: str, limit: float, running: dict, memory: Optional[int],
             raise
         if pid == 0:
             os.close(r)
-            _child(check, name, w, memory, parent, [sink_fd, *(v[1] for v in running.values())])
+            _child(check, name, w, memory, parent, [sink_fd, *(v[1] for v in running.values())], gathering)
         with contextlib.suppress(OSError):  # the child does it too; whichever runs first
             os.setpgid(pid, pid)
         os.close(w)
         running[pid] = [name, r, time.monotonic(), bytearray(), limit, None]
 
 
-def _collect(running: dict, memory: Optional[int], slow: set) -> list[Record]:
-    """The records of the workers that finished within 0.2 s (read from their pipes); the fast
-    kernels they fell back without are added to `slow`."""
+def _collect(running: dict, memory: Optional[int], said: set) -> list[Record]:
+    """The records of the workers that finished within 0.2 s (read from their pipes); the words
+    their engine gathered are added to `said`."""
     poller = select.poll()
     fds = {v[1]: pid for pid, v in running.items()}
     for fd in fds:
@@ -322,7 +317,7 @@ def _collect(running: dict, memory: Optional[int], slow: set) -> list[Record]:
             del running[pid]
         lines = [x for x in bytes(buf).split(b"\n") if x.strip() and not x.startswith(b'{"' + STAGE.encode())]
         text, after = (lines[0] if lines else b""), b"\n".join(lines[1:])
-        slow.update(_slow_kernels(after))
+        said.update(_said(after))
         rec = _record(name, text, status, memory, time.monotonic() - start)
         kept = budget.staged(name, bytes(buf)) if rec.verdict == CRASHED and not text.strip() else None
         if kept is not None:  # it died after its verdict (writing or running a reproducer): the verdict stands
@@ -332,13 +327,13 @@ def _collect(running: dict, memory: Optional[int], slow: set) -> list[Record]:
     return out
 
 
-def _slow_kernels(after: bytes) -> list[str]:
-    """What a worker's line after its record says was missing (nothing when there is no line)."""
+def _said(after: bytes) -> list[str]:
+    """The words a worker's line after its record gives (nothing when there is no line)."""
     try:
         said = json.loads(after.decode()) if after.strip() else {}
     except ValueError:
         return []
-    got = said.get(SLOW_KERNELS) if isinstance(said, dict) else None
+    got = said.get(SAID) if isinstance(said, dict) else None
     return [str(x) for x in got] if isinstance(got, list) else []
 
 

@@ -180,6 +180,23 @@ FIELDS = tuple(f.name for f in dataclasses.fields(Record)
 JSON_TYPES = {f.name: f.metadata["json"] for f in dataclasses.fields(Record) if "json" in f.metadata}
 
 
+def born_module(rec: "Record") -> dict:
+    """A record's `born_in` when it names a module ({} otherwise: a boundary finding, a trace that
+    failed), each field of the type the report formats (an edited record's other values: None)."""
+    b = rec.born_in
+    if not isinstance(b, dict) or not isinstance(b.get("module"), str) or not b["module"]:
+        return {}
+    out = {k: (v if isinstance(v, str) else None) for k, v in b.items() if k not in ("lines", "suspects", "copies")}
+    out["copies"] = [c for c in b.get("copies") or [] if isinstance(c, str)] if isinstance(b.get("copies"), list) else []
+    lines = b.get("lines")
+    ok = isinstance(lines, list) and len(lines) == 2 and all(type(x) is int for x in lines)
+    out["lines"] = lines if ok else None
+    out["suspects"] = [s for s in b.get("suspects") or [] if isinstance(s, list) and len(s) >= 2
+                       and isinstance(s[1], str)] if isinstance(b.get("suspects"), list) else []
+    out["module"] = b["module"]
+    return out
+
+
 def new(model_type: str, verdict: str, **fields) -> Record:
     """A record, every field present (defaults for those not given)."""
     return Record(model_type, str(verdict), **fields)

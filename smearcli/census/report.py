@@ -9,12 +9,12 @@ from __future__ import annotations
 import re
 from typing import Optional, Sequence
 
+from ..errors import UserError
 from ..jsondoc import SCHEMAS, header
 from ..schedules import census_schedules  # the boundaries every architecture also runs (check.boundary)
 from ..verdicts import BUG, CRASHED, NOT_JUDGED, NOT_JUDGED_WHY, NOT_RUN, OK, RECORD, rank
-from ..engines.transformers.groups import api_findings, born, groups
 from . import known, record
-from .record import Record
+from .record import Record, born_module
 
 SCHEMA = SCHEMAS["scan"]
 FIELDS = record.FIELDS  # every field of a record, in the order the JSON document lists them
@@ -98,6 +98,18 @@ def short_reason(reason: str) -> str:
     return reason or ""
 
 
+def engine_of(records: Sequence[Record]):
+    """The engine the records ran on (`census.engines.of_records`), for what it adds to the table and
+    the JSON document; None where the records mix engines or name one not registered here (the
+    rows and fields are still shown, without its additions)."""
+    from . import engines
+
+    try:
+        return engines.of_records(records)
+    except UserError:
+        return None
+
+
 def table(records: Sequence[Record], width: int = 80) -> str:
     """One line per architecture (bugs first), then the counts; every line within `width`."""
     def line(cells):
@@ -110,8 +122,8 @@ def table(records: Sequence[Record], width: int = 80) -> str:
             v = f"bug@{r.init:g}"
         out.append(line([r.model_type, v, r.worst_schedule or "-", err_cell(r),
                          detail or "-", (r.born_at or "-").split("@")[-1]]))
-        if born(r):  # the module under its finding's line: too long for a column of its own
-            b = born(r)
+        b = born_module(r)
+        if b:  # the module under its finding's line: too long for a column of its own
             out.append(_cut(" " * (COLUMNS[0][1] + 1) + f"born in {b['module']} ({b.get('class')})", width))
         if known.console(r):  # what upstream knows of it: new, or the thread
             out.append(_cut(" " * (COLUMNS[0][1] + 1) + known.console(r), width))
@@ -120,17 +132,18 @@ def table(records: Sequence[Record], width: int = 80) -> str:
         b = boundary_counts(records, name)
         if b:
             out.append(_cut(f"{name}: " + ", ".join(f"{n} {k}" for k, n in sorted(b.items())), width))
-    for g in api_findings(records):  # one line per piece of their API's code, not per architecture
-        out.append(_cut(f"their API, declared unsupported: {g['at'].split('/')[-1]}: {g['what']} "
-                        f"({len(g['architectures'])} architectures)", width))
+    engine = engine_of(records)
+    out += [_cut(x, width) for x in (engine.table_footer(records) if engine else [])]
     out.append(_cut(f"{len(records)} architectures: " + ", ".join(f"{n} {k}" for k, n in c.items() if n), width))
     return "\n".join(out)
 
 
 def document(records: Sequence[Record], meta: Optional[dict] = None) -> dict:
     """The --json document (schema smearcli.scan/1): one record per architecture, sorted."""
+    engine = engine_of(records)
     recs = [r.to_json() for r in sorted(records, key=lambda r: r.model_type)]
-    return header("scan", **(meta or {}), counts=counts(records), groups=groups(records), architectures=recs)
+    return header("scan", **(meta or {}), counts=counts(records), groups=engine.root_causes(records) if engine else [],
+                  architectures=recs)
 
 
 def markdown(records: Sequence[Record], meta: Optional[dict] = None, engine=None) -> str:

@@ -148,7 +148,7 @@ def test_born_in_must_be_an_object():
     with pytest.raises(UserError, match="born_in"):
         records.check_record("x", {"model_type": "a", "verdict": "bug", "born_in": "m"})
     odd = record.bare("a", "bug", born_in={"module": "m", "lines": "10-20", "suspects": 3})
-    assert groups.born(odd)["lines"] is None and groups.born(odd)["suspects"] == []
+    assert record.born_module(odd)["lines"] is None and record.born_module(odd)["suspects"] == []
     report.table([odd]), report.markdown([odd])  # an edited record still reports
 
 

@@ -26,8 +26,6 @@ BUILT_ON = {("census", "impls"), ("engines", "census"), ("engines", "impls")}
 # cut by moving what it reaches into the core or behind the engine's registration. The list only
 # shrinks: a new arrow fails `test_imports_only_go_down`, one cut fails `test_no_arrow_left_to_cut_is_gone`.
 TO_CUT = {
-    ("smearcli.census.isolate", "smearcli.engines.transformers.kernels"),  # a child's missing kernels
-    ("smearcli.census.report", "smearcli.engines.transformers.groups"),  # the console table and JSON's groups
     # and the other engines' arrows into transformers: their reference is transformers' full pass
     # of the same model (its `reference`, the one seam), and their CLI preparation loads it there
     ("smearcli.engines.vllm.session", "smearcli.engines.transformers.reference"),

@@ -27,6 +27,7 @@ from smearcli.census import isolate, record, records, report, shapes  # noqa: E4
 from smearcli.engines import transformers as hf  # noqa: E402
 from smearcli.engines.transformers import api, kernels  # noqa: E402
 from smearcli.engines.transformers.cache_runner import CacheRunner  # noqa: E402
+from smearcli.engines.transformers.session import InProcess  # noqa: E402
 from smearcli.verdicts import NOT_JUDGED, NOT_JUDGED_WHY, OK  # noqa: E402
 from conftest import ROOT, scan_into  # noqa: E402 - the clone's root
 
@@ -397,7 +398,9 @@ def falls_back(name: str) -> record.Record:
 
 def test_a_census_run_says_the_fallbacks_once_and_records_its_release(tmp_path, capfd):
     said: list[str] = []
-    recs = scan_into(["mamba", "mamba2", "qwen"], falls_back, tmp_path / "scan.jsonl", on_note=said.append)
+    session = InProcess()  # what the census passes the loop: the session's gathering, said once
+    recs = scan_into(["mamba", "mamba2", "qwen"], falls_back, tmp_path / "scan.jsonl", on_note=said.append,
+                     gathering=session.gathering, gathered=session.gathered)
     assert said == [kernels.note({"causal_conv1d", "mamba_ssm"})]  # once, for the whole run
     err = capfd.readouterr().err
     assert "fast path" not in err and "falling back" not in err, err
@@ -406,7 +409,8 @@ def test_a_census_run_says_the_fallbacks_once_and_records_its_release(tmp_path, 
     assert all(r.transformers_version == transformers.__version__ for r in on_disk)
     assert report.document(on_disk)["architectures"][0]["transformers_version"] == transformers.__version__
     said.clear()
-    scan_into(["quiet"], lambda n: record.new(n, "ok"), tmp_path / "b.jsonl", on_note=said.append)
+    scan_into(["quiet"], lambda n: record.new(n, "ok"), tmp_path / "b.jsonl", on_note=said.append,
+              gathering=session.gathering, gathered=session.gathered)
     assert said == []  # nothing fell back: nothing to say
 
 

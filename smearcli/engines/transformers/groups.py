@@ -37,29 +37,12 @@ import re
 from typing import Optional, Sequence
 
 from ...verdicts import FINDINGS
-from ...census.record import BoundaryResult, Record
+from ...census.record import BoundaryResult, Record, born_module
 
 
 def findings(records: Sequence[Record]) -> list[Record]:
     """The records that are findings (bug or unconfirmed), by name."""
     return sorted((r for r in records if r.verdict in FINDINGS), key=lambda r: r.model_type)
-
-
-def born(rec: Record) -> dict:
-    """A record's `born_in` when it names a module ({} otherwise: a boundary finding, a trace that
-    failed), each field of the type the report formats (an edited record's other values: None)."""
-    b = rec.born_in
-    if not isinstance(b, dict) or not isinstance(b.get("module"), str) or not b["module"]:
-        return {}
-    out = {k: (v if isinstance(v, str) else None) for k, v in b.items() if k not in ("lines", "suspects", "copies")}
-    out["copies"] = [c for c in b.get("copies") or [] if isinstance(c, str)] if isinstance(b.get("copies"), list) else []
-    lines = b.get("lines")
-    ok = isinstance(lines, list) and len(lines) == 2 and all(type(x) is int for x in lines)
-    out["lines"] = lines if ok else None
-    out["suspects"] = [s for s in b.get("suspects") or [] if isinstance(s, list) and len(s) >= 2
-                       and isinstance(s[1], str)] if isinstance(b.get("suspects"), list) else []
-    out["module"] = b["module"]
-    return out
 
 
 COPIED = re.compile(r"^\s*# Copied from transformers\.models\.(\w+)\.modeling_\w+\.(\w+)")
@@ -142,7 +125,7 @@ def links(rec: Record) -> set:
     """What another finding must share with this one to be its group: its code, one of its
     suspect lines beside its shape, or the cache API code its headline departed in (`api_at`: one
     `crop` leaves every architecture's recurrent state as the draft left it)."""
-    b = born(rec)
+    b = born_module(rec)
     out = {("code", b["code"])} if b.get("code") else set()
     for s in b["suspects"] if b else []:
         out.add(("line", s[1], rec.shape))
@@ -175,12 +158,12 @@ def groups(records: Sequence[Record]) -> list[dict]:
                 owner[key] = i
     born_here = {}
     for i, rec in enumerate(found):
-        b = born(rec)
+        b = born_module(rec)
         me = ident(b.get("file"), b.get("class")) if b else None
         if me:
             born_here.setdefault((me, rec.shape), []).append(i)
     for i, rec in enumerate(found):  # a declared copy of another finding's born-in class, same shape
-        for c in born(rec).get("copies") or []:
+        for c in born_module(rec).get("copies") or []:
             for j in born_here.get((c, rec.shape), []):
                 parent[_root(parent, i)] = _root(parent, j)
     members: dict[int, list[Record]] = {}
@@ -191,11 +174,11 @@ def groups(records: Sequence[Record]) -> list[dict]:
 
 def shared(recs: list[Record]) -> tuple[Optional[str], list[str]]:
     """(the same code by digest for all of them, or None; the suspect lines all of them hold)."""
-    codes = {born(r).get("code") for r in recs}
+    codes = {born_module(r).get("code") for r in recs}
     code = codes.pop() if len(codes) == 1 else None
     lines = None
     for r in recs:
-        mine = [s[1] for s in born(r).get("suspects") or []]
+        mine = [s[1] for s in born_module(r).get("suspects") or []]
         lines = mine if lines is None else [x for x in lines if x in mine]
     return code, list(dict.fromkeys(lines or []))
 
@@ -204,28 +187,28 @@ def origin(recs: list[Record]) -> Optional[dict]:
     """The finding born in the class the others declare they copy, which copies none of theirs:
     the code a maintainer fixes (and `make fix-copies` carries to the copies). None without one."""
     def me(r):
-        return ident(born(r).get("file"), born(r).get("class"))
+        return ident(born_module(r).get("file"), born_module(r).get("class"))
 
     mine = {me(r) for r in recs} - {None}
-    copied = {c for r in recs for c in born(r).get("copies") or []} & mine
-    return next((r for r in recs if me(r) in copied and not set(born(r).get("copies") or []) & mine), None)
+    copied = {c for r in recs for c in born_module(r).get("copies") or []} & mine
+    return next((r for r in recs if me(r) in copied and not set(born_module(r).get("copies") or []) & mine), None)
 
 
 def entry(recs: list[Record]) -> dict:
     """The group of these findings (sorted by name; see `groups`), headed by the original where
     the others declare they copy it (`origin`), else by its first architecture by name."""
     first = origin(recs) or recs[0]
-    b = born(first)
+    b = born_module(first)
     code, lines = shared(recs)
-    mine = {ident(born(r).get("file"), born(r).get("class")) for r in recs} - {None}
-    declared = any(set(born(r).get("copies") or []) & mine for r in recs)
+    mine = {ident(born_module(r).get("file"), born_module(r).get("class")) for r in recs} - {None}
+    declared = any(set(born_module(r).get("copies") or []) & mine for r in recs)
     apis = {api_at(r) for r in recs}
     if len(recs) == 1:
         by = None
     elif len(apis) == 1 and None not in apis:
         by = f"the same cache API code: `{apis.pop()}`"
     elif code:
-        by = "the same forward" + ("" if len({born(r).get("class") for r in recs}) == 1
+        by = "the same forward" + ("" if len({born_module(r).get("class") for r in recs}) == 1
                                    else ", once model names are normalised")
     elif lines:
         by = "the same suspect line" + ("s" if len(lines) > 1 else "")
@@ -236,7 +219,7 @@ def entry(recs: list[Record]) -> dict:
     return {"architectures": [r.model_type for r in recs], "first": first.model_type, "by": by,
             "lines": lines if len(recs) > 1 else [], "shape": first.shape,
             "code": where(b) if b else None,
-            "members": {r.model_type: {k: born(r).get(k) for k in ("module", "class", "file", "lines")}
+            "members": {r.model_type: {k: born_module(r).get(k) for k in ("module", "class", "file", "lines")}
                         for r in recs},
             "reproducer": first.reproducer, "reproducer_status": first.reproducer_status,
             "report_draft": first.report_draft}

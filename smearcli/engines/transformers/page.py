@@ -7,13 +7,13 @@ from __future__ import annotations
 from typing import Sequence
 
 from ...census import known
-from ...census.record import Record
+from ...census.record import Record, born_module
 from ...census.report import PY_PATH, boundary_cell, boundary_counts, cell, err_cell, f64_cell, sort_key
 from ...census.shapes import LEFT_UNSUPPORTED
 from ...schedules import census_schedules
 from ...verdicts import BUG, BY_DESIGN, CRASHED, NOT_JUDGED, NOT_JUDGED_WHY, NOT_RUN, UNCONFIRMED
 from . import reach
-from .groups import api_findings, born, groups
+from .groups import api_findings, groups
 
 
 def sections(records: Sequence[Record], meta: dict) -> list[str]:
@@ -32,7 +32,7 @@ def sections(records: Sequence[Record], meta: dict) -> list[str]:
         for r in bugs:
             rep = r.reproducer
             rep = f"`{rep.split('/')[-1]}` ({r.reproducer_status})" if rep else "-"
-            b = born(r)
+            b = born_module(r)
             # the class alone: the module's qualified name and the forward's file and lines, which
             # cannot wrap, would widen the table past a page; they are in the Root causes table,
             # the JSON, the draft and the console's line
@@ -83,6 +83,13 @@ def boundaries_md(records: Sequence[Record]) -> list[str]:
     if rows:
         out += ["", "| architecture | boundary | result | shape / why | upstream |", "|---|---|---|---|---|", *rows]
     return out + [""]
+
+
+def api_lines(records: Sequence[Record]) -> list[str]:
+    """The console table's lines after its rows (`census.engines.Engine.footer`): one per piece of
+    their API's code found wrong (`groups.api_findings`), not one per architecture."""
+    return [f"their API, declared unsupported: {g['at'].split('/')[-1]}: {g['what']} "
+            f"({len(g['architectures'])} architectures)" for g in api_findings(records)]
 
 
 def api_md(records: Sequence[Record]) -> list[str]:

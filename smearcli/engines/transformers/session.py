@@ -36,5 +36,25 @@ class InProcess:
     def checked(self, record: Record, more: bool) -> bool:
         return False
 
+    def gathering(self):
+        """In a census child, around its check: the fast kernels transformers fell back without
+        (`kernels.collected`, their warnings kept out of the progress lines), as a set."""
+        import contextlib
+
+        from . import kernels
+
+        @contextlib.contextmanager
+        def missing():
+            with kernels.collected() as f:
+                yield f.missing
+
+        return missing()
+
+    def gathered(self, words: set) -> str:
+        """The one line a census says of every child's `gathering`."""
+        from . import kernels
+
+        return kernels.note(words)
+
     def close(self) -> None:
         pass
