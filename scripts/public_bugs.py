@@ -370,7 +370,7 @@ def probe(bug: dict, release: str) -> dict:
     out = probe_file(bug, release)
     if out.is_file():
         return json.loads(out.read_text())
-    from smearcli.census import releases
+    from smearcli.engines.transformers import releases
 
     python = releases.environment(release).python
     script = BUGS.parent / bug["probe"]

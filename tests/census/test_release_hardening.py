@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from smearcli.census import releases
+from smearcli.engines.transformers import releases
 from smearcli.errors import UserError
 
 import release_standin  # noqa: E402 - tests/ is on sys.path (conftest)

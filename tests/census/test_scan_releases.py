@@ -1,4 +1,4 @@
-"""`scan --release` and `scan --bisect` (`smearcli.census.releases`), on stand-in releases: tiny
+"""`scan --release` and `scan --bisect` (`smearcli.engines.transformers.releases`), on stand-in releases: tiny
 transformers wheels built here (`release_standin.wheel`), installed in venvs under a scratch cache,
 run by a stand-in smearcli (`release_standin.py`); nothing is downloaded. And derivation of a
 multimodal registration from its text config (`census.derive.text_part`)."""
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from smearcli.census import releases
+from smearcli.engines.transformers import releases
 from smearcli.errors import UserError
 
 import release_standin  # noqa: E402 - tests/ is on sys.path (conftest)

@@ -366,8 +366,8 @@ def given_args(ctx: typer.Context, skip) -> list[str]:
 def on_releases(ctx: typer.Context, release: Optional[str], arch: Optional[str], span: Optional[str],
                 wheels: Optional[Path], path: Optional[str] = None) -> None:
     """--release: this scan again, in that release's Python; --bisect: the search for the releases
-    where ARCH's finding appears and is gone (the work is `census.releases`)."""
-    from ...census import releases
+    where ARCH's finding appears and is gone (the work is `engines.transformers.releases`)."""
+    from ...engines.transformers import releases
 
     def say(line: str) -> None:
         sys.stderr.write(line + "\n")

@@ -49,7 +49,7 @@ from email.parser import Parser
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from ..errors import UserError
+from ...errors import UserError
 
 ENV_VAR = "SMEARCLI_RELEASES"
 PACKAGE = "transformers"
@@ -607,7 +607,7 @@ def record_path(version: str, model_type: str, root: Optional[Path] = None) -> P
 
 
 def _recorded(path: Path, model_type: str):
-    from . import records
+    from ...census import records
 
     if not path.is_file():
         return None
@@ -623,7 +623,7 @@ def on_path(rec, pattern: Optional[str]) -> bool:
     cache", "chunks of *"); True without a pattern."""
     import fnmatch
 
-    from .known import findings
+    from ...census.known import findings
 
     return pattern is None or any(fnmatch.fnmatchcase(p.path, pattern) for p in findings(rec))
 
