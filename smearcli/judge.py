@@ -31,7 +31,9 @@ calls with what its reruns and layer orders gave (it decides which reruns to mak
 - `in_layer_order`: a finding seen only in a layer order that neither the default configuration
   nor a published one has (`census.variants`) is `latent`;
 - `by_design`: a finding whose every part upstream's maintainers answered is intended
-  (`census.known`) is `by design`.
+  (`census.known`) is `by design`;
+- `recorded`: every engine's record passes it in the census loop: a `bug` whose record holds no
+  float64 confirmation that says bug is `unconfirmed`.
 
 ```python
 from smearcli.judge import Run, judge
@@ -132,6 +134,20 @@ def replicated(rerun: str, word, ties: bool, finding: Verdict = BUG) -> Optional
     if Verdict(str(word)) in stands:
         return None
     return TIE_ARTIFACT if ties else UNCONFIRMED
+
+
+def recorded(word, confirmation) -> Verdict:
+    """The word a census record keeps, whichever engine made it: `bug` only with its float64
+    confirmation (the record's `confirmation`, as `evidence.Confirmation.to_json` writes it) saying
+    bug; a bug without one is `unconfirmed` (a departure is never a bug without a rerun that kept its
+    size). Any other word is its own."""
+    word = Verdict(str(word))
+    if word == BUG and not (isinstance(confirmation, dict) and confirmation.get("status") == str(BUG)):
+        return UNCONFIRMED
+    return word
+
+
+UNCONFIRMED_BUG = "called a bug without a float64 confirmation that kept its size: unconfirmed"
 
 
 def in_layer_order(word, default_order: bool, published: bool) -> Verdict:

@@ -47,7 +47,7 @@ import time
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from .. import jsonsafe
+from .. import jsonsafe, judge
 from ..errors import UserError
 from ..verdicts import CRASHED, NOT_BUILT
 from . import budget, records
@@ -228,6 +228,9 @@ def run(names: Sequence[str], check: Callable[[str], Record], sink: "records.Sin
     def finish(rec: Record) -> None:
         if version is not None and rec.transformers_version is None:
             rec.transformers_version = version
+        word = judge.recorded(rec.verdict, rec.confirmation)  # no engine writes a bug the judge does not keep
+        if word != rec.verdict:
+            rec.verdict, rec.notes = str(word), [*(rec.notes or []), judge.UNCONFIRMED_BUG]
         name = rec.model_type
         if checked is not None and checked(rec, bool(todo or running)) and name not in again:
             again.add(name)

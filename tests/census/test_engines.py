@@ -79,6 +79,23 @@ def test_a_toy_engine_gets_the_whole_census(toy):
     assert r.exit_code == 1 and "toy_drop" in r.stderr and "toy_crash" not in r.stderr
 
 
+def test_an_engine_cannot_record_a_bug_without_a_float64_confirmation(toy, monkeypatch):
+    """The census loop holds every engine's record to the judge (`judge.recorded`): the toy's bug
+    without its float64 rerun is unconfirmed, said in its notes, and --check follows the word."""
+    made = toy_engine.Toy.check
+
+    def unconfirmed(self, *args):
+        rec = made(self, *args)
+        rec.confirmation = None
+        return rec
+
+    monkeypatch.setattr(toy_engine.Toy, "check", unconfirmed)
+    r = scan("--out", "toy.jsonl", "--repro-dir", "repro", "-q")
+    assert r.exit_code == 0 and r.stdout.splitlines()[-1] == "3 architectures: 1 crashed, 1 unconfirmed, 1 ok"
+    drop = {x.model_type: x for x in records.read(toy / "toy.jsonl").records}["toy_drop"]
+    assert drop.verdict == "unconfirmed" and any("without a float64 confirmation" in n for n in drop.notes)
+
+
 def test_only_shard_and_merge_go_through_the_one_path(toy):
     r = scan("--only", "toy_ok,nope", "--out", "a.jsonl")
     assert r.exit_code == 2 and "--only: nope is not a toy model type (3 are)" in r.stderr

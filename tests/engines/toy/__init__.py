@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from smearcli import evidence
 from smearcli.census import engines, record
 
 TYPES = ("toy_crash", "toy_drop", "toy_ok")
@@ -81,9 +82,13 @@ class Toy:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(REPRO.format(model_type=model_type, schedule=worst, tokens=TOKENS, chunk=PLANS[worst]))
         status = subprocess.run([sys.executable, str(path)], capture_output=True, timeout=timeout).returncode
+        # its float64 rerun (without one the census keeps no bug): Python's floats are float64
+        again = max(abs(float(a) - b) for a, b in zip(full, outputs(model_type, PLANS[worst])))
+        c = evidence.Confirmation(schedules[worst]["max_abs"], "float32", again, 0.0)
+        c.status, c.why = evidence.classify(c.original, c.lifted, c.bound)
         return record.new(model_type, "bug", engine="toy", schedules=schedules, floor=FLOOR, worst_schedule=worst,
                           max_abs=schedules[worst]["max_abs"], multiple=schedules[worst]["multiple"],
-                          reproducer=str(path), reproducer_status=status)
+                          confirmation=c.to_json(), reproducer=str(path), reproducer_status=status)
 
     def checked(self, rec: record.Record, more: bool) -> bool:
         return False
