@@ -24,9 +24,11 @@ def check(name: str, repro_dir=None):
     time.sleep(float(os.environ.get("STANDIN_SLEEP", "0")))
     (marks / f"finished-{name}").touch()
     bug = name.endswith("3")
+    from smearcli import evidence
     from smearcli.census import record
 
-    return record.new(name, "bug" if bug else "ok", max_abs=0.5 if bug else None,
+    kept = evidence.Confirmation(0.5, "float32", 0.5, 0.0, "bug", "keeps its size in float64").to_json() if bug else None
+    return record.new(name, "bug" if bug else "ok", max_abs=0.5 if bug else None, confirmation=kept,
                       worst_schedule="chunks of 16" if bug else None, notes=[f"stand-in for {name}"])
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from smearcli import evidence
 from smearcli.errors import UserError
 from smearcli.census import budget, isolate, record, records
 from conftest import scan_into
@@ -77,7 +78,8 @@ def test_an_architecture_out_of_time_is_retried_once_with_more(tmp_path, monkeyp
 def finds_then_stalls(name: str) -> record.Record:
     """A check that makes its finding, sends it (`stage`), then stalls in what comes after (a
     reproducer on a busy machine)."""
-    rec = record.new(name, "bug", worst_schedule="decode")
+    kept = evidence.Confirmation(0.5, "float32", 0.5, 0.0, "bug", "keeps its size in float64").to_json()
+    rec = record.new(name, "bug", worst_schedule="decode", confirmation=kept)  # a bug needs its float64 rerun
     budget.stage(rec)
     if name == "stalls-after-file":
         rec.reproducer = "/tmp/x.py"
