@@ -88,8 +88,8 @@ def timed_compare(tree: Path, ckpt: Path, seq_len: int, schedules: str, out_json
 FORWARD_CODE = r"""
 import json, statistics, sys, time, torch
 from smearcli import weights, inputs
-from smearcli.impls.nanochat.adapter import nanochat_from_model
-from smearcli.impls.nanochat.sandbox import import_nanochat
+from smearcli.engines.nanochat.adapter import nanochat_from_model
+from smearcli.engines.nanochat.sandbox import import_nanochat
 ours = weights.preset_model("d12", seed=0).model
 code = import_nanochat(sys.argv[1], dtype=torch.float32)
 theirs = nanochat_from_model(code, ours).net

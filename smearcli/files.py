@@ -111,7 +111,7 @@ def check_output_path(path, suffixes: Optional[tuple[str, ...]]) -> None:
     """Refuse, before any work, an output path we could not write: wrong suffix (unless
     `suffixes` is None), missing or read-only directory, a directory, device or FIFO in the way.
     (A relative path stays relative to this working directory: the guard around a user's audited
-    code restores it after every call, see impls.nanochat.guard.)"""
+    code restores it after every call, see engines.nanochat.guard.)"""
     from .errors import UserError
 
     try:

@@ -179,9 +179,9 @@ def attach(spec: RunSpec, loaded, device, dtype, found=None):
 
     Returns (loaded, audited, logics): with --impl nanochat, `loaded` wraps the user's model and
     the one logic is theirs; with --impl both, `loaded` stays ours and runs old and fixed."""
-    from ..impls.nanochat.adapter import nanochat_from_checkpoint, nanochat_from_model
-    from ..impls.nanochat.adapter import USER_LOGIC
-    from ..impls.nanochat.sandbox import import_nanochat
+    from ..engines.nanochat.adapter import nanochat_from_checkpoint, nanochat_from_model
+    from ..engines.nanochat.adapter import USER_LOGIC
+    from ..engines.nanochat.sandbox import import_nanochat
     from ..defaults import LOGIC_NAMES
 
     impl = getattr(spec.impl, "value", spec.impl)

@@ -126,7 +126,7 @@ def packed_job(spec, setup, tolerance, info) -> Job:
     if setup.audited is None:
         group = runners(setup.model, setup.logics, setup.loaded.name, bos=bos)
     else:  # the user's checkout; with --impl both, ours (old, fixed) beside it on the same weights
-        from ..impls.nanochat.adapter import NanochatRunner
+        from ..engines.nanochat.adapter import NanochatRunner
 
         theirs = NanochatRunner(setup.audited, setup.loaded.name)
         ours = runners(setup.model, setup.logics, setup.loaded.name, bos=bos) if setup.impl == "both" else []

@@ -78,15 +78,15 @@ NOT_HF = tuple((f, "configures a nanochat model and does not apply to --impl hf 
 # through its own SDPA calls masked to the documents) but neither padded nor, as it can neither crop
 # nor copy its cache, rollback; a transformers model has no engine expansion and no BOS documents
 OURS = "smearcli.gpt_runners:GPTRunner"
-NANOCHAT = "smearcli.impls.nanochat.adapter:NanochatRunner"
+NANOCHAT = "smearcli.engines.nanochat.adapter:NanochatRunner"
 register(Implementation("ours", "smearcli's reimplementation of nanochat's GPT; --logic picks the smear",
-                        "smearcli.cli.nanochat:prepare", commands=COMMANDS, runners=(OURS,)))
+                        "smearcli.engines.nanochat.prepare:prepare", commands=COMMANDS, runners=(OURS,)))
 register(Implementation("nanochat", "your checkout at --nanochat-path: its own GPT, forward pass and "
-                        "KVCache, on the same weights", "smearcli.cli.nanochat:prepare",
+                        "KVCache, on the same weights", "smearcli.engines.nanochat.prepare:prepare",
                         needs=(("nanochat_path", "DIR (a nanochat checkout)"),), owns=NANOCHAT_OPTIONS,
                         runners=(NANOCHAT,)))
 register(Implementation("both", "your checkout and ours side by side (ours then runs old and fixed)",
-                        "smearcli.cli.nanochat:prepare", needs=(("nanochat_path", "DIR (a nanochat checkout)"),),
+                        "smearcli.engines.nanochat.prepare:prepare", needs=(("nanochat_path", "DIR (a nanochat checkout)"),),
                         owns=NANOCHAT_OPTIONS, runners=(NANOCHAT, OURS)))
 register(Implementation("hf", "a Hugging Face transformers model (--hf-model) through its own cache API",
                         "smearcli.engines.transformers.prepare:prepare", needs=(("hf_model", "NAME|DIR"),), owns=("hf_model",), refuses=NOT_HF,

@@ -12,9 +12,11 @@ strings (`cli.registry`, `census.engines`), so `--help` imports none of them.
   error is born, ties, groups, reach, reproducers and drafts);
 - `engines.vllm`: vLLM, in its own environment (scripts/make_vllm_env.sh);
 - `engines.llamacpp`: llama.cpp through llama-cpp-python, in its own environment
-  (scripts/make_llamacpp_env.sh).
+  (scripts/make_llamacpp_env.sh);
+- `engines.nanochat`: a user's nanochat checkout (import sandbox, guard, `adapter.NanochatRunner`,
+  the audit, the fix) and `prepare`, `--impl ours|nanochat|both` (our GPT's runners are core).
 
-nanochat still lives under `smearcli.impls`; the census core (`smearcli.census`) still reaches into the
-transformers engine in a few places, listed in `tests/core/test_layout.py` (`TO_CUT`) to be cut
-(CONTRIBUTING.md draws where they are going).
+The census core (`smearcli.census`) imports no engine; the other engines still reach into
+transformers' reference and CLI preparation, listed in `tests/core/test_layout.py` (`TO_CUT`) to be
+cut (CONTRIBUTING.md draws where they are going).
 """

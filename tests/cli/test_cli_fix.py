@@ -101,7 +101,7 @@ def test_refusals_are_one_line_and_exit_2(checkout, tmp_path):
 
 
 def test_out_of_memory_suggests_only_what_fix_has(checkout, monkeypatch):
-    from smearcli.impls.nanochat import fix as nf
+    from smearcli.engines.nanochat import fix as nf
 
     def oom(*args, **kwargs):
         raise MemoryError()

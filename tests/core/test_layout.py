@@ -129,7 +129,7 @@ def test_the_layers_are_known():
     for name in ("smearcli.model", "smearcli.compare", "smearcli.defaults"):
         assert layer(name) == "core"
     assert layer("smearcli.cli.commands.compare") == "cli"
-    assert layer("smearcli.impls.nanochat.audit") == "features"
+    assert layer("smearcli.engines.nanochat.audit") == "features"
     assert layer("smearcli.engines.vllm.session") == "features" and layer("smearcli.engines.vllm.prepare") == "cli"
 
 
@@ -258,7 +258,7 @@ def test_the_vllm_worker_needs_no_sys_path_edit():
         if f.stem not in ("__init__", "worker"):
             assert f.stem != "vllm" and importlib.util.find_spec(f.stem) is None, f
     edits = [m for m, p in MODULES.items() if "sys.path[" in p.read_text() or "sys.path.insert" in p.read_text()]
-    assert edits == ["smearcli.impls.nanochat.sandbox"], edits
+    assert edits == ["smearcli.engines.nanochat.sandbox"], edits
 
 
 def test_verdict_words_are_written_once_in_the_verdict_module():

@@ -68,7 +68,7 @@ def subclasses(cls) -> list:
 def watched(monkeypatch):
     """(what every runner returned, kept alive; what each comparison measured)."""
     import smearcli.engines.transformers  # noqa: F401 - every runner class, known before it is watched
-    import smearcli.impls.nanochat.adapter  # noqa: F401
+    import smearcli.engines.nanochat.adapter  # noqa: F401
     import smearcli.engines.vllm  # noqa: F401
     import smearcli.gpt_runners  # noqa: F401
 

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from typer.testing import CliRunner
 
 from smearcli import weights
-from smearcli.impls.nanochat import adapter, audit, sandbox
+from smearcli.engines.nanochat import adapter, audit, sandbox
 from smearcli.errors import UserError
 from smearcli.defaults import NOISE_MARGIN
 from smearcli.formatters import compact

@@ -29,7 +29,7 @@ import smearcli.preflight as preflight
 from hardening_util import FAST, META, PT, copy_checkpoint, edit_config, edit_state, invoke, leftovers, write_checkpoint
 from smearcli.errors import UserCodeError, UserError
 from smearcli.files import uncompressed_size, zip_members
-from smearcli.impls.nanochat import adapter, guard, sandbox
+from smearcli.engines.nanochat import adapter, guard, sandbox
 from smearcli.inputs import TEXT_MAX_BYTES, TOKENS_MAX_BYTES, load_tokens, text_tokens
 from smearcli.weights import load_checkpoint, random_config
 

@@ -1,4 +1,4 @@
-"""The patch for a user's checkout (smearcli.impls.nanochat.fix): found by structure, applied with
+"""The patch for a user's checkout (smearcli.engines.nanochat.fix): found by structure, applied with
 `patch -p1` / `git apply` from the checkout root, and judged by the audit, before and after.
 
 The checkouts are copies of the test stand-in (tests/standin/old/nanochat/) in temporary
@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from smearcli.impls.nanochat import adapter, audit, sandbox
-from smearcli.impls.nanochat import fix as nf
+from smearcli.engines.nanochat import adapter, audit, sandbox
+from smearcli.engines.nanochat import fix as nf
 from smearcli.schedules import ScheduleOptions
 
 OLD = Path(__file__).resolve().parents[1] / "standin" / "old"

@@ -331,7 +331,7 @@ def test_their_refusal_to_crop_a_sliding_window_is_a_declared_limit():
 
 def test_every_surface_uses_the_one_frame_finder(tmp_path):
     from smearcli.engines.transformers.compare_check import their_frame
-    from smearcli.impls.nanochat import guard
+    from smearcli.engines.nanochat import guard
 
     e = caught(lambda: raiser(THEIRS)(raiser(TORCH)))
     assert boundary.transformers_frame(e) == frames.describe(e, "transformers")

@@ -16,8 +16,8 @@ from typer.testing import CliRunner
 
 from smearcli import gpt_runners, inputs, packed
 from smearcli.cli.app import app
-from smearcli.impls.nanochat import adapter, sandbox
-from smearcli.impls.nanochat.docmask import document_attention
+from smearcli.engines.nanochat import adapter, sandbox
+from smearcli.engines.nanochat.docmask import document_attention
 from smearcli.model import rms_norm
 from smearcli.defaults import NOISE_MARGIN
 from smearcli.gpt_runners import GPTRunner

@@ -1,4 +1,4 @@
-"""The user's checkout misbehaving under audit (smearcli.impls.nanochat.guard and sandbox): ways of
+"""The user's checkout misbehaving under audit (smearcli.engines.nanochat.guard and sandbox): ways of
 ending the run that are not exceptions (os._exit, a BaseException, their own KeyboardInterrupt),
 results the comparison cannot use, side effects that would leak into our run (the working
 directory, file descriptor 1, import hooks) and a forward that defeats the SIGALRM watchdog.
@@ -23,7 +23,7 @@ import pytest
 
 from hardening_util import invoke
 from smearcli.errors import UserError
-from smearcli.impls.nanochat import sandbox
+from smearcli.engines.nanochat import sandbox
 from conftest import ROOT  # noqa: E402 - the clone's root
 
 STANDIN = Path(__file__).resolve().parents[1] / "standin" / "old"
@@ -149,7 +149,7 @@ def test_import_and_calls_restore_the_working_directory(tmp_path, monkeypatch):
     code = sandbox.import_nanochat(root)
     assert Path.cwd() == work
     from smearcli import weights
-    from smearcli.impls.nanochat import adapter
+    from smearcli.engines.nanochat import adapter
     import torch
     theirs = adapter.nanochat_from_model(code, weights.random_model(weights.random_config(1), seed=0).model)
     theirs(torch.zeros(1, 3, dtype=torch.long))

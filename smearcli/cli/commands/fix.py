@@ -1,7 +1,7 @@
 """`smearcli fix`: the patch for the chunk-boundary smear bug in a user's nanochat checkout.
 
 The unified diff goes to stdout, alone (so `smearcli fix --nanochat-path . > fix.diff` is a patch
-file); every message goes to stderr. The work is `smearcli.impls.nanochat.fix.apply_fix`.
+file); every message goes to stderr. The work is `smearcli.engines.nanochat.fix.apply_fix`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ DOCS = "docs/guide/fix.md"
 
 
 def _run(nanochat_path: Path, write: bool) -> None:
-    from ...impls.nanochat import fix as nf
+    from ...engines.nanochat import fix as nf
 
     try:
         result = nf.apply_fix(nanochat_path, write=write)

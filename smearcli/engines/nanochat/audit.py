@@ -5,7 +5,7 @@ model on the same weights, which of our two logics their code behaves like; its 
 
 ```python
 from smearcli import weights
-from smearcli.impls.nanochat import adapter, audit, sandbox
+from smearcli.engines.nanochat import adapter, audit, sandbox
 code = sandbox.import_nanochat("~/src/nanochat")
 ours = weights.random_model(seed=0).model
 theirs = adapter.nanochat_from_model(code, ours)

@@ -8,7 +8,7 @@ never uses (upstream's common.py needs `filelock`, its engine.py pulls in the
 tokenizer's `rustbpe` and `tiktoken`) are stood in for when missing, and named.
 
 ```python
-from smearcli.impls.nanochat import sandbox
+from smearcli.engines.nanochat import sandbox
 code = sandbox.import_nanochat("~/src/nanochat")
 ```
 """

@@ -1,7 +1,7 @@
 """`--impl ours|nanochat|both`: nanochat-shaped models from the CLI, as registry jobs.
 
 ours: our GPT under each `--logic` (runners from `smearcli.gpt_runners`), the standard report. nanochat
-and both: the audit of the user's checkout (`impls.nanochat.audit`), with its own report (its
+and both: the audit of the user's checkout (`engines.nanochat.audit`), with its own report (its
 table, findings and likeness; schema smearcli.audit/1). `--schedules packed` is the packed
 report (`cli.packed`) for each: the user's runner, with `both` beside ours under old and fixed. A checkpoint from before the smear is an
 answer, not an error: a report without runs that exits 0, also with --check.
@@ -9,11 +9,11 @@ answer, not an error: a report without runs that exits 0, also with --check.
 
 from __future__ import annotations
 
-from .reports import AnswerReport, Job, Report, comparison_job
+from ...cli.reports import AnswerReport, Job, Report, comparison_job
 
 
 def _model_info(setup) -> dict:
-    from .build import checkpoint_info
+    from ...cli.build import checkpoint_info
 
     info = {"name": setup.loaded.name, "source": setup.loaded.source, "step": setup.loaded.step}
     if setup.found is not None:
@@ -22,11 +22,11 @@ def _model_info(setup) -> dict:
 
 
 def prepare(spec, schedules, tolerance) -> Job:
-    from ..checkpoint import NoSmearParameters
-    from ..errors import UserError
-    from ..defaults import PACKED
-    from ..gpt_runners import runners
-    from .build import build_setup
+    from ...checkpoint import NoSmearParameters
+    from ...errors import UserError
+    from ...defaults import PACKED
+    from ...gpt_runners import runners
+    from ...cli.build import build_setup
 
     if PACKED in schedules and len(schedules) > 1:
         raise UserError("--schedules packed measures documents against the packed row and runs on its own; "
@@ -42,7 +42,7 @@ def prepare(spec, schedules, tolerance) -> Job:
         found = getattr(e, "found", None)
         return Job(lambda bar: no_smear(spec, found))
     if PACKED in schedules:  # ours, the user's checkout, or both side by side
-        from .packed import packed_job
+        from ...cli.packed import packed_job
 
         return packed_job(spec, setup, tolerance, _model_info(setup))
     if setup.audited is not None:
@@ -52,8 +52,8 @@ def prepare(spec, schedules, tolerance) -> Job:
 
 
 def no_smear(spec, found) -> Report:
-    from ..jsondoc import header
-    from .build import NO_SMEAR_VERDICT, checkpoint_info
+    from ...jsondoc import header
+    from ...cli.build import NO_SMEAR_VERDICT, checkpoint_info
 
     info = {"name": None if found is None else f"{found.leaf}@{found.step}",
             "source": None if found is None else str(found.leaf),
@@ -72,30 +72,30 @@ class AuditReport(Report):
         self.info = _model_info(setup)
 
     def document(self) -> dict:
-        from ..impls.nanochat import audit
+        from . import audit
 
         return audit.to_json(self.audit, self.info)
 
     def render(self, console) -> None:
-        from ..impls.nanochat import audit
-        from ..render.table import title_line
+        from . import audit
+        from ...render.table import title_line
 
         audit.print_audit(self.audit, console, title_line(self.audit.comparison), footer=self.footer)
 
     def payload(self) -> dict:
-        from ..impls.nanochat import audit
+        from . import audit
 
         return audit.save_payload(self.audit, self.info)
 
     def figure(self, schedule: str):
-        from ..impls.nanochat.audit import merged
+        from .audit import merged
 
         return merged(self.audit), None, ""
 
 
 def _audit(setup, tolerance, bar) -> Report:
-    from .. import runplan
-    from ..impls.nanochat import audit
+    from ... import runplan
+    from . import audit
 
     reference = setup.model if setup.impl == "both" else None
     total = runplan.forward_runs(audit.planned(setup.audited, setup.schedules, reference)) * setup.tokens.size(1)
