@@ -171,16 +171,21 @@ def against_full(model, seq, logits, prompt: int) -> dict:
     import torch
 
     n = logits.size(1)
-
-    def run(**kw):
-        with torch.inference_mode():
-            return model(input_ids=seq[:, :-1], use_cache=False, **kw).logits.float()[:, prompt - 1:prompt - 1 + n]
-    full = run()
+    full = full_pass(model, seq, prompt, n)
     own = {"max_abs": float((full - logits).abs().max()), "gap": tie_gap(full, seq[:, prompt:prompt + n])}
     if not takes_positions(model):
         return {**own, "numbered": None}
     at = torch.arange(seq.size(1) - 1, device=seq.device)[None].expand(seq.size(0), -1)
-    return {**own, "numbered": float((run(position_ids=at) - logits).abs().max())}
+    return {**own, "numbered": float((full_pass(model, seq, prompt, n, position_ids=at) - logits).abs().max())}
+
+
+def full_pass(model, seq, prompt: int, n: int, **kw):
+    """The full pass over `seq` without a cache: its logits (B, n, V) at the `n` steps after `prompt`
+    that a path generated."""
+    import torch
+
+    with torch.inference_mode():
+        return model(input_ids=seq[:, :-1], use_cache=False, **kw).logits.float()[:, prompt - 1:prompt - 1 + n]
 
 
 def tie_gap(ref, made) -> Optional[float]:
@@ -446,8 +451,14 @@ def early_static(model, ids, assistant=None) -> dict:
         raise NotRun(f"its layers differ in shape, and transformers {transformers.__version__}'s "
                      f"early_initialization takes one shape for all ({e})"[:300]) from e
     seq, logits = cached_greedy(model, ids, early)
-    got = against_full(model, seq, logits, ids.size(1))  # both sides number positions by the forward
-    return {**got, "numbered": got["max_abs"], "lazy": against_full(model, lazy_seq, lazy_logits, ids.size(1))["max_abs"]}
+    # both sides number positions by the forward: one full pass per token row (the lazy twin's
+    # tokens are the same row unless it departs)
+    prompt, n = ids.size(1), logits.size(1)
+    full = full_pass(model, seq, prompt, n)
+    lazy_full = full if torch.equal(lazy_seq, seq) else full_pass(model, lazy_seq, prompt, n)
+    err = float((full - logits).abs().max())
+    return {"max_abs": err, "numbered": err, "gap": tie_gap(full, seq[:, prompt:prompt + n]),
+            "lazy": float((lazy_full - lazy_logits).abs().max())}
 
 
 RUNS = dict(zip(PATHS, (plain, chunked, padded, chunked_padded, assisted, static, beam, padded_one, early_static)))
