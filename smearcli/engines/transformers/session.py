@@ -4,6 +4,7 @@ transformers registers, one architecture checked by `check.check`."""
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Optional
 
@@ -36,19 +37,14 @@ class InProcess:
     def checked(self, record: Record, more: bool) -> bool:
         return False
 
+    @contextlib.contextmanager
     def gathering(self):
         """In a census child, around its check: the fast kernels transformers fell back without
         (`kernels.collected`, their warnings kept out of the progress lines), as a set."""
-        import contextlib
-
         from . import kernels
 
-        @contextlib.contextmanager
-        def missing():
-            with kernels.collected() as f:
-                yield f.missing
-
-        return missing()
+        with kernels.collected() as f:
+            yield f.missing
 
     def gathered(self, words: set) -> str:
         """The one line a census says of every child's `gathering`."""
