@@ -94,6 +94,18 @@ def worker_env(engine: Foreign, extra: Optional[dict] = None) -> dict:
     return env
 
 
+def entries(label: str, offered, schedules, params) -> list:
+    """A worker request's schedules: each asked name with what `params(name)` adds for it (its
+    sizes, its prefix). A name the engine does not run is a ValueError: the caller's mistake, since
+    compare offers a runner only the schedules its capabilities declare."""
+    out = []
+    for name in schedules:
+        if name not in offered:
+            raise ValueError(f"{label} cannot run the {name} schedule")
+        out.append({"name": name, **params(name)})
+    return out
+
+
 def stop(p: subprocess.Popen) -> None:
     """Kill the process and its children (it runs in a session of its own)."""
     try:

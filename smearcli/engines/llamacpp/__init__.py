@@ -143,30 +143,30 @@ def prefix_len(T: int) -> int:
 
 def request(s: Settings, tokens: torch.Tensor, schedules: Sequence[str], opts: ScheduleOptions) -> dict:
     T = tokens.size(1)
-    entries = []
-    for name in schedules:
-        if name not in LLAMACPP_SCHEDULES:
-            raise ValueError(f"llamacpp cannot run the {name} schedule")
-        e: dict = {"name": name}
+
+    def params(name: str) -> dict:
+        if name in ("chunked", "swa", "flash"):
+            return {"sizes": chunk_plan(T, opts)}
+        if name == "ubatch":
+            return {"widths": [w for w in s.widths if 1 <= w < T] or [max(1, T // 2)]}
+        if name in ("prefix", "restore", "shift"):
+            return {"prefix": prefix_len(T), **({"offset": SHIFT_BY} if name == "shift" else {})}
+        if name in ("rollback", "mixed"):
+            if not 0 < opts.reject < opts.draft:
+                raise ValueError(f"rollback rejects between 1 and draft - 1 tokens of each draft "
+                                 f"({opts.draft}), got {opts.reject}")
+            return {"prompt": prompt_len(T, opts), "draft": opts.draft, "reject": opts.reject}
+        if name in ("batched", "split"):
+            return {"short": short_len(T)}
+        return {}
+
+    def sized(name: str) -> dict:  # the user's sizes that cannot be run are theirs to change
         try:
-            if name in ("chunked", "swa", "flash"):
-                e["sizes"] = chunk_plan(T, opts)
-            elif name == "ubatch":
-                e["widths"] = [w for w in s.widths if 1 <= w < T] or [max(1, T // 2)]
-            elif name in ("prefix", "restore", "shift"):
-                e["prefix"] = prefix_len(T)
-                if name == "shift":
-                    e["offset"] = SHIFT_BY
-            elif name in ("rollback", "mixed"):
-                if not 0 < opts.reject < opts.draft:
-                    raise ValueError(f"rollback rejects between 1 and draft - 1 tokens of each draft "
-                                     f"({opts.draft}), got {opts.reject}")
-                e.update(prompt=prompt_len(T, opts), draft=opts.draft, reject=opts.reject)
-            elif name in ("batched", "split"):
-                e["short"] = short_len(T)
+            return params(name)
         except ValueError as err:
             raise UserError(str(err)) from None
-        entries.append(e)
+
+    entries = foreign.entries("llamacpp", LLAMACPP_SCHEDULES, schedules, sized)
     return {"protocol": PROTOCOL, "model": str(Path(s.model).resolve()) if s.model else None,
             "gguf": str(Path(s.gguf).resolve()) if s.gguf else None,
             "expect_arch": str(Path(s.model).resolve()) if s.gguf and s.model else None, "gguf_arch": s.gguf_arch,

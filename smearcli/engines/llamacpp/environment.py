@@ -1,4 +1,4 @@
-"""llama.cpp's environment, checked before any model is converted or loaded: `check_python(python)`
+"""llama.cpp's environment, checked before any model is converted or loaded: `hello(python)`
 runs the worker's handshake (`worker.py hello`) in the interpreter `--llamacpp-python` names, with
 its output and time capped, and refuses, in one line naming `scripts/make_llamacpp_env.sh DIR`, a
 path that is missing, a directory, not a Python, a Python that hangs, prints something else,
@@ -24,9 +24,6 @@ MAKE_ENV = "make llama.cpp's environment with scripts/make_llamacpp_env.sh DIR a
 ENGINE = foreign.Foreign("smearcli-llamacpp", "llama.cpp", PROTOCOL, MAKE_ENV, env={"GGML_NO_BACKTRACE": "1"})
 HELLO_TIMEOUT_S = foreign.HELLO_TIMEOUT_S  # here, so that a test can shorten llama.cpp's alone
 
-
-def check_path(python: str) -> None:
-    foreign.check_path(ENGINE, python)
 
 
 def worker_env(extra: Optional[dict] = None) -> dict:
@@ -57,9 +54,6 @@ def hello(python: str, worker: str = str(WORKER), env: Optional[dict] = None,
                         f"(share/llamacpp-convert; found {found(answer)}); {MAKE_ENV}")
     return answer
 
-
-def check_python(python: str) -> dict:
-    return hello(python)
 
 
 ARCHS_LIMIT = 1 << 20  # bytes of `worker.py archs`' answer read: a few hundred names

@@ -59,7 +59,7 @@ def prepare(spec: RunSpec, schedules, tolerance: float):
     """A Job that runs llama.cpp on `schedules` against the transformers reference (compare/1)."""
     from .. import transformers as hf
     from .. import llamacpp
-    from .environment import check_python
+    from .environment import found, hello
     from ...defaults import DEFAULT_SCHEDULES
     from ...runner import LogProbs
     from ...cli.build import check_boundaries, flag
@@ -85,7 +85,7 @@ def prepare(spec: RunSpec, schedules, tolerance: float):
                         "llama.cpp (CMAKE_ARGS=-DGGML_CUDA=on) is not driven by this smearcli yet")
     python, given_as = llamacpp_python(spec)
     with flag(given_as):  # the handshake before any model is loaded: a bad environment is exit 2
-        hello = check_python(python)
+        answer = hello(python)
     threads = apply_threads(spec.threads)
     model, info, _ = load(spec)
     vocab = int(model.config.vocab_size)
@@ -111,7 +111,7 @@ def prepare(spec: RunSpec, schedules, tolerance: float):
                                  gguf_arch=header.architecture if header else None,
                                  widths=llamacpp.widths_for(model.config, T), threads=threads_for(spec))
     runner = llamacpp.LlamaCppRunner(settings, schedules)
-    notes = [f"llama.cpp environment: {llamacpp.environment.found(hello)}"]
+    notes = [f"llama.cpp environment: {found(answer)}"]
     if header is not None and not header.float32:
         notes.append(f"--gguf holds {', '.join(sorted(header.types))} tensors: its weights differ from the "
                      "transformers reference's, which its one-call prefill shows")
@@ -129,7 +129,7 @@ def prepare(spec: RunSpec, schedules, tolerance: float):
         from ...census import known
 
         upstream = known.of_run(c, "llamacpp", getattr(model.config, "model_type", None) or "",
-                                (runner.result or {}).get("llama_cpp_python") or hello.get("llama_cpp_python"))
+                                (runner.result or {}).get("llama_cpp_python") or answer.get("llama_cpp_python"))
         return ComparisonReport(c, {"name": spec.hf_model, "source": "llamacpp"}, threads, title=title,
                                 subtitle=SUBTITLE, upstream=upstream)
     return Job(run, runner.name)

@@ -92,17 +92,9 @@ def prefix_len(T: int, block: int = BLOCK_SIZE) -> int:
 
 def request(s: Settings, tokens: torch.Tensor, schedules: Sequence[str], opts: ScheduleOptions) -> dict:
     T = tokens.size(1)
-    entries = []
-    for name in schedules:
-        if name not in VLLM_SCHEDULES:
-            raise ValueError(f"vllm cannot run the {name} schedule")
-        e: dict = {"name": name}
-        if name == "chunked":
-            e["budget"] = chunk_budget(T, opts)
-        if name == "prefix":
-            e["prefix"] = prefix_len(T, s.block_size)
-        entries.append(e)
-    return payload(s, tokens, entries)
+    sized = {"chunked": lambda: {"budget": chunk_budget(T, opts)}, "prefix": lambda: {"prefix": prefix_len(T, s.block_size)}}
+    return payload(s, tokens, foreign.entries("vllm", VLLM_SCHEDULES, schedules,
+                                              lambda name: sized[name]() if name in sized else {}))
 
 
 def payload(s: Settings, tokens: torch.Tensor, entries: list, one_engine: bool = False) -> dict:

@@ -1,4 +1,4 @@
-"""vLLM's environment, checked before any model loads: `check_python(python)` runs the worker's
+"""vLLM's environment, checked before any model loads: `hello(python)` runs the worker's
 handshake (`worker.py hello`) in the interpreter `--vllm-python` names, with its output and
 time capped, and refuses, in one line naming `scripts/make_vllm_env.sh DIR`, a path that is missing,
 a directory, not a Python, a Python that hangs, prints something else, speaks another protocol or
@@ -26,10 +26,6 @@ ENGINE = foreign.Foreign("smearcli-vllm", "vLLM", PROTOCOL, MAKE_ENV,
 HELLO_TIMEOUT_S = foreign.HELLO_TIMEOUT_S  # here, so that a test can shorten vLLM's alone
 
 
-def check_path(python: str) -> None:
-    """`python` names an executable file (not missing, not a directory): refused with what to run."""
-    foreign.check_path(ENGINE, python)
-
 
 def worker_env(s_env: Optional[dict] = None) -> dict:
     return foreign.worker_env(ENGINE, s_env)
@@ -47,7 +43,3 @@ def hello(python: str, worker: str = str(WORKER), env: Optional[dict] = None,
                         f"{MAKE_ENV}")
     return answer
 
-
-def check_python(python: str) -> dict:
-    """`python` is an interpreter whose worker answers the handshake; its answer."""
-    return hello(python)

@@ -70,7 +70,7 @@ def prepare(spec: RunSpec, schedules, tolerance: float):
     """A Job that runs vLLM on `schedules` against the transformers reference (compare/1 document)."""
     from .. import transformers as hf
     from .. import vllm
-    from .environment import check_python
+    from .environment import hello
     from ...runner import LogProbs
     from ...cli.build import flag
     from ..transformers.prepare import flag_model, load, tokens_for
@@ -81,7 +81,7 @@ def prepare(spec: RunSpec, schedules, tolerance: float):
     opts = check_vllm_spec(spec, schedules)
     python, given_as = vllm_python(spec)
     with flag(given_as):  # its handshake, before any model is loaded: a bad environment is exit 2
-        check_python(python)
+        hello(python)
     if spec.tokens is None:  # random input: its length is known before the model loads
         check_plan(spec.seq_len_value(), schedules, opts)
     threads = apply_threads(spec.threads)
