@@ -35,6 +35,10 @@ calls with what its reruns and layer orders gave (it decides which reruns to mak
 - `recorded`: every engine's record passes it in the census loop: a `bug` whose record holds no
   float64 confirmation that says bug is `unconfirmed`.
 
+A check that stops before any run can be judged says where (`stopped`: its tiny config, the
+model's build, a forward with no cache, the reference, the engine's refusal, a cached path that
+raised, its own process, memory), and the word comes from here: `not built` or `crashed`.
+
 ```python
 from smearcli.judge import Run, judge
 j = judge([Run("decode", passed=True), Run("chunked", passed=False, confirmation=c)], power=p)
@@ -115,6 +119,31 @@ def judge(runs: Sequence[Run], power=None, unusable: Optional[str] = None) -> Ju
     return Judgement(OK, statuses, wants_power=True)
 
 
+# where a check stopped before any of its runs could be judged (`stopped`): what the engine saw,
+# never a word of its own
+DERIVE = "derive"  # no tiny config could be made from the config class's defaults
+BUILD = "build"  # the model, its saved copy or its conversion could not be made from that config
+NO_CACHE = "no cache"  # the model's forward takes no cache: there is no cached path to check
+REFERENCE = "reference"  # the full pass fails, is not one row of logits per position, or overflows
+ENGINE = "engine"  # the engine refuses the model (an architecture, or a feature, it does not run)
+CACHED_PATH = "cached path"  # a cached path raised where the full pass runs
+WORKER = "worker"  # the process running the check died or answered nothing readable
+MEMORY = "memory"  # an allocation over the census's memory limit was refused
+STOPS = (DERIVE, BUILD, NO_CACHE, REFERENCE, ENGINE, CACHED_PATH, WORKER, MEMORY)
+
+
+def stopped(where: str) -> Verdict:
+    """The word of a check that stopped at `where` (one of `STOPS`) before a cached path could be
+    measured: `not built` where nothing of their cache ran (our tiny config, a model or a reference
+    that does not run on it, an engine that does not take the model: nothing about their cache is
+    shown), `crashed` where their code failed on a path the full pass runs (a cached path raised)
+    or the check's process did (it died, or ran out of the census's memory: the record says which,
+    and which step it was in)."""
+    if where not in STOPS:
+        raise ValueError(f"no such stop: {where!r}")
+    return CRASHED if where in (CACHED_PATH, WORKER, MEMORY) else NOT_BUILT
+
+
 # the reruns a census makes of a bug (`replicated`), in the order it makes them
 TIE_BREAK, SECOND_SEED, DEFAULT_COUNTS = "tie_break", "second_seed", "default_counts"
 
@@ -148,6 +177,20 @@ def recorded(word, confirmation) -> Verdict:
 
 
 UNCONFIRMED_BUG = "called a bug without a float64 confirmation that kept its size: unconfirmed"
+
+
+def withstood(failed: Sequence[str]) -> Verdict:
+    """A departure put to every test a maintainer would (its float64 rerun, a second seed, the
+    positions the public API passes, exact ties, a reproducer without smearcli) and `failed`, the
+    ones it did not pass: a bug when it passed them all, else `unconfirmed` (the caller notes why)."""
+    return UNCONFIRMED if failed else BUG
+
+
+def own_tie(word, ties: int, own_choice: bool) -> Verdict:
+    """An engine whose own one-call prefill departs from the reference (`own_choice`) where the
+    reference's pass had `ties` exact ties at the edge of a top-k (a router scoring experts alike):
+    the engine broke the tie by its own order, a `tie artifact`; any other word is its own."""
+    return TIE_ARTIFACT if ties and own_choice else Verdict(str(word))
 
 
 def in_layer_order(word, default_order: bool, published: bool) -> Verdict:

@@ -104,7 +104,7 @@ def memory_verdict(rec: Record, memory: Optional[int]) -> Record:
             not any(w in reason for w in ALLOCATION_FAILED):
         return rec
     limit = f"an allocation over the {memory >> 20} MiB limit was refused" if memory else "an allocation was refused"
-    return dataclasses.replace(rec, verdict=str(CRASHED), reason=f"out of memory: {limit} ({reason})")
+    return dataclasses.replace(rec, verdict=str(judge.stopped(judge.MEMORY)), reason=f"out of memory: {limit} ({reason})")
 
 
 def _as_worker(parent: int, inherited: Sequence[int]) -> None:
@@ -146,9 +146,9 @@ def _child(check: Callable[[str], Record], name: str, fd: int, memory: Optional[
             try:
                 rec = memory_verdict(check(name), memory)
             except MemoryError:
-                rec = memory_verdict(bare(name, CRASHED, reason="MemoryError"), memory)
+                rec = memory_verdict(bare(name, judge.stopped(judge.MEMORY), reason="MemoryError"), memory)
             except BaseException as e:  # the check's own guard missed it: still this name's result
-                rec = bare(name, CRASHED, reason=f"{type(e).__name__}: {e}"[:300])
+                rec = bare(name, judge.stopped(judge.WORKER), reason=f"{type(e).__name__}: {e}"[:300])
         data = (jsonsafe.dumps(rec.to_json(), default=str) + "\n").encode()  # JSON only over the pipe
         if words:  # a second line, after the record: what the parent says once at the end
             data += (json.dumps({SAID: sorted(words)}) + "\n").encode()
@@ -178,7 +178,7 @@ def _died(name: str, status: int, memory: Optional[int], wall: float) -> Record:
             why += f" (memory limit {memory >> 20} MiB)"
     else:
         why = f"the process exited with status {os.WEXITSTATUS(status)} and no result"
-    return bare(name, CRASHED, reason=why, wall_s=round(wall, 2))
+    return bare(name, judge.stopped(judge.WORKER), reason=why, wall_s=round(wall, 2))
 
 
 def census(session, names: Sequence[str], sink: "records.Sink", jobs: int = 1, timeout: float = DEFAULT_TIMEOUT,

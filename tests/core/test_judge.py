@@ -125,3 +125,30 @@ def test_a_record_keeps_bug_only_with_a_float64_confirmation_that_says_bug():
     assert judge.recorded("bug", {"status": "unconfirmed"}) == UNCONFIRMED
     assert judge.recorded("bug", None) == UNCONFIRMED and judge.recorded("bug", "bug") == UNCONFIRMED
     assert judge.recorded("crashed", None) == CRASHED and judge.recorded("ok", None) == OK
+
+
+@pytest.mark.parametrize("where, word", [
+    (judge.DERIVE, NOT_BUILT), (judge.BUILD, NOT_BUILT), (judge.NO_CACHE, NOT_BUILT), (judge.REFERENCE, NOT_BUILT),
+    (judge.ENGINE, NOT_BUILT), (judge.CACHED_PATH, CRASHED), (judge.WORKER, CRASHED), (judge.MEMORY, CRASHED)])
+def test_a_check_that_stopped_is_not_built_before_their_cache_ran_and_crashed_where_their_code_or_ours_failed(
+        where, word):
+    assert judge.stopped(where) is word
+    assert set(judge.STOPS) == {judge.DERIVE, judge.BUILD, judge.NO_CACHE, judge.REFERENCE, judge.ENGINE,
+                                judge.CACHED_PATH, judge.WORKER, judge.MEMORY}
+
+
+def test_an_unknown_stop_is_refused():
+    with pytest.raises(ValueError, match="no such stop"):
+        judge.stopped("somewhere")
+
+
+def test_a_departure_is_a_bug_only_when_it_withstood_every_test():
+    assert judge.withstood([]) is BUG
+    assert judge.withstood(["second seed: within the threshold (1e-07)"]) is UNCONFIRMED
+
+
+@pytest.mark.parametrize("word, ties, own, becomes", [
+    (UNCONFIRMED, 2, True, TIE_ARTIFACT), (UNCONFIRMED, 0, True, UNCONFIRMED), (UNCONFIRMED, 2, False, UNCONFIRMED),
+    (OK, 1, True, TIE_ARTIFACT), (OK, 1, False, OK)])
+def test_an_engines_own_prefill_departing_where_the_reference_tied_is_a_tie_artifact(word, ties, own, becomes):
+    assert judge.own_tie(word, ties, own) is becomes

@@ -55,12 +55,13 @@ from typing import Optional, Sequence
 
 import torch
 
+from ... import judge
 from ...defaults import NOISE_MARGIN
 from ...verdicts import CRASHED, NOT_BUILT, OK, TIE_ARTIFACT, UNCONFIRMED, UNSUPPORTED
 from ...census import derive, known
 from ...census.derive import text_config, vocab_of
 from ...census.record import Record, new as record
-from ...census.report import sort_key
+from ...census.report import cell, sort_key
 from ..transformers.reference import NO_POWER_NOTE, init_note, model_types, powered, save, transformers_frame
 
 T = 48  # tokens: room for micro-batches of 3 to 7, three 16-token calls and drafts of the default size
@@ -235,7 +236,6 @@ def replicate(model_type: str, got, rec: Record, python: str, left: float, seed:
     (`census.topk.watching`): an exact tie (an indexer's ReLU at exactly zero) is exact in llama.cpp too,
     where a kernel's order then picks among the tied keys. A finding that does not stand is a `tie
     artifact` where ties were seen, else its departure is `not replicated`."""
-    from ... import judge
 
     t0 = time.monotonic()
     ties = int((rec.llamacpp or {}).get("ties") or 0)
@@ -292,7 +292,7 @@ def replicate(model_type: str, got, rec: Record, python: str, left: float, seed:
     if word in (TIE_ARTIFACT, UNCONFIRMED):
         rec.reason = f"{NOT_REPLICATED}: {why}; " + str(rec.reason or "")
     if word == TIE_ARTIFACT:
-        rec.verdict = str(TIE_ARTIFACT)
+        rec.verdict = str(word)
         rec.llamacpp = dict(rec.llamacpp or {}, departure=NOT_REPLICATED)
         rec.notes.append(f"a tie artifact: the transformers reference's pass had {ties} top-k call(s) with an exact "
                          f"tie at the edge of the choice; {why}")
@@ -338,25 +338,25 @@ def checked(model_type: str, got, python: str, timeout: float, seed: int, tolera
     t0 = time.monotonic()
     base = dict(engine=ENGINE)
     if got.error:
-        return record(model_type, NOT_BUILT, reason=got.error, **base)
+        return record(model_type, judge.stopped(judge.DERIVE), reason=got.error, **base)
     config = got.config
     text = text_config(config)
     vocab = int(getattr(text, "vocab_size", 0) or 0)
     if vocab < 2:
-        return record(model_type, NOT_BUILT, reason="the tiny config has no vocab_size for llama.cpp's vocabulary",
+        return record(model_type, judge.stopped(judge.DERIVE), reason="the tiny config has no vocab_size for llama.cpp's vocabulary",
                       **base)
     base.update(config=got.summary(), vocab=vocab_of(config))
     tokens = torch.randint(0, vocab_of(config), (1, T), generator=torch.Generator().manual_seed(seed))
     got = powered(config, tokens, seed, tolerance)
     if got.why:
-        return record(model_type, NOT_BUILT, reason=got.why, **base)
+        return record(model_type, judge.stopped(got.stop), reason=got.why, **base)
     model, ref_runner, floor, power, init = got.model, got.runner, got.floor, got.power, got.init
     base.update(model_class=type(model).__name__, init=init, floor=floor.per_layer[-1], floor_source=floor.source)
     with tempfile.TemporaryDirectory(prefix=f"smearcli-llamacpp-{model_type}-") as d:
         try:
             save(model, Path(d) / "model", model_type)
         except Exception as e:
-            return record(model_type, NOT_BUILT, reason="the tiny model cannot be saved: " + transformers_frame(e),
+            return record(model_type, judge.stopped(judge.BUILD), reason="the tiny model cannot be saved: " + transformers_frame(e),
                           **base)
         gguf = Path(d) / "model.gguf"
         from ...census import topk
@@ -367,8 +367,9 @@ def checked(model_type: str, got, python: str, timeout: float, seed: int, tolera
                                             threads, gguf)
         if seen.ties:
             rec.llamacpp = dict(rec.llamacpp or {}, ties=int(seen.ties))
-            if departure(rec) == IMPLEMENTATION:  # exact ties in a choice llama.cpp breaks by its own order
-                rec.verdict = str(TIE_ARTIFACT)
+            word = judge.own_tie(rec.verdict, seen.ties, departure(rec) == IMPLEMENTATION)
+            if word == TIE_ARTIFACT:  # exact ties in a choice llama.cpp breaks by its own order
+                rec.verdict = str(word)
                 rec.notes.append(f"a tie artifact: the transformers reference's pass had {seen.ties} top-k call(s) "
                                  "with an exact tie at the edge of the choice (a router scoring experts alike), which "
                                  "llama.cpp breaks by its own order: its one-call prefill's departure is that choice")
@@ -408,11 +409,11 @@ def judged(model_type, model, model_dir: Path, python: str, tokens, ref_runner, 
         c = compare.compare([runner], tokens, runner.schedules, options=opts, tolerance=tolerance,
                             reference=ref_runner, power=False)
     except UserError as e:  # the environment's answer outside the protocol: not the model's
-        return record(model_type, CRASHED, reason=f"llama.cpp's worker: {e}", llamacpp=timing(runner), **base), \
+        return record(model_type, judge.stopped(judge.WORKER), reason=f"llama.cpp's worker: {e}", llamacpp=timing(runner), **base), \
             False, None, runner
     res = runner.result or {}
     if res.get("not_built"):
-        return record(model_type, NOT_BUILT, reason="llama.cpp: " + res["not_built"], llamacpp=timing(runner),
+        return record(model_type, judge.stopped(judge.ENGINE), reason="llama.cpp: " + res["not_built"], llamacpp=timing(runner),
                       **base), False, None, runner
     c.power = power
     own = against_prefill(c, runner.label, runner.spread)
@@ -509,12 +510,6 @@ def summary_line(s: dict) -> str:
             "floor included)")
 
 
-def _cell(text, n: int = 160) -> str:
-    """`text` as one Markdown table cell: one line, at most `n` characters, its pipes escaped (a
-    "max |d log-prob|" reads as written, not as "/d log-prob/")."""
-    return str(text or "").replace("\n", " ")[:n].replace("|", "\\|")
-
-
 def departure(r: Record) -> Optional[str]:
     """CACHE where a cached path departs from llama.cpp's own one-call prefill, IMPLEMENTATION where
     that prefill itself departs from transformers and the cached paths follow it, else None."""
@@ -544,8 +539,8 @@ def sections(recs: Sequence[Record], meta: Optional[dict] = None) -> list[str]:
         for r in found:
             rep = f"`{Path(r.reproducer).name}` ({r.reproducer_status})" if r.reproducer else "-"
             out.append(f"| {r.model_type} | {r.verdict} | {r.worst_schedule or '-'} | "
-                       f"{_cell(r.shape or '-')} | {(r.born_at or '-').split('@')[-1]} | "
-                       f"{_cell(r.reason, 240)} | {known.cell(r)} | {rep} |")
+                       f"{cell(r.shape or '-', 160)} | {(r.born_at or '-').split('@')[-1]} | "
+                       f"{cell(r.reason, 240)} | {known.cell(r)} | {rep} |")
         out.append("")
     own = [r for r in sorted(recs, key=sort_key) if departure(r) == IMPLEMENTATION]
     if own:
@@ -575,13 +570,13 @@ def sections(recs: Sequence[Record], meta: Optional[dict] = None) -> list[str]:
             d = c.get("default") or {}
             said = "not rerun" if not d else (f"{d.get('verdict')}" + (
                 f", prefill {((d.get('max_abs') or 0)):.2g} off transformers" if d.get("max_abs") is not None else ""))
-            out.append(f"| {r.model_type} | {c.get('kind', HARD_CODED)} | {_cell(taken, 160)} | {_cell(said, 120)} | "
+            out.append(f"| {r.model_type} | {c.get('kind', HARD_CODED)} | {cell(taken, 160)} | {cell(said, 120)} | "
                        f"{r.verdict} |")
         out.append("")
     skipped = [r for r in sorted(recs, key=lambda r: r.model_type) if r.verdict == str(NOT_BUILT)]
     if skipped:
         out += ["## Not built", "", "| architecture | why |", "|---|---|"]
-        out += [f"| {r.model_type} | {_cell(r.reason, 240)} |" for r in skipped]
+        out += [f"| {r.model_type} | {cell(r.reason, 240)} |" for r in skipped]
         out.append("")
     spreads = [(r.llamacpp["own_spread"], r.floor or 0.0) for r in recs if (r.llamacpp or {}).get("own_spread")
                is not None]
@@ -621,7 +616,7 @@ def sections(recs: Sequence[Record], meta: Optional[dict] = None) -> list[str]:
         h = f16.get(r.model_type) or {}
         half = " / ".join(f"{h[k]:.2g}" if k in h else "-" for k in ("prefill", "decode")) if h else "-"
         out.append(f"| {r.model_type} | {r.verdict} | {r.worst_schedule or '-'} | {err} | {mult} | "
-                   f"{rb} | {_cell(said)} | {half} |")
+                   f"{rb} | {cell(said, 160)} | {half} |")
     return out
 
 
@@ -643,13 +638,13 @@ class Session:
     def __init__(self, python: Optional[str], quiet: bool = False):
         from ...errors import UserError
         from . import ENV_PYTHON
-        from .environment import check_python
+        from .environment import hello
 
         if not python:
             raise UserError(f"the llama.cpp engine needs the Python of llama.cpp's environment (${ENV_PYTHON}); "
                             "scripts/make_llamacpp_env.sh DIR makes one (then DIR/bin/python)")
         self.python, self.quiet = python, quiet
-        self.hello = check_python(python)
+        self.hello = hello(python)
         self.names = names_for(python)
         self.t0, self.done = time.monotonic(), []
         self.server = start_server(python, quiet)

@@ -49,7 +49,7 @@ from ...metrics import RunMetrics
 from ...defaults import NOISE_MARGIN
 from . import api as hf_api
 from ...schedules import run_schedule, run_steps
-from ...verdicts import BUG, CRASHED, INCONCLUSIVE, NOT_BUILT, OK, ROUNDING, UNCONFIRMED
+from ...verdicts import BUG, CRASHED, INCONCLUSIVE, OK, ROUNDING, UNCONFIRMED
 from . import hidden_names
 from .cache_runner import CacheRunner, full_run
 from . import born, boundary, causal, diagnose, ties
@@ -209,8 +209,8 @@ def _check_orders(model_type, seed, tolerance, total, config) -> Record:
         return _check(model_type, seed, tolerance, total, config, None, None)
     d = derive(model_type)
     if d.error:
-        return record(model_type, NOT_BUILT, reason=d.error)
-    recs = [record(model_type, NOT_BUILT, reason=v.error, config=v.summary()) if v.error else
+        return record(model_type, judge.stopped(judge.DERIVE), reason=d.error)
+    recs = [record(model_type, judge.stopped(judge.DERIVE), reason=v.error, config=v.summary()) if v.error else
             _check(model_type, seed, tolerance, total, v.config, v.summary(), v.changed) for v in d.variants]
     return variants.combine(recs, [v.order for v in d.variants])
 
@@ -228,7 +228,7 @@ def _check(model_type, seed, tolerance, total, config, summary: Optional[dict], 
         try:
             model = build(config, init, seed)
         except Exception as e:
-            return record(model_type, NOT_BUILT, reason="the model cannot be built from the tiny config: "
+            return record(model_type, judge.stopped(judge.BUILD), reason="the model cannot be built from the tiny config: "
                           + transformers_frame(e), **base)
         try:
             with ties.watching() as seen:
@@ -239,7 +239,8 @@ def _check(model_type, seed, tolerance, total, config, summary: Optional[dict], 
                     cfg or config, init, s, broke, total, vocab, plans, tolerance, safe=cfg is not None), seed, defaults)
         except Exception as e:  # a cached path raised where the full pass runs (`check_model`)
             where = getattr(e, "schedule", None)
-            return record(model_type, CRASHED, reason=transformers_frame(e), model_class=type(model).__name__,
+            return record(model_type, judge.stopped(judge.CACHED_PATH), reason=transformers_frame(e),
+                          model_class=type(model).__name__,
                           init=init, notes=[f"{where} raised; the full pass runs"] if where else [],
                           floor=getattr(e, "floor", None), built_from=config, **base)
         res.update(base, init=init)
@@ -264,7 +265,7 @@ def recheck(config, init, seed: int, broke: bool, total: int, vocab: int, plans:
     except Exception as e:
         if not safe:
             raise
-        return {"verdict": NOT_BUILT, "notes": [], "_ties": 0,
+        return {"verdict": judge.stopped(judge.BUILD), "notes": [], "_ties": 0,
                 "reason": "the model cannot be built: " + transformers_frame(e)}
     try:
         with ties.tie_break() if broke else ties.watching() as seen:
@@ -272,7 +273,7 @@ def recheck(config, init, seed: int, broke: bool, total: int, vocab: int, plans:
     except Exception as e:  # a cached path raised where the full pass runs (`check_model`)
         if not safe:
             raise
-        return {"verdict": CRASHED, "notes": [], "_ties": 0, "reason": transformers_frame(e)}
+        return {"verdict": judge.stopped(judge.CACHED_PATH), "notes": [], "_ties": 0, "reason": transformers_frame(e)}
     out["_ties"] = getattr(seen, "ties", 0)
     return out
 
@@ -281,22 +282,23 @@ def check_model(model, tokens, plans: dict, tolerance: float = NOISE_MARGIN, mak
     """Verdict fields of one built model on `plans` (name -> steps), then the padded and rollback
     boundaries (`boundary`); `make(model, layers, crop=False)` builds the runner they run on."""
     if hf_api.cache_keyword(model) is None:
-        return {"verdict": NOT_BUILT, "model_class": type(model).__name__, "notes": [],
+        return {"verdict": judge.stopped(judge.NO_CACHE), "model_class": type(model).__name__, "notes": [],
                 "reason": f"{type(model).__name__}.forward takes no cache (none of {', '.join(hf_api.KEYWORDS)})"}
     probe = CacheRunner(model)
     runner = make(model, layer_names(probe, tokens))
     try:
         ref = full_run(runner, tokens, capture=len(runner.layers) > 1)
     except Exception as e:  # no cache involved: the tiny config or the inputs do not run, no finding
-        return {"verdict": NOT_BUILT, "model_class": type(model).__name__, "notes": [],
+        return {"verdict": judge.stopped(judge.REFERENCE), "model_class": type(model).__name__, "notes": [],
                 "reason": "the full pass (no cache) fails on the tiny config: " + transformers_frame(e)}
     if ref.logits.dim() != 3 or ref.logits.shape[:2] != tokens.shape:
-        return {"verdict": NOT_BUILT, "model_class": type(model).__name__, "notes": [],
+        return {"verdict": judge.stopped(judge.REFERENCE), "model_class": type(model).__name__, "notes": [],
                 "reason": f"the full pass returns logits of shape {tuple(ref.logits.shape)}, not (batch, "
                           f"{tokens.size(1)}, vocab): not a causal LM over its input"}
     unusable = evidence.unusable(ref)
     if unusable:  # the derived config overflows: the full pass does not run on these inputs
-        return {"verdict": NOT_BUILT, "model_class": type(model).__name__, "notes": [], "reason": unusable}
+        return {"verdict": judge.stopped(judge.REFERENCE), "model_class": type(model).__name__, "notes": [],
+                "reason": unusable}
     f64 = evidence.Float64(runner, tokens, capture=ref.hiddens is not None)  # the floor's and the confirmations'
     noise = evidence.floor(runner, ref, tokens, torch.float32, f64)
     floor_source = noise.source
@@ -359,7 +361,7 @@ def check_model(model, tokens, plans: dict, tolerance: float = NOISE_MARGIN, mak
     raised = boundary.crash(bounds.entries)  # a boundary that raised in their code, every run else agreeing
     if raised:
         boundary.beside(bounds.entries, raised[0])
-        out.update(verdict=CRASHED, worst_schedule=raised[0], reason=raised[1])
+        out.update(verdict=judge.stopped(judge.CACHED_PATH), worst_schedule=raised[0], reason=raised[1])
         out["notes"].append(f"{raised[0]} raised; the full pass runs")
         return out
     power = evidence.power(runner, tokens, tolerance * floor)

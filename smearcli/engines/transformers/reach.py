@@ -748,7 +748,7 @@ def confirm(rec, name: str, model, assistant, make, tokens_of, threshold: float,
     import torch
 
     from ... import evidence
-    from ...judge import SECOND_SEED, replicated
+    from ...judge import SECOND_SEED, replicated, withstood
     from ...precision import float64_model, lifted
     from ...verdicts import BUG, OK, ROUNDING
 
@@ -799,7 +799,7 @@ def confirm(rec, name: str, model, assistant, make, tokens_of, threshold: float,
         status, said = reproduce(rec, tolerance, tokens_of(0), seed)
         if status != 1:
             failed.append(f"reproducer: {said}")
-    rec.verdict = str(UNCONFIRMED if failed else BUG)
+    rec.verdict = str(withstood(failed))
     rec.notes.append(f"every cached schedule of the census agrees; generate's {name} is off by {err:.3g} "
                      f"({err / rec.floor:.3g}x the float32 floor), "
                      + (f"{wide:.3g} in float64 lifted" if wide is not None else "float64 raises")

@@ -19,7 +19,7 @@ from typing import Optional
 
 import torch
 
-from ... import evidence
+from ... import evidence, judge
 from ...compare import measure_power
 from ...schedules import run_schedule
 from .boundary import transformers_frame
@@ -72,6 +72,7 @@ class Powered:
     floor: Optional[object] = None  # the float64 noise floor
     power: Optional[evidence.Power] = None
     why: str = ""
+    stop: str = ""  # where it stopped (`judge.BUILD`, `judge.REFERENCE`), with `why`
 
 
 def powered(config, tokens, seed: int, tolerance: float) -> Powered:
@@ -82,12 +83,12 @@ def powered(config, tokens, seed: int, tolerance: float) -> Powered:
         try:
             got.model, got.init = build(config, init, seed), init
         except Exception as e:
-            got.why = "the model cannot be built from the tiny config: " + transformers_frame(e)
+            got.why, got.stop = "the model cannot be built from the tiny config: " + transformers_frame(e), judge.BUILD
             return got
         try:
             got.runner, got.ref, got.floor = reference(got.model, tokens)
         except Exception as e:
-            got.why = "the full pass in transformers does not run: " + transformers_frame(e)
+            got.why, got.stop = "the full pass in transformers does not run: " + transformers_frame(e), judge.REFERENCE
             return got
         threshold = tolerance * got.floor.per_layer[-1]
         try:

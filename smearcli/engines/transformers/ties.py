@@ -64,11 +64,11 @@ def replicate(fields: dict, ties: int, rerun: Callable[..., dict], seed: int, de
             why = f"at the default head/expert counts ({defaults.words()}) it is {got['verdict']}"
     fields["replication"] = rep
     if word == TIE_ARTIFACT:
-        fields["verdict"] = TIE_ARTIFACT
+        fields["verdict"] = word
         fields["notes"].append(f"a tie artifact: {ties} top-k call(s) had an exact tie at the edge of the choice; "
                                + why)
     elif word == UNCONFIRMED:
-        fields["verdict"] = UNCONFIRMED
+        fields["verdict"] = word
         fields["notes"].append("not replicated: " + why)
     else:
         fields["notes"].append(f"replicated on seed {seed + 1} (weights and tokens): "

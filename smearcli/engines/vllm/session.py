@@ -66,10 +66,10 @@ from ... import evidence
 from ...defaults import NOISE_MARGIN
 from . import BLOCK_SIZE, Settings, payload, to_run
 from .serve import Worker, WorkerGone, archs
-from ...judge import Run, judge, status
+from ...judge import BUILD, DERIVE, ENGINE, REFERENCE, WORKER, Run, judge, status, stopped
 from ...metrics import measure
 from ...steps import CRASHED as RUN_CRASHED, UNCHECKED
-from ...verdicts import CRASHED, FAILURES, INCONCLUSIVE, NOT_BUILT, NOT_RUN, OK, UNCONFIRMED
+from ...verdicts import CRASHED, FAILURES, INCONCLUSIVE, NOT_RUN, OK, UNCONFIRMED
 from ...census import derive, known
 from ...census.derive import CONV_KEYS, first_int, vocab_of
 from ...census.record import Record, new as record
@@ -200,7 +200,7 @@ def check(model_type: str, worker, timeout: float = 240.0, memory: Optional[int]
     config, changes = tiny_config(model_type)
     base = dict(engine="vllm", vllm_version=(worker.ready or {}).get("vllm"))
     if config is None:
-        return record(model_type, NOT_BUILT, reason=changes, vllm={"answered": True}, **base)
+        return record(model_type, stopped(DERIVE), reason=changes, vllm={"answered": True}, **base)
     vocab = vocab_of(config)
     base.update(config=changes, vocab=vocab)
     tokens = torch.randint(0, vocab, (1, length(config)), generator=torch.Generator().manual_seed(seed))
@@ -208,13 +208,13 @@ def check(model_type: str, worker, timeout: float = 240.0, memory: Optional[int]
     if got.model is not None:
         base.update(model_class=type(got.model).__name__, init=got.init)
     if got.why:
-        return record(model_type, NOT_BUILT, reason=got.why, vllm={"answered": True}, **base)
+        return record(model_type, stopped(got.stop), reason=got.why, vllm={"answered": True}, **base)
     model, ref, floor, power = got.model, got.ref, got.floor, got.power
     with tempfile.TemporaryDirectory(prefix=f"smearcli-vllm-{model_type}-") as d:
         try:
             save(model, Path(d) / "model", model_type)
         except Exception as e:
-            return record(model_type, NOT_BUILT, reason="the tiny model cannot be saved: "
+            return record(model_type, stopped(BUILD), reason="the tiny model cannot be saved: "
                           + transformers_frame(e), vllm={"answered": True}, **base)
         entries = schedule_entries(config)
         req = request(Path(d) / "model", tokens, vocab, entries, one_engine(config))
@@ -223,7 +223,7 @@ def check(model_type: str, worker, timeout: float = 240.0, memory: Optional[int]
             res = worker.ask({"op": "run", "request": str(Path(d) / "request.json"), "outdir": d},
                              max(1.0, deadline - time.monotonic()), memory)
         except WorkerGone as e:
-            return record(model_type, CRASHED, reason=str(e), vllm={"answered": False}, **base)
+            return record(model_type, stopped(WORKER), reason=str(e), vllm={"answered": False}, **base)
         rec = judged(model_type, res["result"], Path(d), tokens, req, ref, floor, power, tolerance, base)
     if repro_dir is not None and rec.verdict in (CRASHED, UNCONFIRMED) and rec.worst_schedule:
         attach(rec, config, Path(repro_dir), worker, seed, req, max(1.0, deadline - time.monotonic() - 5))
@@ -250,7 +250,8 @@ def judged(model_type, result, workdir, tokens, req, ref, floor, power, toleranc
             "floor": floor.per_layer[-1], "floor_source": floor.source}
     engine_failed = [e for e in result["schedules"] if e.get("engine")]
     if engine_failed and any(e["name"] != "prefix" for e in engine_failed):
-        return record(model_type, NOT_BUILT, reason=ENGINE_REFUSED + engine_failed[0].get("message", ""), **base)
+        return record(model_type, stopped(ENGINE), reason=ENGINE_REFUSED + engine_failed[0].get("message", ""),
+                      **base)
     schedules, notes, metrics, judged = {}, [], {}, []
     for run, entry in zip(runs, result["schedules"]):
         if run.outcome == RUN_CRASHED and entry.get("engine"):  # prefix caching refused for this model
@@ -273,7 +274,7 @@ def judged(model_type, result, workdir, tokens, req, ref, floor, power, toleranc
         judged.append(Run(run.schedule, outcome=outcome))
         schedules[run.schedule] = {"status": str(status(judged[-1])), "why": why}
     if schedules.get("prefill", {}).get("status") == str(CRASHED):  # nothing to compare a cache against
-        return record(model_type, NOT_BUILT, reason="vLLM's prefill in one step raises on the CPU backend: "
+        return record(model_type, stopped(REFERENCE), reason="vLLM's prefill in one step raises on the CPU backend: "
                       + schedules["prefill"]["why"], **{**base, "schedules": schedules})
     verdict = judge(judged, power)
     crashed = verdict.named(CRASHED)
@@ -309,7 +310,7 @@ def no_float64(m) -> evidence.Confirmation:
 
 # -- the census around it: the session, the benchmark, the page ---------------------------------
 
-SKIP = str(NOT_BUILT)  # an architecture the census could not run, with why
+SKIP = str(stopped(ENGINE))  # an architecture the census could not run, with why
 
 
 def names_for(worker: Worker) -> list[str]:
@@ -394,9 +395,9 @@ class Session:
 def open_session(python: str, quiet: bool = False) -> Session:
     """vLLM's environment checked by its handshake (a UserError when it is not one), then its
     worker started (vLLM imported): the census's fixed cost."""
-    from .environment import check_python
+    from .environment import hello
 
-    said = check_python(python)
+    said = hello(python)
     t0 = time.monotonic()
     w = Worker(python, zygote=bool(said.get("zygote")))
     w.start()
