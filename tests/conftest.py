@@ -14,7 +14,7 @@ LLAMACPP_PYTHON = os.environ.get("SMEARCLI_LLAMACPP_PYTHON", "")
 # the marks of a test that runs llama.cpp's real environment: skipped, with how to make one, without it
 NEEDS_LLAMACPP = [pytest.mark.llamacpp, pytest.mark.skipif(
     not LLAMACPP_PYTHON or not Path(LLAMACPP_PYTHON).is_file(),
-    reason="needs llama.cpp's environment: scripts/make_llamacpp_env.sh DIR, then "
+    reason="needs llama.cpp's environment: scripts/make_env.sh llamacpp DIR, then "
            "SMEARCLI_LLAMACPP_PYTHON=DIR/bin/python")]
 
 

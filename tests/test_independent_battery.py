@@ -750,7 +750,7 @@ LLAMACPP_PYTHON = os.environ.get("SMEARCLI_LLAMACPP_PYTHON", "")
 
 
 @pytest.mark.skipif(not LLAMACPP_PYTHON or not Path(LLAMACPP_PYTHON).is_file(),
-                    reason="needs llama.cpp's environment (scripts/make_llamacpp_env.sh DIR, then "
+                    reason="needs llama.cpp's environment (scripts/make_env.sh llamacpp DIR, then "
                            "SMEARCLI_LLAMACPP_PYTHON=DIR/bin/python)")
 def test_ctrl_c_while_the_real_llamacpp_census_worker_starts(tmp_path):
     cwd = workdir(tmp_path)

@@ -1,5 +1,5 @@
 """`scan --engine llamacpp` on the real llama.cpp: runs when $SMEARCLI_LLAMACPP_PYTHON names the Python
-of an environment made by scripts/make_llamacpp_env.sh (skipped with the reason otherwise). The
+of an environment made by scripts/make_env.sh llamacpp (skipped with the reason otherwise). The
 converter's list must hold Llama and Mamba; a tiny Llama must be ok on every schedule; a tiny
 Mamba must give every schedule a result, its partial seq_rm refused as llama.cpp documents
 (`unsupported`) or run, never a crash of smearcli's."""

@@ -1,5 +1,5 @@
 """`--impl llamacpp` on the real llama.cpp: runs when $SMEARCLI_LLAMACPP_PYTHON names the Python of
-an environment made by scripts/make_llamacpp_env.sh (skipped with the reason otherwise). A tiny
+an environment made by scripts/make_env.sh llamacpp (skipped with the reason otherwise). A tiny
 Llama must be OK with power; a tiny Mamba must give every schedule a result (measured, refused as
 llama.cpp documents, or crashed with llama.cpp's frame), never an error of smearcli's."""
 

@@ -1,6 +1,6 @@
 """`--impl vllm` against real vLLM: skipped unless $SMEARCLI_VLLM_PYTHON names vLLM's interpreter.
 
-    scripts/make_vllm_env.sh /opt/vllm-env           # once, about 6 to 11 minutes, 3.4 GB
+    scripts/make_env.sh vllm /opt/vllm-env           # once, about 6 to 11 minutes, 3.4 GB
     SMEARCLI_VLLM_PYTHON=/opt/vllm-env/bin/python python -m pytest tests/impls/test_vllm_real.py
 
 A tiny Llama (head_dim 64, which vLLM's CPU attention takes) must match its transformers reference
