@@ -791,7 +791,7 @@ HELLO = '{"worker": "smearcli-vllm", "protocol": %s, "python": "3.11", "vllm": %
 VLLM_PROTOCOL = 2  # the worker's (smearcli.engines.vllm.environment.PROTOCOL; checked below)
 CASES += [
     Case("vllm environment", "--vllm-python missing", [*VLLM, "nope/bin/python"], prepare=vllm_env(),
-         expect="not found; make vLLM's environment with scripts/make_vllm_env.sh DIR"),
+         expect="not found; make vLLM's environment with scripts/make_env.sh vllm DIR"),
     Case("vllm environment", "--vllm-python the environment's directory, not its Python", [*VLLM, "venv"],
          prepare=vllm_env(), expect="give venv/bin/python"),
     Case("vllm environment", "--vllm-python not a Python (/bin/true: exits 0, says nothing)", [*VLLM, "/bin/true"],
@@ -899,7 +899,7 @@ def torn_state(cwd: Path):
 GGUF_ARGS = ["compare", "--impl", "llamacpp", "--hf-model", "hf", "--llamacpp-python", "py", "--gguf", "m.gguf"]
 CASES += [
     Case("llama.cpp environment", "--llamacpp-python missing", [*LLAMACPP, "nope/bin/python"], prepare=vllm_env(),
-         expect="not found; make llama.cpp's environment with scripts/make_llamacpp_env.sh DIR"),
+         expect="not found; make llama.cpp's environment with scripts/make_env.sh llamacpp DIR"),
     Case("llama.cpp environment", "--llamacpp-python the environment's directory, not its Python",
          [*LLAMACPP, "venv"], prepare=vllm_env(), expect="give venv/bin/python"),
     Case("llama.cpp environment", "a Python without llama-cpp-python (a stand-in answering as one)",

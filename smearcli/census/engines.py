@@ -205,7 +205,7 @@ register(Engine(
 register(Engine(
     "vllm", "vLLM's scheduler and caches, against the transformers full pass",
     open="smearcli.engines.vllm.session:open_session", env_var="SMEARCLI_VLLM_PYTHON", concurrent=False,
-    environment="an environment with vLLM; scripts/make_vllm_env.sh DIR makes one (then DIR/bin/python)",
+    environment="an environment with vLLM; scripts/make_env.sh vllm DIR makes one (then DIR/bin/python)",
     failing=tuple(str(v) for v in FAILURES),
     names_are="an architecture both the installed vLLM and transformers register as a causal LM",
     repro_tails=("-vllm.py",), product="vLLM", release=lambda r: r.vllm_version, stamp=lambda v: {"vllm_version": v},
@@ -214,7 +214,7 @@ register(Engine(
 register(Engine(
     "llamacpp", "llama.cpp's micro-batches, calls, seq_cp and seq_rm, against the transformers full pass",
     open="smearcli.engines.llamacpp.session:open_session", env_var="SMEARCLI_LLAMACPP_PYTHON",
-    environment="an environment with llama-cpp-python; scripts/make_llamacpp_env.sh DIR makes one (then DIR/bin/python)",
+    environment="an environment with llama-cpp-python; scripts/make_env.sh llamacpp DIR makes one (then DIR/bin/python)",
     failing=tuple(str(v) for v in FAILURES),
     names_are="an architecture both llama.cpp's converter and transformers register as a causal LM",
     repro_tails=("-llamacpp.py", "-llamacpp.gguf"), product="llama-cpp-python",

@@ -299,7 +299,7 @@ SHARED = {
                  "(loaded offline, safetensors only); for --impl vllm: a local model directory. Needs transformers: pip install 'smearcli[hf]'.",
                  rich_help_panel=N, show_default=False)),
     "vllm_python": (Optional[Path], typer.Option("--vllm-python", metavar="PATH", help="For --impl vllm: the "
-                    "Python interpreter of an environment with vLLM (scripts/make_vllm_env.sh DIR makes one; "
+                    "Python interpreter of an environment with vLLM (scripts/make_env.sh vllm DIR makes one; "
                     "then DIR/bin/python). Default: $SMEARCLI_VLLM_PYTHON.", rich_help_panel=N,
                     show_default=False)),
     "tensor_parallel_size": (int, typer.Option("--tensor-parallel-size", metavar="N", help="For --impl vllm on "
@@ -307,7 +307,7 @@ SHARED = {
                              "Passed through; the CPU backend runs 1.", rich_help_panel=N)),
     "llamacpp_python": (Optional[Path], typer.Option("--llamacpp-python", metavar="PATH", help="For --impl "
                         "llamacpp: the Python interpreter of an environment with llama-cpp-python "
-                        "(scripts/make_llamacpp_env.sh DIR makes one; then DIR/bin/python). Default: "
+                        "(scripts/make_env.sh llamacpp DIR makes one; then DIR/bin/python). Default: "
                         "$SMEARCLI_LLAMACPP_PYTHON.", rich_help_panel=N, show_default=False)),
     "gguf": (Optional[Path], typer.Option("--gguf", metavar="FILE", help="For --impl llamacpp: your own GGUF "
              "of the --hf-model model, loaded instead of converting it (its header is checked first).",

@@ -10,9 +10,9 @@ strings (`cli.registry`, `census.engines`), so `--help` imports none of them.
 - `engines.transformers`: a Hugging Face transformers model through its own cache API, and the census's
   check of every causal LM (the modules only that census uses: layer orders' runs, boundaries, where an
   error is born, ties, groups, reach, reproducers and drafts);
-- `engines.vllm`: vLLM, in its own environment (scripts/make_vllm_env.sh);
+- `engines.vllm`: vLLM, in its own environment (scripts/make_env.sh vllm);
 - `engines.llamacpp`: llama.cpp through llama-cpp-python, in its own environment
-  (scripts/make_llamacpp_env.sh);
+  (scripts/make_env.sh llamacpp);
 - `engines.nanochat`: a user's nanochat checkout (import sandbox, guard, `adapter.NanochatRunner`,
   the audit, the fix) and `prepare`, `--impl ours|nanochat|both` (our GPT's runners are core).
 

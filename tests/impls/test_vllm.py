@@ -296,7 +296,7 @@ def test_a_bad_vllm_environment_is_one_line_naming_what_to_run(model_dir, tmp_pa
         assert r.stdout == "" and "Traceback" not in r.output, (what, r.output)
         (line,) = r.stderr.strip().splitlines()
         assert line.startswith(f"smearcli: error: --vllm-python {python}: "), (what, line)
-        assert want in line and "scripts/make_vllm_env.sh DIR" in line, (what, line)
+        assert want in line and "scripts/make_env.sh vllm DIR" in line, (what, line)
         assert "crashed" not in line and "internal error" not in line, (what, line)
         assert time.monotonic() - start < 20, what  # refused before the model loads, the hang stopped
         assert sorted(tmp_path.rglob("*")) == before, what  # nothing written, no temporary left
@@ -317,7 +317,7 @@ def test_an_answer_outside_the_protocol_is_the_environment(model_dir, fake_pytho
     assert r.exit_code == 2 and doc is None, r.output
     (line,) = r.stderr.strip().splitlines()
     assert line == (f"smearcli: error: {fake_python}: the vLLM worker's answer is not smearcli's protocol "
-                    f"{vllm_env.PROTOCOL} ({want}); make vLLM's environment with scripts/make_vllm_env.sh DIR and "
+                    f"{vllm_env.PROTOCOL} ({want}); make vLLM's environment with scripts/make_env.sh vllm DIR and "
                     "give DIR/bin/python, and rerun"), line
     assert list(scratch.iterdir()) == []  # the worker's directory is gone
 

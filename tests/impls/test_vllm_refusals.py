@@ -157,7 +157,7 @@ def test_a_worker_that_dies_after_its_ready_line_is_the_environment_not_a_bug(tm
     assert r.stderr.splitlines() == [
         f"smearcli: error: {python}: vLLM's worker stopped before it listed the architectures it supports (vLLM's "
         "worker died; its last output: Fatal Python error: Segmentation fault (stand-in)): its environment failed, "
-        "not a model; make vLLM's environment with scripts/make_vllm_env.sh DIR and give DIR/bin/python"], r.stderr
+        "not a model; make vLLM's environment with scripts/make_env.sh vllm DIR and give DIR/bin/python"], r.stderr
     assert r.stdout == "" and not (tmp_path / "v.jsonl").exists()
 
 

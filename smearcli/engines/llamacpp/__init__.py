@@ -9,7 +9,7 @@ result = compare.compare([runner], tokens, ["prefill", "ubatch", "chunked", "dec
 ```
 
 llama.cpp is a compiled library whose converter pins other torch and transformers versions, so
-it runs in another interpreter (`Settings.python`, made by `scripts/make_llamacpp_env.sh`):
+it runs in another interpreter (`Settings.python`, made by `scripts/make_env.sh llamacpp`):
 smearcli writes a request (JSON: the model directory or a GGUF file, the token ids, what each
 schedule sets), `worker.py` (shipped in this package, importing llama-cpp-python's low-level
 bindings and never smearcli) converts the model to a float32 GGUF once, loads it with the KV

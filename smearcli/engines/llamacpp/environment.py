@@ -1,6 +1,6 @@
 """llama.cpp's environment, checked before any model is converted or loaded: `hello(python)`
 runs the worker's handshake (`worker.py hello`) in the interpreter `--llamacpp-python` names, with
-its output and time capped, and refuses, in one line naming `scripts/make_llamacpp_env.sh DIR`, a
+its output and time capped, and refuses, in one line naming `scripts/make_env.sh llamacpp DIR`, a
 path that is missing, a directory, not a Python, a Python that hangs, prints something else,
 speaks another protocol, has no llama-cpp-python, another version of it than VERSION, or no
 converter beside it. The refusal names what the handshake found. What every engine in its own
@@ -18,7 +18,7 @@ from ...impls import foreign
 PROTOCOL = 1  # the worker's protocol: its handshake and result.json carry it
 VERSION = "0.3.36"  # the llama-cpp-python this smearcli's worker is written against (its low-level API)
 WORKER = Path(__file__).with_name("worker.py")
-MAKE_ENV = "make llama.cpp's environment with scripts/make_llamacpp_env.sh DIR and give DIR/bin/python"
+MAKE_ENV = "make llama.cpp's environment with scripts/make_env.sh llamacpp DIR and give DIR/bin/python"
 # GGML_NO_BACKTRACE: on an abort ggml attaches gdb to print a backtrace, seconds per crash (a census
 # crashes it often); the assert's own `file.cpp:LINE` line, which is what a record keeps, comes before it
 ENGINE = foreign.Foreign("smearcli-llamacpp", "llama.cpp", PROTOCOL, MAKE_ENV, env={"GGML_NO_BACKTRACE": "1"})

@@ -27,7 +27,7 @@ def llamacpp_python(spec: RunSpec) -> tuple[str, str]:
     from . import ENV_PYTHON
 
     return foreign_python(spec.llamacpp_python, "--llamacpp-python", ENV_PYTHON, "--impl llamacpp",
-                          "an environment with llama-cpp-python; scripts/make_llamacpp_env.sh DIR makes one "
+                          "an environment with llama-cpp-python; scripts/make_env.sh llamacpp DIR makes one "
                           "(then DIR/bin/python)")
 
 

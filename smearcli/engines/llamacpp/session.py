@@ -642,7 +642,7 @@ class Session:
 
         if not python:
             raise UserError(f"the llama.cpp engine needs the Python of llama.cpp's environment (${ENV_PYTHON}); "
-                            "scripts/make_llamacpp_env.sh DIR makes one (then DIR/bin/python)")
+                            "scripts/make_env.sh llamacpp DIR makes one (then DIR/bin/python)")
         self.python, self.quiet = python, quiet
         self.hello = hello(python)
         self.names = names_for(python)

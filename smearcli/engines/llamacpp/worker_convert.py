@@ -1,7 +1,7 @@
 """The llama.cpp worker's conversion of a Hugging Face model directory to GGUF (`worker.py` imports
 it as a sibling module; like the worker, it runs in llama.cpp's environment and never imports
 smearcli). llama.cpp's own converter does the work: its `conversion` package, copied by
-scripts/make_llamacpp_env.sh into the environment's share/llamacpp-convert, imported by its path.
+scripts/make_env.sh llamacpp into the environment's share/llamacpp-convert, imported by its path.
 The one change: the vocabulary is written in the vocabulary-less form (tokenizer model "none" and
 `{arch}.vocab_size` entries, which llama.cpp loads as that many dummy tokens), since smearcli's tiny
 random models have no tokenizer and the question is the cache, not the tokenizer.

@@ -1,6 +1,6 @@
 """vLLM's environment, checked before any model loads: `hello(python)` runs the worker's
 handshake (`worker.py hello`) in the interpreter `--vllm-python` names, with its output and
-time capped, and refuses, in one line naming `scripts/make_vllm_env.sh DIR`, a path that is missing,
+time capped, and refuses, in one line naming `scripts/make_env.sh vllm DIR`, a path that is missing,
 a directory, not a Python, a Python that hangs, prints something else, speaks another protocol or
 has no vLLM. `worker_env` (with `foreign.runnable`) is how the adapter (`smearcli.engines.vllm`) then
 starts it.
@@ -19,9 +19,9 @@ from ...impls import foreign
 PROTOCOL = 2  # the worker's protocol: its handshake and result.json carry it
 RAISED = "raised"  # the worker's outcome for a schedule vLLM raised in: read as schedules.CRASHED
 WORKER = Path(__file__).with_name("worker.py")
-MAKE_ENV = "make vLLM's environment with scripts/make_vllm_env.sh DIR and give DIR/bin/python"
+MAKE_ENV = "make vLLM's environment with scripts/make_env.sh vllm DIR and give DIR/bin/python"
 ENGINE = foreign.Foreign("smearcli-vllm", "vLLM", PROTOCOL, MAKE_ENV,
-                         directory_hint=" (vLLM's environment is made with scripts/make_vllm_env.sh DIR)",
+                         directory_hint=" (vLLM's environment is made with scripts/make_env.sh vllm DIR)",
                          env={"VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
 HELLO_TIMEOUT_S = foreign.HELLO_TIMEOUT_S  # here, so that a test can shorten vLLM's alone
 

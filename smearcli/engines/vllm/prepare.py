@@ -24,7 +24,7 @@ def vllm_python(spec: RunSpec) -> tuple[str, str]:
     from . import ENV_PYTHON
 
     return foreign_python(spec.vllm_python, "--vllm-python", ENV_PYTHON, "--impl vllm",
-                          "an environment with vLLM; scripts/make_vllm_env.sh DIR makes one (then DIR/bin/python)")
+                          "an environment with vLLM; scripts/make_env.sh vllm DIR makes one (then DIR/bin/python)")
 
 
 def check_vllm_spec(spec: RunSpec, schedules):
