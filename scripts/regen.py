@@ -10,16 +10,17 @@
   README blocks between `<!-- snippet: NAME -->` markers);
 - errors: `docs/gen_errors.py` (docs/errors.md, the table of every error and exit code, from real
   runs of the cases in tests/errors_cases.py);
-- census: `docs/gen_census.py` (the `smearcli scan` census in docs/guide/scan.md; about 6.5
-  minutes on 2 cores, the one step not in the default list: `--only census`). The census is of
-  the transformers that `--python` has (default: this Python, or $SMEARCLI_CENSUS_PYTHON), so a
-  release installed in another environment (a venv with `--no-deps` transformers 5.25) is
-  regenerated from here; `--from FILE` (repeated) makes the page from records already made
-  instead of a run, and `--against FILE` with `--against-source DIR` (the previous release's
-  records and transformers package directory) fills its "What changed" block;
-- vllm-census: `scripts/gen_vllm_census.py` (the census on vLLM in docs/guide/vllm.md; needs
-  $SMEARCLI_VLLM_PYTHON, skipped with a message without it; not in the default list either);
-- llamacpp-census: `scripts/gen_llamacpp_census.py` (the census on llama.cpp in
+- census: `scripts/gen_census.py --engine transformers` (the `smearcli scan` census in
+  docs/guide/scan.md; about 6.5 minutes on 2 cores, the one step not in the default list:
+  `--only census`). The census is of the transformers that `--python` has (default: this
+  Python, or $SMEARCLI_CENSUS_PYTHON), so a release installed in another environment (a venv
+  with `--no-deps` transformers 5.25) is regenerated from here; `--from FILE` (repeated) makes
+  the page from records already made instead of a run, and `--against FILE` with
+  `--against-source DIR` (the previous release's records and transformers package directory)
+  fills its "What changed" block;
+- vllm-census: `scripts/gen_census.py --engine vllm` (the census on vLLM in docs/guide/vllm.md;
+  needs $SMEARCLI_VLLM_PYTHON, skipped with a message without it; not in the default list either);
+- llamacpp-census: `scripts/gen_census.py --engine llamacpp` (the census on llama.cpp in
   docs/guide/llamacpp.md; needs $SMEARCLI_LLAMACPP_PYTHON, skipped with a message without it;
   about 15 minutes on 2 busy cores; not in the default list either);
 - notebooks: every notebooks/*.ipynb executed in place (nbclient, one kernel each, one torch
@@ -113,11 +114,10 @@ def main() -> None:
             extra += ["--against", str(Path(args.against).resolve())]
         if args.against_source:
             extra += ["--against-source", str(Path(args.against_source).resolve())]
-        run("census", [python, "docs/gen_census.py", *extra], env)
-    if "vllm-census" in steps:
-        run("vllm-census", [sys.executable, "scripts/gen_vllm_census.py"], env)
-    if "llamacpp-census" in steps:
-        run("llamacpp-census", [sys.executable, "scripts/gen_llamacpp_census.py"], env)
+        run("census", [python, "scripts/gen_census.py", "--engine", "transformers", *extra], env)
+    for step, engine in (("vllm-census", "vllm"), ("llamacpp-census", "llamacpp")):
+        if step in steps:
+            run(step, [sys.executable, "scripts/gen_census.py", "--engine", engine], env)
     if "notebooks" in steps:
         execute_notebooks(sorted((ROOT / "notebooks").glob("*.ipynb")))
 

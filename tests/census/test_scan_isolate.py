@@ -139,7 +139,7 @@ def test_scans_sharing_claims_split_the_names_between_them_and_merge_into_the_si
     pids = []
     for lane in (1, 2):
         pid = os.fork()
-        if pid == 0:  # a scan of its own, as gen_vllm_census.py starts them
+        if pid == 0:  # a scan of its own, as gen_census.py --engine vllm starts them
             code = 1
             try:
                 scan_into(names, sleepy, tmp_path / f"lane{lane}.jsonl", claim=isolate.claims(folder))

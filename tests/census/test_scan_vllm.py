@@ -338,21 +338,14 @@ def test_two_architectures_in_real_vllm(tmp_path, monkeypatch):
 
 
 def gen_script():
+    """scripts/gen_census.py, whose `--engine vllm` writes the census on vLLM into its guide (its
+    skip without vLLM's environment: tests/census/test_scan_regen.py)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("gen_vllm_census", ROOT / "scripts" /
-                                                  "gen_vllm_census.py")
+    spec = importlib.util.spec_from_file_location("gen_census", ROOT / "scripts" / "gen_census.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
-
-
-def test_the_regen_step_is_skipped_with_a_message_without_vllm(monkeypatch, capsys):
-    gen = gen_script()
-    monkeypatch.delenv(ENV_PYTHON, raising=False)
-    monkeypatch.setattr(gen, "scan", lambda *a: pytest.fail("the census ran without vLLM's environment"))
-    gen.main()
-    assert "gen_vllm_census: skipped: set SMEARCLI_VLLM_PYTHON" in capsys.readouterr().out
 
 
 def test_the_benchmark_splits_the_records_into_the_runs_that_wrote_them():
@@ -369,14 +362,14 @@ def test_the_census_takes_as_long_as_its_longest_scan(tmp_path, monkeypatch):
     longest scan's (its architectures plus its vLLM imports), its shares are of the scans' time
     together."""
     gen = gen_script()
-    monkeypatch.setattr(gen, "out_of", lambda lane: tmp_path / f"{lane}.jsonl")
+    monkeypatch.setattr(gen, "lane_file", lambda lane: tmp_path / f"{lane}.jsonl")
 
     def rec(imported, wall):
         return json.dumps({"model_type": "m", "verdict": "ok", "wall_s": wall,
                            "vllm": {"starts": 1, "import_s_so_far": imported, "engine_start_s": [3.0, 3.0]}})
     (tmp_path / "1.jsonl").write_text("\n".join([rec(30.0, 60), rec(30.0, 60)]) + "\n")  # 150 s
     (tmp_path / "2.jsonl").write_text(rec(30.0, 210) + "\n")  # 240 s
-    line = gen.benchmark()
+    line = gen.vllm_benchmark()
     assert line.startswith("3 architectures checked in 4.0 minutes, 2 scans at once sharing the architectures on "
                            "two cores"), line
     assert "Of the scans' 6.5 minutes together, importing vLLM took 60 s (15%) and starting engines 18 s (5%)" in line
@@ -386,8 +379,8 @@ def test_a_resumed_census_claims_what_either_scan_recorded(tmp_path, monkeypatch
     """Each run starts a fresh claims folder holding the architectures the scans' files already
     record, so a resumed census checks none of them again and no architecture lands in two files."""
     gen = gen_script()
-    monkeypatch.setattr(gen, "out_of", lambda lane: tmp_path / f"{lane}.jsonl")
-    monkeypatch.setattr(gen, "CLAIMS", tmp_path / "claims")
+    monkeypatch.setattr(gen, "lane_file", lambda lane: tmp_path / f"{lane}.jsonl")
+    monkeypatch.setattr(gen, "VLLM_CLAIMS", tmp_path / "claims")
     (tmp_path / "claims").mkdir()
     (tmp_path / "claims" / "stale").touch()  # claimed by a scan that stopped before its record
     (tmp_path / "1.jsonl").write_text(json.dumps({"model_type": "llama"}) + "\n")
