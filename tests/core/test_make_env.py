@@ -41,9 +41,9 @@ elif args[:1] == ["-"]:
 '''
 
 
-def make_env(*args, env=None, cwd=None):
-    return subprocess.run(["bash", str(SCRIPT), *map(str, args)], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, **(env or {})}, cwd=cwd)
+def make_env(*args, env=None):
+    return subprocess.run(["bash", str(SCRIPT), *map(str, args)], check=False, capture_output=True, text=True,
+                          timeout=60, env={**os.environ, **(env or {})})
 
 
 def standin(tmp_path: Path) -> tuple[Path, Path]:
