@@ -32,6 +32,7 @@ from ..errors import UserError
 from ..verdicts import BUG, CRASHED, FAILURES, OK, RAN_CLEAN, TIMED_OUT
 from . import engines
 from .record import BoundaryResult, Record
+from .report import cell
 
 FIXED, REGRESSED, NEW, GONE = "fixed", "regressed", "new", "gone"
 DIAGNOSIS, VERDICT = "diagnosis changed", "verdict changed"
@@ -222,5 +223,5 @@ def markdown(changes: Sequence[Change], was: str, now: str, why: Optional[dict] 
         said = why.get(c.model_type) or c.cause or "-"
         if c.path:
             said = f"{c.path['schedule']} now {c.path['max_abs']:.2g}; {said}"
-        out.append(f"| {c.model_type} | {c.kind} | {_num(c.before)} | {_num(c.after)} | {said.replace('|', '/')} |")
+        out.append(f"| {c.model_type} | {c.kind} | {_num(c.before)} | {_num(c.after)} | {cell(said, None)} |")
     return "\n".join(out) + "\n"

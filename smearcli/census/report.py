@@ -44,10 +44,11 @@ def f64_cell(r: Record) -> str:
     return "-" if v is None else f"{v:.2g}"
 
 
-def cell(text, n: int = 120) -> str:
-    """`text` as one cell of a Markdown table: on one line, a bar read as "/" (not as the cell's
-    end), at most `n` characters (a page keeps its width). Every engine's page uses it."""
-    return str(text or "").replace("|", "/").replace("\n", " ")[:n]
+def cell(text, n: Optional[int] = 120) -> str:
+    """`text` as one cell of a Markdown table: on one line, at most `n` characters of it (a page
+    keeps its width; None: all), its bars escaped so that they read as written ("max |d log-prob|")
+    and do not end the cell. Every page's table cells go through it."""
+    return str(text or "").replace("\n", " ")[:n].replace("|", "\\|")
 
 
 def sort_key(r: Record):

@@ -603,3 +603,20 @@ def test_an_lm_head_sized_apart_from_the_embedding_shrinks_with_it():
     small, changed, _ = derive.shrink({"vocab_size": 200064, "unpadded_vocab_size": 200058, "hidden_size": 1024})
     assert small["vocab_size"] == small["unpadded_vocab_size"] == derive.VOCAB
     assert changed["unpadded_vocab_size"] == (200058, derive.VOCAB)
+
+
+def test_a_bar_in_a_reason_reads_as_written_and_keeps_the_tables_cells():
+    """Every page's cells go through `report.cell`: a bar in their words ("max |d log-prob|") is
+    escaped, not turned into another character, and a row keeps its number of cells."""
+    import re
+
+    from smearcli.census import report
+
+    said = "IndexError in step: max |d log-prob| 3.1\nat position 7"
+    assert report.cell(said) == "IndexError in step: max \\|d log-prob\\| 3.1 at position 7"
+    assert report.cell("a|b", 2) == "a\\|"  # cut first: no escape is left half
+    rec = record.new("x", "crashed", reason=said, worst_schedule="chunks of 16", notes=[])
+    rows = [ln for ln in report.markdown([rec]).splitlines() if ln.startswith("| x |")]
+    assert rows and all("max \\|d log-prob\\|" in ln for ln in rows)
+    header = {ln.count("|") - ln.count("\\|") for ln in report.markdown([rec]).splitlines() if ln.startswith("| arch")}
+    assert all(len(re.split(r"(?<!\\)\|", ln)) - 1 in header for ln in rows)

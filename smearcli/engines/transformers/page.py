@@ -79,7 +79,7 @@ def boundaries_md(records: Sequence[Record]) -> list[str]:
             if e and e.status in (BUG, UNCONFIRMED, CRASHED, NOT_RUN, LEFT_UNSUPPORTED):
                 why = (e.shape or "") + ("; " if e.shape and e.why else "") + (e.why or "")
                 rows.append(f"| {r.model_type} | {name} | {boundary_cell(r, name).split(':')[0]} | "
-                            f"{why.replace('|', '/')[:160]} | {known.cell(r, name)} |")
+                            f"{cell(why, 160)} | {known.cell(r, name)} |")
     if rows:
         out += ["", "| architecture | boundary | result | shape / why | upstream |", "|---|---|---|---|---|", *rows]
     return out + [""]
@@ -109,7 +109,7 @@ def api_md(records: Sequence[Record]) -> list[str]:
     for g in found:
         big = "-" if g["largest"] is None else f"{g['largest']:.2g}x the floor"
         out.append(f"| `{g['at']}` | {g['what']} | {', '.join(g['architectures'])} | {big} | "
-                   f"{str(g['declared'] or '-').replace('|', '/')[:200]} |")
+                   f"{cell(g['declared'] or '-', 200)} |")
     return out + [""]
 
 
@@ -136,8 +136,8 @@ def groups_md(records: Sequence[Record]) -> list[str]:
         if g["lines"]:
             what += ": " + "; ".join(f"`{x}`" for x in g["lines"][:2])
         files = [f"`{p.split('/')[-1]}`" for p in (g.get("reproducer"), g.get("report_draft")) if p]
-        out.append(f"| {code.replace('|', '/')} | {', '.join(g['architectures'])} | {g.get('shape')} | "
-                   f"{what.replace('|', '/')} | {', '.join(files) or '-'} |")
+        out.append(f"| {cell(code, None)} | {', '.join(g['architectures'])} | {g.get('shape')} | "
+                   f"{cell(what, None)} | {', '.join(files) or '-'} |")
     return out + [""]
 def short_where(b: dict) -> str:
     """"modeling_mamba.py:358-484": a born-in forward's file by its name, and its lines."""
