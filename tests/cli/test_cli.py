@@ -58,6 +58,19 @@ def test_help_does_not_import_torch():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+def test_a_misused_release_option_is_refused_without_importing_torch():
+    """`scan --release`/`--bisect` are driven from a Python that never builds a model: the
+    transformers engine's torch-free modules import without the runner (`engines.transformers`
+    lends the runner's names on first use), so a misuse is refused at once."""
+    code = ("import sys; from smearcli.cli.app import app; from typer.testing import CliRunner; "
+            "r = CliRunner().invoke(app, ['scan', '--release', 'five']); assert r.exit_code == 2, r.output; "
+            "heavy = [m for m in ('torch', 'transformers', 'smearcli.engines.transformers.implementation') "
+            "if m in sys.modules]; assert not heavy, heavy; "
+            "assert 'smearcli.engines.transformers.releases' in sys.modules")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+
+
 def test_table_shows_bug_and_verdict():
     r = invoke("compare", *SMALL, "--chunks", "3")
     assert r.exit_code == 0, r.output

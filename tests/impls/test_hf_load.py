@@ -1,4 +1,4 @@
-"""A Hugging Face model directory is never trusted (smearcli.engines.transformers.load and hf_files): no code
+"""A Hugging Face model directory is never trusted (smearcli.engines.transformers.loading and hf_files): no code
 from it runs, no pickle in it is read, and every bad file is exit 2 with one line naming it, by
 class: foreign code, JSON files, config values, safetensors headers, weights against the model.
 

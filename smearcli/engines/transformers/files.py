@@ -1,5 +1,5 @@
 """The files of a Hugging Face model directory, read as data before transformers sees them (for
-`smearcli.engines.transformers.load`; no transformers here).
+`smearcli.engines.transformers.loading`; no transformers here).
 
 - **JSON files** (config.json, generation_config.json, the index) are capped at the meta files'
   size (`checkpoint.META_MAX_BYTES`), checked before reading, nested at most `JSON_MAX_DEPTH`

@@ -115,7 +115,7 @@ def quiet():
     --quiet` would print once per path and architecture."""
     import transformers
 
-    from .load import quiet as off
+    from .loading import quiet as off
 
     return off(transformers)
 
