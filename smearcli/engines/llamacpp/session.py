@@ -442,7 +442,7 @@ def judged(model_type, model, model_dir: Path, python: str, tokens, ref_runner, 
         out["power"] = power.to_json()
     if word is CRASHED:
         first = c.crashed[0]
-        return record(model_type, CRASHED, worst_schedule=first.schedule, steps=steps.get(first.schedule),
+        return record(model_type, word, worst_schedule=first.schedule, steps=steps.get(first.schedule),
                       reason=f"{first.schedule}: {first.message}", **out), True, c, runner
     metrics = {m.schedule: m for m in c.metrics}
     if found:

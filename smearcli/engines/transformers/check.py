@@ -397,6 +397,6 @@ def confirmed(main, used: dict, tokens, plans: dict, bad: dict, out: dict) -> tu
                 e = out["boundaries"][name]
                 e.status, e.shape, e.why = boundary.PASSED, None, c.why
         elif name in out["boundaries"] and status == UNCONFIRMED:
-            out["boundaries"][name].status = UNCONFIRMED
+            out["boundaries"][name].status = status
     return confs, reruns
 

@@ -286,22 +286,22 @@ def judged(model_type, result, workdir, tokens, req, ref, floor, power, toleranc
                multiple=metrics[worst].logits_multiple if worst else None, steps=steps.get(worst))
     if verdict.word is CRASHED:
         first = crashed[0]
-        return record(model_type, CRASHED, **{**out, "worst_schedule": first, "steps": steps.get(first),
+        return record(model_type, verdict.word, **{**out, "worst_schedule": first, "steps": steps.get(first),
                                                "max_abs": None, "multiple": None,
                                                "reason": f"{first}: {schedules[first]['why']}"})
     if "prefill" in failed:  # the one-step path departs too: the model, not a cache
         out["notes"] = notes + ["prefill in one step departs as well: vLLM's implementation of the model computes "
                                 "differently from transformers', beyond its caching paths"]
     if verdict.word is UNCONFIRMED:
-        return record(model_type, UNCONFIRMED, confirmation=no_float64(metrics[worst]).to_json(), **out)
+        return record(model_type, verdict.word, confirmation=no_float64(metrics[worst]).to_json(), **out)
     if metrics:
         out["power"] = power.to_json()
     if verdict.word is INCONCLUSIVE:
-        return record(model_type, INCONCLUSIVE, reason=verdict.why,
+        return record(model_type, verdict.word, reason=verdict.why,
                       **{**out, "notes": notes + ([NO_POWER_NOTE] if metrics and power.measured else [])})
     if base.get("init") is not None:
         out["notes"] = notes + [init_note(base["init"])]
-    return record(model_type, OK, **out)
+    return record(model_type, verdict.word, **out)
 
 
 def no_float64(m) -> evidence.Confirmation:

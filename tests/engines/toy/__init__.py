@@ -14,8 +14,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from smearcli import evidence
+from smearcli import evidence, judge
 from smearcli.census import engines, record
+from smearcli.verdicts import BUG
 
 TYPES = ("toy_crash", "toy_drop", "toy_ok")
 TOKENS = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8]
@@ -37,6 +38,14 @@ err = max(abs(a - b) for a, b in zip(full, cached))
 print(f"max abs error {{err}}")
 sys.exit(1 if err > 0 else 0)
 '''
+
+
+def confirmed(full: list, model_type: str, chunk: int, err: float) -> evidence.Confirmation:
+    """A departure's float64 rerun (Python's floats are float64): without one the judge keeps no bug."""
+    again = max(abs(float(a) - b) for a, b in zip(full, outputs(model_type, chunk)))
+    c = evidence.Confirmation(err, "float32", again, 0.0)
+    c.status, c.why = evidence.classify(c.original, c.lifted, c.bound)
+    return c
 
 
 def outputs(model_type: str, chunk: int) -> list[int]:
@@ -66,29 +75,34 @@ class Toy:
         return list(TYPES)
 
     def check(self, model_type: str, repro_dir: Path, timeout: float, memory) -> record.Record:
+        """Measured runs in, the judge's word out: the toy never writes a verdict of its own."""
         full = outputs("toy_ok", len(TOKENS))
-        schedules, worst = {}, None
+        # power: the carried sum zeroed after the first chunk moves the outputs this much
+        moved = max(abs(a - b) for a, b in zip(full, outputs("toy_drop", 4)))
+        power = evidence.Power(4, 10 * FLOOR, {"sum": float(moved)})
+        schedules, runs = {}, []
         for name, chunk in PLANS.items():
             try:
                 err = float(max(abs(a - b) for a, b in zip(full, outputs(model_type, chunk))))
             except RuntimeError as e:
-                return record.new(model_type, "crashed", engine="toy", reason=f"{name}: {e}", worst_schedule=name)
-            schedules[name] = {"status": "bug" if err else "ok", "max_abs": err, "multiple": err / FLOOR}
-            if err and (worst is None or err > schedules[worst]["max_abs"]):
-                worst = name
-        if worst is None:
-            return record.new(model_type, "ok", engine="toy", schedules=schedules, floor=FLOOR)
+                return record.new(model_type, judge.stopped(judge.CACHED_PATH), engine="toy", reason=f"{name}: {e}",
+                                  worst_schedule=name)
+            schedules[name] = {"max_abs": err, "multiple": err / FLOOR}
+            runs.append(judge.Run(name, err == 0, confirmed(full, model_type, chunk, err) if err else None))
+        j = judge.judge(runs, power)
+        for name, status in j.statuses.items():
+            schedules[name]["status"] = str(status)
+        if j.word != BUG:
+            return record.new(model_type, j.word, engine="toy", schedules=schedules, floor=FLOOR, reason=j.why or None)
+        worst = max(j.named(BUG), key=lambda n: schedules[n]["max_abs"])
         path = Path(repro_dir) / f"{model_type}-toy.py"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(REPRO.format(model_type=model_type, schedule=worst, tokens=TOKENS, chunk=PLANS[worst]))
         status = subprocess.run([sys.executable, str(path)], capture_output=True, timeout=timeout).returncode
-        # its float64 rerun (without one the census keeps no bug): Python's floats are float64
-        again = max(abs(float(a) - b) for a, b in zip(full, outputs(model_type, PLANS[worst])))
-        c = evidence.Confirmation(schedules[worst]["max_abs"], "float32", again, 0.0)
-        c.status, c.why = evidence.classify(c.original, c.lifted, c.bound)
-        return record.new(model_type, "bug", engine="toy", schedules=schedules, floor=FLOOR, worst_schedule=worst,
+        return record.new(model_type, j.word, engine="toy", schedules=schedules, floor=FLOOR, worst_schedule=worst,
                           max_abs=schedules[worst]["max_abs"], multiple=schedules[worst]["multiple"],
-                          confirmation=c.to_json(), reproducer=str(path), reproducer_status=status)
+                          confirmation=runs[list(PLANS).index(worst)].confirmation.to_json(), reproducer=str(path),
+                          reproducer_status=status)
 
     def checked(self, rec: record.Record, more: bool) -> bool:
         return False
