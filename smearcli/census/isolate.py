@@ -104,7 +104,8 @@ def memory_verdict(rec: Record, memory: Optional[int]) -> Record:
             not any(w in reason for w in ALLOCATION_FAILED):
         return rec
     limit = f"an allocation over the {memory >> 20} MiB limit was refused" if memory else "an allocation was refused"
-    return dataclasses.replace(rec, verdict=str(judge.stopped(judge.MEMORY)), reason=f"out of memory: {limit} ({reason})")
+    return dataclasses.replace(rec, verdict=str(judge.stopped(judge.MEMORY)),
+                               reason=f"out of memory: {limit} ({reason})")
 
 
 def _as_worker(parent: int, inherited: Sequence[int]) -> None:
