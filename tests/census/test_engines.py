@@ -96,6 +96,18 @@ def test_an_engine_cannot_record_a_bug_without_a_float64_confirmation(toy, monke
     assert drop.verdict == "unconfirmed" and any("without a float64 confirmation" in n for n in drop.notes)
 
 
+def test_an_engine_whose_check_has_no_power_is_inconclusive_not_ok(toy, monkeypatch):
+    """The toy hands its runs and its power to the judge: with a floor so coarse that zeroing its
+    carried sum would not show (power under 1%), its agreeing runs are `inconclusive`, never `ok`;
+    its departure is still a bug (a failed run needs no power)."""
+    monkeypatch.setattr(toy_engine, "FLOOR", 1e3)
+    r = scan("--out", "toy.jsonl", "--repro-dir", "repro", "-q")
+    recs = {x.model_type: x for x in records.read(toy / "toy.jsonl").records}
+    assert recs["toy_ok"].verdict == "inconclusive" and "(OK needs 1%)" in recs["toy_ok"].reason
+    assert all(s["status"] == "ok" for s in recs["toy_ok"].schedules.values())
+    assert recs["toy_drop"].verdict == "bug" and r.stdout.splitlines()[-1].startswith("3 architectures: 1 bug")
+
+
 def test_only_shard_and_merge_go_through_the_one_path(toy):
     r = scan("--only", "toy_ok,nope", "--out", "a.jsonl")
     assert r.exit_code == 2 and "--only: nope is not a toy model type (3 are)" in r.stderr
