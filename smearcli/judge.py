@@ -29,7 +29,8 @@ calls with what its reruns and layer orders gave (it decides which reruns to mak
   finds it; where it does not, it is a `tie artifact` when an exact tie was seen, else
   `unconfirmed`;
 - `in_layer_order`: a finding seen only in a layer order that neither the default configuration
-  nor a published one has (`census.variants`) is `latent`;
+  nor a published one has (`census.variants`) is `latent`; `of_orders`: the architecture's word is
+  the worst of its orders that were built;
 - `by_design`: a finding whose every part upstream's maintainers answered is intended
   (`census.known`) is `by design`;
 - `recorded`: every engine's record passes it in the census loop: a `bug` whose record holds no
@@ -52,7 +53,7 @@ from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 from .verdicts import (BUG, BY_DESIGN, CRASHED, FINDINGS, INCONCLUSIVE, LATENT, NOT_BUILT, NOT_RUN, OK, ROUNDING,
-                       TIE_ARTIFACT, UNCONFIRMED, Verdict)
+                       TIE_ARTIFACT, UNCONFIRMED, Verdict, worst)
 
 NOTHING_MEASURED = "no schedule was measured"
 POWER_NOT_MEASURED = "power not measured"
@@ -199,6 +200,16 @@ def in_layer_order(word, default_order: bool, published: bool) -> Verdict:
     configuration has is `latent`; any other word is its own."""
     word = Verdict(str(word))
     return LATENT if not default_order and word in FINDINGS and not published else word
+
+
+def of_orders(words: Sequence) -> tuple[Verdict, int]:
+    """The architecture's word from its layer orders' words (each already read by `in_layer_order`),
+    and the first order that has it: the worst (`verdicts.worst`) among the orders that were built;
+    an order the config class cannot build (`not built`) decides nothing while another order runs."""
+    words = [Verdict(str(w)) for w in words]
+    ran = [i for i, w in enumerate(words) if w != NOT_BUILT] or list(range(len(words)))
+    word = worst(words[i] for i in ran)
+    return word, next(i for i in ran if words[i] == word)
 
 
 def by_design(word, classes) -> Verdict:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from .. import judge
-from ..verdicts import LATENT, NOT_BUILT, worst
+from ..verdicts import LATENT
 from .record import Record
 
 PERIODS = {"attn_layer_period": "attn_layer_offset", "expert_layer_period": "expert_layer_offset"}
@@ -144,16 +144,14 @@ def combine(records: list[Record], names: list[list[str]]) -> Record:
     """One architecture's record of its orders' records (`names[i]`: record i's layer order, layer 0
     first; record 0 is the defaults' order). One order: its record as it is. Several: a finding
     (bug, unconfirmed) of an order other than the defaults' counts as `latent` (`real`); the first
-    record with the worst of those verdicts among the orders that were built (`verdicts.worst`)
+    record with the worst of those verdicts among the orders that were built (`judge.of_orders`)
     heads it, with its `order`; `variants` lists each order's own verdict and numbers. An order
     whose config or model cannot be built does not decide the verdict while another order runs
     (the config class refused that order: not a finding)."""
     if len(records) == 1:
         return records[0]
     said = [real(r, i, names[i][0] if names[i] else None) for i, r in enumerate(records)]
-    ran = [i for i, r in enumerate(records) if r.verdict != NOT_BUILT] or list(range(len(records)))
-    word = worst(said[i] for i in ran)
-    at = next(i for i in ran if said[i] == word)
+    word, at = judge.of_orders(said)
     head = records[at]
     out = dataclasses.replace(head, verdict=said[at])
     out.order = names[at]

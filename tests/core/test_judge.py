@@ -152,3 +152,13 @@ def test_a_departure_is_a_bug_only_when_it_withstood_every_test():
     (OK, 1, True, TIE_ARTIFACT), (OK, 1, False, OK)])
 def test_an_engines_own_prefill_departing_where_the_reference_tied_is_a_tie_artifact(word, ties, own, becomes):
     assert judge.own_tie(word, ties, own) is becomes
+
+
+@pytest.mark.parametrize("words, becomes", [
+    (["ok", "latent"], (LATENT, 1)),
+    (["bug", "latent", "bug"], (BUG, 0)),
+    (["not built", "ok"], (OK, 1)),  # an order the config class refuses decides nothing
+    (["not built", "not built"], (NOT_BUILT, 0)),  # unless no order runs
+    (["ok", "crashed", "latent"], (CRASHED, 1))])
+def test_an_architectures_word_is_the_worst_of_its_layer_orders_that_were_built(words, becomes):
+    assert judge.of_orders(words) == becomes
