@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 from .verdicts import (BUG, BY_DESIGN, CRASHED, FINDINGS, INCONCLUSIVE, LATENT, NOT_BUILT, NOT_RUN, OK, ROUNDING,
-                       TIE_ARTIFACT, UNCONFIRMED, Verdict, worst)
+                       TIE_ARTIFACT, UNCONFIRMED, UNSUPPORTED, Verdict, worst)
 
 NOTHING_MEASURED = "no schedule was measured"
 POWER_NOT_MEASURED = "power not measured"
@@ -143,6 +143,23 @@ def stopped(where: str) -> Verdict:
     if where not in STOPS:
         raise ValueError(f"no such stop: {where!r}")
     return CRASHED if where in (CACHED_PATH, WORKER, MEMORY) else NOT_BUILT
+
+
+# why one run was not measured as its schedule asks (`unmeasured`): what the engine saw
+CANNOT_RUN = "cannot run"  # the check cannot run it: a capability, an input or a step before it is missing
+THEIRS_REFUSES = "theirs refuses"  # their code refuses the use on purpose (a raise of its own, generate declining)
+DECLARED = "declared"  # their library declares the path unsupported, and what it did anyway is recorded
+RAISED = "raised"  # their code raised inside the path, where the full pass runs
+
+
+def unmeasured(why: str) -> Verdict:
+    """The status of one run that was not measured as its schedule asks, by `why`: `not run` where
+    it could not be run or their code refused it, `unsupported` where their library declares the
+    path unsupported, `crashed` where their code raised in it (a finding of their code)."""
+    words = {CANNOT_RUN: NOT_RUN, THEIRS_REFUSES: NOT_RUN, DECLARED: UNSUPPORTED, RAISED: CRASHED}
+    if why not in words:
+        raise ValueError(f"no such reason a run was not measured: {why!r}")
+    return words[why]
 
 
 # the reruns a census makes of a bug (`replicated`), in the order it makes them

@@ -9,7 +9,7 @@ import pytest
 from smearcli import judge
 from smearcli.judge import DEFAULT_COUNTS, SECOND_SEED, TIE_BREAK, Run
 from smearcli.verdicts import (BUG, CRASHED, INCONCLUSIVE, LATENT, NOT_BUILT, NOT_RUN, OK, ROUNDING, TIE_ARTIFACT,
-                               TIMED_OUT, UNCONFIRMED)
+                               TIMED_OUT, UNCONFIRMED, UNSUPPORTED)
 
 
 @dataclass
@@ -162,3 +162,11 @@ def test_an_engines_own_prefill_departing_where_the_reference_tied_is_a_tie_arti
     (["ok", "crashed", "latent"], (CRASHED, 1))])
 def test_an_architectures_word_is_the_worst_of_its_layer_orders_that_were_built(words, becomes):
     assert judge.of_orders(words) == becomes
+
+
+@pytest.mark.parametrize("why, word", [(judge.CANNOT_RUN, NOT_RUN), (judge.THEIRS_REFUSES, NOT_RUN),
+                                       (judge.DECLARED, UNSUPPORTED), (judge.RAISED, CRASHED)])
+def test_a_run_not_measured_is_not_run_unsupported_or_crashed_by_why(why, word):
+    assert judge.unmeasured(why) is word
+    with pytest.raises(ValueError, match="no such reason"):
+        judge.unmeasured("tired")

@@ -125,7 +125,8 @@ def entry(status: str, **kw) -> BoundaryResult:
 def run_one(runner, tokens, name: str, ref, noise, tolerance, opts=ScheduleOptions()):
     """(metrics or None, the run or None, its entry) of one boundary schedule on `runner`."""
     if not runnable(runner, name):
-        return None, None, entry(NOT_RUN, why=f"{runner.label} cannot run it: {missing(runner, name)}")
+        return None, None, entry(judge.unmeasured(judge.CANNOT_RUN),
+                                 why=f"{runner.label} cannot run it: {missing(runner, name)}")
     try:
         run = run_schedule(runner, tokens, name, opts=opts, capture=ref.hiddens is not None)
     except hf_runner.CropRefused:
@@ -133,8 +134,9 @@ def run_one(runner, tokens, name: str, ref, noise, tolerance, opts=ScheduleOptio
     except Exception as e:
         limit = frames.declared_limit(e, "transformers")  # a use their API refuses on purpose: not run
         if limit:
-            return None, None, entry(NOT_RUN, why=f"refused by their code as a use it does not support: {limit}")
-        return None, None, entry(CRASHED, why=transformers_frame(e))
+            return None, None, entry(judge.unmeasured(judge.THEIRS_REFUSES),
+                                     why=f"refused by their code as a use it does not support: {limit}")
+        return None, None, entry(judge.unmeasured(judge.RAISED), why=transformers_frame(e))
     m = measured(ref, run, noise, tolerance)
     # a departure's status is provisional until `check.confirmed` reruns it in float64 and sets the
     # judge's (`judge.status`: bug, unconfirmed, or passed as rounding)
@@ -169,7 +171,8 @@ def run_boundaries(model, make, layers, tokens, ref, noise, tolerance: float = N
     out = Boundaries()
     runner = make(model, layers)
     if runner.can("padding") and not getattr(runner, "takes_mask", True):
-        out.entries["padded"] = entry(NOT_RUN, why=f"{type(model).__name__}.forward takes no attention_mask")
+        out.entries["padded"] = entry(judge.unmeasured(judge.CANNOT_RUN),
+                                          why=f"{type(model).__name__}.forward takes no attention_mask")
     else:
         said = prepare_padded(runner, tokens, tolerance * noise.per_layer[-1])
         m, run, out.entries["padded"] = run_one(runner, tokens, "padded", ref, noise, tolerance)
@@ -209,12 +212,14 @@ def run_combinations(out: Boundaries, model, make, layers, tokens, ref, noise, t
     thr = tolerance * noise.per_layer[-1]
     for name in ("padded-chunks", "padded-decode"):
         if not getattr(runner, "takes_mask", True):
-            out.entries[name] = entry(NOT_RUN, why=f"{type(model).__name__}.forward takes no attention_mask")
+            out.entries[name] = entry(judge.unmeasured(judge.CANNOT_RUN),
+                                          why=f"{type(model).__name__}.forward takes no attention_mask")
             out.not_measured(name)
             continue
         refused = hf_runner.chunked_prefill_refusal(model) if name == "padded-chunks" else None
         if refused:  # their public API refuses the path: the cache under it is not ours to chunk
-            out.entries[name] = entry(NOT_RUN, why=f"generate() refuses a chunked prefill for it: {refused}")
+            out.entries[name] = entry(judge.unmeasured(judge.THEIRS_REFUSES),
+                                      why=f"generate() refuses a chunked prefill for it: {refused}")
             out.not_measured(name)
             continue
         m, run, e = run_one(runner, tokens, name, ref, noise, tolerance)
@@ -281,7 +286,7 @@ def padded_limit(name: str, e: BoundaryResult, threshold: float, takes_positions
         return True
     said = right_padding_declared() if name == "padded-decode" else None
     if said:
-        e.status, e.shape, e.declared = str(UNSUPPORTED), None, said
+        e.status, e.shape, e.declared = str(judge.unmeasured(judge.DECLARED)), None, said
         e.why = "off: " + ", ".join(off) + "; generate() declares right padding wrong for a decoder-only model"
         return True
     return False
@@ -327,19 +332,21 @@ def run_rollback_window(model, make, layers, tokens, ref, noise, tolerance, roll
     the rollback's own crop ran on a path their API supports (module docstring)."""
     crop = rollback.their_crop if rollback is not None else None
     if rollback is not None and rollback.generate_refuses:
-        return None, None, entry(NOT_RUN, why=f"generate() refuses assisted decoding: {rollback.generate_refuses}"), None
+        return None, None, entry(judge.unmeasured(judge.THEIRS_REFUSES),
+                                 why=f"generate() refuses assisted decoding: {rollback.generate_refuses}"), None
     if crop is None or crop.status in (REFUSED, NOT_RUN):
         said = f"their crop {crop.status}: {crop.why}" if crop is not None else "the rollback did not run"
-        return None, None, entry(NOT_RUN, why=said), None
+        return None, None, entry(judge.unmeasured(judge.CANNOT_RUN), why=said), None
     try:
         r = make(model, layers, crop=True)
     except hf_runner.CropRefused as refused:
-        return None, None, entry(NOT_RUN, why=f"their crop refused: {refused}"), None
+        return None, None, entry(judge.unmeasured(judge.THEIRS_REFUSES), why=f"their crop refused: {refused}"), None
     r.window = window_of(model)
     try:
         m, run, e = run_one(r, tokens, "rollback-window", ref, noise, tolerance)
     except hf_runner.CropRefused as refused:  # their API refused the held drafts in so many words
-        return None, None, entry(NOT_RUN, why=f"their crop refused held drafts: {refused}"), None
+        return None, None, entry(judge.unmeasured(judge.THEIRS_REFUSES),
+                                     why=f"their crop refused held drafts: {refused}"), None
     e.mode, e.extra["window"] = "crop", r.window
     if e.status == BUG and crop.status in (BUG, UNCONFIRMED, CRASHED):
         e.why = "; ".join(filter(None, [e.why, "rollback fails too, one draft per crop"]))
@@ -422,7 +429,7 @@ def declared(way: Rolled, refuses: Optional[str], runner, tokens) -> None:
     if st in (BUG, UNCONFIRMED):
         way.entry.api_finding = {"at": hf_runner.crop_site(runner, tokens), "what": API_FINDING, "status": str(st)}
         return
-    way.entry.status, way.entry.shape = str(UNSUPPORTED), None
+    way.entry.status, way.entry.shape = str(judge.unmeasured(judge.DECLARED)), None
 
 
 def confirm(way: Rolled, tokens, f64=None):
