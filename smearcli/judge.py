@@ -38,7 +38,9 @@ calls with what its reruns and layer orders gave (it decides which reruns to mak
 
 A check that stops before any run can be judged says where (`stopped`: its tiny config, the
 model's build, a forward with no cache, the reference, the engine's refusal, a cached path that
-raised, its own process, memory), and the word comes from here: `not built` or `crashed`.
+raised, its own process, memory), and the word comes from here: `not built` or `crashed`. One run
+that was not measured as its schedule asks says why (`unmeasured`: the check cannot run it, their
+code refuses it, their library declares it unsupported, their code raised in it).
 
 ```python
 from smearcli.judge import Run, judge
