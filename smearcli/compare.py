@@ -114,7 +114,8 @@ class Comparison:
 
     @property
     def crashed(self) -> list[RunResult]:
-        return [r for r in self.unmeasured if r.outcome == CRASHED]
+        """The runs the judge calls crashed (their code raised in them)."""
+        return [r for r in self.unmeasured if judge.unmeasured(r.outcome) == CRASHED]
 
     @property
     def word(self) -> Verdict:
@@ -353,7 +354,7 @@ def verdict(c: Comparison) -> str:
     judged = c.judgement
     word = judged.word
     within = f"within {c.tolerance:g}x the noise floor"
-    tail = "".join(f"; {c.outcome_line(r)}" for r in c.unmeasured if r.outcome != CRASHED)
+    tail = "".join(f"; {c.outcome_line(r)}" for r in c.unmeasured if judge.unmeasured(r.outcome) != CRASHED)
     if c.rounding:
         tail += (f"; {', '.join(c.run_name(m) for m in c.rounding)} left the tolerance in "
                  f"{str(c.dtype).removeprefix('torch.')} only: float32 rounding, gone in float64")

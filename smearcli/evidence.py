@@ -44,13 +44,13 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor
 
+from . import judge
 from .defaults import NOISE_MARGIN
 from .precision import lifted
 from .state import Zeroing, state_kinds
-from .verdicts import BUG, ROUNDING, UNCONFIRMED
+from .verdicts import UNCONFIRMED
 
 MIN_POWER = 0.01  # OK needs an error of 1% of each kind of state's effect to show
-KEEPS = 0.5  # a confirmed bug's lifted error is at least this share of its error in its own precision
 
 
 # -- 1. the floor ---------------------------------------------------------------------------------
@@ -259,7 +259,7 @@ class Confirmation:
     dtype: str  # that precision
     lifted: Optional[float] = None  # float64, lifted (None: could not run)
     bound: float = 0.0  # the largest error float64 rounding of this one could leave
-    status: str = UNCONFIRMED  # BUG, ROUNDING or UNCONFIRMED
+    status: str = UNCONFIRMED  # BUG, ROUNDING or UNCONFIRMED (`judge.confirmed`; without a rerun, unconfirmed)
     why: str = ""
 
     def phrase(self) -> str:
@@ -282,17 +282,6 @@ def rounding_bound(original: float, dtype, scale: float) -> float:
     `NOISE_MARGIN` float64 ulps of the logits' scale."""
     ratio = torch.finfo(torch.float64).eps / torch.finfo(dtype).eps
     return NOISE_MARGIN * max(original * ratio, torch.finfo(torch.float64).eps * scale)
-
-
-def classify(original: float, lifted: Optional[float], bound: float) -> tuple[str, str]:
-    """(status, why) of a departure from its lifted float64 size."""
-    if lifted is None:
-        return UNCONFIRMED, "not confirmed: the model does not run in float64"
-    if lifted >= KEEPS * original:
-        return BUG, "keeps its size in float64"
-    if lifted <= bound:
-        return ROUNDING, "float32 rounding, gone in float64"
-    return UNCONFIRMED, "shrinks in float64 without vanishing: neither a logic error nor rounding shown"
 
 
 def departure(ref, run) -> float:
@@ -357,16 +346,15 @@ class Confirmer:
         f64 = self.f64.make()
         c = Confirmation(float(original), str(f64.dtype).removeprefix("torch."))
         if f64.twin is None or f64.run is None or not f64.lifted:
-            c.status, c.why = UNCONFIRMED, ("not confirmed: " + (f64.why if f64.twin is None or f64.run is None
-                                                                 else "it does not run in float64 lifted"))
+            c.why = "not confirmed: " + (f64.why if f64.twin is None or f64.run is None  # no rerun: unconfirmed
+                                         else "it does not run in float64 lifted")
             return c
         try:
             with lifted():
                 c.lifted = measure(f64.twin, f64.run)
         except Exception as e:
-            c.status, c.why = UNCONFIRMED, (f"not confirmed: it does not run in float64 lifted "
-                                            f"({type(e).__name__}: {_first_line(e)})")
+            c.why = f"not confirmed: it does not run in float64 lifted ({type(e).__name__}: {_first_line(e)})"
             return c
         c.bound = rounding_bound(c.original, f64.dtype, f64.scale())
-        c.status, c.why = classify(c.original, c.lifted, c.bound)
+        c.status, c.why = judge.confirmed(c.original, c.lifted, c.bound)
         return c

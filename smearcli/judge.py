@@ -39,8 +39,13 @@ calls with what its reruns and layer orders gave (it decides which reruns to mak
 A check that stops before any run can be judged says where (`stopped`: its tiny config, the
 model's build, a forward with no cache, the reference, the engine's refusal, a cached path that
 raised, its own process, memory), and the word comes from here: `not built` or `crashed`. One run
-that was not measured as its schedule asks says why (`unmeasured`: the check cannot run it, their
-code refuses it, their library declares it unsupported, their code raised in it).
+that was not measured as its schedule asks says why (`Run.outcome`, `unmeasured`: their code raised
+in it, it checked nothing, the check cannot run it, their code refuses it, their library declares
+it unsupported, the model cannot number a left-padded row): every runner's `RunResult.outcome` is
+one of these reasons, and the status (`crashed`, `not run`, `unsupported`, `left padding
+unsupported`) comes from here. Whether a departure keeps its size in float64 is decided here too
+(`confirmed`, which `evidence.Confirmer` and every other float64 rerun call), and so is how an
+engine that reads a rerun by where it departs reads it (`read_again`).
 
 ```python
 from smearcli.judge import Run, judge
@@ -54,8 +59,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
-from .verdicts import (BUG, BY_DESIGN, CRASHED, FINDINGS, INCONCLUSIVE, LATENT, NOT_BUILT, NOT_RUN, OK, ROUNDING,
-                       TIE_ARTIFACT, UNCONFIRMED, UNSUPPORTED, Verdict, worst)
+from .verdicts import (BUG, BY_DESIGN, CRASHED, FINDINGS, INCONCLUSIVE, LATENT, LEFT_UNSUPPORTED, NOT_BUILT, NOT_RUN,
+                       OK, ROUNDING, TIE_ARTIFACT, UNCONFIRMED, UNSUPPORTED, Verdict, worst)
 
 NOTHING_MEASURED = "no schedule was measured"
 POWER_NOT_MEASURED = "power not measured"
@@ -64,8 +69,8 @@ POWER_NOT_MEASURED = "power not measured"
 @dataclass(frozen=True)
 class Run:
     """One run as the judge sees it: whether it stayed within the tolerance in its own precision,
-    its float64 rerun when it did not (an `evidence.Confirmation`, or None: none was made), or the
-    outcome of a run that was not measured (`verdicts.CRASHED`, or any other: not run)."""
+    its float64 rerun when it did not (an `evidence.Confirmation`, or None: none was made), or, for
+    a run that was not measured, why (`outcome`: one of `OUTCOMES`, read by `unmeasured`)."""
     name: str
     passed: bool = True
     confirmation: Optional[object] = None
@@ -76,7 +81,7 @@ def status(run: Run) -> str:
     """One run's status: ok, rounding, bug, unconfirmed, crashed or not run (module docstring); a
     `verdicts.Verdict` for each but rounding (`verdicts.ROUNDING`)."""
     if run.outcome is not None:
-        return CRASHED if run.outcome == CRASHED else NOT_RUN
+        return unmeasured(run.outcome)
     if run.passed:
         return OK
     c = run.confirmation
@@ -147,21 +152,50 @@ def stopped(where: str) -> Verdict:
     return CRASHED if where in (CACHED_PATH, WORKER, MEMORY) else NOT_BUILT
 
 
-# why one run was not measured as its schedule asks (`unmeasured`): what the engine saw
-CANNOT_RUN = "cannot run"  # the check cannot run it: a capability, an input or a step before it is missing
+# why one run was not measured as its schedule asks (`Run.outcome`, `unmeasured`): what the engine
+# saw, never a word of its own. The first three are also what a runner reports of a schedule
+# (`steps.RunResult.outcome`), spelled as compare's JSON has always written them (`outcome`: two
+# of them as the status they get).
+RAISED = str(CRASHED)  # their code raised inside the path, where the full pass runs
+CHECKED_NOTHING = "checked nothing"  # it ran, but did not exercise what the schedule tests
+CANNOT_RUN = str(NOT_RUN)  # the check cannot run it: a capability, an input or a step before it is missing
 THEIRS_REFUSES = "theirs refuses"  # their code refuses the use on purpose (a raise of its own, generate declining)
 DECLARED = "declared"  # their library declares the path unsupported, and what it did anyway is recorded
-RAISED = "raised"  # their code raised inside the path, where the full pass runs
+NO_PAD_POSITIONS = "no pad positions"  # their model cannot number a row past its left pads (no position_ids)
+OUTCOMES = (RAISED, CHECKED_NOTHING, CANNOT_RUN, THEIRS_REFUSES, DECLARED, NO_PAD_POSITIONS)
 
 
-def unmeasured(why: str) -> Verdict:
-    """The status of one run that was not measured as its schedule asks, by `why`: `not run` where
-    it could not be run or their code refused it, `unsupported` where their library declares the
-    path unsupported, `crashed` where their code raised in it (a finding of their code)."""
-    words = {CANNOT_RUN: NOT_RUN, THEIRS_REFUSES: NOT_RUN, DECLARED: UNSUPPORTED, RAISED: CRASHED}
+def unmeasured(why: str) -> str:
+    """The status of one run that was not measured as its schedule asks, by `why` (one of
+    `OUTCOMES`): `crashed` where their code raised in it (a finding of their code); `not run` where
+    it checked nothing, could not be run or their code refused it; `unsupported` where their library
+    declares the path unsupported; `left padding unsupported` where the model's API cannot number a
+    left-padded row (a padded boundary's status of its own: what the API allows, never a bug)."""
+    words = {RAISED: CRASHED, CHECKED_NOTHING: NOT_RUN, CANNOT_RUN: NOT_RUN, THEIRS_REFUSES: NOT_RUN,
+             DECLARED: UNSUPPORTED, NO_PAD_POSITIONS: LEFT_UNSUPPORTED}
     if why not in words:
         raise ValueError(f"no such reason a run was not measured: {why!r}")
     return words[why]
+
+
+# whether a departure keeps its size in float64 with the float32 islands lifted (`confirmed`)
+KEEPS = 0.5  # a confirmed bug's lifted error is at least this share of its error in its own precision
+NOT_IN_FLOAT64 = "not confirmed: the model does not run in float64"
+
+
+def confirmed(original: float, lifted: Optional[float], bound: float) -> tuple[str, str]:
+    """What a float64 rerun makes of one departure, and why (`evidence.Confirmation`'s status):
+    `bug` where its lifted size keeps at least `KEEPS` of its size in its own precision (a logic
+    error does not care about precision), `rounding` where it falls within `bound` (the most
+    float64 rounding of it could leave: float32 rounding, gone), else `unconfirmed` (it shrank
+    without vanishing, or, `lifted` None, it could not be rerun)."""
+    if lifted is None:
+        return UNCONFIRMED, NOT_IN_FLOAT64
+    if lifted >= KEEPS * original:
+        return BUG, "keeps its size in float64"
+    if lifted <= bound:
+        return ROUNDING, "float32 rounding, gone in float64"
+    return UNCONFIRMED, "shrinks in float64 without vanishing: neither a logic error nor rounding shown"
 
 
 # the reruns a census makes of a bug (`replicated`), in the order it makes them
@@ -183,6 +217,17 @@ def replicated(rerun: str, word, ties: bool, finding: Verdict = BUG) -> Optional
     if Verdict(str(word)) in stands:
         return None
     return TIE_ARTIFACT if ties else UNCONFIRMED
+
+
+def read_again(same: bool, finding: Verdict, word=None) -> Verdict:
+    """A rerun's word as `replicated` reads it, for a check that reads a rerun by whether it departs
+    the same way again (llama.cpp: a cached path against its own one-call prefill, at the same
+    schedule; generate's path on the next seed): `word`, the rerun's own verdict where it has one,
+    stands where it crashed or was not built (it refutes nothing); else a rerun that departs the same
+    way (`same`) is the finding (`finding`) again, and any other refutes it, as an ok."""
+    if word is not None and Verdict(str(word)) in (CRASHED, NOT_BUILT):
+        return Verdict(str(word))
+    return finding if same else OK
 
 
 def recorded(word, confirmation) -> Verdict:

@@ -38,9 +38,10 @@ when `census=True`) and, given a `Repro`, the census's reproducers then know it 
   request that reads those blocks from the engine's prefix cache. Only a runner that declares
   `PREFIX_CACHE` runs it, in its own `run()`.
 
-A run an engine could not complete is still a result: `RunResult.outcome` is CRASHED (with the
-engine's message) or UNCHECKED (it ran, but did not exercise what the schedule tests, e.g. a
-prefix cache that was never read), and `compare` reports it without measuring it.
+A run an engine could not complete is still a result: `RunResult.outcome` says why, in the judge's
+words (`judge.RAISED`, with the engine's message; `judge.CHECKED_NOTHING`: it ran, but did not
+exercise what the schedule tests, e.g. a prefix cache that was never read), and `compare` reports
+it without measuring it.
 """
 
 from __future__ import annotations

@@ -17,7 +17,6 @@ from typing import Callable, NamedTuple, Optional
 from torch import Tensor
 
 from .defaults import CHUNKS, DRAFT, GEN_LEN, REJECT, SAMPLES
-from .verdicts import Verdict
 
 # The kinds of boundary a run records (`RunResult.boundaries`): positions where per-token state
 # crosses from one call, row or document into the next (documents, padding and rollbacks add
@@ -26,9 +25,6 @@ CHUNK_START = "chunk_start"  # a multi-token cached step begins after position 0
 CACHE_COPY = "cache_copy"  # the first position after a cache was copied into more rows
 PREFIX_HIT = "prefix_hit"  # the first position a request computed after the blocks it read from a prefix cache
 
-# What became of a run (`RunResult.outcome`): None for a run that returned numbers to measure.
-CRASHED = Verdict.CRASHED  # the implementation raised; `message` is its error
-UNCHECKED = "checked nothing"  # it ran but did not exercise what the schedule tests; `message` says why
 
 
 @dataclass(frozen=True)
@@ -53,7 +49,11 @@ class RunResult:
     marks: dict = field(default_factory=dict)  # boundaries the schedule adds: kind -> positions
     starts: Optional[list[int]] = None  # chunk starts, where the steps' running sums are not (packed, rollback)
     notes: tuple[str, ...] = ()  # what the run did that a reader must know (rollback: crop or copy)
-    outcome: Optional[str] = None  # CRASHED or UNCHECKED: not measured (logits may be empty)
+    # None for a run that returned numbers to measure, else why it was not (logits may be empty):
+    # `judge.RAISED` (the implementation raised; `message` is its error), `judge.CHECKED_NOTHING` (it
+    # ran but did not exercise what the schedule tests; `message` says why) or `judge.CANNOT_RUN`;
+    # the judge gives it its status
+    outcome: Optional[str] = None
     message: str = ""  # why, for an outcome: the engine's error, or what was not exercised
 
     @property

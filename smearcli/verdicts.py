@@ -88,6 +88,12 @@ ROUNDING = "rounding"  # gone in float64: float32 rounding, not a finding (the r
 # its own, since an ok needs the power check, which runs only when every schedule agrees
 NOT_JUDGED = "not judged"
 NOT_JUDGED_WHY = "a schedule before it failed"
+# a padded batch off only in its left-padded row, on a model whose forward takes no position_ids:
+# the row can only be numbered after its padding (absolute positions counted from the cache), or,
+# with a recurrent state, its padding runs through that state. That is what the model's API
+# allows, not a wrong cache: a boundary status of its own (`judge.unmeasured`), shown, never
+# counted as a bug
+LEFT_UNSUPPORTED = "left padding unsupported"
 
 
 def rank(word) -> int:

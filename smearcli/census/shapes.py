@@ -41,11 +41,6 @@ WINDOW_EDGE = "departs at the sliding window"
 LEAK = "the full pass leaks future tokens"  # the reference itself reads later tokens (`causal`)
 OTHER = "other"
 
-# a padded batch off only in its left-padded row, on a model whose forward takes no position_ids:
-# the row can only be numbered after its padding (absolute positions counted from the cache), or,
-# with a recurrent state, its padding runs through that state. That is what the model's API
-# allows, not a wrong cache: a boundary status of its own, shown, never counted as a bug
-LEFT_UNSUPPORTED = "left padding unsupported"
 THROUGH_GENERATE = "through generate only"  # a finding only generate's own paths show (engines.transformers.reach)
 PROFILE_SHAPES = (STATE_DROPPED, CONTEXT_LOST, POSITIONS, MASK, DECODE_PATH)  # what a step plan's error can show
 RERUN_SHAPES = (LENGTH, WINDOW_EDGE)  # what asking the cache or comparing every schedule shows

@@ -20,7 +20,7 @@ from smearcli.census.record import BoundaryResult, new as record  # noqa: E402
 from smearcli.verdicts import BUG, INCONCLUSIVE, OK  # noqa: E402
 from smearcli.census.derive import derive  # noqa: E402
 from smearcli.runner import PADDING  # noqa: E402
-from smearcli.verdicts import NOT_JUDGED  # noqa: E402
+from smearcli.verdicts import LEFT_UNSUPPORTED, NOT_JUDGED  # noqa: E402
 
 
 def tiny_llama(cls=None):
@@ -190,7 +190,7 @@ def test_padded_runs_as_the_model_numbers_positions_and_says_which_rows_are_off(
     assert "numbers positions its own way" in e.why
     bart = check("bart")  # learned absolute positions and no position_ids: left padding shifts them
     e = bart.boundaries["padded"]
-    assert e.status == shapes.LEFT_UNSUPPORTED and e.shape is None  # what its API allows, no bug
+    assert e.status == LEFT_UNSUPPORTED and e.shape is None  # what its API allows, no bug
     assert bart.verdict in (OK, INCONCLUSIVE), bart.verdict
     assert e.rows["the row"] == 0.0 or e.rows["the row"] < e.rows["left-padded"] / 1e3
     assert "off: left-padded" in e.why and "takes no position_ids" in e.why
@@ -219,7 +219,7 @@ def test_left_padding_a_model_cannot_number_is_its_own_status_not_a_bug():
         model = no_positions_gpt2()(cfg).float().eval()
     out = scan(model, cfg)
     e = out["boundaries"]["padded"]
-    assert e.status == shapes.LEFT_UNSUPPORTED, e
+    assert e.status == LEFT_UNSUPPORTED, e
     rows = e.rows
     assert rows["left-padded"] > 10 * out["floor"] >= rows["right-padded"], rows
     assert "right padding passes" in e.why

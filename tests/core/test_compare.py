@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from smearcli import compare as cmp
-from smearcli import gpt_runners, jsondoc, runplan, schedules, smear, steps
+from smearcli import gpt_runners, judge, jsondoc, runplan, schedules, smear, steps
 from smearcli.verdicts import BUG, CRASHED, OK
 from smearcli.inputs import random_tokens
 from smearcli.defaults import LOGIC_NAMES
@@ -218,7 +218,7 @@ class Engine(Runner):
         T = tokens.size(1)
         if schedule == "prefix":
             return steps.RunResult(schedule, self.label, torch.empty(1, 0, 1), None, [], [0],
-                                       outcome=steps.CRASHED, message="IndexError: out of bounds")
+                                       outcome=judge.RAISED, message="IndexError: out of bounds")
         lp = self.reference.forward(tokens, False).logits.clone()
         if schedule == "chunked":
             lp[:, 8] += self.skew
@@ -261,7 +261,7 @@ def test_a_run_that_checked_nothing_is_named_and_is_no_evidence(model, tokens):
         def run(self, schedule, tokens, options):
             r = super().run("prefill", tokens, options)
             return steps.RunResult(schedule, self.label, r.logits, None, r.steps, [0],
-                                       outcome=steps.UNCHECKED, message="the cache was not read")
+                                       outcome=judge.CHECKED_NOTHING, message="the cache was not read")
     c = cmp.compare(Cold(ref), tokens, ["prefill"], reference=ref)
     assert not c.passed and not c.metrics and c.unmeasured[0].outcome == "checked nothing"
     assert c.word is INCONCLUSIVE and not c.crashed and c.judgement.statuses == {"prefill/engine": "not run"}

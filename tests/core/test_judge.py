@@ -8,8 +8,8 @@ import pytest
 
 from smearcli import judge
 from smearcli.judge import DEFAULT_COUNTS, SECOND_SEED, TIE_BREAK, Run
-from smearcli.verdicts import (BUG, CRASHED, INCONCLUSIVE, LATENT, NOT_BUILT, NOT_RUN, OK, ROUNDING, TIE_ARTIFACT,
-                               TIMED_OUT, UNCONFIRMED, UNSUPPORTED)
+from smearcli.verdicts import (BUG, CRASHED, INCONCLUSIVE, LATENT, LEFT_UNSUPPORTED, NOT_BUILT, NOT_RUN, OK, ROUNDING,
+                               TIE_ARTIFACT, TIMED_OUT, UNCONFIRMED, UNSUPPORTED)
 
 
 @dataclass
@@ -36,8 +36,9 @@ STRONG = Power(True)
     (Run("a", passed=False, confirmation=Conf(str(BUG))), BUG),
     (Run("a", passed=False, confirmation=Conf(ROUNDING)), ROUNDING),
     (Run("a", passed=False, confirmation=Conf(str(UNCONFIRMED))), UNCONFIRMED),
-    (Run("a", outcome=str(CRASHED)), CRASHED),
-    (Run("a", outcome="unchecked"), NOT_RUN),
+    (Run("a", outcome=judge.RAISED), CRASHED),
+    (Run("a", outcome=judge.CHECKED_NOTHING), NOT_RUN),
+    (Run("a", outcome=judge.DECLARED), UNSUPPORTED),
 ])
 def test_a_runs_status(run, expected):
     assert judge.status(run) == expected
@@ -45,8 +46,8 @@ def test_a_runs_status(run, expected):
 
 @pytest.mark.parametrize("runs, power, unusable, word", [
     ([Run("a"), Run("b", False, Conf(str(BUG)))], None, None, BUG),
-    ([Run("a", outcome=str(CRASHED)), Run("b", False, Conf(str(BUG)))], None, None, BUG),  # a bug outranks a crash
-    ([Run("a", outcome=str(CRASHED)), Run("b")], STRONG, None, CRASHED),
+    ([Run("a", outcome=judge.RAISED), Run("b", False, Conf(str(BUG)))], None, None, BUG),  # a bug outranks a crash
+    ([Run("a", outcome=judge.RAISED), Run("b")], STRONG, None, CRASHED),
     ([Run("a")], STRONG, "the reference is not finite", INCONCLUSIVE),
     ([Run("a"), Run("b", False)], STRONG, None, UNCONFIRMED),
     ([], STRONG, None, INCONCLUSIVE),  # nothing measured
@@ -165,8 +166,42 @@ def test_an_architectures_word_is_the_worst_of_its_layer_orders_that_were_built(
 
 
 @pytest.mark.parametrize("why, word", [(judge.CANNOT_RUN, NOT_RUN), (judge.THEIRS_REFUSES, NOT_RUN),
-                                       (judge.DECLARED, UNSUPPORTED), (judge.RAISED, CRASHED)])
+                                       (judge.CHECKED_NOTHING, NOT_RUN), (judge.DECLARED, UNSUPPORTED),
+                                       (judge.RAISED, CRASHED), (judge.NO_PAD_POSITIONS, LEFT_UNSUPPORTED)])
 def test_a_run_not_measured_is_not_run_unsupported_or_crashed_by_why(why, word):
-    assert judge.unmeasured(why) is word
+    assert judge.unmeasured(why) == word
+    assert judge.status(Run("a", outcome=why)) == word  # a run handed over unmeasured reads the same
     with pytest.raises(ValueError, match="no such reason"):
         judge.unmeasured("tired")
+    with pytest.raises(ValueError, match="no such reason"):  # no outcome is not run by default
+        judge.status(Run("a", outcome="unchecked"))
+
+
+def test_a_runners_outcomes_are_the_judges_reasons_with_the_values_compare_has_always_written():
+    assert [str(judge.unmeasured(o)) for o in (judge.RAISED, judge.CHECKED_NOTHING, judge.CANNOT_RUN)] == \
+        ["crashed", "not run", "not run"]
+    assert (judge.RAISED, judge.CHECKED_NOTHING, judge.CANNOT_RUN) == ("crashed", "checked nothing", "not run")
+
+
+@pytest.mark.parametrize("original, lifted, bound, status", [
+    (1e-3, 1e-3, 1e-12, BUG),  # keeps its size: a logic error
+    (1e-3, 0.5e-3, 1e-12, BUG),  # KEEPS of it is enough
+    (1e-3, 1e-14, 1e-12, ROUNDING),  # within what float64 rounding of it could leave
+    (1e-3, 1e-6, 1e-12, UNCONFIRMED),  # shrank without vanishing
+    (1e-3, None, 1e-12, UNCONFIRMED),  # no float64 rerun
+])
+def test_a_departure_rerun_in_float64_is_a_bug_only_where_it_keeps_its_size(original, lifted, bound, status):
+    got, why = judge.confirmed(original, lifted, bound)
+    assert got == status and why
+
+
+@pytest.mark.parametrize("word, same, becomes", [
+    (UNCONFIRMED, True, UNCONFIRMED), (OK, True, UNCONFIRMED),  # departs the same way again: the finding
+    (UNCONFIRMED, False, OK), (INCONCLUSIVE, False, OK),  # ran and did not: refuted
+    (CRASHED, False, CRASHED), (NOT_BUILT, True, NOT_BUILT),  # did not run: refutes nothing
+])
+def test_a_rerun_read_by_where_it_departs(word, same, becomes):
+    assert judge.read_again(same, UNCONFIRMED, word) is becomes
+    stands = judge.replicated(SECOND_SEED, judge.read_again(same, UNCONFIRMED, word), False, finding=UNCONFIRMED)
+    assert (stands is None) == (becomes is UNCONFIRMED)
+    assert judge.read_again(same, BUG) is (BUG if same else OK)  # no word of its own: read by whether it departs

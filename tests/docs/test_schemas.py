@@ -20,7 +20,8 @@ from smearcli import jsondoc, jsonsafe
 from smearcli.census import record, records, report
 from smearcli.cli.app import app
 from smearcli import schedules
-from smearcli.steps import CACHE_COPY, PREFIX_HIT, UNCHECKED
+from smearcli.judge import CHECKED_NOTHING
+from smearcli.steps import CACHE_COPY, PREFIX_HIT
 from smearcli.verdicts import BUG, CRASHED, NOT_RUN, RECORD, ROUNDING, UNCONFIRMED, WORDS
 from conftest import ROOT  # noqa: E402 - the clone's root
 
@@ -77,7 +78,7 @@ def test_words_come_from_the_code():
     # a schedule's status: a confirmation's (the transformers census) or a verdict word (the vLLM engine)
     assert scan["$defs"]["schedule_entry"]["properties"]["status"]["enum"] == sorted(set(WORDS) | set(statuses))
     outcome = load("compare-1.json")["$defs"]["comparison"]["properties"]["not_measured"]["items"]
-    assert outcome["properties"]["outcome"]["enum"] == [str(CRASHED), UNCHECKED, str(NOT_RUN)]
+    assert outcome["properties"]["outcome"]["enum"] == [str(CRASHED), CHECKED_NOTHING, str(NOT_RUN)]
 
 
 def test_the_scan_document_holds_every_field_the_report_writes():

@@ -51,8 +51,8 @@ from ...impls import foreign
 from ...defaults import ROLLBACK
 from ...runner import CROP, PREFIX_CACHE, Described
 from ...schedules import register
-from ...steps import CRASHED, PREFIX_HIT, UNCHECKED, RunResult, Schedule, ScheduleOptions, chunk_plan, prompt_len
-from ...verdicts import NOT_RUN
+from ... import judge
+from ...steps import PREFIX_HIT, RunResult, Schedule, ScheduleOptions, chunk_plan, prompt_len
 from .calls import ENVIRONMENT, INAPPLICABLE, REFUSED, call_worker
 from .environment import PROTOCOL, WORKER
 
@@ -300,18 +300,18 @@ def to_run(sched: dict, res: dict, workdir: Path, tokens: torch.Tensor, V: int):
     entry = next((e for e in res["schedules"] if e["name"] == name), None)
     if entry is None and res.get("not_built"):  # said once, on the first schedule; the others name it
         first = name == next((e["name"] for e in res.get("asked", [])), name)
-        return unmeasured(CRASHED, f"llama.cpp did not build the model ({res['not_built']})" if first
+        return unmeasured(judge.RAISED, f"llama.cpp did not build the model ({res['not_built']})" if first
                           else "not run: llama.cpp did not build the model")
     if entry is None:
-        return unmeasured(CRASHED, "the llama.cpp worker gave no answer for it (it died before)")
+        return unmeasured(judge.RAISED, "the llama.cpp worker gave no answer for it (it died before)")
     if entry.get("outcome") == ENVIRONMENT:  # this machine failed the run (a torn state file): no result at all
         raise UserError(f"llama.cpp's worker, {name}: {entry.get('message')}")
     if entry.get("outcome") == REFUSED:
-        return unmeasured(UNCHECKED, entry["message"], entry.get("steps") or ())
+        return unmeasured(judge.CHECKED_NOTHING, entry["message"], entry.get("steps") or ())
     if entry.get("outcome") == INAPPLICABLE:
-        return unmeasured(str(NOT_RUN), entry["message"])
+        return unmeasured(judge.CANNOT_RUN, entry["message"])
     if entry.get("outcome"):
-        return unmeasured(CRASHED, entry.get("message", ""), entry.get("steps") or ())
+        return unmeasured(judge.RAISED, entry.get("message", ""), entry.get("steps") or ())
     try:
         if name == "ubatch":
             out = {}
@@ -330,11 +330,12 @@ def to_run(sched: dict, res: dict, workdir: Path, tokens: torch.Tensor, V: int):
                                                              else ""),))
         lp = _load(workdir, entry["arrays"]["logits"], (R, T, V))
     except (KeyError, ValueError, OSError) as e:
-        return unmeasured(CRASHED, f"the llama.cpp worker's answer is unreadable: {e}")
+        return unmeasured(judge.RAISED, f"the llama.cpp worker's answer is unreadable: {e}")
     steps = list(entry.get("steps") or [T])
     if not torch.isfinite(lp).all():
         bad = (~torch.isfinite(lp)).any(dim=-1).any(dim=0).nonzero().flatten().tolist()
-        return unmeasured(CRASHED, f"llama.cpp returned non-finite logits at {len(bad)} positions (first: {bad[0]})",
+        return unmeasured(judge.RAISED,
+                          f"llama.cpp returned non-finite logits at {len(bad)} positions (first: {bad[0]})",
                           steps)
     if name == "prefix":
         return RunResult(name, "llamacpp", lp, None, steps, rows, {PREFIX_HIT: [steps[0]]})
@@ -347,7 +348,7 @@ def to_run(sched: dict, res: dict, workdir: Path, tokens: torch.Tensor, V: int):
         try:
             ref = _load(workdir, entry["arrays"]["reference"], (R, T, V))
         except (KeyError, ValueError, OSError) as e:
-            return unmeasured(CRASHED, f"the llama.cpp worker's answer is unreadable: {e}")
+            return unmeasured(judge.RAISED, f"the llama.cpp worker's answer is unreadable: {e}")
         return {"run": RunResult(name, "llamacpp", lp, None, steps, rows), "reference": ref}
     if name == "restore":
         return RunResult(name, "llamacpp", lp, None, steps, rows, {RESTORED: [steps[0]]},
@@ -378,7 +379,7 @@ def on_prefill(runs: dict):
     run, ref = got["run"], got["reference"]
     if pre is None or pre.outcome is not None:
         return RunResult("flash", "llamacpp", torch.empty(run.logits.size(0), 0, run.logits.size(-1)), None,
-                         run.steps, run.row_map, outcome=str(NOT_RUN),
+                         run.steps, run.row_map, outcome=judge.CANNOT_RUN,
                          message="not run: llama.cpp's float32 one-call prefill, which it is shown against, was not "
                                  "measured")
     moved = (ref - pre.logits).abs().max().item()

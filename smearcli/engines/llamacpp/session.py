@@ -57,7 +57,7 @@ import torch
 
 from ... import judge
 from ...defaults import NOISE_MARGIN
-from ...verdicts import CRASHED, NOT_BUILT, OK, TIE_ARTIFACT, UNCONFIRMED, UNSUPPORTED
+from ...verdicts import CRASHED, NOT_BUILT, OK, TIE_ARTIFACT, UNCONFIRMED, UNSUPPORTED, Verdict
 from ...census import derive, known
 from ...census.derive import text_config, vocab_of
 from ...census.record import Record, new as record
@@ -240,10 +240,9 @@ def replicate(model_type: str, got, rec: Record, python: str, left: float, seed:
     t0 = time.monotonic()
     ties = int((rec.llamacpp or {}).get("ties") or 0)
 
-    def kept(rerun: Record) -> str:  # the rerun's word as a replication reads it
-        if rerun.verdict in (str(CRASHED), str(NOT_BUILT)):
-            return rerun.verdict
-        return rec.verdict if departure(rerun) == CACHE and rerun.worst_schedule == rec.worst_schedule else str(OK)
+    def kept(rerun: Record) -> str:  # the rerun's word as a replication reads it: the same departure at its schedule?
+        same = departure(rerun) == CACHE and rerun.worst_schedule == rec.worst_schedule
+        return str(judge.read_again(same, Verdict(rec.verdict), rerun.verdict))
 
     def brief(rerun: Record) -> dict:
         return {"verdict": rerun.verdict, "worst_schedule": rerun.worst_schedule, "max_abs": rerun.max_abs,
@@ -396,7 +395,6 @@ def judged(model_type, model, model_dir: Path, python: str, tokens, ref_runner, 
     from .. import llamacpp
     from .own_prefill import against_prefill
     from ...judge import Run, status
-    from ...steps import UNCHECKED
     from ...steps import ScheduleOptions
 
     settings = llamacpp.Settings(python=python, model=str(model_dir), vocab=int(text_config(model.config).vocab_size),
@@ -428,10 +426,9 @@ def judged(model_type, model, model_dir: Path, python: str, tokens, ref_runner, 
         if len(r.steps) > 1:
             e["steps"] = ",".join(map(str, r.steps[:12]))
         schedules[r.schedule], steps[r.schedule] = e, list(r.steps)
-    for r in c.unmeasured:
-        refused = r.outcome == UNCHECKED  # llama.cpp's documented refusal (a partial seq_rm on recurrent memory)
-        schedules[r.schedule] = {"status": str(UNSUPPORTED) if refused else str(status(Run(r.schedule, outcome=r.outcome))),
-                                 "why": r.message}
+    for r in c.unmeasured:  # checking nothing is llama.cpp's documented refusal (a partial seq_rm on recurrent memory)
+        why = judge.DECLARED if r.outcome == judge.CHECKED_NOTHING else r.outcome
+        schedules[r.schedule] = {"status": str(status(Run(r.schedule, outcome=why))), "why": r.message}
     notes = [n for n in runner.notes() if not n.startswith("ubatch")] + own.lines()
     notes += [f"ubatch widths: {n.split(';', 1)[1].strip()}" for n in runner.notes() if n.startswith("ubatch")]
     notes += [f"{n}: {s['why']}" for n, s in schedules.items() if s.get("status") == str(UNSUPPORTED)]

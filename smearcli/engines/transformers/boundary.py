@@ -68,7 +68,6 @@ from ...verdicts import (BUG, CRASHED, INCONCLUSIVE, NOT_JUDGED, NOT_JUDGED_WHY,
                         UNSUPPORTED)
 from . import cache_runner as hf_runner
 from ...census.record import BoundaryResult
-from ...census.shapes import LEFT_UNSUPPORTED
 
 PADDED_ROWS = ("the row", "right-padded", "left-padded")  # the padded batch's rows (one input row)
 PASSED = "passed"  # a boundary that agreed, before the architecture's verdict is known (`settle`, `beside`)
@@ -186,7 +185,7 @@ def run_boundaries(model, make, layers, tokens, ref, noise, tolerance: float = N
                 thr = tolerance * noise.per_layer[-1]
                 said = said + why_padded(e.rows, thr, e.positions)
                 if left_only(e.rows, thr) and not getattr(runner, "takes_positions", False):
-                    e.status, e.shape = LEFT_UNSUPPORTED, None
+                    e.status, e.shape = judge.unmeasured(judge.NO_PAD_POSITIONS), None
                     del out.metrics["padded"]  # not a finding: the verdict does not read it
         e.why = "; ".join(filter(None, [e.why, *said])) or None
     m, run, out.entries["rollback"], rb, said = run_rollback(model, make, layers, tokens, ref, noise, tolerance, runner)
@@ -280,7 +279,7 @@ def padded_limit(name: str, e: BoundaryResult, threshold: float, takes_positions
     if not off or "the row" in off:
         return False
     if name == "padded-chunks" and not e.positions:  # as padded's: the model numbers the row itself
-        e.status, e.shape = LEFT_UNSUPPORTED, None
+        e.status, e.shape = judge.unmeasured(judge.NO_PAD_POSITIONS), None
         how = "numbers positions its own way" if takes_positions else "takes no position_ids"
         e.why = f"off: {', '.join(off)}; the forward {how}: a left-padded row is numbered after its pads"
         return True
@@ -443,8 +442,8 @@ def confirm(way: Rolled, tokens, f64=None):
     status = judge.status(judge.Run("rollback", False, c))
     if status == ROUNDING:
         way.entry.status, way.entry.shape, way.entry.why = PASSED, None, c.why
-    elif status == UNCONFIRMED:
-        way.entry.status = str(UNCONFIRMED)
+    else:  # bug (as it stood) or unconfirmed
+        way.entry.status = str(status)
     return f64
 
 

@@ -9,7 +9,7 @@ is the finding (its shape `LEAK`, the first position that moved, the module the 
 `born.leak_in`), and the cached paths are not judged against it (a cached step cannot see the
 tokens after it, so it would "depart" from a reference that can).
 
-The finding is confirmed the way every finding is (`evidence.classify`): the same two full passes
+The finding is confirmed the way every finding is (`judge.confirmed`): the same two full passes
 on the float64 twin under the precision lift; a leak that keeps at least half its size is `bug`,
 one that falls to float64 rounding was float32 noise (no finding), anything else `unconfirmed`.
 """
@@ -23,7 +23,7 @@ import torch
 
 from ... import evidence, judge
 from ...precision import lifted
-from ...verdicts import ROUNDING, UNCONFIRMED
+from ...verdicts import ROUNDING
 from ...census.shapes import LEAK, leak_schedule
 
 CHANGED = 8  # the tokens changed at the end of the sequence
@@ -88,7 +88,7 @@ def leak(runner, tokens: torch.Tensor, ref, threshold: float, vocab: Optional[in
 
 
 def confirm(runner, tokens: torch.Tensor, found: Leak) -> evidence.Confirmation:
-    """The leak measured again on the float64 twin under the lift (`evidence.classify`)."""
+    """The leak measured again on the float64 twin under the lift (`judge.confirmed`)."""
     c = evidence.Confirmation(found.max_abs, str(runner.dtype).removeprefix("torch."))
     try:
         twin = runner.float64()
@@ -96,11 +96,11 @@ def confirm(runner, tokens: torch.Tensor, found: Leak) -> evidence.Confirmation:
             a = twin.forward(tokens, False).logits
             b = twin.forward(found.changed, False).logits
     except Exception as e:
-        c.status, c.why = UNCONFIRMED, f"not confirmed: it does not run in float64 lifted ({type(e).__name__})"
+        c.why = f"not confirmed: it does not run in float64 lifted ({type(e).__name__})"  # no rerun: unconfirmed
         return c
     c.lifted = float(early_error(a, b, found.cut).max())
     c.bound = evidence.rounding_bound(c.original, runner.dtype, float(a.abs().max()))
-    c.status, c.why = evidence.classify(c.original, c.lifted, c.bound)
+    c.status, c.why = judge.confirmed(c.original, c.lifted, c.bound)
     return c
 
 

@@ -9,9 +9,8 @@ from typing import Sequence
 from ...census import known
 from ...census.record import Record, born_module
 from ...census.report import PY_PATH, boundary_cell, boundary_counts, cell, err_cell, f64_cell, sort_key
-from ...census.shapes import LEFT_UNSUPPORTED
 from ...schedules import census_schedules
-from ...verdicts import BUG, BY_DESIGN, CRASHED, NOT_JUDGED, NOT_JUDGED_WHY, NOT_RUN, UNCONFIRMED
+from ...verdicts import BUG, BY_DESIGN, CRASHED, LEFT_UNSUPPORTED, NOT_JUDGED, NOT_JUDGED_WHY, NOT_RUN, UNCONFIRMED
 from . import reach
 from .groups import api_findings, groups
 

@@ -78,10 +78,9 @@ from typing import Optional
 from ... import frames  # torch is imported where a path runs: the report reads `words` without it
 from ...defaults import (GENERATE_BEAMS as BEAMS, GENERATE_CHUNK as CHUNK, GENERATE_NEW as NEW,
                          GENERATE_PADS_INSIDE as INSIDE, GENERATE_PATH as GENERATE)
-from ...verdicts import UNCONFIRMED
+from ...verdicts import LEFT_UNSUPPORTED, NOT_RUN  # NOT_RUN: the model has no `generate`, or no assistant was given
 
 SILENT, AGREES, RAISES, REFUSED = "silently wrong", "agrees", "raises first", "refused"
-NOT_RUN = "not run"  # the model has no `generate`, or no assistant was given
 PATHS = ("generate", "prefill_chunk_size", "left-padded batch", "prefill_chunk_size, left-padded batch",
          "assistant model", "static cache", "beam search", "left-padded batch of one",
          "static cache, early-initialized")
@@ -650,8 +649,7 @@ from ...census.shapes import THROUGH_GENERATE as THROUGH  # its shape: every cac
 def judged(path: str, boundaries: Optional[dict]) -> bool:
     """Whether a silently wrong `path` can be the architecture's finding: a left-padded path only
     where the census's own padded boundary ran and did not find left padding unsupported (a forward
-    that cannot number past its pads is the model's declared API, `census.shapes.LEFT_UNSUPPORTED`)."""
-    from ...census.shapes import LEFT_UNSUPPORTED
+    that cannot number past its pads is the model's declared API, `verdicts.LEFT_UNSUPPORTED`)."""
 
     if path not in PADDED_PATHS:
         return True
@@ -694,10 +692,10 @@ def crash(rec, raised: list, make, tokens_of) -> None:
     limit of an internal call that generate did not check before it accepted the public one."""
     import torch
 
-    from ...judge import Run, judge
-    from ...verdicts import CRASHED, worst
+    from ...judge import RAISED, Run, judge
+    from ...verdicts import worst
 
-    word = judge([Run(GENERATE + p, outcome=CRASHED) for p in raised]).word
+    word = judge([Run(GENERATE + p, outcome=RAISED) for p in raised]).word
     if worst([rec.verdict, word]) != word:  # a confirmed bug stands
         return
     again, model, assistant = {}, make(1), make(2)  # the next seed's weights, as `confirm` reruns a departure
@@ -729,8 +727,8 @@ def confirm(rec, name: str, model, assistant, make, tokens_of, threshold: float,
     each condition as the rest of smearcli words it:
 
     1. float64: the same path rerun with the model and its assistant in float64 under the lift
-       (`precision.float64_model`, `precision.lifted`), judged by `evidence.classify`: it keeps at
-       least `evidence.KEEPS` of its size (rounding would fall by the ratio of the units);
+       (`precision.float64_model`, `precision.lifted`), judged by `judge.confirmed`: it keeps at
+       least `judge.KEEPS` of its size (rounding would fall by the ratio of the units);
     2. the second seed: the next seed's weights and prompt depart again (`judge.replicated`);
     3. `numbered`: the path departs from the full pass given the position ids generate passes as
        well (where it agrees there, the departure is the forward numbering positions otherwise by
@@ -742,15 +740,15 @@ def confirm(rec, name: str, model, assistant, make, tokens_of, threshold: float,
        isolated Python) exits 1: the finding is there without smearcli. Run last, only where 1-4
        hold (it costs a Python start and an import of transformers).
 
-    Gone in float64 (`evidence.classify` says rounding, or the float64 rerun falls within the
+    Gone in float64 (`judge.confirmed` says rounding, or the float64 rerun falls within the
     threshold): a note, no verdict. Otherwise `rec` becomes the finding: `bug` where all five hold,
     `unconfirmed` where any fails, the note saying which."""
     import torch
 
-    from ... import evidence
+    from ... import evidence, judge
     from ...judge import SECOND_SEED, replicated, withstood
     from ...precision import float64_model, lifted
-    from ...verdicts import BUG, OK, ROUNDING
+    from ...verdicts import BUG, ROUNDING
 
     e = rec.reach[name]
     err, run = e["max_abs"], RUNS[name]
@@ -773,7 +771,7 @@ def confirm(rec, name: str, model, assistant, make, tokens_of, threshold: float,
         scale = float(model(input_ids=tokens_of(0), use_cache=False).logits.float().abs().max())
     c = evidence.Confirmation(err, "float32", wide)
     c.bound = evidence.rounding_bound(err, torch.float32, scale)
-    c.status, c.why = evidence.classify(err, wide, c.bound)
+    c.status, c.why = judge.confirmed(err, wide, c.bound)
     if c.status == ROUNDING or (wide is not None and wide <= threshold):
         rec.notes.append(f"generate's {name} is off by {err:.3g} in float32 and {wide:.3g} in float64: rounding")
         return
@@ -783,7 +781,7 @@ def confirm(rec, name: str, model, assistant, make, tokens_of, threshold: float,
     failed = []
     if c.status != BUG:
         failed.append(f"float64: {c.why}" + (f" ({wide:.3g})" if wide is not None else ""))
-    if replicated(SECOND_SEED, BUG if departs else OK, ties=False) is not None:
+    if replicated(SECOND_SEED, judge.read_again(departs, BUG), ties=False) is not None:
         failed.append("second seed: " + ("the path raises" if other is None else
                                          f"within the threshold ({other['max_abs']:.3g})"))
     if numbered is not None and numbered <= threshold:

@@ -22,7 +22,7 @@ then the whole sequence with `skip_reading_prefix_cache=False` (without it a req
 log-probs never reads the cache). Below `num_cached_tokens` the second request's prompt log-probs
 are uninitialised memory: they are dropped here and taken from the first request; a second
 request that read nothing (`num_cached_tokens == 0`) checked nothing, and says so. A crash inside
-vLLM is that schedule's result (`schedules.CRASHED`), as is a worker that dies.
+vLLM is that schedule's result (`judge.RAISED`: crashed), as is a worker that dies.
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ import torch
 
 from ...errors import UserError
 from ...runner import PREFIX_CACHE, Described
-from ...steps import CRASHED, PREFIX_HIT, UNCHECKED, RunResult, ScheduleOptions, chunk_plan
+from ... import judge
+from ...steps import PREFIX_HIT, RunResult, ScheduleOptions, chunk_plan
 from ...impls import foreign
 from .environment import ENGINE, PROTOCOL, RAISED, WORKER, hello, worker_env
 
@@ -215,7 +216,7 @@ def to_run(entry: dict, workdir: Path, tokens: torch.Tensor, req: dict) -> RunRe
         return RunResult(name, "vllm", torch.empty(R, 0, V), None, list(steps), rows, outcome=outcome,
                          message=message)
     if entry.get("outcome"):  # RAISED, the one outcome `read_result` lets through: vLLM raised in it
-        return unmeasured(CRASHED, entry.get("message", ""), entry.get("steps") or ())
+        return unmeasured(judge.RAISED, entry.get("message", ""), entry.get("steps") or ())
     try:
         if name != "prefix":
             lp = _load(workdir, entry["arrays"]["logprobs"], (R, T, V))
@@ -226,19 +227,19 @@ def to_run(entry: dict, workdir: Path, tokens: torch.Tensor, req: dict) -> RunRe
             warm = _load(workdir, entry["arrays"]["warm"], (R, T, V))
             cached = [int(n) for n in entry["num_cached_tokens"]]
             if any(n == 0 for n in cached):
-                return unmeasured(UNCHECKED, "vLLM read nothing from the prefix cache (num_cached_tokens 0 on the "
-                                  "second request): it ran as a cold prefill and checked nothing", [T])
+                return unmeasured(judge.CHECKED_NOTHING, "vLLM read nothing from the prefix cache (num_cached_tokens 0 "
+                                  "on the second request): it ran as a cold prefill and checked nothing", [T])
             if len(set(cached)) > 1 or cached[0] > P:
-                return unmeasured(CRASHED, f"vLLM reported {','.join(map(str, cached))} cached tokens for a "
+                return unmeasured(judge.RAISED, f"vLLM reported {','.join(map(str, cached))} cached tokens for a "
                                   f"{P}-token prefix")
             nc = cached[0]
             # below num_cached_tokens the second request's prompt log-probs are uninitialised memory
             lp = torch.cat([cold[:, :nc], warm[:, nc:]], dim=1)
             steps, marks = [nc, T - nc], {PREFIX_HIT: [nc]}
     except (KeyError, ValueError, OSError) as e:
-        return unmeasured(CRASHED, f"the vLLM worker's answer is unreadable: {e}")
+        return unmeasured(judge.RAISED, f"the vLLM worker's answer is unreadable: {e}")
     bad = _bad_positions(lp)
     if bad:
-        return unmeasured(CRASHED, f"vLLM returned no full-vocabulary log-probs at {len(bad)} positions "
+        return unmeasured(judge.RAISED, f"vLLM returned no full-vocabulary log-probs at {len(bad)} positions "
                           f"(first: {bad[0]})", steps)
     return RunResult(name, "vllm", lp, None, steps, rows, marks)

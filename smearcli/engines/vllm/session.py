@@ -66,10 +66,10 @@ from ... import evidence
 from ...defaults import NOISE_MARGIN
 from . import BLOCK_SIZE, Settings, payload, to_run
 from .serve import Worker, WorkerGone, archs
-from ...judge import BUILD, DERIVE, ENGINE, REFERENCE, WORKER, Run, judge, status, stopped
+from ...judge import (BUILD, CANNOT_RUN, CHECKED_NOTHING, DERIVE, ENGINE, RAISED, REFERENCE, THEIRS_REFUSES, WORKER,
+                      Run, judge, status, stopped)
 from ...metrics import measure
-from ...steps import CRASHED as RUN_CRASHED, UNCHECKED
-from ...verdicts import CRASHED, FAILURES, INCONCLUSIVE, NOT_RUN, OK, UNCONFIRMED
+from ...verdicts import CRASHED, FAILURES, INCONCLUSIVE, UNCONFIRMED
 from ...census import derive, known
 from ...census.derive import CONV_KEYS, first_int, vocab_of
 from ...census.record import Record, new as record
@@ -254,15 +254,14 @@ def judged(model_type, result, workdir, tokens, req, ref, floor, power, toleranc
                       **base)
     schedules, notes, metrics, judged = {}, [], {}, []
     for run, entry in zip(runs, result["schedules"]):
-        if run.outcome == RUN_CRASHED and entry.get("engine"):  # prefix caching refused for this model
-            why, outcome = "no engine with prefix caching: " + run.message, NOT_RUN
-        elif run.outcome == RUN_CRASHED and entry.get("skipped"):  # after a schedule stuck inside vLLM
-            why, outcome = run.message, NOT_RUN
-        elif run.outcome == RUN_CRASHED:
-            why, outcome = run.message, CRASHED
-        elif run.outcome == UNCHECKED:
-            why, outcome = run.message, NOT_RUN
-            notes.append(f"{run.schedule} checked nothing: {run.message}")
+        if run.outcome == RAISED and entry.get("engine"):  # vLLM refuses prefix caching for this model
+            why, outcome = "no engine with prefix caching: " + run.message, THEIRS_REFUSES
+        elif run.outcome == RAISED and entry.get("skipped"):  # after a schedule stuck inside vLLM
+            why, outcome = run.message, CANNOT_RUN
+        elif run.outcome is not None:  # it raised, or checked nothing
+            why, outcome = run.message, run.outcome
+            if run.outcome == CHECKED_NOTHING:
+                notes.append(f"{run.schedule} checked nothing: {run.message}")
         else:  # measured: a departure stays unconfirmed, vLLM's engine having no float64 form
             m = metrics[run.schedule] = measure(ref, run, floor, tolerance)
             judged.append(Run(run.schedule, m.passed, None if m.passed else no_float64(m)))

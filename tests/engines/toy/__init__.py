@@ -44,7 +44,7 @@ def confirmed(full: list, model_type: str, chunk: int, err: float) -> evidence.C
     """A departure's float64 rerun (Python's floats are float64): without one the judge keeps no bug."""
     again = max(abs(float(a) - b) for a, b in zip(full, outputs(model_type, chunk)))
     c = evidence.Confirmation(err, "float32", again, 0.0)
-    c.status, c.why = evidence.classify(c.original, c.lifted, c.bound)
+    c.status, c.why = judge.confirmed(c.original, c.lifted, c.bound)
     return c
 
 
