@@ -274,3 +274,45 @@ def test_verdict_words_are_written_once_in_the_verdict_module():
                     found.setdefault(word, []).append(mod)
     assert found == {w: ["smearcli.verdicts"] for w in found}, found
     assert set(found) >= {"crashed", "inconclusive"}
+
+
+# the names a verdict word goes by (`smearcli.verdicts`), and the one place outside the judge a
+# word is still picked by a condition: a boundary's provisional status before its float64 rerun,
+# which `engines.transformers.check` replaces with the judge's (`judge.status`) for every departure
+VERDICT_NAMES = {"OK", "BUG", "UNCONFIRMED", "INCONCLUSIVE", "CRASHED", "TIMED_OUT", "NOT_RUN", "NOT_BUILT",
+                 "UNSUPPORTED", "LATENT", "TIE_ARTIFACT", "BY_DESIGN", "LEFT_UNSUPPORTED"}
+PROVISIONAL = {("smearcli.engines.transformers.boundary", "PASSED if m.passed else BUG")}
+
+
+def chosen_words(tree: ast.AST) -> list[str]:
+    """Where a verdict word is picked by a condition: one side of an `x if c else y`, or what a
+    branch of an `if` returns or assigns."""
+    def word(n) -> bool:
+        if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "str" and n.args:
+            n = n.args[0]
+        return isinstance(n, ast.Name) and n.id in VERDICT_NAMES or isinstance(n, ast.Attribute) and n.attr in VERDICT_NAMES
+
+    def picks(value) -> bool:
+        return word(value) or isinstance(value, ast.Tuple) and any(word(e) for e in value.elts)
+    out = []
+    for n in ast.walk(tree):
+        if isinstance(n, ast.IfExp) and (word(n.body) or word(n.orelse)):
+            out.append(ast.unparse(n))
+        if isinstance(n, ast.If):
+            for b in n.body + n.orelse:
+                if isinstance(b, (ast.Return, ast.Assign)) and b.value is not None and picks(b.value):
+                    out.append(ast.unparse(b))
+    return out
+
+
+def test_no_verdict_word_is_chosen_by_a_condition_outside_the_judge():
+    """A word picked by a condition is a verdict rule, and every rule is the judge's: an engine says
+    what it saw (a reason, a stop, a rerun's size) and the judge answers (issue 56, item 3)."""
+    found = {(mod, said) for mod, path in MODULES.items() if mod not in ("smearcli.judge", "smearcli.verdicts")
+             for said in chosen_words(ast.parse(path.read_text()))}
+    assert found == PROVISIONAL, sorted(found - PROVISIONAL)
+
+
+def test_the_check_for_a_chosen_word_finds_one():
+    said = chosen_words(ast.parse("def f(r):\n    if r:\n        return str(OK)\n    x = UNSUPPORTED if r else y\n"))
+    assert sorted(said) == ["UNSUPPORTED if r else y", "return str(OK)"]
