@@ -276,12 +276,9 @@ def test_verdict_words_are_written_once_in_the_verdict_module():
     assert set(found) >= {"crashed", "inconclusive"}
 
 
-# the names a verdict word goes by (`smearcli.verdicts`), and the one place outside the judge a
-# word is still picked by a condition: a boundary's provisional status before its float64 rerun,
-# which `engines.transformers.check` replaces with the judge's (`judge.status`) for every departure
+# the names a verdict word goes by (`smearcli.verdicts`)
 VERDICT_NAMES = {"OK", "BUG", "UNCONFIRMED", "INCONCLUSIVE", "CRASHED", "TIMED_OUT", "NOT_RUN", "NOT_BUILT",
                  "UNSUPPORTED", "LATENT", "TIE_ARTIFACT", "BY_DESIGN", "LEFT_UNSUPPORTED"}
-PROVISIONAL = {("smearcli.engines.transformers.boundary", "PASSED if m.passed else BUG")}
 
 
 def chosen_words(tree: ast.AST) -> list[str]:
@@ -310,7 +307,7 @@ def test_no_verdict_word_is_chosen_by_a_condition_outside_the_judge():
     what it saw (a reason, a stop, a rerun's size) and the judge answers (issue 56, item 3)."""
     found = {(mod, said) for mod, path in MODULES.items() if mod not in ("smearcli.judge", "smearcli.verdicts")
              for said in chosen_words(ast.parse(path.read_text()))}
-    assert found == PROVISIONAL, sorted(found - PROVISIONAL)
+    assert not found, sorted(found)
 
 
 def test_the_check_for_a_chosen_word_finds_one():

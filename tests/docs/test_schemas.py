@@ -22,7 +22,7 @@ from smearcli.cli.app import app
 from smearcli import schedules
 from smearcli.judge import CHECKED_NOTHING
 from smearcli.steps import CACHE_COPY, PREFIX_HIT
-from smearcli.verdicts import BUG, CRASHED, NOT_RUN, RECORD, ROUNDING, UNCONFIRMED, WORDS
+from smearcli.verdicts import BUG, CRASHED, LEFT_UNSUPPORTED, NOT_JUDGED, NOT_RUN, RECORD, ROUNDING, UNCONFIRMED, WORDS
 from conftest import ROOT  # noqa: E402 - the clone's root
 
 FILES = sorted(schema_check.SCHEMA_DIR.glob("*.json"))
@@ -77,6 +77,11 @@ def test_words_come_from_the_code():
     assert scan["$defs"]["confirmation"]["properties"]["status"]["enum"] == statuses
     # a schedule's status: a confirmation's (the transformers census) or a verdict word (the vLLM engine)
     assert scan["$defs"]["schedule_entry"]["properties"]["status"]["enum"] == sorted(set(WORDS) | set(statuses))
+    # a boundary's status: a verdict word or one of the boundary's own (never its provisional `departs`)
+    from smearcli.engines.transformers import boundary
+    said = scan["$defs"]["boundary_status"]["enum"]
+    assert said == sorted(set(WORDS) | {boundary.PASSED, boundary.REFUSED, NOT_JUDGED, LEFT_UNSUPPORTED})
+    assert boundary.DEPARTS not in said
     outcome = load("compare-1.json")["$defs"]["comparison"]["properties"]["not_measured"]["items"]
     assert outcome["properties"]["outcome"]["enum"] == [str(CRASHED), CHECKED_NOTHING, str(NOT_RUN)]
 
@@ -238,3 +243,18 @@ def test_the_fixture_catches_a_scan_record_that_does_not_match(json_matches_its_
         sink.write(record.bare(**crashed_record(model_type="arch1", verdict="exploded")))
     assert json_matches_its_schema and "verdict" in json_matches_its_schema[0]
     json_matches_its_schema.clear()
+
+
+@pytest.mark.parametrize("where", ["padded", "rollback/their_crop"])
+def test_a_record_holding_a_boundarys_provisional_status_is_refused(where):
+    """A departure's status before its float64 rerun (`boundary.DEPARTS`) must never reach a record:
+    the check gives every one the judge's status, and the schema holds the record to it."""
+    from smearcli.engines.transformers import boundary
+    doc = crashed_record(boundaries={"padded": {"status": "ok"},
+                                     "rollback": {"status": "ok", "their_crop": {"status": "passed", "confirmation": None}}})
+    assert schema_check.record_problems(doc) == []
+    part = doc["boundaries"]
+    for key in where.split("/"):
+        part = part[key]
+    part["status"] = boundary.DEPARTS
+    assert any("status" in p and "departs" in p for p in schema_check.record_problems(doc))

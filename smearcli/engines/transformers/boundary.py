@@ -71,6 +71,9 @@ from ...census.record import BoundaryResult
 
 PADDED_ROWS = ("the row", "right-padded", "left-padded")  # the padded batch's rows (one input row)
 PASSED = "passed"  # a boundary that agreed, before the architecture's verdict is known (`settle`, `beside`)
+# a boundary that left the tolerance, before its float64 rerun (`confirm`, `check.confirmed`) gives
+# it the judge's status: no verdict word of its own, and never in a record
+DEPARTS = "departs"
 REFUSED = "refused"  # rollback through their cache API: the API refused (no crop, or it raised)
 for _s in COMBINATIONS:  # the census's own: registered where the census is, after the built-in schedules
     register(_s)
@@ -139,7 +142,7 @@ def run_one(runner, tokens, name: str, ref, noise, tolerance, opts=ScheduleOptio
     m = measured(ref, run, noise, tolerance)
     # a departure's status is provisional until `check.confirmed` reruns it in float64 and sets the
     # judge's (`judge.status`: bug, unconfirmed, or passed as rounding)
-    return m, run, entry(PASSED if m.passed else BUG, max_abs=m.max_abs_logits, multiple=m.logits_multiple,
+    return m, run, entry(PASSED if m.passed else DEPARTS, max_abs=m.max_abs_logits, multiple=m.logits_multiple,
                          shape=None if m.passed else shape(name))
 
 
@@ -181,7 +184,7 @@ def run_boundaries(model, make, layers, tokens, ref, noise, tolerance: float = N
         if m is not None:
             out.measured("padded", m, run, runner)
             e.rows = dict(zip(PADDED_ROWS, (float(x) for x in (run.logits - ref.logits).abs().amax(dim=(1, 2)))))
-            if e.status == BUG:
+            if e.status == DEPARTS:
                 thr = tolerance * noise.per_layer[-1]
                 said = said + why_padded(e.rows, thr, e.positions)
                 if left_only(e.rows, thr) and not getattr(runner, "takes_positions", False):
@@ -228,9 +231,9 @@ def run_combinations(out: Boundaries, model, make, layers, tokens, ref, noise, t
         e.positions = bool(getattr(runner, "pad_positions", None) and getattr(runner, "takes_positions", False))
         if m is not None:
             e.rows = dict(zip(combined_rows(name, ids), (float(x) for x in (run.logits - ref.logits).abs().amax(dim=(1, 2)))))
-            if e.status == BUG and not padded_limit(name, e, thr, getattr(runner, "takes_positions", False)):
+            if e.status == DEPARTS and not padded_limit(name, e, thr, getattr(runner, "takes_positions", False)):
                 e.why = "; ".join(why_combined(name, e.rows, thr, ids, out.entries.get("padded")))
-            if e.status in (BUG, PASSED):  # a declared limit is not read by the verdict
+            if e.status in (DEPARTS, PASSED):  # a declared limit is not read by the verdict
                 out.measured(name, m, run, runner)
         out.not_measured(name)
     m, run, e, r = run_rollback_window(model, make, layers, tokens, ref, noise, tolerance, out.entries.get("rollback"))
@@ -321,7 +324,7 @@ def why_combined(name: str, rows: dict, threshold: float, ids, padded: Optional[
     elif len(off) == 1:
         out.append(f"only with pad {off[0].rpartition(' ')[2]}: the padded positions' ids reach the real ones "
                    "through the cache, whatever the mask says (hidden with the other pad id)")
-    if padded is not None and padded.status == BUG:
+    if padded is not None and padded.status == DEPARTS:  # padded's own float64 rerun comes later
         out.append("padded fails too, in one forward")
     return out
 
@@ -347,7 +350,7 @@ def run_rollback_window(model, make, layers, tokens, ref, noise, tolerance, roll
         return None, None, entry(judge.unmeasured(judge.THEIRS_REFUSES),
                                      why=f"their crop refused held drafts: {refused}"), None
     e.mode, e.extra["window"] = "crop", r.window
-    if e.status == BUG and crop.status in (BUG, UNCONFIRMED, CRASHED):
+    if e.status == DEPARTS and crop.status in (BUG, UNCONFIRMED, CRASHED):  # the crop's rerun already ran
         e.why = "; ".join(filter(None, [e.why, "rollback fails too, one draft per crop"]))
     return m, run, e, r
 
@@ -442,7 +445,7 @@ def confirm(way: Rolled, tokens, f64=None):
     status = judge.status(judge.Run("rollback", False, c))
     if status == ROUNDING:
         way.entry.status, way.entry.shape, way.entry.why = PASSED, None, c.why
-    else:  # bug (as it stood) or unconfirmed
+    else:  # bug or unconfirmed
         way.entry.status = str(status)
     return f64
 
