@@ -78,8 +78,9 @@ class Run:
 
 
 def status(run: Run) -> str:
-    """One run's status: ok, rounding, bug, unconfirmed, crashed or not run (module docstring); a
-    `verdicts.Verdict` for each but rounding (`verdicts.ROUNDING`)."""
+    """One run's status: ok, rounding, bug or unconfirmed for a measured run, `unmeasured`'s word for
+    one that was not (module docstring); a `verdicts.Verdict` for each but rounding
+    (`verdicts.ROUNDING`) and left padding unsupported (`verdicts.LEFT_UNSUPPORTED`)."""
     if run.outcome is not None:
         return unmeasured(run.outcome)
     if run.passed:
@@ -180,7 +181,6 @@ def unmeasured(why: str) -> str:
 
 # whether a departure keeps its size in float64 with the float32 islands lifted (`confirmed`)
 KEEPS = 0.5  # a confirmed bug's lifted error is at least this share of its error in its own precision
-NOT_IN_FLOAT64 = "not confirmed: the model does not run in float64"
 
 
 def confirmed(original: float, lifted: Optional[float], bound: float) -> tuple[str, str]:
@@ -190,7 +190,7 @@ def confirmed(original: float, lifted: Optional[float], bound: float) -> tuple[s
     float64 rounding of it could leave: float32 rounding, gone), else `unconfirmed` (it shrank
     without vanishing, or, `lifted` None, it could not be rerun)."""
     if lifted is None:
-        return UNCONFIRMED, NOT_IN_FLOAT64
+        return UNCONFIRMED, "not confirmed: the model does not run in float64"
     if lifted >= KEEPS * original:
         return BUG, "keeps its size in float64"
     if lifted <= bound:

@@ -396,8 +396,10 @@ def confirmed(main, used: dict, tokens, plans: dict, bad: dict, out: dict) -> tu
             if name in out["boundaries"]:
                 e = out["boundaries"][name]
                 e.status, e.shape, e.why = boundary.PASSED, None, c.why
-        elif name in out["boundaries"]:  # a boundary's provisional status becomes the judge's (rollback's
-            e = out["boundaries"][name]    # headline is its way's, rerun already: only unconfirmed moves it)
+        elif name in out["boundaries"]:
+            # a boundary's provisional status becomes the judge's; rollback's headline holds its way's,
+            # rerun already (`boundary.confirm`), which only unconfirmed moves
+            e = out["boundaries"][name]
             if e.status == boundary.DEPARTS or status == UNCONFIRMED:
                 e.status = status
     return confs, reruns

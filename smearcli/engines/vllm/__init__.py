@@ -40,6 +40,7 @@ from ...runner import PREFIX_CACHE, Described
 from ... import judge
 from ...steps import PREFIX_HIT, RunResult, ScheduleOptions, chunk_plan
 from ...impls import foreign
+# RAISED: the worker's protocol word for a schedule vLLM raised in (the run's outcome is then judge.RAISED)
 from .environment import ENGINE, PROTOCOL, RAISED, WORKER, hello, worker_env
 
 VLLM_SCHEDULES = ("prefill", "decode", "chunked", "prefix")
