@@ -29,7 +29,7 @@ calls with what its reruns and layer orders gave (it decides which reruns to mak
   finds it; where it does not, it is a `tie artifact` when an exact tie was seen, else
   `unconfirmed`;
 - `in_layer_order`: a finding seen only in a layer order that neither the default configuration
-  nor a published one has (`census.variants`) is `latent`; `of_orders`: the architecture's word is
+  nor a published one has (`engines.transformers.orders`) is `latent`; `of_orders`: the architecture's word is
   the worst of its orders that were built;
 - `by_design`: a finding whose every part upstream's maintainers answered is intended
   (`census.known`) is `by design`;

@@ -20,7 +20,7 @@ A verdict is a claim about someone else's code, so each word says exactly what w
   it is said; measured and reported, never counted as a bug (what the library's API then does
   anyway is one finding about that API, at its code).
 - `latent`: a confirmed departure seen only in a layer order the architecture's default
-  configuration does not have (`census.variants`): real code, not reachable as configured;
+  configuration does not have (`engines.transformers.orders`): real code, not reachable as configured;
 - `tie artifact`: a departure that comes from an exact tie in a discrete choice (a top-k) and
   vanishes under a deterministic tie-break or on another seed (`engines.transformers.ties`): not a logic error;
 - `by design`: a finding whose every departure its maintainers answered is intended

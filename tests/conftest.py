@@ -124,7 +124,7 @@ def census_record():
         if (name, order) not in made:
             pytest.importorskip("transformers")
             from smearcli.engines.transformers import check
-            from smearcli.census import derive
+            from smearcli.tiny import derive
 
             before = torch.get_num_threads()
             torch.set_num_threads(1)

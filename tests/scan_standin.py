@@ -36,12 +36,12 @@ def install() -> None:
     """The stand-ins in place of transformers' list, the real check and the versions it reports."""
     import smearcli.engines.transformers as pkg
     from smearcli.cli.commands import scan as command
-    from smearcli.census import isolate
+    from smearcli.tiny import derive
 
     fake = types.ModuleType("smearcli.engines.transformers.check")
     fake.check = check
     sys.modules[fake.__name__] = pkg.check = fake
-    isolate.causal_lm_types = lambda: list(ARCHS)
+    derive.causal_lm_types = lambda: list(ARCHS)
     command.meta = lambda: {"transformers_version": "stand-in", "torch_version": "-", "python": "-"}
     if os.environ.get("STANDIN_TERM_AT_FORK"):
         real_fork = os.fork

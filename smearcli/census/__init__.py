@@ -4,8 +4,8 @@ every engine shares; what one engine alone needs lives in its folder (`smearcli.
 transformers' check of one architecture, its boundaries, where an error is born, ties, root-cause
 groups, generate's paths, reproducers and drafts, its page; each engine's census session).
 
-- `derive` makes each tiny config from the config class's defaults, and `variants` one per layer
-  kind with that kind as layer 0;
+- the tiny models it checks are `smearcli.tiny`'s (one config per architecture and layer order),
+  not the census's own: every engine takes them from there;
 - `record` declares a record's fields once (`Record`, and `BoundaryResult` for each boundary's
   entry): the object every engine's check returns and every reader takes; `records` reads and
   writes the record files (JSON only there and on a worker's pipe);

@@ -60,13 +60,6 @@ DEFAULT_MEMORY = 3 << 30  # bytes of address space per architecture
 SAID = "said"  # a child's second line: the words its engine gathered (`census.engines.Session.gathering`)
 
 
-def causal_lm_types() -> list[str]:
-    """Every model type the installed transformers maps to a causal LM, sorted."""
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-
-    return sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
-
-
 def shard(names: Sequence[str], index: int, count: int) -> list[str]:
     """The `index`-th (1-based) of `count` near-equal shares of `names`, round robin."""
     if count < 1 or not 1 <= index <= count:

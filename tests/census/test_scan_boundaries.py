@@ -18,7 +18,7 @@ from smearcli.census import report, shapes  # noqa: E402
 from smearcli.engines.transformers.check import T, build, check_model, split_points  # noqa: E402
 from smearcli.census.record import BoundaryResult, new as record  # noqa: E402
 from smearcli.verdicts import BUG, INCONCLUSIVE, OK  # noqa: E402
-from smearcli.census.derive import derive  # noqa: E402
+from smearcli.tiny.derive import derive  # noqa: E402
 from smearcli.runner import PADDING  # noqa: E402
 from smearcli.verdicts import LEFT_UNSUPPORTED, NOT_JUDGED  # noqa: E402
 

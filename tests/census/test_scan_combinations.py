@@ -17,7 +17,7 @@ from smearcli import boundaries, evidence  # noqa: E402
 from smearcli.engines.transformers import boundary, repro  # noqa: E402
 from smearcli.census import shapes  # noqa: E402
 from smearcli.engines.transformers.check import T, build, check_model, split_points  # noqa: E402
-from smearcli.census.derive import derive  # noqa: E402
+from smearcli.tiny.derive import derive  # noqa: E402
 from smearcli.census.record import BoundaryResult, new as record  # noqa: E402
 from smearcli.engines.transformers.cache_runner import CacheRunner, full_run  # noqa: E402
 from smearcli.schedules import run_schedule, shape  # noqa: E402

@@ -22,7 +22,7 @@ pytest.importorskip("transformers", reason="transformers is not installed: pip i
 
 from smearcli.engines.transformers import reach, repro  # noqa: E402
 from smearcli.engines.transformers.check import T, build  # noqa: E402
-from smearcli.census.derive import derive  # noqa: E402
+from smearcli.tiny.derive import derive  # noqa: E402
 from smearcli.census.record import BoundaryResult, new as record  # noqa: E402
 from smearcli.verdicts import LEFT_UNSUPPORTED  # noqa: E402
 from smearcli.defaults import NOISE_MARGIN  # noqa: E402

@@ -25,6 +25,7 @@ import scan_standin
 from hardening_util import invoke
 from smearcli.errors import UserError
 from smearcli.census import isolate, record, records
+from smearcli.tiny import derive
 from conftest import ROOT, scan_into  # noqa: E402 - the clone's root
 
 REC = {"model_type": "a", "verdict": "ok"}
@@ -65,7 +66,7 @@ def standin(tmp_path, monkeypatch):
     fake.check = scan_standin.check
     monkeypatch.setitem(sys.modules, fake.__name__, fake)
     monkeypatch.setattr(pkg, "check", fake, raising=False)
-    monkeypatch.setattr(isolate, "causal_lm_types", lambda: list(scan_standin.ARCHS))
+    monkeypatch.setattr(derive, "causal_lm_types", lambda: list(scan_standin.ARCHS))
     monkeypatch.setattr(command, "meta", lambda: {"transformers_version": "stand-in", "torch_version": "-",
                                                   "python": "-"})  # every field of the scan/1 header
     marks = tmp_path.parent / f"{tmp_path.name}-marks"  # outside the directory whose files are compared

@@ -19,7 +19,7 @@ from smearcli.engines.transformers import repro  # noqa: E402
 from smearcli.engines.transformers.check import check  # noqa: E402
 from smearcli.census.record import new as record  # noqa: E402
 from smearcli.verdicts import BUG, CRASHED  # noqa: E402
-from smearcli.census.derive import derive  # noqa: E402
+from smearcli.tiny.derive import derive  # noqa: E402
 from smearcli.runner import StepRunner  # noqa: E402
 
 FAST = ["--seq-len", "48", "--chunks", "3"]

@@ -156,7 +156,7 @@ def test_a_setting_llamacpp_hard_codes_is_the_tiny_configs_and_the_default_is_re
 
 
 def test_an_engine_keeps_a_whole_period_of_a_layer_pattern_it_hard_codes():
-    from smearcli.census import derive
+    from smearcli.tiny import derive
 
     plain = derive.derive("llama4_text")
     assert plain.config.num_hidden_layers == 2 and plain.config.attention_chunk_size == 4
@@ -196,7 +196,7 @@ def test_an_engine_setting_the_config_class_does_not_declare_is_written_all_the_
     """llama.cpp's converter reads config.json, not the config class: deepseek_v3's router needs
     `scoring_func`, a key transformers' class lacks (its code fixes sigmoid), so an engine's setting
     is kept even where the class has no such field, and said in what the derivation changed."""
-    from smearcli.census import derive
+    from smearcli.tiny import derive
     from smearcli.engines.llamacpp.session import CARRIED, CONVERTER_DEFECT, HARD_CODED
 
     got = derive.derive("deepseek_v3", {"scoring_func": "sigmoid"})

@@ -16,7 +16,9 @@ from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, Pre
 from transformers.modeling_outputs import CausalLMOutputWithPast  # noqa: E402
 
 from smearcli.engines.transformers import check  # noqa: E402
-from smearcli.census import derive, record, shapes, variants  # noqa: E402
+from smearcli.census import record, shapes  # noqa: E402
+from smearcli.engines.transformers import orders  # noqa: E402
+from smearcli.tiny import derive, layers  # noqa: E402
 from smearcli.verdicts import BUG, CRASHED, LATENT, NOT_BUILT, OK, worst  # noqa: E402
 
 _FIELDS = {f.name for f in dataclasses.fields(CausalLMOutputWithPast)}
@@ -191,9 +193,9 @@ def test_orders_follow_periods_and_index_lists():
 def test_reorder_moves_every_per_layer_setting_together():
     d = {"num_hidden_layers": 3, "layer_types": ["a", "b", "c"], "mlp_layer_types": ["dense", "moe", "moe"],
          "full_attn_idxs": [2], "per_layer_config": {"2": {"x": 1}}, "no_rope_layers": [1, 0, 1]}
-    lay = variants.layout(d, ("num_hidden_layers",), per=("no_rope_layers",))
-    assert variants.orders(d, lay) == [[0, 1, 2], [1, 0, 2], [2, 0, 1]]
-    new = variants.reorder(d, lay, [2, 0, 1])
+    lay = layers.layout(d, ("num_hidden_layers",), per=("no_rope_layers",))
+    assert layers.orders(d, lay) == [[0, 1, 2], [1, 0, 2], [2, 0, 1]]
+    new = layers.reorder(d, lay, [2, 0, 1])
     for old, i in ((2, 0), (0, 1), (1, 2)):  # old layer -> its new place
         assert new["layer_types"][i] == d["layer_types"][old]
         assert new["mlp_layer_types"][i] == d["mlp_layer_types"][old]
@@ -216,39 +218,39 @@ def test_blockwise_sizes_fall_below_the_scan_widths():
 
 def test_worst_order_heads_the_record():
     recs = [record.new("x", "ok"), record.new("x", "not built", reason="refused"), record.new("x", "inconclusive")]
-    out = variants.combine(recs, [["a", "b", "c"], ["b", "a", "c"], ["c", "a", "b"]])
+    out = orders.combine(recs, [["a", "b", "c"], ["b", "a", "c"], ["c", "a", "b"]])
     assert out.verdict == worst(["ok", "inconclusive"]) and out.order == ["c", "a", "b"]
     assert [v["verdict"] for v in out.variants] == ["ok", "not built", "inconclusive"]
     one = record.new("x", "ok")
-    assert variants.combine([one], [[]]) is one  # one kind: nothing new in the record
+    assert orders.combine([one], [[]]) is one  # one kind: nothing new in the record
 
 
 def test_a_finding_only_in_an_order_the_defaults_lack_is_latent():
     names = [["attention", "recurrent"], ["recurrent", "attention"]]
     ok, bug = record.new("x", "ok"), record.new("x", "bug", max_abs=0.5)
-    out = variants.combine([ok, bug], names)
+    out = orders.combine([ok, bug], names)
     assert out.verdict == LATENT and out.order == names[1] and out.max_abs == 0.5
     assert [v["verdict"] for v in out.variants] == ["ok", "bug"]  # each order says what it showed
     assert "not counted as a bug" in out.notes[-1]
-    assert variants.combine([bug, ok], names[::-1]).verdict == BUG  # the defaults' own order: a bug
+    assert orders.combine([bug, ok], names[::-1]).verdict == BUG  # the defaults' own order: a bug
     crashed = record.new("x", "crashed", reason="x")
-    assert variants.combine([crashed, bug], names).verdict == CRASHED  # the defaults' crash outranks
+    assert orders.combine([crashed, bug], names).verdict == CRASHED  # the defaults' crash outranks
 
 
 
 def test_a_finding_in_an_order_a_published_configuration_has_is_a_bug():
     """MiniMax's config class puts full attention first, its published configurations linear
-    attention (`variants.PUBLISHED`): a finding with linear attention first is reachable as
+    attention (`orders.PUBLISHED`): a finding with linear attention first is reachable as
     shipped, so a bug; the same order on an architecture without a published layout stays latent."""
-    first, _ = variants.PUBLISHED["minimax"]
+    first, _ = orders.PUBLISHED["minimax"]
     names = [["full_attention", first], [first, "full_attention"]]
     ok = record.new("minimax", "ok")
     bug = record.new("minimax", "bug", max_abs=0.5)
-    out = variants.combine([ok, bug], names)
+    out = orders.combine([ok, bug], names)
     assert out.verdict == BUG and out.order == names[1]
     assert "published configuration" in out.notes[-1]
     other = [dataclasses.replace(r, model_type="llama") for r in (ok, bug)]
-    assert variants.combine(other, names).verdict == LATENT
+    assert orders.combine(other, names).verdict == LATENT
 
 
 # -- theirs or ours: architectures that crashed on our inputs ------------------------------------

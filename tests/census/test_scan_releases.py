@@ -1,7 +1,7 @@
 """`scan --release` and `scan --bisect` (`smearcli.engines.transformers.releases`), on stand-in releases: tiny
 transformers wheels built here (`release_standin.wheel`), installed in venvs under a scratch cache,
 run by a stand-in smearcli (`release_standin.py`); nothing is downloaded. And derivation of a
-multimodal registration from its text config (`census.derive.text_part`)."""
+multimodal registration from its text config (`tiny.derive.text_part`)."""
 
 from __future__ import annotations
 
@@ -232,7 +232,7 @@ def test_a_composite_registration_derives_from_its_text_config(monkeypatch):
     from transformers import CONFIG_MAPPING, PretrainedConfig
     from transformers.models.auto import modeling_auto
 
-    from smearcli.census import derive
+    from smearcli.tiny import derive
 
     class StandinTextConfig(PretrainedConfig):
         model_type = "standin_mm_text"
@@ -274,7 +274,7 @@ def test_a_reproducer_rebuilds_a_text_config_derived_from_a_composite_registrati
 
     import transformers
 
-    from smearcli.census import derive
+    from smearcli.tiny import derive
     from smearcli.engines.transformers import repro
 
     d = derive.derive("qwen3_5")

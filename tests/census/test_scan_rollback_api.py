@@ -18,7 +18,7 @@ from smearcli.engines.transformers import repro  # noqa: E402
 from smearcli.engines.transformers.boundary import PASSED, REFUSED  # noqa: E402
 from smearcli.engines.transformers.check import T, build, check_model, split_points  # noqa: E402
 from smearcli.census.record import new as record  # noqa: E402
-from smearcli.census.derive import derive  # noqa: E402
+from smearcli.tiny.derive import derive  # noqa: E402
 from smearcli.engines.transformers import cache_runner as hf_runner  # noqa: E402
 from smearcli.engines.transformers.cache_runner import CacheRunner  # noqa: E402
 from smearcli.defaults import DRAFT, GEN_LEN, REJECT  # noqa: E402

@@ -188,7 +188,7 @@ class CountsConfig(ShiftConfig):
 
 def tiny_counts():
     """A `CountsConfig` derived the way the census derives every config, and what it changed."""
-    from smearcli.census import derive
+    from smearcli.tiny import derive
 
     d = {k: v for k, v in CountsConfig().to_dict().items() if k not in ("transformers_version", "architectures")}
     small, changed, _ = derive.shrink(d)
@@ -196,7 +196,7 @@ def tiny_counts():
 
 
 def test_derivation_says_which_counts_it_shrank_and_they_come_back_within_the_bound():
-    from smearcli.census import derive
+    from smearcli.tiny import derive
 
     cfg, changed = tiny_counts()
     shrunk = derive.shrunk_counts(changed)
@@ -224,7 +224,7 @@ def test_derivation_says_which_counts_it_shrank_and_they_come_back_within_the_bo
 
 
 def test_a_count_the_config_class_refuses_is_skipped_with_its_reason():
-    from smearcli.census import derive
+    from smearcli.tiny import derive
 
     cfg, changed = tiny_counts()
     changed = {k: v for k, v in changed.items() if k != "num_experts"}  # experts not shrunk: 8 of 4 per token
@@ -249,9 +249,9 @@ def counts_rerun(bug_below: int):
 
 
 def test_a_departure_gone_at_the_default_counts_is_not_replicated_and_one_that_stays_is_a_bug():
-    from smearcli.census import derive
+    from smearcli.tiny import derive
     from smearcli.engines.transformers import ties
-    from smearcli.census.derive import parameters
+    from smearcli.tiny.derive import parameters
 
     cfg, changed = tiny_counts()
     defaults = derive.default_counts(cfg, changed, lambda c: 1, 49)
@@ -284,7 +284,7 @@ def test_a_departure_gone_at_the_default_counts_is_not_replicated_and_one_that_s
 
 
 def test_a_rerun_that_cannot_run_at_the_default_counts_leaves_the_bug_and_says_why():
-    from smearcli.census import derive
+    from smearcli.tiny import derive
     from smearcli.engines.transformers import ties
 
     cfg, changed = tiny_counts()
@@ -362,7 +362,7 @@ def test_the_born_in_lines_are_those_of_the_state_the_replay_zeroed():
 # -- reachability: the finding through generate ---------------------------------------------------
 def census_model(model_type, seed=0):
     from smearcli.engines.transformers.check import build
-    from smearcli.census.derive import derive
+    from smearcli.tiny.derive import derive
 
     return build(derive(model_type).config, None, seed)
 
@@ -487,7 +487,7 @@ def test_a_leak_has_a_reproducer_that_exits_1_and_0_on_a_causal_full_pass(tmp_pa
     last tokens go) and 0 on llama, whose full pass is causal."""
     from smearcli.engines.transformers import repro
     from smearcli.census.record import new as record
-    from smearcli.census.derive import derive
+    from smearcli.tiny.derive import derive
 
     for model_type, want in (("prophetnet", 1), ("llama", 0)):
         rec = record(model_type, BUG, worst_schedule=shapes.leak_schedule("removed"), steps=[41, 8], max_abs=0.0054,
@@ -598,7 +598,7 @@ def test_an_lm_head_sized_apart_from_the_embedding_shrinks_with_it():
     shrinking only the embedding's left a head of 200058 logits, generate picked ids past the
     embedding's 256, and every generate path raised an IndexError of our config's making (5.24's
     census called it inkling2_text's crash)."""
-    from smearcli.census import derive
+    from smearcli.tiny import derive
 
     small, changed, _ = derive.shrink({"vocab_size": 200064, "unpadded_vocab_size": 200058, "hidden_size": 1024})
     assert small["vocab_size"] == small["unpadded_vocab_size"] == derive.VOCAB

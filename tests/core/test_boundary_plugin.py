@@ -120,7 +120,7 @@ def test_the_cli_offers_the_toy_where_the_runners_can_copy(toy):
 def census_llama():
     pytest.importorskip("transformers", reason="transformers is not installed: pip install 'smearcli[hf]'")
     from smearcli.engines.transformers.check import T, build, split_points
-    from smearcli.census.derive import derive
+    from smearcli.tiny.derive import derive
 
     cfg = derive("llama").config
     return build(cfg, None, 0), cfg, tokens(T), split_points(cfg, T)

@@ -3,8 +3,8 @@
 Layers, lowest first: core (the modules at the top of `smearcli/`, `testing` included), render,
 features (`impls`, `bench`, `census`, `engines`), cli (with each engine's `prepare` module: its command-line
 preparation lives in its folder). A module may import from its own layer's package or from any lower
-layer, never from a higher one (the census, built on the transformers implementation, may also import
-`impls`; an engine's census session the census and `impls`); there is no import cycle; no module outside `cli/` names a
+layer, never from a higher one (the census may also import `impls`; an engine the census, `impls` and the
+tiny models, `tiny`); the census core imports no engine, ours or a library one; there is no import cycle; no module outside `cli/` names a
 command-line flag; no module imports another module's private (`_name`) names; every module says
 in a docstring what it owns (modules are cut by concept: no line cap).
 """
@@ -20,8 +20,8 @@ from conftest import ROOT  # noqa: E402 - the clone's root
 
 PKG = ROOT / "smearcli"
 LAYERS = {"core": 0, "render": 1, "features": 2, "cli": 3}
-FEATURES = ("impls", "bench", "census", "engines")
-BUILT_ON = {("census", "impls"), ("engines", "census"), ("engines", "impls")}
+FEATURES = ("impls", "bench", "census", "engines", "tiny")
+BUILT_ON = {("census", "impls"), ("engines", "census"), ("engines", "impls"), ("engines", "tiny")}
 # The census core's arrows into the transformers engine the mechanical move left (issue 56): each is
 # cut by moving what it reaches into the core or behind the engine's registration. The list only
 # shrinks: a new arrow fails `test_imports_only_go_down`, one cut fails `test_no_arrow_left_to_cut_is_gone`.
@@ -148,6 +148,32 @@ def test_imports_only_go_down():
             if hi > lo or (hi == lo and hi > 0 and group(t) != group(mod) and (group(mod), group(t)) not in BUILT_ON):
                 bad.append(f"{mod} ({layer(mod)}) imports {t} ({layer(t)})")
     assert not bad, "\n".join(bad)
+
+
+# the libraries an engine runs: the census core reaches them only through an engine's session
+ENGINE_LIBRARIES = ("transformers", "vllm", "llama_cpp")
+
+
+def library_imports(mod: str) -> list[str]:
+    """The engine libraries `mod` imports, at its top or inside a function."""
+    found = []
+    for node in ast.walk(ast.parse(MODULES[mod].read_text())):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+            [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+        found += [n for n in names if n.split(".")[0] in ENGINE_LIBRARIES]
+    return found
+
+
+def test_the_census_core_imports_no_engine():
+    """Not ours (`smearcli.engines`), nor the library an engine runs (transformers, whose registry
+    of architectures and tiny configs are `smearcli.tiny`'s): what the census core knows of an
+    engine comes through its session and registration."""
+    core = [m for m in MODULES if m.startswith("smearcli.census")]
+    assert core
+    bad = [f"{m} imports {t}" for m in core for t in sorted(edges()[m]) if engine_of(t)]
+    bad += [f"{m} imports {lib}" for m in core for lib in library_imports(m)]
+    assert not bad, "\n".join(bad)
+    assert library_imports("smearcli.tiny.derive")  # the detector sees a function's own import
 
 
 def test_no_arrow_left_to_cut_is_gone():

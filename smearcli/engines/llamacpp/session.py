@@ -58,8 +58,9 @@ import torch
 from ... import judge
 from ...defaults import NOISE_MARGIN
 from ...verdicts import CRASHED, NOT_BUILT, OK, TIE_ARTIFACT, UNCONFIRMED, UNSUPPORTED, Verdict
-from ...census import derive, known
-from ...census.derive import text_config, vocab_of
+from ...census import known
+from ...tiny import derive
+from ...tiny.derive import text_config, vocab_of
 from ...census.record import Record, new as record
 from ...census.report import cell, sort_key
 from ..transformers.reference import NO_POWER_NOTE, init_note, model_types, powered, save, transformers_frame

@@ -1,7 +1,7 @@
 """One architecture checked the way the scan checks every one.
 
-`check(model_type)` derives a tiny config (`derive`), one per layer kind with that kind as layer 0
-when there are several (`variants`: the worst order heads the record, `variants` lists each), builds
+`check(model_type)` derives a tiny config (`tiny.derive`), one per layer kind with that kind as layer 0
+when there are several (`tiny.layers`; `orders`: the worst order heads the record, `variants` lists each), builds
 the model seeded, and runs it:
 
 1. the reference is the full pass in float32; the noise floor is the full pass in float64 against
@@ -52,11 +52,11 @@ from ...schedules import run_schedule, run_steps
 from ...verdicts import BUG, CRASHED, INCONCLUSIVE, OK, ROUNDING, UNCONFIRMED
 from . import hidden_names
 from .cache_runner import CacheRunner, full_run
-from . import born, boundary, causal, diagnose, ties
-from ...census import shapes, variants
+from . import born, boundary, causal, diagnose, orders, ties
+from ...census import shapes
 from ...census.record import Record, new as record
 from .boundary import WINDOW_KEYS, measured, transformers_frame
-from ...census.derive import CONV_KEYS, build, default_counts, derive, first_int, parameters, vocab_of
+from ...tiny.derive import CONV_KEYS, build, default_counts, derive, first_int, parameters, vocab_of
 from .reference import INIT_LADDER, NO_POWER_NOTE, init_note
 
 T = 49  # one past a multiple of the 16-token chunks
@@ -203,7 +203,7 @@ def reachability(rec: Record, seed: int, tolerance: float, total: int) -> None:
 
 
 def _check_orders(model_type, seed, tolerance, total, config) -> Record:
-    """Every layer order of the derived config checked, one record (`variants.combine`: the worst
+    """Every layer order of the derived config checked, one record (`orders.combine`: the worst
     heads it); a caller's `config` is checked as it is, in its own order."""
     if config is not None:
         return _check(model_type, seed, tolerance, total, config, None, None)
@@ -212,7 +212,7 @@ def _check_orders(model_type, seed, tolerance, total, config) -> Record:
         return record(model_type, judge.stopped(judge.DERIVE), reason=d.error)
     recs = [record(model_type, judge.stopped(judge.DERIVE), reason=v.error, config=v.summary()) if v.error else
             _check(model_type, seed, tolerance, total, v.config, v.summary(), v.changed) for v in d.variants]
-    return variants.combine(recs, [v.order for v in d.variants])
+    return orders.combine(recs, [v.order for v in d.variants])
 
 
 def _check(model_type, seed, tolerance, total, config, summary: Optional[dict], changed: Optional[dict]) -> Record:

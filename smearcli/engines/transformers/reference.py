@@ -23,7 +23,7 @@ from ... import evidence, judge
 from ...compare import measure_power
 from ...schedules import run_schedule
 from .boundary import transformers_frame
-from ...census.derive import build
+from ...tiny.derive import build
 
 
 INIT_LADDER = (None, 0.1, 0.3, 1.0)  # initializer_range: the default, then larger (seeded)

@@ -14,7 +14,7 @@ from ...errors import UserError
 
 class InProcess:
     """The transformers engine's session: in smearcli's own process, every causal LM of the
-    installed transformers (`isolate.causal_lm_types`), checked by `check.check`, architectures at
+    installed transformers (`tiny.derive.causal_lm_types`), checked by `check.check`, architectures at
     once as `--jobs` allows; nothing to start, restart or close."""
 
     def __init__(self, python: Optional[str] = None, quiet: bool = False):
@@ -25,9 +25,9 @@ class InProcess:
         return {}  # its versions are those of smearcli's own process, which every run's meta holds
 
     def model_types(self) -> list[str]:
-        from ...census import isolate
+        from ...tiny import derive
 
-        return isolate.causal_lm_types()
+        return derive.causal_lm_types()
 
     def check(self, model_type: str, repro_dir: Path, timeout: float, memory: Optional[int]) -> Record:
         from . import check

@@ -70,8 +70,9 @@ from ...judge import (BUILD, CANNOT_RUN, CHECKED_NOTHING, DERIVE, ENGINE, RAISED
                       Run, judge, status, stopped)
 from ...metrics import measure
 from ...verdicts import CRASHED, FAILURES, INCONCLUSIVE, UNCONFIRMED
-from ...census import derive, known
-from ...census.derive import CONV_KEYS, first_int, vocab_of
+from ...census import known
+from ...tiny import derive
+from ...tiny.derive import CONV_KEYS, first_int, vocab_of
 from ...census.record import Record, new as record
 from ..transformers.reference import NO_POWER_NOTE, arch_of, init_note, model_types, powered, save, transformers_frame
 from ...census.report import cell, sort_key

@@ -9,8 +9,9 @@ two layers hold both kinds. Sliding windows become shorter than a chunk (`WINDOW
 kernels (SSM chunks, lightning attention, chunked attention, block-sparse indexers) get blocks
 below the scan's step widths (`BLOCK`), so steps cross blocks. Composite configs (a text and a
 vision config) are shrunk part by part; a multimodal registration whose causal-LM class is declared
-on its text config (`text_part`) is derived from that text config, on every release alike. `Derived.variants` holds one config per layer kind, that
-kind as layer 0 (`variants`), the defaults' order first.
+on its text config (`text_part`) is derived from that text config, on every release alike.
+`Derived.variants` holds one config per layer kind, that kind as layer 0 (`tiny.layers`), the
+defaults' order first.
 
 `Derived.changed` records every key derivation set (key -> (default, tiny)); `shrunk_counts` reads
 the head and expert counts among them (`COUNTS`), and `default_counts` puts them back to the
@@ -26,8 +27,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from . import variants
-from .variants import index_name, looks_per_layer
+from . import layers
+from .layers import index_name, looks_per_layer
 
 VOCAB = 256
 WIDTH = 64
@@ -237,7 +238,7 @@ def shrink(d: dict, model_type: str = "", hints: Optional[dict] = None, settings
            layers: Optional[int] = None) -> tuple[dict, dict, list]:
     """(shrunk dict, changes, kept layer kinds) for a config's `to_dict()` (sub-configs too). With
     `hints`, it gets the per-layer and index keys found, per part: "" the config itself, else the
-    sub-config's key (what `variants.layout` reorders). An engine that hard-codes part of an
+    sub-config's key (what `layers.layout` reorders). An engine that hard-codes part of an
     architecture gives `layers` (keep the first that many layers of the default's pattern: one
     whole period of a pattern it hard-codes) and `settings` (values set last, like `OVERRIDES`)."""
     out, changed = dict(d), {}
@@ -327,9 +328,16 @@ def shrink(d: dict, model_type: str = "", hints: Optional[dict] = None, settings
     return out, changed, kinds
 
 
+def causal_lm_types() -> list[str]:
+    """Every model type the installed transformers maps to a causal LM, sorted."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+
+
 def derive(model_type: str, settings: Optional[dict] = None, layers: Optional[int] = None) -> Derived:
     """The tiny config of one registered architecture, or the reason there is none; `variants`
-    holds one config per layer kind, that kind as layer 0 (`variants`: the defaults' order first).
+    holds one config per layer kind, that kind as layer 0 (`tiny.layers`: the defaults' order first).
     `settings` and `layers`: an engine's own (`shrink`)."""
     from transformers import CONFIG_MAPPING
 
@@ -400,14 +408,14 @@ def layer_orders(cls, small: dict, changed: dict, hints: dict, cfg) -> list[Vari
         if not isinstance(d, dict):
             continue
         per, idx = hints.get(part, ((), ()))
-        lay = variants.layout(d, LAYER_COUNTS, per, idx)
-        orders = variants.orders(d, lay) if lay else []
+        lay = layers.layout(d, LAYER_COUNTS, per, idx)
+        orders = layers.orders(d, lay) if lay else []
         if len(orders) < 2:
             continue
         out = []
         for order in orders:
-            names = [variants.label(d, lay, i) for i in order]
-            new = variants.reorder(d, lay, order)
+            names = [layers.label(d, lay, i) for i in order]
+            new = layers.reorder(d, lay, order)
             moved = {f"{part}.{k}" if part else k: (d[k], new[k]) for k in new if new[k] != d[k]}
             ch = {**changed, **{k: (changed.get(k, (v[0],))[0], v[1]) for k, v in moved.items()}}
             if order == orders[0]:
