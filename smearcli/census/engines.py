@@ -1,12 +1,17 @@
-"""The engines a census runs on, in one registry, as `--impl`'s implementations are in
-`cli.registry`: `scan --engine NAME` runs any registered engine through one loop (`isolate.census`: one
-`--only`/`--shard`/`--resume`/`--merge` path, one record file, one report, one figure).
+"""The engines a census runs on, in one registry: `scan --engine NAME` runs any registered engine
+through one loop (`isolate.census`: one `--only`/`--shard`/`--resume`/`--merge` path, one record
+file, one report, one figure). The census names no engine: each registers itself.
 
-An engine is one folder (`smearcli.engines.NAME`, its session module there) and one registration:
+An engine is one folder (`smearcli.engines.NAME`, its session module there) and one registration,
+in its folder's `registration` module, which registers its `compare --impl` implementation and this
+`Engine` together (`smearcli.engines.registry.register`; an engine that compare does not run
+registers its `Engine` alone). Importing `smearcli.engines` registers every built-in one; a lookup
+here before that finds none of them, and says so.
 
 ```python
-from smearcli.census import engines
-engines.register(engines.Engine("toy", "a toy engine", open="my_module:open_session"))
+from smearcli.census.engines import Engine
+from smearcli.engines import registry
+registry.register(Engine("toy", "a toy engine", open="my_module:open_session"))
 ```
 
 What an `Engine` declares (cheap: registering imports none of its code, `--help` lists it):
@@ -28,6 +33,8 @@ What an `Engine` declares (cheap: registering imports none of its code, `--help`
 - `repro_tails`: the file-name tails its reproducer (and draft) write per finding, after the
   model type ("llama.py", "llama-vllm.py"), or a "module:function" giving them: the CLI refuses,
   before anything runs, a directory or a FIFO where one would go.
+- `unnamed`: its records leave the `engine` field out (transformers', which predate the field):
+  a record with none is this engine's.
 - `product` and `release`: what its release is called ("vLLM") and `(record) -> str or None`, the
   release that made a record (its version, as the record keeps it): a diff between two censuses
   and the table of what upstream knows name and compare releases through these alone.
@@ -104,6 +111,7 @@ class Engine:
     product: str = "the engine"
     release: Callable[[Record], Optional[str]] = lambda record: None
     stamp: Callable[[Optional[str]], dict] = lambda release: {}  # the record fields `release` reads back
+    unnamed: bool = False
     names_are: str = "a model type this engine checks"
     repro_tails: Union[tuple[str, ...], str, Callable] = (".py",)
     title: str = "smearcli scan"
@@ -154,71 +162,53 @@ def names() -> list[str]:
     return list(ENGINES)
 
 
+NONE_REGISTERED = "no engine is registered (importing smearcli.engines registers the built-in ones)"
+
+
 def get(name: str) -> Engine:
     """The engine `name`; a UserError listing every registered one."""
     if name not in ENGINES:
-        raise UserError(f"no engine is named {name!r}; the engines are {', '.join(ENGINES)}")
+        raise UserError(f"no engine is named {name!r}; " + (f"the engines are {', '.join(ENGINES)}" if ENGINES
+                                                               else NONE_REGISTERED))
     return ENGINES[name]
 
 
+def unnamed() -> Optional[Engine]:
+    """The engine whose records leave `engine` out (`Engine.unnamed`), if one is registered."""
+    return next((e for e in ENGINES.values() if e.unnamed), None)
+
+
+def name_of(record: Record) -> Optional[str]:
+    """The name of the engine that made `record`: its `engine` field, else the unnamed engine's."""
+    if record.engine:
+        return record.engine
+    engine = unnamed()
+    return engine.name if engine else None
+
+
 def of_records(records: Sequence[Record]) -> Engine:
-    """The engine a census's records ran on (the `engine` field; none: transformers); a UserError for
-    a mix, or a name no engine registered here holds."""
-    kinds = {r.engine or "transformers" for r in records}
+    """The engine a census's records ran on (the `engine` field; none: the unnamed engine's); a
+    UserError for a mix, or a name no engine registered here holds."""
+    kinds = {name_of(r) for r in records} if records else {getattr(unnamed(), "name", None)}
     if len(kinds) > 1:
-        raise UserError(f"the records mix engines ({', '.join(sorted(kinds))}): a census is of one engine")
-    name = kinds.pop() if kinds else "transformers"
+        raise UserError(f"the records mix engines ({', '.join(sorted(str(k) for k in kinds))}): a census is of one engine")
+    name = kinds.pop()
     if name not in ENGINES:
-        raise UserError(f"the records are of the engine {name!r}, which is not registered here")
+        raise UserError(f"the records are of the engine {name!r}, which is not registered here" if name else
+                        f"the records name no engine, and {NONE_REGISTERED}")
     return ENGINES[name]
 
 
 def stamped(name: str, release: Optional[str]) -> dict:
-    """The fields of a record made by engine `name`'s `release`: its `engine` (None for
-    transformers, whose records predate the field) and where that engine keeps its release
+    """The fields of a record made by engine `name`'s `release`: its `engine` (None for the
+    unnamed engine, whose records predate the field) and where that engine keeps its release
     (`Engine.stamp`, the inverse of `Engine.release`)."""
     engine = ENGINES.get(name)
-    return {"engine": None if name == "transformers" else name, **(engine.stamp(release) if engine else {})}
+    return {"engine": None if engine is not None and engine.unnamed else name,
+            **(engine.stamp(release) if engine else {})}
 
 
 def release_of(record: Record) -> Optional[str]:
     """The release of its engine that made `record` (None: not recorded, or no such engine here)."""
-    engine = ENGINES.get(record.engine or "transformers")
+    engine = ENGINES.get(name_of(record) or "")
     return engine.release(record) if engine is not None else None
-
-
-def transformers_tails() -> tuple[str, ...]:
-    """What a transformers finding writes after its model type: the reproducer, the draft, and one
-    reproducer per census boundary."""
-    from ..schedules import census_schedules
-
-    return (".py", ".md") + tuple(f"-{b}.py" for b in census_schedules())
-
-
-register(Engine(
-    "transformers", "transformers' own caches", open="smearcli.engines.transformers.session:InProcess",
-    names_are="a causal LM of this transformers", repro_tails=transformers_tails,
-    product="transformers", release=lambda r: r.transformers_version, stamp=lambda v: {"transformers_version": v},
-    title="# smearcli scan: transformers {transformers_version}", counted="causal-LM architectures",
-    sections="smearcli.engines.transformers.page:sections", after_run="smearcli.engines.transformers.draft:after_run",
-    groups="smearcli.engines.transformers.groups:groups", footer="smearcli.engines.transformers.page:api_lines"))
-register(Engine(
-    "vllm", "vLLM's scheduler and caches, against the transformers full pass",
-    open="smearcli.engines.vllm.session:open_session", env_var="SMEARCLI_VLLM_PYTHON", concurrent=False,
-    environment="an environment with vLLM; scripts/make_env.sh vllm DIR makes one (then DIR/bin/python)",
-    failing=tuple(str(v) for v in FAILURES),
-    names_are="an architecture both the installed vLLM and transformers register as a causal LM",
-    repro_tails=("-vllm.py",), product="vLLM", release=lambda r: r.vllm_version, stamp=lambda v: {"vllm_version": v},
-    title="# smearcli scan on vLLM: vLLM {vllm_version} (CPU), transformers {transformers_version} reference",
-    sections="smearcli.engines.vllm.session:sections"))
-register(Engine(
-    "llamacpp", "llama.cpp's micro-batches, calls, seq_cp and seq_rm, against the transformers full pass",
-    open="smearcli.engines.llamacpp.session:open_session", env_var="SMEARCLI_LLAMACPP_PYTHON",
-    environment="an environment with llama-cpp-python; scripts/make_env.sh llamacpp DIR makes one (then DIR/bin/python)",
-    failing=tuple(str(v) for v in FAILURES),
-    names_are="an architecture both llama.cpp's converter and transformers register as a causal LM",
-    repro_tails=("-llamacpp.py", "-llamacpp.gguf"), product="llama-cpp-python",
-    release=lambda r: (r.llamacpp or {}).get("llama_cpp_python") if isinstance(r.llamacpp, dict) else None,
-    stamp=lambda v: {"llamacpp": {"llama_cpp_python": v}},
-    title="# smearcli scan on llama.cpp: transformers {transformers_version} reference",
-    sections="smearcli.engines.llamacpp.session:sections"))

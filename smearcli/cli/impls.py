@@ -1,17 +1,11 @@
 """The option checks of `--impl`: which implementation runs, and whether the options given fit it
-(the facts are the registry's, `cli.registry`)."""
+(the facts are the registry's, `engines.registry`; the flags are the CLI's, `options.said`)."""
 
 from __future__ import annotations
 
+from ..engines.registry import REGISTRY, Implementation
 from ..errors import UserError
-from .options import SHARED, RunSpec
-from .registry import REGISTRY, Implementation
-
-
-def flag_of(field: str) -> str:
-    """The command-line flag of a RunSpec field ("hf_model" -> "--hf-model")."""
-    opt = SHARED[field][1]
-    return (opt.param_decls or (opt.default,))[0]  # typer keeps the first flag as `default` under Annotated
+from .options import RunSpec, flag_of, said
 
 
 def given(spec, field: str) -> bool:
@@ -40,7 +34,7 @@ def implementation(spec, command: str) -> Implementation:
                                 f"add {'one of them' if len(users) > 1 else f'--impl {users[0]}'}")
     for field, why in impl.refuses:
         if given(spec, field):
-            raise UserError(f"{flag_of(field)} {why}")
+            raise UserError(f"{flag_of(field)} {said(impl, why)}")
     return impl
 
 

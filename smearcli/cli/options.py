@@ -23,7 +23,7 @@ from ..config import PRESETS
 from ..errors import UserError
 from ..defaults import ALL_LOGICS, DEFAULT_SCHEDULES, LOGIC_NAMES, PACKED, REFERENCE
 from .errors import guarded
-from .registry import REGISTRY
+from ..engines.registry import REGISTRY  # importing smearcli.engines registers the built-in engines
 from .threads import HELP as THREADS_HELP
 
 
@@ -289,8 +289,8 @@ SHARED = {
                    "any document's first tokens leak more than this max |Δlogit| (a leak is a measurement "
                    "of training against inference, not a bug, so the limit is yours).", rich_help_panel=S,
                    show_default=False)),
-    "impl": (str, typer.Option("--impl", help="Whose code runs the model: " + "; ".join(
-             f"{i.name}: {i.help}" for i in REGISTRY.values()) + ".", rich_help_panel=N, metavar="NAME")),
+    "impl": (str, typer.Option("--impl", help="Whose code runs the model (see below).", rich_help_panel=N,
+                               metavar="NAME")),  # its help names the registered implementations: `said`
     "nanochat_path": (Optional[Path], typer.Option("--nanochat-path", help="A nanochat checkout (the "
                       "directory holding nanochat/gpt.py and nanochat/engine.py) for --impl nanochat|both. "
                       "Imported in isolation, never written to; SDPA attention is forced.", rich_help_panel=N)),
@@ -328,6 +328,22 @@ SHARED = {
 }
 _DEFAULTS = RunSpec()
 assert set(SHARED) == {f.name for f in fields(RunSpec)}
+
+
+def flag_of(field: str) -> str:
+    """The command-line flag of a RunSpec field ("hf_model" -> "--hf-model")."""
+    opt = SHARED[field][1]
+    return (opt.param_decls or (opt.default,))[0]  # typer keeps the first flag as `default` under Annotated
+
+
+def said(impl, text: str) -> str:
+    """A registration's text (`engines.registry`) as the user reads it: each `{field}` the option's
+    flag, `{this}` the implementation's own `--impl NAME`."""
+    return text.format_map({**{f: flag_of(f) for f in SHARED}, "this": f"{flag_of('impl')} {impl.name}"})
+
+
+SHARED["impl"][1].help = "Whose code runs the model: " + "; ".join(
+    f"{i.name}: {said(i, i.help)}" for i in REGISTRY.values()) + "."
 
 
 def shared_options(fn):

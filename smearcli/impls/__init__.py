@@ -3,5 +3,5 @@ reads, the worker's environment), behind `smearcli.runner.Runner` like the engin
 
 transformers, vLLM, llama.cpp and a user's nanochat checkout are engines with a folder each
 (`smearcli.engines`). Our own GPT's runners are core (`smearcli.gpt_runners`). `smearcli.compare`
-measures any runner the same way, and the CLI reaches each through its registry (`smearcli.cli.registry`).
+measures any runner the same way, and the CLI reaches each through its registry (`smearcli.engines.registry`).
 """

@@ -24,7 +24,8 @@ runner = CliRunner()
 
 @pytest.fixture
 def toy(monkeypatch, tmp_path):
-    monkeypatch.setitem(engines.ENGINES, "toy", toy_engine.ENGINE)
+    monkeypatch.setattr(engines, "ENGINES", dict(engines.ENGINES))  # the registration is undone after the test
+    toy_engine.register()
     monkeypatch.chdir(tmp_path)
     return tmp_path
 

@@ -39,9 +39,10 @@ TO_CUT = {
 
 
 def engine_of(mod: str):
-    """The engine folder a module lives in (`smearcli.engines.NAME...`), or None."""
+    """The engine folder a module lives in (`smearcli.engines.NAME...`), or None (`engines.registry`,
+    where every engine registers, is no engine's)."""
     parts = mod.split(".")
-    return parts[2] if len(parts) > 2 and parts[1] == "engines" else None  # same-layer imports allowed: (importer, imported)
+    return parts[2] if len(parts) > 2 and parts[1] == "engines" and (PKG / "engines" / parts[2]).is_dir() else None  # same-layer imports allowed: (importer, imported)
 FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9]*(?:-[a-z0-9]+)*")
 
 
@@ -174,6 +175,18 @@ def test_the_census_core_imports_no_engine():
     bad += [f"{m} imports {lib}" for m in core for lib in library_imports(m)]
     assert not bad, "\n".join(bad)
     assert library_imports("smearcli.tiny.derive")  # the detector sees a function's own import
+
+
+def test_the_census_core_names_no_engine_module():
+    """Nor through a "module:name" string (`named.load`): each engine registers itself from its folder."""
+    found = []
+    for m in (m for m in MODULES if m.startswith("smearcli.census")):
+        tree = ast.parse(MODULES[m].read_text())
+        docs = {id(n.body[0].value) for n in ast.walk(tree) if isinstance(n, (ast.Module, ast.FunctionDef, ast.ClassDef))
+                and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+        found += [f"{m}: {n.value!r}" for n in ast.walk(tree) if isinstance(n, ast.Constant) and id(n) not in docs
+                  and isinstance(n.value, str) and "smearcli.engines." in n.value]
+    assert not found, "\n".join(found)
 
 
 def test_no_arrow_left_to_cut_is_gone():

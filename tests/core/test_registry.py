@@ -7,7 +7,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from smearcli.cli import registry
+from smearcli.engines import registry
 from smearcli.cli.app import app
 from smearcli.cli.impls import offered
 from smearcli.cli.reports import comparison_job

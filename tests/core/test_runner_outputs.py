@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from smearcli import compare as cmp
 from smearcli import testing
-from smearcli.cli import registry
+from smearcli.engines import registry
 from smearcli.cli.app import app
 from smearcli.cli.reports import comparison_job
 from smearcli.runner import Output, Runner

@@ -274,7 +274,7 @@ def test_a_gguf_of_another_architecture_than_the_config_says(model_dir, fake_pyt
 
 def test_the_registered_schedules_are_offered_to_llamacpp_alone():
     from smearcli.cli.impls import offered
-    from smearcli.cli.registry import REGISTRY
+    from smearcli.engines.registry import REGISTRY
 
     assert "ubatch" in SCHEDULES and "batched" in SCHEDULES
     assert [s for s in offered(REGISTRY["llamacpp"]) if s != "full"] == [

@@ -18,6 +18,7 @@ import typer
 
 from ... import jsonsafe
 from ...census import engines
+from ...engines import registry  # noqa: F401 - importing it registers every built-in engine
 from ...errors import UserError
 from ..errors import CheckFailed, guarded
 from ..record_file import resumable, written

@@ -24,7 +24,7 @@ SUBTITLE = ("llama.cpp runs each schedule with its own micro-batches, calls and 
 
 def llamacpp_python(spec: RunSpec) -> tuple[str, str]:
     """(llama.cpp's interpreter, where it was given: the option or the environment variable)."""
-    from . import ENV_PYTHON
+    from .implementation import ENV_PYTHON
 
     return foreign_python(spec.llamacpp_python, "--llamacpp-python", ENV_PYTHON, "--impl llamacpp",
                           "an environment with llama-cpp-python; scripts/make_env.sh llamacpp DIR makes one "
@@ -47,7 +47,7 @@ def check_gguf_file(spec: RunSpec, vocab: int):
 
 
 def schedules_to_run(spec: RunSpec, schedules) -> list:
-    from . import LLAMACPP_SCHEDULES
+    from .implementation import LLAMACPP_SCHEDULES
     from ...defaults import DEFAULT_SCHEDULES
 
     if spec.schedules == ",".join(DEFAULT_SCHEDULES):  # not chosen: every schedule llama.cpp runs
@@ -58,7 +58,7 @@ def schedules_to_run(spec: RunSpec, schedules) -> list:
 def prepare(spec: RunSpec, schedules, tolerance: float):
     """A Job that runs llama.cpp on `schedules` against the transformers reference (compare/1)."""
     from .. import transformers as hf
-    from .. import llamacpp
+    from . import implementation as llamacpp
     from .environment import found, hello
     from ...defaults import DEFAULT_SCHEDULES
     from ...runner import LogProbs

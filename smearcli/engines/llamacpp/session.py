@@ -25,8 +25,8 @@ in transformers.
   * what the converter or llama.cpp's loader refuses is `not built` with the reason; a partial
     `seq_rm` llama.cpp refuses on recurrent memory (its documented limit) is the rollback
     schedule's `unsupported`, not a crash; a worker that dies is `crashed` with llama.cpp's frame.
-- `Session` / `open_session`: the engine as `census.engines` runs it (registered there as
-  "llamacpp"; `isolate.census` checks each architecture in its own forked process, `--timeout`);
+- `Session` / `open_session`: the engine as `census.engines` runs it (registered as "llamacpp"
+  by the folder's `registration`; `isolate.census` checks each architecture in its own forked process, `--timeout`);
 - `summary(records, wall_s)`: the benchmark (conversion, load, runs); `sections(records, meta)`: the
   page under the title `report.markdown` gives it.
 
@@ -393,7 +393,7 @@ def judged(model_type, model, model_dir: Path, python: str, tokens, ref_runner, 
     llama.cpp's own prefill."""
     from ... import compare
     from ...errors import UserError
-    from .. import llamacpp
+    from . import implementation as llamacpp
     from .own_prefill import against_prefill
     from ...judge import Run, status
     from ...steps import ScheduleOptions
@@ -581,7 +581,7 @@ def sections(recs: Sequence[Record], meta: Optional[dict] = None) -> list[str]:
     if spreads:
         above = sum(1 for sp, fl in spreads if sp > fl)
         vals = sorted(sp for sp, _ in spreads)
-        from . import SPREAD
+        from .implementation import SPREAD
 
         lengths = [n for n in SPREAD if n < T]
         out += ["## llama.cpp's own spread", "", "Before its cache is judged, each architecture's row is also run as "
@@ -635,7 +635,7 @@ class Session:
 
     def __init__(self, python: Optional[str], quiet: bool = False):
         from ...errors import UserError
-        from . import ENV_PYTHON
+        from .implementation import ENV_PYTHON
         from .environment import hello
 
         if not python:

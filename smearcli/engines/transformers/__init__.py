@@ -16,26 +16,6 @@ is refused in a fraction of a second.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import sys
+from ...named import lend
 
-
-def __getattr__(name: str):
-    if name.startswith("__"):
-        raise AttributeError(name)
-    module = f"{__name__}.{name}"
-    if module in sys.modules or importlib.util.find_spec(module) is not None:  # a module of the folder: itself
-        return sys.modules.get(module) or importlib.import_module(module)
-    implementation = importlib.import_module(f"{__name__}.implementation")
-    # its public names are the package's own from now on (looked up here no more)
-    globals().update({k: v for k, v in vars(implementation).items() if not k.startswith("_")})
-    try:
-        return vars(implementation)[name]
-    except KeyError:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
-
-
-def __dir__() -> list[str]:
-    implementation = importlib.import_module(f"{__name__}.implementation")
-    return sorted(set(globals()) | {k for k in vars(implementation) if not k.startswith("_")})
+__getattr__, __dir__ = lend(globals())

@@ -193,6 +193,6 @@ def write_groups(records, versions: dict) -> list[Path]:
 
 
 def after_run(records, meta: dict) -> None:
-    """The transformers engine's step once a run is over (`census.engines`): `write_groups`."""
+    """The transformers engine's step once a run is over (`after_run` in its `registration`): `write_groups`."""
     write_groups(records, {"transformers": meta.get("transformers_version", "?"),
                            "torch": meta.get("torch_version", "?")})

@@ -1,4 +1,4 @@
-"""The transformers engine's census page (`census.engines` names `sections` for it): the findings
+"""The transformers engine's census page (its `registration` names `sections` for it): the findings
 with their reproducers, the root causes, the findings about their API, the boundaries, then every
 architecture. `census.report.markdown` puts the frame (title, counts, what upstream knows) around it."""
 

@@ -21,7 +21,7 @@ SUBTITLE = ("vLLM runs each schedule with its own scheduler and caches (in its o
 def vllm_python(spec: RunSpec) -> tuple[str, str]:
     """(vLLM's interpreter, where it was given: the option or the environment variable, which a
     refusal of it names)."""
-    from . import ENV_PYTHON
+    from .implementation import ENV_PYTHON
 
     return foreign_python(spec.vllm_python, "--vllm-python", ENV_PYTHON, "--impl vllm",
                           "an environment with vLLM; scripts/make_env.sh vllm DIR makes one (then DIR/bin/python)")
@@ -49,7 +49,7 @@ def check_vllm_spec(spec: RunSpec, schedules):
 
 def check_plan(T: int, schedules, opts) -> None:
     """The chunk plan and the prefix schedule against what vLLM can run on T tokens."""
-    from .. import vllm
+    from . import implementation as vllm
     from ...cli.build import flag
 
     if "chunked" in schedules:
@@ -69,7 +69,7 @@ def path_name(schedule: str, steps) -> str:
 def prepare(spec: RunSpec, schedules, tolerance: float):
     """A Job that runs vLLM on `schedules` against the transformers reference (compare/1 document)."""
     from .. import transformers as hf
-    from .. import vllm
+    from . import implementation as vllm
     from .environment import hello
     from ...runner import LogProbs
     from ...cli.build import flag

@@ -2,7 +2,7 @@
 registers that transformers has a causal-LM class for, each on its tiny config in vLLM against
 the same weights' full pass in transformers, with one vLLM process for them all
 (`engines.vllm.serve.Worker`) and each architecture in its own forked process (`isolate`). The
-engine is this one module and its registration in `census.engines`; its sections, in order:
+engine's census is this one module, registered by the folder's `registration`; its sections, in order:
 
 **What it runs.** Which architectures: `engines.transformers.reference.model_types` of the worker's answer
 (vLLM's ModelRegistry). `tiny_config(model_type)`: the census's own tiny config (`derive.derive`,
@@ -64,7 +64,7 @@ import torch
 
 from ... import evidence
 from ...defaults import NOISE_MARGIN
-from . import BLOCK_SIZE, Settings, payload, to_run
+from .implementation import BLOCK_SIZE, Settings, payload, to_run
 from .serve import Worker, WorkerGone, archs
 from ...judge import (BUILD, CANNOT_RUN, CHECKED_NOTHING, DERIVE, ENGINE, RAISED, REFERENCE, THEIRS_REFUSES, WORKER,
                       Run, judge, status, stopped)
