@@ -166,7 +166,8 @@ def _entry(d: dict, where: str) -> Entry:
 
 
 def engine_of(record: Record) -> str:
-    return record.engine or "transformers"
+    """The engine that made `record`, as known.toml's entries name it (`engines.name_of`)."""
+    return engines.name_of(record) or "?"
 
 
 def version(text: Optional[str]) -> tuple:

@@ -178,6 +178,9 @@ class Record:
 FIELDS = tuple(f.name for f in dataclasses.fields(Record)
                if "json" in f.metadata or f.name in ("model_type", "verdict"))
 JSON_TYPES = {f.name: f.metadata["json"] for f in dataclasses.fields(Record) if "json" in f.metadata}
+# the releases a record names (its engine's, where the engine keeps it at the top; the reference's),
+# which a page's title reads when the run's meta lacks them (a `--merge`)
+VERSIONS = tuple(f for f in FIELDS if f.endswith("_version"))
 
 
 def born_module(rec: "Record") -> dict:

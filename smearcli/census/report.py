@@ -154,8 +154,7 @@ def markdown(records: Sequence[Record], meta: Optional[dict] = None, engine=None
     from . import engines
 
     engine = engine or engines.of_records(records)
-    versions = {k: getattr(r, k) for r in reversed(records) for k in ("transformers_version", "vllm_version")
-                if getattr(r, k)}
+    versions = {k: getattr(r, k) for r in reversed(records) for k in record.VERSIONS if getattr(r, k)}
     meta = {**versions, **{k: v for k, v in (meta or {}).items() if v is not None}}
     c = counts(records)
     out = [engine.page_title(meta), "",

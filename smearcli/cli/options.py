@@ -289,8 +289,7 @@ SHARED = {
                    "any document's first tokens leak more than this max |Δlogit| (a leak is a measurement "
                    "of training against inference, not a bug, so the limit is yours).", rich_help_panel=S,
                    show_default=False)),
-    "impl": (str, typer.Option("--impl", help="Whose code runs the model (see below).", rich_help_panel=N,
-                               metavar="NAME")),  # its help names the registered implementations: `said`
+    "impl": (str, typer.Option("--impl", rich_help_panel=N, metavar="NAME")),  # its help: below, once flags are known
     "nanochat_path": (Optional[Path], typer.Option("--nanochat-path", help="A nanochat checkout (the "
                       "directory holding nanochat/gpt.py and nanochat/engine.py) for --impl nanochat|both. "
                       "Imported in isolation, never written to; SDPA attention is forced.", rich_help_panel=N)),
