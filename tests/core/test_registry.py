@@ -110,3 +110,21 @@ def test_each_implementation_is_offered_what_its_runners_can_run():
     assert got["nanochat"] == got["both"] == ["full", "prefill", "decode", "chunked", "engine", "speculative", "packed"]
     assert got["hf"] == ["full", "prefill", "decode", "chunked", "speculative", "padded", "rollback"]
     assert got["vllm"] == ["full", "prefill", "decode", "chunked", "prefix"]
+
+
+def test_a_registrations_texts_name_options_by_field_and_the_cli_writes_the_flags():
+    """A registration names no flag (the CLI owns them): `{field}` and `{this}` in its help and its
+    refusals become the options' flags and its own `--impl NAME` (`cli.options.said`)."""
+    from smearcli.cli.options import said
+
+    for impl in registry.REGISTRY.values():
+        for text in (impl.help, *(why for _, why in impl.refuses)):
+            assert "--" not in text and "{" not in said(impl, text), (impl.name, text)
+    hf = registry.REGISTRY["hf"]
+    assert said(hf, dict(hf.refuses)["checkpoint"]) == \
+        "configures a nanochat model and does not apply to --impl hf (--hf-model names the model)"
+    r = runner.invoke(app, ["compare", "--impl", "vllm", "--hf-model", "x", "--reject", "1"])
+    assert r.exit_code == 2 and "--reject sizes the rollback schedule, which --impl vllm does not run" in r.output
+    from smearcli.cli.options import SHARED
+
+    assert "ours: smearcli's reimplementation of nanochat's GPT; --logic picks the smear;" in SHARED["impl"][1].help
