@@ -1,6 +1,7 @@
-"""scripts/make_env.sh ENGINE DIR, the one script making an engine's environment (vLLM's, llama.cpp's):
-its refusals, and each engine's steps run against a stand-in Python and pip that log what they are
-asked (nothing is installed or built)."""
+"""scripts/make_env.sh ENGINE DIR, the one script making an engine's environment (vLLM's, llama.cpp's)
+from the recipe in the engine's folder (smearcli/engines/ENGINE/make_env.sh): its refusals, and each
+engine's steps run against a stand-in Python and pip that log what they are asked (nothing is
+installed or built)."""
 
 import os
 import stat
@@ -13,7 +14,8 @@ import pytest
 from conftest import ROOT  # the clone's root
 
 SCRIPT = ROOT / "scripts" / "make_env.sh"
-USAGE = "ENGINE DIR   (ENGINE: vllm or llamacpp; DIR: the directory to create its environment in)"
+# the engines are the folders with a recipe, in the order of their names
+USAGE = "ENGINE DIR   (ENGINE: llamacpp or vllm; DIR: the directory to create its environment in)"
 
 # A stand-in for the Python the venv is made from and for the venv's own pip and python: each call
 # logs its name, its arguments and CMAKE_ARGS; `-m venv DIR` makes DIR/bin/{pip,python} as copies of
@@ -62,11 +64,11 @@ def test_a_wrong_number_of_arguments_is_the_usage_line(args):
     assert r.stdout == ""
 
 
-@pytest.mark.parametrize("engine", ["vLLM", "transformers", "llama.cpp", ""])
+@pytest.mark.parametrize("engine", ["vLLM", "transformers", "llama.cpp", "", "../vllm"])
 def test_an_unknown_engine_is_refused_naming_the_engines(engine, tmp_path):
     r = make_env(engine, tmp_path / "new")
     assert r.returncode == 2, r
-    assert r.stderr.splitlines() == [f"error: unknown engine '{engine}'; ENGINE is vllm or llamacpp",
+    assert r.stderr.splitlines() == [f"error: unknown engine '{engine}'; ENGINE is llamacpp or vllm",
                                      f"usage: {SCRIPT} {USAGE}"], r.stderr
     assert not (tmp_path / "new").exists()
 
@@ -117,3 +119,24 @@ def test_llamacpp_builds_the_version_and_pins_asked_for_and_keeps_its_converter(
     assert not sdist.exists()
     assert (f"use it with: --llamacpp-python {d}/bin/python  (or SMEARCLI_LLAMACPP_PYTHON={d}/bin/python)"
             in r.stdout)
+
+
+def test_a_folder_with_a_recipe_is_an_engine_the_script_makes(tmp_path):
+    """A fourth engine's environment is one file in its folder: the script finds it, lists it and runs
+    it (here a copy of the tree whose extra folder's recipe only logs)."""
+    import shutil
+
+    tree = tmp_path / "tree"
+    shutil.copytree(ROOT / "scripts", tree / "scripts")
+    for name in ("vllm", "llamacpp"):
+        (tree / "smearcli" / "engines" / name).mkdir(parents=True)
+        shutil.copy(ROOT / "smearcli" / "engines" / name / "make_env.sh", tree / "smearcli" / "engines" / name)
+    (tree / "smearcli" / "engines" / "toy").mkdir()
+    (tree / "smearcli" / "engines" / "toy" / "make_env.sh").write_text(
+        'make_env() { mkdir "$dir"; echo "toy made from $python"; }\nuse_it() { echo "toy: $dir"; }\n')
+    r = subprocess.run(["bash", str(tree / "scripts" / "make_env.sh")], capture_output=True, text=True, timeout=60)
+    assert "(ENGINE: llamacpp or toy or vllm;" in r.stderr, r.stderr
+    r = subprocess.run(["bash", str(tree / "scripts" / "make_env.sh"), "toy", str(tmp_path / "env")],
+                       capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHON": "py"})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines()[0] == "toy made from py" and r.stdout.splitlines()[-1] == f"toy: {tmp_path / 'env'}"
