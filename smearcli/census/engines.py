@@ -83,7 +83,7 @@ from typing import Callable, Optional, Protocol, Sequence, Union
 
 from ..errors import UserError
 from ..named import load
-from ..verdicts import BUG, FAILURES
+from ..verdicts import BUG
 from .record import Record
 
 
@@ -191,7 +191,8 @@ def of_records(records: Sequence[Record]) -> Engine:
     UserError for a mix, or a name no engine registered here holds."""
     kinds = {name_of(r) for r in records} if records else {getattr(unnamed(), "name", None)}
     if len(kinds) > 1:
-        raise UserError(f"the records mix engines ({', '.join(sorted(str(k) for k in kinds))}): a census is of one engine")
+        raise UserError(f"the records mix engines ({', '.join(sorted(str(k) for k in kinds))}): "
+                        "a census is of one engine")
     name = kinds.pop()
     if name not in ENGINES:
         raise UserError(f"the records are of the engine {name!r}, which is not registered here" if name else

@@ -3,10 +3,10 @@
 Layers, lowest first: core (the modules at the top of `smearcli/`, `testing` included), render,
 features (`impls`, `bench`, `census`, `engines`), cli (with each engine's `prepare` module: its command-line
 preparation lives in its folder). A module may import from its own layer's package or from any lower
-layer, never from a higher one (the census may also import `impls`; an engine the census, `impls` and the
-tiny models, `tiny`); the census core imports no engine, ours or a library one; there is no import cycle; no module outside `cli/` names a
-command-line flag; no module imports another module's private (`_name`) names; every module says
-in a docstring what it owns (modules are cut by concept: no line cap).
+layer, never from a higher one (the census may also import `impls`; an engine the census, `impls` and
+the tiny models, `tiny`); the census core imports no engine, ours or a library one; there is no import
+cycle; no module outside `cli/` names a command-line flag; no module imports another module's private
+(`_name`) names; every module says in a docstring what it owns (modules are cut by concept: no line cap).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from conftest import ROOT  # noqa: E402 - the clone's root
 PKG = ROOT / "smearcli"
 LAYERS = {"core": 0, "render": 1, "features": 2, "cli": 3}
 FEATURES = ("impls", "bench", "census", "engines", "tiny")
+# same-layer imports allowed: (importer, imported)
 BUILT_ON = {("census", "impls"), ("engines", "census"), ("engines", "impls"), ("engines", "tiny")}
 # The census core's arrows into the transformers engine the mechanical move left (issue 56): each is
 # cut by moving what it reaches into the core or behind the engine's registration. The list only
@@ -42,7 +43,7 @@ def engine_of(mod: str):
     """The engine folder a module lives in (`smearcli.engines.NAME...`), or None (`engines.registry`,
     where every engine registers, is no engine's)."""
     parts = mod.split(".")
-    return parts[2] if len(parts) > 2 and parts[1] == "engines" and (PKG / "engines" / parts[2]).is_dir() else None  # same-layer imports allowed: (importer, imported)
+    return parts[2] if len(parts) > 2 and parts[1] == "engines" and (PKG / "engines" / parts[2]).is_dir() else None
 FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9]*(?:-[a-z0-9]+)*")
 
 
@@ -183,8 +184,9 @@ def test_the_census_core_names_no_engine_module():
     found = []
     for m in (m for m in MODULES if m.startswith("smearcli.census")):
         tree = ast.parse(MODULES[m].read_text())
-        docs = {id(n.body[0].value) for n in ast.walk(tree) if isinstance(n, (ast.Module, ast.FunctionDef, ast.ClassDef))
-                and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+        docs = {id(n.body[0].value) for n in ast.walk(tree)
+                if isinstance(n, (ast.Module, ast.FunctionDef, ast.ClassDef)) and n.body
+                and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
         found += [f"{m}: {n.value!r}" for n in ast.walk(tree) if isinstance(n, ast.Constant) and id(n) not in docs
                   and isinstance(n.value, str) and "smearcli.engines." in n.value]
     assert not found, "\n".join(found)

@@ -25,8 +25,9 @@ in transformers.
   * what the converter or llama.cpp's loader refuses is `not built` with the reason; a partial
     `seq_rm` llama.cpp refuses on recurrent memory (its documented limit) is the rollback
     schedule's `unsupported`, not a crash; a worker that dies is `crashed` with llama.cpp's frame.
-- `Session` / `open_session`: the engine as `census.engines` runs it (registered as "llamacpp"
-  by the folder's `registration`; `isolate.census` checks each architecture in its own forked process, `--timeout`);
+- `Session` / `open_session`: the engine as `census.engines` runs it (registered as "llamacpp" by
+  the folder's `registration`; `isolate.census` checks each architecture in its own forked process,
+  `--timeout`);
 - `summary(records, wall_s)`: the benchmark (conversion, load, runs); `sections(records, meta)`: the
   page under the title `report.markdown` gives it.
 

@@ -1,6 +1,6 @@
-"""The transformers engine's census session (`scan --engine transformers`, the default): what
-its `registration` names for `census.engines` to open. It runs in smearcli's own process, over every causal LM the installed
-transformers registers, one architecture checked by `check.check`."""
+"""The transformers engine's census session (`scan --engine transformers`, the default): what its
+`registration` names for `census.engines` to open. It runs in smearcli's own process, over every
+causal LM the installed transformers registers, one architecture checked by `check.check`."""
 
 from __future__ import annotations
 
