@@ -178,9 +178,9 @@ def transformers_changes(against: Path, source, shards=None, common: bool = Fals
         current = [r for r in current if r.model_type in held]
     sources = None
     if source is not None:
-        import transformers
+        from smearcli.engines.transformers.sources import Sources
 
-        sources = diff.Sources(Path(source), Path(transformers.__file__).parent)
+        sources = Sources.installed(Path(source))
     found = diff.compare(previous, current, sources)
     why = json.loads(WHY.read_text()) if WHY.exists() else {}
     body = said + diff.markdown(found, diff.release(previous), diff.release(current), why)

@@ -15,17 +15,16 @@ file, merged shards) and gives one `Change` per architecture whose result moved:
 - `verdict changed`: any other move (a crash that became a bug, time that became a verdict, ...).
 
 Each change carries both censuses' numbers, and its cause where the records and sources tell it
-(`cause`): time (`timed out` on one side), or, when both releases' transformers sources are
-given (`Sources`), the lines of the architecture's modeling file and of `cache_utils.py` that
-changed between them. `regressions(changes)` is what `--check` gates on. Torch-free: it reads
+(`cause`): time (`timed out` on one side), or what the engine's sources tell, where both
+releases' are given (`sources`, anything with an `explain(change)`: transformers' is
+`engines.transformers.sources.Sources`, the lines of the modeling file and of the cache API that
+changed between them). `regressions(changes)` is what `--check` gates on. Torch-free: it reads
 records only.
 """
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Optional, Sequence
 
 from ..errors import UserError
@@ -37,34 +36,6 @@ from .report import cell
 FIXED, REGRESSED, NEW, GONE = "fixed", "regressed", "new", "gone"
 DIAGNOSIS, VERDICT = "diagnosis changed", "verdict changed"
 KINDS = (REGRESSED, FIXED, VERDICT, DIAGNOSIS, NEW, GONE)  # the order the report lists them in
-SHARED = "cache_utils.py"  # the cache API every architecture's cache is made of
-MAX_LINES = 6  # changed lines quoted per file
-
-
-@dataclass(frozen=True)
-class Sources:
-    """Both releases' transformers package directories (`.../site-packages/transformers`), for the
-    modeling files' changed lines."""
-
-    before: Path
-    after: Path
-
-    def changed(self, relative: str) -> Optional[list[str]]:
-        """The changed lines of one file between the releases ("-123: old", "+125: new"), [] when it
-        is the same, None when either release lacks it."""
-        a, b = self.before / relative, self.after / relative
-        if not (a.is_file() and b.is_file()):
-            return None
-        old, new = a.read_text().splitlines(), b.read_text().splitlines()
-        out = []
-        for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, old, new, autojunk=False).get_opcodes():
-            if tag == "equal":
-                continue
-            out += [f"-{i + 1}: {old[i].strip()}" for i in range(i1, i2) if old[i].strip()]
-            out += [f"+{j + 1}: {new[j].strip()}" for j in range(j1, j2) if new[j].strip()]
-        return out
-
-
 @dataclass
 class Change:
     """One architecture whose result moved between the censuses."""
@@ -75,7 +46,7 @@ class Change:
     after: Optional[dict]  # the current record's, None when it is gone
     path: Optional[dict] = None  # fixed: the path that failed before, as measured now
     cause: Optional[str] = None  # what the records and the sources tell of why
-    lines: dict = field(default_factory=dict)  # file -> its changed lines (`Sources.changed`), quoted
+    lines: dict = field(default_factory=dict)  # file -> its changed lines (the sources'), quoted
 
     def to_json(self) -> dict:
         return {"model_type": self.model_type, "change": self.kind, "before": self.before, "after": self.after,
@@ -129,7 +100,7 @@ def kind(before: Optional[dict], after: Optional[dict]) -> Optional[str]:
     return None
 
 
-def compare(previous: Sequence[dict], current: Sequence[dict], sources: Optional[Sources] = None) -> list[Change]:
+def compare(previous: Sequence[dict], current: Sequence[dict], sources=None) -> list[Change]:
     """One `Change` per architecture whose result moved, in `KINDS` order then by name; both
     censuses must be of one engine (a UserError otherwise)."""
     was, now = engines.of_records(previous).name, engines.of_records(current).name
@@ -138,7 +109,6 @@ def compare(previous: Sequence[dict], current: Sequence[dict], sources: Optional
                         "one engine (their verdicts rest on different paths)")
     old = {r.model_type: r for r in previous}
     new = {r.model_type: r for r in current}
-    shared = sources.changed(SHARED) if sources is not None else None
     out = []
     for name in sorted(set(old) | set(new)):
         a, b = old.get(name), new.get(name)
@@ -147,36 +117,17 @@ def compare(previous: Sequence[dict], current: Sequence[dict], sources: Optional
             continue
         c = Change(name, k, numbers(a) if a else None, numbers(b) if b else None,
                    path=_path(a, b) if k == FIXED else None)
-        explain(c, sources, shared)
+        explain(c, sources)
         out.append(c)
     return sorted(out, key=lambda c: (KINDS.index(c.kind), c.model_type))
 
 
-def modeling_file(model_type: str) -> str:
-    """The modeling file of a model type, relative to the transformers package."""
-    return f"models/{model_type}/modeling_{model_type}.py"
-
-
-def explain(c: Change, sources: Optional[Sources], shared: Optional[list]) -> None:
-    """`c.cause` and `c.lines`: time where one side timed out; else the lines that changed in its
-    modeling file and in the shared cache API, where both releases' sources are given."""
-    sides = [s for s in (c.before, c.after) if s]
-    if any(s["verdict"] == TIMED_OUT for s in sides):
+def explain(c: Change, sources) -> None:
+    """`c.cause` (and `c.lines`): time where one side timed out; else what the sources say, where given."""
+    if any(s["verdict"] == TIMED_OUT for s in (c.before, c.after) if s):
         c.cause = "time: one census ran out of time on it (the record says the limits and the load), not their code"
-        return
-    if sources is None or c.kind in (NEW, GONE):
-        return
-    own = sources.changed(modeling_file(c.model_type))
-    said = []
-    if own:
-        c.lines[modeling_file(c.model_type).split("/")[-1]] = own[:MAX_LINES]
-        said.append(f"{len(own)} lines differ in {modeling_file(c.model_type).split('/')[-1]}")
-    elif own == []:
-        said.append(f"{modeling_file(c.model_type).split('/')[-1]} unchanged")
-    if shared and any(s.get("worst_schedule") == "rollback" for s in sides):
-        c.lines[SHARED] = shared[:MAX_LINES]
-        said.append(f"{len(shared)} lines differ in {SHARED} (the cache API the rollback runs through)")
-    c.cause = "; ".join(said) or None
+    elif sources is not None and c.kind not in (NEW, GONE):
+        sources.explain(c)
 
 
 def regressions(changes: Sequence[Change]) -> list[Change]:

@@ -68,6 +68,9 @@ What a `Session` (the object `open` returns) does while the census runs:
   written (`more`: whether another architecture follows): whatever the engine must do between
   architectures (restart a worker it shares); True checks that architecture once more instead of
   writing this record (the second record is written whatever it says);
+- optionally `stamp() -> dict`: the record fields every record of the run carries where its check left them
+  null, those the census's own process makes included (a worker that died, a time-out): the releases
+  that made it (transformers' reference: `transformers_version`);
 - `close()`: the run is over (or stopped): release what `open` started;
 - optionally `gathering()` and `gathered(words) -> str`: a context manager entered in each
   architecture's process around its check, yielding a set the engine adds words to, and the one
@@ -179,9 +182,13 @@ def unnamed() -> Optional[Engine]:
 
 
 def name_of(record: Record) -> Optional[str]:
-    """The name of the engine that made `record`: its `engine` field, else the unnamed engine's."""
+    """The name of the engine that made `record`: its `engine` field, else the unnamed engine's (a
+    UserError while no engine is registered: which engine made it is not known then, and a record
+    read as no engine's would match nothing upstream knows)."""
     if record.engine:
         return record.engine
+    if not ENGINES:
+        raise UserError(NONE_REGISTERED)
     engine = unnamed()
     return engine.name if engine else None
 

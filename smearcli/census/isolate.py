@@ -16,7 +16,8 @@ verdict is in, the architecture's own limit no longer applies: the rest (writing
 reproducers) gets its own limit, scaled to the check's pace (`budget.later_limit`), and when that
 runs out the last record sent is kept, with what did not finish in its notes (a reproducer file on
 disk always has a record pointing at it: `check` sends its path before running it).
-Every record says which transformers release made it (`transformers_version`). What an engine
+Every record carries the fields its session stamps (`census.engines.Session.stamp`: the releases
+that made it) where its check left them null. What an engine
 gathers in a child (`census.engines.Session.gathering`: transformers' warnings that a fast SSM
 kernel is not installed, kept out of the progress lines) is sent back after its record, and the
 run says it once at the end, as one line (`on_note`).
@@ -153,12 +154,6 @@ def _child(check: Callable[[str], Record], name: str, fd: int, memory: Optional[
         os._exit(code)
 
 
-def transformers_version() -> Optional[str]:
-    """The release the parent imported, which every child runs (None when it imported none)."""
-    tf = sys.modules.get("transformers")
-    return getattr(tf, "__version__", None)
-
-
 def say(text: str) -> None:
     """A run's note, as one line of smearcli's on stderr (`run`'s default `on_note`)."""
     sys.stderr.write(f"smearcli: {text}\n")
@@ -186,7 +181,8 @@ def census(session, names: Sequence[str], sink: "records.Sink", jobs: int = 1, t
     where = Path(repro_dir).resolve()
     return run(names, lambda name: session.check(name, where, timeout, memory), sink, jobs=jobs, timeout=timeout,
                memory=memory, on_record=on_record, checked=session.checked, claim=claim,
-               gathering=getattr(session, "gathering", None), gathered=getattr(session, "gathered", None))
+               gathering=getattr(session, "gathering", None), gathered=getattr(session, "gathered", None),
+               stamp=getattr(session, "stamp", dict)())
 
 
 def run(names: Sequence[str], check: Callable[[str], Record], sink: "records.Sink", jobs: int = 1,
@@ -195,7 +191,7 @@ def run(names: Sequence[str], check: Callable[[str], Record], sink: "records.Sin
         on_note: Callable[[str], None] = say,
         checked: Optional[Callable[[Record, bool], bool]] = None,
         claim: Optional[Callable[[str], bool]] = None, gathering: Optional[Callable] = None,
-        gathered: Optional[Callable[[set], str]] = None) -> list[Record]:
+        gathered: Optional[Callable[[set], str]] = None, stamp: Optional[dict] = None) -> list[Record]:
     """Check every name in its own process, appending each record to an open `records.Sink`: the
     names it does not hold yet, at most `jobs` at once; the records of this run, in the order they
     finished.
@@ -205,7 +201,8 @@ def run(names: Sequence[str], check: Callable[[str], Record], sink: "records.Sin
     without); the run says `gathered(every child's words)` once at its end (`on_note`). `checked(record, more)`, in this process before a
     record is written, may ask for that name to be checked once more instead
     (`census.engines.Session.checked`). With `claim` (`claims`), a name is checked only if
-    `claim(name)` grants it when its turn comes: another scan sharing the claims has it otherwise."""
+    `claim(name)` grants it when its turn comes: another scan sharing the claims has it otherwise.
+    `stamp`: fields set on every record that left them null (`census.engines.Session.stamp`)."""
     if jobs < 1:
         raise UserError(f"jobs must be at least 1, got {jobs}")
     done = sink.names()
@@ -214,14 +211,14 @@ def run(names: Sequence[str], check: Callable[[str], Record], sink: "records.Sin
     running: dict[int, list] = {}  # pid -> [name, read fd, start, buffer, limit, verdict at (or None)]
     results: list[Record] = []
     said: set[str] = set()  # the words the children's engine gathered
-    version = transformers_version()
 
     again: set[str] = set()  # the names checked once more at `checked`'s asking
     mine: set[str] = set()  # the names `claim` granted this run (a retry or a recheck keeps its claim)
 
     def finish(rec: Record) -> None:
-        if version is not None and rec.transformers_version is None:
-            rec.transformers_version = version
+        for field, value in (stamp or {}).items():
+            if value is not None and getattr(rec, field) is None:
+                setattr(rec, field, value)
         word = judge.recorded(rec.verdict, rec.confirmation)  # no engine writes a bug the judge does not keep
         if word != rec.verdict:
             rec.verdict, rec.notes = str(word), [*(rec.notes or []), judge.UNCONFIRMED_BUG]

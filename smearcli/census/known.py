@@ -16,7 +16,8 @@ of (`place`):
 - `regression`: a thread says it was fixed in a release, and this record's release is that one or
   later: a report that cites the fix, and `--check` fails on it;
 - `open`: an open thread (or a duplicate of one): what the census adds belongs in a comment there,
-  so its draft is a comment (`comment`), and `--check` lists it without failing;
+  so an engine's draft is a comment (transformers': `engines.transformers.draft.for_upstream`), and
+  `--check` lists it without failing;
 - `fixed later`: found on a release before the one that fixed it: listed, not failed;
 - `by design`: the maintainers said it is intended; the judge's `by_design` makes the record's
   word `by design` when every finding of it is, outside the bug count and `--check`.
@@ -270,7 +271,7 @@ def of_run(comparison, engine: str, model_type: str, release: Optional[str], nam
     cover a compare run: it reads `new`, and `--check` fails on it as before."""
     from ..schedules import shape as registered_shape
     from ..verdicts import CRASHED
-    from .shapes import classify as shape_of
+    from ..shapes import classify as shape_of
 
     if str(comparison.word) not in FINDING_WORDS:  # ok, or no finding at all (inconclusive): nothing to place
         return []
@@ -377,48 +378,3 @@ def stale(records: Sequence[Record], entries: Optional[Sequence[Entry]] = None) 
     used |= {e.id for r in records for p in findings(r) for e in entries
              if e.covers(engine, r.model_type, p)}
     return [e for e in entries if e.engine == engine and e.id not in used and checked & set(e.architectures)]
-
-
-def comment(record: Record, draft: str) -> Optional[str]:
-    """A finding's draft for what upstream knows: for a known open bug, a comment for its thread
-    (the census's evidence first, the draft below); for a regression, the draft citing the fix; for
-    a departure by design, a fix made later or a duplicate, nothing (None: no draft is written)."""
-    c = worst(record)
-    if c in (None, NEW):
-        return draft
-    threads = [t for u in record.upstream for t in u["threads"]]
-    if c == REGRESSION:
-        fix = next(t for u in record.upstream if u["class"] == REGRESSION for t in u["threads"])
-        return (f"> **A regression.** {fix['url']} ({fix['title'] or fix['id']}) was {fix['status']}; the census "
-                f"finds it again on {engines.release_of(record) or 'this release'}.\n\n" + draft)
-    if c == OPEN:
-        t = threads[0]
-        others = f" ({len(threads) - 1} more threads: {', '.join(x['url'] for x in threads[1:])})" if len(threads) > 1 else ""
-        head = [f"# A comment for {t['url']}", "",
-                f"This is known upstream ({t['title'] or t['id']}, {t['status']}){others}: post what follows there, not "
-                "as a new report. What the census adds: the release it was seen on, a reproducer that exits 1 while "
-                "the bug is there, and the architectures that share the code (in the draft below).", "",
-                f"- seen on: {engine_of(record)} {engines.release_of(record) or '?'}",
-                "- findings: " + "; ".join(f"{u['path']} ({u['shape'] or u['verdict']})" for u in record.upstream),
-                ""]
-        return "\n".join(head) + "\n<details><summary>The census's draft</summary>\n\n" + draft + "\n</details>\n"
-    return None
-
-
-def drafts(records: Sequence[Record]) -> None:
-    """After a run: each finding's draft as `comment` has it (a comment for a known open thread, a
-    regression citing its fix), and no draft at all where upstream needs none (its file, which this
-    run wrote, removed and the record's `report_draft` cleared)."""
-    from ..files import atomic_write
-
-    for r in records:
-        path = Path(r.report_draft) if r.report_draft else None
-        if path is None or not path.is_file() or worst(r) in (None, NEW):
-            continue
-        text = comment(r, path.read_text(encoding="utf-8"))
-        if text is None:
-            path.unlink()
-            r.report_draft = None
-            continue
-        with atomic_write(path) as f:
-            f.write(text)

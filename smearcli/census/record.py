@@ -120,7 +120,7 @@ class Record:
     worst_schedule: Optional[str] = _f(STRING)  # the finding's schedule (a step plan or a boundary)
     max_abs: Optional[float] = _f(NUMBER)  # its largest |dlogit|
     multiple: Optional[float] = _f(NUMBER)  # ... as a multiple of the float64 floor
-    shape: Optional[str] = _f(STRING)  # the failure's shape (census.shapes, or the boundary's)
+    shape: Optional[str] = _f(STRING)  # the failure's shape (smearcli.shapes, or the boundary's)
     born_at: Optional[str] = _f(STRING)  # the first capture point@position past the floor
     born_in: Optional[dict] = _f(OBJECT)  # the first module whose output departs (engines.transformers.born)
     init: Optional[float] = _f(NUMBER)  # the initializer_range the verdict came at (None: default)

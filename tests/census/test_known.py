@@ -10,7 +10,8 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from smearcli.census import known, record
+import smearcli.engines  # noqa: F401 - the built-in engines registered: a record without `engine` is transformers'
+from smearcli.census import engines, known, record
 from smearcli.census.record import BoundaryResult
 from smearcli.errors import UserError
 from smearcli.judge import by_design
@@ -184,8 +185,10 @@ def test_drafts_become_a_comment_a_regression_report_or_none(table, tmp_path):
     for r in RECORDS[:4]:
         (tmp_path / f"{r.model_type}.md").write_text(f"# {r.model_type}: draft\n")
         recs.append(record.Record.from_json({**r.to_json(), "report_draft": str(tmp_path / f"{r.model_type}.md")}))
+    from smearcli.engines.transformers.draft import for_upstream
+
     by = {r.model_type: r for r in known.place(recs, table)}
-    known.drafts(list(by.values()))
+    for_upstream(list(by.values()))
     mamba = (tmp_path / "mamba.md").read_text()
     assert mamba.startswith("# A comment for https://github.com/huggingface/transformers/issues/1")
     assert "# mamba: draft" in mamba  # the census's evidence below
@@ -263,3 +266,11 @@ seen = {release = "5.24.0", model_type = "qwen3_next", path = "rollback", shape 
     assert known.failing([r], ("bug",)) == []  # an ok architecture: listed on the page, never failed
     again, = known.place([r], [entry])
     assert again.upstream == r.upstream
+
+
+def test_placing_a_record_before_any_engine_is_registered_says_so(monkeypatch):
+    """A record without `engine` is the unnamed engine's; with none registered (a notebook that did not
+    import smearcli.engines) its findings would match nothing and read `new`: it is refused instead."""
+    monkeypatch.setattr(engines, "ENGINES", {})
+    with pytest.raises(UserError, match="importing smearcli.engines"):
+        known.place([record.bare("mamba", "bug", worst_schedule="chunked")], known.load())

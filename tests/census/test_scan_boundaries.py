@@ -14,7 +14,8 @@ pytest.importorskip("transformers", reason="transformers is not installed: pip i
 from smearcli.schedules import shape  # noqa: E402
 from smearcli.engines.transformers.cache_runner import CacheRunner  # noqa: E402
 from smearcli.engines.transformers import page, repro  # noqa: E402
-from smearcli.census import report, shapes  # noqa: E402
+from smearcli import shapes  # noqa: E402
+from smearcli.census import report  # noqa: E402
 from smearcli.engines.transformers.check import T, build, check_model, split_points  # noqa: E402
 from smearcli.census.record import BoundaryResult, new as record  # noqa: E402
 from smearcli.verdicts import BUG, INCONCLUSIVE, OK  # noqa: E402

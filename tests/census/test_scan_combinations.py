@@ -15,7 +15,7 @@ pytest.importorskip("transformers", reason="transformers is not installed: pip i
 
 from smearcli import boundaries, evidence  # noqa: E402
 from smearcli.engines.transformers import boundary, repro  # noqa: E402
-from smearcli.census import shapes  # noqa: E402
+from smearcli import shapes  # noqa: E402
 from smearcli.engines.transformers.check import T, build, check_model, split_points  # noqa: E402
 from smearcli.tiny.derive import derive  # noqa: E402
 from smearcli.census.record import BoundaryResult, new as record  # noqa: E402

@@ -66,7 +66,9 @@ def test_the_changed_lines_of_the_modeling_file_and_the_cache_api(tmp_path):
     (new / "models" / "regresses").mkdir()
     for root in (old, new):
         (root / "models" / "regresses" / "modeling_regresses.py").write_text("same\n")
-    by = {c.model_type: c for c in diff.compare(BEFORE, AFTER, diff.Sources(old, new))}
+    from smearcli.engines.transformers.sources import Sources
+
+    by = {c.model_type: c for c in diff.compare(BEFORE, AFTER, Sources(old, new))}
     c = by["fixed_one"]
     assert c.lines["modeling_fixed_one.py"] == ["-2: b = 2", "+2: b = 3"]
     assert c.lines["cache_utils.py"] == ["-2: crop = 2", "+2: crop = 3"]  # the rollback runs through it

@@ -181,8 +181,24 @@ def full_record(name: str) -> record.Record:
 
 def test_the_time_and_the_release_stamp_a_whole_record(tmp_path):
     """A record from census.record.new has wall_s and transformers_version as null: the isolation fills
-    them in (a setdefault would have left them null)."""
-    tf = pytest.importorskip("transformers")  # the release the parent imported is the children's
-    (rec,) = scan_into(["whole"], full_record, tmp_path / "scan.jsonl")
-    assert isinstance(rec.wall_s, float) and rec.wall_s >= 0
-    assert rec.transformers_version == tf.__version__
+    them in (a setdefault would have left them null), the release from the session's stamp, and never
+    over a release the check set itself."""
+    def check(name):
+        return record.new(name, "ok", transformers_version="own") if name == "own" else full_record(name)
+
+    recs = scan_into(["whole", "own"], check, tmp_path / "scan.jsonl", stamp={"transformers_version": "9.9.9"})
+    by = {r.model_type: r for r in recs}
+    assert isinstance(by["whole"].wall_s, float) and by["whole"].wall_s >= 0
+    assert by["whole"].transformers_version == "9.9.9" and by["own"].transformers_version == "own"
+
+
+def test_every_engine_stamps_the_transformers_release_of_its_reference():
+    """Each built-in engine's records say which transformers release made their reference (the
+    session's stamp, read in the census's own process, so a worker that died before its check has it too)."""
+    tf = pytest.importorskip("transformers")
+    from smearcli.engines.llamacpp.session import Session as Llama
+    from smearcli.engines.transformers.session import InProcess
+    from smearcli.engines.vllm.session import Session as VLLM
+
+    assert InProcess().stamp() == {"transformers_version": tf.__version__}
+    assert VLLM.stamp(None) == Llama.stamp(None) == {"transformers_version": tf.__version__}

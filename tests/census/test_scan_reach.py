@@ -16,7 +16,8 @@ from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, Pre
 from transformers.modeling_outputs import CausalLMOutputWithPast  # noqa: E402
 
 from smearcli.engines.transformers import check  # noqa: E402
-from smearcli.census import record, shapes  # noqa: E402
+from smearcli import shapes  # noqa: E402
+from smearcli.census import record  # noqa: E402
 from smearcli.engines.transformers import orders  # noqa: E402
 from smearcli.tiny import derive, layers  # noqa: E402
 from smearcli.verdicts import BUG, CRASHED, LATENT, NOT_BUILT, OK, worst  # noqa: E402

@@ -23,7 +23,8 @@ import transformers  # noqa: E402
 
 from smearcli import frames  # noqa: E402
 from smearcli.engines.transformers import boundary, repro  # noqa: E402
-from smearcli.census import isolate, record, records, report, shapes  # noqa: E402
+from smearcli import shapes  # noqa: E402
+from smearcli.census import isolate, record, records, report  # noqa: E402
 from smearcli.engines import transformers as hf  # noqa: E402
 from smearcli.engines.transformers import api, kernels  # noqa: E402
 from smearcli.engines.transformers.cache_runner import CacheRunner  # noqa: E402

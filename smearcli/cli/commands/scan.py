@@ -281,11 +281,9 @@ def scan(
                              timeout, memory_mb, repro_dir, quiet)
         records = known.place(records, table)  # every finding against what upstream knows
         info |= mine | {"wall_s": round(time.monotonic() - t0, 1)}
-        eng.finish(records, info)  # the transformers engine: one draft per root cause, naming every architecture
+        eng.finish(records, info)  # transformers: one draft per root cause, a known bug's a comment for its thread
     if merge:
         info["wall_s"] = round(time.monotonic() - t0, 1)
-    else:
-        known.drafts(records)  # a known open bug's draft is a comment for its thread; no draft for by design
     if json_out:
         sys.stdout.write(jsonsafe.dumps(report.document(records, info), indent=1, default=str) + "\n")
     else:
@@ -442,14 +440,13 @@ def read_against(against, merge, source):
 
 
 def sources(previous_dir):
-    """Both releases' transformers directories (`census.diff.Sources`), None without --against-source."""
+    """Both releases' transformers directories (`engines.transformers.sources.Sources`, the installed
+    one the later), None without --against-source."""
     if previous_dir is None:
         return None
-    import transformers
+    from ...engines.transformers.sources import Sources
 
-    from ...census import diff
-
-    return diff.Sources(Path(previous_dir), Path(transformers.__file__).parent)
+    return Sources.installed(Path(previous_dir))
 
 
 def _run(eng, python, out, jobs, part, claims, resume, wanted, timeout, memory_mb, repro_dir,

@@ -64,7 +64,7 @@ from ...tiny import derive
 from ...tiny.derive import text_config, vocab_of
 from ...census.record import Record, new as record
 from ...census.report import cell, sort_key
-from ..transformers.reference import NO_POWER_NOTE, init_note, model_types, powered, save, transformers_frame
+from ..transformers.reference import NO_POWER_NOTE, init_note, model_types, powered, save, stamp, transformers_frame
 
 T = 48  # tokens: room for micro-batches of 3 to 7, three 16-token calls and drafts of the default size
 ENGINE = "llamacpp"
@@ -235,7 +235,7 @@ def replicate(model_type: str, got, rec: Record, python: str, left: float, seed:
     the finding when the same schedule departs from llama.cpp's own one-call prefill again, and a
     rerun that crashes or is not built refutes nothing. Ties: the top-k calls with an exact tie at
     their edge in the transformers reference's pass over the same weights and tokens
-    (`census.topk.watching`): an exact tie (an indexer's ReLU at exactly zero) is exact in llama.cpp too,
+    (`topk.watching`): an exact tie (an indexer's ReLU at exactly zero) is exact in llama.cpp too,
     where a kernel's order then picks among the tied keys. A finding that does not stand is a `tie
     artifact` where ties were seen, else its departure is `not replicated`."""
 
@@ -360,7 +360,7 @@ def checked(model_type: str, got, python: str, timeout: float, seed: int, tolera
             return record(model_type, judge.stopped(judge.BUILD), reason="the tiny model cannot be saved: " + transformers_frame(e),
                           **base)
         gguf = Path(d) / "model.gguf"
-        from ...census import topk
+        from ... import topk
 
         with topk.watching() as seen:  # the transformers reference's top-k calls: the only ones in this process
             rec, finding, c, runner = judged(model_type, model, Path(d) / "model", python, tokens, ref_runner, power,
@@ -667,6 +667,9 @@ class Session:
     def checked(self, rec: Record, more: bool) -> bool:
         self.done.append(rec)
         return False
+
+    def stamp(self) -> dict:
+        return stamp()
 
     def close(self) -> None:
         if self.server is not None:

@@ -24,7 +24,7 @@ import torch
 from ... import evidence, judge
 from ...precision import lifted
 from ...verdicts import ROUNDING
-from ...census.shapes import LEAK, leak_schedule
+from ...shapes import LEAK, leak_schedule
 
 CHANGED = 8  # the tokens changed at the end of the sequence
 

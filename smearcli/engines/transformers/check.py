@@ -53,7 +53,7 @@ from ...verdicts import BUG, CRASHED, INCONCLUSIVE, OK, ROUNDING, UNCONFIRMED
 from . import hidden_names
 from .cache_runner import CacheRunner, full_run
 from . import born, boundary, causal, diagnose, orders, ties
-from ...census import shapes
+from ... import shapes
 from ...census.record import Record, new as record
 from .boundary import WINDOW_KEYS, measured, transformers_frame
 from ...tiny.derive import CONV_KEYS, build, default_counts, derive, first_int, parameters, vocab_of

@@ -12,7 +12,7 @@ from ...defaults import NOISE_MARGIN
 from ...schedules import run_steps
 from ...state import KV, Zeroing, state_kinds
 from .cache_runner import CacheRunner
-from ...census import shapes
+from ... import shapes
 from .boundary import logits_noise, logits_only
 
 

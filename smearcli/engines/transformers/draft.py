@@ -8,10 +8,11 @@ from __future__ import annotations
 import re
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
-from ...census.shapes import LEAK
+from ...census import engines, known
 from ...census.record import Record
+from ...shapes import LEAK
 
 PATTERNS = (
     ("a branch on a one-token step", re.compile(r"(seq_len|shape\[1\]|size\(1\)|q_len)\s*==\s*1")),
@@ -193,6 +194,53 @@ def write_groups(records, versions: dict) -> list[Path]:
 
 
 def after_run(records, meta: dict) -> None:
-    """The transformers engine's step once a run is over (`after_run` in its `registration`): `write_groups`."""
+    """The transformers engine's step once a run is over (`after_run` in its `registration`):
+    `write_groups`, then each draft as what upstream knows has it (`for_upstream`)."""
     write_groups(records, {"transformers": meta.get("transformers_version", "?"),
                            "torch": meta.get("torch_version", "?")})
+    for_upstream(records)
+
+
+def comment(record: Record, draft: str) -> Optional[str]:
+    """A finding's draft for what upstream knows: for a known open bug, a comment for its thread
+    (the census's evidence first, the draft below); for a regression, the draft citing the fix; for
+    a departure by design, a fix made later or a duplicate, nothing (None: no draft is written)."""
+    c = known.worst(record)
+    if c in (None, known.NEW):
+        return draft
+    threads = [t for u in record.upstream for t in u["threads"]]
+    if c == known.REGRESSION:
+        fix = next(t for u in record.upstream if u["class"] == known.REGRESSION for t in u["threads"])
+        return (f"> **A regression.** {fix['url']} ({fix['title'] or fix['id']}) was {fix['status']}; the census "
+                f"finds it again on {engines.release_of(record) or 'this release'}.\n\n" + draft)
+    if c == known.OPEN:
+        t = threads[0]
+        others = f" ({len(threads) - 1} more threads: {', '.join(x['url'] for x in threads[1:])})" if len(threads) > 1 else ""
+        head = [f"# A comment for {t['url']}", "",
+                f"This is known upstream ({t['title'] or t['id']}, {t['status']}){others}: post what follows there, not "
+                "as a new report. What the census adds: the release it was seen on, a reproducer that exits 1 while "
+                "the bug is there, and the architectures that share the code (in the draft below).", "",
+                f"- seen on: {known.engine_of(record)} {engines.release_of(record) or '?'}",
+                "- findings: " + "; ".join(f"{u['path']} ({u['shape'] or u['verdict']})" for u in record.upstream),
+                ""]
+        return "\n".join(head) + "\n<details><summary>The census's draft</summary>\n\n" + draft + "\n</details>\n"
+    return None
+
+
+def for_upstream(records: Sequence[Record]) -> None:
+    """After a run: each finding's draft as `comment` has it (a comment for a known open thread, a
+    regression citing its fix), and no draft at all where upstream needs none (its file, which this
+    run wrote, removed and the record's `report_draft` cleared)."""
+    from ...files import atomic_write
+
+    for r in records:
+        path = Path(r.report_draft) if r.report_draft else None
+        if path is None or not path.is_file() or known.worst(r) in (None, known.NEW):
+            continue
+        text = comment(r, path.read_text(encoding="utf-8"))
+        if text is None:
+            path.unlink()
+            r.report_draft = None
+            continue
+        with atomic_write(path) as f:
+            f.write(text)

@@ -643,7 +643,7 @@ def summary(reach: Optional[dict]) -> str:
     return next((w for w in (SILENT, RAISES, REFUSED, AGREES) if w in got), "-")
 
 
-from ...census.shapes import THROUGH_GENERATE as THROUGH  # its shape: every cached schedule of the census agrees
+from ...shapes import THROUGH_GENERATE as THROUGH  # its shape: every cached schedule of the census agrees
 
 
 def judged(path: str, boundaries: Optional[dict]) -> bool:

@@ -38,6 +38,14 @@ NO_POWER_NOTE = (f"the check never had power (every kind of state at {evidence.M
                  f"tried ({', '.join('default' if i is None else str(i) for i in INIT_LADDER)})")
 
 
+def stamp() -> dict:
+    """What every census record whose reference is transformers' says of it (`census.engines.Session.stamp`):
+    the release imported here, which every architecture's process runs."""
+    import transformers
+
+    return {"transformers_version": transformers.__version__}
+
+
 def model_types(archs) -> list[str]:
     """The model types whose transformers causal-LM class is one of `archs` (vLLM's names)."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES as causal

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Optional
 
 from . import api
-from ...census.shapes import LEAK, THROUGH_GENERATE
+from ...shapes import LEAK, THROUGH_GENERATE
 from ...defaults import (GENERATE_BEAMS, GENERATE_CHUNK, GENERATE_NEW, GENERATE_PADS_INSIDE, GENERATE_PATH,
                          NOISE_MARGIN)
 from ...schedules import SCHEDULES

@@ -37,6 +37,11 @@ class InProcess:
     def checked(self, record: Record, more: bool) -> bool:
         return False
 
+    def stamp(self) -> dict:
+        from .reference import stamp
+
+        return stamp()
+
     @contextlib.contextmanager
     def gathering(self):
         """In a census child, around its check: the fast kernels transformers fell back without

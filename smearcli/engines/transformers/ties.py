@@ -27,7 +27,7 @@ from __future__ import annotations
 from typing import Callable, Optional
 
 from ... import judge
-from ...census.topk import tie_break, tied, watching  # noqa: F401 - the census's rule, used here by name
+from ...topk import tie_break, tied, watching  # noqa: F401 - the census's rule, used here by name
 from ...verdicts import BUG, TIE_ARTIFACT, UNCONFIRMED
 
 def summary(fields: dict) -> dict:

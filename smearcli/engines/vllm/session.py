@@ -74,7 +74,7 @@ from ...census import known
 from ...tiny import derive
 from ...tiny.derive import CONV_KEYS, first_int, vocab_of
 from ...census.record import Record, new as record
-from ..transformers.reference import NO_POWER_NOTE, arch_of, init_note, model_types, powered, save, transformers_frame
+from ..transformers.reference import NO_POWER_NOTE, arch_of, init_note, model_types, powered, save, stamp, transformers_frame
 from ...census.report import cell, sort_key
 
 
@@ -379,6 +379,9 @@ class Session:
             w.kill()
             w.start()
         return False
+
+    def stamp(self) -> dict:
+        return stamp()
 
     def meta(self) -> dict:
         """vLLM's version and the benchmark (said on stderr unless quiet)."""

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-from ..schedules import census_schedules, shape
+from .schedules import census_schedules, shape
 
 STATE_DROPPED = "state dropped at chunk starts"
 CONTEXT_LOST = "context lost"
