@@ -57,13 +57,11 @@ def schedules_to_run(spec: RunSpec, schedules) -> list:
 
 def prepare(spec: RunSpec, schedules, tolerance: float):
     """A Job that runs llama.cpp on `schedules` against the transformers reference (compare/1)."""
-    from .. import transformers as hf
     from . import implementation as llamacpp
     from .environment import found, hello
     from ...defaults import DEFAULT_SCHEDULES
-    from ...runner import LogProbs
     from ...cli.build import check_boundaries, flag
-    from ..transformers.prepare import check_hf_spec, flag_model, load, tokens_for
+    from ...cli.hf_model import check_hf_spec, load, reference as reference_of, tokens_for
     from ...cli.reports import ComparisonReport, Job
     from ...cli.threads import apply_threads
 
@@ -104,8 +102,7 @@ def prepare(spec: RunSpec, schedules, tolerance: float):
             schedules = [s for s in schedules if s != "rollback"]
         else:
             raise
-    with flag_model(spec):
-        reference = LogProbs(hf.runner(model, info.source, tokens))
+    reference = reference_of(spec, model, info.source, tokens)
     settings = llamacpp.Settings(python=python, model=spec.hf_model, vocab=vocab,
                                  gguf=str(spec.gguf) if spec.gguf is not None else None,
                                  gguf_arch=header.architecture if header else None,

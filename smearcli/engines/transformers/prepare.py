@@ -1,8 +1,8 @@
 """`--impl hf`: a Hugging Face model (smearcli.engines.transformers) as a registry job.
 
-Owns what only a transformers model needs from the CLI: loading `--hf-model` on `--device` and
-`--dtype`, its input, the mapping of the adapter's errors to `--hf-model` and the schedule flags,
-and its report: the standard one, with the `smearcli.compare/1` JSON document and a figure title that
+Owns what only a transformers model needs from the CLI (loading `--hf-model` and its input are
+`cli.hf_model`'s, which vLLM and llama.cpp share): the mapping of the adapter's errors to
+`--hf-model` and the schedule flags, and its report: the standard one, with the `smearcli.compare/1` JSON document and a figure title that
 says what the reference is. Which shared options apply is the registry's (`cli.impls`).
 
 Imported only when `--impl hf` runs, so transformers never loads on the nanochat paths.
@@ -17,44 +17,13 @@ SUBTITLE = ("The model runs each schedule through its own cache API (use_cache=T
             "back each step);\nthe reference is one call over every token with use_cache=False.")
 
 
-def check_hf_spec(spec: RunSpec, schedules):
-    """Everything the options alone decide for --impl hf, before transformers is imported."""
-    from ...cli.build import check_arguments
-
-    return check_arguments(spec, schedules, spec.chunk_size_tuple())
-
-
-def load(spec: RunSpec):
-    """(model, HFModelInfo, device) for --hf-model, on --device, in --dtype (auto: as loaded)."""
-    from .. import transformers as hf
-    from ...cli.build import DTYPES, flag, resolve_device
-
-    device = resolve_device(spec.device)
-    dtype = None if spec.dtype == DType.auto else DTYPES[spec.dtype.value]
-    with flag("--hf-model"):
-        model, info = hf.load(spec.hf_model, seed=spec.seed, dtype=dtype)
-        model = model.to(device=device, dtype=dtype)
-        info = hf.model_info(model, info.source)
-    return model, info, device
-
-
-def tokens_for(spec: RunSpec, model):
-    from .. import transformers as hf
-    from ...inputs import load_tokens
-    from ...cli.build import flag
-
-    if spec.tokens is not None:
-        with flag("--tokens"):
-            return load_tokens(spec.tokens, hf.vocab_size(model))
-    return hf.random_tokens(model, spec.seq_len_value(), spec.batch, spec.seed)
-
-
 def prepare(spec: RunSpec, schedules, tolerance: float):
     """A Job that checks the model of --hf-model on `schedules`; its report writes smearcli.compare/1."""
     from .. import transformers as hf
     from ...defaults import DRAFT
     from ...steps import chunk_plan
     from ...cli.build import check_boundaries
+    from ...cli.hf_model import check_hf_spec, flag_model, load, tokens_for
     from ...cli.threads import apply_threads
 
     schedules = [s for s in schedules if s != "full"]
@@ -81,6 +50,7 @@ def prepare(spec: RunSpec, schedules, tolerance: float):
         import transformers
 
         from ...census import known
+        from ...cli.hf_model import flag_model
         from .check import path_name
 
         with their_code(spec), flag_model(spec):
@@ -114,9 +84,3 @@ class their_code:
         first = (str(exc).splitlines() or [""])[0][:200]
         raise UserCodeError(f"--hf-model {self.spec.hf_model}: the model's own code raised "
                             f"{type(exc).__name__} at {where}: {first}") from exc
-
-
-def flag_model(spec: RunSpec):
-    from ...cli.build import flag
-
-    return flag(f"--hf-model {spec.hf_model}:")

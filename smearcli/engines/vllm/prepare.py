@@ -3,7 +3,7 @@
 Owns what only vLLM needs from the CLI: its interpreter (`--vllm-python`, else
 $SMEARCLI_VLLM_PYTHON), `--device` and `--tensor-parallel-size` passed through, the checks of the
 chunk plan and the prefix schedule against what vLLM can do, and the reference: the same
-directory loaded in transformers here (`engines.transformers.prepare.load`), compared as log-probabilities. Imported
+directory loaded in transformers here (`cli.hf_model`), compared as log-probabilities. Imported
 only when `--impl vllm` runs.
 """
 
@@ -30,16 +30,13 @@ def vllm_python(spec: RunSpec) -> tuple[str, str]:
 def check_vllm_spec(spec: RunSpec, schedules):
     """What the options alone decide for --impl vllm, before anything is loaded (the model directory
     must hold safetensors weights: what vLLM and the transformers reference both read)."""
-    from ..transformers.files import weight_files
-    from ...cli.build import flag
-    from ..transformers.prepare import check_hf_spec
+    from ...cli.hf_model import check_hf_spec, check_weights
 
     opts = check_hf_spec(spec, [s for s in schedules if s != "prefix"])
     if not Path(spec.hf_model).is_dir():
         raise UserError(f"--hf-model {spec.hf_model}: --impl vllm needs a local model directory "
                         "(vLLM loads it from disk; the built-in tiny configs are for --impl hf)")
-    with flag("--hf-model"):  # the weights vLLM and the reference load, before vLLM's environment starts
-        weight_files(Path(spec.hf_model))
+    check_weights(spec)  # the weights vLLM and the reference load, before vLLM's environment starts
     if spec.tensor_parallel_size < 1:
         raise UserError(f"--tensor-parallel-size must be >= 1, got {spec.tensor_parallel_size}")
     if spec.tensor_parallel_size > 1 and spec.device != Device.cuda:
@@ -68,12 +65,10 @@ def path_name(schedule: str, steps) -> str:
 
 def prepare(spec: RunSpec, schedules, tolerance: float):
     """A Job that runs vLLM on `schedules` against the transformers reference (compare/1 document)."""
-    from .. import transformers as hf
     from . import implementation as vllm
     from .environment import hello
-    from ...runner import LogProbs
     from ...cli.build import flag
-    from ..transformers.prepare import flag_model, load, tokens_for
+    from ...cli.hf_model import load, reference as reference_of, tokens_for
     from ...cli.reports import comparison_job
     from ...cli.threads import apply_threads
 
@@ -89,8 +84,7 @@ def prepare(spec: RunSpec, schedules, tolerance: float):
     tokens = tokens_for(spec, model)
     T = tokens.size(1)
     check_plan(T, schedules, opts)
-    with flag_model(spec):
-        reference = LogProbs(hf.runner(model, info.source, tokens))
+    reference = reference_of(spec, model, info.source, tokens)
     dtype = "float32" if spec.dtype == DType.auto and device.type == "cpu" else info.dtype
     settings = vllm.Settings(python=python, model=spec.hf_model, vocab=int(model.config.vocab_size), dtype=dtype,
                              device=device.type, tensor_parallel_size=spec.tensor_parallel_size)
