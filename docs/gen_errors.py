@@ -115,7 +115,7 @@ def main() -> None:
 
     sys.path[:0] = [str(ROOT / "tests"), str(ROOT)]  # the cases and their helpers, this checkout's smearcli
     import errors_cases
-    from smearcli.files import atomic_write
+    from smearcli.util.files import atomic_write
 
     with tempfile.TemporaryDirectory(prefix="smearcli-errors-") as d, pytest.MonkeyPatch.context() as mp:
         rows = errors_cases.run_all(Path(d), mp)

@@ -52,7 +52,7 @@ SNIPPETS: list[tuple[str, str, int | str | None]] = [
 # Python run in the scratch directory before a command (the docs show the same code above it).
 SETUP = {
     "compare-checkpoint.txt": (
-        "from smearcli import weights\n"
+        "from smearcli.gpt import weights\n"
         "lm = weights.random_model(seed=1)\n"
         "weights.save_checkpoint(lm.model, 'my-ckpt', step=100)\n"
     ),
@@ -168,7 +168,7 @@ def fill_readme(text: str) -> str:
 
 def write(name: str, text: str) -> None:
     sys.path.insert(0, str(HERE.parent))
-    from smearcli.files import atomic_write
+    from smearcli.util.files import atomic_write
 
     with atomic_write(OUT / name, "w", encoding="utf-8") as f:
         f.write(text)

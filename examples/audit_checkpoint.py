@@ -15,11 +15,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from smearcli import compare, inputs, weights
-from smearcli.weights import load_checkpoint
+from smearcli.measure import compare, inputs
+
+from smearcli.gpt import weights
+from smearcli.gpt.weights import load_checkpoint
 from smearcli.render.table import console, print_comparison
-from smearcli.schedules import ScheduleOptions
-from smearcli.threads import use_threads
+from smearcli.measure.schedules import ScheduleOptions
+from smearcli.util.threads import use_threads
 
 SAMPLE = "def fib(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a\n" * 3
 

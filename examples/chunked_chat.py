@@ -18,9 +18,11 @@ import sys
 
 import torch
 
-from smearcli import generate, inputs, weights
-from smearcli.errors import UserError
-from smearcli.threads import use_threads
+from smearcli.gpt import generate, weights
+
+from smearcli.measure import inputs
+from smearcli.util.errors import UserError
+from smearcli.util.threads import use_threads
 
 # A "chat" for a model trained on Python source: each user turn starts a method of a dict-like
 # class and the model's reply completes it. With the shipped tiny model and 16-byte replies, the

@@ -19,9 +19,11 @@ import sys
 
 import torch
 
-from smearcli import generate, inputs, weights
-from smearcli.errors import UserError
-from smearcli.threads import use_threads
+from smearcli.gpt import generate, weights
+
+from smearcli.measure import inputs
+from smearcli.util.errors import UserError
+from smearcli.util.threads import use_threads
 
 PROMPT = "import sys\n\n\ndef parse_args(argv):\n    \"\"\"Parse the command line.\"\"\"\n"
 

@@ -1,9 +1,9 @@
 """Train the tiny byte-level nanochat model that ships with smearcli (`--model tiny`).
 
-Everything here is smearcli's own code: the model is `smearcli.model.GPT` (nanochat's
+Everything here is smearcli's own code: the model is `smearcli.gpt.model.GPT` (nanochat's
 architecture), the loop is plain PyTorch (AdamW, warmup then linear decay), and the checkpoint
 is written in nanochat's format (`model_XXXXXX.pt` + `meta_XXXXXX.json`) with
-`smearcli.weights.save_checkpoint`, so `smearcli compare --checkpoint DIR` loads it like any
+`smearcli.gpt.weights.save_checkpoint`, so `smearcli compare --checkpoint DIR` loads it like any
 nanochat checkpoint.
 
 The corpus needs no download: the top-level `*.py` files of the running Python's standard
@@ -36,9 +36,9 @@ import torch
 import torch.nn.functional as F
 
 import smearcli
-from smearcli.config import GPTConfig
-from smearcli.model import GPT
-from smearcli.weights import save_checkpoint
+from smearcli.gpt.config import GPTConfig
+from smearcli.gpt.model import GPT
+from smearcli.gpt.weights import save_checkpoint
 
 DEFAULT_OUT = Path(smearcli.__file__).resolve().parent / "data" / "tiny"
 VAL_FRACTION = 0.05

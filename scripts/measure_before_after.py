@@ -52,7 +52,9 @@ def loadavg() -> list[float]:
 
 def make_checkpoint(tree: Path, preset: str, dest: Path) -> Path:
     if not any(dest.glob("model_*.pt")):
-        code = ("import sys; from smearcli import weights; "
+        code = ("import sys\n"
+                "try:\n    from smearcli.gpt import weights\n"
+                "except ImportError:\n    from smearcli import weights\n"  # a tree from before the grouping
                 f"lm = weights.preset_model({preset!r}, seed=0); "
                 f"weights.save_checkpoint(lm.model, {str(dest)!r}, 0)")
         sh(sys.executable, "-c", code, env={**os.environ, "PYTHONPATH": str(tree)}, cwd=tree)
@@ -87,7 +89,8 @@ def timed_compare(tree: Path, ckpt: Path, seq_len: int, schedules: str, out_json
 
 FORWARD_CODE = r"""
 import json, statistics, sys, time, torch
-from smearcli import weights, inputs
+from smearcli.gpt import weights
+from smearcli.measure import inputs
 from smearcli.engines.nanochat.adapter import nanochat_from_model
 from smearcli.engines.nanochat.sandbox import import_nanochat
 ours = weights.preset_model("d12", seed=0).model

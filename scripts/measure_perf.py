@@ -8,7 +8,7 @@ Three measurements, each printed as a row of one table (and, with --out, written
 2. d12: `smearcli compare --preset d12 --seq-len 1024 --threads 1 --quiet` in a child process,
    under cProfile: its wall time, the share spent in the model's forwards (GPT.forward's
    cumulative time; target: the rest is at most 10%), model building and metrics, and the child's
-   peak RSS. When the tree has smearcli.profile, the same run also gets SMEARCLI_PROFILE=1 and its
+   peak RSS. When the tree has a profile module (smearcli.measure.profile), the same run also gets SMEARCLI_PROFILE=1 and its
    table (stderr) is shown too.
 3. chunks4: `smearcli compare --chunks 4` in a child process (target: at most 2 s beyond importing
    torch); median of --repeat runs. "Beyond torch" is the wall time of the program itself
@@ -133,21 +133,23 @@ def cprofile_shares(path: str) -> dict:
     """Cumulative seconds of the outermost forward, random_model and the metrics, from a stats file."""
     st = pstats.Stats(path).stats
     def cum(file_end: str, names: tuple[str, ...]) -> float:
-        return max((v[3] for (f, _, n), v in st.items() if f.replace("\\", "/").endswith(file_end) and n in names),
+        # a tree from before the top level was grouped has smearcli/model.py, not smearcli/gpt/model.py
+        ends = (file_end, "smearcli/" + file_end.split("/")[-1])
+        return max((v[3] for (f, _, n), v in st.items() if f.replace("\\", "/").endswith(ends) and n in names),
                    default=0.0)
     total = max(v[3] for v in st.values())
     return {"total_s": total,
-            "forward_s": cum("smearcli/model.py", ("forward",)),
-            "build_s": cum("smearcli/weights.py", ("random_model",)),
-            "metrics_s": cum("smearcli/metrics.py", ("measure",)) + cum("smearcli/metrics.py", ("noise_floor",))}
+            "forward_s": cum("smearcli/gpt/model.py", ("forward",)),
+            "build_s": cum("smearcli/gpt/weights.py", ("random_model",)),
+            "metrics_s": cum("smearcli/measure/metrics.py", ("measure",)) + cum("smearcli/measure/metrics.py", ("noise_floor",))}
 
 
 def measure_build(tree: Path, repeat: int) -> dict:
     code = r"""
 import sys, time, json, torch
-from smearcli.config import preset_config
-from smearcli import weights
-from smearcli.model import param_shapes
+from smearcli.gpt.config import preset_config
+from smearcli.gpt import weights
+from smearcli.gpt.model import param_shapes
 torch.set_num_threads(1)
 cfg = preset_config("d12")
 n = 0
@@ -192,7 +194,7 @@ def main() -> None:
     ap.add_argument("--keep-prof", type=Path, help="keep the d12 run's cProfile stats in this file")
     a = ap.parse_args()
     tree = a.tree.resolve()
-    has_profile = (tree / "smearcli" / "profile.py").exists()
+    has_profile = any((tree / "smearcli" / d / "profile.py").exists() for d in ("measure", "."))
     res: dict = {"tree": str(tree), "cores": os.cpu_count()}
     rows = []
     if not a.skip_build:

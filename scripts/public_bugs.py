@@ -35,8 +35,8 @@ from pathlib import Path
 from typing import Optional
 
 import smearcli.engines  # noqa: F401 - every engine registered: known.toml places a record as its engine's
-from smearcli.defaults import GENERATE_PATH
-from smearcli.verdicts import BUG as _BUG, CRASHED, NOT_BUILT, TIMED_OUT
+from smearcli.util.defaults import GENERATE_PATH
+from smearcli.judging.verdicts import BUG as _BUG, CRASHED, NOT_BUILT, TIMED_OUT
 
 ROOT = Path(__file__).resolve().parent.parent
 BUGS = ROOT / "benchmarks" / "public_bugs" / "bugs.toml"
@@ -151,7 +151,7 @@ def reach_threads(rec, path: str) -> list[str]:
     """The public threads known.toml files a failing `reach` path of `rec` under (its crash, or its
     silent departure), placed as the census places a headline of that path: [] where none."""
     from smearcli.census import known, record
-    from smearcli.shapes import THROUGH_GENERATE
+    from smearcli.measure.shapes import THROUGH_GENERATE
 
     got = (rec.reach or {}).get(path) if isinstance(rec.reach, dict) else None
     word = {"raises first": str(CRASHED), "silently wrong": str(_BUG)}.get((got or {}).get("result"))

@@ -18,8 +18,8 @@ def test_cache(my_model):
 
 The full pass (one call with cache None over all tokens, or `full`) is the reference; every
 schedule, token-by-token decode and chunked prefill by default, is measured against it by
-`smearcli.compare` itself (the step becomes a `runner.StepRunner`), so the result is the same
-`Comparison` the CLI renders, judged by `smearcli.evidence` like every other surface:
+`smearcli.measure.compare` itself (the step becomes a `runner.StepRunner`), so the result is the same
+`Comparison` the CLI renders, judged by `smearcli.judging.evidence` like every other surface:
 
 - **the floor** is the reference against itself in float64: the torch modules the callables reach
   (a bound method's model, a closure's, a global's) are switched to float64 for one call and back
@@ -34,7 +34,7 @@ schedule, token-by-token decode and chunked prefill by default, is measured agai
   lifted (`evidence.Confirmer`): a bug keeps its size, rounding vanishes.
 
 `assert_cache_consistent` passes an `ok` verdict only. What a step returns is copied as it is
-received (`smearcli.owned`), so a step may hand back views of a buffer it writes again; logits
+received (`smearcli.measure.owned`), so a step may hand back views of a buffer it writes again; logits
 that cannot be measured (not (batch, tokens, vocab) for the ids given, an empty vocabulary, one
 that changes between calls or differs from the full pass's) are a ValueError naming the call, the
 shape expected and the shape returned.
@@ -49,11 +49,11 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 from torch import Tensor
 
-from .compare import Comparison, compare
-from .defaults import NOISE_MARGIN
-from .runner import StepRunner
-from .schedules import plan_steps
-from .steps import ScheduleOptions
+from .measure.compare import Comparison, compare
+from .util.defaults import NOISE_MARGIN
+from .measure.runner import StepRunner
+from .measure.schedules import plan_steps
+from .measure.steps import ScheduleOptions
 
 Step = Callable[[Tensor, Any], tuple]
 DEFAULT_SCHEDULES = ("decode", "chunked")
@@ -93,7 +93,7 @@ def checked(fn: Callable, name: str, cached: bool) -> Callable:
     (`runner.unpack`), then logits that are floating point, (batch, tokens, vocab) for the ids
     given, and finite. A wrong answer is a TypeError or ValueError naming `name`, not an error
     from deep inside the comparison; an exception `fn` raises goes through as it is."""
-    from .runner import unpack
+    from .measure.runner import unpack
 
     def call(ids, *cache):
         out = fn(ids, *cache)
@@ -118,7 +118,7 @@ def default_layer_names(n_hidden: int) -> list[str]:
 
 def _probe_layers(step: Step, full: Optional[Callable], tokens: Tensor) -> int:
     """How many capture points (hidden states + logits) one call returns, from two tokens."""
-    from .runner import unpack
+    from .measure.runner import unpack
 
     with torch.inference_mode():
         out = unpack(full(tokens[:, :2]), cached=False)[0] if full is not None else \
@@ -172,7 +172,7 @@ def assert_cache_consistent(step: Step, tokens, chunk_sizes: Optional[Sequence[i
 
 
 def gpt_step(model, logic: Optional[str] = None, max_len: Optional[int] = None) -> Step:
-    """Our GPT (smearcli.model) as a `step`, with its KVCache and every captured hidden state."""
+    """Our GPT (smearcli.gpt.model) as a `step`, with its KVCache and every captured hidden state."""
     def step(ids: Tensor, cache):
         if cache is None:
             cache = model.new_cache(ids.size(0), max_len or model.config.sequence_len)

@@ -60,7 +60,7 @@ def reference(fixture_dir):
 
 @pytest.fixture(scope="session")
 def upstream_model(fixture_dir):
-    from smearcli.weights import load_checkpoint
+    from smearcli.gpt.weights import load_checkpoint
     return load_checkpoint(fixture_dir).model
 
 
@@ -83,11 +83,11 @@ def json_matches_its_schema(monkeypatch):
     """Every JSON document a test makes smearcli write, and every scan record it writes to a
     record file, is checked against its schema file (docs/schemas/, `schema_check`); a mismatch
     fails the test that wrote it. Documents are caught where they are all written,
-    `smearcli.jsonsafe.dumps` (`--json`, bench's `--output`), records where the scan appends them
+    `smearcli.util.jsonsafe.dumps` (`--json`, bench's `--output`), records where the scan appends them
     to its file (`census.records.Sink.write`). Yields the list of problems found so far (a test of
     this fixture empties it)."""
     import schema_check
-    from smearcli import jsonsafe
+    from smearcli.util import jsonsafe
     from smearcli.census import records
 
     found: list[str] = []
@@ -143,13 +143,13 @@ AUDIT_SEQ = 40
 
 @pytest.fixture(scope="session")
 def ours():
-    from smearcli import weights
+    from smearcli.gpt import weights
     return weights.random_model(weights.random_config(depth=2), seed=0).model
 
 
 @pytest.fixture(scope="session")
 def tokens(ours):
-    from smearcli.inputs import random_tokens
+    from smearcli.measure.inputs import random_tokens
     return random_tokens(ours.config, AUDIT_SEQ, batch=1, seed=1)
 
 

@@ -21,7 +21,7 @@ from typing import Callable, Optional
 
 import torch
 
-import smearcli.preflight as validate
+import smearcli.util.preflight as validate
 from hardening_util import (FAST, META, PT, copy_checkpoint, edit_config, edit_meta, edit_state,
                             invoke, leftovers, malicious_state, malicious_torch_file, write_checkpoint)
 from zip_util import rezip_deflated
@@ -633,7 +633,7 @@ def simulate(name: Optional[str], monkeypatch, cwd: Path) -> None:
     elif name == "gone":  # the directory exists when the path is checked, then is removed
         import shutil
 
-        import smearcli.files as files
+        import smearcli.util.files as files
 
         (cwd / "gone").mkdir()
         checked = files.check_output_path
@@ -692,7 +692,7 @@ def simulate(name: Optional[str], monkeypatch, cwd: Path) -> None:
                 raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(Path(env_dir, "lib")))
             monkeypatch.setattr(venv.EnvBuilder, "create", create)
     elif name == "bug":
-        import smearcli.compare as lib
+        import smearcli.measure.compare as lib
 
         def broken(*a, **k):
             raise KeyError("per_layer")

@@ -13,7 +13,7 @@ import torch
 from typer.testing import CliRunner
 
 from smearcli.cli.app import app
-from smearcli.weights import random_config, random_model, save_checkpoint
+from smearcli.gpt.weights import random_config, random_model, save_checkpoint
 
 runner = CliRunner()
 PT, META = "model_000001.pt", "meta_000001.json"

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from hardening_util import malicious_torch_file
-from smearcli.checkpoint import META_MAX_BYTES
+from smearcli.gpt.checkpoint import META_MAX_BYTES
 
 ST = "model.safetensors"
 

@@ -24,7 +24,7 @@ def check(name: str, repro_dir=None):
     time.sleep(float(os.environ.get("STANDIN_SLEEP", "0")))
     (marks / f"finished-{name}").touch()
     bug = name.endswith("3")
-    from smearcli import evidence
+    from smearcli.judging import evidence
     from smearcli.census import record
 
     kept = evidence.Confirmation(0.5, "float32", 0.5, 0.0, "bug", "keeps its size in float64").to_json() if bug else None

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import regex
 
-from smearcli.tokenizer import SPECIAL_TOKENS
+from smearcli.gpt.tokenizer import SPECIAL_TOKENS
 
 PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}{1,2}| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 CORPUS = (

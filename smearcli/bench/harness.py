@@ -5,7 +5,8 @@ types; statistics are in `bench.stats`, clocks and meters in `bench.meters`, out
 `bench.report`.
 
 ```python
-from smearcli import inputs, weights
+from smearcli.measure import inputs
+from smearcli.gpt import weights
 from smearcli.bench import harness
 lm = weights.random_model()
 result = harness.bench(lm.model, inputs.random_tokens(lm.model.config, 256), ["prefill", "chunked"])
@@ -31,7 +32,7 @@ Method, chosen so the numbers survive a noisy machine:
 - With `repeats=None` the number of timed rounds per schedule follows from the time of its
   warm-up round and what is left of `budget_s` (at least `min_repeats`), so a quick run stays
   quick on a slow machine; the JSON records how many ran.
-- FLOPs come from the configuration (`smearcli.flops`); achieved FLOP/s is FLOPs over the median
+- FLOPs come from the configuration (`smearcli.gpt.flops`); achieved FLOP/s is FLOPs over the median
   time, and, with `peak=True`, a fraction of the best FLOP/s of a square matmul measured on the
   same device, in the same dtype, in the same run.
 
@@ -48,12 +49,12 @@ from typing import Callable, Optional, Sequence
 import torch
 from torch import Tensor
 
-from .. import flops as F
-from ..model import GPT, rms_norm
-from ..defaults import LOGIC_NAMES
-from ..schedules import run_schedule
-from ..steps import ScheduleOptions, chunk_plan
-from ..smear import LOGICS
+from ..gpt import flops as F
+from ..gpt.model import GPT, rms_norm
+from ..util.defaults import LOGIC_NAMES
+from ..measure.schedules import run_schedule
+from ..measure.steps import ScheduleOptions, chunk_plan
+from ..gpt.smear import LOGICS
 from .sampled import MIN_SAMPLE, DecodeSample, sample_window, steps_that_fit, time_decode_steps
 from .rounds import Tracker, alternate
 from .meters import MemoryMeter, Peak, Timer, environment, measure_peak

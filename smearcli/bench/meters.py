@@ -13,7 +13,7 @@ from typing import Callable, Optional, Union
 
 import torch
 
-from .. import flops as F
+from ..gpt import flops as F
 
 CLOCKS = {
     # wall time: what a user waits for

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ..formatters import duration, nbytes
-from ..jsondoc import header, options_json
+from ..util.formatters import duration, nbytes
+from ..measure.jsondoc import header, options_json
 from .harness import IQR_MIN_PAIRS, BenchResult, Ratio
 from .stats import Summary
 

@@ -3,8 +3,8 @@ by default, vLLM with `--engine vllm`, llama.cpp with `--engine llamacpp`). This
 every engine shares; what one engine alone needs lives in its folder (`smearcli.engines.NAME`:
 transformers' check of one architecture, its boundaries, where an error is born, ties, root-cause
 groups, generate's paths, reproducers and drafts, its page, what its sources say of a change
-between releases; each engine's census session). A failure's shape (`smearcli.shapes`) and a
-top-k's exact ties (`smearcli.topk`) are measurements any run has, not the census's.
+between releases; each engine's census session). A failure's shape (`smearcli.measure.shapes`) and a
+top-k's exact ties (`smearcli.measure.topk`) are measurements any run has, not the census's.
 
 - the tiny models it checks are `smearcli.tiny`'s (one config per architecture and layer order),
   not the census's own: every engine takes them from there;

@@ -17,9 +17,9 @@ import json
 import os
 from typing import Optional
 
-from .. import jsonsafe
-from ..errors import UserError
-from ..verdicts import TIMED_OUT
+from ..util import jsonsafe
+from ..util.errors import UserError
+from ..judging.verdicts import TIMED_OUT
 from . import records
 from .record import Record, bare
 

@@ -27,8 +27,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
-from ..errors import UserError
-from ..verdicts import BUG, CRASHED, FAILURES, OK, RAN_CLEAN, TIMED_OUT
+from ..util.errors import UserError
+from ..judging.verdicts import BUG, CRASHED, FAILURES, OK, RAN_CLEAN, TIMED_OUT
 from . import engines
 from .record import BoundaryResult, Record
 from .report import cell

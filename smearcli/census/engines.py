@@ -84,9 +84,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Protocol, Sequence, Union
 
-from ..errors import UserError
-from ..named import load
-from ..verdicts import BUG
+from ..util.errors import UserError
+from ..util.named import load
+from ..judging.verdicts import BUG
 from .record import Record
 
 

@@ -48,9 +48,10 @@ import time
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from .. import jsonsafe, judge
-from ..errors import UserError
-from ..verdicts import CRASHED, NOT_BUILT
+from ..util import jsonsafe
+from ..judging import judge
+from ..util.errors import UserError
+from ..judging.verdicts import CRASHED, NOT_BUILT
 from . import budget, records
 from .record import Record, bare
 

@@ -36,9 +36,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
-from ..errors import UserError
-from ..judge import by_design
-from ..verdicts import BUG, BY_DESIGN, FAILURES, UNSUPPORTED
+from ..util.errors import UserError
+from ..judging.judge import by_design
+from ..judging.verdicts import BUG, BY_DESIGN, FAILURES, UNSUPPORTED
 from . import engines
 from .record import Record, bare as record_of
 
@@ -269,9 +269,9 @@ def of_run(comparison, engine: str, model_type: str, release: Optional[str], nam
     boundary's own shape, else the error's profile). The census names some shapes from reruns a
     compare does not make (a cache that misreports its length), so an entry of such a shape does not
     cover a compare run: it reads `new`, and `--check` fails on it as before."""
-    from ..schedules import shape as registered_shape
-    from ..verdicts import CRASHED
-    from ..shapes import classify as shape_of
+    from ..measure.schedules import shape as registered_shape
+    from ..judging.verdicts import CRASHED
+    from ..measure.shapes import classify as shape_of
 
     if str(comparison.word) not in FINDING_WORDS:  # ok, or no finding at all (inconclusive): nothing to place
         return []

@@ -43,7 +43,7 @@ class BoundaryResult:
     left out, as the census has always written its entries. `extra`: keys a file holds that no field
     declares, kept as they were."""
 
-    status: Optional[str] = ABSENT  # passed / ok / bug / crashed / not run / ... (smearcli.verdicts)
+    status: Optional[str] = ABSENT  # passed / ok / bug / crashed / not run / ... (smearcli.judging.verdicts)
     max_abs: Optional[float] = ABSENT
     multiple: Optional[float] = ABSENT
     shape: Optional[str] = ABSENT  # a failure's shape: the boundary's own (`schedules.shape`)
@@ -116,11 +116,11 @@ def _f(kind, default=None, factory=None):
 @dataclass
 class Record:
     model_type: str  # the config's model_type, as transformers registers it
-    verdict: str  # a word of smearcli.verdicts (the worst over the layer orders)
+    verdict: str  # a word of smearcli.judging.verdicts (the worst over the layer orders)
     worst_schedule: Optional[str] = _f(STRING)  # the finding's schedule (a step plan or a boundary)
     max_abs: Optional[float] = _f(NUMBER)  # its largest |dlogit|
     multiple: Optional[float] = _f(NUMBER)  # ... as a multiple of the float64 floor
-    shape: Optional[str] = _f(STRING)  # the failure's shape (smearcli.shapes, or the boundary's)
+    shape: Optional[str] = _f(STRING)  # the failure's shape (smearcli.measure.shapes, or the boundary's)
     born_at: Optional[str] = _f(STRING)  # the first capture point@position past the floor
     born_in: Optional[dict] = _f(OBJECT)  # the first module whose output departs (engines.transformers.born)
     init: Optional[float] = _f(NUMBER)  # the initializer_range the verdict came at (None: default)

@@ -26,11 +26,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Optional
 
-from .. import jsonsafe
-from ..errors import UserError
-from ..files import missing_directory, regular_file, special_kind
-from ..jsondoc import SCHEMAS
-from ..verdicts import RECORD as VERDICTS
+from ..util import jsonsafe
+from ..util.errors import UserError
+from ..util.files import missing_directory, regular_file, special_kind
+from ..measure.jsondoc import SCHEMAS
+from ..judging.verdicts import RECORD as VERDICTS
 from .record import JSON_TYPES, NUMBER, STRING, Record
 
 SCHEMA = SCHEMAS["scan"]

@@ -9,10 +9,10 @@ from __future__ import annotations
 import re
 from typing import Optional, Sequence
 
-from ..errors import UserError
-from ..jsondoc import SCHEMAS, header
-from ..schedules import census_schedules  # the boundaries every architecture also runs (check.boundary)
-from ..verdicts import BUG, CRASHED, NOT_JUDGED, NOT_JUDGED_WHY, NOT_RUN, OK, RECORD, rank
+from ..util.errors import UserError
+from ..measure.jsondoc import SCHEMAS, header
+from ..measure.schedules import census_schedules  # the boundaries every architecture also runs (check.boundary)
+from ..judging.verdicts import BUG, CRASHED, NOT_JUDGED, NOT_JUDGED_WHY, NOT_RUN, OK, RECORD, rank
 from . import known, record
 from .record import Record, born_module
 

@@ -157,7 +157,7 @@ def run() -> None:
     being written is cleaned up as on Ctrl-C (and scan's workers stopped); then the program dies by
     the signal that stopped it, SIGTERM or SIGINT (a shell reports 143 or 130, Python's subprocess
     -15 or -2), so whoever started it knows it did not choose to exit."""
-    from ..files import Terminated, on_sigterm
+    from ..util.files import Terminated, on_sigterm
 
     PROGRAM["own_process"] = True
     STOPPED_BY["signal"] = None

@@ -16,16 +16,17 @@ from typing import Optional
 
 import torch
 
-from ..allocator import keep_freed
-from ..config import ConfigError
-from ..errors import UserError
-from ..inputs import load_tokens, random_tokens, read_text_bytes, read_text_file, text_documents, text_tokens
-from ..preflight import TooLarge, check_dtype, check_run_memory
-from ..steps import ScheduleOptions, chunk_plan
-from ..checkpoint import NoSmearParameters, NoSuchStep, find_step
-from ..config import preset_config
-from ..weights import LoadedModel, load_checkpoint, random_config, random_model, tiny_model
-from .. import defaults, profile
+from ..util.allocator import keep_freed
+from ..gpt.config import ConfigError
+from ..util.errors import UserError
+from ..measure.inputs import load_tokens, random_tokens, read_text_bytes, read_text_file, text_documents, text_tokens
+from ..util.preflight import TooLarge, check_dtype, check_run_memory
+from ..measure.steps import ScheduleOptions, chunk_plan
+from ..gpt.checkpoint import NoSmearParameters, NoSuchStep, find_step
+from ..gpt.config import preset_config
+from ..gpt.weights import LoadedModel, load_checkpoint, random_config, random_model, tiny_model
+from ..util import defaults
+from ..measure import profile
 from .errors import PROGRAM
 from .options import Device, DType, ModelKind, RunSpec
 from .threads import apply_threads
@@ -182,7 +183,7 @@ def attach(spec: RunSpec, loaded, device, dtype, found=None):
     from ..engines.nanochat.adapter import nanochat_from_checkpoint, nanochat_from_model
     from ..engines.nanochat.adapter import USER_LOGIC
     from ..engines.nanochat.sandbox import import_nanochat
-    from ..defaults import LOGIC_NAMES
+    from ..util.defaults import LOGIC_NAMES
 
     impl = getattr(spec.impl, "value", spec.impl)
     code = import_nanochat(spec.nanochat_path, dtype=dtype, timeout=spec.user_code_timeout)
@@ -314,7 +315,7 @@ def checkpoint_info(found) -> Optional[dict]:
 
 def locate(spec: RunSpec):
     """The checkpoint --checkpoint / --source / --model-tag / --step point at, announced on stderr."""
-    from ..discover import discover
+    from ..gpt.discover import discover
 
     source = getattr(spec.source, "value", spec.source)
     given = spec.checkpoint is not None  # its messages start with the path: "--checkpoint DIR: ..."
@@ -340,7 +341,7 @@ def text_input(spec: RunSpec, cfg, found, packed: bool = False):
     one after the BOS id (`tokenizer.encode_documents`, `inputs.text_documents`)."""
     name = "--text-file" if spec.text_file is not None else "--text"
     if cfg.is_byte_level and not spec.chat:
-        from ..packed import default_bos
+        from ..measure.packed import default_bos
 
         bos = default_bos(cfg) if packed else None
         if spec.text_file is not None:
@@ -348,7 +349,7 @@ def text_input(spec: RunSpec, cfg, found, packed: bool = False):
                 return read_text_file(spec.text_file, cfg, bos), None
         with flag("--text", ": "):
             return (text_tokens(spec.text, cfg) if bos is None else text_documents(spec.text, cfg, bos)), None
-    from .. import tokenizer as tok
+    from ..gpt import tokenizer as tok
 
     text = spec.text
     with flag(name, ": "):

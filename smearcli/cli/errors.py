@@ -14,8 +14,8 @@ import os
 import signal
 import sys
 
-from ..errors import UserError
-from ..files import Terminated
+from ..util.errors import UserError
+from ..util.files import Terminated
 
 TERMINATED = 143  # the exit status of a run stopped by SIGTERM (128 + 15, as a shell reports it)
 INTERRUPTED = 130  # ... and by SIGINT (128 + 2): what an in-process caller (a test) sees

@@ -51,7 +51,7 @@ def load(spec: RunSpec):
 
 def tokens_for(spec: RunSpec, model):
     from ..engines import transformers as hf
-    from ..inputs import load_tokens
+    from ..measure.inputs import load_tokens
     from .build import flag
 
     if spec.tokens is not None:
@@ -63,7 +63,7 @@ def tokens_for(spec: RunSpec, model):
 def reference(spec: RunSpec, model, source: str, tokens):
     """The model's runner in transformers, as log-probabilities: the reference of a foreign engine."""
     from ..engines import transformers as hf
-    from ..runner import LogProbs
+    from ..measure.runner import LogProbs
 
     with flag_model(spec):
         return LogProbs(hf.runner(model, source, tokens))

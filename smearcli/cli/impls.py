@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from ..engines.registry import REGISTRY, Implementation
-from ..errors import UserError
+from ..util.errors import UserError
 from .options import RunSpec, flag_of, said
 
 
@@ -41,8 +41,8 @@ def implementation(spec, command: str) -> Implementation:
 def offered(impl: Implementation) -> list[str]:
     """The schedules `impl` can run, in registry order: those every one of its runner classes
     declares what they need (`schedules.runnable`); the reference always."""
-    from ..defaults import REFERENCE
-    from ..schedules import compare_schedules, runnable
+    from ..util.defaults import REFERENCE
+    from ..measure.schedules import compare_schedules, runnable
 
     classes = impl.runner_classes()
     return [s for s in compare_schedules() if s == REFERENCE or all(runnable(c, s) for c in classes)]
@@ -50,7 +50,7 @@ def offered(impl: Implementation) -> list[str]:
 
 def why_not(impl: Implementation, names) -> str:
     """What its runners lack for each of `names`: "it needs: expand", "rollback: it can neither ..."."""
-    from ..schedules import missing
+    from ..measure.schedules import missing
 
     whys = [next(w for w in (missing(c, s) for c in impl.runner_classes()) if w) for s in names]
     return whys[0] if len(whys) == 1 else "; ".join(f"{s}: {w}" for s, w in zip(names, whys))
@@ -59,7 +59,7 @@ def why_not(impl: Implementation, names) -> str:
 def schedules_for(spec, impl: Implementation, allow_reference: bool = False) -> list[str]:
     """--schedules for `impl`: one its runners cannot run is refused when listed by name and left
     out of the default list."""
-    from ..defaults import DEFAULT_SCHEDULES, ENGINE_SCHEDULES
+    from ..util.defaults import DEFAULT_SCHEDULES, ENGINE_SCHEDULES
 
     can = offered(impl)  # first: importing its runners registers the schedules they bring
     listed = spec.schedule_list(allow_reference=allow_reference)

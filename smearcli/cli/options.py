@@ -18,10 +18,10 @@ from typing import Annotated, Optional
 
 import typer
 
-from .. import defaults
-from ..config import PRESETS
-from ..errors import UserError
-from ..defaults import ALL_LOGICS, DEFAULT_SCHEDULES, LOGIC_NAMES, PACKED, REFERENCE
+from ..util import defaults
+from ..gpt.config import PRESETS
+from ..util.errors import UserError
+from ..util.defaults import ALL_LOGICS, DEFAULT_SCHEDULES, LOGIC_NAMES, PACKED, REFERENCE
 from .errors import guarded
 from ..engines.registry import REGISTRY  # importing smearcli.engines registers the built-in engines
 from .threads import HELP as THREADS_HELP
@@ -130,13 +130,13 @@ class RunSpec:
     llamacpp_python: Optional[Path] = None  # --impl llamacpp: its interpreter (else $SMEARCLI_LLAMACPP_PYTHON)
     gguf: Optional[Path] = None  # --impl llamacpp: a user's GGUF of --hf-model's model (else converted)
     user_code_timeout: float = defaults.USER_CODE_TIMEOUT
-    threads: Optional[int] = None  # None: the rule in smearcli.threads
+    threads: Optional[int] = None  # None: the rule in smearcli.util.threads
     preset: Optional[PresetName] = None
     quiet: bool = False
 
     # -- parsing that needs no torch --------------------------------------------------------------
     def schedule_list(self, allow_reference: bool = False) -> list[str]:
-        from ..schedules import compare_schedules  # the registry: a schedule registered at run time is known too
+        from ..measure.schedules import compare_schedules  # the registry: a schedule registered at run time is known too
 
         known = compare_schedules()  # not the census's own combinations, imported or not
         names = [s.strip() for s in self.schedules.split(",") if s.strip()]

@@ -1,20 +1,20 @@
 """`--schedules packed` from the CLI: the packed row's input (BOS at each document's start), the
-per-document measurement of `smearcli.packed`, and its report (table, smearcli.packed/1, --save,
+per-document measurement of `smearcli.measure.packed`, and its report (table, smearcli.packed/1, --save,
 the figure of the first logic's run)."""
 
 from __future__ import annotations
 
-from ..errors import UserError
+from ..util.errors import UserError
 from .reports import Job, Report
 
 
 def bos_for(setup) -> int:
     """The BOS id: the checkpoint tokenizer's <|bos|> where there is one, else `packed.default_bos`."""
-    from ..packed import default_bos
+    from ..measure.packed import default_bos
 
     found = setup.found
     if found is not None and found.tokenizer is not None and not setup.model.config.is_byte_level:
-        from .. import tokenizer as tok
+        from ..gpt import tokenizer as tok
 
         try:
             return tok.special_id(tok.load_tokenizer(found.tokenizer), tok.BOS)
@@ -27,9 +27,9 @@ def packed_input(spec, setup):
     """(tokens, lengths): with --documents, the lengths and BOS written at each start (random input:
     seeded ids with no other BOS); without, the input split at each BOS. A text is already split at
     its <|bos|> markers (`build.text_input`); with --documents too, the two must agree."""
-    from ..boundaries import document_starts, split_on_bos
-    from ..packed import packed_tokens
-    from ..tokenizer import BOS
+    from ..measure.boundaries import document_starts, split_on_bos
+    from ..measure.packed import packed_tokens
+    from ..gpt.tokenizer import BOS
 
     bos, tokens = bos_for(setup), setup.tokens
     lengths = spec.document_lengths()
@@ -76,14 +76,14 @@ class PackedReport(Report):
         self.verdict, self.failed = result.verdict, result.failed
 
     def document(self) -> dict:
-        from ..packed import to_json
+        from ..measure.packed import to_json
 
         return to_json(self.result, self.info)
 
     def render(self, console) -> None:
         """Title, the table fitted to the console (the analytic check's columns, then the lengths
         and noise multiples, are left out first, and said so), legend, verdict."""
-        from .. import packed
+        from ..measure import packed
         from ..render.table import fitted_table, left_out_note, print_table, say, title_line
 
         p = self.result
@@ -99,7 +99,7 @@ class PackedReport(Report):
         say(console, f"[{'bold red' if self.failed else 'bold'}]{p.verdict}[/]")
 
     def payload(self) -> dict:
-        from ..jsondoc import save_payload
+        from ..measure.jsondoc import save_payload
 
         return save_payload(self.document(), {f"{lg.label}_": lg.comparison for lg in self.result.logics})
 
@@ -117,8 +117,8 @@ class PackedReport(Report):
 
 
 def packed_job(spec, setup, tolerance, info) -> Job:
-    from ..defaults import FIRST_TOKENS
-    from ..gpt_runners import runners
+    from ..util.defaults import FIRST_TOKENS
+    from ..gpt.gpt_runners import runners
 
     tokens, lengths = packed_input(spec, setup)
     bos = int(tokens[0, 0])
@@ -133,7 +133,7 @@ def packed_job(spec, setup, tolerance, info) -> Job:
         group = ours + [theirs]
 
     def run(bar):
-        from .. import packed
+        from ..measure import packed
 
         result = packed.measure(group, tokens, lengths, FIRST_TOKENS, spec.leak_limit, tolerance,
                                 progress=bar.label, tokens_progress=bar.tokens)

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Callable, Optional
 
-from ..errors import UserError
+from ..util.errors import UserError
 
 
 def resumable(out: Path, engine: str, release: Optional[str]) -> None:
@@ -37,7 +37,7 @@ def written(out: Path, resume: bool, quiet: bool, run: Callable) -> list[dict]:
     """`run(sink, said)` with the record file `out` open (`census.records.Sink`); the records it
     holds at the end. `said(record)` prints the architecture's line."""
     from ..census import records
-    from ..files import Terminated
+    from ..util.files import Terminated
 
     def said(rec):
         if not quiet:

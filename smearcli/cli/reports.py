@@ -67,7 +67,7 @@ class ComparisonReport(Report):
         self.upstream = upstream
 
     def document(self) -> dict:
-        from .. import jsondoc
+        from ..measure import jsondoc
 
         doc = self._document(self.comparison) if self._document else jsondoc.to_json(self.comparison, self.info)
         if self.upstream:
@@ -85,7 +85,7 @@ class ComparisonReport(Report):
                 console.print(line, soft_wrap=True, highlight=False, markup=False)
 
     def payload(self) -> dict:
-        from ..jsondoc import save_payload
+        from ..measure.jsondoc import save_payload
 
         return save_payload(self.document(), {"": self.comparison})
 
@@ -125,7 +125,7 @@ def comparison_job(runners, tokens, schedules, options, tolerance: float, info: 
     if given, is the runner measured against (see `compare.compare`); `place(comparison)`, if
     given, places its findings against what upstream knows (`census.known.of_run`)."""
     def run(bar):
-        from .. import compare
+        from ..measure import compare
 
         c = compare.compare(list(runners), tokens, schedules, options=options, tolerance=tolerance,
                             progress=bar.label, tokens_progress=bar.tokens, notes=notes, reference=reference,

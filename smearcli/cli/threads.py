@@ -1,12 +1,12 @@
 """The --threads option, applied by every command through `build_setup`: the rule itself is
-`smearcli.threads` (torch's choice, or 1 thread when other processes keep every core busy)."""
+`smearcli.util.threads` (torch's choice, or 1 thread when other processes keep every core busy)."""
 
 from __future__ import annotations
 
 import os
 from typing import Optional
 
-from ..errors import UserError
+from ..util.errors import UserError
 
 HELP = ("CPU threads for torch. Default: torch's choice, or 1 when other processes keep every "
         "core busy (load average >= cores). The footer says which.")
@@ -14,7 +14,7 @@ HELP = ("CPU threads for torch. Default: torch's choice, or 1 when other process
 
 def apply_threads(threads: Optional[int]) -> str:
     """Check --threads, apply the thread rule, and return the footer line."""
-    from ..threads import use_threads
+    from ..util.threads import use_threads
 
     cores = os.cpu_count() or 1
     if threads is not None and threads < 1:

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional, Union
 
 from ..census.engines import Engine, register as register_census
-from ..named import load
+from ..util.named import load
 
 COMMANDS = ("compare", "plot", "bench")
 # the options that configure our nanochat model or its inputs: an implementation that runs another
@@ -64,7 +64,7 @@ class Implementation:
 
     def runner_classes(self) -> list[type]:
         """Its runner classes (imports their modules now)."""
-        from ..runner import Runner
+        from ..measure.runner import Runner
 
         return [load(r) for r in self.runners] if self.runners else [Runner]
 

@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from ..errors import UserError
-from ..runner import Runner
+from ..util.errors import UserError
+from ..measure.runner import Runner
 
 HELLO_TIMEOUT_S = 60.0  # the handshake imports nothing heavy: a Python that takes longer hangs
 HELLO_LIMIT = 64 << 10  # bytes of the handshake's output read; the answer is one short line

@@ -1,7 +1,8 @@
 """Figures of a `compare.Comparison`: where the smear bug is born and how far it spreads.
 
 ```python
-from smearcli import compare, inputs, weights
+from smearcli.measure import compare, inputs
+from smearcli.gpt import weights
 from smearcli.render import figures
 lm = weights.tiny_model()
 c = compare.compare(lm.model, inputs.random_tokens(lm.model.config, 256), schedules=["chunked"])
@@ -27,14 +28,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional, Sequence
 
-from ..defaults import figure_schedule
+from ..util.defaults import figure_schedule
 from .axes import positive_min, value_axis
 
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
     from matplotlib.figure import Figure
 
-    from ..compare import Comparison
+    from ..measure.compare import Comparison
 
 KINDS = ("all", "error", "heatmap", "kl")
 FORMATS = (".png", ".svg", ".pdf")
@@ -170,7 +171,7 @@ def plot_data(c: "Comparison", schedule: Optional[str] = None, model_name: Optio
 
 def mark_words() -> dict[str, str]:
     """The legend's words for every mark kind a registered schedule records (`schedules.mark_words`)."""
-    from ..schedules import mark_words as registered  # torch: only once a figure is drawn
+    from ..measure.schedules import mark_words as registered  # torch: only once a figure is drawn
 
     return registered()
 
@@ -372,8 +373,8 @@ def save(fig: "Figure", path, dpi: Optional[float] = None) -> Path:
     `summary` as a text chunk (`read_summary`)."""
     import matplotlib
 
-    from .. import jsonsafe
-    from ..files import atomic_write
+    from ..util import jsonsafe
+    from ..util.files import atomic_write
 
     path = Path(path)
     fmt = path.suffix.lower().lstrip(".")

@@ -1,8 +1,9 @@
-"""The figure of the packed schedule (`smearcli.packed`): how much of each document reaches the
+"""The figure of the packed schedule (`smearcli.measure.packed`): how much of each document reaches the
 next when documents share one row, and whose part it is.
 
 ```python
-from smearcli import gpt_runners, packed, weights
+from smearcli.gpt import gpt_runners, weights
+from smearcli.measure import packed
 from smearcli.render import figures, packed_figure
 model = weights.tiny_model().model
 lengths = (100, 60, 96)
@@ -26,13 +27,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .axes import positive_min, value_axis
-from ..defaults import DOCUMENT_START
+from ..util.defaults import DOCUMENT_START
 from .figures import NOISE_COLOR, PALETTE, TRANSPARENT_RC, mark_words, start_color  # one look for every figure
 
 if TYPE_CHECKING:  # pragma: no cover
     from matplotlib.figure import Figure
 
-    from ..packed import PackedResult
+    from ..measure.packed import PackedResult
 
 KINDS = ("all", "error", "split")
 PARTS = (("first", "leak", None), ("masked_first", "smear part", "//"), ("attention_first", "attention part", ".."))

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from typing import Callable, Optional, Sequence
 
-from ..verdicts import rank  # rows: findings first, in the order reports list them
+from ..judging.verdicts import rank  # rows: findings first, in the order reports list them
 
 
 def against_reference(record, entry: dict) -> Optional[float]:

@@ -16,10 +16,10 @@ from rich import box
 from rich.measure import Measurement
 from rich.table import Table
 
-from ..compare import Comparison
-from ..defaults import NOISE_MARGIN
-from ..formatters import sci, times
-from ..verdicts import BUG, UNCONFIRMED
+from ..measure.compare import Comparison
+from ..util.defaults import NOISE_MARGIN
+from ..util.formatters import sci, times
+from ..judging.verdicts import BUG, UNCONFIRMED
 
 # the comparison's columns; the verdict (last, unnamed) and the error columns are never left out
 COLUMNS = [("schedule", "left"), ("logic", "left"), ("steps", "right"), ("max|Δlogit|", "right"),
@@ -92,7 +92,7 @@ def comparison_table(c: Comparison, width: int = 10_000) -> tuple[Table, list[st
 def status_cell(status: str) -> str:
     """A run's word in its colour: ok (green, also for float32 rounding gone in float64), BUG (red),
     unconfirmed (yellow)."""
-    from ..compare import run_word
+    from ..measure.compare import run_word
 
     word = run_word(status)
     colour = "bold red" if word == str(BUG).upper() else "yellow" if word == str(UNCONFIRMED) else "green"

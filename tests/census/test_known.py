@@ -13,9 +13,9 @@ from typer.testing import CliRunner
 import smearcli.engines  # noqa: F401 - the built-in engines registered: a record without `engine` is transformers'
 from smearcli.census import engines, known, record
 from smearcli.census.record import BoundaryResult
-from smearcli.errors import UserError
-from smearcli.judge import by_design
-from smearcli.verdicts import BUG, BY_DESIGN, CRASHED, OK
+from smearcli.util.errors import UserError
+from smearcli.judging.judge import by_design
+from smearcli.judging.verdicts import BUG, BY_DESIGN, CRASHED, OK
 
 TABLE = '''
 [[thread]]

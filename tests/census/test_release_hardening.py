@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from smearcli.engines.transformers import releases
-from smearcli.errors import UserError
+from smearcli.util.errors import UserError
 
 import release_standin  # noqa: E402 - tests/ is on sys.path (conftest)
 from hardening_util import invoke  # noqa: E402
@@ -446,7 +446,7 @@ def test_a_stopped_run_stops_the_releases_smearcli_with_sigterm_not_sigkill(tmp_
     says it was told."""
     import signal
 
-    from smearcli.files import Terminated
+    from smearcli.util.files import Terminated
 
     told, started = tmp_path / "told", tmp_path / "started"
     script = tmp_path / "python"

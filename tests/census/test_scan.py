@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from smearcli import shapes
+from smearcli.measure import shapes
 from smearcli.census import record, report
 from smearcli.tiny import derive
 from smearcli.engines.transformers.check import cycle, split_points

@@ -13,7 +13,7 @@ import dataclasses
 
 from smearcli.engines.transformers import born, draft, groups, repro
 from smearcli.census import record, records, report
-from smearcli.errors import UserError
+from smearcli.util.errors import UserError
 
 transformers = pytest.importorskip("transformers")
 MAMBA_FAMILY = ("falcon_mamba", "jamba", "mamba", "zamba")  # one Mamba-v1 mixer, copied with changes

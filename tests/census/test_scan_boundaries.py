@@ -11,17 +11,17 @@ import torch
 
 pytest.importorskip("transformers", reason="transformers is not installed: pip install 'smearcli[hf]'")
 
-from smearcli.schedules import shape  # noqa: E402
+from smearcli.measure.schedules import shape  # noqa: E402
 from smearcli.engines.transformers.cache_runner import CacheRunner  # noqa: E402
 from smearcli.engines.transformers import page, repro  # noqa: E402
-from smearcli import shapes  # noqa: E402
+from smearcli.measure import shapes  # noqa: E402
 from smearcli.census import report  # noqa: E402
 from smearcli.engines.transformers.check import T, build, check_model, split_points  # noqa: E402
 from smearcli.census.record import BoundaryResult, new as record  # noqa: E402
-from smearcli.verdicts import BUG, INCONCLUSIVE, OK  # noqa: E402
+from smearcli.judging.verdicts import BUG, INCONCLUSIVE, OK  # noqa: E402
 from smearcli.tiny.derive import derive  # noqa: E402
-from smearcli.runner import PADDING  # noqa: E402
-from smearcli.verdicts import LEFT_UNSUPPORTED, NOT_JUDGED  # noqa: E402
+from smearcli.measure.runner import PADDING  # noqa: E402
+from smearcli.judging.verdicts import LEFT_UNSUPPORTED, NOT_JUDGED  # noqa: E402
 
 
 def tiny_llama(cls=None):
@@ -140,7 +140,7 @@ def test_a_model_without_an_attention_mask_says_padded_was_not_run():
 
 
 def test_no_ok_for_the_boundaries_when_the_state_never_moves_the_logits(monkeypatch):
-    from smearcli import evidence
+    from smearcli.judging import evidence
 
     weak = lambda runner, tokens, threshold, **kw: evidence.Power(T // 2, threshold, {"kv": threshold})  # noqa: E731
     monkeypatch.setattr(evidence, "power", weak)

@@ -13,15 +13,17 @@ import torch
 
 pytest.importorskip("transformers", reason="transformers is not installed: pip install 'smearcli[hf]'")
 
-from smearcli import boundaries, evidence  # noqa: E402
+from smearcli.measure import boundaries  # noqa: E402
+
+from smearcli.judging import evidence
 from smearcli.engines.transformers import boundary, repro  # noqa: E402
-from smearcli import shapes  # noqa: E402
+from smearcli.measure import shapes  # noqa: E402
 from smearcli.engines.transformers.check import T, build, check_model, split_points  # noqa: E402
 from smearcli.tiny.derive import derive  # noqa: E402
 from smearcli.census.record import BoundaryResult, new as record  # noqa: E402
 from smearcli.engines.transformers.cache_runner import CacheRunner, full_run  # noqa: E402
-from smearcli.schedules import run_schedule, shape  # noqa: E402
-from smearcli.verdicts import BUG, CRASHED, NOT_RUN, UNSUPPORTED  # noqa: E402
+from smearcli.measure.schedules import run_schedule, shape  # noqa: E402
+from smearcli.judging.verdicts import BUG, CRASHED, NOT_RUN, UNSUPPORTED  # noqa: E402
 
 COMBINED = ("padded-chunks", "padded-decode", "rollback-window")
 
@@ -74,10 +76,10 @@ def test_the_combinations_are_census_boundaries_with_shapes_and_reproducers():
 def test_compare_neither_offers_nor_names_them_once_the_census_is_imported():
     # this module imported the census, which registered them: what compare accepts, and the
     # schedules its refusal lists (docs/errors.md), must still be what a fresh `smearcli compare` has
-    from smearcli.errors import UserError
+    from smearcli.util.errors import UserError
     from smearcli.cli.options import RunSpec
-    from smearcli.defaults import SCHEDULE_NAMES
-    from smearcli.schedules import SCHEDULES, compare_schedules
+    from smearcli.util.defaults import SCHEDULE_NAMES
+    from smearcli.measure.schedules import SCHEDULES, compare_schedules
 
     # (other schedules may be registered too: llama.cpp's runners bring ubatch and batched)
     assert set(COMBINED) <= set(SCHEDULES) and set(SCHEDULE_NAMES) <= set(compare_schedules())
@@ -232,7 +234,7 @@ def test_the_combination_reproducers_run_clean_on_the_tiny_llama(tmp_path):
 
 
 def test_a_combination_failing_where_a_part_fails_alone_is_not_judged():
-    from smearcli.verdicts import NOT_JUDGED
+    from smearcli.judging.verdicts import NOT_JUDGED
 
     entries = {"padded": BoundaryResult("passed"), "rollback": BoundaryResult(BUG),
                "padded-chunks": BoundaryResult(CRASHED, why="sdpa_attention.py:182: RuntimeError"),

@@ -24,9 +24,9 @@ from smearcli.engines.transformers import reach, repro  # noqa: E402
 from smearcli.engines.transformers.check import T, build  # noqa: E402
 from smearcli.tiny.derive import derive  # noqa: E402
 from smearcli.census.record import BoundaryResult, new as record  # noqa: E402
-from smearcli.verdicts import LEFT_UNSUPPORTED  # noqa: E402
-from smearcli.defaults import NOISE_MARGIN  # noqa: E402
-from smearcli.verdicts import BUG, OK, UNCONFIRMED  # noqa: E402
+from smearcli.judging.verdicts import LEFT_UNSUPPORTED  # noqa: E402
+from smearcli.util.defaults import NOISE_MARGIN  # noqa: E402
+from smearcli.judging.verdicts import BUG, OK, UNCONFIRMED  # noqa: E402
 
 CFG = derive("llama").config
 FLOOR = 1e-6  # a float32 floor of the tiny llama's order (the census measures it; here it only scales)

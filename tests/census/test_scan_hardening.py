@@ -23,7 +23,7 @@ import pytest
 
 import scan_standin
 from hardening_util import invoke
-from smearcli.errors import UserError
+from smearcli.util.errors import UserError
 from smearcli.census import isolate, record, records
 from smearcli.tiny import derive
 from conftest import ROOT, scan_into  # noqa: E402 - the clone's root
@@ -305,7 +305,7 @@ def test_out_on_a_character_device_is_refused_and_left_a_device(standin):
 
 def test_a_device_is_never_replaced_by_an_atomic_write(tmp_path):
     """The last check, at the rename: a FIFO made after the path was checked stays a FIFO."""
-    from smearcli.files import atomic_write
+    from smearcli.util.files import atomic_write
 
     os.mkfifo(tmp_path / "late.md")
     with pytest.raises(UserError, match="a FIFO"):

@@ -14,13 +14,13 @@ from typer.testing import CliRunner
 pytest.importorskip("transformers", reason="transformers is not installed: pip install 'smearcli[hf]'")
 
 from smearcli.cli.app import app  # noqa: E402
-from smearcli.compare import compare  # noqa: E402
+from smearcli.measure.compare import compare  # noqa: E402
 from smearcli.engines.transformers import repro  # noqa: E402
 from smearcli.engines.transformers.check import check  # noqa: E402
 from smearcli.census.record import new as record  # noqa: E402
-from smearcli.verdicts import BUG, CRASHED  # noqa: E402
+from smearcli.judging.verdicts import BUG, CRASHED  # noqa: E402
 from smearcli.tiny.derive import derive  # noqa: E402
-from smearcli.runner import StepRunner  # noqa: E402
+from smearcli.measure.runner import StepRunner  # noqa: E402
 
 FAST = ["--seq-len", "48", "--chunks", "3"]
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from smearcli import evidence
-from smearcli.errors import UserError
+from smearcli.judging import evidence
+from smearcli.util.errors import UserError
 from smearcli.census import budget, isolate, record, records
 from conftest import scan_into
 

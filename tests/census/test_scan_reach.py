@@ -16,11 +16,11 @@ from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, Pre
 from transformers.modeling_outputs import CausalLMOutputWithPast  # noqa: E402
 
 from smearcli.engines.transformers import check  # noqa: E402
-from smearcli import shapes  # noqa: E402
+from smearcli.measure import shapes  # noqa: E402
 from smearcli.census import record  # noqa: E402
 from smearcli.engines.transformers import orders  # noqa: E402
 from smearcli.tiny import derive, layers  # noqa: E402
-from smearcli.verdicts import BUG, CRASHED, LATENT, NOT_BUILT, OK, worst  # noqa: E402
+from smearcli.judging.verdicts import BUG, CRASHED, LATENT, NOT_BUILT, OK, worst  # noqa: E402
 
 _FIELDS = {f.name for f in dataclasses.fields(CausalLMOutputWithPast)}
 _CACHE_FIELD = "cache" if "cache" in _FIELDS else "past_key_values"
@@ -277,7 +277,7 @@ def test_prophetnet_is_a_full_pass_that_leaks_future_tokens():
 def test_a_declared_limit_is_told_from_a_crash():
     """`frames.declared_limit` names an error their code raised to refuse a use; any other error
     (theirs or ours) stays a crash."""
-    from smearcli import frames
+    from smearcli.util import frames
 
     def theirs(exc):
         code = compile("def forward():\n    raise EXC\n", "/x/site-packages/transformers/models/m/modeling_m.py", "exec")

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from smearcli.census import record, records, report
-from smearcli.errors import UserError
+from smearcli.util.errors import UserError
 
 WRONG = {"a string": 7, "a number": "x", "an integer": 1.5, "a list": {"a": 1}, "an object": [1]}
 RIGHT = {"a string": "s", "a number": 0.5, "an integer": 3, "a list": [1], "an object": {"k": 1}}

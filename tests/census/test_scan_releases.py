@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from smearcli.engines.transformers import releases
-from smearcli.errors import UserError
+from smearcli.util.errors import UserError
 
 import release_standin  # noqa: E402 - tests/ is on sys.path (conftest)
 from hardening_util import invoke  # noqa: E402

@@ -21,9 +21,9 @@ from smearcli.census.record import new as record  # noqa: E402
 from smearcli.tiny.derive import derive  # noqa: E402
 from smearcli.engines.transformers import cache_runner as hf_runner  # noqa: E402
 from smearcli.engines.transformers.cache_runner import CacheRunner  # noqa: E402
-from smearcli.defaults import DRAFT, GEN_LEN, REJECT  # noqa: E402
-from smearcli.runner import Holder  # noqa: E402
-from smearcli.verdicts import BUG, INCONCLUSIVE, OK, UNSUPPORTED  # noqa: E402
+from smearcli.util.defaults import DRAFT, GEN_LEN, REJECT  # noqa: E402
+from smearcli.measure.runner import Holder  # noqa: E402
+from smearcli.judging.verdicts import BUG, INCONCLUSIVE, OK, UNSUPPORTED  # noqa: E402
 
 
 def tiny(model_type: str, **overrides):
@@ -201,7 +201,7 @@ def test_their_crop_calls_the_api_as_assisted_generation_does(monkeypatch):
     crop(-REJECT) after each partly rejected draft: the calls in order, derived from the schedule."""
     from transformers import DynamicCache
 
-    from smearcli.schedules import run_schedule
+    from smearcli.measure.schedules import run_schedule
 
     calls, real_record, real_crop = [], DynamicCache.activate_past_recording, DynamicCache.crop
 
@@ -243,7 +243,7 @@ def test_their_crop_on_a_release_whose_generate_records_nothing_is_called_as_tha
     from transformers import DynamicCache
 
     from smearcli.engines.transformers import api
-    from smearcli.schedules import run_schedule
+    from smearcli.measure.schedules import run_schedule
 
     calls, real_crop = [], DynamicCache.crop
     monkeypatch.setattr(api, "generate_records", lambda: False)

@@ -14,10 +14,10 @@ import torch  # noqa: E402
 
 from hf_standin import ShiftConfig, ShiftLM  # noqa: E402
 from smearcli.engines.transformers import causal  # noqa: E402
-from smearcli import shapes  # noqa: E402
+from smearcli.measure import shapes  # noqa: E402
 from smearcli.census import record  # noqa: E402
 from smearcli.engines.transformers.check import check_model, split_points  # noqa: E402
-from smearcli.verdicts import BUG, OK, UNCONFIRMED  # noqa: E402
+from smearcli.judging.verdicts import BUG, OK, UNCONFIRMED  # noqa: E402
 
 T = 33
 
@@ -111,7 +111,7 @@ def kernel(input, k, dim=-1, largest=True, sorted=True, **kw):
 
 @pytest.fixture
 def shape_dependent_ties(monkeypatch):
-    from smearcli import topk
+    from smearcli.measure import topk
 
     monkeypatch.setattr(torch, "topk", kernel)
     monkeypatch.setattr(torch.Tensor, "topk", lambda self, *a, **kw: kernel(self, *a, **kw))
@@ -308,7 +308,7 @@ def test_a_rerun_that_cannot_run_at_the_default_counts_leaves_the_bug_and_says_w
 def test_a_cache_that_misreports_its_length_is_named_so():
     from test_scan_reach import ReachConfig, ReachLM
 
-    from smearcli import shapes
+    from smearcli.measure import shapes
 
     torch.manual_seed(0)
     m = ReachLM(ReachConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2,
@@ -326,7 +326,7 @@ def test_a_departure_at_the_window_on_every_cached_schedule():
     from types import SimpleNamespace as M
 
     from smearcli.engines.transformers import diagnose
-    from smearcli import shapes
+    from smearcli.measure import shapes
 
     # moshi on 5.24: each cached schedule departs first at its first step that starts once the cache
     # holds the window (8): decode at 8, chunks of 16 at 16, a prefill of T-6 at T-6

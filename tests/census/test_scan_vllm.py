@@ -20,7 +20,7 @@ from smearcli.engines.vllm import session as vllm  # noqa: E402
 from smearcli.engines.vllm import serve  # noqa: E402
 from smearcli.cli.app import app  # noqa: E402
 from smearcli.engines.vllm import BLOCK_SIZE, ENV_PYTHON  # noqa: E402
-from smearcli.verdicts import CRASHED, INCONCLUSIVE, NOT_BUILT, OK, UNCONFIRMED  # noqa: E402
+from smearcli.judging.verdicts import CRASHED, INCONCLUSIVE, NOT_BUILT, OK, UNCONFIRMED  # noqa: E402
 from conftest import ROOT, standin_python  # noqa: E402
 
 STANDIN = Path(__file__).resolve().parents[1] / "vllm_standin.py"
@@ -223,7 +223,7 @@ def test_power_comes_first_and_the_init_scale_rises_until_the_state_shows(in_pro
     little, the init scale is raised (seeded) and vLLM runs the weights that had power; where no
     scale gives it, inconclusive, saying so. (Power is stood in, counting its calls from zero for
     each check.)"""
-    from smearcli import evidence
+    from smearcli.judging import evidence
     from smearcli.engines.transformers import reference
 
     def weak_until(n):

@@ -11,14 +11,14 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from smearcli import flops
+from smearcli.gpt import flops
 from smearcli.bench import harness, meters, report, stats
 from smearcli.bench.rounds import alternate
 from smearcli.cli.app import app
-from smearcli.inputs import random_tokens
-from smearcli.weights import random_config, random_model
-from smearcli.model import GPT, Linear
-from smearcli.schedules import ScheduleOptions, chunk_plan, run_schedule
+from smearcli.measure.inputs import random_tokens
+from smearcli.gpt.weights import random_config, random_model
+from smearcli.gpt.model import GPT, Linear
+from smearcli.measure.schedules import ScheduleOptions, chunk_plan, run_schedule
 
 
 @pytest.fixture(scope="module")
@@ -346,7 +346,7 @@ def test_cli_preset_sets_size_unless_given():
 
 
 def test_busy_cpu_uses_one_thread():
-    from smearcli.threads import busy_cpu_threads
+    from smearcli.util.threads import busy_cpu_threads
     assert busy_cpu_threads(loadavg=8.0, cpu_count=2) == 1
     assert busy_cpu_threads(loadavg=0.5, cpu_count=2) is None
     assert busy_cpu_threads(loadavg=3.0, cpu_count=1) is None  # one core: nothing to contend

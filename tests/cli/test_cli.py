@@ -9,7 +9,7 @@ import torch
 from typer.testing import CliRunner
 
 from smearcli.cli.app import app
-from smearcli.defaults import DEFAULT_SCHEDULES, LOGIC_NAMES
+from smearcli.util.defaults import DEFAULT_SCHEDULES, LOGIC_NAMES
 
 runner = CliRunner()
 SMALL = ["--model", "random", "--depth", "2", "--seq-len", "48", "--gen-len", "8"]

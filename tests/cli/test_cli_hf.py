@@ -15,8 +15,8 @@ pytest.importorskip("transformers", reason="transformers is not installed: pip i
 from smearcli.cli.app import app  # noqa: E402
 from smearcli.engines import transformers as hf  # noqa: E402
 from smearcli.engines.transformers.cache_runner import CacheRunner  # noqa: E402
-from smearcli.defaults import DEFAULT_SCHEDULES  # noqa: E402
-from smearcli.schedules import runnable  # noqa: E402
+from smearcli.util.defaults import DEFAULT_SCHEDULES  # noqa: E402
+from smearcli.measure.schedules import runnable  # noqa: E402
 
 # what check_model and compare --impl hf run by default: the default schedules its runner can run
 HF_DEFAULT = [s for s in DEFAULT_SCHEDULES if runnable(CacheRunner, s)]

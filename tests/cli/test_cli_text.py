@@ -11,9 +11,9 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from smearcli import tokenizer as tok
+from smearcli.gpt import tokenizer as tok
 from smearcli.cli.app import app
-from smearcli.weights import random_config, random_model, save_checkpoint
+from smearcli.gpt.weights import random_config, random_model, save_checkpoint
 from tokenizer_util import build_encoding, write_tokenizer
 
 tiktoken = pytest.importorskip("tiktoken")

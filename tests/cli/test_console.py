@@ -16,7 +16,7 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from smearcli.cli.app import app
-from smearcli.compare import starts_phrase
+from smearcli.measure.compare import starts_phrase
 
 runner = CliRunner()
 SMALL = ["--model", "random", "--depth", "1", "--seq-len", "32", "--gen-len", "8", "--threads", "1"]
@@ -98,9 +98,10 @@ def test_piped_prose_is_never_hard_wrapped(compare_runs):
 
 def test_a_terminal_at_80_columns_keeps_the_verdict():
     """A real tty (rich with a terminal of 80 columns), through the library's printer."""
-    from smearcli import compare, weights
+    from smearcli.measure import compare
+    from smearcli.gpt import weights
     from smearcli.render.table import print_comparison
-    from smearcli.schedules import ScheduleOptions
+    from smearcli.measure.schedules import ScheduleOptions
 
     lm = weights.random_model(weights.random_config(1), seed=0)
     tokens = torch.randint(0, lm.model.config.vocab_size, (1, 32), generator=torch.Generator().manual_seed(0))
@@ -182,7 +183,7 @@ def test_verdict_names_the_schedule_whose_starts_it_lists():
 
 
 def test_thread_rule_is_stated_in_the_footer():
-    from smearcli.threads import busy_cpu_threads, use_threads
+    from smearcli.util.threads import busy_cpu_threads, use_threads
 
     out = run("compare", *SMALL[:-2], "--schedules", "chunked", columns=120)
     assert re.search(r"^threads: \d+ \(", out, re.M)

@@ -42,7 +42,7 @@ def test_c_locale_writes_the_census_markdown_and_records_as_utf8(tmp_path):
 
 
 def test_c_locale_writes_reproducers_and_atomic_outputs_as_utf8(tmp_path):
-    code = ("import sys; from pathlib import Path; from smearcli.files import atomic_write; "
+    code = ("import sys; from pathlib import Path; from smearcli.util.files import atomic_write; "
             "from smearcli.engines.transformers.repro import note_group\n"
             "with atomic_write('a.md') as f: f.write('caf\\u00e9')\n"
             "Path('r.py').write_text('\"\"\"Reproducer: caf\\u00e9\\n\"\"\"\\nprint(1)\\n', encoding='utf-8')\n"

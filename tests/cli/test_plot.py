@@ -15,10 +15,12 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from smearcli import compare, inputs, weights
+from smearcli.measure import compare, inputs
+
+from smearcli.gpt import weights
 from smearcli.render import figures
 from smearcli.cli.app import app
-from smearcli.schedules import ScheduleOptions
+from smearcli.measure.schedules import ScheduleOptions
 from conftest import ROOT  # noqa: E402 - the clone's root
 
 runner = CliRunner()
@@ -250,7 +252,8 @@ def test_headless_without_pyplot(lib_comparison, tmp_path):
     """No display, a GUI backend requested: still works, because pyplot is never imported."""
     code = (
         "import sys\n"
-        "from smearcli import compare, inputs, weights\n"
+        "from smearcli.measure import compare, inputs\n"
+        "from smearcli.gpt import weights\n"
         "from smearcli.render import figures\n"
         "lm = weights.random_model(weights.random_config(1), seed=0)\n"
         "c = compare.compare(lm.model, inputs.random_tokens(lm.model.config, 16), schedules=['chunked'])\n"
@@ -363,7 +366,8 @@ def test_packed_figure_draws_the_packed_json(monkeypatch, tmp_path):
 
 def test_packed_figure_leaves_out_a_part_not_measured(monkeypatch, tmp_path):
     """A runner without a document mask has no smear/attention split: those bars are absent, not 0."""
-    from smearcli import gpt_runners, packed
+    from smearcli.gpt import gpt_runners
+    from smearcli.measure import packed
     from smearcli.render import packed_figure
 
     lm = weights.random_model(weights.random_config(2), seed=0)

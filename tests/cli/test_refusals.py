@@ -15,19 +15,19 @@ import typer
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import smearcli.preflight as validate
-from smearcli.model import param_shapes
-from smearcli.formatters import nbytes
+import smearcli.util.preflight as validate
+from smearcli.gpt.model import param_shapes
+from smearcli.util.formatters import nbytes
 from hardening_util import (FAST, PT, copy_checkpoint, invoke, leftovers, malicious_pickle,
                             malicious_state, runner, write_checkpoint)
-from smearcli.cache import CacheFullError
+from smearcli.gpt.cache import CacheFullError
 from smearcli.cli.app import app
-from smearcli.config import GPTConfig
+from smearcli.gpt.config import GPTConfig
 from smearcli.cli.errors import DEBUG, describe_unexpected, guarded
-from smearcli.errors import UserError
-from smearcli.files import atomic_write
-from smearcli.model import GPT
-from smearcli.weights import load_checkpoint, random_config, random_model
+from smearcli.util.errors import UserError
+from smearcli.util.files import atomic_write
+from smearcli.gpt.model import GPT
+from smearcli.gpt.weights import load_checkpoint, random_config, random_model
 from conftest import ROOT  # noqa: E402 - the clone's root
 
 PKG = ROOT / "smearcli"
@@ -132,7 +132,7 @@ def test_debug_shows_the_traceback_and_does_not_leak(monkeypatch):
 
 
 def test_internal_error_is_one_line_pointing_to_debug(monkeypatch):
-    import smearcli.compare as lib
+    import smearcli.measure.compare as lib
 
     def broken(*a, **k):
         raise ValueError("first line\nsecond line\n  third")
@@ -291,9 +291,9 @@ def test_gpu_memory_is_checked_on_cuda(monkeypatch):
 
 def test_run_estimate_bounds_what_compare_keeps():
     """The estimate covers every tensor compare keeps, and is not absurdly above it."""
-    from smearcli.compare import compare
-    from smearcli.inputs import random_tokens
-    from smearcli.schedules import ScheduleOptions
+    from smearcli.measure.compare import compare
+    from smearcli.measure.inputs import random_tokens
+    from smearcli.measure.schedules import ScheduleOptions
 
     cfg = random_config(2)
     lm = random_model(cfg, seed=0)

@@ -1,5 +1,5 @@
 """Outputs under a SIGTERM and under a directory that goes away: no `.NAME.XXXX.tmp` is left beside
-a `--save` or `plot --out` target (smearcli.files.atomic_write, the handler in smearcli.cli.app.run),
+a `--save` or `plot --out` target (smearcli.util.files.atomic_write, the handler in smearcli.cli.app.run),
 one line is printed and then the program dies by the signal itself (a parent sees -15, not an exit
 status of 143 it could take for a choice; scan's: tests/census/test_scan_hardening.py), and a SIGTERM
 during the user's code is not blamed on it; an output directory removed during the run is exit 2
@@ -21,8 +21,8 @@ from conftest import ROOT  # noqa: E402 - the clone's root
 import pytest
 
 from hardening_util import FAST, invoke, leftovers
-import smearcli.files as files
-from smearcli.errors import UserError
+import smearcli.util.files as files
+from smearcli.util.errors import UserError
 
 STANDIN = Path(__file__).resolve().parents[1] / "standin" / "old"
 
@@ -126,7 +126,7 @@ def test_directory_removed_after_the_temporary_file_was_made(tmp_path):
 def test_in_process_a_sigterm_is_an_exit_status_never_a_kill(monkeypatch):
     """Only the program (app.run) dies by the signal: a caller running the CLI in its own process
     (this test, a notebook) gets the status a shell would report, 143, and lives on."""
-    import smearcli.compare as lib
+    import smearcli.measure.compare as lib
     from smearcli.cli.errors import STOPPED_BY
 
     def stopped(*a, **k):

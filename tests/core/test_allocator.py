@@ -12,7 +12,7 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="gl
 
 CHILD = textwrap.dedent("""
     import resource, sys
-    from smearcli.allocator import keep_freed
+    from smearcli.util.allocator import keep_freed
     took = keep_freed() if sys.argv[1] == "keep" else None
     faults = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     block = bytearray(64 << 20)  # 64 MB, every page written: past glibc's largest mmap threshold

@@ -7,15 +7,17 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from smearcli import gpt_runners, packed
-from smearcli.boundaries import split_on_bos
+from smearcli.gpt import gpt_runners
+
+from smearcli.measure import packed
+from smearcli.measure.boundaries import split_on_bos
 from smearcli.cli.app import app
-from smearcli.compare import compare
-from smearcli.model import rms_norm
-from smearcli.defaults import DOCUMENT_START, NOISE_MARGIN, PADDING, ROLLBACK
-from smearcli.runner import COPY, CROP, PADDING as PADDED_BATCH, Output, Runner
-from smearcli.schedules import ScheduleOptions, run_schedule, runnable, shape
-from smearcli.weights import random_config, random_model
+from smearcli.measure.compare import compare
+from smearcli.gpt.model import rms_norm
+from smearcli.util.defaults import DOCUMENT_START, NOISE_MARGIN, PADDING, ROLLBACK
+from smearcli.measure.runner import COPY, CROP, PADDING as PADDED_BATCH, Output, Runner
+from smearcli.measure.schedules import ScheduleOptions, run_schedule, runnable, shape
+from smearcli.gpt.weights import random_config, random_model
 
 LENGTHS = (12, 8, 10)
 BOS = 0

@@ -16,16 +16,16 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from smearcli import compare, jsondoc, schedules
-from smearcli.verdicts import BUG
+from smearcli.measure import compare, jsondoc, schedules
+from smearcli.judging.verdicts import BUG
 from smearcli.engines import registry
 from smearcli.cli.app import app
 from smearcli.cli.impls import offered
-from smearcli.defaults import SCHEDULE_NAMES
+from smearcli.util.defaults import SCHEDULE_NAMES
 from smearcli.render import figures
-from smearcli.runner import COPY
-from smearcli.steps import Ran, Repro, Schedule
-from smearcli.weights import random_config, random_model
+from smearcli.measure.runner import COPY
+from smearcli.measure.steps import Ran, Repro, Schedule
+from smearcli.gpt.weights import random_config, random_model
 
 # -- the toy boundary: everything a new boundary writes ------------------------------------------
 TOY = "copied"
@@ -141,7 +141,7 @@ def test_the_census_runs_the_toy_and_reports_it():
     from smearcli.census import report
     from smearcli.census.record import new as new_record
     from smearcli.engines.transformers.check import check_model
-    from smearcli.verdicts import OK
+    from smearcli.judging.verdicts import OK
 
     with registered():
         assert TOY in boundary.SCHEDULES

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from smearcli.cache import CacheFullError
-from smearcli.weights import random_config, random_model
+from smearcli.gpt.cache import CacheFullError
+from smearcli.gpt.weights import random_config, random_model
 
 
 @pytest.fixture(scope="module")

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from smearcli.errors import UserError
-from smearcli.checkpoint import can_mmap, read_state_dict
-from smearcli.weights import load_checkpoint, random_config, random_model, save_checkpoint
+from smearcli.util.errors import UserError
+from smearcli.gpt.checkpoint import can_mmap, read_state_dict
+from smearcli.gpt.weights import load_checkpoint, random_config, random_model, save_checkpoint
 
 
 @pytest.fixture(scope="module")

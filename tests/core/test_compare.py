@@ -5,15 +5,17 @@ import json
 import pytest
 import torch
 
-from smearcli import compare as cmp
-from smearcli import gpt_runners, judge, jsondoc, runplan, schedules, smear, steps
-from smearcli.verdicts import BUG, CRASHED, OK
-from smearcli.inputs import random_tokens
-from smearcli.defaults import LOGIC_NAMES
-from smearcli.runner import Output, Runner
-from smearcli.schedules import ScheduleOptions
-from smearcli.weights import random_config, random_model
-from smearcli.verdicts import INCONCLUSIVE
+from smearcli.measure import compare as cmp
+from smearcli.gpt import gpt_runners, smear
+from smearcli.judging import judge
+from smearcli.measure import jsondoc, runplan, schedules, steps
+from smearcli.judging.verdicts import BUG, CRASHED, OK
+from smearcli.measure.inputs import random_tokens
+from smearcli.util.defaults import LOGIC_NAMES
+from smearcli.measure.runner import Output, Runner
+from smearcli.measure.schedules import ScheduleOptions
+from smearcli.gpt.weights import random_config, random_model
+from smearcli.judging.verdicts import INCONCLUSIVE
 
 T = 32
 OPTS = ScheduleOptions(chunks=4, gen_len=8)
@@ -151,7 +153,7 @@ def test_compare_runs_decode_once_and_reports_both(small, monkeypatch):
     toks = random_tokens(small.config, 12, 1, 0)
     c = cmp.compare(small, toks, ["decode", "chunked"], ["old", "fixed"])
     assert [s for s, _ in calls].count("decode") == 1
-    from smearcli import jsondoc
+    from smearcli.measure import jsondoc
     doc = jsondoc.to_json(c)
     rows = [(r["schedule"], r["logic"]) for r in doc["runs"]]
     assert rows == [("decode", "old"), ("decode", "fixed"), ("chunked", "old"), ("chunked", "fixed")]
@@ -226,7 +228,7 @@ class Engine(Runner):
 
 
 def test_a_separate_reference_and_runs_that_crashed(model, tokens):
-    from smearcli.runner import PREFIX_CACHE, LogProbs
+    from smearcli.measure.runner import PREFIX_CACHE, LogProbs
 
     ref = LogProbs(gpt_runners.GPTRunner(model, "fixed"))
     engine = Engine(ref, skew=0.0)
@@ -253,7 +255,7 @@ def test_a_separate_reference_and_runs_that_crashed(model, tokens):
 
 def test_a_run_that_checked_nothing_is_named_and_is_no_evidence(model, tokens):
     """Not a crash, and not an ok either: with nothing measured the check had nothing to judge."""
-    from smearcli.runner import LogProbs
+    from smearcli.measure.runner import LogProbs
 
     ref = LogProbs(gpt_runners.GPTRunner(model, "fixed"))
 
@@ -332,7 +334,7 @@ def test_overlap_only_where_it_is_safe(model, tokens, two_threads):
         r.thread_safe = False  # as a user's code: nobody said two of its runs may go on at once
     assert runplan.side_run(runplan.plan(other, ["chunked", "decode"])) is None
     seen: list = []
-    from smearcli import profile
+    from smearcli.measure import profile
     with profile.session(True, out=open("/dev/null", "w")):  # a profile times one run at a time
         cmp.compare([Recording(model, "old", seen)], tokens, ["chunked"], options=OPTS, overlap=True)
     assert {name for name, _ in seen} == {"MainThread"}

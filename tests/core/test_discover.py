@@ -1,4 +1,4 @@
-"""smearcli.discover: checkpoints found in nanochat's layouts; pre-smear checkpoints recognised."""
+"""smearcli.gpt.discover: checkpoints found in nanochat's layouts; pre-smear checkpoints recognised."""
 
 from __future__ import annotations
 
@@ -9,15 +9,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from smearcli import discover as dc
-from smearcli.errors import UserError
-from smearcli.checkpoint import NoSmearParameters, smear_keys_missing
-from smearcli.weights import load_checkpoint
+from smearcli.gpt import discover as dc
+from smearcli.util.errors import UserError
+from smearcli.gpt.checkpoint import NoSmearParameters, smear_keys_missing
+from smearcli.gpt.weights import load_checkpoint
 from hardening_util import PT, edit_state, write_checkpoint
 
 tiktoken = pytest.importorskip("tiktoken")
 
-from smearcli import tokenizer as tok  # noqa: E402
+from smearcli.gpt import tokenizer as tok  # noqa: E402
 from tokenizer_util import build_encoding, write_tokenizer  # noqa: E402
 
 

@@ -1,12 +1,14 @@
-"""smearcli.evidence: the floor never comes from a schedule under test, OK needs power, BUG needs
-confirmation in float64 with the float32 islands lifted; smearcli.verdicts: one vocabulary."""
+"""smearcli.judging.evidence: the floor never comes from a schedule under test, OK needs power, BUG needs
+confirmation in float64 with the float32 islands lifted; smearcli.judging.verdicts: one vocabulary."""
 
 import pytest
 import torch
 
-from smearcli import evidence, judge, precision
+from smearcli.judging import evidence, judge
+
+from smearcli.measure import precision
 from smearcli.testing import assert_cache_consistent, check_cache_consistency
-from smearcli.verdicts import BUG, INCONCLUSIVE, OK, ROUNDING, Verdict, passed, worst
+from smearcli.judging.verdicts import BUG, INCONCLUSIVE, OK, ROUNDING, Verdict, passed, worst
 
 T = 48
 V = 32
@@ -249,7 +251,7 @@ def test_helper_passes_a_consistent_llama():
 
 
 def test_hf_check_model_inconclusive_does_not_pass(monkeypatch):
-    from smearcli import compare
+    from smearcli.measure import compare
     from smearcli.engines import transformers as hf
 
     weak = evidence.Power(24, 1.0, effects={"kv": 2.0})  # an error must be half the state's effect
@@ -314,10 +316,10 @@ def test_our_float64_twin_shares_its_lookup_tables_and_computes_the_same_numbers
     float32 tables."""
     import copy
 
-    from smearcli.gpt_runners import GPTRunner, runners
-    from smearcli.precision import lifted
-    from smearcli.schedules import run_schedule
-    from smearcli.weights import preset_model
+    from smearcli.gpt.gpt_runners import GPTRunner, runners
+    from smearcli.measure.precision import lifted
+    from smearcli.measure.schedules import run_schedule
+    from smearcli.gpt.weights import preset_model
 
     model = preset_model("small").model
     tables = model.lookup_tables()
@@ -341,7 +343,7 @@ def test_our_float64_twin_shares_its_lookup_tables_and_computes_the_same_numbers
 def test_a_reference_is_unusable_exactly_when_a_logit_is_not_finite(bad):
     """`unusable` answers from one reduction when every logit is finite, and otherwise counts the
     positions with a non-finite logit as the whole-tensor mask does."""
-    from smearcli.steps import RunResult
+    from smearcli.measure.steps import RunResult
 
     logits = torch.randn(2, 6, V, generator=torch.Generator().manual_seed(1)) * 1e30
     if bad is not None:
@@ -357,9 +359,10 @@ def test_a_plain_step_rerun_is_confirmed_step_by_step_with_the_same_number(monke
     """A confirmation of chunked or speculative measures the float64 rerun against the full pass a
     step at a time (no float64 tensor of the whole rerun: at d12 / 1024 tokens 537 MB): the same
     lifted size and status as rerunning it whole. An engine run is still rerun whole."""
-    from smearcli import gpt_runners, schedules
-    from smearcli.steps import ScheduleOptions
-    from smearcli.weights import random_config, random_model
+    from smearcli.gpt import gpt_runners
+    from smearcli.measure import schedules
+    from smearcli.measure.steps import ScheduleOptions
+    from smearcli.gpt.weights import random_config, random_model
 
     model = random_model(random_config(1), seed=2).model
     toks = torch.randint(0, 256, (1, 24), generator=torch.Generator().manual_seed(3))

@@ -9,7 +9,7 @@ for bit. See docs/matching-upstream.md.
 
 import torch
 
-from smearcli.schedules import ScheduleOptions, run_schedule
+from smearcli.measure.schedules import ScheduleOptions, run_schedule
 
 RTOL, ATOL = 1.3e-6, 1e-5
 

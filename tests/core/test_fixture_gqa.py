@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from smearcli.bench.meters import cpu_name
-from smearcli.weights import load_checkpoint
-from smearcli.schedules import ScheduleOptions, run_schedule
+from smearcli.gpt.weights import load_checkpoint
+from smearcli.measure.schedules import ScheduleOptions, run_schedule
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "nanochat-gqa-b2"
 RTOL, ATOL = 1.3e-6, 1e-5  # torch.testing's default for float32

@@ -10,12 +10,12 @@ import zipfile
 import pytest
 import torch
 
-import smearcli.checkpoint as checkpoint
-import smearcli.inputs as inputs
+import smearcli.gpt.checkpoint as checkpoint
+import smearcli.measure.inputs as inputs
 from hardening_util import FAST, PT, edit_state, invoke, write_checkpoint
-from smearcli.config import GPTConfig
-from smearcli.errors import UserError
-from smearcli.inputs import TOKENS_MAX_BYTES, load_tokens
+from smearcli.gpt.config import GPTConfig
+from smearcli.util.errors import UserError
+from smearcli.measure.inputs import TOKENS_MAX_BYTES, load_tokens
 from zip_util import rezip_deflated
 
 ROTARY = GPTConfig(n_layer=1, n_embd=64, n_head=1, n_kv_head=1).rotary_len  # FAST's model: 5,120 positions

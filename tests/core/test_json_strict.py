@@ -1,4 +1,4 @@
-"""Every `--json` document, JSON Lines record and PNG summary is strict JSON (smearcli.jsonsafe):
+"""Every `--json` document, JSON Lines record and PNG summary is strict JSON (smearcli.util.jsonsafe):
 no `NaN` or `Infinity` token, which `jq` and JavaScript refuse; a non-finite number is null and
 the document's `non_finite` object names it and why. Checked on models whose numbers overflow:
 our checkpoint with a weight scaled to 1e38 (finite, so it loads; its activations overflow), a
@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from hardening_util import FAST, PT, edit_state, invoke, write_checkpoint
-from smearcli import jsonsafe
+from smearcli.util import jsonsafe
 
 STANDIN = Path(__file__).resolve().parents[1] / "standin" / "old"
 

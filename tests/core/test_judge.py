@@ -1,4 +1,4 @@
-"""The one judge (`smearcli.judge`): each rule a verdict word rests on, on the judge itself, with
+"""The one judge (`smearcli.judging.judge`): each rule a verdict word rests on, on the judge itself, with
 stand-in confirmations and power (torch-free); the surfaces that call it are tested where they
 measure (compare, the audit, the census)."""
 
@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from smearcli import judge
-from smearcli.judge import DEFAULT_COUNTS, SECOND_SEED, TIE_BREAK, Run
-from smearcli.verdicts import (BUG, CRASHED, INCONCLUSIVE, LATENT, LEFT_UNSUPPORTED, NOT_BUILT, NOT_RUN, OK, ROUNDING,
+from smearcli.judging import judge
+from smearcli.judging.judge import DEFAULT_COUNTS, SECOND_SEED, TIE_BREAK, Run
+from smearcli.judging.verdicts import (BUG, CRASHED, INCONCLUSIVE, LATENT, LEFT_UNSUPPORTED, NOT_BUILT, NOT_RUN, OK, ROUNDING,
                                TIE_ARTIFACT, TIMED_OUT, UNCONFIRMED, UNSUPPORTED)
 
 

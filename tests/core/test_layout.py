@@ -1,6 +1,6 @@
 """The package's layering, checked from the source so the layout cannot silently decay.
 
-Layers, lowest first: core (the modules at the top of `smearcli/`, `testing` included), render,
+Layers, lowest first: core (`util`, `gpt`, `measure`, `judging` and `testing`), render,
 features (`impls`, `bench`, `census`, `engines`), cli (with each engine's `prepare` module: its command-line
 preparation lives in its folder). A module may import from its own layer's package or from any lower
 layer, never from a higher one (the census may also import `impls`; an engine the census, `impls` and
@@ -124,7 +124,7 @@ def edges() -> dict[str, set[str]]:
 
 def test_the_layers_are_known():
     assert {layer(m) for m in MODULES} == set(LAYERS)
-    for name in ("smearcli.model", "smearcli.compare", "smearcli.defaults"):
+    for name in ("smearcli.gpt.model", "smearcli.measure.compare", "smearcli.util.defaults"):
         assert layer(name) == "core"
     assert layer("smearcli.cli.commands.compare") == "cli"
     assert layer("smearcli.engines.nanochat.audit") == "features"
@@ -300,7 +300,7 @@ def test_the_vllm_worker_needs_no_sys_path_edit():
 
 
 def test_verdict_words_are_written_once_in_the_verdict_module():
-    """Every table, document and census line takes its words from smearcli.verdicts: the literal
+    """Every table, document and census line takes its words from smearcli.judging.verdicts: the literal
     words appear nowhere else in the package (the vLLM worker, which cannot import smearcli, speaks
     its own protocol word, "raised")."""
     found = {}
@@ -310,11 +310,11 @@ def test_verdict_words_are_written_once_in_the_verdict_module():
             for quote in ('"', "'"):
                 if f"{quote}{word}{quote}" in text:
                     found.setdefault(word, []).append(mod)
-    assert found == {w: ["smearcli.verdicts"] for w in found}, found
+    assert found == {w: ["smearcli.judging.verdicts"] for w in found}, found
     assert set(found) >= {"crashed", "inconclusive"}
 
 
-# the names a verdict word goes by (`smearcli.verdicts`)
+# the names a verdict word goes by (`smearcli.judging.verdicts`)
 VERDICT_NAMES = {"OK", "BUG", "UNCONFIRMED", "INCONCLUSIVE", "CRASHED", "TIMED_OUT", "NOT_RUN", "NOT_BUILT",
                  "UNSUPPORTED", "LATENT", "TIE_ARTIFACT", "BY_DESIGN", "LEFT_UNSUPPORTED"}
 
@@ -343,7 +343,7 @@ def chosen_words(tree: ast.AST) -> list[str]:
 def test_no_verdict_word_is_chosen_by_a_condition_outside_the_judge():
     """A word picked by a condition is a verdict rule, and every rule is the judge's: an engine says
     what it saw (a reason, a stop, a rerun's size) and the judge answers (issue 56, item 3)."""
-    found = {(mod, said) for mod, path in MODULES.items() if mod not in ("smearcli.judge", "smearcli.verdicts")
+    found = {(mod, said) for mod, path in MODULES.items() if mod not in ("smearcli.judging.judge", "smearcli.judging.verdicts")
              for said in chosen_words(ast.parse(path.read_text()))}
     assert not found, sorted(found)
 

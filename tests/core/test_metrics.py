@@ -9,9 +9,9 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from smearcli import metrics
-from smearcli.metrics import NoiseFloor, abs_error, measure, noise_floor, ref_scale
-from smearcli.steps import CACHE_COPY, RunResult
+from smearcli.measure import metrics
+from smearcli.measure.metrics import NoiseFloor, abs_error, measure, noise_floor, ref_scale
+from smearcli.measure.steps import CACHE_COPY, RunResult
 
 
 # -- the plain formulas measure must equal (one whole-tensor expression each) -----------------------

@@ -4,9 +4,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from smearcli import model as M
-from smearcli.cache import KVCache
-from smearcli.weights import random_config, random_model
+from smearcli.gpt import model as M
+from smearcli.gpt.cache import KVCache
+from smearcli.gpt.weights import random_config, random_model
 
 
 def upstream_rotary(x, cos, sin):

@@ -1,4 +1,4 @@
-"""What a runner returns is owned by the comparison (`smearcli.owned`): every implementation's
+"""What a runner returns is owned by the comparison (`smearcli.measure.owned`): every implementation's
 outputs are copied where they are received, so a runner that hands back views of one buffer it
 writes again cannot make a buggy cache look consistent.
 
@@ -17,10 +17,10 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from smearcli import compare as compare_module
+from smearcli.measure import compare as compare_module
 from smearcli import testing
-from smearcli.runner import Output, Runner
-from smearcli.schedules import RunResult
+from smearcli.measure.runner import Output, Runner
+from smearcli.measure.schedules import RunResult
 from conftest import standin_python
 
 STANDIN = Path(__file__).resolve().parents[1] / "standin" / "old"
@@ -70,7 +70,7 @@ def watched(monkeypatch):
     import smearcli.engines.transformers  # noqa: F401 - every runner class, known before it is watched
     import smearcli.engines.nanochat.adapter  # noqa: F401
     import smearcli.engines.vllm  # noqa: F401
-    import smearcli.gpt_runners  # noqa: F401
+    import smearcli.gpt.gpt_runners  # noqa: F401
 
     held, measured = [], []
     for cls in {Runner, *subclasses(Runner)}:
@@ -133,8 +133,8 @@ def test_a_fresh_runner_returns_what_no_later_call_writes(ours, tokens):
     """Our GPT runner declares `fresh_outputs`, so Owned measures its tensors uncopied: every call's
     outputs are new storage, and each is what it was when returned after every later call of the
     run (the cache, a later step, the next run's forward)."""
-    from smearcli.gpt_runners import GPTRunner
-    from smearcli.owned import Owned
+    from smearcli.gpt.gpt_runners import GPTRunner
+    from smearcli.measure.owned import Owned
 
     runner = GPTRunner(ours, "old")
     assert runner.fresh_outputs

@@ -11,13 +11,13 @@ import zipfile
 import pytest
 import torch
 
-import smearcli.checkpoint as checkpoint
-import smearcli.model as model
-import smearcli.preflight as preflight
+import smearcli.gpt.checkpoint as checkpoint
+import smearcli.gpt.model as model
+import smearcli.util.preflight as preflight
 from hardening_util import META, PT, copy_checkpoint, edit_config, invoke, write_checkpoint
-from smearcli.config import ConfigError, GPTConfig, nanochat_shape
-from smearcli.errors import UserError
-from smearcli.weights import load_checkpoint
+from smearcli.gpt.config import ConfigError, GPTConfig, nanochat_shape
+from smearcli.util.errors import UserError
+from smearcli.gpt.weights import load_checkpoint
 from zip_util import rezip_deflated
 
 GIB = 1 << 30

@@ -8,12 +8,12 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from smearcli import smear
+from smearcli.gpt import smear
 from smearcli.cli.app import app
 from smearcli.cli.options import RunSpec
-from smearcli.config import PRESETS, preset_config
-from smearcli.model import param_shapes
-from smearcli.weights import random_config, random_model
+from smearcli.gpt.config import PRESETS, preset_config
+from smearcli.gpt.model import param_shapes
+from smearcli.gpt.weights import random_config, random_model
 
 
 # -- presets --------------------------------------------------------------------------------------
@@ -95,7 +95,7 @@ def test_bar_draws_tokens_rate_and_time_left_on_a_terminal_only(monkeypatch):
 
 # -- memory-mapped loading and the preflight at real sizes ----------------------------------------
 def test_zip_checkpoints_are_memory_mapped_and_legacy_ones_read(tmp_path, monkeypatch):
-    from smearcli import weights
+    from smearcli.gpt import weights
     m = random_model(random_config(1, sequence_len=64), seed=3).model
     weights.save_checkpoint(m, tmp_path / "zip", 5)
     legacy = tmp_path / "legacy"
@@ -113,13 +113,13 @@ def test_zip_checkpoints_are_memory_mapped_and_legacy_ones_read(tmp_path, monkey
 
 
 def test_preflight_counts_no_file_copy_when_mapped():
-    from smearcli import preflight
+    from smearcli.util import preflight
     c = preset_config("d12")
     assert preflight.load_bytes(c, 10**9) - preflight.load_bytes(c, 10**9, mmap=True) == 10**9
 
 
 def test_d20_at_2048_is_refused_with_its_estimate_where_memory_is_short(monkeypatch):
-    from smearcli import preflight
+    from smearcli.util import preflight
     c = preset_config("d20")
     need = preflight.run_bytes(c, 1, 2048, ["prefill", "decode", "chunked"], ["old", "fixed"])
     # every run keeps 2048 x (65,536 logits + 21 x 1280 hidden) fp32 values: 757 MB a run, 7 runs
@@ -130,9 +130,9 @@ def test_d20_at_2048_is_refused_with_its_estimate_where_memory_is_short(monkeypa
 
 
 def test_d20_run_estimate_refuses_where_the_model_fits_but_the_run_does_not(monkeypatch):
-    from smearcli import preflight
-    from smearcli.errors import UserError
-    from smearcli.defaults import DEFAULT_SCHEDULES
+    from smearcli.util import preflight
+    from smearcli.util.errors import UserError
+    from smearcli.util.defaults import DEFAULT_SCHEDULES
     c = preset_config("d20")
     monkeypatch.setattr(preflight, "available", lambda device: 12 << 30)
     preflight.check_model_memory(c, "cpu")  # 5.2 GiB of fp32 weights fit
@@ -143,9 +143,9 @@ def test_d20_run_estimate_refuses_where_the_model_fits_but_the_run_does_not(monk
 def test_a_process_that_keeps_freed_memory_needs_more_room_for_the_same_run(monkeypatch):
     """`allocator.keep_freed` holds blocks it cannot coalesce: the run's estimate grows by
     KEPT_SLACK on the CPU, so a run that would just fit with glibc's defaults is refused."""
-    from smearcli import preflight
-    from smearcli.errors import UserError
-    from smearcli.defaults import DEFAULT_SCHEDULES
+    from smearcli.util import preflight
+    from smearcli.util.errors import UserError
+    from smearcli.util.defaults import DEFAULT_SCHEDULES
     c = preset_config("d12")
     args = (c, "cpu", 1, 1024, list(DEFAULT_SCHEDULES), ["old", "fixed"], 2, None, "float32")
     need = preflight.run_bytes(*args[:1], *args[2:])

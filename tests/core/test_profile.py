@@ -1,4 +1,4 @@
-"""smearcli.profile: wall time per section (each second counted once, in the innermost section),
+"""smearcli.measure.profile: wall time per section (each second counted once, in the innermost section),
 forwards timed by hooks on the model, and `compare --profile` / SMEARCLI_PROFILE=1."""
 
 import io
@@ -9,7 +9,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from smearcli import profile
+from smearcli.measure import profile
 from smearcli.cli.app import app
 
 
@@ -135,7 +135,7 @@ def test_the_environment_variable_profiles_compare(monkeypatch):
 def test_the_table_alone_builds_no_json_document(monkeypatch, tmp_path):
     """The compare/1 document is built for --json and --save only: printing the table does not
     pay for it."""
-    from smearcli import jsondoc
+    from smearcli.measure import jsondoc
 
     monkeypatch.delenv(profile.ENV, raising=False)
     built = []

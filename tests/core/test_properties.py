@@ -8,10 +8,10 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from smearcli.config import GPTConfig
-from smearcli.weights import init_random
-from smearcli.model import GPT
-from smearcli.schedules import ScheduleOptions, run_schedule
+from smearcli.gpt.config import GPTConfig
+from smearcli.gpt.weights import init_random
+from smearcli.gpt.model import GPT
+from smearcli.measure.schedules import ScheduleOptions, run_schedule
 
 TOL = 1e-4  # fp32 rounding between differently-shaped kernels stays far below this
 BUG = TOL  # the dropped smear term gate*x_prev at a chunk start: above rounding, but its size follows the

@@ -11,8 +11,8 @@ from smearcli.engines import registry
 from smearcli.cli.app import app
 from smearcli.cli.impls import offered
 from smearcli.cli.reports import comparison_job
-from smearcli.runner import Output, Runner
-from smearcli.schedules import ScheduleOptions
+from smearcli.measure.runner import Output, Runner
+from smearcli.measure.schedules import ScheduleOptions
 
 V, C = 64, 16
 

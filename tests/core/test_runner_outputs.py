@@ -1,5 +1,5 @@
 """A runner's output that cannot be measured is the caller's mistake, said where the output is
-received (`smearcli.owned`): a ValueError naming the call, the shape expected and the shape
+received (`smearcli.measure.owned`): a ValueError naming the call, the shape expected and the shape
 returned, never a RuntimeError from a schedule's buffer or an IndexError from a metric. Through the
 CLI (a registered implementation's runner) it is that runner's failure: one `smearcli: error:`
 line, exit status 1, no file written and none replaced."""
@@ -8,13 +8,13 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from smearcli import compare as cmp
+from smearcli.measure import compare as cmp
 from smearcli import testing
 from smearcli.engines import registry
 from smearcli.cli.app import app
 from smearcli.cli.reports import comparison_job
-from smearcli.runner import Output, Runner
-from smearcli.schedules import ScheduleOptions, run_steps
+from smearcli.measure.runner import Output, Runner
+from smearcli.measure.schedules import ScheduleOptions, run_steps
 
 V, C, T = 32, 8, 12
 g = torch.Generator().manual_seed(0)
@@ -133,13 +133,13 @@ class WholeRuns(Toy):
         self.logits = logits
 
     def run(self, schedule, tokens, options):
-        from smearcli.schedules import RunResult
+        from smearcli.measure.schedules import RunResult
 
         return RunResult(schedule, self.label, self.logits, None, [tokens.size(1)], [0])
 
 
 def test_a_whole_run_an_engine_returns_is_checked_and_owned():
-    from smearcli.schedules import run_schedule
+    from smearcli.measure.schedules import run_schedule
 
     good = torch.randn(1, T, V)
     got = run_schedule(WholeRuns(good), TOKENS[None], "chunked")

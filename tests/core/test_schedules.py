@@ -3,12 +3,12 @@
 import pytest
 import torch
 
-from smearcli import gpt_runners
-from smearcli.defaults import ENGINE_SCHEDULES, SCHEDULE_NAMES
-from smearcli.runner import Output, Runner
-from smearcli.schedules import SCHEDULES, STEP_PLANS, plan_steps, run_schedule, runnable
-from smearcli.steps import CACHE_COPY, CHUNK_START, RunResult, ScheduleOptions
-from smearcli.weights import random_config, random_model
+from smearcli.gpt import gpt_runners
+from smearcli.util.defaults import ENGINE_SCHEDULES, SCHEDULE_NAMES
+from smearcli.measure.runner import Output, Runner
+from smearcli.measure.schedules import SCHEDULES, STEP_PLANS, plan_steps, run_schedule, runnable
+from smearcli.measure.steps import CACHE_COPY, CHUNK_START, RunResult, ScheduleOptions
+from smearcli.gpt.weights import random_config, random_model
 
 T = 24
 
@@ -190,7 +190,7 @@ def test_streamed_steps_are_the_run_s_logits_in_order(model, tokens):
     """`stream_logits` hands over each step's logits, first position and all, and keeps none: put
     together they are the run's logits, bit for bit. A schedule that is not a plain sequence of
     steps is not run at all."""
-    from smearcli.schedules import stream_logits
+    from smearcli.measure.schedules import stream_logits
 
     opts = ScheduleOptions(chunk_sizes=(10, 4, 10), gen_len=8, draft=3)
     runner = gpt_runners.GPTRunner(model, "old")

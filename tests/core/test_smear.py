@@ -2,7 +2,7 @@
 
 import torch
 
-from smearcli.smear import LOGICS, smear_fixed, smear_gate, smear_old
+from smearcli.gpt.smear import LOGICS, smear_fixed, smear_gate, smear_old
 
 torch.manual_seed(0)
 B, T, C = 2, 5, 32
@@ -20,7 +20,7 @@ def expected_full(x):
 
 
 def test_registry_order():
-    from smearcli.defaults import ALL_LOGICS, LOGIC_NAMES
+    from smearcli.util.defaults import ALL_LOGICS, LOGIC_NAMES
     assert list(LOGICS) == list(ALL_LOGICS) == [*LOGIC_NAMES, "bosmask"]
 
 

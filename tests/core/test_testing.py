@@ -3,13 +3,13 @@
 import pytest
 import torch
 
-from smearcli.defaults import layer_names
-from smearcli.weights import random_config, random_model
-from smearcli.smear import smear_gate
-from smearcli.model import rms_norm
-from smearcli.compare import Comparison
+from smearcli.util.defaults import layer_names
+from smearcli.gpt.weights import random_config, random_model
+from smearcli.gpt.smear import smear_gate
+from smearcli.gpt.model import rms_norm
+from smearcli.measure.compare import Comparison
 from smearcli.testing import assert_cache_consistent, check_cache_consistency, gpt_step
-from smearcli.verdicts import OK
+from smearcli.judging.verdicts import OK
 
 T = 48
 CHUNKS = (16, 16, 16)

@@ -6,11 +6,13 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from smearcli import generate, inputs
+from smearcli.gpt import generate
+
+from smearcli.measure import inputs
 from smearcli.cli.app import app
-from smearcli.config import GPTConfig
-from smearcli.errors import UserError
-from smearcli.weights import random_config, random_model
+from smearcli.gpt.config import GPTConfig
+from smearcli.util.errors import UserError
+from smearcli.gpt.weights import random_config, random_model
 
 runner = CliRunner()
 

@@ -1,4 +1,4 @@
-"""smearcli.tokenizer: nanochat's tokenizer.pkl read without running code from it; text and chat ids."""
+"""smearcli.gpt.tokenizer: nanochat's tokenizer.pkl read without running code from it; text and chat ids."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 
 tiktoken = pytest.importorskip("tiktoken")
 
-from smearcli import tokenizer as tok  # noqa: E402
-from smearcli.errors import UserError  # noqa: E402
+from smearcli.gpt import tokenizer as tok  # noqa: E402
+from smearcli.util.errors import UserError  # noqa: E402
 from hardening_util import Payload  # noqa: E402
 from tokenizer_util import (CORPUS, build_encoding, encoding_pickle, good_state,  # noqa: E402
                                   write_state, write_tokenizer)

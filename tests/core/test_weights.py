@@ -7,11 +7,11 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from smearcli import weights
+from smearcli.gpt import weights
 from smearcli.cli import build
 from smearcli.cli.app import app
 from smearcli.cli.options import RunSpec, PresetName
-from smearcli.config import PRESETS, nanochat_shape, preset_config
+from smearcli.gpt.config import PRESETS, nanochat_shape, preset_config
 
 
 class Built(Exception):
@@ -117,7 +117,7 @@ def test_the_float64_copy_made_while_drawing_is_the_one_converted_after(monkeypa
     drawn (`weights.Beside`): the weights are the same as without it, bit for bit, and the float64
     copy `precision.float64_model` then makes takes those conversions (no second conversion) and
     equals a copy converted afterwards; a tensor changed since is converted anew."""
-    from smearcli import precision
+    from smearcli.measure import precision
 
     cfg = weights.random_config(2, sequence_len=64)
     plain = weights.random_model(cfg, seed=5).model

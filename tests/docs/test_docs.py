@@ -194,11 +194,11 @@ def test_cli_reference_page_is_built(site):
 
 @pytest.mark.slow
 def test_api_reference_is_generated_from_docstrings(site):
-    from smearcli import compare, inputs
+    from smearcli.measure import compare, inputs
 
     text = html.unescape(" ".join(" ".join(parse(site / "reference" / "api.html").text).split()))
     for obj in (compare.compare, inputs.random_tokens, compare.Comparison):
-        assert f"smearcli.compare.{obj.__name__}" in text or obj.__name__ in text
+        assert f"smearcli.measure.compare.{obj.__name__}" in text or obj.__name__ in text
     # code spans render as <code> elements, which the text extraction separates with blanks
     first = "".join(inputs.random_tokens.__doc__.split()).replace("`", "")
     assert first in "".join(text.split())

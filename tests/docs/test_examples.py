@@ -5,9 +5,9 @@ import json
 
 import torch
 
-from smearcli import weights
-from smearcli.checkpoint import list_steps
-from smearcli.weights import load_checkpoint
+from smearcli.gpt import weights
+from smearcli.gpt.checkpoint import list_steps
+from smearcli.gpt.weights import load_checkpoint
 from conftest import ROOT  # noqa: E402 - the clone's root
 
 EXAMPLES = ROOT / "examples"

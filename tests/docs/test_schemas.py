@@ -16,13 +16,14 @@ from jsonschema import Draft202012Validator
 from typer.testing import CliRunner
 
 import schema_check
-from smearcli import jsondoc, jsonsafe
+from smearcli.measure import jsondoc
+from smearcli.util import jsonsafe
 from smearcli.census import record, records, report
 from smearcli.cli.app import app
-from smearcli import schedules
-from smearcli.judge import CHECKED_NOTHING
-from smearcli.steps import CACHE_COPY, PREFIX_HIT
-from smearcli.verdicts import BUG, CRASHED, LEFT_UNSUPPORTED, NOT_JUDGED, NOT_RUN, RECORD, ROUNDING, UNCONFIRMED, WORDS
+from smearcli.measure import schedules
+from smearcli.judging.judge import CHECKED_NOTHING
+from smearcli.measure.steps import CACHE_COPY, PREFIX_HIT
+from smearcli.judging.verdicts import BUG, CRASHED, LEFT_UNSUPPORTED, NOT_JUDGED, NOT_RUN, RECORD, ROUNDING, UNCONFIRMED, WORDS
 from conftest import ROOT  # noqa: E402 - the clone's root
 
 FILES = sorted(schema_check.SCHEMA_DIR.glob("*.json"))
@@ -64,7 +65,7 @@ def test_the_docs_describe_and_link_every_file():
         assert f"`{load(path.name)['title']}`" in text
 
 
-# -- words from smearcli/verdicts.py and the code that defines them --------------------------------
+# -- words from smearcli/judging/verdicts.py and the code that defines them --------------------------------
 def test_words_come_from_the_code():
     line = load("compare-1.json")["$defs"]["verdict_line"]["pattern"]
     assert line == "^(" + "|".join(w.upper() for w in WORDS) + "): "

@@ -19,12 +19,12 @@ import torch
 import torch.nn.functional as F
 from typer.testing import CliRunner
 
-from smearcli import weights
+from smearcli.gpt import weights
 from smearcli.engines.nanochat import adapter, audit, sandbox
-from smearcli.errors import UserError
-from smearcli.defaults import NOISE_MARGIN
-from smearcli.formatters import compact
-from smearcli.schedules import ScheduleOptions
+from smearcli.util.errors import UserError
+from smearcli.util.defaults import NOISE_MARGIN
+from smearcli.util.formatters import compact
+from smearcli.measure.schedules import ScheduleOptions
 
 STANDIN = Path(__file__).resolve().parents[1] / "standin"
 OLD = STANDIN / "old"
@@ -367,8 +367,8 @@ def test_a_rounding_only_difference_is_no_finding(old_audit, fixed_audit):
     diverges")."""
     import dataclasses
 
-    from smearcli import evidence
-    from smearcli.verdicts import OK, ROUNDING
+    from smearcli.judging import evidence
+    from smearcli.judging.verdicts import OK, ROUNDING
 
     c = old_audit.comparison
     gone = {k: dataclasses.replace(v, lifted=0.0, status=ROUNDING, why="float32 rounding, gone in float64")
@@ -388,8 +388,8 @@ def test_a_powerless_check_is_inconclusive(fixed_audit):
     threshold (so only a 10% error in it could show): INCONCLUSIVE, as compare says, and --check fails."""
     import dataclasses
 
-    from smearcli import evidence
-    from smearcli.verdicts import INCONCLUSIVE
+    from smearcli.judging import evidence
+    from smearcli.judging.verdicts import INCONCLUSIVE
 
     c = fixed_audit.comparison
     weak = evidence.Power(c.power.split, c.power.threshold, {"kv": 10 * c.power.threshold})

@@ -25,13 +25,13 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import smearcli.preflight as preflight
+import smearcli.util.preflight as preflight
 from hardening_util import FAST, META, PT, copy_checkpoint, edit_config, edit_state, invoke, leftovers, write_checkpoint
-from smearcli.errors import UserCodeError, UserError
-from smearcli.files import uncompressed_size, zip_members
+from smearcli.util.errors import UserCodeError, UserError
+from smearcli.util.files import uncompressed_size, zip_members
 from smearcli.engines.nanochat import adapter, guard, sandbox
-from smearcli.inputs import TEXT_MAX_BYTES, TOKENS_MAX_BYTES, load_tokens, text_tokens
-from smearcli.weights import load_checkpoint, random_config
+from smearcli.measure.inputs import TEXT_MAX_BYTES, TOKENS_MAX_BYTES, load_tokens, text_tokens
+from smearcli.gpt.weights import load_checkpoint, random_config
 
 STANDIN = Path(__file__).resolve().parents[1] / "standin" / "old"
 C = ["compare", *FAST]
@@ -220,7 +220,7 @@ def test_disk_full_inside_torch_zip_writer(tmp_path, monkeypatch):
     import errno
     import io
 
-    from smearcli.files import atomic_write
+    from smearcli.util.files import atomic_write
 
     class Full(io.RawIOBase):  # the target file, filling up after 1000 bytes
         def writable(self):

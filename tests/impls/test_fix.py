@@ -16,7 +16,7 @@ import torch
 
 from smearcli.engines.nanochat import adapter, audit, sandbox
 from smearcli.engines.nanochat import fix as nf
-from smearcli.schedules import ScheduleOptions
+from smearcli.measure.schedules import ScheduleOptions
 
 OLD = Path(__file__).resolve().parents[1] / "standin" / "old"
 OPTS = ScheduleOptions(chunks=3, gen_len=8, draft=3)

@@ -22,7 +22,7 @@ import pytest
 pytest.importorskip("transformers", reason="transformers is not installed: pip install 'smearcli[hf]'")
 
 from hf_bad_dirs import ALL, CASES, ST, bad_dir, edit_config, good_dir, remote_code  # noqa: E402
-from smearcli.errors import UserError  # noqa: E402
+from smearcli.util.errors import UserError  # noqa: E402
 from smearcli.engines import transformers as hf
 from smearcli.engines.transformers import files as hf_files  # noqa: E402
 
@@ -100,7 +100,7 @@ def test_weights_that_do_not_fit_the_model(dirs, name):
 def test_a_config_beyond_memory_is_refused_before_loading(dirs, tmp_path, monkeypatch):
     """40 layers in config.json, 2 in the weights: the model it describes is sized on the meta
     device and refused before transformers allocates it (2 MiB free, simulated)."""
-    import smearcli.preflight as preflight
+    import smearcli.util.preflight as preflight
 
     monkeypatch.setattr(preflight, "host_available", lambda: 2 << 20)
     hf.load(str(dirs["good"]))  # 2 layers fit

@@ -1,6 +1,6 @@
 """Every transformers release from 5.0 on: the cache API
 is detected by one detector (`engines.transformers.api`) that the runner, the census and the reproducers all
-use; one frame finder (`smearcli.frames`) says where their code raised; transformers' fast-kernel
+use; one frame finder (`smearcli.util.frames`) says where their code raised; transformers' fast-kernel
 fallbacks are said once per census run; a boundary that agreed beside a failure is "not judged";
 every census record names its release. The slow test installs the oldest supported release in a
 scratch venv and runs the census there."""
@@ -21,15 +21,15 @@ pytest.importorskip("transformers", reason="transformers is not installed: pip i
 
 import transformers  # noqa: E402
 
-from smearcli import frames  # noqa: E402
+from smearcli.util import frames  # noqa: E402
 from smearcli.engines.transformers import boundary, repro  # noqa: E402
-from smearcli import shapes  # noqa: E402
+from smearcli.measure import shapes  # noqa: E402
 from smearcli.census import isolate, record, records, report  # noqa: E402
 from smearcli.engines import transformers as hf  # noqa: E402
 from smearcli.engines.transformers import api, kernels  # noqa: E402
 from smearcli.engines.transformers.cache_runner import CacheRunner  # noqa: E402
 from smearcli.engines.transformers.session import InProcess  # noqa: E402
-from smearcli.verdicts import NOT_JUDGED, NOT_JUDGED_WHY, OK  # noqa: E402
+from smearcli.judging.verdicts import NOT_JUDGED, NOT_JUDGED_WHY, OK  # noqa: E402
 from conftest import ROOT, scan_into  # noqa: E402 - the clone's root
 
 OLDEST = "5.0.0"  # the oldest release the hf extra allows (pyproject.toml: transformers>=5.0), run end to end
@@ -232,7 +232,7 @@ def test_past_recording_passes_the_drafted_count_where_the_release_takes_it(cach
 def test_the_runner_records_the_tokens_generate_drafts_per_verify_step():
     """generate's verify step feeds the last accepted token and `num_drafting_tokens` candidates;
     the rollback boundary feeds DRAFT tokens, so the runner keeps DRAFT - 1 states."""
-    from smearcli.defaults import DRAFT
+    from smearcli.util.defaults import DRAFT
 
     runner = CacheRunner(hf.tiny_model("llama"), crop=True)
     assert runner.drafted == DRAFT - 1
@@ -487,7 +487,7 @@ class EmptyWhenCached(Recorder):
 
 def test_empty_logits_from_a_cached_step_are_the_models_failure_at_its_forward():
     from smearcli.engines.transformers.cache_runner import ModelOutputError
-    from smearcli.runner import Holder
+    from smearcli.measure.runner import Holder
 
     runner = CacheRunner(EmptyWhenCached())
     held = Holder()

@@ -20,7 +20,7 @@ from smearcli.cli.app import app  # noqa: E402
 from smearcli.engines import llamacpp  # noqa: E402
 from smearcli.engines import transformers as hf  # noqa: E402
 from smearcli.engines.llamacpp import environment as llamacpp_env  # noqa: E402
-from smearcli.schedules import SCHEDULES, ScheduleOptions  # noqa: E402
+from smearcli.measure.schedules import SCHEDULES, ScheduleOptions  # noqa: E402
 from conftest import standin_python  # noqa: E402
 
 runner = CliRunner()

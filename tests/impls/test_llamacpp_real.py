@@ -81,7 +81,7 @@ def test_a_decode_past_the_watchdogs_limit_is_aborted_inside_llamacpp():
     import torch
 
     from smearcli.engines import llamacpp
-    from smearcli.schedules import ScheduleOptions
+    from smearcli.measure.schedules import ScheduleOptions
 
     import tempfile
 

@@ -14,15 +14,17 @@ import torch
 import torch.nn.functional as F
 from typer.testing import CliRunner
 
-from smearcli import gpt_runners, inputs, packed
+from smearcli.gpt import gpt_runners
+
+from smearcli.measure import inputs, packed
 from smearcli.cli.app import app
 from smearcli.engines.nanochat import adapter, sandbox
 from smearcli.engines.nanochat.docmask import document_attention
-from smearcli.model import rms_norm
-from smearcli.defaults import NOISE_MARGIN
-from smearcli.gpt_runners import GPTRunner
-from smearcli.runner import DOCUMENT_MASK, SMEAR_TERMS, NoDocumentMask
-from smearcli.weights import random_config
+from smearcli.gpt.model import rms_norm
+from smearcli.util.defaults import NOISE_MARGIN
+from smearcli.gpt.gpt_runners import GPTRunner
+from smearcli.measure.runner import DOCUMENT_MASK, SMEAR_TERMS, NoDocumentMask
+from smearcli.gpt.weights import random_config
 
 OLD = Path(__file__).resolve().parents[1] / "standin" / "old"
 LENGTHS = (12, 8, 10)
@@ -263,8 +265,8 @@ def test_marked_text_and_documents_must_agree(tmp_path):
 
 def test_bpe_text_splits_at_each_marker_with_the_tokenizers_bos(tmp_path):
     pytest.importorskip("tiktoken")
-    from smearcli import tokenizer as tok
-    from smearcli.weights import random_model, save_checkpoint
+    from smearcli.gpt import tokenizer as tok
+    from smearcli.gpt.weights import random_model, save_checkpoint
     from tokenizer_util import build_encoding, write_tokenizer
 
     enc = build_encoding()

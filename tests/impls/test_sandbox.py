@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from hardening_util import invoke
-from smearcli.errors import UserError
+from smearcli.util.errors import UserError
 from smearcli.engines.nanochat import sandbox
 from conftest import ROOT  # noqa: E402 - the clone's root
 
@@ -148,7 +148,7 @@ def test_import_and_calls_restore_the_working_directory(tmp_path, monkeypatch):
     monkeypatch.chdir(work)
     code = sandbox.import_nanochat(root)
     assert Path.cwd() == work
-    from smearcli import weights
+    from smearcli.gpt import weights
     from smearcli.engines.nanochat import adapter
     import torch
     theirs = adapter.nanochat_from_model(code, weights.random_model(weights.random_config(1), seed=0).model)

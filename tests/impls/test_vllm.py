@@ -15,12 +15,12 @@ from typer.testing import CliRunner
 pytest.importorskip("transformers", reason="transformers is not installed: pip install 'smearcli[hf]'")
 
 from smearcli.cli.app import app  # noqa: E402
-from smearcli.errors import UserError  # noqa: E402
+from smearcli.util.errors import UserError  # noqa: E402
 from smearcli.engines import vllm  # noqa: E402
 from smearcli.impls import foreign  # noqa: E402
 from smearcli.engines import transformers as hf  # noqa: E402
 from smearcli.engines.vllm import environment as vllm_env  # noqa: E402
-from smearcli.schedules import ScheduleOptions  # noqa: E402
+from smearcli.measure.schedules import ScheduleOptions  # noqa: E402
 from conftest import standin_python  # noqa: E402
 
 runner = CliRunner()

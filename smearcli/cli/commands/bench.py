@@ -10,9 +10,9 @@ from typing import Annotated, Optional
 
 import typer
 
-from ... import jsonsafe
-from ...errors import UserError
-from ...defaults import REFERENCE
+from ...util import jsonsafe
+from ...util.errors import UserError
+from ...util.defaults import REFERENCE
 from ..options import RunSpec, shared_options
 
 
@@ -73,7 +73,7 @@ def bench(
     if decode_steps is not None and decode_steps < 0:
         raise UserError(f"--decode-steps must be >= 0, got {decode_steps}")
     if output is not None:
-        from ...files import check_output_path
+        from ...util.files import check_output_path
         check_output_path(output, (".json",))
     from ..impls import implementation
     implementation(spec, "bench")  # bench times smearcli's own model: the registry says which run it
@@ -83,7 +83,7 @@ def bench(
     others = [s for s in schedules if s != REFERENCE] or ["prefill"]
 
     from ...bench import harness, meters, report
-    from ...files import atomic_write
+    from ...util.files import atomic_write
     from ...render.table import console
     from ..build import build_setup
     from ..progress import progress_bar

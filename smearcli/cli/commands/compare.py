@@ -8,9 +8,9 @@ from typing import Annotated, Optional
 
 import typer
 
-from ... import jsonsafe
-from ...errors import UserError
-from ...defaults import NOISE_MARGIN
+from ...util import jsonsafe
+from ...util.errors import UserError
+from ...util.defaults import NOISE_MARGIN
 from ..errors import CheckFailed
 from ..options import RunSpec, check_scope, shared_options
 
@@ -39,20 +39,20 @@ def compare(
     forward pass: per position, per layer, logits, KL, top-1, and a one-line verdict. Try
     `smearcli compare --chunk-sizes 100,60,1,159` or, as a CI gate for a fix,
     `smearcli compare --logic fixed --check`."""
-    from ...profile import section, session
+    from ...measure.profile import section, session
 
     with session(profile) as prof:  # --profile / SMEARCLI_PROFILE=1: the table goes to stderr at the end
         if prof is not None:  # torch and the library, which the run imports anyway: named apart
             with section("imports"):
-                from ... import compare as _library  # noqa: F401
+                from ...measure import compare as _library  # noqa: F401
                 from ...render import table as _table  # noqa: F401
         return _compare(spec, json_out, save, check, tolerance, check_scope("compare", check, scope))
 
 
 def _compare(spec: RunSpec, json_out: bool, save: Optional[Path], check: bool, tolerance: float,
              every: bool = False) -> None:
-    from ...files import atomic_write, check_output_path
-    from ...profile import section
+    from ...util.files import atomic_write, check_output_path
+    from ...measure.profile import section
     from ...render.table import console
     from ..impls import implementation, schedules_for
     from ..progress import progress_bar

@@ -12,7 +12,7 @@ from typing import Annotated
 
 import typer
 
-from ...errors import UserError
+from ...util.errors import UserError
 from ..errors import guarded, print_error
 
 DOCS = "docs/guide/fix.md"

@@ -9,8 +9,8 @@ from typing import Annotated
 
 import typer
 
-from ...errors import UserError
-from ...defaults import NOISE_MARGIN, figure_schedule
+from ...util.errors import UserError
+from ...util.defaults import NOISE_MARGIN, figure_schedule
 from ...render.figures import FORMATS, KINDS
 from ..options import RunSpec, shared_options
 
@@ -36,7 +36,7 @@ def plot(
     schedule (chunked if --schedules lists it, else speculative if listed, else the first listed): logit error per position
     with the noise floor, a position x layer heat map, and KL per position. The numbers are
     those `compare --json` reports for the same options."""
-    from ...files import check_output_path
+    from ...util.files import check_output_path
     from ...render import figures
     from ..impls import implementation, schedules_for
     from ..progress import progress_bar

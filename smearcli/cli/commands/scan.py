@@ -16,10 +16,10 @@ from typing import Annotated, Optional
 
 import typer
 
-from ... import jsonsafe
+from ...util import jsonsafe
 from ...census import engines
 from ...engines import registry  # noqa: F401 - importing it registers every built-in engine
-from ...errors import UserError
+from ...util.errors import UserError
 from ..errors import CheckFailed, guarded
 from ..record_file import resumable, written
 from ..options import check_scope, foreign_python
@@ -84,7 +84,7 @@ def refuse_run_options(ctx: typer.Context) -> None:
 def check_output(flag: str, path: Path, suffixes=None) -> None:
     """An output path refused before the first architecture runs: a directory, a device, a FIFO,
     a missing or read-only directory (the message starts with the option)."""
-    from ...files import check_output_path
+    from ...util.files import check_output_path
 
     try:
         check_output_path(path, suffixes)
@@ -111,7 +111,7 @@ def check_repro_files(repro_dir: Path, names, tails) -> None:
     """The reproducer and draft paths of these architectures (`tails` after each name: the engine's
     `Engine.tails()`): none may be a directory, a device or a FIFO (writing one would block, or
     write to the device)."""
-    from ...files import special_kind
+    from ...util.files import special_kind
 
     for name in names:
         for tail in tails:
@@ -289,7 +289,7 @@ def scan(
     else:
         sys.stdout.write(report.table(records) + "\n")
     if markdown is not None:
-        from ...files import atomic_write
+        from ...util.files import atomic_write
 
         with atomic_write(markdown) as f:
             f.write(report.markdown(records, info, eng))

@@ -9,6 +9,6 @@ on first use, so that its torch-free modules (`registration`, `environment`) imp
 
 from __future__ import annotations
 
-from ...named import lend
+from ...util.named import lend
 
 __getattr__, __dir__ = lend(globals())

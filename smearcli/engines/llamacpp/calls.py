@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from ...errors import UserError
+from ...util.errors import UserError
 from ...impls import foreign
 from ...impls.foreign import one_line, runnable
 from . import forkserver

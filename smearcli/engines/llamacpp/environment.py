@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from ...errors import UserError
+from ...util.errors import UserError
 from ...impls import foreign
 
 PROTOCOL = 1  # the worker's protocol: its handshake and result.json carry it

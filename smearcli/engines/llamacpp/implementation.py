@@ -46,13 +46,13 @@ from typing import Optional, Sequence
 
 import torch
 
-from ...errors import UserError
+from ...util.errors import UserError
 from ...impls import foreign
-from ...defaults import ROLLBACK
-from ...runner import CROP, PREFIX_CACHE, Described
-from ...schedules import register
-from ... import judge
-from ...steps import PREFIX_HIT, RunResult, Schedule, ScheduleOptions, chunk_plan, prompt_len
+from ...util.defaults import ROLLBACK
+from ...measure.runner import CROP, PREFIX_CACHE, Described
+from ...measure.schedules import register
+from ...judging import judge
+from ...measure.steps import PREFIX_HIT, RunResult, Schedule, ScheduleOptions, chunk_plan, prompt_len
 from .calls import ENVIRONMENT, INAPPLICABLE, REFUSED, call_worker
 from .environment import PROTOCOL, WORKER
 

@@ -18,10 +18,10 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Optional
 
-from ...compare import Comparison
+from ...measure.compare import Comparison
 
-from ...schedules import shape
-from ...formatters import sci
+from ...measure.schedules import shape
+from ...util.formatters import sci
 
 
 @dataclass

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ...errors import UserError
+from ...util.errors import UserError
 from ...cli.options import RunSpec, foreign_python
 
 SUBTITLE = ("llama.cpp runs each schedule with its own micro-batches, calls and sequence operations (in its "
@@ -48,7 +48,7 @@ def check_gguf_file(spec: RunSpec, vocab: int):
 
 def schedules_to_run(spec: RunSpec, schedules) -> list:
     from .implementation import LLAMACPP_SCHEDULES
-    from ...defaults import DEFAULT_SCHEDULES
+    from ...util.defaults import DEFAULT_SCHEDULES
 
     if spec.schedules == ",".join(DEFAULT_SCHEDULES):  # not chosen: every schedule llama.cpp runs
         return list(LLAMACPP_SCHEDULES)
@@ -59,7 +59,7 @@ def prepare(spec: RunSpec, schedules, tolerance: float):
     """A Job that runs llama.cpp on `schedules` against the transformers reference (compare/1)."""
     from . import implementation as llamacpp
     from .environment import found, hello
-    from ...defaults import DEFAULT_SCHEDULES
+    from ...util.defaults import DEFAULT_SCHEDULES
     from ...cli.build import check_boundaries, flag
     from ...cli.hf_model import check_hf_spec, load, reference as reference_of, tokens_for
     from ...cli.reports import ComparisonReport, Job
@@ -116,7 +116,7 @@ def prepare(spec: RunSpec, schedules, tolerance: float):
              f"{tokens.size(0)} x {T} tokens")
 
     def run(bar):
-        from ... import compare
+        from ...measure import compare
         from .own_prefill import held
 
         c = compare.compare([runner], tokens, runner.schedules, options=opts, tolerance=tolerance,

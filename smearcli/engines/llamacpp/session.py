@@ -14,7 +14,7 @@ in transformers.
   chunked, decode, prefix (`seq_cp`), rollback (`seq_rm`), batched, restore, swa, mixed, split,
   shift (`seq_add`) and flash (its cached path held to its own flash-attention one-call prefill),
   KV cache in float32, one worker process per model with its watchdog. `compare.compare` measures every run against the
-  transformers full pass with the float64 floor and `smearcli.judge` gives the word, as for
+  transformers full pass with the float64 floor and `smearcli.judging.judge` gives the word, as for
   `compare --impl llamacpp`; `engines.llamacpp.own_prefill` holds every cached path to llama.cpp's
   own one-call prefill:
   * llama.cpp has no float64: a departure is `unconfirmed`, never `bug`;
@@ -56,9 +56,9 @@ from typing import Optional, Sequence
 
 import torch
 
-from ... import judge
-from ...defaults import NOISE_MARGIN
-from ...verdicts import CRASHED, NOT_BUILT, OK, TIE_ARTIFACT, UNCONFIRMED, UNSUPPORTED, Verdict
+from ...judging import judge
+from ...util.defaults import NOISE_MARGIN
+from ...judging.verdicts import CRASHED, NOT_BUILT, OK, TIE_ARTIFACT, UNCONFIRMED, UNSUPPORTED, Verdict
 from ...census import known
 from ...tiny import derive
 from ...tiny.derive import text_config, vocab_of
@@ -360,7 +360,7 @@ def checked(model_type: str, got, python: str, timeout: float, seed: int, tolera
             return record(model_type, judge.stopped(judge.BUILD), reason="the tiny model cannot be saved: " + transformers_frame(e),
                           **base)
         gguf = Path(d) / "model.gguf"
-        from ... import topk
+        from ...measure import topk
 
         with topk.watching() as seen:  # the transformers reference's top-k calls: the only ones in this process
             rec, finding, c, runner = judged(model_type, model, Path(d) / "model", python, tokens, ref_runner, power,
@@ -390,14 +390,14 @@ def checked(model_type: str, got, python: str, timeout: float, seed: int, tolera
 def judged(model_type, model, model_dir: Path, python: str, tokens, ref_runner, power, tolerance, base,
            timeout_s: float, threads: int, gguf: Path):
     """(the record, whether it is a finding to reproduce, the comparison or None, the runner):
-    llama.cpp's runs measured by `compare.compare` and judged by `smearcli.judge`, then held to
+    llama.cpp's runs measured by `compare.compare` and judged by `smearcli.judging.judge`, then held to
     llama.cpp's own prefill."""
-    from ... import compare
-    from ...errors import UserError
+    from ...measure import compare
+    from ...util.errors import UserError
     from . import implementation as llamacpp
     from .own_prefill import against_prefill
-    from ...judge import Run, status
-    from ...steps import ScheduleOptions
+    from ...judging.judge import Run, status
+    from ...measure.steps import ScheduleOptions
 
     settings = llamacpp.Settings(python=python, model=str(model_dir), vocab=int(text_config(model.config).vocab_size),
                                  widths=llamacpp.widths_for(text_config(model.config), T), f16_too=True,
@@ -635,7 +635,7 @@ class Session:
     benchmark of the run in `meta()`."""
 
     def __init__(self, python: Optional[str], quiet: bool = False):
-        from ...errors import UserError
+        from ...util.errors import UserError
         from .implementation import ENV_PYTHON
         from .environment import hello
 

@@ -1,4 +1,4 @@
-"""The user's nanochat model behind the interface `smearcli.schedules` drives (see
+"""The user's nanochat model behind the interface `smearcli.measure.schedules` drives (see
 `smearcli.impls`): built the way upstream builds it (on the meta device, `to_empty`,
 `init_weights`, `load_state_dict(strict=True, assign=True)`), from our model's weights or from a
 checkpoint, with its own forward pass and KVCache.
@@ -19,14 +19,16 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ...config import ConfigError, GPTConfig
-from ...errors import UserCodeError, UserError
-from ...model import param_shapes, rms_norm
-from ...defaults import layer_names
-from ...preflight import check_model_memory
-from ...runner import BOS_DOCUMENTS, DOCUMENT_MASK, EXPAND, SMEAR_TERMS, Described, ModelRunner, Output
-from ...smear import smear_gate
-from ...checkpoint import NoSmearParameters, check_tensors, find_step, read_meta, read_state_dict, smear_keys_missing
+from ...gpt.config import ConfigError, GPTConfig
+from ...util.errors import UserCodeError, UserError
+from ...gpt.model import param_shapes, rms_norm
+from ...util.defaults import layer_names
+from ...util.preflight import check_model_memory
+from ...measure.runner import BOS_DOCUMENTS, DOCUMENT_MASK, EXPAND, SMEAR_TERMS, Described, ModelRunner, Output
+from ...gpt.smear import smear_gate
+from ...gpt.checkpoint import (
+    NoSmearParameters, check_tensors, find_step, read_meta, read_state_dict, smear_keys_missing,
+)
 from .guard import return_line, returned_at, user_code
 from .sandbox import FIRST_CAPTURE, NanochatCode, computing_in
 
@@ -68,7 +70,7 @@ def _first_tensor(x):
 
 
 class NanochatModel:
-    """The user's GPT behind the interface `smearcli.schedules` drives: `model(idx, cache=,
+    """The user's GPT behind the interface `smearcli.measure.schedules` drives: `model(idx, cache=,
     smear=, capture=)`, `new_cache`, `config`, `dtype`, `device`.
 
     `smear` is ignored: the user's code has its own logic. `capture` receives fp32 copies of
@@ -98,7 +100,7 @@ class NanochatModel:
 
     @torch.inference_mode()
     def smear_terms(self, idx: Tensor):
-        """For the analytic check (`smearcli.metrics`): a code with the old smear misses
+        """For the analytic check (`smearcli.measure.metrics`): a code with the old smear misses
         (r0 + l0) * gate_t * x_{t-1} at block 0's input (r0, l0: resid_lambdas[0], x0_lambdas[0]).
         None when the model lacks upstream's parameter names."""
         net = self.net
@@ -158,7 +160,7 @@ class NanochatModel:
 
 
 class NanochatRunner(ModelRunner):
-    """The user's nanochat code as a `smearcli.runner.Runner` (label "yours"): their GPT, forward
+    """The user's nanochat code as a `smearcli.measure.runner.Runner` (label "yours"): their GPT, forward
     pass and KVCache, their KVCache.prefill for the engine's cache copy. Their one-token step is
     their own code, so decode is never shared with another runner. A packed row's document mask is
     laid over their own attention calls (`docmask`): their GPT takes none."""
@@ -226,7 +228,7 @@ class NanochatRunner(ModelRunner):
         """Their code on a float64 copy of their GPT, its cache made in float64 and its calls made
         with their COMPUTE_DTYPE set to float64 (`sandbox.computing_in`); their float32 requests
         are lifted by `precision.lifted()` where a departure is confirmed."""
-        from ...precision import float64_model
+        from ...measure.precision import float64_model
 
         net = float64_model(self.model.net)
         twin = NanochatModel.__new__(NanochatModel)

@@ -4,7 +4,7 @@ model on the same weights, which of our two logics their code behaves like; its 
 (schema `smearcli.audit/1`), `--save` payload and console report.
 
 ```python
-from smearcli import weights
+from smearcli.gpt import weights
 from smearcli.engines.nanochat import adapter, audit, sandbox
 code = sandbox.import_nanochat("~/src/nanochat")
 ours = weights.random_model(seed=0).model
@@ -21,14 +21,14 @@ from typing import Optional, Sequence
 
 from torch import Tensor
 
-from ... import compare as cmp
-from ... import jsondoc, runplan
-from ...metrics import RunMetrics
-from ...defaults import DEFAULT_SCHEDULES, LOGIC_NAMES, NOISE_MARGIN
+from ...measure import compare as cmp
+from ...measure import jsondoc, runplan
+from ...measure.metrics import RunMetrics
+from ...util.defaults import DEFAULT_SCHEDULES, LOGIC_NAMES, NOISE_MARGIN
 from ...render.table import left_out_note, print_analytic, print_table_of, say
-from ...steps import ScheduleOptions
-from ...formatters import compact, sci
-from ...verdicts import BUG, CRASHED, INCONCLUSIVE, UNCONFIRMED, line
+from ...measure.steps import ScheduleOptions
+from ...util.formatters import compact, sci
+from ...judging.verdicts import BUG, CRASHED, INCONCLUSIVE, UNCONFIRMED, line
 from .adapter import NanochatModel, NanochatRunner
 from .sandbox import FIRST_CAPTURE
 
@@ -123,7 +123,7 @@ class Audit:
 
     @property
     def word(self):
-        """The verdict word: the comparison's, from `smearcli.judge` (the audit derives none)."""
+        """The verdict word: the comparison's, from `smearcli.judging.judge` (the audit derives none)."""
         return self.comparison.word
 
     @property

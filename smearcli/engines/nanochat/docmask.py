@@ -7,7 +7,7 @@ nanochat's uncached forward computes attention with `torch.nn.functional.scaled_
 causal-and-window mask). While `document_attention` is active, that function (the attribute of
 `torch.nn.functional`, and any name a module of the checkout bound to it at import, under any
 alias) is replaced by one that intersects the mask each call asks for with the document-causal
-mask of the row (`smearcli.model.document_mask`) and calls the real function with it. Nothing
+mask of the row (`smearcli.gpt.model.document_mask`) and calls the real function with it. Nothing
 else of the user's code changes: their projections, rotary, norms, windows and smear run as
 written, so what attention computes is theirs, restricted to each document. A boolean mask stays
 boolean (the mask our GPT gives the same kernel for the same row); an additive float mask gets
@@ -34,8 +34,8 @@ from typing import Iterable, Optional
 import torch
 import torch.nn.functional as F
 
-from ...model import document_mask
-from ...runner import NoDocumentMask
+from ...gpt.model import document_mask
+from ...measure.runner import NoDocumentMask
 
 SDPA = "scaled_dot_product_attention"
 

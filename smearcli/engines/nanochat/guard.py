@@ -39,10 +39,10 @@ import time
 import traceback
 from pathlib import Path
 
-from ... import frames
-from ...errors import UserCodeError, UserError
-from ...files import Terminated
-from ...defaults import USER_CODE_TIMEOUT
+from ...util import frames
+from ...util.errors import UserCodeError, UserError
+from ...util.files import Terminated
+from ...util.defaults import USER_CODE_TIMEOUT
 
 DEFAULT_TIMEOUT = USER_CODE_TIMEOUT  # seconds per call into the user's code (defaults.py)
 MAX_TIMEOUT = 1e6

@@ -1,6 +1,6 @@
 """`--impl ours|nanochat|both`: nanochat-shaped models from the CLI, as registry jobs.
 
-ours: our GPT under each `--logic` (runners from `smearcli.gpt_runners`), the standard report. nanochat
+ours: our GPT under each `--logic` (runners from `smearcli.gpt.gpt_runners`), the standard report. nanochat
 and both: the audit of the user's checkout (`engines.nanochat.audit`), with its own report (its
 table, findings and likeness; schema smearcli.audit/1). `--schedules packed` is the packed
 report (`cli.packed`) for each: the user's runner, with `both` beside ours under old and fixed. A checkpoint from before the smear is an
@@ -22,10 +22,10 @@ def _model_info(setup) -> dict:
 
 
 def prepare(spec, schedules, tolerance) -> Job:
-    from ...checkpoint import NoSmearParameters
-    from ...errors import UserError
-    from ...defaults import PACKED
-    from ...gpt_runners import runners
+    from ...gpt.checkpoint import NoSmearParameters
+    from ...util.errors import UserError
+    from ...util.defaults import PACKED
+    from ...gpt.gpt_runners import runners
     from ...cli.build import build_setup
 
     if PACKED in schedules and len(schedules) > 1:
@@ -52,7 +52,7 @@ def prepare(spec, schedules, tolerance) -> Job:
 
 
 def no_smear(spec, found) -> Report:
-    from ...jsondoc import header
+    from ...measure.jsondoc import header
     from ...cli.build import NO_SMEAR_VERDICT, checkpoint_info
 
     info = {"name": None if found is None else f"{found.leaf}@{found.step}",
@@ -94,7 +94,7 @@ class AuditReport(Report):
 
 
 def _audit(setup, tolerance, bar) -> Report:
-    from ... import runplan
+    from ...measure import runplan
     from . import audit
 
     reference = setup.model if setup.impl == "both" else None

@@ -7,11 +7,11 @@ from __future__ import annotations
 from ..registry import COMMANDS, Implementation, register
 
 NANOCHAT_OPTIONS = ("nanochat_path", "user_code_timeout")
-# what each runs is what its runners declare (`smearcli.runner`): our GPT has no padding mask; a
+# what each runs is what its runners declare (`smearcli.measure.runner`): our GPT has no padding mask; a
 # user's checkout runs packed (its documents alone against the packed row, the attention split
 # through its own SDPA calls masked to the documents) but neither padded nor, as it can neither crop
 # nor copy its cache, rollback
-OURS = "smearcli.gpt_runners:GPTRunner"
+OURS = "smearcli.gpt.gpt_runners:GPTRunner"
 NANOCHAT = "smearcli.engines.nanochat.adapter:NanochatRunner"
 PREPARE = "smearcli.engines.nanochat.prepare:prepare"
 CHECKOUT = (("nanochat_path", "DIR (a nanochat checkout)"),)

@@ -28,7 +28,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from ...errors import UserError
+from ...util.errors import UserError
 from .guard import DEFAULT_TIMEOUT, user_code
 
 PACKAGE = "nanochat"

@@ -16,6 +16,6 @@ is refused in a fraction of a second.
 
 from __future__ import annotations
 
-from ...named import lend
+from ...util.named import lend
 
 __getattr__, __dir__ = lend(globals())

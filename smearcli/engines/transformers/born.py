@@ -38,9 +38,9 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ...defaults import NOISE_MARGIN
-from ...precision import lifted
-from ...frames import short_path
+from ...util.defaults import NOISE_MARGIN
+from ...measure.precision import lifted
+from ...util.frames import short_path
 from .boundary import SCHEDULES as BOUNDARY_SCHEDULES
 from .draft import suspect_kind
 

@@ -1,7 +1,7 @@
 """The padded and rollback boundaries under the scan, and how the scan measures any run.
 
 Besides its step plans, the scan runs two of the project's own schedules on each architecture,
-through `schedules.run_schedule` on the scan's runner (the one step loop; `smearcli.boundaries`
+through `schedules.run_schedule` on the scan's runner (the one step loop; `smearcli.measure.boundaries`
 holds their logic):
 
 - `padded`: the row beside a shorter prefix right- and left-padded in one batch, with the
@@ -58,14 +58,16 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
-from ... import evidence, frames, judge
-from ...boundaries import COMBINATIONS, pad_ids, rollback_mode
-from ...metrics import RunMetrics, measure
-from ...defaults import NOISE_MARGIN
-from ...schedules import census_schedules, missing, register, run_schedule, runnable, shape
-from ...steps import ScheduleOptions
-from ...verdicts import (BUG, CRASHED, INCONCLUSIVE, NOT_JUDGED, NOT_JUDGED_WHY, NOT_RUN, OK, ROUNDING, UNCONFIRMED,
-                        UNSUPPORTED)
+from ...judging import evidence, judge
+from ...util import frames
+from ...measure.boundaries import COMBINATIONS, pad_ids, rollback_mode
+from ...measure.metrics import RunMetrics, measure
+from ...util.defaults import NOISE_MARGIN
+from ...measure.schedules import census_schedules, missing, register, run_schedule, runnable, shape
+from ...measure.steps import ScheduleOptions
+from ...judging.verdicts import (
+    BUG, CRASHED, INCONCLUSIVE, NOT_JUDGED, NOT_JUDGED_WHY, NOT_RUN, OK, ROUNDING, UNCONFIRMED, UNSUPPORTED,
+)
 from . import cache_runner as hf_runner
 from ...census.record import BoundaryResult
 

@@ -5,7 +5,7 @@ hf` drive it:
   adapter refuses: a cache passed under `state=` (RWKV), a cache the caller must create
   (RecurrentGemma: `DynamicCache(config=...)` when the first call returns none); optional explicit
   `position_ids` / attention mask (to tell "positions restart" and "mask wrong" apart), and a float64 twin
-  (`float64()`, MoE experts made eager) for `smearcli.evidence`'s floor and confirmation.
+  (`float64()`, MoE experts made eager) for `smearcli.judging.evidence`'s floor and confirmation.
 - `CacheRunner(..., crop=True)` declares `CROP` and takes a rejected draft back through the
   cache's own API the way assisted generation calls it (`_assisted_decoding`): the cache made as
   `generate()` makes it (`generation_cache`), `activate_past_recording(...)` before the prefill
@@ -36,12 +36,12 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor
 
-from ... import frames
-from ...defaults import DRAFT
-from ...precision import float64_model
-from ...runner import COPY, CROP, PADDED_STEPS, PADDING, RECORD, Described, Holder, Output, Runner
-from ...schedules import run_schedule
-from ...steps import RunResult
+from ...util import frames
+from ...util.defaults import DRAFT
+from ...measure.precision import float64_model
+from ...measure.runner import COPY, CROP, PADDED_STEPS, PADDING, RECORD, Described, Holder, Output, Runner
+from ...measure.schedules import run_schedule
+from ...measure.steps import RunResult
 from . import api
 from .api import out_cache
 

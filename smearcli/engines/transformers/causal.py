@@ -21,10 +21,10 @@ from typing import Optional
 
 import torch
 
-from ... import evidence, judge
-from ...precision import lifted
-from ...verdicts import ROUNDING
-from ...shapes import LEAK, leak_schedule
+from ...judging import evidence, judge
+from ...measure.precision import lifted
+from ...judging.verdicts import ROUNDING
+from ...measure.shapes import LEAK, leak_schedule
 
 CHANGED = 8  # the tokens changed at the end of the sequence
 

@@ -5,7 +5,7 @@ when there are several (`tiny.layers`; `orders`: the worst order heads the recor
 the model seeded, and runs it:
 
 1. the reference is the full pass in float32; the noise floor is the full pass in float64 against
-   it (`smearcli.evidence.floor`), so no schedule under test, decode included, can raise the floor;
+   it (`smearcli.judging.evidence.floor`), so no schedule under test, decode included, can raise the floor;
    the reference is checked first (`causal`): a full pass whose earlier positions move when the last
    tokens are removed or changed leaks future tokens, and that is the finding (no cached path is
    judged against it);
@@ -44,16 +44,17 @@ from typing import Optional
 
 import torch
 
-from ... import evidence, frames, judge
-from ...metrics import RunMetrics
-from ...defaults import NOISE_MARGIN
+from ...judging import evidence, judge
+from ...util import frames
+from ...measure.metrics import RunMetrics
+from ...util.defaults import NOISE_MARGIN
 from . import api as hf_api
-from ...schedules import run_schedule, run_steps
-from ...verdicts import BUG, CRASHED, INCONCLUSIVE, OK, ROUNDING, UNCONFIRMED
+from ...measure.schedules import run_schedule, run_steps
+from ...judging.verdicts import BUG, CRASHED, INCONCLUSIVE, OK, ROUNDING, UNCONFIRMED
 from . import hidden_names
 from .cache_runner import CacheRunner, full_run
 from . import born, boundary, causal, diagnose, orders, ties
-from ... import shapes
+from ...measure import shapes
 from ...census.record import Record, new as record
 from .boundary import WINDOW_KEYS, measured, transformers_frame
 from ...tiny.derive import CONV_KEYS, build, default_counts, derive, first_int, parameters, vocab_of

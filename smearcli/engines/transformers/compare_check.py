@@ -1,7 +1,7 @@
-"""`compare --impl hf`'s check of one model: `smearcli.compare` with the model's own cache.
+"""`compare --impl hf`'s check of one model: `smearcli.measure.compare` with the model's own cache.
 
-`sound_compare(runner, tokens, schedules, ...)` is `smearcli.compare.compare` on an
-`hf.cache_runner.CacheRunner`, judged by `smearcli.evidence` like every surface: the floor is the full
+`sound_compare(runner, tokens, schedules, ...)` is `smearcli.measure.compare.compare` on an
+`hf.cache_runner.CacheRunner`, judged by `smearcli.judging.evidence` like every surface: the floor is the full
 pass in float64 (never decode, which is measured like every other schedule), a departure is
 confirmed in float64 with the float32 islands lifted, and agreement is OK only when zeroing each
 kind of carried state moves the later logits by 100x the tolerance. A cache that carries no
@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-from ... import frames
-from ...compare import Comparison, compare
-from ...defaults import NOISE_MARGIN
+from ...util import frames
+from ...measure.compare import Comparison, compare
+from ...util.defaults import NOISE_MARGIN
 from .cache_runner import CacheRunner
 
 

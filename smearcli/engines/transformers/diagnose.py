@@ -8,11 +8,11 @@ from typing import Optional
 
 import torch
 
-from ...defaults import NOISE_MARGIN
-from ...schedules import run_steps
-from ...state import KV, Zeroing, state_kinds
+from ...util.defaults import NOISE_MARGIN
+from ...measure.schedules import run_steps
+from ...measure.state import KV, Zeroing, state_kinds
 from .cache_runner import CacheRunner
-from ... import shapes
+from ...measure import shapes
 from .boundary import logits_noise, logits_only
 
 

@@ -12,7 +12,7 @@ from typing import Optional, Sequence
 
 from ...census import engines, known
 from ...census.record import Record
-from ...shapes import LEAK
+from ...measure.shapes import LEAK
 
 PATTERNS = (
     ("a branch on a one-token step", re.compile(r"(seq_len|shape\[1\]|size\(1\)|q_len)\s*==\s*1")),
@@ -231,7 +231,7 @@ def for_upstream(records: Sequence[Record]) -> None:
     """After a run: each finding's draft as `comment` has it (a comment for a known open thread, a
     regression citing its fix), and no draft at all where upstream needs none (its file, which this
     run wrote, removed and the record's `report_draft` cleared)."""
-    from ...files import atomic_write
+    from ...util.files import atomic_write
 
     for r in records:
         path = Path(r.report_draft) if r.report_draft else None

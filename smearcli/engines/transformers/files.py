@@ -25,9 +25,9 @@ from pathlib import Path
 
 import torch
 
-from ...checkpoint import META_MAX_BYTES, one_line_reason
-from ...errors import UserError
-from ...files import regular_file
+from ...gpt.checkpoint import META_MAX_BYTES, one_line_reason
+from ...util.errors import UserError
+from ...util.files import regular_file
 
 JSON_MAX_BYTES = META_MAX_BYTES  # the same cap as a nanochat meta file: a config is kilobytes
 JSON_MAX_DEPTH = 32  # real configs nest 3 or 4 levels (text_config -> rope_scaling)

@@ -36,7 +36,7 @@ import os
 import re
 from typing import Optional, Sequence
 
-from ...verdicts import FINDINGS
+from ...judging.verdicts import FINDINGS
 from ...census.record import BoundaryResult, Record, born_module
 
 

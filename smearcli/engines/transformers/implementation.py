@@ -18,8 +18,8 @@ keyword the installed release's `forward` takes (`cache` in transformers 5.24; `
 or, for Mamba-style models, `cache_params` with `cache_position` in 5.0), detected from the
 signature by `hf.api`, the one detector (the census and its reproducers use it too). Every
 release from 5.0 on is supported (`OLDEST`). The reference is one call with `use_cache=False`.
-Hidden states come from `output_hidden_states=True`. `HFRunner` is the model as a `smearcli.runner.Runner`, so
-`smearcli.compare` measures it like any other implementation.
+Hidden states come from `output_hidden_states=True`. `HFRunner` is the model as a `smearcli.measure.runner.Runner`, so
+`smearcli.measure.compare` measures it like any other implementation.
 
 transformers is imported lazily, only here: nothing on the nanochat paths imports this module.
 """
@@ -33,13 +33,13 @@ from typing import Callable, Optional, Sequence
 import torch
 from torch import Tensor
 
-from ... import inputs
-from ...errors import UserError
-from ...defaults import DEFAULT_SCHEDULES, NOISE_MARGIN
-from ...compare import Comparison
-from ...runner import Described
-from ...schedules import runnable
-from ...steps import ScheduleOptions
+from ...measure import inputs
+from ...util.errors import UserError
+from ...util.defaults import DEFAULT_SCHEDULES, NOISE_MARGIN
+from ...measure.compare import Comparison
+from ...measure.runner import Described
+from ...measure.schedules import runnable
+from ...measure.steps import ScheduleOptions
 from .loading import load_dir_with_notes, require_transformers
 from .cache_runner import CacheRunner
 from . import api
@@ -154,7 +154,7 @@ def _device(model) -> torch.device:
 
 
 class HFRunner(CacheRunner):
-    """A transformers causal LM behind `smearcli.runner.Runner`: the reference is one call over
+    """A transformers causal LM behind `smearcli.measure.runner.Runner`: the reference is one call over
     every token with use_cache=False; a cached step passes the model's own cache back under the
     keyword its forward takes (`hf.cache_runner.CacheRunner`, the one HF runner, which `scan` and
     `compare --impl hf` use too), described with what was loaded (`HFModelInfo`)."""
@@ -249,7 +249,7 @@ def to_json(check: Comparison, info: HFModelInfo, options: Optional[ScheduleOpti
     """The `--json` document of a Hugging Face check: schema "smearcli.compare/1" like every
     implementation's (docs/json-schema.md), with what was loaded as its `model`, the same facts as
     one sentence (`what_ran`), and per run where its error is born and its share on chunk starts."""
-    from ...jsondoc import comparison_json, run_json
+    from ...measure.jsondoc import comparison_json, run_json
 
     runs = []
     for m in check.metrics:

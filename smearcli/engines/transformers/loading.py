@@ -26,9 +26,9 @@ from typing import Optional
 
 import torch
 
-from ...checkpoint import one_line_reason
-from ...errors import UserError
-from ...preflight import check_memory
+from ...gpt.checkpoint import one_line_reason
+from ...util.errors import UserError
+from ...util.preflight import check_memory
 from .files import CONFIG, GENERATION, check_config, check_weights, listed, read_json, weight_files
 
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
-from ... import judge
-from ...verdicts import LATENT
+from ...judging import judge
+from ...judging.verdicts import LATENT
 from ...census.record import Record
 
 # Layer 0 as published configurations have it, where it differs from the config class's defaults:

@@ -9,8 +9,10 @@ from typing import Sequence
 from ...census import known
 from ...census.record import Record, born_module
 from ...census.report import PY_PATH, boundary_cell, boundary_counts, cell, err_cell, f64_cell, sort_key
-from ...schedules import census_schedules
-from ...verdicts import BUG, BY_DESIGN, CRASHED, LEFT_UNSUPPORTED, NOT_JUDGED, NOT_JUDGED_WHY, NOT_RUN, UNCONFIRMED
+from ...measure.schedules import census_schedules
+from ...judging.verdicts import (
+    BUG, BY_DESIGN, CRASHED, LEFT_UNSUPPORTED, NOT_JUDGED, NOT_JUDGED_WHY, NOT_RUN, UNCONFIRMED,
+)
 from . import reach
 from .groups import api_findings, groups
 
@@ -22,7 +24,7 @@ def sections(records: Sequence[Record], meta: dict) -> list[str]:
     bugs = [r for r in sorted(records, key=sort_key) if r.verdict in (BUG, UNCONFIRMED, BY_DESIGN)]
     if bugs:
         out += ["## Findings", "", "Each finding was rerun with the model in float64 and every float32 request inside "
-                "its code lifted to float64: a bug keeps its size, rounding vanishes (`smearcli.evidence`). "
+                "its code lifted to float64: a bug keeps its size, rounding vanishes (`smearcli.judging.evidence`). "
                 "An unconfirmed one shrank without vanishing, or could not run lifted.", "",
                 # the init scale rides in the error's cell where it is not the default, and the float64
                 # rerun beside the error: two columns fewer keep the page at 1280 px

@@ -10,7 +10,7 @@ Imported only when `--impl hf` runs, so transformers never loads on the nanochat
 
 from __future__ import annotations
 
-from ...errors import UserError
+from ...util.errors import UserError
 from ...cli.options import DType, RunSpec
 
 SUBTITLE = ("The model runs each schedule through its own cache API (use_cache=True, the cache passed "
@@ -20,8 +20,8 @@ SUBTITLE = ("The model runs each schedule through its own cache API (use_cache=T
 def prepare(spec: RunSpec, schedules, tolerance: float):
     """A Job that checks the model of --hf-model on `schedules`; its report writes smearcli.compare/1."""
     from .. import transformers as hf
-    from ...defaults import DRAFT
-    from ...steps import chunk_plan
+    from ...util.defaults import DRAFT
+    from ...measure.steps import chunk_plan
     from ...cli.build import check_boundaries
     from ...cli.hf_model import check_hf_spec, flag_model, load, tokens_for
     from ...cli.threads import apply_threads
@@ -73,7 +73,7 @@ class their_code:
         return self
 
     def __exit__(self, kind, exc, tb):
-        from ...errors import UserCodeError
+        from ...util.errors import UserCodeError
         from .compare_check import their_frame
 
         if exc is None or isinstance(exc, (UserError, KeyboardInterrupt)):

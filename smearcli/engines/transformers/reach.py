@@ -75,10 +75,11 @@ from __future__ import annotations
 
 from typing import Optional
 
-from ... import frames  # torch is imported where a path runs: the report reads `words` without it
-from ...defaults import (GENERATE_BEAMS as BEAMS, GENERATE_CHUNK as CHUNK, GENERATE_NEW as NEW,
-                         GENERATE_PADS_INSIDE as INSIDE, GENERATE_PATH as GENERATE)
-from ...verdicts import LEFT_UNSUPPORTED, NOT_RUN  # NOT_RUN: the model has no `generate`, or no assistant was given
+from ...util import frames  # torch is imported where a path runs: the report reads `words` without it
+from ...util.defaults import (
+    GENERATE_BEAMS as BEAMS, GENERATE_CHUNK as CHUNK, GENERATE_NEW as NEW, GENERATE_PADS_INSIDE as INSIDE, GENERATE_PATH as GENERATE,
+)
+from ...judging.verdicts import LEFT_UNSUPPORTED, NOT_RUN  # NOT_RUN: the model has no `generate`, or no assistant was given
 
 SILENT, AGREES, RAISES, REFUSED = "silently wrong", "agrees", "raises first", "refused"
 PATHS = ("generate", "prefill_chunk_size", "left-padded batch", "prefill_chunk_size, left-padded batch",
@@ -643,7 +644,7 @@ def summary(reach: Optional[dict]) -> str:
     return next((w for w in (SILENT, RAISES, REFUSED, AGREES) if w in got), "-")
 
 
-from ...shapes import THROUGH_GENERATE as THROUGH  # its shape: every cached schedule of the census agrees
+from ...measure.shapes import THROUGH_GENERATE as THROUGH  # its shape: every cached schedule of the census agrees
 
 
 def judged(path: str, boundaries: Optional[dict]) -> bool:
@@ -692,8 +693,8 @@ def crash(rec, raised: list, make, tokens_of) -> None:
     limit of an internal call that generate did not check before it accepted the public one."""
     import torch
 
-    from ...judge import RAISED, Run, judge
-    from ...verdicts import worst
+    from ...judging.judge import RAISED, Run, judge
+    from ...judging.verdicts import worst
 
     word = judge([Run(GENERATE + p, outcome=RAISED) for p in raised]).word
     if worst([rec.verdict, word]) != word:  # a confirmed bug stands
@@ -745,10 +746,10 @@ def confirm(rec, name: str, model, assistant, make, tokens_of, threshold: float,
     `unconfirmed` where any fails, the note saying which."""
     import torch
 
-    from ... import evidence, judge
-    from ...judge import SECOND_SEED, replicated, withstood
-    from ...precision import float64_model, lifted
-    from ...verdicts import BUG, ROUNDING
+    from ...judging import evidence, judge
+    from ...judging.judge import SECOND_SEED, replicated, withstood
+    from ...measure.precision import float64_model, lifted
+    from ...judging.verdicts import BUG, ROUNDING
 
     e = rec.reach[name]
     err, run = e["max_abs"], RUNS[name]

@@ -19,9 +19,9 @@ from typing import Optional
 
 import torch
 
-from ... import evidence, judge
-from ...compare import measure_power
-from ...schedules import run_schedule
+from ...judging import evidence, judge
+from ...measure.compare import measure_power
+from ...measure.schedules import run_schedule
 from .boundary import transformers_frame
 from ...tiny.derive import build
 
@@ -111,7 +111,7 @@ def powered(config, tokens, seed: int, tolerance: float) -> Powered:
 
 def reference(model, tokens):
     """(the reference runner, its full pass as log-probabilities, the float64 noise floor)."""
-    from ...runner import LogProbs
+    from ...measure.runner import LogProbs
     from . import runner as their_runner
 
     runner = LogProbs(their_runner(model, "tiny config", tokens))

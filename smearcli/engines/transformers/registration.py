@@ -11,7 +11,7 @@ from ..registry import NANOCHAT_ONLY, Implementation, register
 def repro_tails() -> tuple[str, ...]:
     """What a transformers finding writes after its model type: the reproducer, the draft, and one
     reproducer per census boundary."""
-    from ...schedules import census_schedules
+    from ...measure.schedules import census_schedules
 
     return (".py", ".md") + tuple(f"-{b}.py" for b in census_schedules())
 

@@ -49,7 +49,7 @@ from email.parser import Parser
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from ...errors import UserError
+from ...util.errors import UserError
 
 ENV_VAR = "SMEARCLI_RELEASES"
 PACKAGE = "transformers"

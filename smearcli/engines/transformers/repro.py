@@ -24,11 +24,12 @@ from pathlib import Path
 from typing import Optional
 
 from . import api
-from ...shapes import LEAK, THROUGH_GENERATE
-from ...defaults import (GENERATE_BEAMS, GENERATE_CHUNK, GENERATE_NEW, GENERATE_PADS_INSIDE, GENERATE_PATH,
-                         NOISE_MARGIN)
-from ...schedules import SCHEDULES
-from ...formatters import fmt_steps
+from ...measure.shapes import LEAK, THROUGH_GENERATE
+from ...util.defaults import (
+    GENERATE_BEAMS, GENERATE_CHUNK, GENERATE_NEW, GENERATE_PADS_INSIDE, GENERATE_PATH, NOISE_MARGIN,
+)
+from ...measure.schedules import SCHEDULES
+from ...util.formatters import fmt_steps
 from ...census.record import BoundaryResult, Record
 
 # what every reproducer builds its model and feeds its cache with (a template fragment: braces
@@ -57,7 +58,7 @@ def step(model, ids, cache, pos):
     return o.logits.float(), got if got is not None else cache
 '''
 
-# float64 with the model's float32 requests lifted (smearcli.evidence.PrecisionLift, restated so
+# float64 with the model's float32 requests lifted (smearcli.judging.evidence.PrecisionLift, restated so
 # the reproducer needs no smearcli): a logic error keeps its size there, float32 rounding vanishes
 LIFT = '''class Lift(torch.overrides.TorchFunctionMode):
     """float32 requests inside the model's code (dtype=torch.float32, .to(torch.float32), .float())

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Optional
 
 from ...census.record import Record
-from ...errors import UserError
+from ...util.errors import UserError
 
 
 class InProcess:

@@ -26,9 +26,9 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
-from ... import judge
-from ...topk import tie_break, tied, watching  # noqa: F401 - the census's rule, used here by name
-from ...verdicts import BUG, TIE_ARTIFACT, UNCONFIRMED
+from ...judging import judge
+from ...measure.topk import tie_break, tied, watching  # noqa: F401 - the census's rule, used here by name
+from ...judging.verdicts import BUG, TIE_ARTIFACT, UNCONFIRMED
 
 def summary(fields: dict) -> dict:
     """What a rerun of the check gave, for the record's `replication`."""

@@ -8,6 +8,6 @@ runs in vLLM's environment, `serve` keeps one worker for a census, `session` is 
 
 from __future__ import annotations
 
-from ...named import lend
+from ...util.named import lend
 
 __getattr__, __dir__ = lend(globals())

@@ -35,10 +35,10 @@ from typing import Optional, Sequence
 
 import torch
 
-from ...errors import UserError
-from ...runner import PREFIX_CACHE, Described
-from ... import judge
-from ...steps import PREFIX_HIT, RunResult, ScheduleOptions, chunk_plan
+from ...util.errors import UserError
+from ...measure.runner import PREFIX_CACHE, Described
+from ...judging import judge
+from ...measure.steps import PREFIX_HIT, RunResult, ScheduleOptions, chunk_plan
 from ...impls import foreign
 # RAISED: the worker's protocol word for a schedule vLLM raised in (the run's outcome is then judge.RAISED)
 from .environment import ENGINE, PROTOCOL, RAISED, WORKER, hello, worker_env

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ...errors import UserError
+from ...util.errors import UserError
 from ...cli.options import Device, DType, RunSpec, foreign_python
 
 SUBTITLE = ("vLLM runs each schedule with its own scheduler and caches (in its own environment); "

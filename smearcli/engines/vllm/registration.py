@@ -5,7 +5,7 @@ vLLM and transformers register)."""
 from __future__ import annotations
 
 from ...census.engines import Engine
-from ...verdicts import FAILURES
+from ...judging.verdicts import FAILURES
 from ..registry import NANOCHAT_ONLY, Implementation, register
 
 CENSUS = Engine(

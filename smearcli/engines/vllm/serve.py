@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from ...errors import UserError
+from ...util.errors import UserError
 from ...impls import foreign
 from ...impls.foreign import runnable
 from .environment import MAKE_ENV, WORKER, worker_env

@@ -14,7 +14,7 @@ schedules, chunked prefill at several budgets among them (`budgets`).
 saved as safetensors; the reference is its full pass in transformers, as log-probabilities, and
 the noise floor that pass against its float64 twin (`evidence.floor`), as `compare --impl vllm`
 has them. The worker runs the same directory in vLLM under every schedule, and each run is
-measured against the reference, the word coming from `smearcli.judge`:
+measured against the reference, the word coming from `smearcli.judging.judge`:
 
 - a run past the tolerance is `unconfirmed`: vLLM's engine has no float64 form to rerun it in,
   so it cannot be shown to keep its size (the same word `--impl vllm` gives);
@@ -62,14 +62,15 @@ from typing import Optional, Sequence
 
 import torch
 
-from ... import evidence
-from ...defaults import NOISE_MARGIN
+from ...judging import evidence
+from ...util.defaults import NOISE_MARGIN
 from .implementation import BLOCK_SIZE, Settings, payload, to_run
 from .serve import Worker, WorkerGone, archs
-from ...judge import (BUILD, CANNOT_RUN, CHECKED_NOTHING, DERIVE, ENGINE, RAISED, REFERENCE, THEIRS_REFUSES, WORKER,
-                      Run, judge, status, stopped)
-from ...metrics import measure
-from ...verdicts import CRASHED, FAILURES, INCONCLUSIVE, UNCONFIRMED
+from ...judging.judge import (
+    BUILD, CANNOT_RUN, CHECKED_NOTHING, DERIVE, ENGINE, RAISED, REFERENCE, THEIRS_REFUSES, WORKER, Run, judge, status, stopped,
+)
+from ...measure.metrics import measure
+from ...judging.verdicts import CRASHED, FAILURES, INCONCLUSIVE, UNCONFIRMED
 from ...census import known
 from ...tiny import derive
 from ...tiny.derive import CONV_KEYS, first_int, vocab_of
@@ -242,7 +243,7 @@ def runs_of(result: dict, workdir: Path, tokens, req: dict) -> list:
 
 def judged(model_type, result, workdir, tokens, req, ref, floor, power, tolerance, base) -> Record:
     """The record from the worker's answer: each run measured, then the verdict word from
-    `smearcli.judge` (the runs vLLM crashed on or did not run are the judge's too)."""
+    `smearcli.judging.judge` (the runs vLLM crashed on or did not run are the judge's too)."""
     runs = runs_of(result, workdir, tokens, req)
     timing = {"answered": True, "engine_start_s": [e.get("start_s") for e in result.get("engines", [])],
               "total_s": result.get("total_s"), "peak_rss_mb": result.get("peak_rss_mb"),

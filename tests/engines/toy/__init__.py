@@ -14,10 +14,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from smearcli import evidence, judge
+from smearcli.judging import evidence, judge
 from smearcli.census import engines, record
 from smearcli.engines import registry
-from smearcli.verdicts import BUG
+from smearcli.judging.verdicts import BUG
 
 TYPES = ("toy_crash", "toy_drop", "toy_ok")
 TOKENS = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8]
