@@ -22,7 +22,7 @@ from .model import GPT, param_shapes
 from ..measure.precision import float64_copy, provide_float64, shared_tables
 from ..util.preflight import check_model_memory
 
-TINY_DIR = Path(__file__).resolve().parent / "data" / "tiny"
+TINY_DIR = Path(__file__).resolve().parents[1] / "data" / "tiny"  # the package's data, beside gpt/
 
 
 def random_config(depth: int = 4, sequence_len: int = 512, vocab_size: int = 256,

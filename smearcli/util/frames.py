@@ -55,7 +55,7 @@ def where(frame: Frame) -> str:
     return f"{short_path(frame.filename)}:{frame.lineno} in {frame.name}"
 
 
-OWN = _slashed(str(Path(__file__).resolve().parent)) + "/"  # this smearcli's package folder
+OWN = _slashed(str(Path(__file__).resolve().parents[1])) + "/"  # this smearcli's package folder (util/ is in it)
 
 
 def ours(path: str) -> bool:
