@@ -399,9 +399,9 @@ def falls_back(name: str) -> record.Record:
 
 def test_a_census_run_says_the_fallbacks_once_and_records_its_release(tmp_path, capfd):
     said: list[str] = []
-    session = InProcess()  # what the census passes the loop: the session's gathering, said once
+    session = InProcess()  # what the census passes the loop: the session's gathering, said once, and its stamp
     recs = scan_into(["mamba", "mamba2", "qwen"], falls_back, tmp_path / "scan.jsonl", on_note=said.append,
-                     gathering=session.gathering, gathered=session.gathered)
+                     gathering=session.gathering, gathered=session.gathered, stamp=session.stamp())
     assert said == [kernels.note({"causal_conv1d", "mamba_ssm"})]  # once, for the whole run
     err = capfd.readouterr().err
     assert "fast path" not in err and "falling back" not in err, err

@@ -40,10 +40,12 @@ NO_POWER_NOTE = (f"the check never had power (every kind of state at {evidence.M
 
 def stamp() -> dict:
     """What every census record whose reference is transformers' says of it (`census.engines.Session.stamp`):
-    the release imported here, which every architecture's process runs."""
-    import transformers
+    the release this process imported, which every architecture's process runs (nothing while it has
+    imported none: a census's parent has, by the time it stamps, to list the architectures)."""
+    import sys
 
-    return {"transformers_version": transformers.__version__}
+    version = getattr(sys.modules.get("transformers"), "__version__", None)
+    return {"transformers_version": version} if version else {}
 
 
 def model_types(archs) -> list[str]:
