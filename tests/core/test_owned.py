@@ -67,9 +67,12 @@ def subclasses(cls) -> list:
 @pytest.fixture
 def watched(monkeypatch):
     """(what every runner returned, kept alive; what each comparison measured)."""
-    import smearcli.engines.transformers  # noqa: F401 - every runner class, known before it is watched
+    # every runner class, known before it is watched: an engine's package lends its runner from
+    # `implementation` on first use, so the package alone may not have imported it yet (this test
+    # failed for hf when its file ran alone)
+    import smearcli.engines.transformers.implementation  # noqa: F401
     import smearcli.engines.nanochat.adapter  # noqa: F401
-    import smearcli.engines.vllm  # noqa: F401
+    import smearcli.engines.vllm.implementation  # noqa: F401
     import smearcli.gpt.gpt_runners  # noqa: F401
 
     held, measured = [], []
