@@ -5,7 +5,7 @@ in transformers here (smearcli.engines.transformers), and what each of them need
 - `check_weights(spec)`: the directory holds the safetensors weights another engine reads too;
 - `load(spec)`: the model on `--device`, in `--dtype` (auto: as loaded), and its info;
 - `tokens_for(spec, model)`: `--tokens` checked against its vocabulary, else seeded random ids;
-- `reference(model, source, tokens)`: its full pass as log-probabilities, which vLLM and llama.cpp
+- `reference(spec, model, source, tokens)`: its full pass as log-probabilities, which vLLM and llama.cpp
   are held to (they give log-probabilities, not logits);
 - `flag_model(spec)`: an error raised inside names `--hf-model` (exit 2).
 

@@ -11,7 +11,7 @@ Imported only when `--impl hf` runs, so transformers never loads on the nanochat
 from __future__ import annotations
 
 from ...util.errors import UserError
-from ...cli.options import DType, RunSpec
+from ...cli.options import RunSpec
 
 SUBTITLE = ("The model runs each schedule through its own cache API (use_cache=True, the cache passed "
             "back each step);\nthe reference is one call over every token with use_cache=False.")
