@@ -194,10 +194,10 @@ def evidence(rec, globs, link: str = "", raises: Optional[str] = None) -> list[s
         out.append(f"{worst}: {rec.verdict}" + (f" ({rec.shape})" if rec.shape and rec.shape != "-" else ""))
     boundaries = rec.boundaries or {}
     for name, s in (rec.schedules or {}).items():  # a boundary's row here is read from its entry below
-        if name == worst or name in boundaries or not isinstance(s, dict):
+        if name == worst or name in boundaries or s is None:
             continue
-        if s.get("status") in FAILING and matches(name):
-            out.append(f"{name}: {s['status']}")
+        if s.status in FAILING and matches(name):
+            out.append(f"{name}: {s.status}")
     for name, b in boundaries.items():
         if name == worst or not matches(name):
             continue

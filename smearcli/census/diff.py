@@ -30,7 +30,7 @@ from typing import Optional, Sequence
 from ..util.errors import UserError
 from ..judging.verdicts import BUG, CRASHED, FAILURES, OK, RAN_CLEAN, TIMED_OUT
 from . import engines
-from .record import BoundaryResult, Record
+from .record import Record
 from .report import cell
 
 FIXED, REGRESSED, NEW, GONE = "fixed", "regressed", "new", "gone"
@@ -74,12 +74,10 @@ def _path(before: Record, after: Record) -> Optional[dict]:
     name = before.worst_schedule
     if not name:
         return None
-    got = (after.schedules or {}).get(name) or (after.boundaries or {}).get(name)
-    if isinstance(got, BoundaryResult):  # a boundary's entry
-        got = {"max_abs": got.max_abs, "multiple": got.multiple}
-    if not isinstance(got, dict) or got.get("max_abs") is None:
+    got = (after.schedules or {}).get(name) or (after.boundaries or {}).get(name)  # a step plan's, or a boundary's
+    if got is None or got.max_abs is None:
         return None
-    return {"schedule": name, "max_abs": got.get("max_abs"), "multiple": got.get("multiple")}
+    return {"schedule": name, "max_abs": got.max_abs, "multiple": got.multiple}
 
 
 def kind(before: Optional[dict], after: Optional[dict]) -> Optional[str]:

@@ -27,84 +27,146 @@ STRING, NUMBER, INTEGER = ((str,), "a string"), ((int, float), "a number"), ((in
 LIST, OBJECT = ((list,), "a list"), ((dict,), "an object")
 
 
-ABSENT = object()  # a field of a boundary's result never given: left out of its JSON (`BoundaryResult`)
+BOOLEAN = ((bool,), "true or false")
+ABSENT = object()  # a field of a part never given: left out of its JSON (`Part`)
 
 
-@dataclass(eq=False)
-class BoundaryResult:
-    """One boundary's result in a record (`Record.boundaries[name]`: padded, rollback, ...), or one
-    way of taking rollback's drafts back (its `their_crop` and `copy`), as `engines.transformers.boundary` makes it.
+def _p(kind):
+    """A part's field: never given until a value is, of the JSON type `kind`."""
+    return field(default=ABSENT, metadata={"json": kind})
 
-    Each kind of result holds its own fields: every entry its status, numbers, shape, mode and why;
-    padded its pad id, positions and rows; rollback its confirmation, both ways and what `generate`
-    refuses; a failure beside the headline its reproducer; a way the library declares unsupported
-    `declared` and `api_finding`. So a field is in the JSON (`to_json`, in this order) once it has
-    been given a value, None included, at construction or later; one never given reads None and is
-    left out, as the census has always written its entries. `extra`: keys a file holds that no field
-    declares, kept as they were."""
 
-    status: Optional[str] = ABSENT  # passed / ok / bug / crashed / not run / ... (smearcli.judging.verdicts)
-    max_abs: Optional[float] = ABSENT
-    multiple: Optional[float] = ABSENT
-    shape: Optional[str] = ABSENT  # a failure's shape: the boundary's own (`schedules.shape`)
-    mode: Optional[str] = ABSENT  # rollback: how the headline run took the drafts back (crop, copy)
-    why: Optional[str] = ABSENT
-    confirmation: Optional[dict] = ABSENT  # a failure rerun in float64 (evidence.Confirmation)
-    declared: Optional[str] = ABSENT  # their crop: what the library declares unsupported, quoted
-    api_finding: Optional[dict] = ABSENT  # their crop, declared unsupported, ran anyway and departed
-    pad_id: Optional[int] = ABSENT  # padded: the id padding holds
-    positions: Optional[bool] = ABSENT  # padded: whether explicit position_ids were passed
-    rows: Optional[dict] = ABSENT  # padded: max |dlogit| per row of the batch
-    their_crop: Optional["BoundaryResult"] = ABSENT  # rollback through their cache API
-    copy: Optional["BoundaryResult"] = ABSENT  # rollback through a copy taken before each draft
-    generate_refuses: Optional[str] = ABSENT  # rollback: why generate() refuses assisted decoding
-    reproducer: Optional[str] = ABSENT  # a failure beside another headline: its own reproducer
-    reproducer_status: Optional[int] = ABSENT
-    extra: dict = field(default_factory=dict)
+class Part:
+    """A nested part of a record (one schedule's result, one boundary's) whose JSON holds exactly
+    what its writer gave it: a field is in the JSON once it has been given a value, None included,
+    at construction or later; one never given reads None and is left out. `extra`: keys a file
+    holds that no field declares, kept as they were. Subclasses are dataclasses whose fields (all
+    but `extra`) are made with `_p`, which says each one's JSON type (`types()`, what
+    `records.check_record` holds a file's entries to).
+
+    `AS_GIVEN`: the JSON lists the fields in the order they were first given (a file's order when
+    read back), so a part reads out as its writer built it; otherwise in the declaration's order."""
+
+    AS_GIVEN = False
 
     def __setattr__(self, name: str, value) -> None:
-        if name in _RESULT_FIELDS:
-            given = self.__dict__.setdefault("_given", set())
+        if name in self.names():
+            given = self.__dict__.setdefault("_given", {})
             if value is ABSENT:
                 value = None
             else:
-                given.add(name)
+                given.setdefault(name, None)
         object.__setattr__(self, name, value)
 
     def __eq__(self, other) -> bool:
-        return isinstance(other, BoundaryResult) and self.to_json() == other.to_json()
+        return type(other) is type(self) and self.to_json() == other.to_json()
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        if "_names" not in cls.__dict__:  # once per kind of part: every assignment asks
+            cls._names = tuple(f.name for f in dataclasses.fields(cls) if f.name != "extra")
+        return cls._names
+
+    @classmethod
+    def types(cls) -> dict:
+        """field -> its JSON type (STRING, NUMBER, ...): the type check of a file's entries."""
+        return {f.name: f.metadata["json"] for f in dataclasses.fields(cls) if "json" in f.metadata}
 
     def given(self, name: str) -> bool:
         """Whether `name` was given a value (and so is in the JSON)."""
         return name in self.__dict__.get("_given", ())
 
-    def but(self, **fields) -> "BoundaryResult":
-        """A copy with `fields` given (the fields given here stay given there)."""
-        out = BoundaryResult(**{name: getattr(self, name) for name in _RESULT_FIELDS if self.given(name)},
-                             extra=dict(self.extra))
+    def _order(self) -> list[str]:
+        given = self.__dict__.get("_given", {})
+        return list(given) if self.AS_GIVEN else [n for n in self.names() if n in given]
+
+    def but(self, **fields) -> "Part":
+        """A copy with `fields` given (the fields given here stay given there, in the same order)."""
+        out = type(self)(extra=dict(self.extra))
+        for name in self._order():
+            setattr(out, name, getattr(self, name))
         for name, value in fields.items():
             setattr(out, name, value)
         return out
 
     def to_json(self) -> dict:
         out = {}
-        for name in _RESULT_FIELDS:
-            if self.given(name):
-                value = getattr(self, name)
-                out[name] = value.to_json() if isinstance(value, BoundaryResult) else value
+        for name in self._order():
+            value = getattr(self, name)
+            out[name] = value.to_json() if isinstance(value, Part) else value
         return {**out, **self.extra}
 
     @classmethod
-    def from_json(cls, d: dict) -> "BoundaryResult":
-        """The result a JSON object holds (`records.check_record` checked its types)."""
-        known = {k: v for k, v in d.items() if k in _RESULT_FIELDS}
-        for way in ("their_crop", "copy"):
-            if isinstance(known.get(way), dict):
-                known[way] = cls.from_json(known[way])
-        return cls(**known, extra={k: v for k, v in d.items() if k not in _RESULT_FIELDS})
+    def from_json(cls, d: dict) -> "Part":
+        """The part a JSON object holds (`records.check_record` checked its types), in its order."""
+        out = cls(extra={k: v for k, v in d.items() if k not in cls.names()})
+        for name, value in d.items():
+            if name in cls.names():
+                setattr(out, name, cls._read(name, value))
+        return out
+
+    @classmethod
+    def _read(cls, name: str, value):
+        return value
 
 
-_RESULT_FIELDS = tuple(f.name for f in dataclasses.fields(BoundaryResult) if f.name != "extra")
+@dataclass(eq=False)
+class ScheduleResult(Part):
+    """One schedule's result in a record (`Record.schedules[name]`): a step plan or an engine's
+    schedule ("chunked@13", "ubatch"), as the engine that ran it measured it against the reference.
+
+    A run that was measured holds its numbers (`max_abs`, `multiple`), whether it is within the
+    tolerance (`passed`, transformers') and its status once judged; one that was not its status and
+    `why`. A departure rerun in float64 holds its `confirmation`; llama.cpp's runs their distance
+    from llama.cpp's own one-call prefill (`vs_prefill`) and the first position past it (`first`);
+    a run of several steps its step sizes (`steps`, "3,3,3", at most 12)."""
+
+    AS_GIVEN = True
+
+    status: Optional[str] = _p(STRING)  # a word of smearcli.judging.verdicts, as `judge.status` gives it
+    max_abs: Optional[float] = _p(NUMBER)
+    multiple: Optional[float] = _p(NUMBER)
+    passed: Optional[bool] = _p(BOOLEAN)
+    why: Optional[str] = _p(STRING)
+    confirmation: Optional[dict] = _p(OBJECT)  # the departure rerun in float64 (evidence.Confirmation)
+    vs_prefill: Optional[float] = _p(NUMBER)
+    first: Optional[int] = _p(INTEGER)
+    steps: Optional[str] = _p(STRING)
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass(eq=False)
+class BoundaryResult(Part):
+    """One boundary's result in a record (`Record.boundaries[name]`: padded, rollback, ...), or one
+    way of taking rollback's drafts back (its `their_crop` and `copy`), as `engines.transformers.boundary` makes it.
+
+    Each kind of result holds its own fields: every entry its status, numbers, shape, mode and why;
+    padded its pad id, positions and rows; rollback its confirmation, both ways and what `generate`
+    refuses; a failure beside the headline its reproducer; a way the library declares unsupported
+    `declared` and `api_finding`. Its JSON lists them in this order (`Part`)."""
+
+    status: Optional[str] = _p(STRING)  # passed / ok / bug / crashed / not run / ... (smearcli.judging.verdicts)
+    max_abs: Optional[float] = _p(NUMBER)
+    multiple: Optional[float] = _p(NUMBER)
+    shape: Optional[str] = _p(STRING)  # a failure's shape: the boundary's own (`schedules.shape`)
+    mode: Optional[str] = _p(STRING)  # rollback: how the headline run took the drafts back (crop, copy)
+    why: Optional[str] = _p(STRING)
+    confirmation: Optional[dict] = _p(OBJECT)  # a failure rerun in float64 (evidence.Confirmation)
+    declared: Optional[str] = _p(STRING)  # their crop: what the library declares unsupported, quoted
+    api_finding: Optional[dict] = _p(OBJECT)  # their crop, declared unsupported, ran anyway and departed
+    pad_id: Optional[int] = _p(INTEGER)  # padded: the id padding holds
+    positions: Optional[bool] = _p(BOOLEAN)  # padded: whether explicit position_ids were passed
+    rows: Optional[dict] = _p(OBJECT)  # padded: max |dlogit| per row of the batch
+    their_crop: Optional["BoundaryResult"] = _p(OBJECT)  # rollback through their cache API
+    copy: Optional["BoundaryResult"] = _p(OBJECT)  # rollback through a copy taken before each draft
+    generate_refuses: Optional[str] = _p(STRING)  # rollback: why generate() refuses assisted decoding
+    reproducer: Optional[str] = _p(STRING)  # a failure beside another headline: its own reproducer
+    reproducer_status: Optional[int] = _p(INTEGER)
+    extra: dict = field(default_factory=dict)
+
+    @classmethod
+    def _read(cls, name: str, value):
+        return cls.from_json(value) if name in ("their_crop", "copy") and isinstance(value, dict) else value
 
 
 def _f(kind, default=None, factory=None):
@@ -134,7 +196,7 @@ class Record:
     model_class: Optional[str] = _f(STRING)
     reason: Optional[str] = _f(STRING)  # why it is crashed or not built
     notes: list = _f(LIST, factory=list)
-    schedules: dict = _f(OBJECT, factory=dict)  # name -> {max_abs, multiple, passed, status, ...}
+    schedules: dict = _f(OBJECT, factory=dict)  # name -> its `ScheduleResult`
     steps: Optional[list] = _f(LIST)  # the finding's step sizes
     config: Optional[dict] = _f(OBJECT)  # the derived tiny config's summary
     vocab: Optional[int] = _f(INTEGER, 256)  # the token ids drawn below it
@@ -154,12 +216,20 @@ class Record:
     # in this process only, never serialised: the config the model was built from (None: not built)
     built_from: object = field(default=None, repr=False, compare=False)
 
+    def __setattr__(self, name: str, value) -> None:
+        # a record's parts are typed however they are given: an entry given as a JSON object (a
+        # file read back, a check's fields) is read as its part (`PARTS`)
+        if name in PARTS and isinstance(value, dict):
+            kind = PARTS[name]
+            value = {k: kind.from_json(e) if isinstance(e, dict) else e for k, e in value.items()}
+        object.__setattr__(self, name, value)
+
     def to_json(self) -> dict:
         """The record as JSON-ready dict: every field of `FIELDS`, in its order."""
         out = {name: getattr(self, name) for name in FIELDS}
-        if isinstance(self.boundaries, dict):
-            out["boundaries"] = {k: e.to_json() if isinstance(e, BoundaryResult) else e
-                                 for k, e in self.boundaries.items()}
+        for name in PARTS:
+            if isinstance(out[name], dict):
+                out[name] = {k: e.to_json() if isinstance(e, Part) else e for k, e in out[name].items()}
         return out
 
     @classmethod
@@ -168,12 +238,11 @@ class Record:
         object lacks reads as null, as the JSON document has always shown it; a key no field
         declares is left out, as the document leaves it out."""
         fields = {name: d.get(name) for name in FIELDS}
-        if isinstance(fields["boundaries"], dict):
-            fields["boundaries"] = {k: BoundaryResult.from_json(e) if isinstance(e, dict) else e
-                                    for k, e in fields["boundaries"].items()}
         return cls(**fields)
 
 
+# the fields whose values are {name: part}, and the type of part each holds
+PARTS = {"schedules": ScheduleResult, "boundaries": BoundaryResult}
 # the fields a record's JSON holds, in order: all but `built_from`, which never leaves the process
 FIELDS = tuple(f.name for f in dataclasses.fields(Record)
                if "json" in f.metadata or f.name in ("model_type", "verdict"))

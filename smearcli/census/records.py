@@ -31,14 +31,12 @@ from ..util.errors import UserError
 from ..util.files import missing_directory, regular_file, special_kind
 from ..measure.jsondoc import SCHEMAS
 from ..judging.verdicts import RECORD as VERDICTS
-from .record import JSON_TYPES, NUMBER, STRING, Record
+from .record import JSON_TYPES, PARTS, Record
 
 SCHEMA = SCHEMAS["scan"]
 
 MAX_BYTES = 64 << 20  # a census of every architecture is well under 1 MiB; the meta files' cap
 FIELD_TYPES = JSON_TYPES  # the JSON type of every field a record may hold (census.record)
-ENTRY_TYPES = {"status": STRING, "mode": STRING, "why": STRING, "shape": STRING, "max_abs": NUMBER,
-               "multiple": NUMBER}  # one entry of `schedules` or `boundaries`
 SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
 
@@ -61,7 +59,7 @@ def _json_kind(value) -> str:
 def _check_types(where: str, rec: dict, types: dict) -> None:
     for key, (allowed, word) in types.items():
         value = rec.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, allowed)):
+        if value is not None and ((isinstance(value, bool) and bool not in allowed) or not isinstance(value, allowed)):
             raise UserError(f"{where}: \"{key}\" must be {word} or null, got {json.dumps(value)[:40]}")
 
 
@@ -82,12 +80,12 @@ def check_record(where: str, rec) -> Record:
         raise UserError(f"{where}: {name}: \"verdict\" must be one of {', '.join(VERDICTS)}; got "
                         f"{json.dumps(rec.get('verdict'))[:40]}")
     _check_types(f"{where}: {name}", rec, FIELD_TYPES)
-    for group in ("schedules", "boundaries"):
+    for group, part in PARTS.items():  # each entry of a group of parts: an object of its part's types
         for key, entry in (rec.get(group) or {}).items():
             if entry is not None and not isinstance(entry, dict):
                 raise UserError(f"{where}: {name}: \"{group}\".{json.dumps(key)} must be an object, got "
                                 f"{json.dumps(entry)[:40]}")
-            _check_types(f"{where}: {name}: \"{group}\".{json.dumps(key)}", entry or {}, ENTRY_TYPES)
+            _check_types(f"{where}: {name}: \"{group}\".{json.dumps(key)}", entry or {}, part.types())
     return Record.from_json(rec)
 
 

@@ -3,7 +3,7 @@ multiple of the architecture's float64 noise floor (log scale), with the verdict
 
 ```python
 from smearcli.render import scan_figure, figures
-figures.save(scan_figure.figure(records), "scan.png")  # records: the scan's JSON Lines, as dicts
+figures.save(scan_figure.figure(records), "scan.png")  # records: `census.record.Record`s, as `census.records` reads them
 ```
 
 Rows are the architectures whose schedules ran (bugs first); a schedule an architecture did not run
@@ -19,17 +19,18 @@ from typing import Callable, Optional, Sequence
 from ..judging.verdicts import rank  # rows: findings first, in the order reports list them
 
 
-def against_reference(record, entry: dict) -> Optional[float]:
-    """A schedule's error as a multiple of the floor, against the reference (the full pass)."""
-    return entry.get("multiple")
+def against_reference(record, entry) -> Optional[float]:
+    """A schedule's error (its `census.record.ScheduleResult`) as a multiple of the floor, against
+    the reference (the full pass)."""
+    return entry.multiple
 
 
-def against_own_prefill(record, entry: dict) -> Optional[float]:
+def against_own_prefill(record, entry) -> Optional[float]:
     """A llama.cpp schedule's distance from llama.cpp's own one-call prefill (`vs_prefill`) as a
     multiple of the same floor: what the llama.cpp census judges its cache by."""
-    if entry.get("vs_prefill") is None or not record.floor:
+    if entry.vs_prefill is None or not record.floor:
         return None
-    return entry["vs_prefill"] / record.floor
+    return entry.vs_prefill / record.floor
 
 
 TITLES = {against_reference: "cached schedules vs the full pass: log10(max |dlogit| / float64 floor)",
@@ -42,14 +43,14 @@ def grid(records: Sequence, value: Callable = against_reference) -> tuple[list[s
     run or not measured) of the census's records (`census.record.Record`)."""
     ran = [r for r in records if r.schedules]
     ran.sort(key=lambda r: (rank(r.verdict), r.model_type))
+    cell = (lambda r, name: None if r.schedules.get(name) is None else value(r, r.schedules[name]))
     cols: list[str] = []
     for r in ran:
-        cols += [k for k in r.schedules if k not in cols and any(
-            value(x, x.schedules.get(k) or {}) is not None for x in ran)]
+        cols += [k for k in r.schedules if k not in cols and any(cell(x, k) is not None for x in ran)]
     rows = [f"{r.model_type} ({r.verdict})" for r in ran]
     cells = []
     for r in ran:
-        vals = [value(r, r.schedules.get(c) or {}) for c in cols]
+        vals = [cell(r, c) for c in cols]
         cells.append([math.nan if v is None else math.log10(max(v, 1e-3)) for v in vals])
     return rows, cols, cells
 

@@ -57,7 +57,7 @@ def test_a_toy_engine_gets_the_whole_census(toy):
     drop = recs["toy_drop"]
     # each chunk loses the sum before it, the last chunk the most: chunks of 4 the first 8 tokens'
     # (3+1+4+1+5+9+2+6 = 31), chunks of 5 the first 10 (+5+3 = 39), decode the first 11 (+5 = 44)
-    got = {k: v["max_abs"] for k, v in drop.schedules.items()}
+    got = {k: v.max_abs for k, v in drop.schedules.items()}
     assert got == {"chunks of 4": 31, "chunks of 5": 39, "decode": 44}
     assert drop.worst_schedule == "decode" and drop.max_abs == 44 and drop.multiple == 44 / toy_engine.FLOOR
     assert recs["toy_crash"].reason.startswith("chunks of 4: toy cache")
@@ -105,7 +105,7 @@ def test_an_engine_whose_check_has_no_power_is_inconclusive_not_ok(toy, monkeypa
     r = scan("--out", "toy.jsonl", "--repro-dir", "repro", "-q")
     recs = {x.model_type: x for x in records.read(toy / "toy.jsonl").records}
     assert recs["toy_ok"].verdict == "inconclusive" and "(OK needs 1%)" in recs["toy_ok"].reason
-    assert all(s["status"] == "ok" for s in recs["toy_ok"].schedules.values())
+    assert all(s.status == "ok" for s in recs["toy_ok"].schedules.values())
     assert recs["toy_drop"].verdict == "bug" and r.stdout.splitlines()[-1].startswith("3 architectures: 1 bug")
 
 

@@ -60,7 +60,7 @@ def test_the_tiny_llama_passes_padded_and_rollback_cropped():
     b = out["boundaries"]
     assert b["padded"].status == OK and b["rollback"].status == OK
     assert b["rollback"].mode == "crop"  # a KV-only DynamicCache is cropped, not copied
-    assert out["schedules"]["padded"]["passed"] and out["schedules"]["rollback"]["passed"]
+    assert out["schedules"]["padded"].passed and out["schedules"]["rollback"].passed
     assert any("cropped back" in n for n in out["notes"])
 
 

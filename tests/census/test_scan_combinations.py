@@ -128,20 +128,20 @@ def test_pads_reaching_the_real_tokens_through_the_cache_are_caught_and_named(mo
     b = out["boundaries"]
     pc = b["padded-chunks"]
     assert pc.status == BUG and pc.shape == shape("padded-chunks")
-    assert out["schedules"]["padded-chunks"]["status"] == "bug"  # confirmed in float64, lifted
-    assert out["schedules"]["padded-chunks"]["confirmation"]
+    assert out["schedules"]["padded-chunks"].status == "bug"  # confirmed in float64, lifted
+    assert out["schedules"]["padded-chunks"].confirmation
     assert "off: left-padded, pad 0, left-padded, pad 1" in pc.why and pc.rows["the row"] < 1e-4
     assert b["padded"].status not in (BUG, CRASHED)
     # right padding then decode leaks too, but generate() declares right padding wrong: no finding
     pd = b["padded-decode"]
     assert pd.status == UNSUPPORTED and "right-padding" in pd.declared and pd.multiple > 10
-    assert "padded-decode" not in out["schedules"] or out["schedules"]["padded-decode"]["passed"] is not False
+    assert "padded-decode" not in out["schedules"] or out["schedules"]["padded-decode"].passed is not False
     monkeypatch.setattr(boundary, "right_padding_declared", lambda: None)  # a release that accepts it
     out = run_boundaries(model)  # the boundaries alone: a departure waits for the check's float64 rerun
     assert out.entries["padded-decode"].status == boundary.DEPARTS
     assert out.entries["padded-decode"].shape == shape("padded-decode")
     out = check_model(model, tokens(), split_points(cfg, T))  # the check gives it the judge's status
-    assert out["boundaries"]["padded-decode"].status == BUG and out["schedules"]["padded-decode"]["status"] == "bug"
+    assert out["boundaries"]["padded-decode"].status == BUG and out["schedules"]["padded-decode"].status == "bug"
     assert all(e.status != boundary.DEPARTS for e in out["boundaries"].values())
 
 

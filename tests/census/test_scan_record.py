@@ -89,3 +89,35 @@ def test_a_record_read_from_a_file_is_held_to_every_declared_type(name):
     rec[name] = WRONG[record.JSON_TYPES[name][1]]
     with pytest.raises(UserError, match=f'"{name}" must be'):
         records.check_record("f:1", rec)
+
+
+def test_a_schedule_result_is_typed_and_writes_its_fields_in_the_order_its_writer_gave_them():
+    """Transformers gives numbers then the judge's status; vLLM and llama.cpp the status first: each
+    entry's JSON is as its engine built it (so a record file reads back byte for byte), and an
+    entry given as a JSON object is read as a `ScheduleResult`, wherever the record is made."""
+    mine = record.ScheduleResult(max_abs=0.5, multiple=9.0, passed=False)
+    mine.status, mine.confirmation = "bug", {"float64_lifted": 0.4}
+    theirs = record.ScheduleResult("ok", 0.1, 1.0)
+    theirs.steps = "3,3"
+    assert list(mine.to_json()) == ["max_abs", "multiple", "passed", "status", "confirmation"]
+    assert list(theirs.to_json()) == ["status", "max_abs", "multiple", "steps"]
+    line = json.dumps({"model_type": "a", "verdict": "bug", "schedules": {"x": mine.to_json(), "y": theirs.to_json()}})
+    rec = records.check_record("f:1", json.loads(line))
+    assert isinstance(rec.schedules["x"], record.ScheduleResult) and rec.schedules["x"].passed is False
+    assert rec.schedules["y"].status == "ok" and rec.schedules["y"].why is None  # never given: None
+    assert json.dumps(rec.to_json()["schedules"]) == json.dumps({"x": mine.to_json(), "y": theirs.to_json()})
+    made = record.new("a", "ok", schedules={"z": {"why": "w", "status": "not run"}})  # a check's fields, as objects
+    assert made.schedules["z"] == record.ScheduleResult("not run", why="w")
+    assert list(made.schedules["z"].to_json()) == ["why", "status"]  # in the order given
+
+
+@pytest.mark.parametrize("name", sorted(record.ScheduleResult.types()))
+def test_a_schedules_entry_read_from_a_file_is_held_to_its_declared_type(name):
+    kind = record.ScheduleResult.types()[name]
+    wrong = "yes" if kind is record.BOOLEAN else WRONG[kind[1]]
+    rec = {"model_type": "a", "verdict": "ok", "schedules": {"decode": {name: wrong}}}
+    with pytest.raises(UserError, match=f'"schedules"."decode": "{name}" must be'):
+        records.check_record("f:1", rec)
+    rec["schedules"]["decode"][name] = {record.BOOLEAN: True, record.STRING: "s", record.NUMBER: 0.5,
+                                        record.INTEGER: 3, record.OBJECT: {"k": 1}}[kind]
+    assert records.check_record("f:1", rec).schedules["decode"].to_json() == rec["schedules"]["decode"]

@@ -282,8 +282,8 @@ def test_a_schedule_stuck_inside_vllm_is_that_schedules_crash_and_the_rest_not_r
     assert a.vllm["stuck"] and w.starts == 2  # qwen2 gets a fresh worker
     assert a.verdict == CRASHED and a.worst_schedule == "chunked@3"
     assert a.reason.startswith("chunked@3: vLLM's engine did not finish the request in 120 s (at vllm/")
-    assert a.schedules["prefill"]["status"] == OK
-    assert {a.schedules[n]["status"] for n in ("chunked@13", "decode", "prefix")} == {"not run"}
+    assert a.schedules["prefill"].status == OK
+    assert {a.schedules[n].status for n in ("chunked@13", "decode", "prefix")} == {"not run"}
     assert by["qwen2"].verdict == OK
     assert a.reproducer_status == 2  # its reproducer ran, in the worker's Python: no vLLM there, exit 2
 

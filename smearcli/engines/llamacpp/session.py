@@ -62,7 +62,7 @@ from ...judging.verdicts import CRASHED, NOT_BUILT, OK, TIE_ARTIFACT, UNCONFIRME
 from ...census import known
 from ...tiny import derive
 from ...tiny.derive import text_config, vocab_of
-from ...census.record import Record, new as record
+from ...census.record import Record, ScheduleResult, new as record
 from ...census.report import cell, sort_key
 from ..transformers.reference import NO_POWER_NOTE, init_note, model_types, powered, save, stamp, transformers_frame
 
@@ -421,19 +421,19 @@ def judged(model_type, model, model_dir: Path, python: str, tokens, ref_runner, 
     schedules, steps = {}, {}
     by_name = {d.schedule: d for d in own.runs}
     for r, m in zip(c.runs, c.metrics):
-        e = {"status": str(c.status(m)), "max_abs": m.max_abs_logits, "multiple": m.logits_multiple}
+        e = ScheduleResult(str(c.status(m)), m.max_abs_logits, m.logits_multiple)
         d = by_name.get(r.schedule)
         if d is not None:
-            e.update(vs_prefill=d.max_abs, first=d.first)
+            e.vs_prefill, e.first = d.max_abs, d.first
         if len(r.steps) > 1:
-            e["steps"] = ",".join(map(str, r.steps[:12]))
+            e.steps = ",".join(map(str, r.steps[:12]))
         schedules[r.schedule], steps[r.schedule] = e, list(r.steps)
     for r in c.unmeasured:  # checking nothing is llama.cpp's documented refusal (a partial seq_rm on recurrent memory)
         why = judge.DECLARED if r.outcome == judge.CHECKED_NOTHING else r.outcome
-        schedules[r.schedule] = {"status": str(status(Run(r.schedule, outcome=why))), "why": r.message}
+        schedules[r.schedule] = ScheduleResult(str(status(Run(r.schedule, outcome=why))), why=r.message)
     notes = [n for n in runner.notes() if not n.startswith("ubatch")] + own.lines()
     notes += [f"ubatch widths: {n.split(';', 1)[1].strip()}" for n in runner.notes() if n.startswith("ubatch")]
-    notes += [f"{n}: {s['why']}" for n, s in schedules.items() if s.get("status") == str(UNSUPPORTED)]
+    notes += [f"{n}: {s.why}" for n, s in schedules.items() if s.status == str(UNSUPPORTED)]
     failed = {m.schedule for m in c.failures}
     found = [d for d in own.findings if d.schedule in failed]
     out = dict(base, schedules=schedules, notes=notes, llamacpp=timing(runner))
@@ -548,8 +548,8 @@ def sections(recs: Sequence[Record], meta: Optional[dict] = None) -> list[str]:
                 "conversion, not its cache.", "", "| architecture | prefill vs transformers | x floor | upstream |",
                 "|---|---|---|---|"]
         for r in own:
-            p = (r.schedules or {}).get("prefill") or {}
-            out.append(f"| {r.model_type} | {p.get('max_abs', 0):.2g} | {p.get('multiple', 0):.3g} | {known.cell(r)} |")
+            p = (r.schedules or {}).get("prefill") or ScheduleResult()
+            out.append(f"| {r.model_type} | {p.max_abs or 0:.2g} | {p.multiple or 0:.3g} | {known.cell(r)} |")
         out.append("")
     took = [r for r in sorted(recs, key=lambda r: r.model_type) if (r.llamacpp or {}).get("carried")]
     if took:
@@ -610,7 +610,7 @@ def sections(recs: Sequence[Record], meta: Optional[dict] = None) -> list[str]:
     for r in sorted(recs, key=sort_key):
         err = "-" if r.max_abs is None else f"{r.max_abs:.2g}"
         mult = "-" if r.multiple is None else f"{r.multiple:.2g}"
-        rb = ((r.schedules or {}).get("rollback") or {}).get("status") or "-"
+        rb = ((r.schedules or {}).get("rollback") or ScheduleResult()).status or "-"
         said = r.reason or "; ".join(n for n in r.notes or [] if "one-call prefill against" in n)
         h = f16.get(r.model_type) or {}
         half = " / ".join(f"{h[k]:.2g}" if k in h else "-" for k in ("prefill", "decode")) if h else "-"

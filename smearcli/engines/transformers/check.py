@@ -55,7 +55,7 @@ from . import hidden_names
 from .cache_runner import CacheRunner, full_run
 from . import born, boundary, causal, diagnose, orders, ties
 from ...measure import shapes
-from ...census.record import Record, new as record
+from ...census.record import Record, ScheduleResult, new as record
 from .boundary import WINDOW_KEYS, measured, transformers_frame
 from ...tiny.derive import CONV_KEYS, build, default_counts, derive, first_int, parameters, vocab_of
 from .reference import INIT_LADDER, NO_POWER_NOTE, init_note
@@ -318,7 +318,7 @@ def check_model(model, tokens, plans: dict, tolerance: float = NOISE_MARGIN, mak
     plans = {**plans, **bounds.steps}
     floor = noise.per_layer[-1]
     out = {"model_class": type(model).__name__, "floor": floor, "floor_source": floor_source,
-           "schedules": {k: {"max_abs": m.max_abs_logits, "multiple": m.logits_multiple, "passed": m.passed}
+           "schedules": {k: ScheduleResult(max_abs=m.max_abs_logits, multiple=m.logits_multiple, passed=m.passed)
                          for k, m in ms.items()}, "notes": runner.notes() + bounds.notes,
            "boundaries": bounds.entries}
     if refused:
@@ -326,7 +326,7 @@ def check_model(model, tokens, plans: dict, tolerance: float = NOISE_MARGIN, mak
                             f"({next(iter(refused.values()))}); the verdict rests on the schedules it accepts")
     confs, reruns = confirmed(evidence.Confirmer(runner, tokens, f64), bounds.runners, tokens, plans,
                               {k: m for k, m in ms.items() if not m.passed}, out)
-    failing = [k for k, m in ms.items() if k not in boundary.SCHEDULES and not out["schedules"][k]["passed"]]
+    failing = [k for k, m in ms.items() if k not in boundary.SCHEDULES and not out["schedules"][k].passed]
     for name in boundary.parts_fail(bounds.entries, failing):  # its part's error, not the combination's
         ms.pop(name, None)
     runs = [judge.Run(k, m.passed, confs.get(k)) for k, m in ms.items()]
@@ -340,11 +340,11 @@ def check_model(model, tokens, plans: dict, tolerance: float = NOISE_MARGIN, mak
         name, worst = max((plain or alone or pool).items(), key=lambda kv: kv[1].max_abs_logits)
         boundary.beside(bounds.entries, name)  # a boundary that agreed is not judged beside it
         confirmer, rerun = reruns[name]  # the headline's third number: a plain float64 cast
-        out["schedules"][name]["confirmation"]["float64"] = confirmer.plain(rerun)
+        out["schedules"][name].confirmation["float64"] = confirmer.plain(rerun)
         fd = worst.first_departure
         out.update(verdict=judged.word, worst_schedule=name, max_abs=worst.max_abs_logits,
                    multiple=worst.logits_multiple, steps=plans[name],
-                   confirmation=out["schedules"][name]["confirmation"],
+                   confirmation=out["schedules"][name].confirmation,
                    born_at=None if fd is None else f"{(runner.layers)[fd[0]] if fd[0] < len(runner.layers) else 'logits'}@{fd[1]}",
                    born_in=born.born_in(runner, tokens, plans[name], fd, tolerance, schedule=name))
         if name in boundary.SCHEDULES:  # the boundary's own shape (`boundaries.SHAPES`)
@@ -390,9 +390,9 @@ def confirmed(main, used: dict, tokens, plans: dict, bad: dict, out: dict) -> tu
         c = confs[name] = confirmers[id(r)](rerun, m.max_abs_logits)
         status = judge.status(judge.Run(name, False, c))
         entry = out["schedules"][name]
-        entry.update(status=str(status), confirmation=c.to_json())
+        entry.status, entry.confirmation = str(status), c.to_json()
         if status == ROUNDING:
-            entry["passed"] = True
+            entry.passed = True
             out["notes"].append(f"{name}: {c.phrase()}")
             if name in out["boundaries"]:
                 e = out["boundaries"][name]

@@ -74,7 +74,7 @@ from ...judging.verdicts import CRASHED, FAILURES, INCONCLUSIVE, UNCONFIRMED
 from ...census import known
 from ...tiny import derive
 from ...tiny.derive import CONV_KEYS, first_int, vocab_of
-from ...census.record import Record, new as record
+from ...census.record import Record, ScheduleResult, new as record
 from ..transformers.reference import NO_POWER_NOTE, arch_of, init_note, model_types, powered, save, stamp, transformers_frame
 from ...census.report import cell, sort_key
 
@@ -267,16 +267,16 @@ def judged(model_type, result, workdir, tokens, req, ref, floor, power, toleranc
         else:  # measured: a departure stays unconfirmed, vLLM's engine having no float64 form
             m = metrics[run.schedule] = measure(ref, run, floor, tolerance)
             judged.append(Run(run.schedule, m.passed, None if m.passed else no_float64(m)))
-            schedules[run.schedule] = {"status": str(status(judged[-1])),
-                                       "max_abs": m.max_abs_logits, "multiple": m.logits_multiple}
+            schedules[run.schedule] = ScheduleResult(str(status(judged[-1])), m.max_abs_logits, m.logits_multiple)
             if run.steps and len(run.steps) > 1:
-                schedules[run.schedule]["steps"] = ",".join(map(str, run.steps[:12]))
+                schedules[run.schedule].steps = ",".join(map(str, run.steps[:12]))
             continue
         judged.append(Run(run.schedule, outcome=outcome))
-        schedules[run.schedule] = {"status": str(status(judged[-1])), "why": why}
-    if schedules.get("prefill", {}).get("status") == str(CRASHED):  # nothing to compare a cache against
+        schedules[run.schedule] = ScheduleResult(str(status(judged[-1])), why=why)
+    prefill = schedules.get("prefill")
+    if prefill is not None and prefill.status == str(CRASHED):  # nothing to compare a cache against
         return record(model_type, stopped(REFERENCE), reason="vLLM's prefill in one step raises on the CPU backend: "
-                      + schedules["prefill"]["why"], **{**base, "schedules": schedules})
+                      + prefill.why, **{**base, "schedules": schedules})
     verdict = judge(judged, power)
     crashed = verdict.named(CRASHED)
     failed = verdict.named(UNCONFIRMED)
@@ -289,7 +289,7 @@ def judged(model_type, result, workdir, tokens, req, ref, floor, power, toleranc
         first = crashed[0]
         return record(model_type, verdict.word, **{**out, "worst_schedule": first, "steps": steps.get(first),
                                                "max_abs": None, "multiple": None,
-                                               "reason": f"{first}: {schedules[first]['why']}"})
+                                               "reason": f"{first}: {schedules[first].why}"})
     if "prefill" in failed:  # the one-step path departs too: the model, not a cache
         out["notes"] = notes + ["prefill in one step departs as well: vLLM's implementation of the model computes "
                                 "differently from transformers', beyond its caching paths"]

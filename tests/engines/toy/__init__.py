@@ -88,20 +88,20 @@ class Toy:
             except RuntimeError as e:
                 return record.new(model_type, judge.stopped(judge.CACHED_PATH), engine="toy", reason=f"{name}: {e}",
                                   worst_schedule=name)
-            schedules[name] = {"max_abs": err, "multiple": err / FLOOR}
+            schedules[name] = record.ScheduleResult(max_abs=err, multiple=err / FLOOR)
             runs.append(judge.Run(name, err == 0, confirmed(full, model_type, chunk, err) if err else None))
         j = judge.judge(runs, power)
         for name, status in j.statuses.items():
-            schedules[name]["status"] = str(status)
+            schedules[name].status = str(status)
         if j.word != BUG:
             return record.new(model_type, j.word, engine="toy", schedules=schedules, floor=FLOOR, reason=j.why or None)
-        worst = max(j.named(BUG), key=lambda n: schedules[n]["max_abs"])
+        worst = max(j.named(BUG), key=lambda n: schedules[n].max_abs)
         path = Path(repro_dir) / f"{model_type}-toy.py"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(REPRO.format(model_type=model_type, schedule=worst, tokens=TOKENS, chunk=PLANS[worst]))
         status = subprocess.run([sys.executable, str(path)], capture_output=True, timeout=timeout).returncode
         return record.new(model_type, j.word, engine="toy", schedules=schedules, floor=FLOOR, worst_schedule=worst,
-                          max_abs=schedules[worst]["max_abs"], multiple=schedules[worst]["multiple"],
+                          max_abs=schedules[worst].max_abs, multiple=schedules[worst].multiple,
                           confirmation=runs[list(PLANS).index(worst)].confirmation.to_json(), reproducer=str(path),
                           reproducer_status=status)
 
