@@ -55,9 +55,9 @@ class Change:
 
 def numbers(rec: Record) -> dict:
     """What a change shows of one side: verdict, schedule, error, multiple, shape, where born, why."""
-    born = rec.born_in if isinstance(rec.born_in, dict) else {}
     return {"verdict": rec.verdict, "worst_schedule": rec.worst_schedule, "max_abs": rec.max_abs,
-            "multiple": rec.multiple, "shape": rec.shape, "born_in": born.get("class"),
+            "multiple": rec.multiple, "shape": rec.shape,
+            "born_in": rec.born_in.class_name if rec.born_in is not None else None,
             "reason": rec.reason, "release": engines.release_of(rec)}
 
 

@@ -31,9 +31,10 @@ BOOLEAN = ((bool,), "true or false")
 ABSENT = object()  # a field of a part never given: left out of its JSON (`Part`)
 
 
-def _p(kind):
-    """A part's field: never given until a value is, of the JSON type `kind`."""
-    return field(default=ABSENT, metadata={"json": kind})
+def _p(kind, key: Optional[str] = None):
+    """A part's field: never given until a value is, of the JSON type `kind`; `key`: its name in
+    the JSON where that is not the attribute's (a Python keyword: "class")."""
+    return field(default=ABSENT, metadata={"json": kind, **({"key": key} if key else {})})
 
 
 class Part:
@@ -68,9 +69,15 @@ class Part:
         return cls._names
 
     @classmethod
+    def keys(cls) -> dict:
+        """attribute -> its key in the JSON (the same name unless the field says otherwise)."""
+        return {f.name: f.metadata.get("key", f.name) for f in dataclasses.fields(cls) if f.name != "extra"}
+
+    @classmethod
     def types(cls) -> dict:
-        """field -> its JSON type (STRING, NUMBER, ...): the type check of a file's entries."""
-        return {f.name: f.metadata["json"] for f in dataclasses.fields(cls) if "json" in f.metadata}
+        """JSON key -> its JSON type (STRING, NUMBER, ...): the type check of a file's entries."""
+        return {f.metadata.get("key", f.name): f.metadata["json"] for f in dataclasses.fields(cls)
+                if "json" in f.metadata}
 
     def given(self, name: str) -> bool:
         """Whether `name` was given a value (and so is in the JSON)."""
@@ -90,19 +97,20 @@ class Part:
         return out
 
     def to_json(self) -> dict:
-        out = {}
+        out, keys = {}, self.keys()
         for name in self._order():
             value = getattr(self, name)
-            out[name] = value.to_json() if isinstance(value, Part) else value
+            out[keys[name]] = value.to_json() if isinstance(value, Part) else value
         return {**out, **self.extra}
 
     @classmethod
     def from_json(cls, d: dict) -> "Part":
         """The part a JSON object holds (`records.check_record` checked its types), in its order."""
-        out = cls(extra={k: v for k, v in d.items() if k not in cls.names()})
-        for name, value in d.items():
-            if name in cls.names():
-                setattr(out, name, cls._read(name, value))
+        names = {key: name for name, key in cls.keys().items()}
+        out = cls(extra={k: v for k, v in d.items() if k not in names})
+        for key, value in d.items():
+            if key in names:
+                setattr(out, names[key], cls._read(names[key], value))
         return out
 
     @classmethod
@@ -169,6 +177,73 @@ class BoundaryResult(Part):
         return cls.from_json(value) if name in ("their_crop", "copy") and isinstance(value, dict) else value
 
 
+@dataclass(eq=False)
+class BornIn(Part):
+    """Where a finding on a step plan is born (`Record.born_in`, `engines.transformers.born`): the
+    first module whose output leaves the floor while the inputs it receives agree, with its class's
+    `forward` (file, first and last line, a digest of its code with the model's names normalised,
+    the suspect lines inside it), the position and the first capture point off. A trace that found
+    no module holds `module` None and `why`; the classes its class declares it copies
+    (`copies`) and the state a replay showed to be the cause (`cause`) come later."""
+
+    AS_GIVEN = True
+
+    module: Optional[str] = _p(STRING)  # its qualified name in the model; None: none found (`why`)
+    class_name: Optional[str] = _p(STRING, key="class")
+    file: Optional[str] = _p(STRING)  # "transformers/models/x/modeling_x.py"
+    lines: Optional[list] = _p(LIST)  # [first, last] line of the forward
+    code: Optional[str] = _p(STRING)  # the forward's digest, names normalised (`groups`)
+    suspects: Optional[list] = _p(LIST)  # [line, text, what the pattern means] each
+    position: Optional[int] = _p(INTEGER)
+    first_off: Optional[str] = _p(STRING)  # the first capture point off (not the module's inputs)
+    multiple: Optional[float] = _p(NUMBER)
+    cause: Optional[str] = _p(STRING)
+    copies: Optional[list] = _p(LIST)  # the classes it declares it copies (`# Copied from`, modular)
+    why: Optional[str] = _p(STRING)
+    extra: dict = field(default_factory=dict)
+
+    def named(self) -> bool:
+        """Whether it names a module (not a trace that found none)."""
+        return isinstance(self.module, str) and bool(self.module)
+
+    def span(self) -> Optional[tuple[int, int]]:
+        """(first, last) line of the forward, or None where an edited file holds something else."""
+        ok = isinstance(self.lines, list) and len(self.lines) == 2 and all(type(x) is int for x in self.lines)
+        return (self.lines[0], self.lines[1]) if ok else None
+
+    def suspect_lines(self) -> list:
+        """The suspect lines, each [line, text, what], those an edited file malformed left out."""
+        found = self.suspects if isinstance(self.suspects, list) else []
+        return [x for x in found if isinstance(x, list) and len(x) >= 2 and isinstance(x[1], str)]
+
+    def copied(self) -> list[str]:
+        """The classes it declares it copies ([] when none was read)."""
+        return [c for c in self.copies if isinstance(c, str)] if isinstance(self.copies, list) else []
+
+
+@dataclass(eq=False)
+class Variant(Part):
+    """One layer order's verdict and numbers (`Record.variants`, `engines.transformers.orders`)."""
+
+    AS_GIVEN = True
+
+    order: Optional[list] = _p(LIST)  # its layer kinds, layer 0 first
+    verdict: Optional[str] = _p(STRING)
+    worst_schedule: Optional[str] = _p(STRING)
+    max_abs: Optional[float] = _p(NUMBER)
+    multiple: Optional[float] = _p(NUMBER)
+    shape: Optional[str] = _p(STRING)
+    born_at: Optional[str] = _p(STRING)
+    born_in: Optional[BornIn] = _p(OBJECT)
+    init: Optional[float] = _p(NUMBER)
+    reason: Optional[str] = _p(STRING)
+    extra: dict = field(default_factory=dict)
+
+    @classmethod
+    def _read(cls, name: str, value):
+        return BornIn.from_json(value) if name == "born_in" and isinstance(value, dict) else value
+
+
 def _f(kind, default=None, factory=None):
     if factory is not None:
         return field(default_factory=factory, metadata={"json": kind})
@@ -184,7 +259,7 @@ class Record:
     multiple: Optional[float] = _f(NUMBER)  # ... as a multiple of the float64 floor
     shape: Optional[str] = _f(STRING)  # the failure's shape (smearcli.measure.shapes, or the boundary's)
     born_at: Optional[str] = _f(STRING)  # the first capture point@position past the floor
-    born_in: Optional[dict] = _f(OBJECT)  # the first module whose output departs (engines.transformers.born)
+    born_in: Optional[BornIn] = _f(OBJECT)  # the first module whose output departs (engines.transformers.born)
     init: Optional[float] = _f(NUMBER)  # the initializer_range the verdict came at (None: default)
     floor: Optional[float] = _f(NUMBER)  # the logits' float64 floor
     floor_source: Optional[str] = _f(STRING)  # where the floor came from
@@ -206,7 +281,7 @@ class Record:
     report_draft: Optional[str] = _f(STRING)  # the bug-report draft's path
     boundaries: dict = _f(OBJECT, factory=dict)  # padded, rollback, ...: one `BoundaryResult` each
     order: Optional[list] = _f(LIST)  # the layer kinds, layer 0 first, of the order that heads the record
-    variants: Optional[list] = _f(LIST)  # each layer order's verdict and numbers
+    variants: Optional[list] = _f(LIST)  # each layer order's verdict and numbers: a `Variant` each
     wall_s: Optional[float] = _f(NUMBER)  # seconds the architecture took (census.isolate)
     transformers_version: Optional[str] = _f(STRING)  # the release that made the record
     engine: Optional[str] = _f(STRING)  # "vllm" for `scan --engine vllm` (None: transformers itself)
@@ -217,19 +292,17 @@ class Record:
     built_from: object = field(default=None, repr=False, compare=False)
 
     def __setattr__(self, name: str, value) -> None:
-        # a record's parts are typed however they are given: an entry given as a JSON object (a
-        # file read back, a check's fields) is read as its part (`PARTS`)
-        if name in PARTS and isinstance(value, dict):
-            kind = PARTS[name]
-            value = {k: kind.from_json(e) if isinstance(e, dict) else e for k, e in value.items()}
+        # a record's parts are typed however they are given: a part given as a JSON object (a file
+        # read back, a check's fields) is read as its part (`PARTS`)
+        if name in PARTS:
+            value = _parts(PARTS[name], value, lambda e: PARTS[name][0].from_json(e) if isinstance(e, dict) else e)
         object.__setattr__(self, name, value)
 
     def to_json(self) -> dict:
         """The record as JSON-ready dict: every field of `FIELDS`, in its order."""
         out = {name: getattr(self, name) for name in FIELDS}
-        for name in PARTS:
-            if isinstance(out[name], dict):
-                out[name] = {k: e.to_json() if isinstance(e, Part) else e for k, e in out[name].items()}
+        for name, how in PARTS.items():
+            out[name] = _parts(how, out[name], lambda e: e.to_json() if isinstance(e, Part) else e)
         return out
 
     @classmethod
@@ -241,8 +314,22 @@ class Record:
         return cls(**fields)
 
 
-# the fields whose values are {name: part}, and the type of part each holds
-PARTS = {"schedules": ScheduleResult, "boundaries": BoundaryResult}
+# the fields that hold parts: (the kind of part, how: ONE part, a dict of them BY_NAME, or a LIST)
+ONE, BY_NAME, LIST_OF = "one", "by name", "list"
+PARTS = {"born_in": (BornIn, ONE), "schedules": (ScheduleResult, BY_NAME), "boundaries": (BoundaryResult, BY_NAME),
+         "variants": (Variant, LIST_OF)}
+
+
+def _parts(how: tuple, value, each):
+    """`value` of a field that holds parts, `each` applied to every part in it (anything else kept)."""
+    shape = how[1]
+    if shape == ONE:
+        return each(value) if value is not None else None
+    if shape == BY_NAME and isinstance(value, dict):
+        return {k: each(e) for k, e in value.items()}
+    if shape == LIST_OF and isinstance(value, list):
+        return [each(e) for e in value]
+    return value
 # the fields a record's JSON holds, in order: all but `built_from`, which never leaves the process
 FIELDS = tuple(f.name for f in dataclasses.fields(Record)
                if "json" in f.metadata or f.name in ("model_type", "verdict"))
@@ -252,21 +339,11 @@ JSON_TYPES = {f.name: f.metadata["json"] for f in dataclasses.fields(Record) if 
 VERSIONS = tuple(f for f in FIELDS if f.endswith("_version"))
 
 
-def born_module(rec: "Record") -> dict:
-    """A record's `born_in` when it names a module ({} otherwise: a boundary finding, a trace that
-    failed), each field of the type the report formats (an edited record's other values: None)."""
+def born_module(rec: "Record") -> Optional[BornIn]:
+    """A record's `born_in` when it names a module (None otherwise: a boundary finding, a trace that
+    found none)."""
     b = rec.born_in
-    if not isinstance(b, dict) or not isinstance(b.get("module"), str) or not b["module"]:
-        return {}
-    out = {k: (v if isinstance(v, str) else None) for k, v in b.items() if k not in ("lines", "suspects", "copies")}
-    out["copies"] = [c for c in b.get("copies") or [] if isinstance(c, str)] if isinstance(b.get("copies"), list) else []
-    lines = b.get("lines")
-    ok = isinstance(lines, list) and len(lines) == 2 and all(type(x) is int for x in lines)
-    out["lines"] = lines if ok else None
-    out["suspects"] = [s for s in b.get("suspects") or [] if isinstance(s, list) and len(s) >= 2
-                       and isinstance(s[1], str)] if isinstance(b.get("suspects"), list) else []
-    out["module"] = b["module"]
-    return out
+    return b if isinstance(b, BornIn) and b.named() else None
 
 
 def new(model_type: str, verdict: str, **fields) -> Record:

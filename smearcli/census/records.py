@@ -31,7 +31,7 @@ from ..util.errors import UserError
 from ..util.files import missing_directory, regular_file, special_kind
 from ..measure.jsondoc import SCHEMAS
 from ..judging.verdicts import RECORD as VERDICTS
-from .record import JSON_TYPES, PARTS, Record
+from .record import BY_NAME, JSON_TYPES, ONE, PARTS, BornIn, Record, Variant
 
 SCHEMA = SCHEMAS["scan"]
 
@@ -80,12 +80,16 @@ def check_record(where: str, rec) -> Record:
         raise UserError(f"{where}: {name}: \"verdict\" must be one of {', '.join(VERDICTS)}; got "
                         f"{json.dumps(rec.get('verdict'))[:40]}")
     _check_types(f"{where}: {name}", rec, FIELD_TYPES)
-    for group, part in PARTS.items():  # each entry of a group of parts: an object of its part's types
-        for key, entry in (rec.get(group) or {}).items():
+    for group, (part, how) in PARTS.items():  # each part: an object of its part's types
+        value = rec.get(group)
+        entries = {"": value} if how == ONE else (value or {}) if how == BY_NAME else dict(enumerate(value or []))
+        for key, entry in entries.items():
+            at = f"\"{group}\"" + ("" if how == ONE else f".{json.dumps(key)}" if how == BY_NAME else f"[{key}]")
             if entry is not None and not isinstance(entry, dict):
-                raise UserError(f"{where}: {name}: \"{group}\".{json.dumps(key)} must be an object, got "
-                                f"{json.dumps(entry)[:40]}")
-            _check_types(f"{where}: {name}: \"{group}\".{json.dumps(key)}", entry or {}, part.types())
+                raise UserError(f"{where}: {name}: {at} must be an object, got {json.dumps(entry)[:40]}")
+            _check_types(f"{where}: {name}: {at}", entry or {}, part.types())
+            if part is Variant and isinstance(entry, dict) and entry.get("born_in") is not None:
+                _check_types(f"{where}: {name}: {at}.\"born_in\"", entry["born_in"], BornIn.types())
     return Record.from_json(rec)
 
 

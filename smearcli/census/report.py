@@ -125,7 +125,7 @@ def table(records: Sequence[Record], width: int = 80) -> str:
                          detail or "-", (r.born_at or "-").split("@")[-1]]))
         b = born_module(r)
         if b:  # the module under its finding's line: too long for a column of its own
-            out.append(_cut(" " * (COLUMNS[0][1] + 1) + f"born in {b['module']} ({b.get('class')})", width))
+            out.append(_cut(" " * (COLUMNS[0][1] + 1) + f"born in {b.module} ({b.class_name})", width))
         if known.console(r):  # what upstream knows of it: new, or the thread
             out.append(_cut(" " * (COLUMNS[0][1] + 1) + known.console(r), width))
     c = counts(records)

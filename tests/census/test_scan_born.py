@@ -48,14 +48,14 @@ def test_mamba_is_born_in_its_mixer(mamba):
 
     rec = mamba
     b = rec.born_in
-    assert rec.verdict == "bug" and b["module"].endswith(".mixer") and b["class"] == "MambaMixer"
-    assert b["file"] == "transformers/models/mamba/modeling_mamba.py"
-    assert b["lines"] == forward_lines(MambaMixer)
-    assert b["position"] == int(rec.born_at.split("@")[1])  # the run's first bad position
+    assert rec.verdict == "bug" and b.module.endswith(".mixer") and b.class_name == "MambaMixer"
+    assert b.file == "transformers/models/mamba/modeling_mamba.py"
+    assert b.lines == forward_lines(MambaMixer)
+    assert b.position == int(rec.born_at.split("@")[1])  # the run's first bad position
     # the first output off is a projection inside the mixer whose input was already off: the trace
     # climbed to the mixer, whose own input (the normed hidden state) agrees with the full pass
-    assert b["first_off"].startswith(b["module"] + ".") and b["first_off"] != b["module"]
-    text = [t for _, t, _ in b["suspects"]]
+    assert b.first_off.startswith(b.module + ".") and b.first_off != b.module
+    text = [t for _, t, _ in b.suspects]
     assert "if recurrent_state is not None and seq_len == 1:" in text
 
 
@@ -101,7 +101,7 @@ def test_the_mamba_family_is_one_root_cause(family):
     assert len(found) == 1
     g = found[0]
     assert g["architectures"] == sorted(MAMBA_FAMILY) and g["first"] == "mamba"  # the mixer the others copy
-    assert len({r.born_in["code"] for r in recs}) == 4  # four different forwards ...
+    assert len({r.born_in.code for r in recs}) == 4  # four different forwards ...
     assert "if recurrent_state is not None and seq_len == 1:" in g["lines"]  # ... one shared branch
     assert g["members"]["mamba"]["class"] == "MambaMixer"
 
@@ -109,10 +109,10 @@ def test_the_mamba_family_is_one_root_cause(family):
 def test_the_mamba_mixers_declared_copies_are_read_from_their_modular_files(family):
     """modular_falcon_mamba.py has `class FalconMambaMixer(MambaMixer)` and modular_jamba.py
     `class JambaMambaMixer(FalconMambaMixer)`; Zamba's mixer declares no copy."""
-    copies = {n: r.born_in["copies"] for n, r in family.items()}
+    copies = {n: r.born_in.copies for n, r in family.items()}
     assert copies == {"falcon_mamba": ["mamba.MambaMixer"], "jamba": ["falcon_mamba.FalconMambaMixer", "mamba.MambaMixer"],
                       "mamba": [], "zamba": []}
-    unlined = [dataclasses.replace(r, born_in={**r.born_in, "suspects": []}) for r in family.values()]  # no shared line left
+    unlined = [dataclasses.replace(r, born_in=r.born_in.but(suspects=[])) for r in family.values()]  # no shared line left
     assert [g["architectures"] for g in groups.groups(unlined)] == [["falcon_mamba", "jamba", "mamba"], ["zamba"]]
 
 
@@ -147,8 +147,11 @@ def test_born_in_must_be_an_object():
     records.check_record("x", {"model_type": "a", "verdict": "bug", "born_in": {"module": "m"}})
     with pytest.raises(UserError, match="born_in"):
         records.check_record("x", {"model_type": "a", "verdict": "bug", "born_in": "m"})
-    odd = record.bare("a", "bug", born_in={"module": "m", "lines": "10-20", "suspects": 3})
-    assert record.born_module(odd)["lines"] is None and record.born_module(odd)["suspects"] == []
+    with pytest.raises(UserError, match='"born_in": "lines" must be a list'):  # a file's, held to its types
+        records.check_record("x", {"model_type": "a", "verdict": "bug", "born_in": {"module": "m", "lines": "10-20"}})
+    odd = record.bare("a", "bug", born_in={"module": "m", "lines": [10], "suspects": [3, ["x"]], "copies": "A"})
+    b = record.born_module(odd)  # made in the process, not read from a file: each reader still copes
+    assert b.span() is None and b.suspect_lines() == [] and b.copied() == []
     report.table([odd]), report.markdown([odd])  # an edited record still reports
 
 

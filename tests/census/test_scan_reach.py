@@ -144,9 +144,9 @@ def test_census_flags_the_hybrid_only_with_its_recurrent_layer_first(reach):
     assert alone[tuple(recurrent_first)].verdict == BUG
     rec = check.check(reach)  # the default configuration has attention first: the finding is latent
     assert rec.verdict == LATENT and rec.order == recurrent_first
-    assert [(v["order"], v["verdict"]) for v in rec.variants] == [(attention_first, OK), (recurrent_first, BUG)]
+    assert [(v.order, v.verdict) for v in rec.variants] == [(attention_first, OK), (recurrent_first, BUG)]
     finding = rec.variants[1]
-    assert finding["worst_schedule"] == rec.worst_schedule and finding["max_abs"] == rec.max_abs > 0
+    assert finding.worst_schedule == rec.worst_schedule and finding.max_abs == rec.max_abs > 0
     assert rec.config["layer_types"] == recurrent_first  # the head order's own config
     assert any("only with layer 0 'linear_attention', which the default configuration does not have" in n
                for n in rec.notes)
@@ -221,7 +221,7 @@ def test_worst_order_heads_the_record():
     recs = [record.new("x", "ok"), record.new("x", "not built", reason="refused"), record.new("x", "inconclusive")]
     out = orders.combine(recs, [["a", "b", "c"], ["b", "a", "c"], ["c", "a", "b"]])
     assert out.verdict == worst(["ok", "inconclusive"]) and out.order == ["c", "a", "b"]
-    assert [v["verdict"] for v in out.variants] == ["ok", "not built", "inconclusive"]
+    assert [v.verdict for v in out.variants] == ["ok", "not built", "inconclusive"]
     one = record.new("x", "ok")
     assert orders.combine([one], [[]]) is one  # one kind: nothing new in the record
 
@@ -231,7 +231,7 @@ def test_a_finding_only_in_an_order_the_defaults_lack_is_latent():
     ok, bug = record.new("x", "ok"), record.new("x", "bug", max_abs=0.5)
     out = orders.combine([ok, bug], names)
     assert out.verdict == LATENT and out.order == names[1] and out.max_abs == 0.5
-    assert [v["verdict"] for v in out.variants] == ["ok", "bug"]  # each order says what it showed
+    assert [v.verdict for v in out.variants] == ["ok", "bug"]  # each order says what it showed
     assert "not counted as a bug" in out.notes[-1]
     assert orders.combine([bug, ok], names[::-1]).verdict == BUG  # the defaults' own order: a bug
     crashed = record.new("x", "crashed", reason="x")
@@ -270,7 +270,7 @@ def test_prophetnet_is_a_full_pass_that_leaks_future_tokens():
     rec = check.check("prophetnet")
     assert rec.verdict == BUG and rec.shape == shapes.LEAK, rec
     assert rec.confirmation["status"] == BUG and rec.born_at.startswith("logits@")
-    assert rec.born_in["class"] == "ProphetNetNgramSelfAttention"
+    assert rec.born_in.class_name == "ProphetNetNgramSelfAttention"
     assert not rec.schedules and not rec.boundaries
 
 

@@ -21,7 +21,9 @@ def full_record() -> record.Record:
     values.pop("model_type", None)
     values.pop("verdict", None)
     values.update(schedules={"decode": {"max_abs": 0.1, "multiple": 1.0, "passed": True}},
-                  boundaries={"padded": record.BoundaryResult("ok", why="w")})  # entries are objects themselves
+                  boundaries={"padded": record.BoundaryResult("ok", why="w")},  # entries are objects themselves
+                  born_in={"module": "model.layers.0", "class": "Mixer", "lines": [3, 9]},
+                  variants=[{"order": ["attention"], "verdict": "ok", "born_in": None}])
     return record.new("arch", "ok", **values)
 
 

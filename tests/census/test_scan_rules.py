@@ -16,6 +16,7 @@ from hf_standin import ShiftConfig, ShiftLM  # noqa: E402
 from smearcli.engines.transformers import causal  # noqa: E402
 from smearcli.measure import shapes  # noqa: E402
 from smearcli.census import record  # noqa: E402
+from smearcli.census.record import BornIn  # noqa: E402
 from smearcli.engines.transformers.check import check_model, split_points  # noqa: E402
 from smearcli.judging.verdicts import BUG, OK, UNCONFIRMED  # noqa: E402
 
@@ -56,7 +57,7 @@ def test_a_full_pass_that_reads_ahead_is_the_finding_and_no_cached_path_is_blame
     assert len(how) == 1 and out["worst_schedule"] == shapes.leak_schedule(how[0])  # the probe that moved it
     assert not out.get("schedules") and not out.get("boundaries")  # no cached schedule judged
     assert any("the reference is not causal" in n for n in out["notes"])
-    assert out["born_in"]["module"]  # where the leak starts: a module whose inputs agree before cut
+    assert out["born_in"].module  # where the leak starts: a module whose inputs agree before cut
 
 
 def test_a_causal_full_pass_passes_the_reference_check():
@@ -354,10 +355,10 @@ def test_the_born_in_lines_are_those_of_the_state_the_replay_zeroed():
 
     conv = [535, "if conv_state is not None and seq_len == 1:", "a branch on a one-token step"]
     scan = [584, "if recurrent_state is not None and seq_len == 1:", "a branch on a one-token step"]
-    b = born.narrow({"module": "m", "suspects": [conv, scan]}, ["recurrent"])
-    assert b["suspects"] == [scan] and "recurrent state" in b["cause"]
-    assert born.narrow({"module": "m", "suspects": [conv, scan]}, ["conv"])["suspects"] == [conv]
-    assert born.narrow({"module": "m", "suspects": [conv]}, [])["suspects"] == [conv]  # no replay: as found
+    b = born.narrow(BornIn("m", suspects=[conv, scan]), ["recurrent"])
+    assert b.suspects == [scan] and "recurrent state" in b.cause
+    assert born.narrow(BornIn("m", suspects=[conv, scan]), ["conv"]).suspects == [conv]
+    assert born.narrow(BornIn("m", suspects=[conv]), []).suspects == [conv]  # no replay: as found
 
 
 # -- reachability: the finding through generate ---------------------------------------------------
@@ -566,7 +567,7 @@ def test_a_group_of_declared_copies_is_headed_by_the_original():
 
     def rec(name, model, cls, copies):
         r = finding(name, cls, copies=copies)
-        r.born_in["file"] = f"transformers/models/{model}/modeling_{model}.py"
+        r.born_in.file = f"transformers/models/{model}/modeling_{model}.py"
         return dataclasses.replace(r, reproducer=f"{name}.py", report_draft=f"{name}.md")
 
     recs = [rec("a_copy", "beta", "BetaMixer", ["alpha.AlphaMixer"]),

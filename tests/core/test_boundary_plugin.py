@@ -147,7 +147,7 @@ def test_the_census_runs_the_toy_and_reports_it():
         assert TOY in boundary.SCHEDULES
         out = check_model(model, ids, plans)
         assert out["verdict"] == OK and out["boundaries"][TOY].status == OK, out
-        assert out["schedules"][TOY]["passed"]
+        assert out["schedules"][TOY].passed
         md = report.markdown([new_record("llama", **out)])  # its column and its line of the section
         names = boundary.SCHEDULES  # the built-in boundaries, the census's combinations, then the toy
         assert names[-1] == TOY and f"{' / '.join(names)} |" in md

@@ -38,6 +38,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from ...census.record import BornIn
 from ...util.defaults import NOISE_MARGIN
 from ...measure.precision import lifted
 from ...util.frames import short_path
@@ -245,7 +246,7 @@ def trace(runner, tokens, steps, position: int, tolerance: float = NOISE_MARGIN)
     return None
 
 
-def leak_in(runner, tokens, changed, cut: int, tolerance: float = NOISE_MARGIN) -> Optional[dict]:
+def leak_in(runner, tokens, changed, cut: int, tolerance: float = NOISE_MARGIN) -> BornIn:
     """The `born_in` of a full pass that leaks future tokens (`causal`): the full pass on `tokens`
     and on `changed` (the same up to `cut`, then changed or cut off), compared over the positions before `cut`; the first call
     whose output moves there while the inputs it receives do not is where the leak starts."""
@@ -256,7 +257,7 @@ def leak_in(runner, tokens, changed, cut: int, tolerance: float = NOISE_MARGIN) 
         with torch.inference_mode(), Recorder(runner.model) as rec:
             runner.forward(changed, False)
     except Exception as e:
-        return {"module": None, "why": f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:160]}"}
+        return BornIn(None, why=f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:160]}")
     for call in rec.calls:
         ref = a.get((call.name, call.index))
         if ref is None:
@@ -272,30 +273,31 @@ def leak_in(runner, tokens, changed, cut: int, tolerance: float = NOISE_MARGIN) 
                 break
             at = at.parent
         out = describe(at, runner.model)
-        out.update(position=cut - 1, first_off=first.name, multiple=multiple if multiple != float("inf") else None)
+        out.position, out.first_off = cut - 1, first.name
+        out.multiple = multiple if multiple != float("inf") else None
         return out
-    return {"module": None, "why": f"no module output moves {tolerance:g}x its floor before position {cut}"}
+    return BornIn(None, why=f"no module output moves {tolerance:g}x its floor before position {cut}")
 
 
 # the words a suspect line names each kind of carried state by (`state.state_kinds`)
 STATE_WORDS = {"conv": ("conv",), "recurrent": ("recurrent", "ssm_state", "ssm", "scan", "initial_state")}
 
 
-def narrow(born_in: Optional[dict], kinds) -> Optional[dict]:
+def narrow(born_in: Optional[BornIn], kinds) -> Optional[BornIn]:
     """A `born_in` whose suspects are cut to the lines that handle the state the dropped-state
     replay zeroed (`kinds`: "recurrent", "conv"): zeroing that state reproduces the error, so
     carrying it is the change that removes it, and a line on the other state is not the cause
     (Mamba's conv branch carries its state; the scan starts from zero). `cause` names the state;
     nothing changes when no suspect line names it."""
-    if not born_in or not born_in.get("suspects") or not kinds:
+    if born_in is None or not born_in.suspects or not kinds:
         return born_in
     mine = [w for k in kinds for w in STATE_WORDS.get(k, (k,))]
     others = [w for k, ws in STATE_WORDS.items() if k not in kinds for w in ws]
-    keep = [s for s in born_in["suspects"] if any(w in s[1] for w in mine) and not any(w in s[1] for w in others)]
+    keep = [s for s in born_in.suspects if any(w in s[1] for w in mine) and not any(w in s[1] for w in others)]
     if keep:
-        born_in["suspects"] = keep
-        born_in["cause"] = (f"the {' and '.join(kinds)} state: zeroing it at each multi-token cached step's start "
-                            "reproduces the error, so carrying it there removes it")
+        born_in.suspects = keep
+        born_in.cause = (f"the {' and '.join(kinds)} state: zeroing it at each multi-token cached step's start "
+                         "reproduces the error, so carrying it there removes it")
     return born_in
 
 
@@ -346,7 +348,7 @@ def normalised(text: str, names=()) -> str:
     return "\n".join(out)
 
 
-def describe(call: Call, model, names=None) -> dict:
+def describe(call: Call, model, names=None) -> BornIn:
     """The `born_in` entry of a call: module, class, file, the forward's lines, its digest and the
     suspect lines inside it (line, the line, what the pattern means)."""
     cls = type(call.module)
@@ -357,15 +359,14 @@ def describe(call: Call, model, names=None) -> dict:
         what = suspect_kind(text)
         if what:
             suspects.append([i, text.strip(), what])
-    return {"module": call.name or "(the model)", "class": cls.__name__,
-            "file": short_path(path) if path else None,
-            "lines": [first, first + len(lines) - 1] if lines else None,
-            "code": hashlib.sha256(normalised(canonical(lines), names).encode()).hexdigest()[:16] if lines else None,
-            "suspects": [[n, normalised(t, names), what] for n, t, what in suspects]}
+    return BornIn(call.name or "(the model)", cls.__name__, file=short_path(path) if path else None,
+                  lines=[first, first + len(lines) - 1] if lines else None,
+                  code=hashlib.sha256(normalised(canonical(lines), names).encode()).hexdigest()[:16] if lines else None,
+                  suspects=[[n, normalised(t, names), what] for n, t, what in suspects])
 
 
 def born_in(runner, tokens, steps, departure, tolerance: float = NOISE_MARGIN,
-            schedule: Optional[str] = None) -> Optional[dict]:
+            schedule: Optional[str] = None) -> Optional[BornIn]:
     """The `born_in` field of a finding on a step plan: `departure` is the run's first departure
     (capture point, position); None for a boundary schedule (its batch is not the row's steps),
     or when no module output is off. The trace never fails the check: an exception in it is
@@ -376,11 +377,12 @@ def born_in(runner, tokens, steps, departure, tolerance: float = NOISE_MARGIN,
     try:
         got = trace(runner, tokens, list(steps), position, tolerance)
     except Exception as e:  # a model the hooks cannot follow: say so, the finding stands
-        return {"module": None, "why": f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:160]}"}
+        return BornIn(None, why=f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:160]}")
     if got is None:
-        return {"module": None, "why": f"no module output leaves {tolerance:g}x its floor at position {position}"}
+        return BornIn(None, why=f"no module output leaves {tolerance:g}x its floor at position {position}")
     born, first, multiple = got
     out = describe(born, runner.model)
-    out.update(position=position, first_off=first.name, multiple=multiple if multiple != float("inf") else None)
+    out.position, out.first_off = position, first.name
+    out.multiple = multiple if multiple != float("inf") else None
     return out
 

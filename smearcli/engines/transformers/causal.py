@@ -104,7 +104,7 @@ def confirm(runner, tokens: torch.Tensor, found: Leak) -> evidence.Confirmation:
     return c
 
 
-def fields(runner, tokens: torch.Tensor, found: Leak, born_in: Optional[dict]) -> dict:
+def fields(runner, tokens: torch.Tensor, found: Leak, born_in) -> dict:
     """The verdict fields of a confirmed (or unconfirmed) leak, for `check_model`'s record."""
     c, name = found.confirmation, leak_schedule(found.how)
     word = judge.judge([judge.Run(name, passed=False, confirmation=c)]).word  # bug or unconfirmed

@@ -176,7 +176,7 @@ def check(model_type: str, seed: int = 0, tolerance: float = NOISE_MARGIN, total
 
 def declare_copies(rec: Record) -> None:
     """A finding's born-in class: the classes it declares it copies in transformers' source
-    (`groups.copies`), into `born_in["copies"]`, so the records alone group it (`groups`)."""
+    (`groups.copies`), into `born_in.copies`, so the records alone group it (`groups`)."""
     import os
 
     import transformers
@@ -184,8 +184,8 @@ def declare_copies(rec: Record) -> None:
     from . import groups
 
     b = rec.born_in
-    if rec.verdict in groups.FINDINGS and isinstance(b, dict) and b.get("file") and b.get("class"):
-        b["copies"] = groups.copies(b["file"], b["class"], os.path.dirname(transformers.__file__))
+    if rec.verdict in groups.FINDINGS and b is not None and b.file and b.class_name:
+        b.copies = groups.copies(b.file, b.class_name, os.path.dirname(transformers.__file__))
 
 
 def reachability(rec: Record, seed: int, tolerance: float, total: int) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from ...census import engines, known
-from ...census.record import Record
+from ...census.record import BornIn, Record, born_module
 from ...measure.shapes import LEAK
 
 PATTERNS = (
@@ -78,12 +78,12 @@ def resolve(rel: Optional[str]) -> Optional[Path]:
     return None
 
 
-def quoted(born: dict) -> list[str]:
+def quoted(born: BornIn) -> list[str]:
     """The lines of a `born_in`'s forward as the installed file has them ([] when it is not there)."""
-    path, lines = resolve(born.get("file")), born.get("lines")
-    if path is None or not lines:
+    path, span = resolve(born.file), born.span()
+    if path is None or not span:
         return []
-    return path.read_text(errors="replace").splitlines()[lines[0] - 1:lines[1]]
+    return path.read_text(errors="replace").splitlines()[span[0] - 1:span[1]]
 
 
 def write(record: Record, path: Path, versions: dict, group: Optional[dict] = None) -> Path:
@@ -110,15 +110,15 @@ def write(record: Record, path: Path, versions: dict, group: Optional[dict] = No
              f"Shape of the error: **{record.shape}**" + (f"; first off at {record.born_at}" if record.born_at else ""),
              ""]
     lines += [f"- {n}" for n in record.notes or [] if "cache passed back" not in n]
-    born = record.born_in if isinstance(record.born_in, dict) else {}
-    lines += born_section(born) if born.get("module") else []
+    born = born_module(record)
+    lines += born_section(born) if born else []
     lines += group_section(group, record.model_type) if group and len(group["architectures"]) > 1 else []
     if record.reproducer:
         lines += ["", f"Reproducer (torch and transformers only, exits 1 while the bug is there): "
                   f"`python {Path(record.reproducer).name}`"]
     found = suspects(src)
     if found:
-        span = born.get("lines") if born.get("file") and born["file"] in rel else None
+        span = born.span() if born and born.file and born.file in rel else None
         lines += ["", f"Suspect lines in `{rel}`:", ""]
         lines += [f"- line {n}: `{text}` ({what}" + (", inside the forward above)" if span and span[0] <= n <= span[1]
                                                       else ")") for what, n, text in found]
@@ -147,16 +147,16 @@ def reach_section(reach, leak: bool = False) -> list[str]:
     return out + [""]
 
 
-def born_section(born: dict) -> list[str]:
+def born_section(born: BornIn) -> list[str]:
     """Where the error is born (`born.born_in`), with the lines of that module's forward quoted."""
-    span = born.get("lines") or [0, 0]
-    out = ["", f"Born in `{born['module']}` (`{born.get('class')}`): the first module whose output "
-           f"(at position {born.get('position')}) leaves the floor while the inputs it receives agree with the "
-           "full pass" + (f"; the first output off is `{born['first_off']}`, whose inputs were already off"
-                          if born.get("first_off") and born["first_off"] != born["module"] else "") + "."]
+    span = born.span() or (0, 0)
+    out = ["", f"Born in `{born.module}` (`{born.class_name}`): the first module whose output "
+           f"(at position {born.position}) leaves the floor while the inputs it receives agree with the "
+           "full pass" + (f"; the first output off is `{born.first_off}`, whose inputs were already off"
+                          if born.first_off and born.first_off != born.module else "") + "."]
     code = quoted(born)
     if code:
-        out += ["", f"<details><summary><code>{born.get('class')}.forward</code>, {born.get('file')} lines "
+        out += ["", f"<details><summary><code>{born.class_name}.forward</code>, {born.file} lines "
                 f"{span[0]}-{span[1]}</summary>", "", "```python", *code, "```", "", "</details>"]
     return out
 

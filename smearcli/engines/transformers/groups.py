@@ -37,7 +37,7 @@ import re
 from typing import Optional, Sequence
 
 from ...judging.verdicts import FINDINGS
-from ...census.record import BoundaryResult, Record, born_module
+from ...census.record import BornIn, BoundaryResult, Record, born_module
 
 
 def findings(records: Sequence[Record]) -> list[Record]:
@@ -125,13 +125,19 @@ def links(rec: Record) -> set:
     """What another finding must share with this one to be its group: its code, one of its
     suspect lines beside its shape, or the cache API code its headline departed in (`api_at`: one
     `crop` leaves every architecture's recurrent state as the draft left it)."""
-    b = born_module(rec)
-    out = {("code", b["code"])} if b.get("code") else set()
-    for s in b["suspects"] if b else []:
+    b = born(rec)
+    out = {("code", b.code)} if b.code else set()
+    for s in b.suspect_lines():
         out.add(("line", s[1], rec.shape))
     if api_at(rec):
         out.add(("api", api_at(rec), rec.shape))
     return out
+
+
+def born(rec: Record) -> BornIn:
+    """A finding's born-in module (`census.record.born_module`), or an empty one (every field None)
+    where it names none: a boundary finding, a trace that found none."""
+    return born_module(rec) or BornIn()
 
 
 def _root(parent: list, i: int) -> int:
@@ -158,12 +164,12 @@ def groups(records: Sequence[Record]) -> list[dict]:
                 owner[key] = i
     born_here = {}
     for i, rec in enumerate(found):
-        b = born_module(rec)
-        me = ident(b.get("file"), b.get("class")) if b else None
+        b = born(rec)
+        me = ident(b.file, b.class_name)
         if me:
             born_here.setdefault((me, rec.shape), []).append(i)
     for i, rec in enumerate(found):  # a declared copy of another finding's born-in class, same shape
-        for c in born_module(rec).get("copies") or []:
+        for c in born(rec).copied():
             for j in born_here.get((c, rec.shape), []):
                 parent[_root(parent, i)] = _root(parent, j)
     members: dict[int, list[Record]] = {}
@@ -174,11 +180,11 @@ def groups(records: Sequence[Record]) -> list[dict]:
 
 def shared(recs: list[Record]) -> tuple[Optional[str], list[str]]:
     """(the same code by digest for all of them, or None; the suspect lines all of them hold)."""
-    codes = {born_module(r).get("code") for r in recs}
+    codes = {born(r).code for r in recs}
     code = codes.pop() if len(codes) == 1 else None
     lines = None
     for r in recs:
-        mine = [s[1] for s in born_module(r).get("suspects") or []]
+        mine = [s[1] for s in born(r).suspect_lines()]
         lines = mine if lines is None else [x for x in lines if x in mine]
     return code, list(dict.fromkeys(lines or []))
 
@@ -187,11 +193,11 @@ def origin(recs: list[Record]) -> Optional[dict]:
     """The finding born in the class the others declare they copy, which copies none of theirs:
     the code a maintainer fixes (and `make fix-copies` carries to the copies). None without one."""
     def me(r):
-        return ident(born_module(r).get("file"), born_module(r).get("class"))
+        return ident(born(r).file, born(r).class_name)
 
     mine = {me(r) for r in recs} - {None}
-    copied = {c for r in recs for c in born_module(r).get("copies") or []} & mine
-    return next((r for r in recs if me(r) in copied and not set(born_module(r).get("copies") or []) & mine), None)
+    copied = {c for r in recs for c in born(r).copied()} & mine
+    return next((r for r in recs if me(r) in copied and not set(born(r).copied()) & mine), None)
 
 
 def entry(recs: list[Record]) -> dict:
@@ -200,15 +206,15 @@ def entry(recs: list[Record]) -> dict:
     first = origin(recs) or recs[0]
     b = born_module(first)
     code, lines = shared(recs)
-    mine = {ident(born_module(r).get("file"), born_module(r).get("class")) for r in recs} - {None}
-    declared = any(set(born_module(r).get("copies") or []) & mine for r in recs)
+    mine = {ident(born(r).file, born(r).class_name) for r in recs} - {None}
+    declared = any(set(born(r).copied()) & mine for r in recs)
     apis = {api_at(r) for r in recs}
     if len(recs) == 1:
         by = None
     elif len(apis) == 1 and None not in apis:
         by = f"the same cache API code: `{apis.pop()}`"
     elif code:
-        by = "the same forward" + ("" if len({born_module(r).get("class") for r in recs}) == 1
+        by = "the same forward" + ("" if len({born(r).class_name for r in recs}) == 1
                                    else ", once model names are normalised")
     elif lines:
         by = "the same suspect line" + ("s" if len(lines) > 1 else "")
@@ -219,17 +225,20 @@ def entry(recs: list[Record]) -> dict:
     return {"architectures": [r.model_type for r in recs], "first": first.model_type, "by": by,
             "lines": lines if len(recs) > 1 else [], "shape": first.shape,
             "code": where(b) if b else None,
-            "members": {r.model_type: {k: born_module(r).get(k) for k in ("module", "class", "file", "lines")}
-                        for r in recs},
+            "members": {r.model_type: member(born(r)) for r in recs},
             "reproducer": first.reproducer, "reproducer_status": first.reproducer_status,
             "report_draft": first.report_draft}
 
 
-def where(b: dict) -> str:
+def member(b: BornIn) -> dict:
+    """A group member's born-in module as the JSON document's `groups` lists it."""
+    return {"module": b.module, "class": b.class_name, "file": b.file, "lines": list(b.span()) if b.span() else None}
+
+
+def where(b: BornIn) -> str:
     """"MambaMixer.forward (transformers/models/mamba/modeling_mamba.py:358-484)"."""
-    lines = b.get("lines") or []
-    span = f":{lines[0]}-{lines[1]}" if len(lines) == 2 else ""
-    return f"{b.get('class')}.forward ({b.get('file') or '?'}{span})"
+    span = f":{b.span()[0]}-{b.span()[1]}" if b.span() else ""
+    return f"{b.class_name}.forward ({b.file or '?'}{span})"
 
 
 def of(records: Sequence[Record], model_type: str) -> Optional[dict]:

@@ -15,7 +15,7 @@ from typing import Optional
 
 from ...judging import judge
 from ...judging.verdicts import LATENT
-from ...census.record import Record
+from ...census.record import Record, Variant
 
 # Layer 0 as published configurations have it, where it differs from the config class's defaults:
 # a finding in that order is reachable as shipped, so not latent. Each with where it is said.
@@ -44,7 +44,7 @@ def combine(records: list[Record], names: list[list[str]]) -> Record:
     head = records[at]
     out = dataclasses.replace(head, verdict=said[at])
     out.order = names[at]
-    out.variants = [{"order": o, **{k: getattr(r, k) for k in KEPT}} for r, o in zip(records, names)]
+    out.variants = [Variant(o, **{k: getattr(r, k) for k in KEPT}) for r, o in zip(records, names)]
     if at and word == LATENT:
         out.notes = list(head.notes or []) + [
             f"latent: {head.verdict} only with layer 0 '{names[at][0]}', which the default configuration does "

@@ -37,7 +37,7 @@ def sections(records: Sequence[Record], meta: dict) -> list[str]:
             # the class alone: the module's qualified name and the forward's file and lines, which
             # cannot wrap, would widen the table past a page; they are in the Root causes table,
             # the JSON, the draft and the console's line
-            where = f"`{b.get('class')}`" if b else "-"
+            where = f"`{b.class_name}`" if b else "-"
             init = "" if r.init is None else f" at init {r.init}"
             out.append(f"| {r.model_type} | {r.verdict} | {r.worst_schedule} | {err_cell(r)} ({f64_cell(r)}){init} | "
                        f"{r.shape} | {where} | {reach.summary(r.reach)} | {known.cell(r)} | {rep} |")
