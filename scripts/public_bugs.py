@@ -142,8 +142,8 @@ def threads(rec, path: str) -> list[str]:
     ("49036"); [] for a finding it calls new, or none. A path of generate's (a key of `reach`) is
     named as a headline names it, "generate: " + the path; one beside another headline (the census
     places headlines and boundaries) is placed here by the same table (`reach_threads`)."""
-    said = [t["url"].rstrip("/").rsplit("/", 1)[-1] for u in rec.upstream or []
-            if u.get("path") in (path, GENERATE_PATH + path) for t in u.get("threads") or [] if t.get("url")]
+    said = [t.url.rstrip("/").rsplit("/", 1)[-1] for u in rec.upstream or []
+            if u.path in (path, GENERATE_PATH + path) for t in u.threads or [] if t.url]
     return said or reach_threads(rec, path)
 
 
@@ -153,15 +153,15 @@ def reach_threads(rec, path: str) -> list[str]:
     from smearcli.census import known, record
     from smearcli.measure.shapes import THROUGH_GENERATE
 
-    got = (rec.reach or {}).get(path) if isinstance(rec.reach, dict) else None
-    word = {"raises first": str(CRASHED), "silently wrong": str(_BUG)}.get((got or {}).get("result"))
+    got = rec.reach[path] if isinstance(rec.reach, dict) and path in rec.reach else None
+    word = {"raises first": str(CRASHED), "silently wrong": str(_BUG)}.get(got.result if got is not None else None)
     if word is None:
         return []
     alone = record.bare(rec.model_type, word, worst_schedule=GENERATE_PATH + path, shape=THROUGH_GENERATE,
                         transformers_version=rec.transformers_version)
     known.place([alone])
-    return [t["url"].rstrip("/").rsplit("/", 1)[-1] for u in alone.upstream or []
-            for t in u.get("threads") or [] if t.get("url")]
+    return [t.url.rstrip("/").rsplit("/", 1)[-1] for u in alone.upstream or []
+            for t in u.threads or [] if t.url]
 
 
 def another_thread(rec, path: str, link: str) -> bool:
@@ -210,12 +210,12 @@ def evidence(rec, globs, link: str = "", raises: Optional[str] = None) -> list[s
                 out.append(f"{name}{label}: {st}" + (f" ({b.shape})" if label == "" and b.given("shape") and b.shape else ""))
                 break
     for name, r in (rec.reach or {}).items():
-        if not isinstance(r, dict) or not matches(name) or (out and worst == f"generate: {name}"):
+        if r is None or not matches(name) or (out and worst == f"generate: {name}"):
             continue
-        if r.get("result") == "silently wrong":
+        if r.result == "silently wrong":
             out.append(f"generate's {name}: silently wrong (reach)")
-        elif r.get("result") == "raises first" and its(r.get("why")):
-            out.append(f"generate's {name}: raises first (reach; {str(r.get('why') or '')[:120]})")
+        elif r.result == "raises first" and its(r.why):
+            out.append(f"generate's {name}: raises first (reach; {str(r.why or '')[:120]})")
     if rec.verdict == CRASHED and not out and its(rec.reason):  # the notes name the schedule that raised
         for note in rec.notes or []:
             m = RAISED.match(str(note))
@@ -236,8 +236,8 @@ def said(rec) -> str:
         shape = f", {rec.shape}" if rec.shape and rec.shape != "-" else ""
         filed = threads(rec, what)
         filed = f" (upstream's #{filed[0]})" if filed else ""
-        beside = [f"; generate's {p} {'raises' if e.get('result') == 'raises first' else 'departs'} "
-                  f"(upstream's #{t[0]})" for p, e in (rec.reach or {}).items() if isinstance(e, dict)
+        beside = [f"; generate's {p} {'raises' if e.result == 'raises first' else 'departs'} "
+                  f"(upstream's #{t[0]})" for p, e in (rec.reach or {}).items() if e is not None
                   and GENERATE_PATH + p != what and (t := reach_threads(rec, p))]
         return f"{rec.verdict} elsewhere: {what}{shape}{filed}" + "".join(beside)
     if rec.verdict in (NOT_BUILT, TIMED_OUT) and rec.reason:

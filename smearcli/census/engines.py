@@ -44,6 +44,10 @@ What an `Engine` declares (cheap: registering imports none of its code, `--help`
 - `sections`: `(records, meta) -> list[str]` (or "module:function"): its page's own Markdown
   lines after the count line (findings, what could not run, every architecture; `report.markdown`
   puts the frame around them).
+- `data`: {record field: `census.record.Part` subclass}: the fields of a record that hold this
+  engine's own data (vLLM's `vllm`, llama.cpp's `llamacpp`) and the typed part each holds, declared
+  in the engine's folder; registering the engine makes records read from then on hold them
+  (`census.record.hold`).
 - `after_run`: `(records, meta) -> None` (or "module:function", or None): what it writes once a
   run (not a `--merge`) is over, like the transformers engine's one bug-report draft per root cause.
 - `groups`: `(records) -> list[dict]` (or "module:function", or None: none): the root causes its
@@ -80,14 +84,14 @@ What a `Session` (the object `open` returns) does while the census runs:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional, Protocol, Sequence, Union
 
 from ..util.errors import UserError
 from ..util.named import load
 from ..judging.verdicts import BUG
-from .record import Record
+from .record import Record, hold
 
 
 class Session(Protocol):
@@ -123,6 +127,7 @@ class Engine:
     after_run: Union[Callable, str, None] = None
     groups: Union[Callable, str, None] = None
     footer: Union[Callable, str, None] = None
+    data: dict = field(default_factory=dict)
 
     def session(self, python: Optional[str], quiet: bool = False) -> Session:
         return load(self.open)(python, quiet)
@@ -156,8 +161,11 @@ ENGINES: dict[str, Engine] = {}
 
 
 def register(engine: Engine) -> Engine:
-    """Add an engine (a name already taken is replaced: a test's toy engine may shadow one)."""
+    """Add an engine (a name already taken is replaced: a test's toy engine may shadow one), and
+    the parts its data is (`Engine.data`)."""
     ENGINES[engine.name] = engine
+    for name, part in engine.data.items():
+        hold(name, part)
     return engine
 
 

@@ -40,7 +40,7 @@ from ..util.errors import UserError
 from ..judging.judge import by_design
 from ..judging.verdicts import BUG, BY_DESIGN, FAILURES, UNSUPPORTED
 from . import engines
-from .record import Record, bare as record_of
+from .record import Record, Upstream, bare as record_of
 
 TABLE = Path(__file__).with_name("known.toml")
 
@@ -187,9 +187,9 @@ def findings(record: Record) -> list[Part]:
     out = []
     word = record.verdict
     ups = record.upstream if isinstance(record.upstream, list) else []
-    if ups and all(isinstance(u, dict) and all(isinstance(u.get(k), str) for k in ("path", "shape", "verdict"))
-                   and u["verdict"] in FINDING_WORDS + (str(UNSUPPORTED),) for u in ups):
-        return [Part(u["path"], u["shape"], u["verdict"]) for u in ups]  # placed before: each keeps its word
+    if ups and all(isinstance(u, Upstream) and all(isinstance(x, str) for x in (u.path, u.shape, u.verdict))
+                   and u.verdict in FINDING_WORDS + (str(UNSUPPORTED),) for u in ups):
+        return [Part(u.path, u.shape, u.verdict) for u in ups]  # placed before: each keeps its word
     if word in FINDING_WORDS:
         out.append(Part(record.worst_schedule or "", record.shape or "", word))
     for name, e in (record.boundaries or {}).items():
@@ -242,26 +242,25 @@ def place(records: Sequence[Record], entries: Optional[Sequence[Entry]] = None) 
             r.upstream = None
             continue
         r.upstream = placed = _placed(entries, r, parts)
-        headline = next((u["verdict"] for u in placed if u["path"] == (r.worst_schedule or "")), None)
-        r.verdict = str(by_design(headline or r.verdict, [u["class"] for u in placed]))
+        headline = next((u.verdict for u in placed if u.path == (r.worst_schedule or "")), None)
+        r.verdict = str(by_design(headline or r.verdict, [u.class_name for u in placed]))
     return list(records)
 
 
-def _placed(entries: Sequence[Entry], record: Record, parts: Sequence[Part]) -> list[dict]:
+def _placed(entries: Sequence[Entry], record: Record, parts: Sequence[Part]) -> list[Upstream]:
     """Each part of `record` with its class and the threads that cover it (`place`'s entries)."""
     by_id = {e.id: e for e in entries}
     out = []
     for p in parts:
         covering = [e for e in entries if e.covers(engine_of(record), record.model_type, p)]
-        out.append({"path": p.path, "shape": p.shape, "verdict": p.verdict,
-                    "class": classify(covering, record, by_id),
-                    "threads": [e.brief() for e in covering if e.status != "new"],
-                    "searched": "; ".join(e.searched for e in covering if e.status == "new" and e.searched) or None})
+        out.append(Upstream(p.path, p.shape, p.verdict, classify(covering, record, by_id),
+                            [e.brief() for e in covering if e.status != "new"],
+                            "; ".join(e.searched for e in covering if e.status == "new" and e.searched) or None))
     return out
 
 
 def of_run(comparison, engine: str, model_type: str, release: Optional[str], name_of=None,
-           entries: Optional[Sequence[Entry]] = None) -> list[dict]:
+           entries: Optional[Sequence[Entry]] = None) -> list[Upstream]:
     """The findings of one `compare` run outside a census (`compare --impl hf|vllm|llamacpp` on one
     model) placed as `place` places a record's: each run that failed (bug, unconfirmed) or crashed
     is a part, its path named as that engine's census names the same steps (`name_of(schedule,
@@ -293,25 +292,25 @@ def of_run(comparison, engine: str, model_type: str, release: Optional[str], nam
     return _placed(entries, record_of(model_type, "ok", **engines.stamped(engine, release)), parts)
 
 
-def gated(placed: Sequence[dict]) -> list[dict]:
+def gated(placed: Sequence[Upstream]) -> list[Upstream]:
     """The placed findings of one run that `--check` fails on: new ones and regressions."""
-    return [u for u in placed if u["class"] in FAILS_CHECK]
+    return [u for u in placed if u.class_name in FAILS_CHECK]
 
 
-def lines(placed: Sequence[dict]) -> list[str]:
+def lines(placed: Sequence[Upstream]) -> list[str]:
     """One console line per placed finding of a run: its path, its class and the threads."""
     out = []
     for u in placed:
-        where = "; ".join(f"{reference(t['url'])} [{t['status']}]" + (f" {t['title']}" if t["title"] else "")
-                          for t in u["threads"])
-        out.append(f"upstream: {u['path']} ({u['verdict']}) is {u['class']}: "
+        where = "; ".join(f"{reference(t.url)} [{t.status}]" + (f" {t.title}" if t.title else "")
+                          for t in u.threads)
+        out.append(f"upstream: {u.path} ({u.verdict}) is {u.class_name}: "
                    + (where or "no public thread matches (smearcli/census/known.toml)"))
     return out
 
 
 def worst(record: Record) -> Optional[str]:
     """The most pressing class of a record's findings (new first), None when it has none."""
-    classes = [u["class"] for u in record.upstream or []]
+    classes = [u.class_name for u in record.upstream or []]
     return min(classes, key=CLASSES.index) if classes else None
 
 
@@ -326,7 +325,7 @@ def summary(records: Sequence[Record]) -> Optional[str]:
     n = {c: 0 for c in CLASSES}
     for r in records:
         for u in r.upstream or []:
-            n[u["class"]] += 1
+            n[u.class_name] += 1
     if not any(n.values()):
         return None
     words = {NEW: "new", REGRESSION: "regression" if n[REGRESSION] == 1 else "regressions",
@@ -338,16 +337,16 @@ def summary(records: Sequence[Record]) -> Optional[str]:
 
 def cell(record: Record, path: Optional[str] = None) -> str:
     """One Markdown cell: `new`, or each covering thread linked with its status (a regression says so)."""
-    ups = [u for u in record.upstream or [] if path is None or u["path"] == path]
+    ups = [u for u in record.upstream or [] if path is None or u.path == path]
     if not ups:
         return "-"
     out = []
     for u in ups:
-        if not u["threads"]:
-            out.append(u["class"])
+        if not u.threads:
+            out.append(u.class_name)
             continue
-        links = ", ".join(f"[{t['status']}]({t['url']})" for t in u["threads"])
-        out.append(links + (f": {u['class']}" if u["class"] in (REGRESSION,) else ""))
+        links = ", ".join(f"[{t.status}]({t.url})" for t in u.threads)
+        out.append(links + (f": {u.class_name}" if u.class_name in (REGRESSION,) else ""))
     return "; ".join(dict.fromkeys(out))
 
 
@@ -356,8 +355,8 @@ def console(record: Record) -> Optional[str]:
     ups = record.upstream or []
     if not ups:
         return None
-    u = min(ups, key=lambda u: CLASSES.index(u["class"]))
-    return f"upstream: {u['class']}" + (f" {reference(u['threads'][0]['url'])}" if u["threads"] else "")
+    u = min(ups, key=lambda u: CLASSES.index(u.class_name))
+    return f"upstream: {u.class_name}" + (f" {reference(u.threads[0].url)}" if u.threads else "")
 
 
 def reference(url: str) -> str:
@@ -374,7 +373,7 @@ def stale(records: Sequence[Record], entries: Optional[Sequence[Entry]] = None) 
         return []
     engine = engine_of(records[0])
     checked = {r.model_type for r in records}
-    used = {t["id"] for r in records for u in r.upstream or [] for t in u["threads"]}
+    used = {t.id for r in records for u in r.upstream or [] for t in u.threads}
     used |= {e.id for r in records for p in findings(r) for e in entries
              if e.covers(engine, r.model_type, p)}
     return [e for e in entries if e.engine == engine and e.id not in used and checked & set(e.architectures)]

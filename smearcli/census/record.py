@@ -28,10 +28,12 @@ LIST, OBJECT = ((list,), "a list"), ((dict,), "an object")
 
 
 BOOLEAN = ((bool,), "true or false")
+# how a field holds parts: ONE part, a dict of them BY_NAME, or a LIST_OF them
+ONE, BY_NAME, LIST_OF = "one", "by name", "list"
 ABSENT = object()  # a field of a part never given: left out of its JSON (`Part`)
 
 
-def _p(kind, key: Optional[str] = None):
+def part_field(kind, key: Optional[str] = None):
     """A part's field: never given until a value is, of the JSON type `kind`; `key`: its name in
     the JSON where that is not the attribute's (a Python keyword: "class")."""
     return field(default=ABSENT, metadata={"json": kind, **({"key": key} if key else {})})
@@ -42,7 +44,7 @@ class Part:
     what its writer gave it: a field is in the JSON once it has been given a value, None included,
     at construction or later; one never given reads None and is left out. `extra`: keys a file
     holds that no field declares, kept as they were. Subclasses are dataclasses whose fields (all
-    but `extra`) are made with `_p`, which says each one's JSON type (`types()`, what
+    but `extra`) are made with `part_field`, which says each one's JSON type (`types()`, what
     `records.check_record` holds a file's entries to).
 
     `AS_GIVEN`: the JSON lists the fields in the order they were first given (a file's order when
@@ -57,6 +59,7 @@ class Part:
                 value = None
             else:
                 given.setdefault(name, None)
+                value = self._read(name, value)  # a nested part given as a JSON object is read as its part
         object.__setattr__(self, name, value)
 
     def __eq__(self, other) -> bool:
@@ -99,8 +102,7 @@ class Part:
     def to_json(self) -> dict:
         out, keys = {}, self.keys()
         for name in self._order():
-            value = getattr(self, name)
-            out[keys[name]] = value.to_json() if isinstance(value, Part) else value
+            out[keys[name]] = _json(getattr(self, name))
         return {**out, **self.extra}
 
     @classmethod
@@ -110,12 +112,33 @@ class Part:
         out = cls(extra={k: v for k, v in d.items() if k not in names})
         for key, value in d.items():
             if key in names:
-                setattr(out, names[key], cls._read(names[key], value))
+                setattr(out, names[key], value)
         return out
+
+    NESTED: dict = {}  # field -> (its kind of part, ONE or BY_NAME): the parts inside this one
 
     @classmethod
     def _read(cls, name: str, value):
-        return value
+        if name not in cls.NESTED:
+            return value
+        kind, how = cls.NESTED[name]
+        return _parts((part_kind(kind), how), value, lambda e: part_kind(kind).from_json(e) if isinstance(e, dict) else e)
+
+
+def part_kind(kind):
+    """A part's class, named by a string where the class is declared after the one naming it."""
+    return globals()[kind] if isinstance(kind, str) else kind
+
+
+def _json(value):
+    """A part's value as JSON: a part, a dict or a list of parts, each part's own JSON."""
+    if isinstance(value, Part):
+        return value.to_json()
+    if isinstance(value, dict) and any(isinstance(v, Part) for v in value.values()):
+        return {k: _json(v) for k, v in value.items()}
+    if isinstance(value, list) and any(isinstance(v, Part) for v in value):
+        return [_json(v) for v in value]
+    return value
 
 
 @dataclass(eq=False)
@@ -131,16 +154,18 @@ class ScheduleResult(Part):
 
     AS_GIVEN = True
 
-    status: Optional[str] = _p(STRING)  # a word of smearcli.judging.verdicts, as `judge.status` gives it
-    max_abs: Optional[float] = _p(NUMBER)
-    multiple: Optional[float] = _p(NUMBER)
-    passed: Optional[bool] = _p(BOOLEAN)
-    why: Optional[str] = _p(STRING)
-    confirmation: Optional[dict] = _p(OBJECT)  # the departure rerun in float64 (evidence.Confirmation)
-    vs_prefill: Optional[float] = _p(NUMBER)
-    first: Optional[int] = _p(INTEGER)
-    steps: Optional[str] = _p(STRING)
+    status: Optional[str] = part_field(STRING)  # a word of smearcli.judging.verdicts, as `judge.status` gives it
+    max_abs: Optional[float] = part_field(NUMBER)
+    multiple: Optional[float] = part_field(NUMBER)
+    passed: Optional[bool] = part_field(BOOLEAN)
+    why: Optional[str] = part_field(STRING)
+    confirmation: Optional["ConfirmationEntry"] = part_field(OBJECT)  # the departure rerun in float64
+    vs_prefill: Optional[float] = part_field(NUMBER)
+    first: Optional[int] = part_field(INTEGER)
+    steps: Optional[str] = part_field(STRING)
     extra: dict = field(default_factory=dict)
+
+    NESTED = {"confirmation": ("ConfirmationEntry", ONE)}
 
 
 @dataclass(eq=False)
@@ -153,28 +178,169 @@ class BoundaryResult(Part):
     refuses; a failure beside the headline its reproducer; a way the library declares unsupported
     `declared` and `api_finding`. Its JSON lists them in this order (`Part`)."""
 
-    status: Optional[str] = _p(STRING)  # passed / ok / bug / crashed / not run / ... (smearcli.judging.verdicts)
-    max_abs: Optional[float] = _p(NUMBER)
-    multiple: Optional[float] = _p(NUMBER)
-    shape: Optional[str] = _p(STRING)  # a failure's shape: the boundary's own (`schedules.shape`)
-    mode: Optional[str] = _p(STRING)  # rollback: how the headline run took the drafts back (crop, copy)
-    why: Optional[str] = _p(STRING)
-    confirmation: Optional[dict] = _p(OBJECT)  # a failure rerun in float64 (evidence.Confirmation)
-    declared: Optional[str] = _p(STRING)  # their crop: what the library declares unsupported, quoted
-    api_finding: Optional[dict] = _p(OBJECT)  # their crop, declared unsupported, ran anyway and departed
-    pad_id: Optional[int] = _p(INTEGER)  # padded: the id padding holds
-    positions: Optional[bool] = _p(BOOLEAN)  # padded: whether explicit position_ids were passed
-    rows: Optional[dict] = _p(OBJECT)  # padded: max |dlogit| per row of the batch
-    their_crop: Optional["BoundaryResult"] = _p(OBJECT)  # rollback through their cache API
-    copy: Optional["BoundaryResult"] = _p(OBJECT)  # rollback through a copy taken before each draft
-    generate_refuses: Optional[str] = _p(STRING)  # rollback: why generate() refuses assisted decoding
-    reproducer: Optional[str] = _p(STRING)  # a failure beside another headline: its own reproducer
-    reproducer_status: Optional[int] = _p(INTEGER)
+    status: Optional[str] = part_field(STRING)  # passed / ok / bug / crashed / not run / ... (smearcli.judging.verdicts)
+    max_abs: Optional[float] = part_field(NUMBER)
+    multiple: Optional[float] = part_field(NUMBER)
+    shape: Optional[str] = part_field(STRING)  # a failure's shape: the boundary's own (`schedules.shape`)
+    mode: Optional[str] = part_field(STRING)  # rollback: how the headline run took the drafts back (crop, copy)
+    why: Optional[str] = part_field(STRING)
+    confirmation: Optional["ConfirmationEntry"] = part_field(OBJECT)  # a failure rerun in float64
+    declared: Optional[str] = part_field(STRING)  # their crop: what the library declares unsupported, quoted
+    api_finding: Optional[dict] = part_field(OBJECT)  # their crop, declared unsupported, ran anyway and departed
+    pad_id: Optional[int] = part_field(INTEGER)  # padded: the id padding holds
+    positions: Optional[bool] = part_field(BOOLEAN)  # padded: whether explicit position_ids were passed
+    rows: Optional[dict] = part_field(OBJECT)  # padded: max |dlogit| per row of the batch
+    their_crop: Optional["BoundaryResult"] = part_field(OBJECT)  # rollback through their cache API
+    copy: Optional["BoundaryResult"] = part_field(OBJECT)  # rollback through a copy taken before each draft
+    generate_refuses: Optional[str] = part_field(STRING)  # rollback: why generate() refuses assisted decoding
+    reproducer: Optional[str] = part_field(STRING)  # a failure beside another headline: its own reproducer
+    reproducer_status: Optional[int] = part_field(INTEGER)
     extra: dict = field(default_factory=dict)
 
-    @classmethod
-    def _read(cls, name: str, value):
-        return cls.from_json(value) if name in ("their_crop", "copy") and isinstance(value, dict) else value
+    NESTED = {"confirmation": ("ConfirmationEntry", ONE), "their_crop": ("BoundaryResult", ONE),
+              "copy": ("BoundaryResult", ONE)}
+
+
+@dataclass(eq=False)
+class ConfirmationEntry(Part):
+    """A departure rerun in float64, as a record keeps it (`smearcli.judging.evidence.Confirmation`,
+    its `to_json`): its size in the run's own precision and in float64 with the float32 islands
+    lifted, the bound float64 rounding could leave, the word that makes it (`status`) and why. A
+    plain float64 cast (`float64`, without the lift) is filled in for the headline alone."""
+
+    AS_GIVEN = True
+
+    status: Optional[str] = part_field(STRING)  # bug, rounding or unconfirmed
+    dtype: Optional[str] = part_field(STRING)
+    original: Optional[float] = part_field(NUMBER)
+    float64: Optional[float] = part_field(NUMBER)
+    float64_lifted: Optional[float] = part_field(NUMBER)
+    rounding_bound: Optional[float] = part_field(NUMBER)
+    why: Optional[str] = part_field(STRING)
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass(eq=False)
+class PowerEntry(Part):
+    """What zeroing each kind of carried state showed (`smearcli.judging.evidence.Power`, its
+    `to_json`): how far each moves the logits after `split` tokens, and the share of that effect an
+    error must have to show past `threshold`."""
+
+    AS_GIVEN = True
+
+    split: Optional[int] = part_field(INTEGER)
+    threshold: Optional[float] = part_field(NUMBER)
+    effects: Optional[dict] = part_field(OBJECT)  # state kind -> max |dlogit| with it zeroed
+    detectable_fraction: Optional[dict] = part_field(OBJECT)  # state kind -> the share an error must have to show
+    min_power: Optional[float] = part_field(NUMBER)
+    sufficient: Optional[bool] = part_field(BOOLEAN)
+    why: Optional[str] = part_field(STRING)
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass(eq=False)
+class ReachEntry(Part):
+    """A finding run through one path of the public API (`Record.reach[path]`,
+    `engines.transformers.reach`): what it gave (`result`: "silently wrong", "raises first", ...),
+    how far, and where the numbers come from."""
+
+    AS_GIVEN = True
+
+    result: Optional[str] = part_field(STRING)
+    max_abs: Optional[float] = part_field(NUMBER)
+    gap: Optional[float] = part_field(NUMBER)
+    numbered: Optional[float] = part_field(NUMBER)
+    tokens: Optional[str] = part_field(STRING)  # its tokens against the row's own generate
+    lazy: Optional[float] = part_field(NUMBER)
+    assistant: Optional[str] = part_field(STRING)
+    why: Optional[str] = part_field(STRING)
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass(eq=False)
+class Rerun(Part):
+    """What one rerun of a finding gave (a second seed, a tie-break, the default counts): its word,
+    schedule and size, and its shape or (llama.cpp) its kind of departure."""
+
+    AS_GIVEN = True
+
+    verdict: Optional[str] = part_field(STRING)
+    worst_schedule: Optional[str] = part_field(STRING)
+    max_abs: Optional[float] = part_field(NUMBER)
+    shape: Optional[str] = part_field(STRING)
+    departure: Optional[str] = part_field(STRING)
+    reason: Optional[str] = part_field(STRING)
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass(eq=False)
+class DefaultCounts(Part):
+    """A finding rerun at the head and expert counts the derivation shrank, restored
+    (`tiny.derive.default_counts`): what was restored and skipped, the rerun, and each kind of count
+    alone where all at once could not run."""
+
+    AS_GIVEN = True
+
+    restored: Optional[dict] = part_field(OBJECT)
+    skipped: Optional[dict] = part_field(OBJECT)
+    rerun: Optional[Rerun] = part_field(OBJECT)
+    ties: Optional[int] = part_field(INTEGER)
+    reason: Optional[str] = part_field(STRING)
+    alone: Optional[dict] = part_field(OBJECT)  # kind of count -> its `Rerun`
+    extra: dict = field(default_factory=dict)
+
+    NESTED = {"rerun": (Rerun, ONE), "alone": (Rerun, BY_NAME)}
+
+
+@dataclass(eq=False)
+class Replication(Part):
+    """A finding put to its reruns before it is called one (`Record.replication`): exact ties seen,
+    a tie-break, a second seed, the default counts."""
+
+    AS_GIVEN = True
+
+    ties: Optional[int] = part_field(INTEGER)
+    tie_break: Optional[Rerun] = part_field(OBJECT)
+    seed: Optional[int] = part_field(INTEGER)
+    second_seed: Optional[Rerun] = part_field(OBJECT)
+    default_counts: Optional[DefaultCounts] = part_field(OBJECT)
+    extra: dict = field(default_factory=dict)
+
+    NESTED = {"tie_break": (Rerun, ONE), "second_seed": (Rerun, ONE), "default_counts": (DefaultCounts, ONE)}
+
+
+@dataclass(eq=False)
+class Thread(Part):
+    """A public thread that covers a finding, as a record keeps it (`known.Entry.brief`): enough to
+    link and quote it without the table."""
+
+    AS_GIVEN = True
+
+    id: Optional[str] = part_field(STRING)
+    status: Optional[str] = part_field(STRING)
+    url: Optional[str] = part_field(STRING)
+    title: Optional[str] = part_field(STRING)
+    quote: Optional[str] = part_field(STRING)
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass(eq=False)
+class Upstream(Part):
+    """One finding of a record placed against what upstream knows (`Record.upstream`, `census.known`):
+    its path, shape and word, its class (new, open, by design, ...), the threads that cover it and
+    where a new one was searched."""
+
+    AS_GIVEN = True
+
+    path: Optional[str] = part_field(STRING)
+    shape: Optional[str] = part_field(STRING)
+    verdict: Optional[str] = part_field(STRING)
+    class_name: Optional[str] = part_field(STRING, key="class")
+    threads: Optional[list] = part_field(LIST)  # a `Thread` each
+    searched: Optional[str] = part_field(STRING)
+    extra: dict = field(default_factory=dict)
+
+    NESTED = {"threads": (Thread, LIST_OF)}
 
 
 @dataclass(eq=False)
@@ -188,18 +354,18 @@ class BornIn(Part):
 
     AS_GIVEN = True
 
-    module: Optional[str] = _p(STRING)  # its qualified name in the model; None: none found (`why`)
-    class_name: Optional[str] = _p(STRING, key="class")
-    file: Optional[str] = _p(STRING)  # "transformers/models/x/modeling_x.py"
-    lines: Optional[list] = _p(LIST)  # [first, last] line of the forward
-    code: Optional[str] = _p(STRING)  # the forward's digest, names normalised (`groups`)
-    suspects: Optional[list] = _p(LIST)  # [line, text, what the pattern means] each
-    position: Optional[int] = _p(INTEGER)
-    first_off: Optional[str] = _p(STRING)  # the first capture point off (not the module's inputs)
-    multiple: Optional[float] = _p(NUMBER)
-    cause: Optional[str] = _p(STRING)
-    copies: Optional[list] = _p(LIST)  # the classes it declares it copies (`# Copied from`, modular)
-    why: Optional[str] = _p(STRING)
+    module: Optional[str] = part_field(STRING)  # its qualified name in the model; None: none found (`why`)
+    class_name: Optional[str] = part_field(STRING, key="class")
+    file: Optional[str] = part_field(STRING)  # "transformers/models/x/modeling_x.py"
+    lines: Optional[list] = part_field(LIST)  # [first, last] line of the forward
+    code: Optional[str] = part_field(STRING)  # the forward's digest, names normalised (`groups`)
+    suspects: Optional[list] = part_field(LIST)  # [line, text, what the pattern means] each
+    position: Optional[int] = part_field(INTEGER)
+    first_off: Optional[str] = part_field(STRING)  # the first capture point off (not the module's inputs)
+    multiple: Optional[float] = part_field(NUMBER)
+    cause: Optional[str] = part_field(STRING)
+    copies: Optional[list] = part_field(LIST)  # the classes it declares it copies (`# Copied from`, modular)
+    why: Optional[str] = part_field(STRING)
     extra: dict = field(default_factory=dict)
 
     def named(self) -> bool:
@@ -227,21 +393,19 @@ class Variant(Part):
 
     AS_GIVEN = True
 
-    order: Optional[list] = _p(LIST)  # its layer kinds, layer 0 first
-    verdict: Optional[str] = _p(STRING)
-    worst_schedule: Optional[str] = _p(STRING)
-    max_abs: Optional[float] = _p(NUMBER)
-    multiple: Optional[float] = _p(NUMBER)
-    shape: Optional[str] = _p(STRING)
-    born_at: Optional[str] = _p(STRING)
-    born_in: Optional[BornIn] = _p(OBJECT)
-    init: Optional[float] = _p(NUMBER)
-    reason: Optional[str] = _p(STRING)
+    order: Optional[list] = part_field(LIST)  # its layer kinds, layer 0 first
+    verdict: Optional[str] = part_field(STRING)
+    worst_schedule: Optional[str] = part_field(STRING)
+    max_abs: Optional[float] = part_field(NUMBER)
+    multiple: Optional[float] = part_field(NUMBER)
+    shape: Optional[str] = part_field(STRING)
+    born_at: Optional[str] = part_field(STRING)
+    born_in: Optional[BornIn] = part_field(OBJECT)
+    init: Optional[float] = part_field(NUMBER)
+    reason: Optional[str] = part_field(STRING)
     extra: dict = field(default_factory=dict)
 
-    @classmethod
-    def _read(cls, name: str, value):
-        return BornIn.from_json(value) if name == "born_in" and isinstance(value, dict) else value
+    NESTED = {"born_in": (BornIn, ONE)}
 
 
 def _f(kind, default=None, factory=None):
@@ -263,11 +427,11 @@ class Record:
     init: Optional[float] = _f(NUMBER)  # the initializer_range the verdict came at (None: default)
     floor: Optional[float] = _f(NUMBER)  # the logits' float64 floor
     floor_source: Optional[str] = _f(STRING)  # where the floor came from
-    power: Optional[dict] = _f(OBJECT)  # what zeroing each kind of state showed (evidence.Power)
-    confirmation: Optional[dict] = _f(OBJECT)  # the finding rerun in float64 (evidence.Confirmation)
-    reach: Optional[dict] = _f(OBJECT)  # the finding through the public API: path -> result (engines.transformers.reach)
-    replication: Optional[dict] = _f(OBJECT)  # the finding rerun on a second seed, under a tie-break (engines.transformers.ties)
-    upstream: Optional[list] = _f(LIST)  # each finding placed against what upstream knows (census.known)
+    power: Optional[PowerEntry] = _f(OBJECT)  # what zeroing each kind of state showed (evidence.Power)
+    confirmation: Optional[ConfirmationEntry] = _f(OBJECT)  # the finding rerun in float64 (evidence.Confirmation)
+    reach: Optional[dict] = _f(OBJECT)  # the finding through the public API: path -> its `ReachEntry` (engines.transformers.reach)
+    replication: Optional[Replication] = _f(OBJECT)  # the finding rerun on a second seed, under a tie-break (engines.transformers.ties)
+    upstream: Optional[list] = _f(LIST)  # each finding placed against what upstream knows: an `Upstream` each (census.known)
     model_class: Optional[str] = _f(STRING)
     reason: Optional[str] = _f(STRING)  # why it is crashed or not built
     notes: list = _f(LIST, factory=list)
@@ -295,14 +459,15 @@ class Record:
         # a record's parts are typed however they are given: a part given as a JSON object (a file
         # read back, a check's fields) is read as its part (`PARTS`)
         if name in PARTS:
-            value = _parts(PARTS[name], value, lambda e: PARTS[name][0].from_json(e) if isinstance(e, dict) else e)
+            kind = PARTS[name][0]
+            value = _parts(PARTS[name], value, lambda e: kind.from_json(e) if isinstance(e, dict) else e)
         object.__setattr__(self, name, value)
 
     def to_json(self) -> dict:
         """The record as JSON-ready dict: every field of `FIELDS`, in its order."""
         out = {name: getattr(self, name) for name in FIELDS}
-        for name, how in PARTS.items():
-            out[name] = _parts(how, out[name], lambda e: e.to_json() if isinstance(e, Part) else e)
+        for name in PARTS:
+            out[name] = _json(out[name])
         return out
 
     @classmethod
@@ -314,10 +479,20 @@ class Record:
         return cls(**fields)
 
 
-# the fields that hold parts: (the kind of part, how: ONE part, a dict of them BY_NAME, or a LIST)
-ONE, BY_NAME, LIST_OF = "one", "by name", "list"
+# the fields that hold parts: (the kind of part, how it holds them)
 PARTS = {"born_in": (BornIn, ONE), "schedules": (ScheduleResult, BY_NAME), "boundaries": (BoundaryResult, BY_NAME),
-         "variants": (Variant, LIST_OF)}
+         "variants": (Variant, LIST_OF), "confirmation": (ConfirmationEntry, ONE), "power": (PowerEntry, ONE),
+         "reach": (ReachEntry, BY_NAME), "replication": (Replication, ONE), "upstream": (Upstream, LIST_OF)}
+
+
+def hold(name: str, part: type) -> None:
+    """From now on the record field `name` holds one `part` (a `Part` subclass): an engine's own data
+    (`Record.vllm`, `Record.llamacpp`), whose part the engine declares in its folder and registers
+    with itself (`census.engines.Engine.data`). A record made before its engine is registered holds
+    that field as its JSON object (`import smearcli.engines` registers every built-in one)."""
+    if name not in FIELDS or name in ("model_type", "verdict"):
+        raise ValueError(f"{name!r} is not a field of a record that can hold a part")
+    PARTS[name] = (part, ONE)
 
 
 def _parts(how: tuple, value, each):

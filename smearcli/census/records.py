@@ -31,7 +31,7 @@ from ..util.errors import UserError
 from ..util.files import missing_directory, regular_file, special_kind
 from ..measure.jsondoc import SCHEMAS
 from ..judging.verdicts import RECORD as VERDICTS
-from .record import BY_NAME, JSON_TYPES, ONE, PARTS, BornIn, Record, Variant
+from .record import BY_NAME, JSON_TYPES, ONE, PARTS, Record, part_kind
 
 SCHEMA = SCHEMAS["scan"]
 
@@ -63,6 +63,23 @@ def _check_types(where: str, rec: dict, types: dict) -> None:
             raise UserError(f"{where}: \"{key}\" must be {word} or null, got {json.dumps(value)[:40]}")
 
 
+def _check_parts(at: str, value, how: tuple) -> None:
+    """Each part a field (or a part's field) holds: an object of its part's types, and the parts
+    inside it the same (`Part.NESTED`)."""
+    part, shape = how
+    entries = {"": value} if shape == ONE else (value or {}) if shape == BY_NAME else dict(enumerate(value or []))
+    for key, entry in entries.items():
+        here = at + ("" if shape == ONE else f".{json.dumps(key)}" if shape == BY_NAME else f"[{key}]")
+        if entry is None:
+            continue
+        if not isinstance(entry, dict):
+            raise UserError(f"{here} must be an object, got {json.dumps(entry)[:40]}")
+        _check_types(here, entry, part.types())
+        keys = part.keys()
+        for name, inner in part.NESTED.items():
+            _check_parts(f"{here}.\"{keys[name]}\"", entry.get(keys[name]), (part_kind(inner[0]), inner[1]))
+
+
 def check_record(where: str, rec) -> Record:
     """The `Record` a JSON value holds when it is a scan record the report can show (the one type
     check of a record read from a file or a worker's pipe); a UserError saying what is wrong."""
@@ -80,16 +97,8 @@ def check_record(where: str, rec) -> Record:
         raise UserError(f"{where}: {name}: \"verdict\" must be one of {', '.join(VERDICTS)}; got "
                         f"{json.dumps(rec.get('verdict'))[:40]}")
     _check_types(f"{where}: {name}", rec, FIELD_TYPES)
-    for group, (part, how) in PARTS.items():  # each part: an object of its part's types
-        value = rec.get(group)
-        entries = {"": value} if how == ONE else (value or {}) if how == BY_NAME else dict(enumerate(value or []))
-        for key, entry in entries.items():
-            at = f"\"{group}\"" + ("" if how == ONE else f".{json.dumps(key)}" if how == BY_NAME else f"[{key}]")
-            if entry is not None and not isinstance(entry, dict):
-                raise UserError(f"{where}: {name}: {at} must be an object, got {json.dumps(entry)[:40]}")
-            _check_types(f"{where}: {name}: {at}", entry or {}, part.types())
-            if part is Variant and isinstance(entry, dict) and entry.get("born_in") is not None:
-                _check_types(f"{where}: {name}: {at}.\"born_in\"", entry["born_in"], BornIn.types())
+    for group, how in PARTS.items():
+        _check_parts(f"{where}: {name}: \"{group}\"", rec.get(group), how)
     return Record.from_json(rec)
 
 

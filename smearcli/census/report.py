@@ -40,7 +40,7 @@ def err_cell(r: Record) -> str:
 
 def f64_cell(r: Record) -> str:
     """The finding's error in float64 with the float32 islands lifted (`evidence.confirm`)."""
-    v = (r.confirmation or {}).get("float64_lifted")
+    v = r.confirmation.float64_lifted if r.confirmation is not None else None
     return "-" if v is None else f"{v:.2g}"
 
 

@@ -71,7 +71,7 @@ class ComparisonReport(Report):
 
         doc = self._document(self.comparison) if self._document else jsondoc.to_json(self.comparison, self.info)
         if self.upstream:
-            doc["upstream"] = self.upstream
+            doc["upstream"] = [u.to_json() for u in self.upstream]
         return doc
 
     def render(self, console) -> None:

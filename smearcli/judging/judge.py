@@ -230,13 +230,13 @@ def read_again(same: bool, finding: Verdict, word=None) -> Verdict:
     return finding if same else OK
 
 
-def recorded(word, confirmation) -> Verdict:
+def recorded(word, confirmed: Optional[str]) -> Verdict:
     """The word a census record keeps, whichever engine made it: `bug` only with its float64
-    confirmation (the record's `confirmation`, as `evidence.Confirmation.to_json` writes it) saying
-    bug; a bug without one is `unconfirmed` (a departure is never a bug without a rerun that kept its
-    size). Any other word is its own."""
+    confirmation saying bug (`confirmed`: the status of the record's `confirmation`, as
+    `evidence.Confirmation` words it; None without one); a bug without one is `unconfirmed` (a
+    departure is never a bug without a rerun that kept its size). Any other word is its own."""
     word = Verdict(str(word))
-    if word == BUG and not (isinstance(confirmation, dict) and confirmation.get("status") == str(BUG)):
+    if word == BUG and confirmed != str(BUG):
         return UNCONFIRMED
     return word
 

@@ -94,9 +94,9 @@ def test_each_finding_is_placed_by_what_upstream_knows(table):
         "bamba": known.NEW, "xlm": known.NEW, "llama": None}
     assert by["deepseek_v4"].verdict == BY_DESIGN  # the judge's word, outside the bug count
     assert by["mamba"].verdict == BUG and by["llama"].verdict == OK and by["llama"].upstream is None
-    assert by["mamba"].upstream[0]["threads"][0]["url"].endswith("/issues/1")
-    assert by["bamba"].upstream[0]["searched"].startswith("bamba position_ids")  # new, and what was searched
-    assert by["xlm"].upstream[0]["searched"] is None  # new, and nobody looked: no entry
+    assert by["mamba"].upstream[0].threads[0].url.endswith("/issues/1")
+    assert by["bamba"].upstream[0].searched.startswith("bamba position_ids")  # new, and what was searched
+    assert by["xlm"].upstream[0].searched is None  # new, and nobody looked: no entry
 
 
 def test_a_fix_in_a_later_release_is_known_and_the_same_release_is_a_regression(table):
@@ -119,7 +119,7 @@ def test_every_part_of_a_finding_is_placed_and_one_new_part_keeps_the_bug(table)
                    boundaries={"padded": {"status": "bug", "shape": "padding leaks into a row"},
                                "rollback": {"status": "bug", "shape": "state not rolled back"}})
     r = placed(table, [both])["deepseek_v4"]
-    assert [(u["path"], u["class"]) for u in r.upstream] == [("padded", known.DESIGNED), ("rollback", known.NEW)]
+    assert [(u.path, u.class_name) for u in r.upstream] == [("padded", known.DESIGNED), ("rollback", known.NEW)]
     assert r.verdict == BUG and known.worst(r) == known.NEW
     assert isinstance(r.boundaries["rollback"], BoundaryResult)
 
@@ -261,7 +261,7 @@ seen = {release = "5.24.0", model_type = "qwen3_next", path = "rollback", shape 
 ''')
     entry, = known.load(path)
     r, = known.place([known.stand_in(entry)], [entry])
-    assert r.verdict == OK and r.upstream[0]["verdict"] == "unsupported"
+    assert r.verdict == OK and r.upstream[0].verdict == "unsupported"
     assert known.worst(r) == known.FIXED_LATER  # 5.24 declared it, 5.25 fixed it
     assert known.failing([r], ("bug",)) == []  # an ok architecture: listed on the page, never failed
     again, = known.place([r], [entry])

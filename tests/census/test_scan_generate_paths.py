@@ -60,9 +60,9 @@ def test_a_clean_model_agrees_on_every_generate_path_and_keeps_its_verdict():
     reach.through_generate(rec, lambda s: build(CFG, None, s), tokens_of, NOISE_MARGIN)
     assert rec.verdict == OK and rec.worst_schedule is None
     assert list(rec.reach) == list(reach.PATHS)
-    assert all(e["result"] == reach.AGREES for e in rec.reach.values()), rec.reach
+    assert all(e.result == reach.AGREES for e in rec.reach.values()), rec.reach
     for name in reach.PADDED_PATHS:  # the short row, token for token with its own generate alone
-        assert rec.reach[name]["tokens"] == "same"
+        assert rec.reach[name].tokens == "same"
 
 
 def test_a_departure_only_chunked_padding_shows_is_found_through_generate_and_held_unconfirmed():
@@ -74,18 +74,18 @@ def test_a_departure_only_chunked_padding_shows_is_found_through_generate_and_he
     assert rec.verdict == UNCONFIRMED, rec.notes
     assert rec.worst_schedule == reach.GENERATE + "prefill_chunk_size, left-padded batch"
     assert rec.shape == reach.THROUGH and rec.max_abs == pytest.approx(0.05, rel=0.01)
-    assert rec.reach["left-padded batch"]["result"] == reach.AGREES  # unchunked, the batch agrees
+    assert rec.reach["left-padded batch"].result == reach.AGREES  # unchunked, the batch agrees
     said = " ".join(rec.notes)
     assert "in float64 lifted" in said and "on the next seed" in said
     failed = next(n for n in rec.notes if n.startswith("through generate only, unconfirmed: "))
     assert failed.endswith("reproducer: no config to rebuild, no reproducer written"), failed
-    assert rec.confirmation["status"] == str(BUG)  # the float64 condition itself held
+    assert rec.confirmation.status == str(BUG)  # the float64 condition itself held
 
 
 def test_left_padding_the_model_cannot_number_is_not_judged_through_generate():
     rec = ok_record(LEFT_UNSUPPORTED)
     reach.through_generate(rec, lambda s: off_when_chunked_and_padded(build(CFG, None, s)), tokens_of, NOISE_MARGIN)
-    assert rec.verdict == OK and rec.reach["prefill_chunk_size, left-padded batch"]["result"] == reach.SILENT
+    assert rec.verdict == OK and rec.reach["prefill_chunk_size, left-padded batch"].result == reach.SILENT
 
 
 def recording_prompts(model, seen: list):
@@ -127,9 +127,9 @@ def test_roberta_departs_through_generate_by_its_numbering_not_a_cache():
     threshold = NOISE_MARGIN * FLOOR
     for name, e in rec.reach.items():
         if name in ("beam search", "static cache, early-initialized"):  # both sides numbered alike (by
-            assert e["result"] == reach.AGREES, e  # generate; by the forward itself, no generate in it)
+            assert e.result == reach.AGREES, e  # generate; by the forward itself, no generate in it)
             continue
-        assert e["result"] == reach.SILENT and e["max_abs"] > 0.1 and e["numbered"] <= threshold, (name, e)
+        assert e.result == reach.SILENT and e.max_abs > 0.1 and e.numbered <= threshold, (name, e)
     assert rec.verdict == UNCONFIRMED and rec.shape == reach.THROUGH
     assert any("not a cache" in n for n in rec.notes), rec.notes
     assert any(n.startswith("through generate only, unconfirmed: ") and "numbered: agrees" in n for n in rec.notes)
@@ -159,9 +159,9 @@ def test_a_clean_llama_agrees_on_the_static_cache_beam_search_and_a_padded_batch
     assert rec.verdict == OK, rec.notes
     for name in NEW_PATHS:
         e = rec.reach[name]
-        assert e["result"] == reach.AGREES and e["tokens"] == "same" and e["gap"] is None, (name, e)
+        assert e.result == reach.AGREES and e.tokens == "same" and e.gap is None, (name, e)
     early = rec.reach["static cache, early-initialized"]
-    assert early["result"] == reach.AGREES and early["lazy"] <= FLOOR * NOISE_MARGIN, early
+    assert early.result == reach.AGREES and early.lazy <= FLOOR * NOISE_MARGIN, early
 
 
 # A StaticLayer that writes half of every decoded token's values: a static cache broken on purpose,
@@ -241,15 +241,15 @@ def test_a_broken_static_cache_is_found_through_generate_and_confirmed_a_bug(tmp
     rec = record("llama", OK, floor=FLOOR, notes=[], vocab=256, model_class="LlamaForCausalLM", built_from=CFG,
                  boundaries={"padded": BoundaryResult("ok")})
     reach.through_generate(rec, lambda s: build(CFG, None, s), tokens_of, NOISE_MARGIN)
-    assert rec.reach["static cache"]["result"] == reach.SILENT and rec.reach["generate"]["result"] == reach.AGREES
+    assert rec.reach["static cache"].result == reach.SILENT and rec.reach["generate"].result == reach.AGREES
     assert rec.verdict == BUG, rec.notes
     assert rec.worst_schedule == reach.GENERATE + "static cache" and rec.shape == reach.THROUGH
-    assert rec.confirmation["status"] == str(BUG)
+    assert rec.confirmation.status == str(BUG)
     assert any(n.startswith("through generate only, confirmed") for n in rec.notes), rec.notes
     assert len(ran) == 1 and "generate, static cache: the bug is there" in ran[0], ran
     # broken however the cache is initialized: not early initialization's finding
     early = rec.reach["static cache, early-initialized"]
-    assert early["result"] == reach.NOT_RUN and "lazily initialized static cache departs as well" in early["why"]
+    assert early.result == reach.NOT_RUN and "lazily initialized static cache departs as well" in early.why
 
 
 @pytest.mark.slow  # confirmation reruns and a reproducer in its own Python: 8 to 10 s
@@ -262,8 +262,8 @@ def test_a_broken_early_initialization_is_found_on_its_own_path_and_confirmed_a_
                  boundaries={"padded": BoundaryResult("ok")})
     reach.through_generate(rec, lambda s: build(CFG, None, s), tokens_of, NOISE_MARGIN)
     early = rec.reach["static cache, early-initialized"]
-    assert rec.reach["static cache"]["result"] == reach.AGREES and early["result"] == reach.SILENT, rec.reach
-    assert early["lazy"] <= FLOOR * NOISE_MARGIN  # the same cache initialized lazily agrees
+    assert rec.reach["static cache"].result == reach.AGREES and early.result == reach.SILENT, rec.reach
+    assert early.lazy <= FLOOR * NOISE_MARGIN  # the same cache initialized lazily agrees
     assert rec.verdict == BUG and rec.worst_schedule == reach.GENERATE + "static cache, early-initialized", rec.notes
     assert len(ran) == 1 and "generate, static cache, early-initialized: the bug is there" in ran[0], ran
 
@@ -388,7 +388,7 @@ def test_a_generate_path_that_raises_inside_their_code_is_a_crash_on_that_path(t
     rec = record("llama", OK, floor=FLOOR, notes=[], vocab=256, model_class="LlamaForCausalLM", built_from=CFG,
                  boundaries={"padded": BoundaryResult("ok")})
     reach.through_generate(rec, lambda s: build(CFG, None, s), tokens_of, NOISE_MARGIN)
-    assert rec.reach["static cache"]["result"] == reach.RAISES and rec.reach["generate"]["result"] == reach.AGREES
+    assert rec.reach["static cache"].result == reach.RAISES and rec.reach["generate"].result == reach.AGREES
     assert rec.verdict == "crashed", rec.notes
     assert rec.worst_schedule == reach.GENERATE + "static cache" and rec.shape == reach.THROUGH
     assert rec.reason.startswith("transformers/cache_utils.py:") and "KeyError" in rec.reason, rec.reason
@@ -451,7 +451,7 @@ def test_a_crashed_record_says_its_reach_against_the_floor_measured_before_the_c
     assert rec.verdict == "crashed" and rec.notes[0] == "chunks of 16 raised; the full pass runs", rec.notes
     assert rec.floor and rec.floor > 0
     assert list(rec.reach) == list(reach.PATHS)
-    assert all(e["result"] == reach.AGREES for e in rec.reach.values()), rec.reach
+    assert all(e.result == reach.AGREES for e in rec.reach.values()), rec.reach
 
 
 def test_beam_search_permutes_its_beams_so_a_skipped_reorder_shows(monkeypatch):

@@ -269,7 +269,7 @@ def test_prophetnet_is_a_full_pass_that_leaks_future_tokens():
 
     rec = check.check("prophetnet")
     assert rec.verdict == BUG and rec.shape == shapes.LEAK, rec
-    assert rec.confirmation["status"] == BUG and rec.born_at.startswith("logits@")
+    assert rec.confirmation.status == BUG and rec.born_at.startswith("logits@")
     assert rec.born_in.class_name == "ProphetNetNgramSelfAttention"
     assert not rec.schedules and not rec.boundaries
 

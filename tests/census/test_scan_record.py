@@ -23,7 +23,10 @@ def full_record() -> record.Record:
     values.update(schedules={"decode": {"max_abs": 0.1, "multiple": 1.0, "passed": True}},
                   boundaries={"padded": record.BoundaryResult("ok", why="w")},  # entries are objects themselves
                   born_in={"module": "model.layers.0", "class": "Mixer", "lines": [3, 9]},
-                  variants=[{"order": ["attention"], "verdict": "ok", "born_in": None}])
+                  variants=[{"order": ["attention"], "verdict": "ok", "born_in": None}],
+                  reach={"generate": {"result": "agrees", "max_abs": 0.0}},
+                  replication={"ties": 0, "second_seed": {"verdict": "bug"}, "default_counts": {"rerun": None}},
+                  upstream=[{"path": "decode", "class": "new", "threads": [{"id": "t", "url": "https://x"}]}])
     return record.new("arch", "ok", **values)
 
 

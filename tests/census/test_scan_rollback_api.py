@@ -85,7 +85,7 @@ def test_a_crop_their_api_accepts_and_gets_wrong_is_a_finding_with_the_declarati
     found = theirs.api_finding
     assert found["status"] == BUG and found["at"].startswith("transformers/cache_utils.py:")
     assert found["at"].endswith(".crop") and "LinearAttention" in found["at"]
-    assert theirs.confirmation["status"] == BUG  # confirmed like any departure
+    assert theirs.confirmation.status == BUG  # confirmed like any departure
     assert copy.status == PASSED and copy.multiple <= 10
     assert "their crop: bug" in e.why and "generate() refuses" in e.why
 

@@ -375,7 +375,7 @@ def test_reachability_says_what_generate_does_on_each_path():
     m, a = census_model("llama"), census_model("llama", 1)
     ids = tokens(vocab=256)
     clean = reach.paths(m, ids, 1e-4, a)
-    assert {e["result"] for e in clean.values()} == {reach.AGREES}, clean
+    assert {e.result for e in clean.values()} == {reach.AGREES}, clean
     real = m.forward
 
     def wrong(*args, **kw):  # a multi-token step onto a cache that holds tokens: its logits shifted
@@ -389,21 +389,21 @@ def test_reachability_says_what_generate_does_on_each_path():
     ids = torch.randint(0, 256, (1, 40), generator=torch.Generator().manual_seed(0))
     # chunks of 16, 16 and 8: the last one, whose logits generate returns, lands on a cache
     got = reach.paths(m, ids, 1e-4, a)
-    assert got["generate"]["result"] == reach.AGREES  # prefill, then one token at a time
-    assert got["prefill_chunk_size"]["result"] == reach.SILENT and got["prefill_chunk_size"]["max_abs"] >= 0.5
-    assert got["assistant model"]["result"] == reach.SILENT  # the verify steps hold several tokens
+    assert got["generate"].result == reach.AGREES  # prefill, then one token at a time
+    assert got["prefill_chunk_size"].result == reach.SILENT and got["prefill_chunk_size"].max_abs >= 0.5
+    assert got["assistant model"].result == reach.SILENT  # the verify steps hold several tokens
     assert reach.summary(got) == reach.SILENT and "prefill_chunk_size: silently wrong" in reach.words(got)
-    assert reach.paths(m, ids, 1e-4)["assistant model"]["result"] == reach.NOT_RUN
+    assert reach.paths(m, ids, 1e-4)["assistant model"].result == reach.NOT_RUN
 
 
 def test_generate_raising_first_and_refusing_are_told_apart():
     from smearcli.engines.transformers import reach
 
     got = reach.paths(census_model("mamba"), tokens(vocab=256), 1e-4, census_model("mamba", 1))
-    assert got["assistant model"]["result"] == reach.REFUSED  # generate: "not supported with stateful models"
-    assert "stateful" in got["assistant model"]["why"]
-    assert got["prefill_chunk_size"]["result"] == reach.RAISES  # inside the cache, not generate's check
-    assert "get_seq_length" in got["prefill_chunk_size"]["why"]
+    assert got["assistant model"].result == reach.REFUSED  # generate: "not supported with stateful models"
+    assert "stateful" in got["assistant model"].why
+    assert got["prefill_chunk_size"].result == reach.RAISES  # inside the cache, not generate's check
+    assert "get_seq_length" in got["prefill_chunk_size"].why
 
 
 def leaking(m, how):
@@ -434,22 +434,22 @@ def test_a_leak_says_who_runs_the_full_pass_that_leaks():
 
     ids = tokens(vocab=256)
     clean = reach.leak_paths(census_model("llama"), ids, 1e-4)
-    assert list(clean) == list(reach.LEAK_PATHS) and {e["result"] for e in clean.values()} == {reach.AGREES}, clean
-    assert "prefill_chunk_size=1" in clean["generate"]["why"]  # the causal run it is held against
+    assert list(clean) == list(reach.LEAK_PATHS) and {e.result for e in clean.values()} == {reach.AGREES}, clean
+    assert "prefill_chunk_size=1" in clean["generate"].why  # the causal run it is held against
     peek = reach.leak_paths(leaking(census_model("llama"), "peek"), ids, 1e-4, "cpmant")
-    assert {e["result"] for e in peek.values()} == {reach.SILENT}, peek
-    assert peek["full pass"]["max_abs"] == pytest.approx(1.0, abs=0.01)  # one one-hot moved
-    assert peek["full pass"]["why"].startswith(reach.DESIGN["cpmant"])  # their design, said where it is theirs
-    assert "depend on" not in peek["full pass"]["why"]  # removed and changed both move it
+    assert {e.result for e in peek.values()} == {reach.SILENT}, peek
+    assert peek["full pass"].max_abs == pytest.approx(1.0, abs=0.01)  # one one-hot moved
+    assert peek["full pass"].why.startswith(reach.DESIGN["cpmant"])  # their design, said where it is theirs
+    assert "depend on" not in peek["full pass"].why  # removed and changed both move it
     m = leaking(census_model("llama"), "peek")
     m.config.causal = False  # a config that declares itself not causal (XLM's default)
-    said = reach.leak_paths(m, ids, 1e-4, "llama")["full pass"]["why"]
+    said = reach.leak_paths(m, ids, 1e-4, "llama")["full pass"].why
     assert said.startswith("by configuration: LlamaConfig.causal is False"), said
     assert reach.design("llama", census_model("llama").config) is None
     length = reach.leak_paths(leaking(census_model("llama"), "length"), ids, 1e-4)
-    assert length["full pass"]["result"] == reach.SILENT and length["generate's prompt pass"]["result"] == reach.SILENT
-    assert "how many tokens follow, not on which" in length["full pass"]["why"]
-    assert length["full pass"]["max_abs"] == pytest.approx(0.01 * min(causal.CHANGED, T // 4), rel=1e-3)
+    assert length["full pass"].result == reach.SILENT and length["generate's prompt pass"].result == reach.SILENT
+    assert "how many tokens follow, not on which" in length["full pass"].why
+    assert length["full pass"].max_abs == pytest.approx(0.01 * min(causal.CHANGED, T // 4), rel=1e-3)
     assert "full pass: silently wrong" in reach.words(length) and reach.summary(length) == reach.SILENT
     from smearcli.engines.transformers import draft
 
@@ -461,7 +461,7 @@ def test_a_leak_says_who_runs_the_full_pass_that_leaks():
 def clean_paths():
     from smearcli.engines.transformers import reach
 
-    return {k: {"result": reach.AGREES, "max_abs": 0.0, "why": None} for k in reach.PATHS}
+    return reach.entries({k: {"result": reach.AGREES, "max_abs": 0.0, "why": None} for k in reach.PATHS})
 
 
 def test_the_draft_leads_with_reachability_and_the_table_says_it(tmp_path):

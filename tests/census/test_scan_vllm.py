@@ -279,7 +279,7 @@ def test_a_schedule_stuck_inside_vllm_is_that_schedules_crash_and_the_rest_not_r
     w = in_process(llama="stuck")
     by = census(w, ["llama", "qwen2"], tmp_path)
     a = by["llama"]
-    assert a.vllm["stuck"] and w.starts == 2  # qwen2 gets a fresh worker
+    assert a.vllm.stuck and w.starts == 2  # qwen2 gets a fresh worker
     assert a.verdict == CRASHED and a.worst_schedule == "chunked@3"
     assert a.reason.startswith("chunked@3: vLLM's engine did not finish the request in 120 s (at vllm/")
     assert a.schedules["prefill"].status == OK

@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 pytest.importorskip("transformers", reason="transformers is not installed: pip install 'smearcli[hf]'")
 
+from smearcli.census import record  # noqa: E402
 from smearcli.cli.app import app  # noqa: E402
 from smearcli.engines import transformers as hf  # noqa: E402
 from smearcli.engines.transformers.cache_runner import CacheRunner  # noqa: E402
@@ -174,8 +175,8 @@ def test_a_finding_upstream_tracks_as_open_is_listed_and_does_not_fail_the_check
 def test_check_all_fails_on_known_findings_and_a_new_one_fails_either_way():
     from smearcli.cli.reports import Report
 
-    known = {"path": "chunks of 16", "shape": "*", "verdict": "bug", "class": "open", "threads": [], "searched": None}
-    new = dict(known, path="decode", **{"class": "new"})
+    known = record.Upstream("chunks of 16", "*", "bug", "open", [], None)
+    new = known.but(path="decode", class_name="new")
     rep = Report()
     rep.failed, rep.upstream = True, [known]
     assert not rep.failing() and rep.failing(every=True)

@@ -122,9 +122,9 @@ def test_a_finding_in_a_layer_order_no_configuration_has_is_latent(word, default
 
 def test_a_record_keeps_bug_only_with_a_float64_confirmation_that_says_bug():
     """`judge.recorded`, which the census loop applies to every engine's record."""
-    assert judge.recorded("bug", {"status": "bug"}) == BUG
-    assert judge.recorded("bug", {"status": "unconfirmed"}) == UNCONFIRMED
-    assert judge.recorded("bug", None) == UNCONFIRMED and judge.recorded("bug", "bug") == UNCONFIRMED
+    assert judge.recorded("bug", "bug") == BUG
+    assert judge.recorded("bug", "unconfirmed") == UNCONFIRMED
+    assert judge.recorded("bug", None) == UNCONFIRMED and judge.recorded("bug", "rounding") == UNCONFIRMED
     assert judge.recorded("crashed", None) == CRASHED and judge.recorded("ok", None) == OK
 
 

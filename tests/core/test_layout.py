@@ -12,6 +12,7 @@ cycle; no module outside `cli/` names a command-line flag; no module imports ano
 from __future__ import annotations
 
 import ast
+import json
 import re
 from pathlib import Path
 
@@ -351,3 +352,71 @@ def test_no_verdict_word_is_chosen_by_a_condition_outside_the_judge():
 def test_the_check_for_a_chosen_word_finds_one():
     said = chosen_words(ast.parse("def f(r):\n    if r:\n        return str(OK)\n    x = UNSUPPORTED if r else y\n"))
     assert sorted(said) == ["UNSUPPORTED if r else y", "return str(OK)"]
+
+
+def untyped_reads(tree: ast.AST, one: set, by_name: set) -> list[str]:
+    """Where record data is read as a dict: `.get(...)` or a quoted key on a field that holds one
+    part (`rec.born_in.get("class")`, `(rec.vllm or {}).get("stuck")`, `rec.power["why"]`) or on an
+    entry of a field that holds parts by name (`rec.schedules["prefill"]["status"]`,
+    `rec.reach.get(p).get("result")`), and `isinstance(..., dict)` on either, which skips a typed
+    part in silence. A lookup by name in a field of parts by name (`rec.schedules.get("prefill")`)
+    is a mapping's, and allowed."""
+    def holds_one(n) -> bool:  # an expression whose value is one part of a record (or None)
+        if isinstance(n, ast.BoolOp) and isinstance(n.op, ast.Or):
+            return holds_one(n.values[0])
+        if isinstance(n, ast.Attribute):
+            return n.attr in one
+        if isinstance(n, ast.Subscript):
+            return isinstance(n.value, ast.Attribute) and n.value.attr in by_name
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "get":
+            return isinstance(n.func.value, ast.Attribute) and n.func.value.attr in by_name
+        if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "born_module":  # its born_in, or None
+            return True
+        return False
+
+    out = []
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "get" and holds_one(n.func.value):
+            out.append(ast.unparse(n))
+        elif isinstance(n, ast.Subscript) and isinstance(n.slice, ast.Constant) and isinstance(n.slice.value, str) \
+                and holds_one(n.value):
+            out.append(ast.unparse(n))
+        elif isinstance(n, ast.Call) and getattr(n.func, "id", None) == "isinstance" and len(n.args) == 2 \
+                and getattr(n.args[1], "id", None) == "dict" and holds_one(n.args[0]):
+            out.append(ast.unparse(n))
+    return out
+
+
+def record_part_fields() -> tuple[set, set]:
+    import smearcli.engines  # noqa: F401 - the engines' own data parts (`Engine.data`)
+    from smearcli.census import record
+
+    one = {name for name, (_, how) in record.PARTS.items() if how == record.ONE}
+    return one, {name for name, (_, how) in record.PARTS.items() if how != record.ONE}
+
+
+def test_record_data_is_read_as_its_parts_outside_the_record_module():
+    """A record is typed end to end (issue 56, item 4): every part of it (a schedule's result, where
+    a finding is born, its confirmation, an engine's own data, ...) is read by its attributes. Only
+    the record's own reading of a file (`census.record`, `census.records`) sees the JSON objects."""
+    one, by_name = record_part_fields()
+    own = {"smearcli.census.record", "smearcli.census.records"}
+    files = {mod: path.read_text() for mod, path in MODULES.items() if mod not in own}
+    files.update({f"scripts/{p.name}": p.read_text() for p in sorted((ROOT / "scripts").glob("*.py"))})
+    for nb in sorted((ROOT / "notebooks").glob("*.ipynb")):  # their code cells, which read records too
+        cells = json.loads(nb.read_text())["cells"]
+        code = ["".join(c["source"]) for c in cells if c["cell_type"] == "code"]
+        files[nb.name] = "\n".join(re.sub(r"(?m)^\s*[%!].*$", "pass", c) for c in code)  # IPython's magics
+    assert len(files) > len(MODULES)
+    found = {(mod, said) for mod, text in files.items() for said in untyped_reads(ast.parse(text), one, by_name)}
+    assert not found, sorted(found)
+
+
+def test_the_check_for_an_untyped_read_finds_each_kind():
+    one, by_name = record_part_fields()
+    code = ("a = (r.vllm or {}).get('stuck')\nb = r.born_in['class']\nc = r.schedules['x']['status']\n"
+            "d = isinstance(r.confirmation, dict)\ne = r.reach.get(p).get('result')\nf = born_module(r).get('copies')\n"
+            "ok = r.schedules.get('prefill'); ok2 = r.born_in.class_name; ok3 = r.schedules['x'].status\n")
+    assert sorted(untyped_reads(ast.parse(code), one, by_name)) == sorted([
+        "(r.vllm or {}).get('stuck')", "r.born_in['class']", "r.schedules['x']['status']",
+        "isinstance(r.confirmation, dict)", "r.reach.get(p).get('result')", "born_module(r).get('copies')"])

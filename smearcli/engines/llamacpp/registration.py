@@ -7,6 +7,7 @@ from __future__ import annotations
 from ...census.engines import Engine
 from ...judging.verdicts import FAILURES
 from ..registry import NANOCHAT_ONLY, Implementation, register
+from .data import LlamaCppData
 
 CENSUS = Engine(
     "llamacpp", "llama.cpp's micro-batches, calls, seq_cp and seq_rm, against the transformers full pass",
@@ -15,10 +16,10 @@ CENSUS = Engine(
     failing=tuple(str(v) for v in FAILURES),
     names_are="an architecture both llama.cpp's converter and transformers register as a causal LM",
     repro_tails=("-llamacpp.py", "-llamacpp.gguf"), product="llama-cpp-python",
-    release=lambda r: (r.llamacpp or {}).get("llama_cpp_python") if isinstance(r.llamacpp, dict) else None,
+    release=lambda r: r.llamacpp.llama_cpp_python if isinstance(r.llamacpp, LlamaCppData) else None,
     stamp=lambda v: {"llamacpp": {"llama_cpp_python": v}},
     title="# smearcli scan on llama.cpp: transformers {transformers_version} reference",
-    sections="smearcli.engines.llamacpp.session:sections")
+    sections="smearcli.engines.llamacpp.session:sections", data={"llamacpp": LlamaCppData})
 
 register(Implementation("llamacpp", "the model of {hf_model} DIR (or your {gguf} FILE of it) run by llama.cpp (its "
                         "micro-batches, calls, sequence copies and removals, in its own environment: "

@@ -63,6 +63,7 @@ from ...census import known
 from ...tiny import derive
 from ...tiny.derive import text_config, vocab_of
 from ...census.record import Record, ScheduleResult, new as record
+from .data import LlamaCppData
 from ...census.report import cell, sort_key
 from ..transformers.reference import NO_POWER_NOTE, init_note, model_types, powered, save, stamp, transformers_frame
 
@@ -219,7 +220,7 @@ def check(model_type: str, python: str, timeout: float = 240.0, seed: int = 0, t
         rec.notes.append(f"{carried.kind}: the tiny config takes {said} ({carried.where}); with the config "
                          f"class's defaults it is {default.verdict}"
                          + (f" ({str(default.reason)[:240]})" if default.reason else ""))
-    rec.llamacpp = dict(rec.llamacpp or {}, carried=entry)
+    rec.llamacpp = (rec.llamacpp or LlamaCppData()).but(carried=entry)
     return rec
 
 
@@ -240,7 +241,7 @@ def replicate(model_type: str, got, rec: Record, python: str, left: float, seed:
     artifact` where ties were seen, else its departure is `not replicated`."""
 
     t0 = time.monotonic()
-    ties = int((rec.llamacpp or {}).get("ties") or 0)
+    ties = int((rec.llamacpp or LlamaCppData()).ties or 0)
 
     def kept(rerun: Record) -> str:  # the rerun's word as a replication reads it: the same departure at its schedule?
         same = departure(rerun) == CACHE and rerun.worst_schedule == rec.worst_schedule
@@ -258,7 +259,7 @@ def replicate(model_type: str, got, rec: Record, python: str, left: float, seed:
         return rec
     other = checked(model_type, got, python, budget, seed + 1, tolerance, None, threads)
     rep.update(seed=seed + 1, second_seed=brief(other))
-    ties += int((other.llamacpp or {}).get("ties") or 0)
+    ties += int((other.llamacpp or LlamaCppData()).ties or 0)
     word = judge.replicated(judge.SECOND_SEED, kept(other), bool(ties), finding=UNCONFIRMED)
     why = f"on seed {seed + 1} (weights and tokens) {rec.worst_schedule} " + (
         "departs again" if kept(other) == rec.verdict else f"gives {kept(other)}")
@@ -270,7 +271,7 @@ def replicate(model_type: str, got, rec: Record, python: str, left: float, seed:
             at = checked(model_type, derive.Derived(model_type, counts.config, None, got.changed), python,
                          left - (time.monotonic() - t0) - 15.0, seed, tolerance, None, threads)
             rep["default_counts"]["rerun"] = brief(at)
-            ties += int((at.llamacpp or {}).get("ties") or 0)
+            ties += int((at.llamacpp or LlamaCppData()).ties or 0)
             word = judge.replicated(judge.DEFAULT_COUNTS, kept(at), bool(ties), finding=UNCONFIRMED)
             why = f"at the default head/expert counts ({counts.words()}) {rec.worst_schedule} " + (
                 "departs again" if kept(at) == rec.verdict else f"gives {kept(at)}")
@@ -282,7 +283,7 @@ def replicate(model_type: str, got, rec: Record, python: str, left: float, seed:
                     alone = checked(model_type, derive.Derived(model_type, cfg, None, got.changed), python,
                                     left - (time.monotonic() - t0) - 15.0, seed, tolerance, None, threads)
                     rep["default_counts"].setdefault("alone", {})[what] = brief(alone)
-                    ties += int((alone.llamacpp or {}).get("ties") or 0)
+                    ties += int((alone.llamacpp or LlamaCppData()).ties or 0)
                     word = judge.replicated(judge.DEFAULT_COUNTS, kept(alone), bool(ties), finding=UNCONFIRMED)
                     if word is not None:
                         why = (f"at the default {what} alone ({words}) {rec.worst_schedule} gives {kept(alone)} "
@@ -294,11 +295,11 @@ def replicate(model_type: str, got, rec: Record, python: str, left: float, seed:
         rec.reason = f"{NOT_REPLICATED}: {why}; " + str(rec.reason or "")
     if word == TIE_ARTIFACT:
         rec.verdict = str(word)
-        rec.llamacpp = dict(rec.llamacpp or {}, departure=NOT_REPLICATED)
+        rec.llamacpp = (rec.llamacpp or LlamaCppData()).but(departure=NOT_REPLICATED)
         rec.notes.append(f"a tie artifact: the transformers reference's pass had {ties} top-k call(s) with an exact "
                          f"tie at the edge of the choice; {why}")
     elif word == UNCONFIRMED:
-        rec.llamacpp = dict(rec.llamacpp or {}, departure=NOT_REPLICATED)
+        rec.llamacpp = (rec.llamacpp or LlamaCppData()).but(departure=NOT_REPLICATED)
         rec.notes.append("not replicated: " + why)
     else:
         more = _counts_note(rep, counts)
@@ -367,7 +368,7 @@ def checked(model_type: str, got, python: str, timeout: float, seed: int, tolera
                                             tolerance, base, max(30.0, timeout - 15.0 - (time.monotonic() - t0)),
                                             threads, gguf)
         if seen.ties:
-            rec.llamacpp = dict(rec.llamacpp or {}, ties=int(seen.ties))
+            rec.llamacpp = (rec.llamacpp or LlamaCppData()).but(ties=int(seen.ties))
             word = judge.own_tie(rec.verdict, seen.ties, departure(rec) == IMPLEMENTATION)
             if word == TIE_ARTIFACT:  # exact ties in a choice llama.cpp breaks by its own order
                 rec.verdict = str(word)
@@ -447,7 +448,7 @@ def judged(model_type, model, model_dir: Path, python: str, tokens, ref_runner, 
     if found:
         worst = max(found, key=lambda d: d.max_abs)
         m = metrics[worst.schedule]
-        out["llamacpp"] = dict(out["llamacpp"], departure=CACHE)
+        out["llamacpp"] = out["llamacpp"].but(departure=CACHE)
         return record(model_type, word, worst_schedule=worst.schedule, max_abs=m.max_abs_logits,
                       multiple=m.logits_multiple, steps=steps.get(worst.schedule),
                       shape=BOUNDARY.get(worst.schedule, worst.schedule)
@@ -464,7 +465,7 @@ def judged(model_type, model, model_dir: Path, python: str, tokens, ref_runner, 
     fields = dict(worst_schedule=worst, max_abs=metrics[worst].max_abs_logits if worst else None,
                   multiple=metrics[worst].logits_multiple if worst else None, steps=steps.get(worst))
     if word is UNCONFIRMED and own.prefill_departs:
-        out["llamacpp"] = dict(out["llamacpp"], departure=IMPLEMENTATION)
+        out["llamacpp"] = out["llamacpp"].but(departure=IMPLEMENTATION)
         fields["reason"] = (f"{OWN}: llama.cpp's one-call prefill departs from transformers by {own.prefill_max:.3g} "
                             f"and every cached path matches that prefill within {own.threshold:.3g}")
     elif word is UNCONFIRMED:
@@ -477,24 +478,22 @@ def judged(model_type, model, model_dir: Path, python: str, tokens, ref_runner, 
     return record(model_type, word, **fields, **out), False, c, runner
 
 
-def timing(runner) -> dict:
+def timing(runner) -> LlamaCppData:
     """What the record keeps of llama.cpp's side: its version, the GGUF, the times (the benchmark's)."""
     r = runner.result or {}
     conv = r.get("convert") or {}
-    return {"llama_cpp_python": r.get("llama_cpp_python"), "arch": conv.get("arch"),
-            "gguf_mb": round(conv.get("bytes", 0) / 1e6, 2) if conv else None, "convert_s": conv.get("convert_s"),
-            "load_s": r.get("load_s"), "schedules_s": round(sum(float(e.get("wall_s") or 0)
-                                                                 for e in r.get("schedules") or []), 2),
-            "worker_s": r.get("total_s"), "wall_s": r.get("wall_s"),
-            "recurrent": r.get("recurrent"), "hybrid": r.get("hybrid"), "deaths": len(r.get("deaths") or []),
-            "f16_cache": {k: float(f"{v:.3g}") for k, v in runner.f16_moves().items()},
-            "own_spread": None if runner.spread is None else float(f"{runner.spread:.3g}")}
+    return LlamaCppData(r.get("llama_cpp_python"), conv.get("arch"), round(conv.get("bytes", 0) / 1e6, 2) if conv else None,
+                        conv.get("convert_s"), r.get("load_s"),
+                        round(sum(float(e.get("wall_s") or 0) for e in r.get("schedules") or []), 2),
+                        r.get("total_s"), r.get("wall_s"), r.get("recurrent"), r.get("hybrid"), len(r.get("deaths") or []),
+                        {k: float(f"{v:.3g}") for k, v in runner.f16_moves().items()},
+                        None if runner.spread is None else float(f"{runner.spread:.3g}"))
 
 
 def summary(recs: Sequence[Record], wall_s: float) -> dict:
     """The benchmark: the census's wall time and llama.cpp's share of it (conversion, load, runs)."""
-    ll = [r.llamacpp or {} for r in recs]
-    total = (lambda k: round(sum(float(x.get(k) or 0) for x in ll), 1))
+    ll = [r.llamacpp or LlamaCppData() for r in recs]
+    total = (lambda k: round(sum(float(getattr(x, k) or 0) for x in ll), 1))
     return {"wall_s": round(wall_s, 1), "architectures": len(recs), "convert_s": total("convert_s"),
             "load_s": total("load_s"), "runs_s": total("schedules_s"), "worker_wall_s": total("wall_s"),
             "architecture_s": total("wall_s") and round(sum(float(r.wall_s or 0) for r in recs), 1)}
@@ -512,7 +511,7 @@ def summary_line(s: dict) -> str:
 def departure(r: Record) -> Optional[str]:
     """CACHE where a cached path departs from llama.cpp's own one-call prefill, IMPLEMENTATION where
     that prefill itself departs from transformers and the cached paths follow it, else None."""
-    return (r.llamacpp or {}).get("departure")
+    return r.llamacpp.departure if r.llamacpp is not None else None
 
 
 def sections(recs: Sequence[Record], meta: Optional[dict] = None) -> list[str]:
@@ -520,8 +519,8 @@ def sections(recs: Sequence[Record], meta: Optional[dict] = None) -> list[str]:
     what ran, the benchmark, the cache findings and crashes (with reproducers), the implementation's
     own departures, what was not built and why, then every architecture with its verdict or reason."""
     meta = meta or {}
-    version = meta.get("llama_cpp_python") or next(((r.llamacpp or {}).get("llama_cpp_python") for r in recs
-                                                   if (r.llamacpp or {}).get("llama_cpp_python")), "?")
+    version = meta.get("llama_cpp_python") or next((r.llamacpp.llama_cpp_python for r in recs
+                                                   if r.llamacpp is not None and r.llamacpp.llama_cpp_python), "?")
     out = [f"llama-cpp-python {version} (CPU build, one thread per model), float32 GGUF, float32 KV cache, {T} "
            "tokens per architecture.", ""]
     b = meta.get("benchmark")
@@ -551,7 +550,7 @@ def sections(recs: Sequence[Record], meta: Optional[dict] = None) -> list[str]:
             p = (r.schedules or {}).get("prefill") or ScheduleResult()
             out.append(f"| {r.model_type} | {p.max_abs or 0:.2g} | {p.multiple or 0:.3g} | {known.cell(r)} |")
         out.append("")
-    took = [r for r in sorted(recs, key=lambda r: r.model_type) if (r.llamacpp or {}).get("carried")]
+    took = [r for r in sorted(recs, key=lambda r: r.model_type) if r.llamacpp is not None and r.llamacpp.carried]
     if took:
         out += ["## What the tiny config takes, and what the defaults give", "", "Where the config class's "
                 "default is one llama.cpp cannot run, or one under which an option llama.cpp does not carry, a "
@@ -563,13 +562,13 @@ def sections(recs: Sequence[Record], meta: Optional[dict] = None) -> list[str]:
                 "| architecture | what it is | the tiny config takes | with the defaults | verdict |",
                 "|---|---|---|---|---|"]
         for r in took:
-            c = r.llamacpp["carried"]
-            taken = ", ".join([f"`{k}` {v}" for k, v in (c.get("settings") or {}).items()]
-                              + ([f"{c['layers']} layers"] if c.get("layers") else []))
-            d = c.get("default") or {}
-            said = "not rerun" if not d else (f"{d.get('verdict')}" + (
-                f", prefill {((d.get('max_abs') or 0)):.2g} off transformers" if d.get("max_abs") is not None else ""))
-            out.append(f"| {r.model_type} | {c.get('kind', HARD_CODED)} | {cell(taken, 160)} | {cell(said, 120)} | "
+            c = r.llamacpp.carried
+            taken = ", ".join([f"`{k}` {v}" for k, v in (c.settings or {}).items()]
+                              + ([f"{c.layers} layers"] if c.layers else []))
+            d = c.default
+            said = "not rerun" if d is None else (f"{d.verdict}" + (
+                f", prefill {d.max_abs:.2g} off transformers" if d.max_abs is not None else ""))
+            out.append(f"| {r.model_type} | {c.kind if c.given('kind') else HARD_CODED} | {cell(taken, 160)} | {cell(said, 120)} | "
                        f"{r.verdict} |")
         out.append("")
     skipped = [r for r in sorted(recs, key=lambda r: r.model_type) if r.verdict == str(NOT_BUILT)]
@@ -577,8 +576,8 @@ def sections(recs: Sequence[Record], meta: Optional[dict] = None) -> list[str]:
         out += ["## Not built", "", "| architecture | why |", "|---|---|"]
         out += [f"| {r.model_type} | {cell(r.reason, 240)} |" for r in skipped]
         out.append("")
-    spreads = [(r.llamacpp["own_spread"], r.floor or 0.0) for r in recs if (r.llamacpp or {}).get("own_spread")
-               is not None]
+    spreads = [(r.llamacpp.own_spread, r.floor or 0.0) for r in recs if r.llamacpp is not None
+               and r.llamacpp.own_spread is not None]
     if spreads:
         above = sum(1 for sp, fl in spreads if sp > fl)
         vals = sorted(sp for sp, _ in spreads)
@@ -594,7 +593,7 @@ def sections(recs: Sequence[Record], meta: Optional[dict] = None) -> list[str]:
                 f"{len(vals)} architectures it ran from {vals[0]:.2g} to {vals[-1]:.2g} (median "
                 f"{vals[len(vals) // 2]:.2g}); it was larger than the float64 floor on {above}"
                 + (", where it set the threshold." if above else ", so the floor set every threshold."), ""]
-    f16 = {r.model_type: (r.llamacpp or {}).get("f16_cache") or {} for r in recs}
+    f16 = {r.model_type: (r.llamacpp or LlamaCppData()).f16_cache or {} for r in recs}
     moved = sorted(v["decode"] for v in f16.values() if "decode" in v)
     if moved:
         out += ["## The float16 cache", "", "The census holds the cache's logic in a float32 cache; llama.cpp's "

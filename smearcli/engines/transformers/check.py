@@ -340,7 +340,7 @@ def check_model(model, tokens, plans: dict, tolerance: float = NOISE_MARGIN, mak
         name, worst = max((plain or alone or pool).items(), key=lambda kv: kv[1].max_abs_logits)
         boundary.beside(bounds.entries, name)  # a boundary that agreed is not judged beside it
         confirmer, rerun = reruns[name]  # the headline's third number: a plain float64 cast
-        out["schedules"][name].confirmation["float64"] = confirmer.plain(rerun)
+        out["schedules"][name].confirmation.float64 = confirmer.plain(rerun)
         fd = worst.first_departure
         out.update(verdict=judged.word, worst_schedule=name, max_abs=worst.max_abs_logits,
                    multiple=worst.logits_multiple, steps=plans[name],

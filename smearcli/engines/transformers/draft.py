@@ -138,12 +138,12 @@ def reach_section(reach, leak: bool = False) -> list[str]:
                                              "greedy `generate`, compared with the full pass over the tokens it made")
            + "):", ""]
     for name, e in reach.items():
-        if not isinstance(e, dict):
+        if e is None:
             continue
-        num = f", max |dlogit| {e['max_abs']:.3g}" if e.get("max_abs") is not None else ""
-        why = f": {e['why']}" if e.get("why") else ""
-        toks = f"; its tokens against the row's own generate: {e['tokens']}" if e.get("tokens") else ""
-        out.append(f"- `{name}`: **{e.get('result')}**{num}{toks}{why}")
+        num = f", max |dlogit| {e.max_abs:.3g}" if e.max_abs is not None else ""
+        why = f": {e.why}" if e.why else ""
+        toks = f"; its tokens against the row's own generate: {e.tokens}" if e.tokens else ""
+        out.append(f"- `{name}`: **{e.result}**{num}{toks}{why}")
     return out + [""]
 
 
@@ -208,20 +208,20 @@ def comment(record: Record, draft: str) -> Optional[str]:
     c = known.worst(record)
     if c in (None, known.NEW):
         return draft
-    threads = [t for u in record.upstream for t in u["threads"]]
+    threads = [t for u in record.upstream for t in u.threads]
     if c == known.REGRESSION:
-        fix = next(t for u in record.upstream if u["class"] == known.REGRESSION for t in u["threads"])
-        return (f"> **A regression.** {fix['url']} ({fix['title'] or fix['id']}) was {fix['status']}; the census "
+        fix = next(t for u in record.upstream if u.class_name == known.REGRESSION for t in u.threads)
+        return (f"> **A regression.** {fix.url} ({fix.title or fix.id}) was {fix.status}; the census "
                 f"finds it again on {engines.release_of(record) or 'this release'}.\n\n" + draft)
     if c == known.OPEN:
         t = threads[0]
-        others = f" ({len(threads) - 1} more threads: {', '.join(x['url'] for x in threads[1:])})" if len(threads) > 1 else ""
-        head = [f"# A comment for {t['url']}", "",
-                f"This is known upstream ({t['title'] or t['id']}, {t['status']}){others}: post what follows there, not "
+        others = f" ({len(threads) - 1} more threads: {', '.join(x.url for x in threads[1:])})" if len(threads) > 1 else ""
+        head = [f"# A comment for {t.url}", "",
+                f"This is known upstream ({t.title or t.id}, {t.status}){others}: post what follows there, not "
                 "as a new report. What the census adds: the release it was seen on, a reproducer that exits 1 while "
                 "the bug is there, and the architectures that share the code (in the draft below).", "",
                 f"- seen on: {known.engine_of(record)} {engines.release_of(record) or '?'}",
-                "- findings: " + "; ".join(f"{u['path']} ({u['shape'] or u['verdict']})" for u in record.upstream),
+                "- findings: " + "; ".join(f"{u.path} ({u.shape or u.verdict})" for u in record.upstream),
                 ""]
         return "\n".join(head) + "\n<details><summary>The census's draft</summary>\n\n" + draft + "\n</details>\n"
     return None

@@ -75,6 +75,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from ...census.record import ReachEntry
 from ...util import frames  # torch is imported where a path runs: the report reads `words` without it
 from ...util.defaults import (
     GENERATE_BEAMS as BEAMS, GENERATE_CHUNK as CHUNK, GENERATE_NEW as NEW, GENERATE_PADS_INSIDE as INSIDE, GENERATE_PATH as GENERATE,
@@ -483,8 +484,8 @@ def refused(e: BaseException) -> bool:
             and (last.line or "").lstrip().startswith("raise"))
 
 
-def paths(model, tokens, threshold: float, assistant=None) -> dict:
-    """path -> {result, max_abs, why} (module docstring); `assistant`: the draft model."""
+def paths(model, tokens, threshold: float, assistant=None) -> dict[str, ReachEntry]:
+    """path -> what it gave (result, max_abs, why; module docstring); `assistant`: the draft model."""
     import torch
 
     out = {}
@@ -509,7 +510,12 @@ def paths(model, tokens, threshold: float, assistant=None) -> dict:
                          f"(by {got['lazy']:.3g}): nothing early initialization does; the static cache's own path"}
             continue
         out[name] = {"result": SILENT if got["max_abs"] > threshold else AGREES, **got, "why": None}
-    return out
+    return entries(out)
+
+
+def entries(out: dict) -> dict[str, ReachEntry]:
+    """Each path's result as the record holds it."""
+    return {name: ReachEntry.from_json(e) for name, e in out.items()}
 
 
 def _run(path, *args):
@@ -580,8 +586,9 @@ class NoLogits(ValueError):
     """A cached call of the model's own forward returned no position's logits."""
 
 
-def leak_paths(model, tokens, threshold: float, model_type: str = "") -> dict:
-    """path -> {result, max_abs, why} for a full pass that reads later tokens (module docstring)."""
+def leak_paths(model, tokens, threshold: float, model_type: str = "") -> dict[str, ReachEntry]:
+    """path -> what it gave (result, max_abs, why) for a full pass that reads later tokens (module
+    docstring)."""
     from .causal import changed_tail, probe_width, vocab_of
 
     n = probe_width(tokens.size(1))
@@ -619,19 +626,19 @@ def leak_paths(model, tokens, threshold: float, model_type: str = "") -> dict:
         return {**out, **{k: {"result": NOT_RUN, "max_abs": None, "why": why} for k in LEAK_PATHS[1:]}}
     out["generate's prompt pass"] = _run(prompt)
     out["generate"] = _run(continuation)
-    return out
+    return entries(out)
 
 
 def words(reach: Optional[dict]) -> str:
-    """"generate: silently wrong (0.13); prefill_chunk_size: raises first; ..." ("" without one)."""
+    """"generate: silently wrong (0.13); prefill_chunk_size: raises first; ..." ("" without one):
+    a record's `reach` (path -> its `census.record.ReachEntry`)."""
     if not isinstance(reach, dict):
         return ""
     parts = []
-    for name in [k for k in dict.fromkeys(PATHS + LEAK_PATHS) if k in reach]:
-        e = reach.get(name)
-        if isinstance(e, dict):
-            num = f" ({e['max_abs']:.2g})" if e.get("result") == SILENT and e.get("max_abs") is not None else ""
-            parts.append(f"{name}: {e.get('result')}{num}")
+    for name in [k for k in dict.fromkeys(PATHS + LEAK_PATHS) if reach.get(k) is not None]:
+        e = reach[name]
+        num = f" ({e.max_abs:.2g})" if e.result == SILENT and e.max_abs is not None else ""
+        parts.append(f"{name}: {e.result}{num}")
     return "; ".join(parts)
 
 
@@ -640,7 +647,7 @@ def summary(reach: Optional[dict]) -> str:
     or `agrees` (in that order), "-" without reachability."""
     if not isinstance(reach, dict) or not reach:
         return "-"
-    got = {e.get("result") for e in reach.values() if isinstance(e, dict)}
+    got = {e.result for e in reach.values() if e is not None}
     return next((w for w in (SILENT, RAISES, REFUSED, AGREES) if w in got), "-")
 
 
@@ -673,11 +680,11 @@ def through_generate(rec, make, tokens_of, tolerance: float, seed: int = 0) -> N
         return
     assistant = make(1)
     rec.reach = found = paths(model, tokens_of(0), threshold, assistant)
-    silent = {p: e for p, e in found.items() if e["result"] == SILENT and judged(p, rec.boundaries)}
+    silent = {p: e for p, e in found.items() if e.result == SILENT and judged(p, rec.boundaries)}
     if silent:
-        name = max(silent, key=lambda p: silent[p]["max_abs"])
+        name = max(silent, key=lambda p: silent[p].max_abs)
         confirm(rec, name, model, assistant, make, tokens_of, threshold, tolerance, seed)
-    raised = [p for p, e in found.items() if e["result"] == RAISES and judged(p, rec.boundaries)]
+    raised = [p for p, e in found.items() if e.result == RAISES and judged(p, rec.boundaries)]
     if raised:
         crash(rec, raised, make, tokens_of)
 
@@ -711,11 +718,11 @@ def crash(rec, raised: list, make, tokens_of) -> None:
             again[p] = "again on the next seed" if not refused(e) else "refused on the next seed"
     name = raised[0]
     rec.verdict = str(word)
-    rec.worst_schedule, rec.shape, rec.reason = GENERATE + name, THROUGH, rec.reach[name]["why"]
+    rec.worst_schedule, rec.shape, rec.reason = GENERATE + name, THROUGH, rec.reach[name].why
     rec.max_abs = rec.multiple = rec.confirmation = None  # a crash measures nothing (an unconfirmed path's numbers stay in its note)
     rec.notes.append(f"{GENERATE}{name} raised; the full pass runs")
     for p in raised:
-        why = rec.reach[p]["why"] or ""
+        why = rec.reach[p].why or ""
         limit = frames.says_limit(why)
         rec.notes.append(f"every cached schedule of the census agrees; generate's {p} raises inside transformers "
                          f"after generate accepted the call ({again[p]}): {why}"
@@ -752,7 +759,7 @@ def confirm(rec, name: str, model, assistant, make, tokens_of, threshold: float,
     from ...judging.verdicts import BUG, ROUNDING
 
     e = rec.reach[name]
-    err, run = e["max_abs"], RUNS[name]
+    err, run = e.max_abs, RUNS[name]
 
     def again(m, a, t, lift=False) -> Optional[dict]:
         try:
@@ -778,7 +785,7 @@ def confirm(rec, name: str, model, assistant, make, tokens_of, threshold: float,
         return
     other = again(make(1), make(2), tokens_of(1))
     departs = other is not None and other["max_abs"] > threshold
-    numbered, gap = e.get("numbered"), e.get("gap")
+    numbered, gap = e.numbered, e.gap
     failed = []
     if c.status != BUG:
         failed.append(f"float64: {c.why}" + (f" ({wide:.3g})" if wide is not None else ""))

@@ -7,6 +7,7 @@ from __future__ import annotations
 from ...census.engines import Engine
 from ...judging.verdicts import FAILURES
 from ..registry import NANOCHAT_ONLY, Implementation, register
+from .data import VllmData
 
 CENSUS = Engine(
     "vllm", "vLLM's scheduler and caches, against the transformers full pass",
@@ -16,7 +17,7 @@ CENSUS = Engine(
     names_are="an architecture both the installed vLLM and transformers register as a causal LM",
     repro_tails=("-vllm.py",), product="vLLM", release=lambda r: r.vllm_version, stamp=lambda v: {"vllm_version": v},
     title="# smearcli scan on vLLM: vLLM {vllm_version} (CPU), transformers {transformers_version} reference",
-    sections="smearcli.engines.vllm.session:sections")
+    sections="smearcli.engines.vllm.session:sections", data={"vllm": VllmData})
 
 REFUSES = NANOCHAT_ONLY + tuple(
     (f, "sizes the engine and speculative schedules, which {this} does not run") for f in ("gen_len", "draft")) + (

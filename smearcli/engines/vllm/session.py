@@ -75,6 +75,7 @@ from ...census import known
 from ...tiny import derive
 from ...tiny.derive import CONV_KEYS, first_int, vocab_of
 from ...census.record import Record, ScheduleResult, new as record
+from .data import VllmData
 from ..transformers.reference import NO_POWER_NOTE, arch_of, init_note, model_types, powered, save, stamp, transformers_frame
 from ...census.report import cell, sort_key
 
@@ -324,7 +325,7 @@ def check_one(name: str, worker: Worker, timeout: float, memory: Optional[int], 
     """One architecture's record, in its forked process; its wait on vLLM ends before isolate's."""
     rec = check(name, worker, timeout=max(5.0, timeout - 10.0), memory=memory, repro_dir=repro_dir)
     # the imports so far, as this process saw them: a census stopped early still has its benchmark
-    rec.vllm = {**(rec.vllm or {}), "import_s_so_far": round(worker.import_s, 2), "starts": worker.starts}
+    rec.vllm = (rec.vllm or VllmData()).but(import_s_so_far=round(worker.import_s, 2), starts=worker.starts)
     return rec
 
 
@@ -375,7 +376,8 @@ class Session:
             self.again = rec.model_type
             return True
         self.done.append(rec)
-        clean = (rec.vllm or {}).get("answered") and not (rec.vllm or {}).get("stuck")
+        v = rec.vllm or VllmData()
+        clean = v.answered and not v.stuck
         if more and (not clean or not w.alive()):
             w.kill()
             w.start()
@@ -412,7 +414,7 @@ def open_session(python: str, quiet: bool = False) -> Session:
 
 def summary(recs: Sequence[Record], worker: Optional[Worker], wall_s: float) -> dict:
     """The benchmark: wall time, and the time importing vLLM and starting engines, with shares."""
-    engines = sum(float(s or 0) for r in recs for s in (r.vllm or {}).get("engine_start_s") or [])
+    engines = sum(float(s or 0) for r in recs for s in (r.vllm or VllmData()).engine_start_s or [])
     imports = worker.import_s if worker is not None else 0.0
     share = (lambda x: round(100 * x / wall_s, 1) if wall_s > 0 else None)
     return {"wall_s": round(wall_s, 1), "architectures": len(recs), "vllm_import_s": round(imports, 1),
@@ -432,7 +434,7 @@ def _departure(r: Record) -> str:
     """Why a departure is what it is: the prefill note when the one-step path departs too (the
     model, not a cache), else the confirmation's why."""
     said = [n for n in r.notes or [] if n.startswith("prefill")]
-    return said[0] if said else (r.confirmation or {}).get("why") or ""
+    return said[0] if said else (r.confirmation.why if r.confirmation is not None else None) or ""
 
 
 def sections(recs: Sequence[Record], meta: dict) -> list[str]:
@@ -644,4 +646,4 @@ def attach(rec: Record, config, repro_dir: Path, worker, seed: int, req: dict, t
         rec.reproducer_status, rec.reproducer_output = int(got.get("status", -1)), str(got.get("last", ""))
     except WorkerGone as e:
         rec.reproducer_output = str(e)
-        rec.vllm = {**(rec.vllm or {}), "answered": False}
+        rec.vllm = (rec.vllm or VllmData()).but(answered=False)
