@@ -87,11 +87,13 @@ def census_markdown(records: list[Path], md: Path, who: str, *extra: str) -> str
     return md.read_text()
 
 
-def read_records(path: Path) -> list[dict]:
-    """The records of one JSON Lines file (none when it does not exist)."""
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+def read_records(path: Path) -> list:
+    """The records of one JSON Lines file, as `census.record.Record`s (none when it does not exist;
+    a last line a stopped scan left half written is left out, as a resumed scan leaves it)."""
+    import smearcli.engines  # noqa: F401 - each engine's own data reads as its part
+    from smearcli.census import records
+
+    return records.read(path, torn_ok=True).records if path.exists() else []
 
 
 def write_block(page: Path, name: str, body: str, who: str, said: str = " updated") -> None:
@@ -152,7 +154,7 @@ def transformers_census(shards=None) -> None:
     version = head.rsplit("transformers ", 1)[-1].strip()
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     if shards:  # the architectures' own seconds: the run's wall clock is not known here
-        total = sum(r.get("wall_s") or 0 for f in shards for r in read_records(Path(f)))
+        total = sum(r.wall_s or 0 for f in shards for r in read_records(Path(f)))
         files = "1 record file" if len(shards) == 1 else f"{len(shards)} record files (shards)"
         stamp = (f"*transformers {version}; the records of `smearcli scan` from {files}, {total:.0f} s of "
                  f"architectures in all ({os.cpu_count()} cores, load {load:.1f} when merged); made into this page by "
@@ -220,7 +222,7 @@ def fresh_claims() -> None:
     VLLM_CLAIMS.mkdir(parents=True)
     for f in vllm_files():
         for r in read_records(f):
-            (VLLM_CLAIMS / r["model_type"]).touch()
+            (VLLM_CLAIMS / r.model_type).touch()
 
 
 def vllm_scan(*args: str) -> None:
@@ -246,8 +248,7 @@ def runs_of(recs: list) -> list:
     time so far and worker starts; within a run the import time changes only with a new start."""
     runs, last = [], None
     for r in recs:
-        v = r.get("vllm") or {}
-        mark = (v.get("starts") or 0, v.get("import_s_so_far") or 0.0)
+        mark = (r.vllm.starts or 0, r.vllm.import_s_so_far or 0.0) if r.vllm is not None else (0, 0.0)
         if last is None or mark != last and mark[0] <= last[0]:
             runs.append([])
         runs[-1].append(r)
@@ -258,9 +259,9 @@ def runs_of(recs: list) -> list:
 def lane_time(recs: list) -> tuple[float, float, float]:
     """One lane's (wall time, vLLM imports, engine starts) from its records."""
     runs = runs_of(recs)
-    imports = sum(max((r.get("vllm") or {}).get("import_s_so_far") or 0 for r in run) for run in runs)
-    engines = sum(float(s or 0) for r in recs for s in (r.get("vllm") or {}).get("engine_start_s") or [])
-    return imports + sum(r.get("wall_s") or 0 for r in recs), imports, engines
+    imports = sum(max((r.vllm.import_s_so_far or 0) if r.vllm is not None else 0 for r in run) for run in runs)
+    engines = sum(float(s or 0) for r in recs if r.vllm is not None for s in r.vllm.engine_start_s or [])
+    return imports + sum(r.wall_s or 0 for r in recs), imports, engines
 
 
 def vllm_benchmark() -> str:
@@ -342,7 +343,7 @@ def llamacpp_figure() -> None:
     from smearcli.census import record
     from smearcli.render import figures, scan_figure
 
-    recs = [record.bare(**r) for r in read_records(LLAMACPP_OUT)]
+    recs = read_records(LLAMACPP_OUT)
     figures.save(scan_figure.figure(recs, value=scan_figure.against_own_prefill), LLAMACPP_FIGURE)
     print(f"{LLAMACPP}: {LLAMACPP_FIGURE.relative_to(ROOT)} written", flush=True)
 

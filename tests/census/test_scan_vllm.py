@@ -350,8 +350,8 @@ def gen_script():
 
 def test_the_benchmark_splits_the_records_into_the_runs_that_wrote_them():
     def rec(starts, imported, wall):
-        return {"model_type": "m", "verdict": "ok", "wall_s": wall,
-                "vllm": {"starts": starts, "import_s_so_far": imported, "engine_start_s": [1.0, 2.0]}}
+        return record.bare("m", "ok", wall_s=wall,
+                           vllm={"starts": starts, "import_s_so_far": imported, "engine_start_s": [1.0, 2.0]})
     # run 1: one start, then a restart (2 starts, 40 s imported in all); run 2: a fresh start (25 s)
     recs = [rec(1, 20.0, 5), rec(1, 20.0, 5), rec(2, 40.0, 5), rec(1, 25.0, 5)]
     assert [len(r) for r in gen_script().runs_of(recs)] == [3, 1]
@@ -364,11 +364,11 @@ def test_the_census_takes_as_long_as_its_longest_scan(tmp_path, monkeypatch):
     gen = gen_script()
     monkeypatch.setattr(gen, "lane_file", lambda lane: tmp_path / f"{lane}.jsonl")
 
-    def rec(imported, wall):
-        return json.dumps({"model_type": "m", "verdict": "ok", "wall_s": wall,
+    def rec(name, imported, wall):
+        return json.dumps({"model_type": name, "verdict": "ok", "wall_s": wall,
                            "vllm": {"starts": 1, "import_s_so_far": imported, "engine_start_s": [3.0, 3.0]}})
-    (tmp_path / "1.jsonl").write_text("\n".join([rec(30.0, 60), rec(30.0, 60)]) + "\n")  # 150 s
-    (tmp_path / "2.jsonl").write_text(rec(30.0, 210) + "\n")  # 240 s
+    (tmp_path / "1.jsonl").write_text("\n".join([rec("a", 30.0, 60), rec("b", 30.0, 60)]) + "\n")  # 150 s
+    (tmp_path / "2.jsonl").write_text(rec("c", 30.0, 210) + "\n")  # 240 s
     line = gen.vllm_benchmark()
     assert line.startswith("3 architectures checked in 4.0 minutes, 2 scans at once sharing the architectures on "
                            "two cores"), line
@@ -383,8 +383,8 @@ def test_a_resumed_census_claims_what_either_scan_recorded(tmp_path, monkeypatch
     monkeypatch.setattr(gen, "VLLM_CLAIMS", tmp_path / "claims")
     (tmp_path / "claims").mkdir()
     (tmp_path / "claims" / "stale").touch()  # claimed by a scan that stopped before its record
-    (tmp_path / "1.jsonl").write_text(json.dumps({"model_type": "llama"}) + "\n")
-    (tmp_path / "2.jsonl").write_text(json.dumps({"model_type": "qwen2"}) + "\n\n")
+    (tmp_path / "1.jsonl").write_text(json.dumps({"model_type": "llama", "verdict": "ok"}) + "\n")
+    (tmp_path / "2.jsonl").write_text(json.dumps({"model_type": "qwen2", "verdict": "ok"}) + "\n\n")
     gen.fresh_claims()
     assert sorted(x.name for x in (tmp_path / "claims").iterdir()) == ["llama", "qwen2"]
 
