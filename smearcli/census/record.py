@@ -13,6 +13,13 @@ in. A field added here reaches the record files, the JSON document and the type 
 that never leaves the process: the config the check built the model from, which the reachability
 runs and the reproducer rebuild.
 
+A record is typed all the way down. A field that holds more than one value holds parts (`Part`:
+`ScheduleResult` per schedule, `BoundaryResult` per boundary, `BornIn`, `Variant` per layer order,
+`ConfirmationEntry`, `PowerEntry`, `ReachEntry` per public path, `Replication`, `Upstream` per
+finding; `PARTS` says which field holds which, and how), and a part given as a JSON object, where
+the record is made or read, is read as its part; an engine's own data is a part its folder declares
+and registers (`hold`). Readers use attributes: only this module and `records` see the JSON.
+
 Kept torch-free: the parent of a census, `--merge` and the report read records without torch.
 """
 
@@ -163,6 +170,8 @@ class ScheduleResult(Part):
     vs_prefill: Optional[float] = part_field(NUMBER)
     first: Optional[int] = part_field(INTEGER)
     steps: Optional[str] = part_field(STRING)
+    shape: Optional[str] = part_field(STRING)  # as a boundary's entry has them (docs/schemas/scan-1.json)
+    mode: Optional[str] = part_field(STRING)
     extra: dict = field(default_factory=dict)
 
     NESTED = {"confirmation": ("ConfirmationEntry", ONE)}
