@@ -198,7 +198,7 @@ def findings(record: Record) -> list[Part]:
             out.append(Part(name, getattr(e, "shape", None) or "", st))
     for name, e in (record.boundaries or {}).items():  # an older record: declared, and their crop departed anyway
         crop = getattr(e, "their_crop", None)
-        if (isinstance(getattr(crop, "api_finding", None), dict) and getattr(crop, "status", None) == str(UNSUPPORTED)
+        if (getattr(crop, "api_finding", None) is not None and getattr(crop, "status", None) == str(UNSUPPORTED)
                 and all(p.path != name for p in out)):
             out.append(Part(name, getattr(crop, "shape", None) or "", str(UNSUPPORTED)))
     return out

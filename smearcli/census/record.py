@@ -195,7 +195,7 @@ class BoundaryResult(Part):
     why: Optional[str] = part_field(STRING)
     confirmation: Optional["ConfirmationEntry"] = part_field(OBJECT)  # a failure rerun in float64
     declared: Optional[str] = part_field(STRING)  # their crop: what the library declares unsupported, quoted
-    api_finding: Optional[dict] = part_field(OBJECT)  # their crop, declared unsupported, ran anyway and departed
+    api_finding: Optional["ApiFinding"] = part_field(OBJECT)  # their crop, declared unsupported, ran anyway and departed
     pad_id: Optional[int] = part_field(INTEGER)  # padded: the id padding holds
     positions: Optional[bool] = part_field(BOOLEAN)  # padded: whether explicit position_ids were passed
     rows: Optional[dict] = part_field(OBJECT)  # padded: max |dlogit| per row of the batch
@@ -207,7 +207,21 @@ class BoundaryResult(Part):
     extra: dict = field(default_factory=dict)
 
     NESTED = {"confirmation": ("ConfirmationEntry", ONE), "their_crop": ("BoundaryResult", ONE),
-              "copy": ("BoundaryResult", ONE)}
+              "copy": ("BoundaryResult", ONE), "api_finding": ("ApiFinding", ONE)}
+
+
+@dataclass(eq=False)
+class ApiFinding(Part):
+    """A path the library declares unsupported whose call their API accepted anyway and got wrong
+    (`BoundaryResult.api_finding`, `engines.transformers.boundary.declared`): the API's code that did
+    it (`at`: the cache layer's `crop`), what it left wrong, and the word."""
+
+    AS_GIVEN = True
+
+    at: Optional[str] = part_field(STRING)
+    what: Optional[str] = part_field(STRING)
+    status: Optional[str] = part_field(STRING)
+    extra: dict = field(default_factory=dict)
 
 
 @dataclass(eq=False)

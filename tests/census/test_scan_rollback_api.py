@@ -83,8 +83,8 @@ def test_a_crop_their_api_accepts_and_gets_wrong_is_a_finding_with_the_declarati
     assert "_is_stateful" in theirs.declared and "is_croppable is False" in theirs.declared
     assert "only supported when there are no recurrent states" in theirs.declared  # their docstring
     found = theirs.api_finding
-    assert found["status"] == BUG and found["at"].startswith("transformers/cache_utils.py:")
-    assert found["at"].endswith(".crop") and "LinearAttention" in found["at"]
+    assert found.status == BUG and found.at.startswith("transformers/cache_utils.py:")
+    assert found.at.endswith(".crop") and "LinearAttention" in found.at
     assert theirs.confirmation.status == BUG  # confirmed like any departure
     assert copy.status == PASSED and copy.multiple <= 10
     assert "their crop: bug" in e.why and "generate() refuses" in e.why

@@ -366,6 +366,8 @@ def untyped_reads(tree: ast.AST, one: set, by_name: set) -> list[str]:
             return holds_one(n.values[0])
         if isinstance(n, ast.Attribute):
             return n.attr in one
+        if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "getattr" and len(n.args) >= 2:
+            return isinstance(n.args[1], ast.Constant) and n.args[1].value in one
         if isinstance(n, ast.Subscript):
             return isinstance(n.value, ast.Attribute) and n.value.attr in by_name
         if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "get":
@@ -391,8 +393,18 @@ def record_part_fields() -> tuple[set, set]:
     import smearcli.engines  # noqa: F401 - the engines' own data parts (`Engine.data`)
     from smearcli.census import record
 
-    one = {name for name, (_, how) in record.PARTS.items() if how == record.ONE}
-    return one, {name for name, (_, how) in record.PARTS.items() if how != record.ONE}
+    holds = dict(record.PARTS)  # the record's fields, and the fields of its parts, that hold parts
+    todo, seen = [kind for kind, _ in record.PARTS.values()], set()
+    while todo:
+        part = todo.pop()
+        if part in seen:
+            continue
+        seen.add(part)
+        for name, (kind, how) in part.NESTED.items():
+            holds[name] = (record.part_kind(kind), how)
+            todo.append(record.part_kind(kind))
+    one = {name for name, (_, how) in holds.items() if how == record.ONE}
+    return one, {name for name, (_, how) in holds.items() if how != record.ONE}
 
 
 def test_record_data_is_read_as_its_parts_outside_the_record_module():
@@ -416,7 +428,9 @@ def test_the_check_for_an_untyped_read_finds_each_kind():
     one, by_name = record_part_fields()
     code = ("a = (r.vllm or {}).get('stuck')\nb = r.born_in['class']\nc = r.schedules['x']['status']\n"
             "d = isinstance(r.confirmation, dict)\ne = r.reach.get(p).get('result')\nf = born_module(r).get('copies')\n"
+            "g = isinstance(getattr(crop, 'api_finding', None), dict)\nh = e.their_crop.api_finding.get('at')\n"
             "ok = r.schedules.get('prefill'); ok2 = r.born_in.class_name; ok3 = r.schedules['x'].status\n")
     assert sorted(untyped_reads(ast.parse(code), one, by_name)) == sorted([
         "(r.vllm or {}).get('stuck')", "r.born_in['class']", "r.schedules['x']['status']",
-        "isinstance(r.confirmation, dict)", "r.reach.get(p).get('result')", "born_module(r).get('copies')"])
+        "isinstance(r.confirmation, dict)", "r.reach.get(p).get('result')", "born_module(r).get('copies')",
+        "isinstance(getattr(crop, 'api_finding', None), dict)", "e.their_crop.api_finding.get('at')"])

@@ -118,7 +118,7 @@ def api_at(rec: Record) -> Optional[str]:
     rollback = (rec.boundaries or {}).get("rollback")
     crop = rollback.their_crop if rollback is not None and rec.worst_schedule == "rollback" else None
     found = crop.api_finding if isinstance(crop, BoundaryResult) and crop.status in FINDINGS else None
-    return str(found.get("at") or "?") if isinstance(found, dict) and rollback.mode == "crop" else None
+    return str(found.at or "?") if found is not None and rollback.mode == "crop" else None
 
 
 def links(rec: Record) -> set:
@@ -258,10 +258,10 @@ def api_findings(records: Sequence[Record]) -> list[dict]:
         rollback = (r.boundaries or {}).get("rollback")
         crop = rollback.their_crop if rollback else None
         found = crop.api_finding if isinstance(crop, BoundaryResult) else None
-        if not isinstance(found, dict):
+        if found is None:
             continue
-        at = str(found.get("at") or "?")
-        g = by.setdefault(at, {"at": at, "what": found.get("what"), "declared": crop.declared,
+        at = str(found.at or "?")
+        g = by.setdefault(at, {"at": at, "what": found.what, "declared": crop.declared,
                                "architectures": [], "largest": None})
         g["architectures"].append(r.model_type)
         m = crop.multiple
