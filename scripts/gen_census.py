@@ -340,7 +340,6 @@ def llamacpp_write() -> None:
 
 
 def llamacpp_figure() -> None:
-    from smearcli.census import record
     from smearcli.render import figures, scan_figure
 
     recs = read_records(LLAMACPP_OUT)

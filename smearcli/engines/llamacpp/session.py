@@ -48,24 +48,21 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
-
-import torch
 
 from ...judging import judge
 from ...util.defaults import NOISE_MARGIN
 from ...judging.verdicts import CRASHED, NOT_BUILT, OK, TIE_ARTIFACT, UNCONFIRMED, UNSUPPORTED, Verdict
 from ...census import known
 from ...tiny import derive
-from ...tiny.derive import text_config, vocab_of
+from ...tiny.derive import text_config
 from ...census.record import Record, ScheduleResult, new as record
 from .data import LlamaCppData
 from ...census.report import cell, sort_key
-from ..transformers.reference import NO_POWER_NOTE, init_note, model_types, powered, save, stamp, transformers_frame
+from ..transformers.reference import NO_POWER_NOTE, init_note, model_types, prepared, stamp
 
 T = 48  # tokens: room for micro-batches of 3 to 7, three 16-token calls and drafts of the default size
 ENGINE = "llamacpp"
@@ -347,26 +344,18 @@ def checked(model_type: str, got, python: str, timeout: float, seed: int, tolera
     if vocab < 2:
         return record(model_type, judge.stopped(judge.DERIVE), reason="the tiny config has no vocab_size for llama.cpp's vocabulary",
                       **base)
-    base.update(config=got.summary(), vocab=vocab_of(config))
-    tokens = torch.randint(0, vocab_of(config), (1, T), generator=torch.Generator().manual_seed(seed))
-    got = powered(config, tokens, seed, tolerance)
-    if got.why:
-        return record(model_type, judge.stopped(got.stop), reason=got.why, **base)
-    model, ref_runner, floor, power, init = got.model, got.runner, got.floor, got.power, got.init
-    base.update(model_class=type(model).__name__, init=init, floor=floor.per_layer[-1], floor_source=floor.source)
-    with tempfile.TemporaryDirectory(prefix=f"smearcli-llamacpp-{model_type}-") as d:
-        try:
-            save(model, Path(d) / "model", model_type)
-        except Exception as e:
-            return record(model_type, judge.stopped(judge.BUILD), reason="the tiny model cannot be saved: " + transformers_frame(e),
-                          **base)
-        gguf = Path(d) / "model.gguf"
+    with prepared(model_type, config, got.summary(), T, seed, tolerance, f"smearcli-llamacpp-{model_type}-") as p:
+        base.update(p.fields)
+        if p.stop:
+            return record(model_type, judge.stopped(p.stop), reason=p.why, **base)
+        d, init = p.directory, p.got.init
+        gguf = d / "model.gguf"
         from ...measure import topk
 
         with topk.watching() as seen:  # the transformers reference's top-k calls: the only ones in this process
-            rec, finding, c, runner = judged(model_type, model, Path(d) / "model", python, tokens, ref_runner, power,
-                                            tolerance, base, max(30.0, timeout - 15.0 - (time.monotonic() - t0)),
-                                            threads, gguf)
+            rec, finding, c, runner = judged(model_type, p.got.model, d / "model", python, p.tokens, p.got.runner,
+                                            p.got.power, tolerance, base,
+                                            max(30.0, timeout - 15.0 - (time.monotonic() - t0)), threads, gguf)
         if seen.ties:
             rec.llamacpp = (rec.llamacpp or LlamaCppData()).but(ties=int(seen.ties))
             word = judge.own_tie(rec.verdict, seen.ties, departure(rec) == IMPLEMENTATION)
@@ -376,7 +365,7 @@ def checked(model_type: str, got, python: str, timeout: float, seed: int, tolera
                                  "with an exact tie at the edge of the choice (a router scoring experts alike), which "
                                  "llama.cpp breaks by its own order: its one-call prefill's departure is that choice")
         if rec.reason:  # the converter names files in the temporary directory: not the record's business
-            for spelt in {str(Path(d).resolve()), d}:  # the worker is sent the resolved path
+            for spelt in {str(d.resolve()), str(d)}:  # the worker is sent the resolved path
                 rec.reason = str(rec.reason).replace(spelt, "MODEL_DIR")
         if init is not None and rec.verdict == str(OK):
             rec.notes.append(init_note(init))

@@ -8,14 +8,19 @@ transformers engine serves it, and the other engines import it from here):
   naming the class the engine resolves;
 - `powered(config, tokens, seed, tolerance)`: transformers' full pass of the tiny model, its float64
   floor and its power, at the first init of the census's ladder (`reference.INIT_LADDER`) that shows
-  power (`Powered`), the reference every schedule the engine runs is measured against.
+  power (`Powered`), the reference every schedule the engine runs is measured against;
+- `prepared(model_type, config, summary, length, seed, tolerance, prefix)`: the steps every engine
+  held to it takes before its own run, in one place: the tokens drawn, the weights that show power,
+  saved in a temporary directory the engine loads (`Ready`), or where that stopped and why.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import tempfile
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 import torch
 
@@ -23,7 +28,7 @@ from ...judging import evidence, judge
 from ...measure.compare import measure_power
 from ...measure.schedules import run_schedule
 from .boundary import transformers_frame
-from ...tiny.derive import build
+from ...tiny.derive import build, vocab_of
 
 
 INIT_LADDER = (None, 0.1, 0.3, 1.0)  # initializer_range: the default, then larger (seeded)
@@ -109,6 +114,46 @@ def powered(config, tokens, seed: int, tolerance: float) -> Powered:
         if not got.power.measured or got.power.sufficient:
             break
     return got
+
+
+@dataclasses.dataclass
+class Ready:
+    """One architecture made ready for an engine held to this reference (`prepared`): its tokens,
+    its reference (`Powered`), the directory the weights were saved in (as `directory / "model"`),
+    and the record's fields known so far: the tiny config's summary and vocabulary, then, once the
+    reference is measured, the model's class, the init scale, the float64 floor and where it came
+    from. `stop` (`judge.BUILD`, `judge.REFERENCE`) and `why`: where it stopped, and no directory."""
+    tokens: torch.Tensor
+    got: Powered
+    fields: dict
+    directory: Optional[Path] = None
+    stop: str = ""
+    why: str = ""
+
+
+@contextlib.contextmanager
+def prepared(model_type: str, config, summary: dict, length: int, seed: int, tolerance: float,
+             prefix: str) -> Iterator[Ready]:
+    """The tiny model of `config` (`summary`: what the record says of it) made ready for an engine:
+    `length` tokens drawn on `seed`, the reference at the first init that shows power (`powered`),
+    the weights saved in a temporary directory named from `prefix` that lasts the block. Yields a
+    `Ready`; one that stopped (`stop`, `why`) has no directory."""
+    vocab = vocab_of(config)
+    fields = dict(config=summary, vocab=vocab)
+    tokens = torch.randint(0, vocab, (1, length), generator=torch.Generator().manual_seed(seed))
+    got = powered(config, tokens, seed, tolerance)
+    if got.why:
+        yield Ready(tokens, got, fields, stop=got.stop, why=got.why)
+        return
+    fields.update(model_class=type(got.model).__name__, init=got.init, floor=got.floor.per_layer[-1],
+                  floor_source=got.floor.source)
+    with tempfile.TemporaryDirectory(prefix=prefix) as d:
+        try:
+            save(got.model, Path(d) / "model", model_type)
+        except Exception as e:
+            yield Ready(tokens, got, fields, stop=judge.BUILD, why="the tiny model cannot be saved: " + transformers_frame(e))
+            return
+        yield Ready(tokens, got, fields, Path(d))
 
 
 def reference(model, tokens):

@@ -55,7 +55,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Optional, Sequence
@@ -67,16 +66,16 @@ from ...util.defaults import NOISE_MARGIN
 from .implementation import BLOCK_SIZE, Settings, payload, to_run
 from .serve import Worker, WorkerGone, archs
 from ...judging.judge import (
-    BUILD, CANNOT_RUN, CHECKED_NOTHING, DERIVE, ENGINE, RAISED, REFERENCE, THEIRS_REFUSES, WORKER, Run, judge, status, stopped,
+    CANNOT_RUN, CHECKED_NOTHING, DERIVE, ENGINE, RAISED, REFERENCE, THEIRS_REFUSES, WORKER, Run, judge, status, stopped,
 )
 from ...measure.metrics import measure
 from ...judging.verdicts import CRASHED, FAILURES, INCONCLUSIVE, UNCONFIRMED
 from ...census import known
 from ...tiny import derive
-from ...tiny.derive import CONV_KEYS, first_int, vocab_of
+from ...tiny.derive import CONV_KEYS, first_int
 from ...census.record import Record, ScheduleResult, new as record
 from .data import VllmData
-from ..transformers.reference import NO_POWER_NOTE, arch_of, init_note, model_types, powered, save, stamp, transformers_frame
+from ..transformers.reference import NO_POWER_NOTE, arch_of, init_note, model_types, prepared, stamp
 from ...census.report import cell, sort_key
 
 
@@ -204,30 +203,20 @@ def check(model_type: str, worker, timeout: float = 240.0, memory: Optional[int]
     base = dict(engine="vllm", vllm_version=(worker.ready or {}).get("vllm"))
     if config is None:
         return record(model_type, stopped(DERIVE), reason=changes, vllm={"answered": True}, **base)
-    vocab = vocab_of(config)
-    base.update(config=changes, vocab=vocab)
-    tokens = torch.randint(0, vocab, (1, length(config)), generator=torch.Generator().manual_seed(seed))
-    got = powered(config, tokens, seed, tolerance)
-    if got.model is not None:
-        base.update(model_class=type(got.model).__name__, init=got.init)
-    if got.why:
-        return record(model_type, stopped(got.stop), reason=got.why, vllm={"answered": True}, **base)
-    model, ref, floor, power = got.model, got.ref, got.floor, got.power
-    with tempfile.TemporaryDirectory(prefix=f"smearcli-vllm-{model_type}-") as d:
-        try:
-            save(model, Path(d) / "model", model_type)
-        except Exception as e:
-            return record(model_type, stopped(BUILD), reason="the tiny model cannot be saved: "
-                          + transformers_frame(e), vllm={"answered": True}, **base)
+    with prepared(model_type, config, changes, length(config), seed, tolerance, f"smearcli-vllm-{model_type}-") as p:
+        base.update(p.fields)
+        if p.stop:
+            return record(model_type, stopped(p.stop), reason=p.why, vllm={"answered": True}, **base)
+        d, tokens, got = p.directory, p.tokens, p.got
         entries = schedule_entries(config)
-        req = request(Path(d) / "model", tokens, vocab, entries, one_engine(config))
-        (Path(d) / "request.json").write_text(json.dumps(req), encoding="utf-8")
+        req = request(d / "model", tokens, base["vocab"], entries, one_engine(config))
+        (d / "request.json").write_text(json.dumps(req), encoding="utf-8")
         try:
-            res = worker.ask({"op": "run", "request": str(Path(d) / "request.json"), "outdir": d},
+            res = worker.ask({"op": "run", "request": str(d / "request.json"), "outdir": str(d)},
                              max(1.0, deadline - time.monotonic()), memory)
         except WorkerGone as e:
             return record(model_type, stopped(WORKER), reason=str(e), vllm={"answered": False}, **base)
-        rec = judged(model_type, res["result"], Path(d), tokens, req, ref, floor, power, tolerance, base)
+        rec = judged(model_type, res["result"], d, tokens, req, got.ref, got.floor, got.power, tolerance, base)
     if repro_dir is not None and rec.verdict in (CRASHED, UNCONFIRMED) and rec.worst_schedule:
         attach(rec, config, Path(repro_dir), worker, seed, req, max(1.0, deadline - time.monotonic() - 5))
     return rec
@@ -481,7 +470,6 @@ import json
 import os
 import signal
 import sys
-import tempfile
 import traceback
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
