@@ -55,10 +55,12 @@ from typing import Optional, Sequence
 
 from ...judging import judge
 from ...util.defaults import NOISE_MARGIN
-from ...judging.verdicts import CRASHED, NOT_BUILT, OK, TIE_ARTIFACT, UNCONFIRMED, UNSUPPORTED, Verdict
+from ...judging.verdicts import BUG, CRASHED, NOT_BUILT, OK, TIE_ARTIFACT, UNCONFIRMED, UNSUPPORTED, Verdict
 from ...census import known
 from ...tiny import derive
 from ...tiny.derive import text_config
+from ...census import measured
+from ...census.measured import Ran
 from ...census.record import Record, ScheduleResult, new as record
 from .data import LlamaCppData
 from ...census.report import cell, sort_key
@@ -386,7 +388,6 @@ def judged(model_type, model, model_dir: Path, python: str, tokens, ref_runner, 
     from ...util.errors import UserError
     from . import implementation as llamacpp
     from .own_prefill import against_prefill
-    from ...judging.judge import Run, status
     from ...measure.steps import ScheduleOptions
 
     settings = llamacpp.Settings(python=python, model=str(model_dir), vocab=int(text_config(model.config).vocab_size),
@@ -407,39 +408,31 @@ def judged(model_type, model, model_dir: Path, python: str, tokens, ref_runner, 
                       **base), False, None, runner
     c.power = power
     own = against_prefill(c, runner.label, runner.spread)
-    word = c.word
-    schedules, steps = {}, {}
     by_name = {d.schedule: d for d in own.runs}
-    for r, m in zip(c.runs, c.metrics):
-        e = ScheduleResult(str(c.status(m)), m.max_abs_logits, m.logits_multiple)
-        d = by_name.get(r.schedule)
-        if d is not None:
-            e.vs_prefill, e.first = d.max_abs, d.first
-        if len(r.steps) > 1:
-            e.steps = ",".join(map(str, r.steps[:12]))
-        schedules[r.schedule], steps[r.schedule] = e, list(r.steps)
-    for r in c.unmeasured:  # checking nothing is llama.cpp's documented refusal (a partial seq_rm on recurrent memory)
-        why = judge.DECLARED if r.outcome == judge.CHECKED_NOTHING else r.outcome
-        schedules[r.schedule] = ScheduleResult(str(status(Run(r.schedule, outcome=why))), why=r.message)
+    ran = [Ran(r.schedule, list(r.steps), m, c.confirmation(m),
+               extra={} if r.schedule not in by_name else dict(vs_prefill=by_name[r.schedule].max_abs,
+                                                                first=by_name[r.schedule].first))
+           for r, m in zip(c.runs, c.metrics)]
+    # checking nothing is llama.cpp's documented refusal (a partial seq_rm on recurrent memory)
+    ran += [Ran(r.schedule, list(r.steps), outcome=judge.DECLARED if r.outcome == judge.CHECKED_NOTHING else r.outcome,
+                why=r.message) for r in c.unmeasured]
+    verdict = measured.judged(ran, power, c.inconclusive)
+    word = verdict.word
+    schedules = measured.entries(ran, verdict)
     notes = [n for n in runner.notes() if not n.startswith("ubatch")] + own.lines()
     notes += [f"ubatch widths: {n.split(';', 1)[1].strip()}" for n in runner.notes() if n.startswith("ubatch")]
     notes += [f"{n}: {s.why}" for n, s in schedules.items() if s.status == str(UNSUPPORTED)]
-    failed = {m.schedule for m in c.failures}
+    failed = verdict.named(BUG, UNCONFIRMED)
     found = [d for d in own.findings if d.schedule in failed]
     out = dict(base, schedules=schedules, notes=notes, llamacpp=timing(runner))
     if power is not None and power.measured:
         out["power"] = power.to_json()
     if word is CRASHED:
-        first = c.crashed[0]
-        return record(model_type, word, worst_schedule=first.schedule, steps=steps.get(first.schedule),
-                      reason=f"{first.schedule}: {first.message}", **out), True, c, runner
-    metrics = {m.schedule: m for m in c.metrics}
+        return record(model_type, word, **measured.crash(ran, verdict), **out), True, c, runner
     if found:
         worst = max(found, key=lambda d: d.max_abs)
-        m = metrics[worst.schedule]
         out["llamacpp"] = out["llamacpp"].but(departure=CACHE)
-        return record(model_type, word, worst_schedule=worst.schedule, max_abs=m.max_abs_logits,
-                      multiple=m.logits_multiple, steps=steps.get(worst.schedule),
+        return record(model_type, word, **measured.headline(ran, [worst.schedule]),
                       shape=BOUNDARY.get(worst.schedule, worst.schedule)
                       + (", first at one of the run's boundaries" if worst.at_boundary else ""),
                       born_at=f"logits@{worst.first}",
@@ -449,10 +442,8 @@ def judged(model_type, model, model_dir: Path, python: str, tokens, ref_runner, 
                                 "implementation's); " if own.prefill_departs else "")
                              + "llama.cpp has no float64 to confirm it in",
                       **out), True, c, runner
-    worst = "prefill" if own.prefill_departs and "prefill" in metrics else max(
-        failed or metrics, key=lambda n: metrics[n].max_abs_logits, default=None)
-    fields = dict(worst_schedule=worst, max_abs=metrics[worst].max_abs_logits if worst else None,
-                  multiple=metrics[worst].logits_multiple if worst else None, steps=steps.get(worst))
+    prefill = own.prefill_departs and any(r.schedule == "prefill" and r.metrics is not None for r in ran)
+    fields = measured.headline(ran, ["prefill"] if prefill else failed)
     if word is UNCONFIRMED and own.prefill_departs:
         out["llamacpp"] = out["llamacpp"].but(departure=IMPLEMENTATION)
         fields["reason"] = (f"{OWN}: llama.cpp's one-call prefill departs from transformers by {own.prefill_max:.3g} "
@@ -460,8 +451,7 @@ def judged(model_type, model, model_dir: Path, python: str, tokens, ref_runner, 
     elif word is UNCONFIRMED:
         fields["reason"] = "a cached path departs from transformers, not from llama.cpp's own one-call prefill"
     elif word is not OK:
-        j = c.judgement
-        fields["reason"] = j.why
+        fields["reason"] = verdict.why
         if power is not None and power.measured:
             notes.append(NO_POWER_NOTE)
     return record(model_type, word, **fields, **out), False, c, runner

@@ -66,14 +66,16 @@ from ...util.defaults import NOISE_MARGIN
 from .implementation import BLOCK_SIZE, Settings, payload, to_run
 from .serve import Worker, WorkerGone, archs
 from ...judging.judge import (
-    CANNOT_RUN, CHECKED_NOTHING, DERIVE, ENGINE, RAISED, REFERENCE, THEIRS_REFUSES, WORKER, Run, judge, status, stopped,
+    CANNOT_RUN, CHECKED_NOTHING, DERIVE, ENGINE, RAISED, REFERENCE, THEIRS_REFUSES, WORKER, stopped,
 )
 from ...measure.metrics import measure
 from ...judging.verdicts import CRASHED, FAILURES, INCONCLUSIVE, UNCONFIRMED
 from ...census import known
 from ...tiny import derive
 from ...tiny.derive import CONV_KEYS, first_int
-from ...census.record import Record, ScheduleResult, new as record
+from ...census import measured
+from ...census.measured import Ran
+from ...census.record import Record, new as record
 from .data import VllmData
 from ..transformers.reference import NO_POWER_NOTE, arch_of, init_note, model_types, prepared, stamp
 from ...census.report import cell, sort_key
@@ -244,47 +246,37 @@ def judged(model_type, result, workdir, tokens, req, ref, floor, power, toleranc
     if engine_failed and any(e["name"] != "prefix" for e in engine_failed):
         return record(model_type, stopped(ENGINE), reason=ENGINE_REFUSED + engine_failed[0].get("message", ""),
                       **base)
-    schedules, notes, metrics, judged = {}, [], {}, []
+    ran, notes = [], []
     for run, entry in zip(runs, result["schedules"]):
+        steps = list(run.steps)
         if run.outcome == RAISED and entry.get("engine"):  # vLLM refuses prefix caching for this model
-            why, outcome = "no engine with prefix caching: " + run.message, THEIRS_REFUSES
+            ran.append(Ran(run.schedule, steps, outcome=THEIRS_REFUSES, why="no engine with prefix caching: " + run.message))
         elif run.outcome == RAISED and entry.get("skipped"):  # after a schedule stuck inside vLLM
-            why, outcome = run.message, CANNOT_RUN
+            ran.append(Ran(run.schedule, steps, outcome=CANNOT_RUN, why=run.message))
         elif run.outcome is not None:  # it raised, or checked nothing
-            why, outcome = run.message, run.outcome
+            ran.append(Ran(run.schedule, steps, outcome=run.outcome, why=run.message))
             if run.outcome == CHECKED_NOTHING:
                 notes.append(f"{run.schedule} checked nothing: {run.message}")
         else:  # measured: a departure stays unconfirmed, vLLM's engine having no float64 form
-            m = metrics[run.schedule] = measure(ref, run, floor, tolerance)
-            judged.append(Run(run.schedule, m.passed, None if m.passed else no_float64(m)))
-            schedules[run.schedule] = ScheduleResult(str(status(judged[-1])), m.max_abs_logits, m.logits_multiple)
-            if run.steps and len(run.steps) > 1:
-                schedules[run.schedule].steps = ",".join(map(str, run.steps[:12]))
-            continue
-        judged.append(Run(run.schedule, outcome=outcome))
-        schedules[run.schedule] = ScheduleResult(str(status(judged[-1])), why=why)
+            m = measure(ref, run, floor, tolerance)
+            ran.append(Ran(run.schedule, steps, m, None if m.passed else no_float64(m)))
+    verdict = measured.judged(ran, power)
+    schedules = measured.entries(ran, verdict)
     prefill = schedules.get("prefill")
     if prefill is not None and prefill.status == str(CRASHED):  # nothing to compare a cache against
         return record(model_type, stopped(REFERENCE), reason="vLLM's prefill in one step raises on the CPU backend: "
                       + prefill.why, **{**base, "schedules": schedules})
-    verdict = judge(judged, power)
-    crashed = verdict.named(CRASHED)
     failed = verdict.named(UNCONFIRMED)
-    steps = {r.schedule: list(r.steps) for r in runs}
-    worst = max(failed or list(metrics), key=lambda n: metrics[n].max_abs_logits, default=None)
-    out = dict(base, schedules=schedules, notes=notes, worst_schedule=worst,
-               max_abs=metrics[worst].max_abs_logits if worst else None,
-               multiple=metrics[worst].logits_multiple if worst else None, steps=steps.get(worst))
+    metrics = any(r.metrics is not None for r in ran)
+    out = dict(base, schedules=schedules, notes=notes, **measured.headline(ran, failed))
     if verdict.word is CRASHED:
-        first = crashed[0]
-        return record(model_type, verdict.word, **{**out, "worst_schedule": first, "steps": steps.get(first),
-                                               "max_abs": None, "multiple": None,
-                                               "reason": f"{first}: {schedules[first].why}"})
+        return record(model_type, verdict.word, **{**out, **measured.crash(ran, verdict)})
     if "prefill" in failed:  # the one-step path departs too: the model, not a cache
         out["notes"] = notes + ["prefill in one step departs as well: vLLM's implementation of the model computes "
                                 "differently from transformers', beyond its caching paths"]
     if verdict.word is UNCONFIRMED:
-        return record(model_type, verdict.word, confirmation=no_float64(metrics[worst]).to_json(), **out)
+        worst = next(r for r in ran if r.schedule == out["worst_schedule"])
+        return record(model_type, verdict.word, confirmation=worst.confirmation.to_json(), **out)
     if metrics:
         out["power"] = power.to_json()
     if verdict.word is INCONCLUSIVE:
