@@ -462,6 +462,7 @@ import json
 import os
 import signal
 import sys
+import tempfile
 import traceback
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
