@@ -220,7 +220,8 @@ def run(names: Sequence[str], check: Callable[[str], Record], sink: "records.Sin
         for field, value in (stamp or {}).items():
             if value is not None and getattr(rec, field) is None:
                 setattr(rec, field, value)
-        word = judge.recorded(rec.verdict, rec.confirmation.status if rec.confirmation is not None else None)  # no engine writes a bug the judge does not keep
+        # no engine writes a bug the judge does not keep
+        word = judge.recorded(rec.verdict, rec.confirmation.status if rec.confirmation is not None else None)
         if word != rec.verdict:
             rec.verdict, rec.notes = str(word), [*(rec.notes or []), judge.UNCONFIRMED_BUG]
         name = rec.model_type

@@ -82,6 +82,7 @@ def headline(runs: Sequence[Ran], names: Sequence[str] = ()) -> dict:
 def crash(runs: Sequence[Ran], judgement: judge.Judgement) -> dict:
     """A crashed record's headline: the first run the judge calls crashed, its steps and why (a
     crash measures nothing)."""
-    first = next(r for r in runs if r.schedule in judgement.named(CRASHED))
+    crashed = judgement.named(CRASHED)
+    first = next(r for r in runs if r.schedule in crashed)
     return dict(worst_schedule=first.schedule, steps=list(first.steps), max_abs=None, multiple=None,
                 reason=f"{first.schedule}: {first.why}")

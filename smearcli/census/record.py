@@ -129,7 +129,7 @@ class Part:
         if name not in cls.NESTED:
             return value
         kind, how = cls.NESTED[name]
-        return _parts((part_kind(kind), how), value, lambda e: part_kind(kind).from_json(e) if isinstance(e, dict) else e)
+        return typed((part_kind(kind), how), value)
 
 
 def part_kind(kind):
@@ -482,8 +482,7 @@ class Record:
         # a record's parts are typed however they are given: a part given as a JSON object (a file
         # read back, a check's fields) is read as its part (`PARTS`)
         if name in PARTS:
-            kind = PARTS[name][0]
-            value = _parts(PARTS[name], value, lambda e: kind.from_json(e) if isinstance(e, dict) else e)
+            value = typed(PARTS[name], value)
         object.__setattr__(self, name, value)
 
     def to_json(self) -> dict:
@@ -516,6 +515,13 @@ def hold(name: str, part: type) -> None:
     if name not in FIELDS or name in ("model_type", "verdict"):
         raise ValueError(f"{name!r} is not a field of a record that can hold a part")
     PARTS[name] = (part, ONE)
+
+
+def typed(how: tuple, value):
+    """`value` of a field that holds parts (`how`: the kind of part, and ONE, BY_NAME or LIST_OF),
+    each part given as a JSON object read as its part."""
+    kind = how[0]
+    return _parts(how, value, lambda e: kind.from_json(e) if isinstance(e, dict) else e)
 
 
 def _parts(how: tuple, value, each):

@@ -240,7 +240,7 @@ def replicate(model_type: str, got, rec: Record, python: str, left: float, seed:
     artifact` where ties were seen, else its departure is `not replicated`."""
 
     t0 = time.monotonic()
-    ties = int((rec.llamacpp or LlamaCppData()).ties or 0)
+    ties = ties_in(rec)
 
     def kept(rerun: Record) -> str:  # the rerun's word as a replication reads it: the same departure at its schedule?
         same = departure(rerun) == CACHE and rerun.worst_schedule == rec.worst_schedule
@@ -258,7 +258,7 @@ def replicate(model_type: str, got, rec: Record, python: str, left: float, seed:
         return rec
     other = checked(model_type, got, python, budget, seed + 1, tolerance, None, threads)
     rep.update(seed=seed + 1, second_seed=brief(other))
-    ties += int((other.llamacpp or LlamaCppData()).ties or 0)
+    ties += ties_in(other)
     word = judge.replicated(judge.SECOND_SEED, kept(other), bool(ties), finding=UNCONFIRMED)
     why = f"on seed {seed + 1} (weights and tokens) {rec.worst_schedule} " + (
         "departs again" if kept(other) == rec.verdict else f"gives {kept(other)}")
@@ -270,7 +270,7 @@ def replicate(model_type: str, got, rec: Record, python: str, left: float, seed:
             at = checked(model_type, derive.Derived(model_type, counts.config, None, got.changed), python,
                          left - (time.monotonic() - t0) - 15.0, seed, tolerance, None, threads)
             rep["default_counts"]["rerun"] = brief(at)
-            ties += int((at.llamacpp or LlamaCppData()).ties or 0)
+            ties += ties_in(at)
             word = judge.replicated(judge.DEFAULT_COUNTS, kept(at), bool(ties), finding=UNCONFIRMED)
             why = f"at the default head/expert counts ({counts.words()}) {rec.worst_schedule} " + (
                 "departs again" if kept(at) == rec.verdict else f"gives {kept(at)}")
@@ -282,7 +282,7 @@ def replicate(model_type: str, got, rec: Record, python: str, left: float, seed:
                     alone = checked(model_type, derive.Derived(model_type, cfg, None, got.changed), python,
                                     left - (time.monotonic() - t0) - 15.0, seed, tolerance, None, threads)
                     rep["default_counts"].setdefault("alone", {})[what] = brief(alone)
-                    ties += int((alone.llamacpp or LlamaCppData()).ties or 0)
+                    ties += ties_in(alone)
                     word = judge.replicated(judge.DEFAULT_COUNTS, kept(alone), bool(ties), finding=UNCONFIRMED)
                     if word is not None:
                         why = (f"at the default {what} alone ({words}) {rec.worst_schedule} gives {kept(alone)} "
@@ -457,16 +457,22 @@ def judged(model_type, model, model_dir: Path, python: str, tokens, ref_runner, 
     return record(model_type, word, **fields, **out), False, c, runner
 
 
+def ties_in(rec: Record) -> int:
+    """The exact ties at the edge of a top-k that `rec`'s check saw in the reference's pass."""
+    return int(rec.llamacpp.ties or 0) if rec.llamacpp is not None else 0
+
+
 def timing(runner) -> LlamaCppData:
     """What the record keeps of llama.cpp's side: its version, the GGUF, the times (the benchmark's)."""
     r = runner.result or {}
     conv = r.get("convert") or {}
-    return LlamaCppData(r.get("llama_cpp_python"), conv.get("arch"), round(conv.get("bytes", 0) / 1e6, 2) if conv else None,
-                        conv.get("convert_s"), r.get("load_s"),
-                        round(sum(float(e.get("wall_s") or 0) for e in r.get("schedules") or []), 2),
-                        r.get("total_s"), r.get("wall_s"), r.get("recurrent"), r.get("hybrid"), len(r.get("deaths") or []),
-                        {k: float(f"{v:.3g}") for k, v in runner.f16_moves().items()},
-                        None if runner.spread is None else float(f"{runner.spread:.3g}"))
+    return LlamaCppData(
+        llama_cpp_python=r.get("llama_cpp_python"), arch=conv.get("arch"),
+        gguf_mb=round(conv.get("bytes", 0) / 1e6, 2) if conv else None, convert_s=conv.get("convert_s"),
+        load_s=r.get("load_s"), schedules_s=round(sum(float(e.get("wall_s") or 0) for e in r.get("schedules") or []), 2),
+        worker_s=r.get("total_s"), wall_s=r.get("wall_s"), recurrent=r.get("recurrent"), hybrid=r.get("hybrid"),
+        deaths=len(r.get("deaths") or []), f16_cache={k: float(f"{v:.3g}") for k, v in runner.f16_moves().items()},
+        own_spread=None if runner.spread is None else float(f"{runner.spread:.3g}"))
 
 
 def summary(recs: Sequence[Record], wall_s: float) -> dict:
