@@ -13,7 +13,11 @@ An engine says what it ran, never a word: each schedule is a `Ran`, measured aga
   `Ran.extra`, then its step sizes when it took more than one step), an unmeasured run's status and why;
 - `headline(runs, names)`: the run the record is headed by, the largest error among `names` (every
   measured run where none is named), as the record's `worst_schedule`, `max_abs`, `multiple`, `steps`;
-- `crash(runs, judgement)`: a crashed record's headline, the first run the judge calls crashed and why.
+- `crash(runs, judgement)`: a crashed record's headline, the first run the judge calls crashed and why;
+- `verdict_fields(runs, judgement, power, names)`: what every engine's record of a measured verdict
+  carries, by one rule: the headline (a crash's where the word is `crashed`), the headline run's
+  float64 rerun as the record's `confirmation` where that run departed, and `power` wherever the
+  power check measured it, whatever the word.
 """
 
 from __future__ import annotations
@@ -86,3 +90,18 @@ def crash(runs: Sequence[Ran], judgement: judge.Judgement) -> dict:
     first = next(r for r in runs if r.schedule in crashed)
     return dict(worst_schedule=first.schedule, steps=list(first.steps), max_abs=None, multiple=None,
                 reason=f"{first.schedule}: {first.why}")
+
+
+def verdict_fields(runs: Sequence[Ran], judgement: judge.Judgement, power=None, names: Sequence[str] = ()) -> dict:
+    """The record's fields of a measured verdict, one rule for every engine (module docstring):
+    `crash` where the judge's word is crashed, else `headline(runs, names)`; `confirmation`, the
+    headline run's float64 rerun where it departed (an unconfirmed record says why it could not be
+    confirmed, as a bug says how it was); `power` (`evidence.Power`) wherever it was measured: a
+    departure or a crash does not make the check's power unknown."""
+    out = crash(runs, judgement) if judgement.word == CRASHED else headline(runs, names)
+    head = next((r for r in runs if r.schedule == out["worst_schedule"] and r.metrics is not None), None)
+    if head is not None and head.confirmation is not None and not head.metrics.passed:
+        out["confirmation"] = head.confirmation.to_json()
+    if power is not None and power.measured:
+        out["power"] = power.to_json()
+    return out

@@ -99,6 +99,9 @@ def test_a_departure_already_in_the_one_call_prefill_is_the_implementations(tmp_
     assert rec["verdict"] == "unconfirmed" and rec["worst_schedule"] == "prefill"
     assert rec["reason"].startswith(llamacpp.OWN) and rec["reproducer"] is None and rec["born_at"] is None
     assert rec["llamacpp"]["departure"] == llamacpp.IMPLEMENTATION
+    # one rule for every engine (`census.measured.verdict_fields`): the headline's rerun, and why none confirms it
+    assert rec["confirmation"]["status"] == "unconfirmed" and rec["confirmation"]["float64_lifted"] is None
+    assert rec["power"]["threshold"] > 0
 
 
 def test_the_page_sorts_departures_by_the_field_not_the_reasons_words():

@@ -170,6 +170,8 @@ def test_the_census_on_the_standin_records_each_architecture_and_survives_a_dead
     assert "mamba_mixer2.py" in by["mamba2"]["reason"] and by["mamba2"]["worst_schedule"] == "prefix"
     assert "vLLM's worker died" in by["mistral"]["reason"] and "Aborted" in by["mistral"]["reason"]
     assert by["qwen2"]["confirmation"]["why"].startswith("not confirmed: vLLM's engine has no float64 form")
+    # one rule for every engine (`census.measured.verdict_fields`): power is kept whatever the word
+    assert by["qwen2"]["power"]["threshold"] > 0 and by["mamba2"]["power"]["threshold"] > 0
     # every finding has a reproducer that needs no smearcli; here (no vLLM) it says so: exit 2, not 1
     for name in ("mamba2", "qwen2"):
         rep = Path(by[name]["reproducer"])

@@ -425,14 +425,12 @@ def judged(model_type, model, model_dir: Path, python: str, tokens, ref_runner, 
     failed = verdict.named(BUG, UNCONFIRMED)
     found = [d for d in own.findings if d.schedule in failed]
     out = dict(base, schedules=schedules, notes=notes, llamacpp=timing(runner))
-    if power is not None and power.measured:
-        out["power"] = power.to_json()
     if word is CRASHED:
-        return record(model_type, word, **measured.crash(ran, verdict), **out), True, c, runner
+        return record(model_type, word, **measured.verdict_fields(ran, verdict, power), **out), True, c, runner
     if found:
         worst = max(found, key=lambda d: d.max_abs)
         out["llamacpp"] = out["llamacpp"].but(departure=CACHE)
-        return record(model_type, word, **measured.headline(ran, [worst.schedule]),
+        return record(model_type, word, **measured.verdict_fields(ran, verdict, power, [worst.schedule]),
                       shape=BOUNDARY.get(worst.schedule, worst.schedule)
                       + (", first at one of the run's boundaries" if worst.at_boundary else ""),
                       born_at=f"logits@{worst.first}",
@@ -443,7 +441,7 @@ def judged(model_type, model, model_dir: Path, python: str, tokens, ref_runner, 
                              + "llama.cpp has no float64 to confirm it in",
                       **out), True, c, runner
     prefill = own.prefill_departs and any(r.schedule == "prefill" and r.metrics is not None for r in ran)
-    fields = measured.headline(ran, ["prefill"] if prefill else failed)
+    fields = measured.verdict_fields(ran, verdict, power, ["prefill"] if prefill else failed)
     if word is UNCONFIRMED and own.prefill_departs:
         out["llamacpp"] = out["llamacpp"].but(departure=IMPLEMENTATION)
         fields["reason"] = (f"{OWN}: llama.cpp's one-call prefill departs from transformers by {own.prefill_max:.3g} "

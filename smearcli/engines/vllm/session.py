@@ -267,19 +267,16 @@ def judged(model_type, result, workdir, tokens, req, ref, floor, power, toleranc
         return record(model_type, stopped(REFERENCE), reason="vLLM's prefill in one step raises on the CPU backend: "
                       + prefill.why, **{**base, "schedules": schedules})
     failed = verdict.named(UNCONFIRMED)
-    metrics = any(r.metrics is not None for r in ran)
-    out = dict(base, schedules=schedules, notes=notes, **measured.headline(ran, failed))
+    out = dict(base, schedules=schedules, notes=notes, **measured.verdict_fields(ran, verdict, power, failed))
     if verdict.word is CRASHED:
-        return record(model_type, verdict.word, **{**out, **measured.crash(ran, verdict)})
+        return record(model_type, verdict.word, **out)
     if "prefill" in failed:  # the one-step path departs too: the model, not a cache
         out["notes"] = notes + ["prefill in one step departs as well: vLLM's implementation of the model computes "
                                 "differently from transformers', beyond its caching paths"]
     if verdict.word is UNCONFIRMED:
-        worst = next(r for r in ran if r.schedule == out["worst_schedule"])
-        return record(model_type, verdict.word, confirmation=worst.confirmation.to_json(), **out)
-    if metrics:
-        out["power"] = power.to_json()
+        return record(model_type, verdict.word, **out)
     if verdict.word is INCONCLUSIVE:
+        metrics = any(r.metrics is not None for r in ran)
         return record(model_type, verdict.word, reason=verdict.why,
                       **{**out, "notes": notes + ([NO_POWER_NOTE] if metrics and power.measured else [])})
     if base.get("init") is not None:
