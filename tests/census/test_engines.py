@@ -61,6 +61,9 @@ def test_a_toy_engine_gets_the_whole_census(toy):
     assert got == {"chunks of 4": 31, "chunks of 5": 39, "decode": 44}
     assert drop.worst_schedule == "decode" and drop.max_abs == 44 and drop.multiple == 44 / toy_engine.FLOOR
     assert recs["toy_crash"].reason.startswith("chunks of 4: toy cache")
+    # the fields a verdict's record keeps are the census's rule (`census.measured`), not the engine's own
+    assert all(x.power.effects == {"sum": 31.0} for x in recs.values())  # the sum dropped as chunks of 4 drop it
+    assert drop.confirmation.float64_lifted == 44 and recs["toy_crash"].schedules["chunks of 4"].status == "crashed"
     # the reproducer was written and run once: it exits 1 while the bug is there
     rep = Path(drop.reproducer)
     assert rep == (toy / "repro" / "toy_drop-toy.py").resolve() and drop.reproducer_status == 1

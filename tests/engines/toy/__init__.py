@@ -4,18 +4,20 @@ one registration, no package file touched (tests/census/test_engines.py runs the
 Its "model" is a running sum over the tokens with a cache that carries the sum from one chunk to
 the next; the model type names how its cached path behaves: `toy_ok` carries the sum, `toy_drop`
 drops it at every chunk start (the bug), `toy_crash` raises in its cached path. The error of a
-schedule is measured here, against the full pass, in the record's own terms (max_abs, multiple of
-the floor); a finding gets a standalone reproducer that recomputes it and exits 1 while it is there.
+schedule is measured here, against the full pass, and handed to the census as a `census.measured.Ran`
+(which makes the word and the record's fields, as it does for vLLM and llama.cpp); a finding gets a
+standalone reproducer that recomputes it and exits 1 while it is there.
 """
 
 from __future__ import annotations
 
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from smearcli.judging import evidence, judge
-from smearcli.census import engines, record
+from smearcli.census import engines, measured, record
 from smearcli.engines import registry
 from smearcli.judging.verdicts import BUG
 
@@ -63,6 +65,15 @@ def outputs(model_type: str, chunk: int) -> list[int]:
     return out
 
 
+@dataclass
+class Error:
+    """A schedule's error as the census reads a measured run (`measure.metrics.RunMetrics` has the same)."""
+    max_abs_logits: float
+
+    logits_multiple = property(lambda self: self.max_abs_logits / FLOOR)
+    passed = property(lambda self: self.max_abs_logits == 0)
+
+
 class Toy:
     """The toy's session: in-process, nothing started, architectures at once as --jobs allows."""
 
@@ -76,34 +87,30 @@ class Toy:
         return list(TYPES)
 
     def check(self, model_type: str, repro_dir: Path, timeout: float, memory) -> record.Record:
-        """Measured runs in, the judge's word out: the toy never writes a verdict of its own."""
+        """Measured runs in (`census.measured.Ran`); the word and the fields it keeps are the census's."""
         full = outputs("toy_ok", len(TOKENS))
         # power: the carried sum zeroed after the first chunk moves the outputs this much
         moved = max(abs(a - b) for a, b in zip(full, outputs("toy_drop", 4)))
         power = evidence.Power(4, 10 * FLOOR, {"sum": float(moved)})
-        schedules, runs = {}, []
+        runs = []
         for name, chunk in PLANS.items():
             try:
                 err = float(max(abs(a - b) for a, b in zip(full, outputs(model_type, chunk))))
             except RuntimeError as e:
-                return record.new(model_type, judge.stopped(judge.CACHED_PATH), engine="toy", reason=f"{name}: {e}",
-                                  worst_schedule=name)
-            schedules[name] = record.ScheduleResult(max_abs=err, multiple=err / FLOOR)
-            runs.append(judge.Run(name, err == 0, confirmed(full, model_type, chunk, err) if err else None))
-        j = judge.judge(runs, power)
-        for name, status in j.statuses.items():
-            schedules[name].status = str(status)
-        if j.word != BUG:
-            return record.new(model_type, j.word, engine="toy", schedules=schedules, floor=FLOOR, reason=j.why or None)
-        worst = max(j.named(BUG), key=lambda n: schedules[n].max_abs)
-        path = Path(repro_dir) / f"{model_type}-toy.py"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(REPRO.format(model_type=model_type, schedule=worst, tokens=TOKENS, chunk=PLANS[worst]))
-        status = subprocess.run([sys.executable, str(path)], capture_output=True, timeout=timeout).returncode
-        return record.new(model_type, j.word, engine="toy", schedules=schedules, floor=FLOOR, worst_schedule=worst,
-                          max_abs=schedules[worst].max_abs, multiple=schedules[worst].multiple,
-                          confirmation=runs[list(PLANS).index(worst)].confirmation.to_json(), reproducer=str(path),
-                          reproducer_status=status)
+                runs.append(measured.Ran(name, [chunk], outcome=judge.RAISED, why=str(e)))
+                continue
+            runs.append(measured.Ran(name, [chunk], Error(err), confirmed(full, model_type, chunk, err) if err else None))
+        j = measured.judged(runs, power)
+        rec = record.new(model_type, j.word, engine="toy", schedules=measured.entries(runs, j), floor=FLOOR,
+                         **{"reason": j.why or None, **measured.verdict_fields(runs, j, power, j.named(BUG))})
+        if j.word == BUG:
+            path = Path(repro_dir) / f"{model_type}-toy.py"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(REPRO.format(model_type=model_type, schedule=rec.worst_schedule, tokens=TOKENS,
+                                         chunk=PLANS[rec.worst_schedule]))
+            done = subprocess.run([sys.executable, str(path)], capture_output=True, timeout=timeout)
+            rec.reproducer, rec.reproducer_status = str(path), done.returncode
+        return rec
 
     def checked(self, rec: record.Record, more: bool) -> bool:
         return False
