@@ -9,8 +9,9 @@ top-k's exact ties (`smearcli.measure.topk`) are measurements any run has, not t
 - the tiny models it checks are `smearcli.tiny`'s (one config per architecture and layer order),
   not the census's own: every engine takes them from there;
 - `record` declares a record's fields once (`Record`, and each part of it: `ScheduleResult`,
-  `BoundaryResult`, `BornIn`, `ConfirmationEntry`, ...; an engine's own data is a part its folder
-  declares): the object every engine's check returns and every reader takes; `records` reads and
+  `BoundaryResult`, `BornIn`, `ConfirmationEntry`, ...; an engine's own fields, its release and its
+  data, its folder declares and its registration adds, `record.hold`): the object every engine's
+  check returns and every reader takes; `records` reads and
   writes the record files (JSON only there and on a worker's pipe);
 - `isolate` runs each architecture in its own process with limits and streams JSON Lines (each
   record stamped with the releases its session names), `budget` says what happens when time runs

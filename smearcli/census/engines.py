@@ -44,10 +44,11 @@ What an `Engine` declares (cheap: registering imports none of its code, `--help`
 - `sections`: `(records, meta) -> list[str]` (or "module:function"): its page's own Markdown
   lines after the count line (findings, what could not run, every architecture; `report.markdown`
   puts the frame around them).
-- `data`: {record field: `census.record.Part` subclass}: the fields of a record that hold this
-  engine's own data (vLLM's `vllm`, llama.cpp's `llamacpp`) and the typed part each holds, declared
-  in the engine's folder; registering the engine makes records read from then on hold them
-  (`census.record.hold`).
+- `data`: {record field: `census.record.Part` subclass or JSON kind}: the fields a record holds
+  at its top level for this engine (vLLM's `vllm_version` and `vllm`, llama.cpp's `llamacpp`), each
+  a typed part declared in the engine's folder or a plain JSON value; registering the engine adds
+  them to every record, after the fields the core declares (`census.record.hold`), so the core
+  names no engine's field.
 - `after_run`: `(records, meta) -> None` (or "module:function", or None): what it writes once a
   run (not a `--merge`) is over, like the transformers engine's one bug-report draft per root cause.
 - `groups`: `(records) -> list[dict]` (or "module:function", or None: none): the root causes its

@@ -17,8 +17,13 @@ A record is typed all the way down. A field that holds more than one value holds
 `ScheduleResult` per schedule, `BoundaryResult` per boundary, `BornIn`, `Variant` per layer order,
 `ConfirmationEntry`, `PowerEntry`, `ReachEntry` per public path, `Replication`, `Upstream` per
 finding; `PARTS` says which field holds which, and how), and a part given as a JSON object, where
-the record is made or read, is read as its part; an engine's own data is a part its folder declares
-and registers (`hold`). Readers use attributes: only this module and `records` see the JSON.
+the record is made or read, is read as its part. Readers use attributes: only this module and
+`records` see the JSON.
+
+The core declares no engine's field. What an engine keeps at a record's top level (vLLM's release
+and data, llama.cpp's data) its folder declares and its registration adds (`hold`): a held field
+is read and set like a declared one, typed as its part, and its JSON follows the declared fields in
+the order the engines registered (`FIELDS`), which is the order the record files have always had.
 
 Kept torch-free: the parent of a census, `--merge` and the report read records without torch.
 """
@@ -470,23 +475,33 @@ class Record:
     order: Optional[list] = _f(LIST)  # the layer kinds, layer 0 first, of the order that heads the record
     variants: Optional[list] = _f(LIST)  # each layer order's verdict and numbers: a `Variant` each
     wall_s: Optional[float] = _f(NUMBER)  # seconds the architecture took (census.isolate)
-    transformers_version: Optional[str] = _f(STRING)  # the release that made the record
-    engine: Optional[str] = _f(STRING)  # "vllm" for `scan --engine vllm` (None: transformers itself)
-    vllm_version: Optional[str] = _f(STRING)  # the vLLM release, for the vLLM engine
-    vllm: Optional[dict] = _f(OBJECT)  # the vLLM engine's start times and memory
-    llamacpp: Optional[dict] = _f(OBJECT)  # the llama.cpp engine's version, GGUF, conversion, load and run times
+    transformers_version: Optional[str] = _f(STRING)  # the release of the reference that made the record
+    engine: Optional[str] = _f(STRING)  # the engine that made it (None: the unnamed engine's, `census.engines`)
+    # the fields engines hold at the record's top level (`hold`: vLLM's release and data, llama.cpp's
+    # data), after these in the JSON, in the order the engines registered them: name -> value
+    held: dict = field(default_factory=dict, repr=False)
     # in this process only, never serialised: the config the model was built from (None: not built)
     built_from: object = field(default=None, repr=False, compare=False)
 
     def __setattr__(self, name: str, value) -> None:
         # a record's parts are typed however they are given: a part given as a JSON object (a file
-        # read back, a check's fields) is read as its part (`PARTS`)
+        # read back, a check's fields) is read as its part (`PARTS`); an engine's field is held
         if name in PARTS:
             value = typed(PARTS[name], value)
+        if name in HELD:
+            self.held[name] = value
+            return
         object.__setattr__(self, name, value)
 
+    def __getattr__(self, name: str):
+        # only for a name the class does not have: an engine's field (None until given)
+        if name in HELD:
+            return self.__dict__.get("held", {}).get(name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
     def to_json(self) -> dict:
-        """The record as JSON-ready dict: every field of `FIELDS`, in its order."""
+        """The record as JSON-ready dict: every field of `FIELDS`, in its order (an engine's field
+        it was never given: null, as a declared one's)."""
         out = {name: getattr(self, name) for name in FIELDS}
         for name in PARTS:
             out[name] = _json(out[name])
@@ -496,9 +511,9 @@ class Record:
     def from_json(cls, d: dict) -> "Record":
         """The record a JSON object holds (checked by `records.check_record` first). A field the
         object lacks reads as null, as the JSON document has always shown it; a key no field
-        declares is left out, as the document leaves it out."""
-        fields = {name: d.get(name) for name in FIELDS}
-        return cls(**fields)
+        declares (an engine's, where that engine is not registered) is left out, as the document
+        leaves it out."""
+        return new(d.get("model_type"), d.get("verdict"), **{name: d.get(name) for name in FIELDS[2:]})
 
 
 # the fields that hold parts: (the kind of part, how it holds them)
@@ -507,14 +522,23 @@ PARTS = {"born_in": (BornIn, ONE), "schedules": (ScheduleResult, BY_NAME), "boun
          "reach": (ReachEntry, BY_NAME), "replication": (Replication, ONE), "upstream": (Upstream, LIST_OF)}
 
 
-def hold(name: str, part: type) -> None:
-    """From now on the record field `name` holds one `part` (a `Part` subclass): an engine's own data
-    (`Record.vllm`, `Record.llamacpp`), whose part the engine declares in its folder and registers
-    with itself (`census.engines.Engine.data`). A record made before its engine is registered holds
-    that field as its JSON object (`import smearcli.engines` registers every built-in one)."""
-    if name not in FIELDS or name in ("model_type", "verdict"):
-        raise ValueError(f"{name!r} is not a field of a record that can hold a part")
-    PARTS[name] = (part, ONE)
+def hold(name: str, kind) -> None:
+    """From now on a record holds the field `name` at its top level, after the fields declared here:
+    an engine's own (`census.engines.Engine.data`, registered with the engine: vLLM's release and
+    data, llama.cpp's data), declared in its folder, so that the core names no engine. `kind` is a
+    JSON kind (`STRING`, ...) or a `Part` subclass, whose JSON object the record then reads as one
+    part. Registering a held field again (a test's engine shadowing one) keeps its place."""
+    if name in DECLARED or name == "held":
+        raise ValueError(f"{name!r} is a field every record declares, not one an engine holds")
+    if isinstance(kind, type) and issubclass(kind, Part):
+        PARTS[name] = (kind, ONE)
+        kind = OBJECT
+    JSON_TYPES[name] = kind
+    if name not in HELD:
+        HELD.append(name)
+        FIELDS.append(name)
+        if name.endswith("_version"):
+            VERSIONS.append(name)
 
 
 def typed(how: tuple, value):
@@ -534,13 +558,18 @@ def _parts(how: tuple, value, each):
     if shape == LIST_OF and isinstance(value, list):
         return [each(e) for e in value]
     return value
-# the fields a record's JSON holds, in order: all but `built_from`, which never leaves the process
-FIELDS = tuple(f.name for f in dataclasses.fields(Record)
-               if "json" in f.metadata or f.name in ("model_type", "verdict"))
+# the fields every record declares, in the order its JSON holds them: all but `held` (whose fields
+# follow) and `built_from`, which never leaves the process
+DECLARED = tuple(f.name for f in dataclasses.fields(Record)
+                 if "json" in f.metadata or f.name in ("model_type", "verdict"))
+HELD: list = []  # the engines' fields (`hold`), in the order they were registered
+# every field a record's JSON holds, in order, and the JSON type of each: the declared ones, then
+# the engines' (lists and a dict that `hold` extends in place, so that a module's alias follows)
+FIELDS: list = list(DECLARED)
 JSON_TYPES = {f.name: f.metadata["json"] for f in dataclasses.fields(Record) if "json" in f.metadata}
-# the releases a record names (its engine's, where the engine keeps it at the top; the reference's),
+# the releases a record names (the reference's; an engine's, where the engine holds it at the top),
 # which a page's title reads when the run's meta lacks them (a `--merge`)
-VERSIONS = tuple(f for f in FIELDS if f.endswith("_version"))
+VERSIONS: list = [f for f in FIELDS if f.endswith("_version")]
 
 
 def born_module(rec: "Record") -> Optional[BornIn]:
@@ -551,8 +580,13 @@ def born_module(rec: "Record") -> Optional[BornIn]:
 
 
 def new(model_type: str, verdict: str, **fields) -> Record:
-    """A record, every field present (defaults for those not given)."""
-    return Record(model_type, str(verdict), **fields)
+    """A record, every field present (defaults for those not given); an engine's field (`hold`) is
+    given like any other."""
+    held = {k: fields.pop(k) for k in list(fields) if k in HELD}
+    rec = Record(model_type, str(verdict), **fields)
+    for name, value in held.items():
+        setattr(rec, name, value)
+    return rec
 
 
 def bare(model_type: str, verdict: str, **fields) -> Record:

@@ -32,12 +32,35 @@ def full_record() -> record.Record:
 
 def test_every_declared_field_reaches_the_json_document_and_back():
     rec = full_record()
-    assert tuple(rec.to_json()) == record.FIELDS
+    assert list(rec.to_json()) == record.FIELDS
     (row,) = report.document([rec])["architectures"]
     assert set(row) == set(record.FIELDS)
     assert row == json.loads(json.dumps(rec.to_json()))  # nothing dropped, nothing renamed
     back = records.check_record("f:1", json.loads(json.dumps(rec.to_json())))  # and it reads back
     assert isinstance(back, record.Record) and back == rec
+
+
+def test_an_engines_fields_are_held_after_the_declared_ones_in_the_order_engines_registered_them():
+    """The core declares no engine's field (`census.record.DECLARED`): vLLM's release and data and
+    llama.cpp's data are held fields each engine registers (`Engine.data` -> `record.hold`), written
+    after the declared ones in the order the JSON has always had, typed as their parts, and read back."""
+    import smearcli.engines  # noqa: F401  (registers the built-in engines, their fields with them)
+    from smearcli.engines.llamacpp.data import LlamaCppData
+    from smearcli.engines.vllm.data import VllmData
+
+    assert not {"vllm_version", "vllm", "llamacpp"} & set(record.DECLARED)
+    assert record.FIELDS[-4:] == ["engine", "vllm_version", "vllm", "llamacpp"] and "vllm_version" in record.VERSIONS
+    rec = record.new("a", "ok", engine="vllm", vllm_version="0.32.0", vllm={"answered": True, "stuck": False})
+    assert isinstance(rec.vllm, VllmData) and rec.vllm.answered and rec.llamacpp is None
+    rec.llamacpp = {"arch": "llama"}  # set later, as an engine's session does: held, typed all the same
+    assert isinstance(rec.llamacpp, LlamaCppData) and "llamacpp" not in vars(rec)
+    got = rec.to_json()
+    assert list(got)[-3:] == ["vllm_version", "vllm", "llamacpp"] and got["vllm"] == {"answered": True, "stuck": False}
+    assert records.check_record("f:1", json.loads(json.dumps(got))) == rec
+    with pytest.raises(ValueError, match="every record declares"):
+        record.hold("verdict", record.STRING)
+    with pytest.raises(AttributeError, match="not_held"):
+        rec.not_held
 
 
 def test_a_boundary_result_writes_the_fields_it_was_given_in_one_order_and_reads_back():

@@ -189,6 +189,20 @@ def test_the_census_core_names_no_engine_module():
     assert not found, "\n".join(found)
 
 
+def test_the_census_record_declares_no_engines_field():
+    """An engine's own fields at a record's top level (its release, its data) are held fields its
+    registration adds (`Engine.data`), never fields the core declares: only the unnamed engine's
+    reference release (`transformers_version`, which every engine's reference stamps) is declared."""
+    import smearcli.engines  # noqa: F401
+    from smearcli.census import engines, record
+
+    named = [e for e in engines.ENGINES.values() if not e.unnamed]
+    assert {e.name for e in named} >= {"vllm", "llamacpp"}
+    bad = [f"{f} names {e.name}" for e in named for f in record.DECLARED if e.name in f]
+    bad += [f"{e.name}'s {f} is not held" for e in named for f in e.data if f not in record.HELD]
+    assert not bad, "\n".join(bad)
+
+
 def test_no_arrow_left_to_cut_is_gone():
     graph = edges()
     assert not {(m, t) for m, t in TO_CUT if t not in graph.get(m, ())}, "cut: take it out of TO_CUT"

@@ -5,6 +5,7 @@ vLLM and transformers register)."""
 from __future__ import annotations
 
 from ...census.engines import Engine
+from ...census.record import STRING
 from ...judging.verdicts import FAILURES
 from ..registry import NANOCHAT_ONLY, Implementation, register
 from .data import VllmData
@@ -17,7 +18,7 @@ CENSUS = Engine(
     names_are="an architecture both the installed vLLM and transformers register as a causal LM",
     repro_tails=("-vllm.py",), product="vLLM", release=lambda r: r.vllm_version, stamp=lambda v: {"vllm_version": v},
     title="# smearcli scan on vLLM: vLLM {vllm_version} (CPU), transformers {transformers_version} reference",
-    sections="smearcli.engines.vllm.session:sections", data={"vllm": VllmData})
+    sections="smearcli.engines.vllm.session:sections", data={"vllm_version": STRING, "vllm": VllmData})
 
 REFUSES = NANOCHAT_ONLY + tuple(
     (f, "sizes the engine and speculative schedules, which {this} does not run") for f in ("gen_len", "draft")) + (
