@@ -53,8 +53,10 @@ What an `Engine` declares (cheap: registering imports none of its code, `--help`
   run (not a `--merge`) is over, like the transformers engine's one bug-report draft per root cause.
 - `groups`: `(records) -> list[dict]` (or "module:function", or None: none): the root causes its
   findings share, the JSON document's `groups`; `footer`: `(records) -> list[str]` (or
-  "module:function", or None), the console table's lines after its rows (transformers: one per
-  piece of its API's code found wrong).
+  "module:function", or None), the console table's lines after its rows (transformers: each
+  boundary's counts, then one per piece of its API's code found wrong); `under`: `(record) ->
+  list[str]` (or "module:function", or None), what the table says under one architecture's row
+  (transformers: the module its finding was born in).
 
 What a `Session` (the object `open` returns) does while the census runs:
 
@@ -128,6 +130,7 @@ class Engine:
     after_run: Union[Callable, str, None] = None
     groups: Union[Callable, str, None] = None
     footer: Union[Callable, str, None] = None
+    under: Union[Callable, str, None] = None
     data: dict = field(default_factory=dict)
 
     def session(self, python: Optional[str], quiet: bool = False) -> Session:
@@ -147,6 +150,9 @@ class Engine:
 
     def table_footer(self, records: Sequence[Record]) -> list[str]:
         return list(load(self.footer)(records)) if self.footer else []
+
+    def row_lines(self, record: Record) -> list[str]:
+        return list(load(self.under)(record)) if self.under else []
 
     def finish(self, records: Sequence[Record], meta: dict) -> None:
         if self.after_run:

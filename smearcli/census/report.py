@@ -11,10 +11,9 @@ from typing import Optional, Sequence
 
 from ..util.errors import UserError
 from ..measure.jsondoc import SCHEMAS, header
-from ..measure.schedules import census_schedules  # the boundaries every architecture also runs (check.boundary)
-from ..judging.verdicts import BUG, CRASHED, NOT_JUDGED, NOT_JUDGED_WHY, NOT_RUN, OK, RECORD, rank
+from ..judging.verdicts import BUG, OK, RECORD, rank
 from . import known, record
-from .record import Record, born_module
+from .record import Record
 
 SCHEMA = SCHEMAS["scan"]
 FIELDS = record.FIELDS  # every field of a record, in the order the JSON document lists them
@@ -62,35 +61,6 @@ SHORT = {"state dropped at chunk starts": "state dropped", "decode path differs"
          "padding leaks into a row": "padding leaks", "state not rolled back": "not rolled back"}
 
 
-def boundary_cell(r: Record, name: str) -> str:
-    """One boundary's result in a few words: "ok", "bug 2.3e+04x", "crashed: modeling_x.py:12",
-    "not run: why"; rollback adds its mode ("(crop)", "(copy)"); "-" when it has no entry."""
-    e = (r.boundaries or {}).get(name)
-    if not e:
-        return "-"
-    st = e.status if e.given("status") else "?"
-    if st == "bug":
-        text = f"bug {e.multiple or 0:.2g}x"
-    elif st in (CRASHED, NOT_RUN):
-        text = f"{st}: {short_reason(e.why or '') if st == CRASHED else e.why or '?'}"
-    elif st == NOT_JUDGED:  # it agreed, but beside a failure no power check ran: no verdict of its own
-        text = f"{st}: {e.why or NOT_JUDGED_WHY}"
-    else:
-        text = st
-    return text + (f" ({e.mode})" if e.mode else "")
-
-
-def boundary_counts(records: Sequence[Record], name: str) -> dict[str, int]:
-    """status -> architectures, for one boundary (rollback: "ok (crop)", "ok (copy)", ...)."""
-    out: dict[str, int] = {}
-    for r in records:
-        e = (r.boundaries or {}).get(name)
-        if e:
-            key = (e.status if e.given("status") else "?") + (f" ({e.mode})" if e.mode else "")
-            out[key] = out.get(key, 0) + 1
-    return out
-
-
 def short_reason(reason: str) -> str:
     """"modeling_x.py:12" from a crash's frame; the reason's first words otherwise."""
     head = (reason or "").split(": ")[0]
@@ -116,6 +86,8 @@ def table(records: Sequence[Record], width: int = 80) -> str:
     def line(cells):
         return " ".join(_cut(c, w).ljust(w) for c, (_, w) in zip(cells, COLUMNS)).rstrip()[:width]
     out = [line([c for c, _ in COLUMNS]), line(["-" * w for _, w in COLUMNS])]
+    engine = engine_of(records)
+    under = " " * (COLUMNS[0][1] + 1)  # what is said of a row goes under it, below its name
     for r in sorted(records, key=sort_key):
         v = r.verdict
         detail = SHORT.get(r.shape, r.shape) or ("" if v == OK else short_reason(r.reason))
@@ -123,17 +95,11 @@ def table(records: Sequence[Record], width: int = 80) -> str:
             v = f"bug@{r.init:g}"
         out.append(line([r.model_type, v, r.worst_schedule or "-", err_cell(r),
                          detail or "-", (r.born_at or "-").split("@")[-1]]))
-        b = born_module(r)
-        if b:  # the module under its finding's line: too long for a column of its own
-            out.append(_cut(" " * (COLUMNS[0][1] + 1) + f"born in {b.module} ({b.class_name})", width))
+        for said in engine.row_lines(r) if engine else []:  # the engine's own (transformers: where it was born)
+            out.append(_cut(under + said, width))
         if known.console(r):  # what upstream knows of it: new, or the thread
-            out.append(_cut(" " * (COLUMNS[0][1] + 1) + known.console(r), width))
+            out.append(_cut(under + known.console(r), width))
     c = counts(records)
-    for name in census_schedules():
-        b = boundary_counts(records, name)
-        if b:
-            out.append(_cut(f"{name}: " + ", ".join(f"{n} {k}" for k, n in sorted(b.items())), width))
-    engine = engine_of(records)
     out += [_cut(x, width) for x in (engine.table_footer(records) if engine else [])]
     out.append(_cut(f"{len(records)} architectures: " + ", ".join(f"{n} {k}" for k, n in c.items() if n), width))
     return "\n".join(out)

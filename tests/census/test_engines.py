@@ -145,3 +145,22 @@ def test_every_engine_stamps_a_record_with_the_release_it_reads_back():
     for name in engines.names():
         rec = record.bare("llama", "ok", **engines.stamped(name, "9.8.7"))
         assert engines.release_of(rec) == "9.8.7" and engines.of_records([rec]).name == name, name
+
+
+def test_what_the_table_says_under_a_row_and_after_the_rows_is_the_engines(monkeypatch):
+    """The console table (`census.report.table`) reads no engine's data: the lines under a row
+    (`Engine.under`; transformers: where the finding was born) and after the rows (`Engine.footer`;
+    transformers: each boundary's counts, then their API's code) come from the records' engine."""
+    from smearcli.census import record, report
+
+    monkeypatch.setattr(engines, "ENGINES", dict(engines.ENGINES))
+    engines.register(engines.Engine("said", "an engine that says things", open=lambda python, quiet: None,
+                                    under=lambda r: [f"under {r.model_type}"], footer=lambda rs: [f"{len(rs)} said"]))
+    rows = report.table([record.bare(m, "ok", engine="said") for m in ("a", "b")]).splitlines()
+    at = rows.index(next(x for x in rows if x.startswith("a ")))
+    assert rows[at + 1] == " " * 17 + "under a" and rows[-2:] == ["2 said", "2 architectures: 2 ok"]
+    import smearcli.engines  # noqa: F401  (transformers: its boundaries' counts are its own lines now)
+    rec = record.bare("mamba", "bug", boundaries={"rollback": {"status": "bug", "multiple": 30.0, "mode": "copy"}},
+                      born_in={"module": "backbone.layers.0.mixer", "class": "MambaMixer"})
+    rows = report.table([rec]).splitlines()
+    assert "born in backbone.layers.0.mixer (MambaMixer)" in rows[3] and "rollback: 1 bug (copy)" in rows

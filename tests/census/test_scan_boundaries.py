@@ -136,7 +136,7 @@ def test_a_model_without_an_attention_mask_says_padded_was_not_run():
     e = out["boundaries"]["padded"]
     assert e.status == "not run" and "attention_mask" in e.why
     assert any(n.startswith("padded not run") for n in out["notes"])
-    assert "not run: Maskless.forward takes no attention_mask" in report.boundary_cell(record("x", **out), "padded")
+    assert "not run: Maskless.forward takes no attention_mask" in page.boundary_cell(record("x", **out), "padded")
 
 
 def test_no_ok_for_the_boundaries_when_the_state_never_moves_the_logits(monkeypatch):

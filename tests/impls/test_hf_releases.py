@@ -26,7 +26,7 @@ from smearcli.engines.transformers import boundary, repro  # noqa: E402
 from smearcli.measure import shapes  # noqa: E402
 from smearcli.census import isolate, record, records, report  # noqa: E402
 from smearcli.engines import transformers as hf  # noqa: E402
-from smearcli.engines.transformers import api, kernels  # noqa: E402
+from smearcli.engines.transformers import api, kernels, page  # noqa: E402
 from smearcli.engines.transformers.cache_runner import CacheRunner  # noqa: E402
 from smearcli.engines.transformers.session import InProcess  # noqa: E402
 from smearcli.judging.verdicts import NOT_JUDGED, NOT_JUDGED_WHY, OK  # noqa: E402
@@ -433,7 +433,7 @@ def test_the_census_report_names_not_judged():
     ok = record.bare("llama", "ok", boundaries={"padded": {"status": "ok"}})
     table = report.table([rec, ok])
     assert "padded: 1 not judged, 1 ok" in table and "passed" not in table
-    assert report.boundary_cell(rec, "padded") == f"not judged: {NOT_JUDGED_WHY} (chunks of 16)"
+    assert page.boundary_cell(rec, "padded") == f"not judged: {NOT_JUDGED_WHY} (chunks of 16)"
     md = report.markdown([rec, ok])
     assert f"- not judged: the boundary agreed, but {NOT_JUDGED_WHY}" in md
 

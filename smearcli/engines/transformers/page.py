@@ -8,7 +8,7 @@ from typing import Sequence
 
 from ...census import known
 from ...census.record import Record, born_module
-from ...census.report import PY_PATH, boundary_cell, boundary_counts, cell, err_cell, f64_cell, sort_key
+from ...census.report import PY_PATH, cell, err_cell, f64_cell, short_reason, sort_key
 from ...measure.schedules import census_schedules
 from ...judging.verdicts import (
     BUG, BY_DESIGN, CRASHED, LEFT_UNSUPPORTED, NOT_JUDGED, NOT_JUDGED_WHY, NOT_RUN, UNCONFIRMED,
@@ -86,9 +86,56 @@ def boundaries_md(records: Sequence[Record]) -> list[str]:
     return out + [""]
 
 
+def boundary_cell(r: Record, name: str) -> str:
+    """One boundary's result in a few words: "ok", "bug 2.3e+04x", "crashed: modeling_x.py:12",
+    "not run: why"; rollback adds its mode ("(crop)", "(copy)"); "-" when it has no entry."""
+    e = (r.boundaries or {}).get(name)
+    if not e:
+        return "-"
+    st = e.status if e.given("status") else "?"
+    if st == "bug":
+        text = f"bug {e.multiple or 0:.2g}x"
+    elif st in (CRASHED, NOT_RUN):
+        text = f"{st}: {short_reason(e.why or '') if st == CRASHED else e.why or '?'}"
+    elif st == NOT_JUDGED:  # it agreed, but beside a failure no power check ran: no verdict of its own
+        text = f"{st}: {e.why or NOT_JUDGED_WHY}"
+    else:
+        text = st
+    return text + (f" ({e.mode})" if e.mode else "")
+
+
+def boundary_counts(records: Sequence[Record], name: str) -> dict[str, int]:
+    """status -> architectures, for one boundary (rollback: "ok (crop)", "ok (copy)", ...)."""
+    out: dict[str, int] = {}
+    for r in records:
+        e = (r.boundaries or {}).get(name)
+        if e:
+            key = (e.status if e.given("status") else "?") + (f" ({e.mode})" if e.mode else "")
+            out[key] = out.get(key, 0) + 1
+    return out
+
+
+def table_lines(records: Sequence[Record]) -> list[str]:
+    """The console table's lines after its rows (`census.engines.Engine.footer`): each boundary's
+    counts by status, then one line per piece of their API's code found wrong (`api_lines`)."""
+    out = []
+    for name in census_schedules():
+        b = boundary_counts(records, name)
+        if b:
+            out.append(f"{name}: " + ", ".join(f"{n} {k}" for k, n in sorted(b.items())))
+    return out + api_lines(records)
+
+
+def under_row(r: Record) -> list[str]:
+    """What the console table says under an architecture's row (`census.engines.Engine.under`):
+    the module its finding was born in, too long for a column of its own."""
+    b = born_module(r)
+    return [f"born in {b.module} ({b.class_name})"] if b else []
+
+
 def api_lines(records: Sequence[Record]) -> list[str]:
-    """The console table's lines after its rows (`census.engines.Engine.footer`): one per piece of
-    their API's code found wrong (`groups.api_findings`), not one per architecture."""
+    """One line per piece of their API's code found wrong (`groups.api_findings`), not one per
+    architecture: the console table's last lines before its count."""
     return [f"their API, declared unsupported: {g['at'].split('/')[-1]}: {g['what']} "
             f"({len(g['architectures'])} architectures)" for g in api_findings(records)]
 

@@ -22,7 +22,8 @@ CENSUS = Engine(
     product="transformers", release=lambda r: r.transformers_version, stamp=lambda v: {"transformers_version": v},
     title="# smearcli scan: transformers {transformers_version}", counted="causal-LM architectures",
     sections="smearcli.engines.transformers.page:sections", after_run="smearcli.engines.transformers.draft:after_run",
-    groups="smearcli.engines.transformers.groups:groups", footer="smearcli.engines.transformers.page:api_lines")
+    groups="smearcli.engines.transformers.groups:groups", footer="smearcli.engines.transformers.page:table_lines",
+    under="smearcli.engines.transformers.page:under_row")
 
 # a transformers model has no engine expansion and no BOS documents: its runner declares what it can run
 register(Implementation("hf", "a Hugging Face transformers model ({hf_model}) through its own cache API",
