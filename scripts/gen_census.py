@@ -90,7 +90,7 @@ def census_markdown(records: list[Path], md: Path, who: str, *extra: str) -> str
 def read_records(path: Path) -> list:
     """The records of one JSON Lines file, as `census.record.Record`s (none when it does not exist;
     a last line a stopped scan left half written is left out, as a resumed scan leaves it)."""
-    import smearcli.engines  # noqa: F401 - each engine's own data reads as its part
+    import smearcli.engines  # noqa: F401 - every engine registered: its fields are read, its data as its part
     from smearcli.census import records
 
     return records.read(path, torn_ok=True).records if path.exists() else []
