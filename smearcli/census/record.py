@@ -488,8 +488,11 @@ class Record:
         # read back, a check's fields) is read as its part (`PARTS`); an engine's field is held
         if name in PARTS:
             value = typed(PARTS[name], value)
-        if name in HELD:
-            self.held[name] = value
+        if name in HELD:  # held where given: a null is no entry, so records equal by what they say
+            if value is None:
+                self.held.pop(name, None)
+            else:
+                self.held[name] = value
             return
         object.__setattr__(self, name, value)
 

@@ -57,6 +57,8 @@ def test_an_engines_fields_are_held_after_the_declared_ones_in_the_order_engines
     got = rec.to_json()
     assert list(got)[-3:] == ["vllm_version", "vllm", "llamacpp"] and got["vllm"] == {"answered": True, "stuck": False}
     assert records.check_record("f:1", json.loads(json.dumps(got))) == rec
+    plain = record.new("b", "ok")  # no engine's field given: it reads back equal, its nulls no entries
+    assert records.check_record("f:1", json.loads(json.dumps(plain.to_json()))) == plain and plain.vllm is None
     with pytest.raises(ValueError, match="every record declares"):
         record.hold("verdict", record.STRING)
     with pytest.raises(AttributeError, match="not_held"):

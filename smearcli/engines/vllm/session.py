@@ -273,13 +273,10 @@ def judged(model_type, result, workdir, tokens, req, ref, floor, power, toleranc
     if "prefill" in failed:  # the one-step path departs too: the model, not a cache
         out["notes"] = notes + ["prefill in one step departs as well: vLLM's implementation of the model computes "
                                 "differently from transformers', beyond its caching paths"]
-    if verdict.word is UNCONFIRMED:
-        return record(model_type, verdict.word, **out)
     if verdict.word is INCONCLUSIVE:
         metrics = any(r.metrics is not None for r in ran)
-        return record(model_type, verdict.word, reason=verdict.why,
-                      **{**out, "notes": notes + ([NO_POWER_NOTE] if metrics and power.measured else [])})
-    if base.get("init") is not None:
+        out.update(reason=verdict.why, notes=notes + ([NO_POWER_NOTE] if metrics and power.measured else []))
+    elif verdict.word is not UNCONFIRMED and base.get("init") is not None:
         out["notes"] = notes + [init_note(base["init"])]
     return record(model_type, verdict.word, **out)
 
